@@ -1,0 +1,85 @@
+"""One asyncio event loop per process, in a background thread, and a sync bridge.
+
+asyncssh connections and the httpx.AsyncClient must live on one loop for their
+whole life, while pytest fixtures and test bodies are synchronous. Running the
+loop in a daemon thread keeps the main thread free, so pytest-timeout's signal
+method and Ctrl-C still interrupt a test that waits on the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    """An event loop running forever in a daemon thread."""
+
+    def __init__(self, name: str = "gpubench-loop") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for its result in the calling thread.
+
+        On timeout (or when the caller is interrupted, e.g. KeyboardInterrupt or
+        pytest-timeout's signal), the coroutine is cancelled so nothing keeps
+        running behind the caller's back; ``TimeoutError`` is raised on timeout.
+        """
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"timed out after {timeout:.0f} s") from None
+        except BaseException:
+            future.cancel()
+            raise
+
+    def close(self) -> None:
+        """Cancel what is still running, stop the loop and join the thread."""
+        if self.loop.is_closed():
+            return
+
+        async def _cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result(5)
+        except Exception:  # noqa: BLE001 - closing must not fail the run
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+_shared: LoopThread | None = None
+_lock = threading.Lock()
+
+
+def shared_loop() -> LoopThread:
+    """The process's loop thread, started on first use."""
+    global _shared
+    with _lock:
+        if _shared is None or _shared.loop.is_closed():
+            _shared = LoopThread()
+        return _shared
+
+
+def run(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    """Shorthand for ``shared_loop().run(coro, timeout)``."""
+    return shared_loop().run(coro, timeout)

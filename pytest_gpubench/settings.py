@@ -1,0 +1,238 @@
+"""Options, environment and ini -> one validated ``Settings`` object.
+
+Every option is declared once in ``OPTIONS``: the CLI flag, the ini key, the
+``GPUBENCH_*`` environment variable and the help text all come from that one
+entry. Values resolve CLI, then environment, then ini, then default; a bad value
+raises ``UsageProblem`` naming where it came from. This module does not import
+pytest: ``plugin.py`` feeds it.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from .errors import Stage, UsageProblem
+
+#: Seed 000's stage timeouts in seconds (benchmark: on top of the duration, see
+#: ``Settings.stage_timeout``). SSH connect shares the SSH wait budget.
+SEED_STAGE_TIMEOUTS: dict[Stage, float] = {
+    Stage.INVENTORY: 30,
+    Stage.PROVISION: 600,
+    Stage.SSH_WAIT: 600,
+    Stage.SSH_CONNECT: 600,
+    Stage.OLLAMA_INSTALL: 300,
+    Stage.MODEL_PULL: 900,
+    Stage.BENCHMARK: 600,
+    Stage.RESULTS: 120,
+    Stage.CLEANUP: 120,
+}
+SEED_TOTAL_TIMEOUT = 25 * 60
+SEED_POLL_INTERVAL = 15.0
+DEFAULT_API = "http://localhost:8080"
+DEFAULT_OLLAMA_INSTALL = "curl -fsSL https://ollama.com/install.sh | sh"
+#: The sandbox's default clock: a 2-minute provisioning takes 2.4 s.
+SANDBOX_TIME_SCALE = 0.02
+#: However small the time scale, no wait is shorter than this: a loaded CI
+#: machine must not turn a scaled timeout into a flaky failure.
+MIN_SCALED_TIMEOUT = 15.0
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: its flag, ini key, environment variable, type and help."""
+
+    dest: str
+    flag: str
+    help: str
+    type: Callable[[str], Any] = str
+    default: Any = None
+    env: str | None = None
+    ini: bool = True
+    action: str = "store"  # "store", "store_true" or "append"
+    metavar: str | None = None
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("must be a positive number")
+    return value
+
+
+def _duration(text: str) -> float:
+    value = _positive_float(text)
+    if value > 24 * 3600:
+        raise ValueError("must be at most 86400 seconds (24 h)")
+    return value
+
+
+def _bool(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    lowered = text.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError("must be true or false")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("gpu", "--gpu", "run only cells on this GPU (RTX4090 matches 'RTX 4090'); repeatable",
+           action="append", ini=False, metavar="GPU"),
+    Option("provider", "--provider", "run only cells on this provider (vastai, tensordock); repeatable",
+           action="append", ini=False, metavar="NAME"),
+    Option("model", "--model", "run only cells of this model (deepseek-r1 selects every tag); repeatable",
+           action="append", ini=False, metavar="MODEL"),
+    Option("api", "--gpubench-api", f"GPU Shopper API base URL (default {DEFAULT_API})",
+           default=DEFAULT_API, env="GPUBENCH_API_BASE", metavar="URL"),
+    Option("sandbox", "--gpubench-sandbox", "start the emulated GPU Shopper cloud for this run and use it",
+           type=_bool, default=False, env="GPUBENCH_SANDBOX", action="store_true"),
+    Option("sandbox_catalog", "--gpubench-sandbox-catalog", "the sandbox's offer/rate catalog (YAML)",
+           env="GPUBENCH_SANDBOX_CATALOG", metavar="PATH"),
+    Option("time_scale", "--gpubench-time-scale",
+           f"multiply every wait and timeout (default 1; {SANDBOX_TIME_SCALE} with the sandbox)",
+           type=_positive_float, env="GPUBENCH_TIME_SCALE", metavar="FACTOR"),
+    Option("manifest", "--gpubench-manifest", "SQLite manifest path (default reports/manifest.db)",
+           default="reports/manifest.db", env="GPUBENCH_MANIFEST", metavar="PATH"),
+    Option("reports", "--gpubench-reports", "directory for progress files and reports (default reports)",
+           default="reports", env="GPUBENCH_REPORTS", metavar="DIR"),
+    Option("duration", "--gpubench-duration", "benchmark duration in seconds for every cell (overrides the matrix)",
+           type=_duration, env="GPUBENCH_DURATION", metavar="SECONDS"),
+    Option("max_price", "--gpubench-max-price", "never rent an offer above this $/hour",
+           type=_positive_float, env="GPUBENCH_MAX_PRICE", metavar="USD"),
+    Option("progress_interval", "--gpubench-progress-interval",
+           "seconds between benchmark PROGRESS lines (overrides the matrix; seed: 60)",
+           type=_positive_float, env="GPUBENCH_PROGRESS_INTERVAL", metavar="SECONDS"),
+    Option("ollama_install", "--gpubench-ollama-install", "shell command that installs Ollama on an instance",
+           env="GPUBENCH_OLLAMA_INSTALL", metavar="CMD"),
+    Option("fail_on_skip", "--gpubench-fail-on-skip", "fail, instead of skip, cells that find no eligible offer",
+           type=_bool, default=False, env="GPUBENCH_FAIL_ON_SKIP", action="store_true"),
+    Option("run_id", "--gpubench-run-id", "run id for the manifest (default: a new one per run)",
+           env="GPUBENCH_RUN_ID", ini=False, metavar="ID"),
+    Option("workload_type", "--gpubench-workload-type", "workload_type sent when creating sessions",
+           default="interactive", env="GPUBENCH_WORKLOAD_TYPE", metavar="TYPE"),
+    Option("live", "--gpubench-live", "show live progress of running cells in the terminal (default true)",
+           type=_bool, default=True, env="GPUBENCH_LIVE", metavar="BOOL"),
+)
+OPTIONS_BY_DEST = {opt.dest: opt for opt in OPTIONS}
+
+
+class Settings(BaseModel):
+    """Everything a run needs to know, resolved and validated once."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu: tuple[str, ...] = ()
+    provider: tuple[str, ...] = ()
+    model: tuple[str, ...] = ()
+    api: str = DEFAULT_API
+    api_token: str | None = None
+    sandbox: bool = False
+    sandbox_catalog: str | None = None
+    time_scale: float = 1.0
+    manifest: Path = Path("reports/manifest.db")
+    reports: Path = Path("reports")
+    duration: float | None = None
+    max_price: float | None = None
+    progress_interval: float | None = None
+    ollama_install: str | None = None
+    fail_on_skip: bool = False
+    run_id: str = ""
+    workload_type: str = "interactive"
+    live: bool = True
+
+    @property
+    def progress_dir(self) -> Path:
+        return self.reports / "progress"
+
+    def scaled(self, seconds: float, floor: float = 0.0) -> float:
+        """``seconds`` on this run's clock, never below ``floor``."""
+        return max(seconds * self.time_scale, floor)
+
+    def stage_timeout(self, stage: Stage, duration: float = 0.0) -> float:
+        """The seed timeout of ``stage`` on this run's clock.
+
+        The benchmark stage's budget comes on top of its own duration: the seed
+        gives 10 minutes for a 5-minute benchmark, and a longer benchmark must
+        not be cut short by a fixed timeout.
+        """
+        scaled = self.scaled(SEED_STAGE_TIMEOUTS[stage], MIN_SCALED_TIMEOUT)
+        return duration + scaled if stage is Stage.BENCHMARK else scaled
+
+    @property
+    def poll_interval(self) -> float:
+        return self.scaled(SEED_POLL_INTERVAL, 0.05)
+
+
+def new_run_id() -> str:
+    """A sortable, unique run id: UTC time plus a short random suffix."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+
+
+def resolve(
+    cli: Mapping[str, Any],
+    env: Mapping[str, str],
+    ini: Callable[[str], Any],
+) -> Settings:
+    """Resolve every option: CLI, then environment, then ini, then default.
+
+    ``cli`` maps dest -> value as argparse parsed it (None when not given);
+    ``ini`` returns the ini value for a key, or None/"" when unset.
+    """
+    values: dict[str, Any] = {}
+    for opt in OPTIONS:
+        raw, source = cli.get(opt.dest), f"{opt.flag}"
+        if raw in (None, False, []) and opt.env and env.get(opt.env, "") != "":
+            raw, source = env[opt.env], f"environment variable {opt.env}"
+        if raw in (None, False, []) and opt.ini:
+            ini_value = ini(f"gpubench_{opt.dest}")
+            if ini_value not in (None, "", []):
+                raw, source = ini_value, f"ini option gpubench_{opt.dest}"
+        if raw in (None, []):
+            continue
+        values[opt.dest] = _convert(opt, raw, source)
+    values["gpu"] = tuple(values.get("gpu") or ())
+    values["provider"] = tuple(values.get("provider") or ())
+    values["model"] = tuple(values.get("model") or ())
+    values["api_token"] = env.get("GPUBENCH_API_TOKEN") or None
+    if "time_scale" not in values:
+        values["time_scale"] = SANDBOX_TIME_SCALE if values.get("sandbox") else 1.0
+    if not values.get("run_id"):
+        values["run_id"] = new_run_id()
+    _check_run_id(values["run_id"])
+    return Settings(**values)
+
+
+def _convert(opt: Option, raw: Any, source: str) -> Any:
+    if opt.action == "append":
+        items = raw if isinstance(raw, list) else [raw]
+        return [str(item).strip() for item in items if str(item).strip()]
+    if opt.action == "store_true" or opt.type is _bool:
+        try:
+            return _bool(raw)
+        except ValueError as exc:
+            raise UsageProblem(f"{source}: {raw!r} {exc}") from None
+    if isinstance(raw, str) and opt.type is not str:
+        try:
+            return opt.type(raw)
+        except ValueError as exc:
+            reason = str(exc) if "must" in str(exc) else "must be a number"
+            raise UsageProblem(f"{source}: {raw!r} {reason}") from None
+    return raw
+
+
+def _check_run_id(run_id: str) -> None:
+    # The run id becomes part of consumer_id, file names and a remote path.
+    if not run_id or not all(ch.isalnum() or ch in "-_." for ch in run_id) or len(run_id) > 64:
+        raise UsageProblem(
+            f"--gpubench-run-id: {run_id!r} must be 1-64 letters, digits, '-', '_' or '.'"
+        )
