@@ -1,0 +1,84 @@
+"""Offer selection: seed 000's rule, with the reasons a person needs when none fits.
+
+Rule: availability confidence above the provider's bar (seed: 0.5), enough VRAM
+for the model, under the price cap, then the cheapest (ties: more confident).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .errors import NoEligibleOffer
+from .matrix import gpu_matches
+from .shopper import Offer
+
+#: Vast.ai reports vram_gb as MiB / 1024 rounded down (an RTX 4090 shows 23),
+#: so a card is accepted when it is within one GB of the need.
+VRAM_ROUNDING_GB = 1.0
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What an offer must satisfy for one cell."""
+
+    gpu: str
+    provider: str
+    vram_gb: float
+    min_confidence: float = 0.5
+    max_price: float | None = None
+
+
+def select_offer(offers: Iterable[Offer], wanted: Constraints) -> tuple[Offer, list[Offer]]:
+    """The offer to rent and the eligible ones in preference order.
+
+    Raises ``NoEligibleOffer`` with why each candidate was turned down.
+    """
+    candidates = [
+        offer
+        for offer in offers
+        if offer.provider.lower() == wanted.provider.lower() and gpu_matches(wanted.gpu, offer.gpu_type)
+    ]
+    eligible: list[Offer] = []
+    rejected: dict[str, list[Offer]] = {}
+    for offer in candidates:
+        reason = _rejection(offer, wanted)
+        if reason:
+            rejected.setdefault(reason, []).append(offer)
+        else:
+            eligible.append(offer)
+    if not eligible:
+        raise NoEligibleOffer(_explain(candidates, rejected, wanted))
+    eligible.sort(key=lambda o: (o.price_per_hour, -o.availability_confidence, o.id))
+    return eligible[0], eligible
+
+
+def _rejection(offer: Offer, wanted: Constraints) -> str:
+    if not offer.available:
+        return "not available"
+    if offer.availability_confidence <= wanted.min_confidence:
+        return f"availability confidence not above {wanted.min_confidence:g} for {wanted.provider}"
+    if offer.vram_gb + VRAM_ROUNDING_GB < wanted.vram_gb:
+        return f"less than the {wanted.vram_gb:g} GB of VRAM the model needs"
+    if wanted.max_price is not None and offer.price_per_hour > wanted.max_price:
+        return f"over the price cap of ${wanted.max_price:.2f}/h"
+    return ""
+
+
+def _explain(candidates: list[Offer], rejected: dict[str, list[Offer]], wanted: Constraints) -> str:
+    if not candidates:
+        return f"no offers found for {wanted.gpu} on {wanted.provider}"
+    parts = []
+    for reason, offers in rejected.items():
+        detail = ""
+        if reason.startswith("availability"):
+            detail = f", best {max(o.availability_confidence for o in offers):.2f}"
+        elif reason.startswith("over the price"):
+            detail = f", cheapest ${min(o.price_per_hour for o in offers):.2f}/h"
+        elif reason.startswith("less than"):
+            detail = f", largest {max(o.vram_gb for o in offers):g} GB"
+        parts.append(f"{len(offers)} {reason}{detail}")
+    return (
+        f"{len(candidates)} offer(s) for {wanted.gpu} on {wanted.provider}, none eligible: "
+        + "; ".join(parts)
+    )
