@@ -1,0 +1,187 @@
+"""SSH to an instance with asyncssh: commands, streamed scripts, port forwards.
+
+Everything that reaches the remote shell goes through ``shlex.quote`` or is a
+constant of this package; scripts are written to the command's stdin, never
+pasted into a command line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncssh
+
+from ..errors import RemoteCommandError, Stage, StageError
+
+#: SSH keepalives notice a dead instance in about a minute instead of at the
+#: stage timeout (seed 001: "Connection lost - periodic heartbeat check").
+KEEPALIVE_INTERVAL = 15
+KEEPALIVE_COUNT_MAX = 4
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    stdout: str
+    stderr: str
+    exit_status: int | None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0
+
+
+class KeyFile:
+    """The session's private key as a 0600 file in a private 0700 directory.
+
+    Users can ``ssh -i`` with it while a cell runs; ``remove()`` deletes both.
+    """
+
+    def __init__(self, key_pem: str, name: str = "session") -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="gpubench-key-"))
+        os.chmod(self.dir, 0o700)
+        self.path = self.dir / f"{name}.pem"
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(key_pem if key_pem.endswith("\n") else key_pem + "\n")
+
+    def remove(self) -> None:
+        for path in (self.path, self.dir):
+            try:
+                path.unlink() if path.is_file() else path.rmdir()
+            except FileNotFoundError:
+                pass
+
+
+class Connection:
+    """One SSH connection to one instance."""
+
+    def __init__(self, conn: asyncssh.SSHClientConnection, host: str, port: int) -> None:
+        self._conn = conn
+        self.host = host
+        self.port = port
+        self.host_key_fingerprint = ""
+        # Exit status and stderr tail of the last ``stream_lines`` command.
+        self.last_exit_status: int | None = None
+        self.last_stderr = ""
+        key = conn.get_server_host_key()
+        if key is not None:
+            self.host_key_fingerprint = key.get_fingerprint()
+
+    @classmethod
+    async def open(
+        cls,
+        host: str,
+        port: int,
+        user: str,
+        key_pem: str,
+        *,
+        timeout: float,
+        keepalive_interval: float = KEEPALIVE_INTERVAL,
+    ) -> Connection:
+        """Connect with the session key; failures become ``ssh_connect`` errors."""
+        try:
+            key = asyncssh.import_private_key(key_pem)
+        except (asyncssh.KeyImportError, ValueError) as exc:
+            raise StageError(Stage.SSH_CONNECT, f"the session's private key is unusable: {exc}") from None
+        try:
+            conn = await asyncio.wait_for(
+                asyncssh.connect(
+                    host,
+                    port,
+                    username=user,
+                    client_keys=[key],
+                    known_hosts=None,  # fresh instances: no prior host key exists
+                    agent_path=None,
+                    config=(),
+                    keepalive_interval=keepalive_interval,
+                    keepalive_count_max=KEEPALIVE_COUNT_MAX,
+                    connect_timeout=timeout,
+                ),
+                timeout,
+            )
+        except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
+            reason = str(exc) or type(exc).__name__
+            raise StageError(
+                Stage.SSH_CONNECT, f"cannot open SSH to {user}@{host}:{port}: {reason}"
+            ) from None
+        return cls(conn, host, port)
+
+    async def run(
+        self,
+        command: str,
+        *,
+        stage: Stage,
+        what: str,
+        timeout: float,
+        stdin: str | None = None,
+        check: bool = True,
+    ) -> CommandResult:
+        """Run ``command`` (already quoted) and return its output.
+
+        Raises ``RemoteCommandError`` with the exit status and stderr tail when
+        ``check`` and it fails, and ``StageError`` on timeout or a lost link.
+        """
+        try:
+            result = await asyncio.wait_for(
+                self._conn.run(command, input=stdin, check=False), timeout
+            )
+        except asyncio.TimeoutError:
+            raise StageError(stage, f"{what} did not finish within {timeout:.0f} s") from None
+        except (OSError, asyncssh.Error) as exc:
+            raise StageError(stage, f"{what}: SSH connection lost ({exc or type(exc).__name__})") from None
+        done = CommandResult(_text(result.stdout), _text(result.stderr), result.exit_status)
+        if check and not done.ok:
+            raise RemoteCommandError(stage, what, done.exit_status, done.stderr or done.stdout)
+        return done
+
+    async def stream_lines(self, command: str, *, stdin: str) -> AsyncIterator[str]:
+        """Start ``command``, write ``stdin`` and close it, then yield stdout lines.
+
+        The process is terminated if the caller stops iterating early.
+        """
+        process = await self._conn.create_process(command, encoding="utf-8", errors="replace")
+        try:
+            process.stdin.write(stdin)
+            process.stdin.write_eof()
+            async for line in process.stdout:
+                yield line.rstrip("\n")
+            await process.wait()
+            self.last_exit_status = process.exit_status
+            self.last_stderr = (await process.stderr.read())[-2000:]
+        finally:
+            if process.exit_status is None:
+                process.terminate()
+                process.close()
+
+    async def forward(self, remote_host: str, remote_port: int) -> int:
+        """Forward a free local loopback port to ``remote_host:remote_port``."""
+        listener = await self._conn.forward_local_port("127.0.0.1", 0, remote_host, remote_port)
+        return listener.get_port()
+
+    @property
+    def closed(self) -> bool:
+        return self._conn.is_closed()
+
+    async def close(self) -> None:
+        self._conn.close()
+        try:
+            await asyncio.wait_for(self._conn.wait_closed(), 5)
+        except (asyncio.TimeoutError, OSError, asyncssh.Error):
+            pass
+
+
+def quote(value: str) -> str:
+    """Quote one word for a POSIX shell."""
+    return shlex.quote(value)
+
+
+def _text(data: str | bytes | None) -> str:
+    if data is None:
+        return ""
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else data

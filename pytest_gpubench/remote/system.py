@@ -1,0 +1,57 @@
+"""System info from an instance: nvidia-smi confirms the GPU we paid for."""
+
+from __future__ import annotations
+
+from ..errors import Stage, StageError
+from ..results import HardwareInfo, gpu_name_matches, parse_gpu_query_csv, parse_nvidia_smi_xml
+from .ssh import Connection
+
+GPU_FIELDS = "name,memory.total,driver_version"
+#: CPU model, core count and memory, from any Linux without extra tools.
+HOST_PROBE = (
+    "nproc 2>/dev/null || echo 0; "
+    "sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1; "
+    "sed -n 's/^MemTotal:[[:space:]]*\\([0-9]*\\).*/\\1/p' /proc/meminfo 2>/dev/null"
+)
+
+
+async def probe_system(conn: Connection, expected_gpu: str, timeout: float) -> HardwareInfo:
+    """Describe the machine; fail at ``ssh_connect`` if it is not ``expected_gpu``."""
+    query = await conn.run(
+        f"nvidia-smi --query-gpu={GPU_FIELDS} --format=csv,noheader,nounits",
+        stage=Stage.SSH_CONNECT, what="nvidia-smi", timeout=timeout, check=False,
+    )
+    if not query.ok:
+        raise StageError(
+            Stage.SSH_CONNECT,
+            f"nvidia-smi failed on the instance (exit {query.exit_status}): "
+            f"{(query.stderr or query.stdout).strip()[-300:] or 'no output'}",
+            hint="the instance has no working NVIDIA driver",
+        )
+    gpus = parse_gpu_query_csv(query.stdout, GPU_FIELDS)
+    if not gpus:
+        raise StageError(Stage.SSH_CONNECT, "nvidia-smi lists no GPU")
+    name = str(gpus[0].get("name") or "")
+    if not gpu_name_matches(expected_gpu, name):
+        raise StageError(Stage.SSH_CONNECT, f"expected a {expected_gpu} but nvidia-smi reports {name!r}")
+    xml = await conn.run("nvidia-smi -q -x", stage=Stage.SSH_CONNECT, what="nvidia-smi -q -x",
+                         timeout=timeout, check=False)
+    cuda = ""
+    if xml.ok:
+        try:
+            cuda = parse_nvidia_smi_xml(xml.stdout).get("cuda_version") or ""
+        except ValueError:
+            cuda = ""
+    host = await conn.run(HOST_PROBE, stage=Stage.SSH_CONNECT, what="reading CPU and memory",
+                          timeout=timeout, check=False)
+    cores, cpu_model, mem_kib = (host.stdout.splitlines() + ["", "", ""])[:3]
+    return HardwareInfo(
+        gpu_name=name,
+        gpu_memory_mib=int(gpus[0].get("memory.total") or 0),
+        gpu_count=len(gpus),
+        driver_version=str(gpus[0].get("driver_version") or ""),
+        cuda_version=str(cuda),
+        cpu_model=cpu_model.strip(),
+        cpu_cores=int(cores) if cores.strip().isdigit() else 0,
+        ram_gib=int(mem_kib) // (1024 * 1024) if mem_kib.strip().isdigit() else 0,
+    )

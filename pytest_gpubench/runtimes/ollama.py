@@ -1,0 +1,244 @@
+"""Ollama on an instance: install if missing, serve, pull, verify, warm up.
+
+Shell commands are constants or quoted; the Ollama API itself is reached over an
+SSH port forward to the instance's ``OLLAMA_HOST``, so no command line ever
+carries a model name or prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from ..errors import RemoteCommandError, Stage, StageError
+from ..remote.ssh import Connection, quote
+
+#: Ollama model references: name[:tag], optionally namespaced. Nothing a shell
+#: or a URL would treat specially.
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*(:[A-Za-z0-9._-]+)?$")
+DEFAULT_PORT = 11434
+SERVE_LOG = "$HOME/.gpubench/ollama-serve.log"
+
+
+def check_model_name(model: str) -> str:
+    """Return ``model`` if it is a plain Ollama reference, else raise."""
+    if not MODEL_NAME.fullmatch(model) or len(model) > 200:
+        raise StageError(Stage.MODEL_PULL, f"refusing model name {model!r}: not a plain name[:tag]")
+    return model
+
+
+def with_tag(model: str) -> str:
+    """``qwen2`` -> ``qwen2:latest``: Ollama's meaning of a bare name."""
+    last = model.rsplit("/", 1)[-1]
+    return model if ":" in last else f"{model}:latest"
+
+
+@dataclass
+class ModelInfo:
+    """What ``/api/tags`` says of a pulled model."""
+
+    name: str
+    size_bytes: int = 0
+    digest: str = ""
+    family: str = ""
+    parameter_size: str = ""
+    quantization: str = ""
+
+
+@dataclass
+class OllamaRuntime:
+    """Ollama on one instance, driven through an SSH connection."""
+
+    conn: Connection
+    version: str = ""
+    remote_host: str = "127.0.0.1"
+    remote_port: int = DEFAULT_PORT
+    local_port: int = 0
+    warmup_load_seconds: float | None = None
+    events: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        """The forwarded, local URL of the instance's Ollama API."""
+        return f"http://127.0.0.1:{self.local_port}"
+
+    @property
+    def remote_url(self) -> str:
+        """The URL of the Ollama API as seen on the instance."""
+        return f"http://{self.remote_host}:{self.remote_port}"
+
+    async def installed_version(self, timeout: float) -> str | None:
+        result = await self.conn.run(
+            "ollama --version", stage=Stage.OLLAMA_INSTALL, what="ollama --version",
+            timeout=timeout, check=False,
+        )
+        if not result.ok:
+            return None
+        match = re.search(r"(\d+\.\d+\.\d+\S*)", result.stdout + result.stderr)
+        return match.group(1) if match else "unknown"
+
+    async def ensure_installed(self, install_command: str, timeout: float) -> bool:
+        """Install Ollama unless it is already there. Returns True if it installed.
+
+        ``install_command`` is the user's own shell command (matrix or option),
+        run as written: it is configuration, not data.
+        """
+        deadline = time.monotonic() + timeout
+        if await self.installed_version(timeout) is not None:
+            return False
+        await self.conn.run(
+            install_command, stage=Stage.OLLAMA_INSTALL, what="the Ollama install command",
+            timeout=max(1.0, deadline - time.monotonic()),
+        )
+        if await self.installed_version(max(1.0, deadline - time.monotonic())) is None:
+            raise StageError(
+                Stage.OLLAMA_INSTALL,
+                "the install command succeeded but `ollama --version` still fails",
+                hint="check the command given by runtime.ollama_install or --gpubench-ollama-install",
+            )
+        return True
+
+    async def locate(self, timeout: float) -> None:
+        """Read the instance's OLLAMA_HOST and forward a local port to it."""
+        result = await self.conn.run(
+            'printf "%s" "${OLLAMA_HOST:-}"', stage=Stage.OLLAMA_INSTALL,
+            what="reading OLLAMA_HOST", timeout=timeout,
+        )
+        self.remote_host, self.remote_port = parse_ollama_host(result.stdout.strip())
+        self.local_port = await self.conn.forward(self.remote_host, self.remote_port)
+
+    async def ensure_serving(self, timeout: float) -> str:
+        """Start ``ollama serve`` unless it answers; return its version."""
+        version = await self._version()
+        if version is None:
+            command = (
+                f'mkdir -p "$HOME/.gpubench" && nohup ollama serve > "{SERVE_LOG}" 2>&1 < /dev/null &'
+            )
+            await self.conn.run(command, stage=Stage.OLLAMA_INSTALL, what="starting ollama serve", timeout=timeout)
+            version = await self._wait_version(timeout)
+        self.version = version
+        return version
+
+    async def _version(self) -> str | None:
+        try:
+            async with httpx.AsyncClient(base_url=self.url, timeout=5) as http:
+                response = await http.get("/api/version")
+            if response.status_code == 200:
+                return str(response.json().get("version", "unknown"))
+        except (httpx.HTTPError, ValueError):
+            return None
+        return None
+
+    async def _wait_version(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while time.monotonic() < deadline:
+            version = await self._version()
+            if version is not None:
+                return version
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        log = await self.conn.run(
+            f'tail -c 600 "{SERVE_LOG}" 2>/dev/null', stage=Stage.OLLAMA_INSTALL,
+            what="reading the serve log", timeout=10, check=False,
+        )
+        raise StageError(
+            Stage.OLLAMA_INSTALL,
+            f"Ollama did not answer /api/version within {timeout:.0f} s after `ollama serve`"
+            + (f"; its log ends: {log.stdout.strip()}" if log.stdout.strip() else ""),
+        )
+
+    async def pull(
+        self, model: str, timeout: float, on_progress: Callable[[dict[str, Any]], None] | None = None
+    ) -> None:
+        """Pull ``model`` through the API, reporting progress as it streams."""
+        check_model_name(model)
+        try:
+            async with httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(timeout, read=timeout)) as http:
+                async with http.stream("POST", "/api/pull", json={"model": model, "stream": True}) as response:
+                    if response.status_code != 200:
+                        await response.aread()
+                        raise StageError(Stage.MODEL_PULL, f"pull of {model} answered {response.status_code}: {_error_text(response)}")
+                    async for line in response.aiter_lines():
+                        if not line.strip():
+                            continue
+                        status = json.loads(line)
+                        if "error" in status:
+                            raise StageError(Stage.MODEL_PULL, f"pull of {model} failed: {status['error']}")
+                        if on_progress is not None:
+                            on_progress(status)
+                        if status.get("status") == "success":
+                            return
+        except httpx.HTTPError as exc:
+            raise StageError(Stage.MODEL_PULL, f"pull of {model} broke off: {exc or type(exc).__name__}") from None
+        raise StageError(Stage.MODEL_PULL, f"pull of {model} ended without success")
+
+    async def model_info(self, model: str) -> ModelInfo:
+        """Verify ``model`` is listed by ``/api/tags`` and describe it."""
+        wanted = with_tag(model)
+        async with httpx.AsyncClient(base_url=self.url, timeout=30) as http:
+            response = await http.get("/api/tags")
+        for entry in response.json().get("models", []):
+            if with_tag(entry.get("name", "")) == wanted:
+                details = entry.get("details") or {}
+                return ModelInfo(
+                    name=entry["name"], size_bytes=int(entry.get("size") or 0),
+                    digest=str(entry.get("digest", "")), family=str(details.get("family", "")),
+                    parameter_size=str(details.get("parameter_size", "")),
+                    quantization=str(details.get("quantization_level", "")),
+                )
+        raise StageError(Stage.MODEL_PULL, f"{model} was pulled but /api/tags does not list it")
+
+    async def warm_up(self, model: str, timeout: float) -> float:
+        """Load the model with one short request; return its load time in seconds.
+
+        A model that cannot load (too large for the GPU) fails here, before
+        the benchmark starts.
+        """
+        body = {"model": model, "prompt": "Hello", "stream": False, "options": {"num_predict": 1}}
+        try:
+            async with httpx.AsyncClient(base_url=self.url, timeout=timeout) as http:
+                response = await http.post("/api/generate", json=body)
+        except httpx.HTTPError as exc:
+            raise StageError(Stage.MODEL_PULL, f"warm-up of {model} failed: {exc or type(exc).__name__}") from None
+        if response.status_code != 200:
+            raise StageError(Stage.MODEL_PULL, f"{model} could not be loaded: {_error_text(response)}")
+        self.warmup_load_seconds = int(response.json().get("load_duration") or 0) / 1e9
+        return self.warmup_load_seconds
+
+
+def parse_ollama_host(value: str) -> tuple[str, int]:
+    """Parse OLLAMA_HOST as Ollama does: ``host``, ``host:port`` or a URL."""
+    value = value.strip()
+    if not value:
+        return "127.0.0.1", DEFAULT_PORT
+    if "://" in value:
+        value = value.split("://", 1)[1]
+    value = value.rstrip("/")
+    host, _, port = value.rpartition(":") if value.count(":") == 1 or value.startswith("[") else ("", "", "")
+    if not host:
+        host, port = value, ""
+    host = host.strip("[]") or "127.0.0.1"
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    try:
+        return host, int(port) if port else DEFAULT_PORT
+    except ValueError:
+        return host, DEFAULT_PORT
+
+
+def _error_text(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("error", response.text))[:500]
+    except ValueError:
+        return response.text[:500]
+
+
+__all__ = ["OllamaRuntime", "ModelInfo", "check_model_name", "parse_ollama_host", "quote", "RemoteCommandError"]
