@@ -1,0 +1,62 @@
+import pytest
+
+from pytest_gpubench.errors import Stage, UsageProblem
+from pytest_gpubench.settings import DEFAULT_API, SANDBOX_TIME_SCALE, resolve
+
+
+def no_ini(_name):
+    return None
+
+
+def test_defaults():
+    settings = resolve({}, {}, no_ini)
+    assert settings.api == DEFAULT_API
+    assert settings.time_scale == 1.0
+    assert settings.stage_timeout(Stage.PROVISION) == 600
+    assert settings.stage_timeout(Stage.BENCHMARK, duration=300) == 900
+    assert settings.poll_interval == 15
+    assert str(settings.manifest) == "reports/manifest.db"
+    assert settings.run_id
+
+
+def test_cli_beats_env_beats_ini():
+    ini = {"gpubench_api": "http://ini:1", "gpubench_duration": "30"}.get
+    env = {"GPUBENCH_API_BASE": "http://env:2"}
+    assert resolve({}, {}, ini).api == "http://ini:1"
+    assert resolve({}, env, ini).api == "http://env:2"
+    assert resolve({"api": "http://cli:3"}, env, ini).api == "http://cli:3"
+    assert resolve({}, env, ini).duration == 30.0
+
+
+def test_sandbox_defaults_to_scaled_clock_with_floor():
+    settings = resolve({"sandbox": True}, {}, no_ini)
+    assert settings.time_scale == SANDBOX_TIME_SCALE
+    assert settings.poll_interval == pytest.approx(15 * SANDBOX_TIME_SCALE)
+    # No scaled timeout drops below the floor that protects a loaded CI machine.
+    assert settings.stage_timeout(Stage.INVENTORY) == 15.0
+
+
+@pytest.mark.parametrize(
+    ("cli", "env", "expected"),
+    [
+        ({"duration": "-5"}, {}, "--gpubench-duration: '-5' must be a positive number"),
+        ({"duration": "100000"}, {}, "at most 86400"),
+        ({}, {"GPUBENCH_MAX_PRICE": "cheap"}, "environment variable GPUBENCH_MAX_PRICE: 'cheap' must be a number"),
+        ({}, {"GPUBENCH_SANDBOX": "maybe"}, "GPUBENCH_SANDBOX: 'maybe' must be true or false"),
+        ({"run_id": "a b;rm"}, {}, "--gpubench-run-id"),
+    ],
+)
+def test_bad_values_name_their_source(cli, env, expected):
+    with pytest.raises(UsageProblem, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        resolve(cli, env, no_ini)
+
+
+def test_token_only_from_environment():
+    settings = resolve({}, {"GPUBENCH_API_TOKEN": "s3cret"}, no_ini)
+    assert settings.api_token == "s3cret"
+
+
+def test_repeatable_filters():
+    settings = resolve({"gpu": ["RTX4090", " A100 80GB "], "model": []}, {}, no_ini)
+    assert settings.gpu == ("RTX4090", "A100 80GB")
+    assert settings.model == ()
