@@ -1,0 +1,488 @@
+"""Result models and the statistics that fill them.
+
+The models mirror the GPU Shopper server's Go structs (``internal/benchmark/models.go``)
+field for field, so a :class:`BenchmarkResult` can be POSTed to
+``/api/v1/benchmarks`` as it is and the manifest stores the same fields.
+
+Three things live here:
+
+* :class:`RequestRecord`, one request as the instance-side load generator reports it;
+* :func:`summarize`, which turns those records into :class:`PerformanceResults`, and
+  :func:`cost_analysis`;
+* parsers for ``nvidia-smi`` output and :func:`gpu_name_matches`, which checks that
+  the machine we got is the GPU we paid for.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = [
+    "BenchmarkResult",
+    "CostAnalysis",
+    "GPUStats",
+    "HardwareInfo",
+    "ModelInfo",
+    "PerformanceResults",
+    "RequestRecord",
+    "TestConfig",
+    "cost_analysis",
+    "decode_tokens_per_second",
+    "gpu_name_matches",
+    "parse_gpu_query_csv",
+    "parse_nvidia_smi_xml",
+    "percentile",
+    "summarize",
+]
+
+
+class _Value(BaseModel):
+    """Base of the value models: immutable, and tolerant of fields a newer peer adds."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class RequestRecord(_Value):
+    """One request of the load generator, as it emits it (one JSON object per request).
+
+    ``latency_ms`` runs from sending the request to the final chunk; ``output_tokens``
+    counts the text chunks the client received, ``eval_count`` / ``eval_duration_ns`` /
+    ``prompt_tokens`` are the server's own counters when it reports them.
+    ``tokens_per_second`` is the client-measured decode rate, see
+    :func:`decode_tokens_per_second`.
+    """
+
+    index: int
+    warmup: bool = False
+    prompt_index: int
+    started_at: float
+    ttft_ms: float | None = None
+    latency_ms: float
+    output_tokens: int
+    eval_count: int | None = None
+    eval_duration_ns: int | None = None
+    prompt_tokens: int | None = None
+    tokens_per_second: float | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the request completed without an error."""
+        return self.error is None
+
+    @property
+    def counted_tokens(self) -> int:
+        """Output tokens of this request: the server's ``eval_count`` when present.
+
+        The server counts real tokens; the client counts chunks, which only equal
+        tokens for runtimes that stream one token per chunk.
+        """
+        return self.eval_count if self.eval_count is not None else self.output_tokens
+
+
+def decode_tokens_per_second(
+    output_tokens: int, latency_ms: float, ttft_ms: float | None
+) -> float | None:
+    """Client-measured decode rate: ``(output_tokens - 1) / ((latency - ttft) / 1000)``.
+
+    The first token is excluded because its time is the TTFT (prompt processing), not
+    decoding. ``None`` when there are fewer than two tokens, no TTFT, or no time between
+    the first and the last token.
+    """
+    if output_tokens < 2 or ttft_ms is None:
+        return None
+    decode_ms = latency_ms - ttft_ms
+    if decode_ms <= 0:
+        return None
+    return (output_tokens - 1) / (decode_ms / 1000.0)
+
+
+# --------------------------------------------------------------------- result models
+
+
+class HardwareInfo(_Value):
+    """The machine the benchmark ran on (Go ``HardwareInfo``)."""
+
+    gpu_name: str = ""
+    gpu_memory_mib: int = 0
+    gpu_count: int = 0
+    driver_version: str = ""
+    cuda_version: str = ""
+    cpu_model: str = ""
+    cpu_cores: int = 0
+    ram_gib: int = 0
+
+
+class ModelInfo(_Value):
+    """The model under test (Go ``ModelInfo``)."""
+
+    name: str = ""
+    family: str = ""
+    parameter_count: str = ""
+    quantization: str = ""
+    size_gb: float = 0.0
+    runtime: str = ""
+    runtime_version: str = ""
+
+
+class TestConfig(_Value):
+    """How the load was generated (Go ``TestConfig``)."""
+
+    # Not a test class, whatever its name says: keeps pytest from trying to collect
+    # it when a test module imports it.
+    __test__ = False
+
+    duration_minutes: int = 0
+    max_tokens: int = 0
+    prompt_types: list[str] = Field(default_factory=list)
+    concurrent_reqs: int = 0
+    warmup_requests: int = 0
+
+
+class PerformanceResults(_Value):
+    """The measured figures (Go ``PerformanceResults``); built by :func:`summarize`."""
+
+    total_requests: int = 0
+    total_tokens: int = 0
+    total_prompt_tokens: int = 0
+    total_errors: int = 0
+    duration_seconds: float = 0.0
+
+    avg_tokens_per_second: float = 0.0
+    min_tokens_per_second: float = 0.0
+    max_tokens_per_second: float = 0.0
+    p50_tokens_per_second: float = 0.0
+    p95_tokens_per_second: float = 0.0
+    p99_tokens_per_second: float = 0.0
+
+    avg_latency_ms: float = 0.0
+    min_latency_ms: float = 0.0
+    max_latency_ms: float = 0.0
+    p50_latency_ms: float = 0.0
+    p95_latency_ms: float = 0.0
+    p99_latency_ms: float = 0.0
+
+    requests_per_minute: float = 0.0
+    avg_tokens_per_request: float = 0.0
+    error_rate: float = 0.0
+
+    avg_ttft_ms: float = 0.0
+    p50_ttft_ms: float = 0.0
+    p95_ttft_ms: float = 0.0
+
+    # omitempty on the Go side; zero means "no quality validation ran".
+    match_rate: float = 0.0
+    prompts_with_expected: int = 0
+    prompts_matching: int = 0
+
+
+class GPUStats(_Value):
+    """GPU telemetry over the run (Go ``GPUStats``); the Go side keeps memory as ints."""
+
+    avg_utilization_pct: float = 0.0
+    max_utilization_pct: float = 0.0
+    avg_memory_used_mib: int = 0
+    max_memory_used_mib: int = 0
+    avg_temperature_c: float = 0.0
+    max_temperature_c: float = 0.0
+    avg_power_draw_w: float = 0.0
+    max_power_draw_w: float = 0.0
+
+
+class CostAnalysis(_Value):
+    """Cost efficiency (Go ``CostAnalysis``); see :func:`cost_analysis` for the ``None`` cases."""
+
+    tokens_per_dollar: float | None = None
+    cost_per_million_tokens: float | None = None
+    cost_per_hour: float = 0.0
+    estimated_monthly_24x7: float = 0.0
+
+
+class BenchmarkResult(_Value):
+    """One benchmark, in the shape ``POST /api/v1/benchmarks`` stores (Go ``BenchmarkResult``).
+
+    ``id`` is empty until the manifest or the server assigns one. ``timestamp`` is
+    always timezone-aware (a naive one is taken as UTC), because Go's ``time.Time``
+    refuses an RFC 3339 string without an offset.
+    """
+
+    id: str = ""
+    timestamp: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+    hardware: HardwareInfo = Field(default_factory=HardwareInfo)
+    model: ModelInfo = Field(default_factory=ModelInfo)
+    test_config: TestConfig = Field(default_factory=TestConfig)
+    results: PerformanceResults = Field(default_factory=PerformanceResults)
+    gpu_stats: GPUStats = Field(default_factory=GPUStats)
+    provider: str = ""
+    location: str = ""
+    price_per_hour: float = 0.0
+
+    @field_validator("timestamp")
+    @classmethod
+    def _aware(cls, value: datetime) -> datetime:
+        return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+
+    def cost_analysis(self) -> CostAnalysis:
+        """:func:`cost_analysis` of this result's price and average tokens per second."""
+        return cost_analysis(self.price_per_hour, self.results.avg_tokens_per_second)
+
+
+# ------------------------------------------------------------------------ statistics
+
+
+def cost_analysis(price_per_hour: float, tokens_per_second: float) -> CostAnalysis:
+    """Cost figures for a GPU at ``price_per_hour`` producing ``tokens_per_second``.
+
+    cost per million tokens = price_per_hour / (tokens_per_second * 3600) * 1e6,
+    tokens per dollar = tokens_per_second * 3600 / price_per_hour,
+    monthly = price_per_hour * 24 * 30 (the server's own ``CalculateCostAnalysis``).
+
+    A ratio with a zero denominator is ``None`` ("undefined"), never a division
+    error: no throughput means no cost per token, a free machine has no tokens per
+    dollar. (The Go server returns all zeros there instead; zero would read as "free"
+    in a report, and a JSON ``null`` decodes to zero on the Go side anyway.)
+    Negative inputs are a ``ValueError``.
+    """
+    if price_per_hour < 0 or tokens_per_second < 0:
+        raise ValueError(
+            f"price_per_hour and tokens_per_second must not be negative "
+            f"(got {price_per_hour}, {tokens_per_second})"
+        )
+    tokens_per_hour = tokens_per_second * 3600.0
+    return CostAnalysis(
+        tokens_per_dollar=tokens_per_hour / price_per_hour if price_per_hour > 0 else None,
+        cost_per_million_tokens=(
+            price_per_hour / tokens_per_hour * 1e6 if tokens_per_hour > 0 else None
+        ),
+        cost_per_hour=price_per_hour,
+        estimated_monthly_24x7=price_per_hour * 24 * 30,
+    )
+
+
+def percentile(values: Iterable[float], p: float) -> float:
+    """The ``p``-th percentile (0-100) by linear interpolation, as numpy's default.
+
+    For sorted values ``x`` of length ``n`` the rank is ``(n - 1) * p / 100``; the
+    result interpolates between the two neighbouring values. An empty input gives 0.
+    """
+    if not 0 <= p <= 100:
+        raise ValueError(f"percentile must be within 0..100, got {p}")
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    rank = (len(ordered) - 1) * p / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (rank - low) * (ordered[high] - ordered[low])
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def summarize(records: Iterable[RequestRecord], duration_seconds: float) -> PerformanceResults:
+    """Summarize measured requests into :class:`PerformanceResults`.
+
+    * Warm-up records are left out entirely.
+    * ``total_requests`` counts every measured request, successful or not (as the Go
+      ``AnalyzeResults`` does); ``total_errors`` the failed ones; ``error_rate`` is
+      errors / (successes + errors).
+    * Token, latency and TTFT statistics cover successful requests only. Tokens per
+      second are the per-request client decode rates (requests without one, fewer
+      than two tokens, are left out of those statistics only).
+    * ``total_tokens`` sums each successful request's server ``eval_count`` when
+      present, otherwise the client's chunk count (:attr:`RequestRecord.counted_tokens`);
+      ``total_prompt_tokens`` sums ``prompt_tokens`` where reported.
+    * ``requests_per_minute`` = successful requests / ``duration_seconds`` * 60.
+    * Nothing successful (or nothing at all) gives zeros, not an error.
+    """
+    measured = [r for r in records if not r.warmup]
+    ok = [r for r in measured if r.ok]
+    errors = len(measured) - len(ok)
+
+    tps = [r.tokens_per_second for r in ok if r.tokens_per_second is not None]
+    latency = [r.latency_ms for r in ok]
+    ttft = [r.ttft_ms for r in ok if r.ttft_ms is not None]
+    total_tokens = sum(r.counted_tokens for r in ok)
+
+    return PerformanceResults(
+        total_requests=len(measured),
+        total_tokens=total_tokens,
+        total_prompt_tokens=sum(r.prompt_tokens or 0 for r in ok),
+        total_errors=errors,
+        duration_seconds=duration_seconds,
+        avg_tokens_per_second=_mean(tps),
+        min_tokens_per_second=min(tps, default=0.0),
+        max_tokens_per_second=max(tps, default=0.0),
+        p50_tokens_per_second=percentile(tps, 50),
+        p95_tokens_per_second=percentile(tps, 95),
+        p99_tokens_per_second=percentile(tps, 99),
+        avg_latency_ms=_mean(latency),
+        min_latency_ms=min(latency, default=0.0),
+        max_latency_ms=max(latency, default=0.0),
+        p50_latency_ms=percentile(latency, 50),
+        p95_latency_ms=percentile(latency, 95),
+        p99_latency_ms=percentile(latency, 99),
+        requests_per_minute=len(ok) / duration_seconds * 60 if duration_seconds > 0 else 0.0,
+        avg_tokens_per_request=total_tokens / len(ok) if ok else 0.0,
+        error_rate=errors / len(measured) if measured else 0.0,
+        avg_ttft_ms=_mean(ttft),
+        p50_ttft_ms=percentile(ttft, 50),
+        p95_ttft_ms=percentile(ttft, 95),
+    )
+
+
+# ------------------------------------------------------------------------ nvidia-smi
+
+# nvidia-smi's ways of saying "no value"; it brackets most of them.
+_MISSING = {"", "n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]",
+            "unknown error", "[insufficient permissions]", "[gpu is lost]"}
+_NUMBER_WITH_UNIT = re.compile(r"^(-?\d+(?:\.\d+)?)\s*(?:MiB|GiB|W|%|MHz|C|°C)?$")
+
+
+def _scalar(raw: str | None) -> int | float | str | None:
+    """A number when the text is one (units tolerated), ``None`` when nvidia-smi has none."""
+    if raw is None:
+        return None
+    text = raw.strip()
+    if text.lower() in _MISSING:
+        return None
+    match = _NUMBER_WITH_UNIT.match(text)
+    if not match:
+        return text
+    number = match.group(1)
+    return float(number) if "." in number else int(number)
+
+
+# Query fields whose values are names, not quantities: "12.10" is not the number 12.1.
+_TEXT_FIELDS = re.compile(r"version|name|uuid|serial|bus_id")
+
+
+def _csv_value(field: str, raw: str | None) -> int | float | str | None:
+    value = _scalar(raw)
+    if value is not None and _TEXT_FIELDS.search(field):
+        return raw.strip() if raw is not None else None
+    return value
+
+
+def parse_gpu_query_csv(text: str, fields: Sequence[str] | str) -> list[dict[str, Any]]:
+    """Parse ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits`` output.
+
+    One dict per GPU line, keyed by the queried field names in order. Numbers become
+    ``int`` / ``float``, ``[N/A]`` / ``[Not Supported]`` and the like become
+    ``None``, anything else stays text, and so do names and versions
+    (``name``, ``driver_version``, ``uuid``, ...). A short line is padded with ``None``; extra
+    columns are dropped. Never raises on odd values.
+    """
+    names = [f.strip() for f in fields.split(",")] if isinstance(fields, str) else list(fields)
+    rows: list[dict[str, Any]] = []
+    for values in csv.reader(text.splitlines(), skipinitialspace=True):
+        if not values or all(not v.strip() for v in values):
+            continue
+        padded = list(values[: len(names)]) + [None] * (len(names) - len(values))
+        rows.append({name: _csv_value(name, value) for name, value in zip(names, padded)})
+    return rows
+
+
+def _xml_raw(node: ET.Element, path: str) -> str | None:
+    """Text of ``path`` under ``node``; ``None`` when absent or nvidia-smi says N/A."""
+    found = node.find(path)
+    if found is None or found.text is None:
+        return None
+    text = found.text.strip()
+    return None if text.lower() in _MISSING else text
+
+
+def _xml_number(node: ET.Element, path: str) -> int | float | None:
+    value = _scalar(_xml_raw(node, path))
+    return value if isinstance(value, (int, float)) else None
+
+
+def parse_nvidia_smi_xml(text: str) -> dict[str, Any]:
+    """Parse ``nvidia-smi -q -x`` output into the figures a result needs.
+
+    Returns ``{"driver_version", "cuda_version", "attached_gpus", "gpus": [...]}``,
+    each GPU with ``product_name``, ``uuid``, ``memory_total_mib``,
+    ``memory_used_mib``, ``temperature_c``, ``power_draw_w`` (units such as
+    ``"24564 MiB"`` stripped). Missing or ``N/A`` values are ``None``. Text that is
+    not XML raises ``ValueError``.
+    """
+    try:
+        root = ET.fromstring(text.strip())
+    except ET.ParseError as exc:
+        raise ValueError(f"nvidia-smi -x output is not XML: {exc}") from exc
+    gpus = []
+    for gpu in root.findall("gpu"):
+        power = _xml_number(gpu, "power_readings/power_draw")
+        if power is None:  # drivers from 530 on moved it
+            power = _xml_number(gpu, "gpu_power_readings/power_draw")
+        gpus.append(
+            {
+                "product_name": _xml_raw(gpu, "product_name"),
+                "uuid": _xml_raw(gpu, "uuid"),
+                "memory_total_mib": _xml_number(gpu, "fb_memory_usage/total"),
+                "memory_used_mib": _xml_number(gpu, "fb_memory_usage/used"),
+                "temperature_c": _xml_number(gpu, "temperature/gpu_temp"),
+                "power_draw_w": power,
+            }
+        )
+    return {
+        # Versions stay text: "12.10" is not the number 12.1.
+        "driver_version": _xml_raw(root, "driver_version"),
+        "cuda_version": _xml_raw(root, "cuda_version"),
+        "attached_gpus": _xml_number(root, "attached_gpus"),
+        "gpus": gpus,
+    }
+
+
+# Words that name the vendor, brand line, form factor or memory type: they differ
+# between a provider's offer name and nvidia-smi's product name for the same card.
+_IGNORED_WORDS = {
+    "nvidia", "geforce", "tesla", "quadro", "generation",
+    "pcie", "pci", "sxm", "sxm2", "sxm3", "sxm4", "sxm5",
+    "hbm", "hbm2", "hbm2e", "hbm3", "hbm3e", "gddr6", "gddr6x", "gddr7",
+}
+_MEMORY_SIZE = re.compile(r"(\d+)\s*gi?b\b")
+
+
+def _gpu_name_key(name: str) -> tuple[list[str], set[str]]:
+    """Significant tokens (sorted) and memory sizes of a GPU name."""
+    text = name.lower().replace("pci-e", "pcie")
+    memory = set(_MEMORY_SIZE.findall(text))
+    text = _MEMORY_SIZE.sub(" ", text)
+    tokens: list[str] = []
+    for word in re.split(r"[^a-z0-9]+", text):
+        if not word or word in _IGNORED_WORDS:
+            continue
+        # "RTX4090" and "RTX 4090" are the same name: split at letter/digit changes.
+        tokens.extend(re.findall(r"[a-z]+|[0-9]+", word))
+    return sorted(tokens), memory
+
+
+def gpu_name_matches(expected_gpu_type: str, product_name: str) -> bool:
+    """Whether nvidia-smi's ``product_name`` is the GPU an offer's ``gpu_type`` promised.
+
+    Case, spaces, punctuation, vendor words (NVIDIA, GeForce, Tesla, Quadro), form
+    factors (PCIe, SXM4, ...) and memory types (HBM3, ...) are ignored; every other
+    word must appear on both sides, so variant suffixes keep cards apart: "RTX 5070"
+    does not match "RTX 5070 Ti", "H200" does not match "H200 NVL". A memory size
+    ("80GB") must agree when both names state one and is ignored when only one does,
+    so "H100" matches "NVIDIA H100 80GB HBM3" but "A100 80GB" does not match
+    "NVIDIA A100-SXM4-40GB".
+    """
+    expected_tokens, expected_memory = _gpu_name_key(expected_gpu_type)
+    actual_tokens, actual_memory = _gpu_name_key(product_name)
+    if not expected_tokens or expected_tokens != actual_tokens:
+        return False
+    return not (expected_memory and actual_memory) or expected_memory == actual_memory

@@ -1,0 +1,357 @@
+"""Tests of pytest_gpubench.manifest: schema, cell lifecycle, results, several writers."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+import traceback
+from datetime import datetime
+
+import pytest
+
+from pytest_gpubench.errors import Stage
+from pytest_gpubench.manifest import Manifest
+from pytest_gpubench.results import BenchmarkResult, HardwareInfo, ModelInfo, RequestRecord, summarize
+
+SEED_001_COLUMNS = [
+    "id", "run_id", "created_at", "gpu_type", "provider", "model", "session_id",
+    "instance_ip", "ssh_port", "status", "started_at", "completed_at", "benchmark_id",
+    "tokens_per_second", "total_requests", "error_count", "failure_reason", "failure_stage",
+    "error_message", "notes",
+]
+ADDED_COLUMNS = [
+    "cell_id", "matrix_file", "offer_id", "price_per_hour", "cost_usd", "api_cost_usd",
+    "session_status", "consumer_id", "worker", "ttft_p50_ms", "cost_per_million_tokens",
+    "progress_file",
+]
+KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----"
+
+
+@pytest.fixture
+def manifest(tmp_path):
+    with Manifest(tmp_path / "reports" / "manifest.db") as m:
+        m.start_run("run-1", ["pytest", "matrix/", "-n", "8"], ["matrix/gpubench_seed.yaml"])
+        yield m
+
+
+def add(manifest: Manifest, cell: str = "rtx4090-vastai-qwen2_7b", run: str = "run-1") -> str:
+    return manifest.add_cell(run, cell, gpu_type="RTX 4090", provider="vastai",
+                             model="qwen2:7b", matrix_file="matrix/gpubench_seed.yaml")
+
+
+def records() -> list[RequestRecord]:
+    rows = [RequestRecord(index=0, warmup=True, prompt_index=0, started_at=1.0, ttft_ms=900.0,
+                          latency_ms=3000.0, output_tokens=50, tokens_per_second=20.0)]
+    for i in range(1, 5):
+        rows.append(RequestRecord(index=i, prompt_index=i % 2, started_at=1.0 + i,
+                                  ttft_ms=100.0 * i, latency_ms=1000.0 * i, output_tokens=100,
+                                  eval_count=101, prompt_tokens=20,
+                                  tokens_per_second=100.0 + i))
+    rows.append(RequestRecord(index=5, prompt_index=1, started_at=7.0, latency_ms=10.0,
+                              output_tokens=0, error="HTTP 500: model runner crashed"))
+    return rows
+
+
+def result(**fields) -> BenchmarkResult:
+    return BenchmarkResult(
+        hardware=HardwareInfo(gpu_name="NVIDIA GeForce RTX 4090", gpu_memory_mib=24564,
+                              gpu_count=1),
+        model=ModelInfo(name="qwen2:7b", runtime="ollama"),
+        results=summarize(records(), duration_seconds=60.0),
+        provider="vastai", location="US", price_per_hour=0.4, **fields,
+    )
+
+
+# -------------------------------------------------------------------------- schema
+
+
+def test_schema(manifest, tmp_path):
+    columns = [c.name for c in manifest.db["benchmark_manifest"].columns]
+    assert columns[: len(SEED_001_COLUMNS)] == SEED_001_COLUMNS
+    assert set(ADDED_COLUMNS) <= set(columns)
+    indexed = {tuple(i.columns) for i in manifest.db["benchmark_manifest"].indexes}
+    assert {("run_id",), ("status",), ("session_id",)} <= indexed
+    assert set(manifest.db.table_names()) >= {"runs", "benchmark_manifest", "benchmarks",
+                                              "requests"}
+    assert {c.name for c in manifest.db["runs"].columns} == {
+        "run_id", "started_at", "finished_at", "argv", "matrix_files", "host", "status"}
+    benchmark_columns = {c.name for c in manifest.db["benchmarks"].columns}
+    assert {"id", "manifest_id", "run_id", "gpu_name", "gpu_type", "tokens_per_second",
+            "p95_latency_ms", "avg_ttft_ms", "cost_per_million_tokens",
+            "result_json"} <= benchmark_columns
+    request_columns = {c.name for c in manifest.db["requests"].columns}
+    assert set(RequestRecord.model_fields) | {"benchmark_id", "manifest_id"} == request_columns
+    assert manifest.db.journal_mode == "wal"
+    assert manifest.db.execute("PRAGMA busy_timeout").fetchone()[0] >= 30_000
+    assert (tmp_path / "reports").is_dir()
+
+
+def test_an_older_file_gains_the_new_columns(tmp_path):
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"CREATE TABLE benchmark_manifest ({', '.join(SEED_001_COLUMNS)},"
+                     " PRIMARY KEY (id))")
+        conn.execute("INSERT INTO benchmark_manifest (id, run_id, created_at, gpu_type,"
+                     " provider, model, status) VALUES ('old/1', 'old', '2026-01-01', 'RTX 3090',"
+                     " 'vastai', 'qwen2:7b', 'success')")
+    conn.close()
+    with Manifest(path) as m:
+        assert set(ADDED_COLUMNS) <= {c.name for c in m.db["benchmark_manifest"].columns}
+        assert m.cell("old/1")["status"] == "success"
+
+
+# ---------------------------------------------------------------------------- runs
+
+
+def test_runs(manifest):
+    first = manifest.run("run-1")
+    manifest.start_run("run-1", ["other"], [])  # an xdist worker: no change
+    assert manifest.run("run-1") == first
+    assert first["status"] == "running" and first["finished_at"] is None
+    assert first["argv"] == '["pytest", "matrix/", "-n", "8"]'
+    manifest.finish_run("run-1", "passed")
+    done = manifest.run("run-1")
+    assert done["status"] == "passed" and done["finished_at"]
+    datetime.fromisoformat(done["finished_at"])
+    with pytest.raises(KeyError):
+        manifest.finish_run("nope", "passed")
+
+
+def test_latest_run_id(tmp_path):
+    with Manifest(tmp_path / "m.db") as m:
+        assert m.latest_run_id() is None
+        m.start_run("a", [], [])
+        m.start_run("b", [], [])
+        assert m.latest_run_id() == "b"
+
+
+# --------------------------------------------------------------------------- cells
+
+
+def test_add_cell_is_idempotent(manifest):
+    row_id = add(manifest)
+    assert row_id == "run-1/rtx4090-vastai-qwen2_7b"
+    before = manifest.cell(row_id)
+    assert before["status"] == "pending" and before["cell_id"] == "rtx4090-vastai-qwen2_7b"
+    assert manifest.add_cell("run-1", "rtx4090-vastai-qwen2_7b", gpu_type="RTX 5090",
+                             provider="x", model="y", matrix_file="z") == row_id
+    manifest.update_cell(row_id, status="running")
+    add(manifest)
+    assert len(manifest.cells("run-1")) == 1
+    after = manifest.cell(row_id)
+    assert after["gpu_type"] == "RTX 4090" and after["status"] == "running"
+    assert after["created_at"] == before["created_at"]
+
+
+def test_cells_filter_and_lookup(manifest):
+    add(manifest, "a")
+    add(manifest, "b")
+    add(manifest, "c", run="run-2")
+    assert [c["cell_id"] for c in manifest.cells("run-1")] == ["a", "b"]
+    assert len(manifest.cells()) == 3
+    assert manifest.cell("run-1/zzz") is None
+
+
+def test_status_and_column_validation(manifest):
+    row_id = add(manifest)
+    with pytest.raises(ValueError, match="status"):
+        manifest.update_cell(row_id, status="done")
+    with pytest.raises(ValueError, match="status"):
+        manifest.finish_cell(row_id, status="timeout")
+    with pytest.raises(ValueError, match="finished"):
+        manifest.finish_cell(row_id, status="running")
+    with pytest.raises(ValueError, match="colour"):
+        manifest.update_cell(row_id, colour="red")
+    with pytest.raises(ValueError, match="run_id"):
+        manifest.update_cell(row_id, run_id="other")
+    with pytest.raises(ValueError):
+        manifest.finish_cell(row_id, status="failed", failure_stage="setup")
+    with pytest.raises(KeyError):
+        manifest.update_cell("run-1/missing", status="running")
+    assert manifest.cell(row_id)["status"] == "pending"
+
+
+def test_running_stamps_started_at_once(manifest):
+    row_id = add(manifest)
+    assert manifest.cell(row_id)["started_at"] is None
+    manifest.update_cell(row_id, status="running", worker="gw3", instance_ip="10.0.0.5",
+                         ssh_port=2222)
+    first = manifest.cell(row_id)
+    assert first["started_at"] and first["worker"] == "gw3" and first["ssh_port"] == 2222
+    manifest.update_cell(row_id, status="running")
+    assert manifest.cell(row_id)["started_at"] == first["started_at"]
+
+
+def test_finish_cell_failure(manifest):
+    row_id = add(manifest)
+    manifest.update_cell(row_id, status="running")
+    manifest.finish_cell(row_id, status="failed", failure_stage=Stage.MODEL_PULL,
+                         failure_reason="timeout", error_message="pull took > 15 min",
+                         progress_file="reports/progress/x.log")
+    row = manifest.cell(row_id)
+    assert row["status"] == "failed" and row["failure_stage"] == "model_pull"
+    assert row["failure_reason"] == "timeout" and row["error_message"] == "pull took > 15 min"
+    assert row["completed_at"] >= row["started_at"]
+    assert row["cost_usd"] is None  # no session, no cost
+    assert row["progress_file"] == "reports/progress/x.log"
+
+
+def test_skipped_cell(manifest):
+    row_id = add(manifest)
+    manifest.finish_cell(row_id, status="skipped", failure_stage="inventory",
+                         failure_reason="no eligible offer")
+    row = manifest.cell(row_id)
+    assert row["status"] == "skipped" and row["started_at"] is None and row["completed_at"]
+
+
+def test_session_cost(manifest):
+    row_id = add(manifest)
+    manifest.record_session(row_id, session_id="3f1c-uuid", consumer_id="gpubench-run-1-a",
+                            offer_id="vastai-12345", price_per_hour=0.4,
+                            session_status="provisioning")
+    manifest.finish_cell(row_id, status="success")
+    row = manifest.cell(row_id)
+    assert row["session_id"] == "3f1c-uuid" and row["offer_id"] == "vastai-12345"
+    assert row["session_started_at"] <= row["completed_at"]
+    assert 0 <= row["cost_usd"] < 0.01
+    other = add(manifest, "other")
+    manifest.record_session(other, session_id="s2", consumer_id="c2", offer_id="o2",
+                            price_per_hour=1.0)
+    manifest.finish_cell(other, status="partial", cost_usd=0.25, api_cost_usd=0.0)
+    assert manifest.cell(other)["cost_usd"] == 0.25
+
+
+def test_open_sessions(manifest):
+    pending = add(manifest, "no-session")
+    live = add(manifest, "live")
+    stopped = add(manifest, "stopped")
+    failed = add(manifest, "failed")
+    done_but_unreleased = add(manifest, "done")
+    elsewhere = add(manifest, "elsewhere", run="run-2")
+    for row_id in (live, stopped, failed, done_but_unreleased, elsewhere):
+        manifest.record_session(row_id, session_id=f"s-{row_id}", consumer_id="c",
+                                offer_id="o", price_per_hour=0.5)
+    manifest.update_cell(live, session_status="running")
+    manifest.update_cell(stopped, session_status="stopped")
+    manifest.update_cell(failed, session_status="failed")
+    manifest.finish_cell(done_but_unreleased, status="success")
+    assert pending not in {r["id"] for r in manifest.open_sessions()}
+    assert [r["id"] for r in manifest.open_sessions("run-1")] == [live, done_but_unreleased]
+    assert {r["id"] for r in manifest.open_sessions()} == {live, done_but_unreleased, elsewhere}
+
+
+# ---------------------------------------------------------------------- benchmarks
+
+
+def test_add_benchmark(manifest):
+    row_id = add(manifest)
+    bench = result()
+    benchmark_id = manifest.add_benchmark(row_id, bench, records())
+    assert benchmark_id and not bench.id  # the caller's value is not changed
+
+    [row] = manifest.benchmarks("run-1")
+    assert row["id"] == benchmark_id and row["manifest_id"] == row_id
+    assert row["gpu_name"] == "NVIDIA GeForce RTX 4090" and row["gpu_type"] == "RTX 4090"
+    assert row["model"] == "qwen2:7b" and row["provider"] == "vastai" and row["location"] == "US"
+    assert row["tokens_per_second"] == pytest.approx(102.5)
+    assert row["total_requests"] == 5 and row["total_errors"] == 1
+    assert row["total_tokens"] == 404
+    assert row["p50_ttft_ms"] == pytest.approx(250.0)
+    assert row["cost_per_million_tokens"] == pytest.approx(0.4 / (102.5 * 3600) * 1e6)
+    stored = BenchmarkResult.model_validate_json(row["result_json"])
+    assert stored == bench.model_copy(update={"id": benchmark_id})
+
+    requests = manifest.requests(benchmark_id)
+    assert [r["index"] for r in requests] == [0, 1, 2, 3, 4, 5]
+    assert requests[0]["warmup"] == 1 and requests[5]["error"].startswith("HTTP 500")
+
+    cell = manifest.cell(row_id)
+    assert cell["benchmark_id"] == benchmark_id
+    assert cell["tokens_per_second"] == pytest.approx(102.5)
+    assert cell["total_requests"] == 5 and cell["error_count"] == 1
+    assert cell["ttft_p50_ms"] == pytest.approx(250.0)
+    assert cell["price_per_hour"] == 0.4
+    assert cell["cost_per_million_tokens"] == pytest.approx(row["cost_per_million_tokens"])
+
+
+def test_add_benchmark_again_replaces(manifest):
+    row_id = add(manifest)
+    first = manifest.add_benchmark(row_id, result(id="bench-1"), records())
+    again = manifest.add_benchmark(row_id, result(id="bench-1"), records()[:2])
+    assert first == again == "bench-1"
+    assert len(manifest.benchmarks()) == 1
+    assert len(manifest.requests("bench-1")) == 2
+
+
+def test_add_benchmark_for_unknown_cell_writes_nothing(manifest):
+    with pytest.raises(KeyError):
+        manifest.add_benchmark("run-1/missing", result(), records())
+    assert manifest.benchmarks() == []
+    assert manifest.db["requests"].count == 0
+
+
+def test_key_material_is_refused(manifest):
+    row_id = add(manifest)
+    with pytest.raises(ValueError, match="key material"):
+        manifest.update_cell(row_id, notes=f"key was {KEY}")
+    with pytest.raises(ValueError, match="key material"):
+        manifest.finish_cell(row_id, status="failed", error_message=KEY)
+    leaky = records() + [RequestRecord(index=9, prompt_index=0, started_at=9.0, latency_ms=1.0,
+                                       output_tokens=0, error=KEY)]
+    with pytest.raises(ValueError, match="key material"):
+        manifest.add_benchmark(row_id, result(), leaky)
+    with pytest.raises(ValueError, match="key material"):
+        manifest.add_cell("run-1", "x", gpu_type="A", provider="b", model=KEY, matrix_file="m")
+    assert manifest.benchmarks() == []
+    assert manifest.cell(row_id)["notes"] is None
+    dump = "\n".join(manifest.db.iterdump())
+    assert "PRIVATE KEY" not in dump
+
+
+# ----------------------------------------------------------------- several writers
+
+WORKERS = 8
+CELLS_PER_WORKER = 25
+
+
+def _hammer(path: str, worker: int, start, outcomes) -> None:
+    """One xdist-like worker: opens the manifest with the others, then writes its cells."""
+    try:
+        start.wait()
+        manifest = Manifest(path)
+        manifest.start_run("run-c", ["pytest", "-n", str(WORKERS)], ["matrix/x.yaml"])
+        for i in range(CELLS_PER_WORKER):
+            row_id = manifest.add_cell("run-c", f"w{worker}-c{i}", gpu_type="RTX 4090",
+                                       provider="vastai", model="qwen2:7b",
+                                       matrix_file="matrix/x.yaml")
+            manifest.update_cell(row_id, status="running", worker=f"gw{worker}")
+            manifest.record_session(row_id, session_id=f"s-{worker}-{i}", consumer_id="c",
+                                    offer_id="o", price_per_hour=0.5)
+            manifest.finish_cell(row_id, status="success", session_status="stopped")
+        manifest.close()
+        outcomes.put((worker, "ok"))
+    except BaseException:
+        outcomes.put((worker, traceback.format_exc()))
+
+
+def test_many_processes_write_at_once(tmp_path):
+    path = str(tmp_path / "shared" / "manifest.db")
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(WORKERS)
+    outcomes = ctx.Queue()
+    processes = [ctx.Process(target=_hammer, args=(path, n, start, outcomes))
+                 for n in range(WORKERS)]
+    for process in processes:
+        process.start()
+    results = dict(outcomes.get(timeout=120) for _ in processes)
+    for process in processes:
+        process.join(timeout=30)
+    assert results == {n: "ok" for n in range(WORKERS)}, "\n".join(
+        v for v in results.values() if v != "ok")
+    with Manifest(path) as manifest:
+        rows = manifest.cells("run-c")
+        assert len(rows) == WORKERS * CELLS_PER_WORKER
+        assert len({r["id"] for r in rows}) == len(rows)
+        assert all(r["status"] == "success" and r["completed_at"] for r in rows)
+        assert manifest.open_sessions("run-c") == []
+        assert len(manifest.db.execute("SELECT * FROM runs").fetchall()) == 1
