@@ -1,0 +1,92 @@
+"""Matrix files become test items: one ``BenchFunction`` per GPU x provider x model cell."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .errors import GpubenchError, MatrixError, StageError
+from .matrix import Cell, load_cells
+from .stash import CELL_KEY, RECORD_KEY, RECORDER_KEY
+
+
+def run_matrix_cell(request: pytest.FixtureRequest) -> None:
+    """Run one matrix cell: every stage up to the benchmark, then the benchmark.
+
+    Fixtures are requested here, in the test body, so a failing stage fails the
+    test (rather than erroring its setup) and teardown still releases everything.
+    """
+    request.getfixturevalue("gpubench").run()
+
+
+class MatrixFile(pytest.File):
+    """A ``gpubench_*.yaml`` matrix file."""
+
+    def collect(self) -> Iterator[BenchFunction]:
+        try:
+            cells = load_cells(self.path)
+        except MatrixError as exc:
+            raise self.CollectError(str(exc)) from None
+        for cell in cells:
+            item = BenchFunction.from_parent(self, name=cell.cell_id, callobj=run_matrix_cell)
+            item.stash[CELL_KEY] = cell
+            item.stash[RECORD_KEY] = cell.cell_id
+            item.extra_keyword_matches.update(cell.keywords)
+            yield item
+
+
+class BenchFunction(pytest.Function):
+    """One cell of a matrix file; its failures read as stage and message."""
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        cell = self.stash[CELL_KEY]
+        return self.path, None, f"{cell.gpu} | {cell.provider} | {cell.model}"
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        text = describe_failure(excinfo.value, self)
+        return text if text is not None else super().repr_failure(excinfo, style=style)
+
+
+def describe_failure(error: BaseException, item: pytest.Item) -> str | None:
+    """Stage, one-paragraph message and where to read more; None for other errors."""
+    if not isinstance(error, GpubenchError):
+        return None
+    lines = []
+    if isinstance(error, StageError):
+        lines.append(f"[{error.stage}] {error}")
+    else:
+        lines.append(str(error))
+    recorder = item.stash.get(RECORDER_KEY, None)
+    if recorder is not None:
+        lines.append(f"progress file: {recorder.progress.path}")
+        if recorder.session_id:
+            lines.append(f"session: {recorder.session_id} (offer {recorder.offer_id})")
+    return "\n".join(lines)
+
+
+def cells_for_marker(marker: pytest.Mark, test_path: Path, rootpath: Path) -> list[Cell]:
+    """Cells named by ``@pytest.mark.gpubench(MATRIX_FILE, gpu=..., provider=..., model=...)``."""
+    from .matrix import cell_selected
+
+    if not marker.args:
+        raise MatrixError(str(test_path), "gpubench marker", "name a matrix file: @pytest.mark.gpubench('matrix/x.yaml')")
+    unknown = set(marker.kwargs) - {"gpu", "provider", "model"}
+    if unknown:
+        raise MatrixError(str(test_path), "gpubench marker", f"unknown argument(s) {sorted(unknown)}; allowed: gpu, provider, model")
+    raw = Path(marker.args[0])
+    candidates = [raw] if raw.is_absolute() else [test_path.parent / raw, rootpath / raw]
+    path = next((p for p in candidates if p.is_file()), None)
+    if path is None:
+        raise MatrixError(str(raw), "", "matrix file not found (looked next to the test and in the rootdir)")
+
+    def as_list(value: Any) -> list[str]:
+        return [value] if isinstance(value, str) else list(value or [])
+
+    return [
+        cell for cell in load_cells(path)
+        if cell_selected(cell, as_list(marker.kwargs.get("gpu")), as_list(marker.kwargs.get("provider")),
+                         as_list(marker.kwargs.get("model")))
+    ]

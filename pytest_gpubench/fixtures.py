@@ -1,0 +1,337 @@
+"""The fixtures a benchmark cell runs through, one seed stage each.
+
+``gpubench_cell`` -> ``gpubench_recorder`` -> ``gpu_offer`` (inventory) ->
+``gpu_session`` (provision, ssh_wait) -> ``gpu_ssh`` (ssh_connect, nvidia-smi)
+-> ``ollama_runtime`` (ollama_install, model_pull) -> ``gpubench`` (benchmark,
+results). Each acquires one thing and releases it in teardown, whatever
+happened; ``pytest --fixtures`` documents them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from .aio import run as run_async
+from .benchmark import BenchmarkOutcome, BenchmarkPlan, run_benchmark
+from .errors import BenchmarkInterrupted, NoEligibleOffer, Stage, StageError
+from .matrix import Cell
+from .offers import Constraints
+from .outcome import outcome_of
+from .providers.shopper import OfferChoice, consumer_id, reservation_hours
+from .record import CellRecorder, progress_path
+from .remote.ssh import Connection, KeyFile
+from .remote.system import probe_system
+from .results import BenchmarkResult, HardwareInfo, ModelInfo, TestConfig, summarize
+from .run import RunContext
+from .runtimes.ollama import OllamaRuntime
+from .settings import DEFAULT_OLLAMA_INSTALL
+from .shopper import Session
+from .stash import CELL_KEY, RECORD_KEY, RECORDER_KEY, run_context
+
+#: Seconds of slack on top of a stage timeout for the bridge into the loop.
+BRIDGE_SLACK = 10.0
+
+
+@pytest.fixture(scope="session")
+def gpubench_run(pytestconfig: pytest.Config) -> RunContext:
+    """This process's run: settings, run id, manifest and GPU Shopper API."""
+    return run_context(pytestconfig)
+
+
+@pytest.fixture
+def gpubench_cell(request: pytest.FixtureRequest, gpubench_run: RunContext) -> Cell:
+    """The matrix cell of this test (GPU, provider, model, workload), with overrides applied.
+
+    Matrix files provide it per item; Python tests get it from
+    ``@pytest.mark.gpubench("matrix/file.yaml", gpu=..., model=...)``.
+    """
+    cell = request.node.stash.get(CELL_KEY, None) or getattr(request, "param", None)
+    if not isinstance(cell, Cell):
+        pytest.fail("gpubench_cell needs a matrix file item or @pytest.mark.gpubench(MATRIX_FILE)", pytrace=False)
+    return gpubench_run.effective_cell(cell)
+
+
+@pytest.fixture
+def gpubench_recorder(
+    request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_cell: Cell
+) -> Iterator[CellRecorder]:
+    """Records the cell in the manifest, its progress file and JUnit properties.
+
+    Set up before anything is rented and finished after everything is released,
+    so every outcome (success, partial, failed with its stage, skipped) is kept.
+    """
+    key = request.node.stash.get(RECORD_KEY, gpubench_cell.cell_id)
+    recorder = CellRecorder.start(
+        gpubench_run.manifest, gpubench_run.run_id, gpubench_cell, key,
+        gpubench_run.settings.progress_dir, gpubench_run.worker,
+    )
+    request.node.stash[RECORDER_KEY] = recorder
+    yield recorder
+    outcome = outcome_of(request.node, recorder.stage)
+    for name, value in recorder.finish(outcome).items():
+        request.node.user_properties.append((name, value))
+
+
+@pytest.fixture
+def gpu_offer(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: CellRecorder) -> OfferChoice:
+    """Stage ``inventory``: the cheapest eligible offer (seed 000's rule).
+
+    No eligible offer skips the cell with the reason (``--gpubench-fail-on-skip``
+    fails it instead).
+    """
+    recorder, cell = gpubench_recorder, gpubench_cell
+    recorder.enter(Stage.INVENTORY)
+    wanted = Constraints(
+        gpu=cell.gpu, provider=cell.provider, vram_gb=cell.vram_gb,
+        min_confidence=cell.offer.min_availability_confidence, max_price=cell.offer.max_price,
+    )
+    provider = gpubench_run.provider
+    try:
+        choice = run_async(provider.choose_offer(wanted),
+                           gpubench_run.settings.stage_timeout(Stage.INVENTORY) + BRIDGE_SLACK)
+    except NoEligibleOffer as exc:
+        if gpubench_run.settings.fail_on_skip:
+            raise
+        recorder.skip_reason = exc.message
+        pytest.skip(f"[inventory] {exc.message}")
+    recorder.progress.status("INVENTORY_QUERY", offers_found=choice.offers_found,
+                             selected_offer_id=choice.offer.id, price=choice.offer.price_per_hour)
+    return choice
+
+
+@dataclass
+class GpuSession:
+    """A running GPU session and its key file."""
+
+    session: Session
+    key_pem: str
+    key_file: KeyFile
+    offer: OfferChoice
+
+
+@pytest.fixture
+def gpu_session(
+    gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: CellRecorder, gpu_offer: OfferChoice
+) -> Iterator[GpuSession]:
+    """Stages ``provision`` and ``ssh_wait``: a session that is ``running``.
+
+    Released with ``done`` in teardown whatever happened, also when creation
+    itself broke off after the server made the session (found by consumer_id).
+    """
+    settings, recorder, cell = gpubench_run.settings, gpubench_recorder, gpubench_cell
+    provider = gpubench_run.provider
+    consumer = consumer_id(settings.run_id, recorder.record_key)
+    key_file: KeyFile | None = None
+    try:
+        recorder.enter(Stage.PROVISION)
+        created = run_async(
+            provider.create(gpu_offer.offer, consumer, reservation_hours(settings, cell.workload.duration)),
+            settings.stage_timeout(Stage.PROVISION) + BRIDGE_SLACK,
+        )
+        session = created.session
+        recorder.session_created(session.id, consumer, gpu_offer.offer.id, gpu_offer.offer.price_per_hour)
+        key_file = KeyFile(created.ssh_private_key, name=session.id)
+        recorder.progress.status("PROVISIONING", session_id=session.id, offer_id=gpu_offer.offer.id)
+
+        def polled(current: Session, waited: float) -> None:
+            recorder.enter(Stage.SSH_WAIT)
+            recorder.progress.progress(stage="provision", status=current.status, waited_s=round(waited, 1))
+
+        running = run_async(provider.wait_running(session.id, polled),
+                            settings.stage_timeout(Stage.PROVISION) + BRIDGE_SLACK)
+        recorder.manifest.update_cell(recorder.row_id, instance_ip=running.ssh_host, ssh_port=running.ssh_port)
+        recorder.progress.status("SSH_READY", host=running.ssh_host, port=running.ssh_port)
+        yield GpuSession(running, created.ssh_private_key, key_file, gpu_offer)
+    finally:
+        _release(gpubench_run, recorder, consumer)
+        if key_file is not None:
+            key_file.remove()
+
+
+def _release(run: RunContext, recorder: CellRecorder, consumer: str) -> None:
+    """Stage ``cleanup``: end every session this cell owns; never raises."""
+    provider = run.provider
+    timeout = run.settings.stage_timeout(Stage.CLEANUP) + BRIDGE_SLACK
+    try:
+        ids = [recorder.session_id] if recorder.session_id else []
+        if not ids:  # creation may have reached the server before it broke off
+            ids = [s.id for s in run_async(provider.client.list_sessions(consumer_id=consumer), timeout) if s.is_active]
+        for session_id in ids:
+            final = run_async(provider.release(session_id), timeout)
+            cost = run_async(provider.client.session_cost(session_id), timeout)
+            recorder.session_released(final.status if final else None, cost)
+            recorder.progress.status("CLEANUP", session_id=session_id,
+                                     status=final.status if final else "unknown")
+    except Exception as exc:  # noqa: BLE001 - cleanup reports, it does not mask the cell's error
+        recorder.progress.error(Stage.CLEANUP, f"releasing the session failed: {exc}")
+        recorder.cleanup_error = str(exc)
+
+
+@pytest.fixture
+def gpu_ssh(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: CellRecorder,
+            gpu_session: GpuSession) -> Iterator[Connection]:
+    """Stage ``ssh_connect``: an SSH connection, checked, to the expected GPU.
+
+    ``nvidia-smi`` must report the GPU the offer promised; its system info is
+    kept for the result's ``hardware`` section.
+    """
+    settings, recorder = gpubench_run.settings, gpubench_recorder
+    recorder.enter(Stage.SSH_CONNECT)
+    session = gpu_session.session
+    timeout = settings.stage_timeout(Stage.SSH_CONNECT)
+    conn = run_async(Connection.open(session.ssh_host, session.ssh_port, session.ssh_user or "root",
+                                     gpu_session.key_pem, timeout=timeout), timeout + BRIDGE_SLACK)
+    try:
+        check = run_async(conn.run("echo gpubench-ssh-ok", stage=Stage.SSH_CONNECT,
+                                   what="the SSH connectivity check", timeout=timeout), timeout + BRIDGE_SLACK)
+        if "gpubench-ssh-ok" not in check.stdout:
+            raise StageError(Stage.SSH_CONNECT, "the SSH connectivity check printed nothing")
+        recorder.hardware = run_async(probe_system(conn, gpubench_cell.gpu, timeout), timeout * 3 + BRIDGE_SLACK)
+        recorder.progress.status("SYSTEM_INFO", gpu=recorder.hardware.gpu_name,
+                                 memory_mib=recorder.hardware.gpu_memory_mib,
+                                 driver=recorder.hardware.driver_version, cuda=recorder.hardware.cuda_version)
+        yield conn
+    finally:
+        run_async(conn.close(), 15)
+
+
+@pytest.fixture
+def ollama_runtime(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: CellRecorder,
+                   gpu_ssh: Connection) -> OllamaRuntime:
+    """Stages ``ollama_install`` and ``model_pull``: Ollama serving the cell's model, warm."""
+    settings, recorder, cell = gpubench_run.settings, gpubench_recorder, gpubench_cell
+    recorder.enter(Stage.OLLAMA_INSTALL)
+    runtime = OllamaRuntime(gpu_ssh)
+    timeout = settings.stage_timeout(Stage.OLLAMA_INSTALL)
+    install = cell.ollama_install or DEFAULT_OLLAMA_INSTALL
+    installed = run_async(runtime.ensure_installed(install, timeout), timeout + BRIDGE_SLACK)
+    run_async(runtime.locate(timeout), timeout + BRIDGE_SLACK)
+    version = run_async(runtime.ensure_serving(timeout), timeout + BRIDGE_SLACK)
+    recorder.progress.status("OLLAMA_INSTALLED", version=version, installed_now=installed)
+
+    recorder.enter(Stage.MODEL_PULL)
+    timeout = settings.stage_timeout(Stage.MODEL_PULL)
+    run_async(runtime.pull(cell.model, timeout, _pull_reporter(recorder)), timeout + BRIDGE_SLACK)
+    recorder.pulled = run_async(runtime.model_info(cell.model), 30 + BRIDGE_SLACK)
+    load = run_async(runtime.warm_up(cell.model, timeout), timeout + BRIDGE_SLACK)
+    recorder.progress.status("MODEL_READY", model=cell.model, load_s=round(load, 2))
+    return runtime
+
+
+def _pull_reporter(recorder: CellRecorder):
+    """A PROGRESS line whenever the pull passes another 10 %."""
+    last = {"decile": -1}
+
+    def report(status: dict) -> None:
+        total, completed = status.get("total"), status.get("completed")
+        if not total or completed is None:
+            return
+        pct = int(100 * completed / total)
+        if pct // 10 > last["decile"]:
+            last["decile"] = pct // 10
+            recorder.progress.progress(stage="model_pull", pct=pct, completed_mb=completed // 1_000_000,
+                                       total_mb=total // 1_000_000)
+
+    return report
+
+
+class Bench:
+    """Runs the cell's benchmark on a ready runtime; ``run()`` returns the result."""
+
+    def __init__(self, run: RunContext, cell: Cell, recorder: CellRecorder, runtime: OllamaRuntime,
+                 session: GpuSession) -> None:
+        self._run, self.cell, self.recorder, self.runtime, self.session = run, cell, recorder, runtime, session
+        self.result: BenchmarkResult | None = None
+
+    def plan(self) -> BenchmarkPlan:
+        workload = self.cell.workload
+        # Relative to the SSH login directory on the instance.
+        checkpoint = progress_path(Path(".gpubench"), self._run.run_id, self.recorder.record_key)
+        checkpoint = checkpoint.with_suffix(".checkpoint.json")
+        return BenchmarkPlan(
+            model=self.cell.model, duration=workload.duration, max_tokens=workload.max_tokens,
+            prompts=list(workload.prompts), warmup_requests=workload.warmup_requests,
+            progress_interval=workload.progress_interval, checkpoint_every=workload.checkpoint_every,
+            checkpoint_path=str(checkpoint),
+        )
+
+    def run(self) -> BenchmarkResult:
+        """Stage ``benchmark`` then ``results``: measure, summarise, record."""
+        recorder, settings = self.recorder, self._run.settings
+        recorder.enter(Stage.BENCHMARK)
+        plan = self.plan()
+        timeout = settings.stage_timeout(Stage.BENCHMARK, plan.duration + plan.warmup_requests * 60)
+        try:
+            outcome = run_async(
+                run_benchmark(self.runtime.conn, plan, remote_ollama_url=self.runtime.remote_url,
+                              local_ollama_url=self.runtime.url, timeout=timeout,
+                              on_event=self._on_event),
+                timeout + BRIDGE_SLACK,
+            )
+        except BenchmarkInterrupted as exc:
+            self._keep(exc.partial)
+            raise
+        recorder.enter(Stage.RESULTS)
+        result = self._keep(outcome)
+        recorder.progress.status("BENCHMARK_COMPLETE", tps=result.results.avg_tokens_per_second,
+                                 requests=result.results.total_requests, tokens=result.results.total_tokens)
+        recorder.progress.status("RESULTS_COLLECTED")
+        recorder.progress.results(result)
+        return result
+
+    def _on_event(self, event: dict) -> None:
+        if event["event"] == "progress":
+            self.recorder.progress.progress(requests=event.get("requests"), tokens=event.get("tokens"),
+                                            tps=event.get("tps"), errors=event.get("errors"))
+
+    def _keep(self, outcome: BenchmarkOutcome) -> BenchmarkResult:
+        duration = outcome.duration_seconds or self.cell.workload.duration
+        result = build_result(self.cell, self.recorder, self.runtime, self.session, outcome, duration)
+        self.recorder.result, self.recorder.records, self.result = result, list(outcome.records), result
+        return result
+
+
+def build_result(cell: Cell, recorder: CellRecorder, runtime: OllamaRuntime, session: GpuSession,
+                 outcome: BenchmarkOutcome, duration: float) -> BenchmarkResult:
+    """The GPU Shopper BenchmarkResult of a (possibly partial) run."""
+    pulled = recorder.pulled
+    workload = cell.workload
+    return BenchmarkResult(
+        hardware=recorder.hardware or HardwareInfo(),
+        model=ModelInfo(
+            name=cell.model,
+            family=pulled.family if pulled else "",
+            parameter_count=pulled.parameter_size if pulled else "",
+            quantization=pulled.quantization if pulled else "",
+            size_gb=round(pulled.size_bytes / 1e9, 2) if pulled else 0.0,
+            runtime="ollama",
+            runtime_version=runtime.version,
+        ),
+        test_config=TestConfig(
+            duration_minutes=round(workload.duration / 60),
+            max_tokens=workload.max_tokens,
+            prompt_types=["seed-mix"],
+            concurrent_reqs=1,
+            warmup_requests=workload.warmup_requests,
+        ),
+        results=summarize(outcome.records, duration),
+        provider=cell.provider,
+        location=session.offer.offer.location,
+        price_per_hour=session.offer.offer.price_per_hour,
+    )
+
+
+@pytest.fixture
+def gpubench(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: CellRecorder,
+             ollama_runtime: OllamaRuntime, gpu_session: GpuSession) -> Bench:
+    """A ready benchmark for this cell: call ``gpubench.run()`` in the test body.
+
+    Everything before it (offer, session, SSH, Ollama, model) is set up by the
+    fixtures it depends on, and released in their teardown.
+    """
+    return Bench(gpubench_run, gpubench_cell, gpubench_recorder, ollama_runtime, gpu_session)
+

@@ -1,0 +1,65 @@
+"""Live progress in the terminal, read from the cells' progress files.
+
+The progress files are written by whichever process runs a cell (the main
+process, or an xdist worker that has no terminal), so the process that owns the
+terminal follows them, like ``tail -f``, and prints what is new: provisioning
+waits, model pull percentages, benchmark requests and tokens/s so far.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+#: Line kinds worth a person's attention while a cell runs.
+SHOWN = ("STATUS:", "PROGRESS:", "ERROR:")
+
+
+class LiveProgress:
+    """Follows every ``*.log`` under one directory and prints new lines."""
+
+    def __init__(self, directory: Path, write: Callable[[str], None], interval: float = 0.5) -> None:
+        self.directory = directory
+        self.write = write
+        self.interval = interval
+        self._offsets: dict[Path, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="gpubench-live", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.poll()  # the last lines of cells that just ended
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.poll()
+            except OSError:
+                continue
+
+    def poll(self) -> list[str]:
+        """Print (and return) the complete lines added since the last poll."""
+        shown: list[str] = []
+        if not self.directory.is_dir():
+            return shown
+        for path in sorted(self.directory.glob("*.log")):
+            offset = self._offsets.get(path, 0)
+            with path.open("rb") as handle:
+                handle.seek(offset)
+                chunk = handle.read()
+            end = chunk.rfind(b"\n") + 1  # leave a half-written line for next time
+            if end == 0:
+                continue
+            self._offsets[path] = offset + end
+            for raw in chunk[:end].decode("utf-8", "replace").splitlines():
+                text = raw.split("] ", 1)[-1]
+                if text.startswith(SHOWN):
+                    line = f"gpubench {path.stem}: {text}"
+                    shown.append(line)
+                    self.write(line)
+        return shown

@@ -1,0 +1,184 @@
+"""One cell's record keeping: manifest row, progress file and report properties.
+
+A ``CellRecorder`` is created before anything is rented and finished after
+cleanup, whatever happened in between, so every cell ends with exactly one
+manifest outcome, an ``ERROR:`` or ``COMPLETED`` line, and JUnit properties.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .errors import Stage
+from .manifest import Manifest
+from .matrix import Cell
+from .progress import ProgressWriter
+from .results import BenchmarkResult, HardwareInfo, RequestRecord
+from .runtimes.ollama import ModelInfo as PulledModel
+
+STATUSES = ("pending", "running", "success", "partial", "failed", "skipped")
+
+
+def progress_path(progress_dir: Path, run_id: str, record_key: str) -> Path:
+    """``reports/progress/<run>/<cell>.log``, with a file-name-safe cell."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in record_key)
+    return progress_dir / run_id / f"{safe}.log"
+
+
+@dataclass
+class Outcome:
+    """How a cell ended, as the manifest and reports state it."""
+
+    status: str
+    failure_stage: str | None = None
+    failure_reason: str | None = None
+    error_message: str | None = None
+
+
+@dataclass
+class CellRecorder:
+    """Everything recorded about one cell while it runs."""
+
+    manifest: Manifest
+    run_id: str
+    cell: Cell
+    record_key: str
+    progress: ProgressWriter
+    worker: str = "main"
+    row_id: str = ""
+    stage: Stage = Stage.INVENTORY
+    offer_id: str | None = None
+    session_id: str | None = None
+    price_per_hour: float | None = None
+    session_started: float | None = None
+    session_ended: float | None = None
+    session_status: str | None = None
+    api_cost_usd: float | None = None
+    result: BenchmarkResult | None = None
+    hardware: HardwareInfo | None = None
+    pulled: PulledModel | None = None
+    skip_reason: str | None = None
+    cleanup_error: str | None = None
+    records: list[RequestRecord] = field(default_factory=list)
+    finished: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def start(cls, manifest: Manifest, run_id: str, cell: Cell, record_key: str,
+              progress_dir: Path, worker: str) -> CellRecorder:
+        path = progress_path(progress_dir, run_id, record_key)
+        recorder = cls(manifest, run_id, cell, record_key, ProgressWriter(path), worker)
+        recorder.row_id = manifest.add_cell(
+            run_id, record_key, gpu_type=cell.gpu, provider=cell.provider, model=cell.model,
+            matrix_file=cell.source,
+        )
+        manifest.update_cell(recorder.row_id, status="running", started_at=_now(), worker=worker,
+                             progress_file=str(path))
+        recorder.progress.status("STARTING", gpu=cell.gpu, provider=cell.provider, model=cell.model,
+                                 worker=worker, run=run_id)
+        return recorder
+
+    def enter(self, stage: Stage) -> None:
+        """Note the stage the cell is in: an error from here on is blamed on it."""
+        self.stage = stage
+
+    def session_created(self, session_id: str, consumer_id: str, offer_id: str, price: float) -> None:
+        """Record ownership right away, before the session is used."""
+        self.session_id, self.offer_id, self.price_per_hour = session_id, offer_id, price
+        self.session_started = time.monotonic()
+        self.manifest.record_session(self.row_id, session_id=session_id, consumer_id=consumer_id,
+                                     offer_id=offer_id, price_per_hour=price)
+
+    def session_released(self, status: str | None, api_cost: float | None) -> None:
+        self.session_ended = time.monotonic()
+        self.session_status = status
+        self.api_cost_usd = api_cost
+
+    @property
+    def cost_usd(self) -> float | None:
+        """Price x session lifetime: what this cell really cost."""
+        if self.price_per_hour is None or self.session_started is None:
+            return None
+        end = self.session_ended if self.session_ended is not None else time.monotonic()
+        return self.price_per_hour * (end - self.session_started) / 3600
+
+    def finish(self, outcome: Outcome) -> dict[str, Any]:
+        """Write the outcome everywhere once; return the report properties."""
+        with self._lock:
+            if self.finished:
+                return self.properties(outcome)
+            self.finished = True
+        if outcome.status in ("failed", "partial") and outcome.failure_stage:
+            self.progress.error(outcome.failure_stage, outcome.error_message or outcome.status)
+        benchmark_id = None
+        if self.result is not None:
+            benchmark_id = self.manifest.add_benchmark(self.row_id, self.result, self.records)
+        results = self.result.results if self.result else None
+        cost = self.cost_usd
+        measured = {
+            "tokens_per_second": results.avg_tokens_per_second if results else None,
+            "total_requests": results.total_requests if results else None,
+            "error_count": results.total_errors if results else None,
+            "ttft_p50_ms": results.p50_ttft_ms if results else None,
+            "cost_per_million_tokens": self._cost_per_million(),
+            "cost_usd": cost,
+            "api_cost_usd": self.api_cost_usd,
+            "session_status": self.session_status,
+            "benchmark_id": benchmark_id,
+        }
+        # Unknown values are left out so they never overwrite what is already known.
+        self.manifest.finish_cell(
+            self.row_id,
+            status=outcome.status,
+            failure_stage=outcome.failure_stage,
+            failure_reason=outcome.failure_reason,
+            error_message=outcome.error_message,
+            **{name: value for name, value in measured.items() if value is not None},
+        )
+        self.progress.status(
+            "COMPLETED" if outcome.status == "success" else outcome.status.upper(),
+            tps=results.avg_tokens_per_second if results else None,
+            cost=round(cost, 4) if cost is not None else None,
+        )
+        return self.properties(outcome)
+
+    def _cost_per_million(self) -> float | None:
+        if self.result is None:
+            return None
+        return self.result.cost_analysis().cost_per_million_tokens
+
+    def properties(self, outcome: Outcome) -> dict[str, Any]:
+        """Plain JSON values only: they cross the xdist channel into JUnit XML."""
+        results = self.result.results if self.result else None
+        props: dict[str, Any] = {
+            "gpubench_cell": self.record_key,
+            "gpubench_status": outcome.status,
+            "gpubench_failure_stage": outcome.failure_stage or "",
+            "gpubench_gpu": self.cell.gpu,
+            "gpubench_provider": self.cell.provider,
+            "gpubench_model": self.cell.model,
+            "gpubench_session_id": self.session_id or "",
+            "gpubench_offer_id": self.offer_id or "",
+            "gpubench_price_per_hour": self.price_per_hour,
+            "gpubench_cost_usd": round(self.cost_usd, 6) if self.cost_usd is not None else None,
+            "gpubench_tokens_per_second": round(results.avg_tokens_per_second, 3) if results else None,
+            "gpubench_ttft_p50_ms": round(results.p50_ttft_ms, 3) if results else None,
+            "gpubench_requests": results.total_requests if results else None,
+            "gpubench_errors": results.total_errors if results else None,
+            "gpubench_cost_per_million_tokens": _round(self._cost_per_million()),
+            "gpubench_progress_file": str(self.progress.path),
+        }
+        return {k: v for k, v in props.items() if v is not None}
+
+
+def _round(value: float | None) -> float | None:
+    return round(value, 4) if value is not None else None
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

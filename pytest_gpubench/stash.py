@@ -1,0 +1,34 @@
+"""``config.stash`` / ``item.stash`` keys, and the run context's one creator."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .matrix import Cell
+from .run import RunContext
+from .settings import Settings
+
+SETTINGS_KEY = pytest.StashKey[Settings]()
+RUN_CONTEXT_KEY = pytest.StashKey[RunContext]()
+#: The matrix cell of an item (matrix items and marker-parametrized tests).
+CELL_KEY = pytest.StashKey[Cell]()
+#: The manifest key of an item: the cell id, plus the test name for Python tests.
+RECORD_KEY = pytest.StashKey[str]()
+RECORDER_KEY = pytest.StashKey[Any]()
+#: ``{"setup": (report, exception), "call": ...}`` as the phases finish.
+REPORTS_KEY = pytest.StashKey[dict]()
+#: The sandbox process this (controller) process started, if any.
+SANDBOX_KEY = pytest.StashKey[Any]()
+
+
+def run_context(config: pytest.Config) -> RunContext:
+    """This process's ``RunContext``, created on first use."""
+    context = config.stash.get(RUN_CONTEXT_KEY, None)
+    if context is None:
+        worker = getattr(config, "workerinput", {}).get("workerid", "main")
+        context = RunContext(config.stash[SETTINGS_KEY], worker=worker,
+                             argv=list(config.invocation_params.args))
+        config.stash[RUN_CONTEXT_KEY] = context
+    return context

@@ -1,0 +1,133 @@
+"""What the terminal shows: fail-fast API check, live progress and the summary table.
+
+Registered only in the process that owns the terminal (the xdist controller, or
+the single pytest process).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .errors import ApiUnreachable
+from .live import LiveProgress
+from .stash import SANDBOX_KEY, SETTINGS_KEY, run_context
+
+COLUMNS = ("cell", "status", "tokens/s", "TTFT p50 ms", "$/M tokens", "cost $")
+
+
+class SummaryTable:
+    """One row per finished cell, from the properties its teardown report carries."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, properties: dict[str, Any]) -> None:
+        if "gpubench_status" in properties:
+            self.rows.append(properties)
+
+    def render(self) -> list[str]:
+        table = [COLUMNS] + [
+            (
+                str(row.get("gpubench_cell", "")),
+                str(row["gpubench_status"]) + (f" ({row['gpubench_failure_stage']})" if row.get("gpubench_failure_stage") else ""),
+                _fmt(row.get("gpubench_tokens_per_second"), "{:.1f}"),
+                _fmt(row.get("gpubench_ttft_p50_ms"), "{:.0f}"),
+                _fmt(row.get("gpubench_cost_per_million_tokens"), "{:.2f}"),
+                _fmt(row.get("gpubench_cost_usd"), "{:.4f}"),
+            )
+            for row in sorted(self.rows, key=lambda r: str(r.get("gpubench_cell", "")))
+        ]
+        widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+        lines = ["  ".join(cell.ljust(widths[i]) if i < 2 else cell.rjust(widths[i])
+                           for i, cell in enumerate(line)) for line in table]
+        total = sum(float(r.get("gpubench_cost_usd") or 0) for r in self.rows)
+        counts: dict[str, int] = {}
+        for row in self.rows:
+            counts[row["gpubench_status"]] = counts.get(row["gpubench_status"], 0) + 1
+        lines.append(", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+                     + f"; spent ${total:.4f}")
+        return lines
+
+
+def _fmt(value: Any, pattern: str) -> str:
+    return pattern.format(value) if isinstance(value, (int, float)) else "-"
+
+
+class TerminalHooks:
+    """Hooks of the terminal-owning process."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.summary = SummaryTable()
+        self.live: LiveProgress | None = None
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        config = self.config
+        if config.option.collectonly or config.option.showfixtures or config.option.show_fixtures_per_test:
+            return
+        settings = config.stash[SETTINGS_KEY]
+        if runs_matrix_files(config):
+            try:
+                run_context(config).provider  # noqa: B018 - fail fast, before any worker starts
+            except ApiUnreachable as exc:
+                raise pytest.UsageError(str(exc)) from None
+        if settings.live and config.option.verbose >= 0:
+            self.live = LiveProgress(settings.progress_dir / settings.run_id, self._write)
+            self.live.start()
+
+    def _write(self, line: str) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+        if reporter is None:
+            return
+        if capture is not None:
+            # Without xdist the tests run in this process with output captured.
+            with capture.global_and_fixture_disabled():
+                reporter.write_line(line)
+        else:
+            reporter.write_line(line)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "teardown":
+            self.summary.add(dict(report.user_properties))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        settings = self.config.stash[SETTINGS_KEY]
+        if self.summary.rows:
+            terminalreporter.write_sep("=", "gpubench summary")
+            for line in self.summary.render():
+                terminalreporter.write_line(line)
+            terminalreporter.write_line(f"run {settings.run_id}; manifest {settings.manifest}; "
+                                        f"progress files {settings.progress_dir / settings.run_id}")
+        sandbox = self.config.stash.get(SANDBOX_KEY, None)
+        if sandbox is not None:
+            left = sandbox.running_sessions()
+            if left:
+                terminalreporter.write_line(
+                    f"gpubench sandbox: {len(left)} session(s) still running: {', '.join(left)}", red=True)
+
+
+def runs_matrix_files(config: pytest.Config) -> bool:
+    """Whether the command line names matrix files, or directories holding some."""
+    patterns = config.getini("gpubench_files")
+    for arg in config.args:
+        path = Path(arg.split("::", 1)[0])
+        if path.is_file():
+            candidates: Any = [path]
+        elif path.is_dir():
+            candidates = path.rglob("*.y*ml")
+        else:
+            continue
+        if any(any(fnmatch.fnmatch(p.name, pat) for pat in patterns) for p in candidates):
+            return True
+    return False
