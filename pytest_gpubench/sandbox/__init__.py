@@ -1,0 +1,41 @@
+"""The sandbox: an emulated GPU Shopper API whose sessions are real SSH servers on loopback.
+
+Users run it with ``gpubench sandbox`` (or ``python -m pytest_gpubench.sandbox``) to
+dry-run matrices for free; the project's end-to-end tests run on it. Its parts:
+
+- ``catalog.py`` / ``catalog.yaml``: offers, GPUs, models, rates, timings;
+- ``api.py``: the REST API (and the sandbox-only ``/sandbox/`` calls);
+- ``cloud.py``, ``sessions.py``, ``billing.py``, ``faults.py``: server-side state;
+- ``instances.py``, ``sshd.py``, ``shims.py``: the emulated machines;
+- ``ollama_standin.py``, ``nvidia_smi_standin.py``: the programs on them;
+- ``server.py``: :class:`Sandbox`, :class:`SandboxThread`, :func:`serve`, :func:`main`.
+
+Exports are resolved lazily: the stand-ins import this package on every command run
+on an instance and must not pay for aiohttp and asyncssh.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Sandbox", "SandboxSummary", "SandboxThread", "serve", "main", "load_catalog", "CatalogError", "URL_PREFIX"]
+
+_EXPORTS = {
+    "Sandbox": "server",
+    "SandboxSummary": "server",
+    "SandboxThread": "server",
+    "serve": "server",
+    "main": "server",
+    "URL_PREFIX": "server",
+    "load_catalog": "catalog",
+    "CatalogError": "catalog",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(f"{__name__}.{module}"), name)

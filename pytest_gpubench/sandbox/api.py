@@ -1,0 +1,393 @@
+"""The emulated GPU Shopper REST API (aiohttp), plus the sandbox's own ``/sandbox/`` calls.
+
+Routes, status codes and bodies follow the server's gin handlers
+(``internal/api/handlers.go``, ``benchmark_handlers.go``); error bodies are
+``{"error": ..., "request_id": ...}`` with extra keys where the server adds them.
+``X-Request-ID`` is honoured when valid and echoed, as the server's middleware does.
+
+Sandbox-only routes (not part of the real API):
+
+``GET /sandbox/state``
+    every session with its final status and sandbox details (offer, instance
+    directory, Ollama address, cost), counts by status, armed faults, clock.
+``POST /sandbox/faults`` / ``GET`` / ``DELETE``
+    arm, list, clear faults (see :mod:`.faults`).
+``POST /sandbox/clock`` ``{"advance_seconds": s}``
+    move the server's clock forward (billing by the hour, expiry, 12-hour cap) and
+    run one lifecycle tick at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from .billing import month_bounds
+from .catalog import format_time, offer_json
+from .cloud import EmulatedCloud
+from .faults import OFFER_FAULTS, FaultRequest
+from .inventory import OfferFilter
+from .schemas import CREATE_SESSION_FIELDS, EXTEND_SESSION_FIELDS, BindError, bind, cost_analysis, parse_benchmark
+from .sessions import ApiFailure
+
+log = logging.getLogger("pytest_gpubench.sandbox")
+CLOUD = web.AppKey("cloud", EmulatedCloud)
+_REQUEST_ID = re.compile(r"^[a-zA-Z0-9._-]{1,128}$")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _dumps(body: Any) -> str:
+    return json.dumps(body, default=lambda v: format_time(v) if isinstance(v, datetime) else str(v))
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.json_response(body, status=status, dumps=_dumps)
+
+
+@web.middleware
+async def _request_id_and_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    wanted = request.headers.get("X-Request-ID", "")
+    request_id = wanted if _REQUEST_ID.match(wanted) else str(uuid.uuid4())
+    try:
+        response = await handler(request)
+    except ApiFailure as failure:
+        response = _json({**failure.body, "request_id": request_id}, failure.status)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        response = _json({"error": exc.reason.lower(), "request_id": request_id}, exc.status)
+    except Exception:  # the server's recovery middleware: a bug answers 500, not a dropped socket
+        log.exception("handler failed: %s %s", request.method, request.path)
+        response = _json({"error": "internal server error", "request_id": request_id}, 500)
+    response.headers["X-Request-ID"] = request_id
+    return response
+
+
+def make_app(cloud: EmulatedCloud) -> web.Application:
+    """The aiohttp application serving ``cloud``."""
+    app = web.Application(middlewares=[_request_id_and_errors], client_max_size=1 << 20)
+    app[CLOUD] = cloud
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/api/v1/inventory", list_inventory)
+    app.router.add_get("/api/v1/inventory/{id}", get_offer)
+    app.router.add_post("/api/v1/sessions", create_session)
+    app.router.add_get("/api/v1/sessions", list_sessions)
+    app.router.add_get("/api/v1/sessions/{id}", get_session)
+    app.router.add_post("/api/v1/sessions/{id}/done", session_done)
+    app.router.add_post("/api/v1/sessions/{id}/extend", extend_session)
+    app.router.add_delete("/api/v1/sessions/{id}", delete_session)
+    app.router.add_get("/api/v1/costs", get_costs)
+    app.router.add_get("/api/v1/costs/summary", get_cost_summary)
+    app.router.add_get("/api/v1/benchmarks", list_benchmarks)
+    app.router.add_post("/api/v1/benchmarks", create_benchmark)
+    app.router.add_get("/api/v1/benchmarks/{id}", get_benchmark)
+    app.router.add_get("/sandbox/state", sandbox_state)
+    app.router.add_get("/sandbox/faults", list_faults)
+    app.router.add_post("/sandbox/faults", add_fault)
+    app.router.add_delete("/sandbox/faults", clear_faults)
+    app.router.add_post("/sandbox/clock", advance_clock)
+    return app
+
+
+# -- health -------------------------------------------------------------------------
+
+
+def _ready(cloud: EmulatedCloud) -> bool:
+    return asyncio.get_running_loop().time() >= cloud.not_ready_until
+
+
+async def health(request: web.Request) -> web.Response:
+    cloud = request.app[CLOUD]
+    ok = _ready(cloud)
+    body = {
+        "status": "ok" if ok else "unavailable",
+        "timestamp": cloud.clock.now(),
+        "services": {"lifecycle": "running", "inventory": "ok", "ready": "true" if ok else "false"},
+    }
+    return _json(body, 200 if ok else 503)
+
+
+async def ready(request: web.Request) -> web.Response:
+    cloud = request.app[CLOUD]
+    ok = _ready(cloud)
+    return _json({"ready": ok, "timestamp": cloud.clock.now()}, 200 if ok else 503)
+
+
+# -- inventory ----------------------------------------------------------------------
+
+
+def _int_param(request: web.Request, name: str, *, positive: bool = False) -> int | None:
+    raw = request.query.get(name, "")
+    if raw == "":
+        return None
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        raise ApiFailure(400, f"invalid {name}: must be a valid integer, got {json.dumps(raw)}") from None
+    if positive and value <= 0:
+        raise ApiFailure(400, f"invalid {name}: must be positive, got {value}")
+    if value < 0:
+        raise ApiFailure(400, f"invalid {name}: must be non-negative, got {value}")
+    return value
+
+
+def _float_param(request: web.Request, name: str, *, unit: bool = False) -> float | None:
+    raw = request.query.get(name, "")
+    if raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ApiFailure(400, f"invalid {name}: must be a valid number, got {json.dumps(raw)}") from None
+    if unit and not 0 <= value <= 1:
+        raise ApiFailure(400, f"invalid {name}: must be between 0 and 1, got {_go_float(value)}")
+    if value < 0:
+        raise ApiFailure(400, f"invalid {name}: must be non-negative, got {_go_float(value)}")
+    return value
+
+
+def _go_float(value: float) -> str:
+    return str(int(value)) if math.isfinite(value) and value == int(value) else str(value)
+
+
+async def list_inventory(request: web.Request) -> web.Response:
+    q = request.query
+    query = OfferFilter(provider=q.get("provider", ""), gpu_type=q.get("gpu_type", ""), location=q.get("location", ""))
+    query.min_vram = _int_param(request, "min_vram") or 0
+    query.max_price = _float_param(request, "max_price") or 0.0
+    query.min_gpu_count = _int_param(request, "gpu_count") or 0
+    query.min_gpu_count = _int_param(request, "min_gpu_count") or query.min_gpu_count
+    query.min_reliability = _float_param(request, "min_reliability", unit=True) or 0.0
+    query.min_availability_confidence = _float_param(request, "min_availability_confidence", unit=True) or 0.0
+    query.min_cuda = _float_param(request, "min_cuda") or 0.0
+    limit = _int_param(request, "limit", positive=True) or 0
+    offset = _int_param(request, "offset") or 0
+    cloud = request.app[CLOUD]
+    offers = cloud.inventory.list_offers(query, cloud.clock.now())
+    total = len(offers)
+    page = offers[offset:]
+    if limit:
+        page = page[:limit]
+    return _json({"offers": page, "count": len(page), "total": total})
+
+
+async def get_offer(request: web.Request) -> web.Response:
+    cloud = request.app[CLOUD]
+    offer = cloud.inventory.get_offer(request.match_info["id"])
+    return _json(offer_json(cloud.catalog, offer, cloud.clock.now()))
+
+
+# -- sessions -----------------------------------------------------------------------
+
+
+def _bind(body: bytes, struct: str, fields: list[tuple[str, str, str]]) -> dict[str, Any]:
+    try:
+        return bind(body, struct, fields)
+    except BindError as exc:
+        raise ApiFailure(400, str(exc)) from None
+
+
+async def create_session(request: web.Request) -> web.Response:
+    req = _bind(await request.read(), "CreateSessionRequest", CREATE_SESSION_FIELDS)
+    record, private_key = await request.app[CLOUD].create_session(req)
+    body: dict[str, Any] = {"session": record.response(), "ssh_private_key": private_key}
+    if record.retry_count:  # omitempty in the server's response
+        body["retries_attempted"] = record.retry_count
+    return _json(body, 201)
+
+
+async def list_sessions(request: web.Request) -> web.Response:
+    q = request.query
+    limit_raw = q.get("limit", "")
+    try:
+        limit = int(limit_raw) if limit_raw else 0
+    except ValueError:
+        raise ApiFailure(400, f'strconv.ParseInt: parsing "{limit_raw}": invalid syntax') from None
+    records = request.app[CLOUD].list_sessions(
+        q.get("consumer_id", ""), q.get("status", ""), q.get("provider", ""), limit
+    )
+    return _json({"sessions": [r.response() for r in records], "count": len(records)})
+
+
+async def get_session(request: web.Request) -> web.Response:
+    return _json(request.app[CLOUD].get_session(request.match_info["id"]).response())
+
+
+async def session_done(request: web.Request) -> web.Response:
+    session_id = request.match_info["id"]
+    await request.app[CLOUD].signal_done(session_id)
+    return _json({"message": "session shutdown initiated", "session_id": session_id})
+
+
+async def extend_session(request: web.Request) -> web.Response:
+    session_id = request.match_info["id"]
+    req = _bind(await request.read(), "ExtendSessionRequest", EXTEND_SESSION_FIELDS)
+    record = request.app[CLOUD].extend_session(session_id, req["additional_hours"])
+    return _json({"message": "session extended", "session_id": session_id, "new_expires_at": record.expires_at})
+
+
+async def delete_session(request: web.Request) -> web.Response:
+    session_id = request.match_info["id"]
+    await request.app[CLOUD].destroy_session(session_id)
+    return _json({"message": "session destroyed", "session_id": session_id})
+
+
+# -- costs --------------------------------------------------------------------------
+
+
+async def get_costs(request: web.Request) -> web.Response:
+    cloud, q = request.app[CLOUD], request.query
+    session_id = q.get("session_id", "")
+    if session_id:
+        if session_id not in cloud.sessions:
+            raise ApiFailure(404, f"session not found: {session_id[:128]}")
+        return _json({"session_id": session_id, "total_cost": cloud.ledger.session_cost(session_id), "currency": "USD"})
+    now = cloud.clock.now()
+    period = q.get("period", "")
+    if period == "daily":
+        start = now.replace(hour=0, minute=0, second=0, microsecond=0)
+        end = start + timedelta(days=1)
+    elif period == "monthly":
+        start, end = month_bounds(now)
+    else:
+        start, end = _date_range(q.get("start_date", ""), q.get("end_date", ""), now)
+    return _json(cloud.ledger.summary(q.get("consumer_id", ""), start, end))
+
+
+def _date_range(start_raw: str, end_raw: str, now: datetime) -> tuple[datetime, datetime]:
+    def parse(raw: str, name: str) -> datetime:
+        try:
+            return datetime.strptime(raw, "%Y-%m-%d").replace(tzinfo=now.tzinfo)
+        except ValueError:
+            raise ApiFailure(400, f"invalid {name} format, expected YYYY-MM-DD: {raw}") from None
+
+    if not start_raw and not end_raw:
+        return month_bounds(now)
+    if not start_raw:
+        end = parse(end_raw, "end_date")
+        return end.replace(day=1), end
+    start = parse(start_raw, "start_date")
+    return start, parse(end_raw, "end_date") if end_raw else month_bounds(start)[1]
+
+
+async def get_cost_summary(request: web.Request) -> web.Response:
+    cloud = request.app[CLOUD]
+    start, end = month_bounds(cloud.clock.now())
+    return _json(cloud.ledger.summary(request.query.get("consumer_id", ""), start, end))
+
+
+# -- benchmarks ---------------------------------------------------------------------
+
+
+async def list_benchmarks(request: web.Request) -> web.Response:
+    cloud, q = request.app[CLOUD], request.query
+    limit_raw = q.get("limit", "")
+    try:
+        limit = int(limit_raw) if limit_raw else 0
+    except ValueError:
+        message = f'invalid query parameters: strconv.ParseInt: parsing "{limit_raw}": invalid syntax'
+        raise ApiFailure(400, message) from None
+    limit = 50 if limit <= 0 else min(limit, 200)
+    results = sorted(cloud.benchmarks, key=lambda r: r.timestamp, reverse=True)
+    # The server filters by model, else by GPU (a LIKE match), never both.
+    if q.get("model"):
+        results = [r for r in results if r.model.name == q["model"]]
+    elif q.get("gpu"):
+        results = [r for r in results if q["gpu"].lower() in r.hardware.gpu_name.lower()]
+    results = results[:limit]
+    return _json({"benchmarks": [r.to_json() for r in results], "count": len(results)})
+
+
+async def create_benchmark(request: web.Request) -> web.Response:
+    cloud = request.app[CLOUD]
+    try:
+        result = parse_benchmark(await request.read())
+    except BindError as exc:
+        raise ApiFailure(400, str(exc)) from None
+    if not result.id:
+        result.id = str(uuid.uuid4())
+    if result.timestamp is None or result.timestamp.year <= 1:
+        result.timestamp = cloud.clock.now()
+    cloud.benchmarks.append(result)
+    return _json({"benchmark": result.to_json(), "cost_analysis": cost_analysis(result)}, 201)
+
+
+async def get_benchmark(request: web.Request) -> web.Response:
+    cloud = request.app[CLOUD]
+    wanted = request.match_info["id"]
+    result = next((r for r in cloud.benchmarks if r.id == wanted), None)
+    if result is None:
+        raise ApiFailure(404, "benchmark not found")
+    return _json({"benchmark": result.to_json(), "cost_analysis": cost_analysis(result)})
+
+
+# -- sandbox only -------------------------------------------------------------------
+
+
+async def sandbox_state(request: web.Request) -> web.Response:
+    cloud = request.app[CLOUD]
+    return _json(
+        {
+            "sessions": [r.state(cloud.ledger.session_cost(r.id)) for r in cloud.sessions.values()],
+            "counts": cloud.counts(),
+            "time_scale": cloud.time_scale,
+            "clock": cloud.clock.now(),
+            "clock_offset_seconds": cloud.clock.offset,
+            "faults": [f.model_dump() for f in cloud.faults.list()],
+            "benchmarks": len(cloud.benchmarks),
+        }
+    )
+
+
+async def list_faults(request: web.Request) -> web.Response:
+    return _json({"faults": [f.model_dump() for f in request.app[CLOUD].faults.list()]})
+
+
+async def add_fault(request: web.Request) -> web.Response:
+    cloud = request.app[CLOUD]
+    try:
+        fault = FaultRequest.model_validate_json(await request.read() or b"null")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ApiFailure(400, f"invalid fault: {where + ': ' if where else ''}{first['msg']}") from None
+    if fault.fault in OFFER_FAULTS:
+        assert fault.offer_id is not None
+        if cloud.catalog.offer(fault.offer_id) is None:
+            raise ApiFailure(404, f"offer not found: {fault.offer_id}")
+        return _json({"fault": cloud.faults.add(fault).model_dump()}, 201)
+    if fault.fault == "kill_instance":
+        assert fault.session_id is not None
+        record = await cloud.kill_instance(fault.session_id)
+        return _json({"session": record.response()})
+    cloud.not_ready_until = asyncio.get_running_loop().time() + fault.seconds
+    return _json({"not_ready_seconds": fault.seconds})
+
+
+async def clear_faults(request: web.Request) -> web.Response:
+    cloud = request.app[CLOUD]
+    cloud.not_ready_until = 0.0
+    return _json({"cleared": cloud.faults.clear()})
+
+
+async def advance_clock(request: web.Request) -> web.Response:
+    cloud = request.app[CLOUD]
+    try:
+        body = json.loads(await request.read() or b"{}")
+        seconds = float(body["advance_seconds"])
+        cloud.clock.advance(seconds)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ApiFailure(400, f"invalid clock request: {exc}") from None
+    cloud.lifecycle_step()
+    return _json({"now": cloud.clock.now(), "offset_seconds": cloud.clock.offset})

@@ -1,0 +1,396 @@
+"""The emulated GPU Shopper: inventory, session state machine, lifecycle, costs.
+
+Behaviour follows the server's provisioner and lifecycle manager:
+
+- create: record ``pending`` -> ``provisioning`` (``ssh_port`` 22, ``ssh_user`` root,
+  no host) and answer 201; a create the provider refuses fails the record and
+  answers 503 ``stale_inventory`` or 500.
+- boot (after the offer's provisioning time, time-scaled): the instance's SSH
+  server starts and its host and port appear on the still-``provisioning``
+  session; the server's own SSH login with the session key then makes it
+  ``running``. No login before the SSH timeout means ``failed``.
+- ``done``/``DELETE``: ``stopping``, the instance is destroyed, ``stopped`` after
+  the destroy check (answer returns once stopped). ``DELETE`` of a ``failed``
+  session that had an instance turns it ``stopped``, keeping its error; the
+  lifecycle tick does the same on its own.
+- lifecycle tick: hourly billing, expiry of ``running`` sessions past
+  ``expires_at``, the 12-hour hard cap, failed -> stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+
+from . import sshd
+from .billing import Clock, Ledger
+from .catalog import Catalog, OfferSpec
+from .faults import FaultBook
+from .instances import Instance, free_port, instance_document
+from .inventory import Inventory
+from .schemas import RETRY_SCOPES, WORKLOAD_TYPES
+from .sessions import ApiFailure, SessionRecord, SessionTerminal
+
+log = logging.getLogger("pytest_gpubench.sandbox")
+
+HARD_MAX_HOURS = 12
+GHOST_ERROR = "Instance not found on provider during reconciliation"
+_TICK_SECONDS = 0.2
+# The server's fast-provision script for `llm` sessions without a template.
+_LLM_ONSTART = """curl -fsSL https://ollama.com/install.sh | sh
+nohup ollama serve > "$HOME/ollama.log" 2>&1 &
+sleep {pause}
+echo "Ollama installed and serving on port 11434"
+"""
+
+
+class EmulatedCloud:
+    """All server-side state of one sandbox."""
+
+    def __init__(self, catalog: Catalog, *, time_scale: float, workdir: Path, clock: Clock | None = None) -> None:
+        self.catalog = catalog
+        self.time_scale = time_scale
+        self.workdir = workdir
+        self.clock = clock or Clock()
+        self.ledger = Ledger(self.clock.now())
+        self.faults = FaultBook()
+        self.sessions: dict[str, SessionRecord] = {}
+        self.benchmarks: list[Any] = []
+        self.not_ready_until = 0.0
+        self.inventory = Inventory(catalog, time_scale)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._lifecycle: asyncio.Task[Any] | None = None
+
+    # -- helpers --------------------------------------------------------------------
+
+    def scaled(self, seconds: float) -> float:
+        """Emulated seconds -> real seconds."""
+        return seconds * self.time_scale
+
+    def _now_loop(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- sessions -------------------------------------------------------------------
+
+    async def create_session(self, req: dict[str, Any]) -> tuple[SessionRecord, str]:
+        """Create a session from a bound request; returns it and its private key (PEM)."""
+        if req["workload_type"] not in WORKLOAD_TYPES:
+            raise ApiFailure(400, "invalid workload_type: must be one of: " + ", ".join(WORKLOAD_TYPES))
+        if req["auto_retry"] and req["retry_scope"] and req["retry_scope"] not in RETRY_SCOPES:
+            raise ApiFailure(400, "invalid retry_scope: must be one of: same_gpu, same_vram, any")
+        try:
+            offer = self.inventory.get_offer(req["offer_id"])
+        except ApiFailure:
+            raise ApiFailure(404, f"offer not found: {req['offer_id'][:128]}") from None
+        key = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: asyncssh.generate_private_key("ssh-rsa", key_size=2048)
+        )
+        # Checked after the only await, right before the insert: two concurrent creates
+        # for one consumer and offer cannot both pass (the server's unique index).
+        for other in self.sessions.values():
+            if other.consumer_id == req["consumer_id"] and other.offer_id == offer.id and other.active:
+                raise ApiFailure(
+                    409,
+                    f"consumer {req['consumer_id']} already has active session {other.id} "
+                    f"for offer {offer.id} (status: {other.status})",
+                )
+        now = self.clock.now()
+        record = SessionRecord(
+            id=str(uuid.uuid4()),
+            consumer_id=req["consumer_id"],
+            offer_id=offer.id,
+            provider=offer.provider,
+            gpu_type=offer.gpu_type,
+            gpu_count=offer.gpu_count,
+            workload_type=req["workload_type"],
+            reservation_hours=req["reservation_hours"],
+            price_per_hour=offer.price_per_hour,
+            created_at=now,
+            expires_at=now + timedelta(hours=req["reservation_hours"]),
+            idle_threshold_minutes=req["idle_threshold_minutes"],
+            storage_policy="preserve" if req["storage_policy"] == "preserve" else "destroy",
+            template_hash_id=req["template_hash_id"],
+            disk_gb=req["disk_gb"],
+            auto_retry=req["auto_retry"],
+        )
+        self.sessions[record.id] = record
+        record.status = "provisioning"
+        self._refuse_if_faulty(record, offer)
+        record.provider_instance_id = _instance_id(offer)
+        record.ssh_user, record.ssh_port = "root", 22
+        record.boot_task = self._spawn(self._boot(record, offer, key, req))
+        log.info("session %s created on %s (%s)", record.id, offer.id, offer.gpu_type)
+        return record, key.export_private_key("pkcs1-pem").decode()
+
+    def _refuse_if_faulty(self, record: SessionRecord, offer: OfferSpec) -> None:
+        """The provider's CreateInstance: rented offers and armed faults fail here."""
+        if not offer.available or self.faults.take("stale_inventory", offer.id):
+            cause = (
+                f"{offer.provider} CreateInstance failed: offer unavailable due to stale inventory"
+                " - retry with different offer recommended"
+            )
+            self._fail(record, f"provider create failed: {cause}")
+            self.inventory.evict(offer)
+            raise ApiFailure(
+                503,
+                f"offer {offer.id} from {offer.provider} unavailable (stale inventory): {cause}"
+                " - consider retrying with a different offer",
+                error_type="stale_inventory",
+                offer_id=offer.id,
+                provider=offer.provider,
+                retry_suggested=True,
+                message="The selected offer is no longer available. "
+                "Please refresh inventory and select a different offer.",
+            )
+        fault = self.faults.take("provision_error", offer.id, when="create")
+        if fault:
+            self._fail(record, f"provider create failed: {fault.message}")
+            self.inventory.evict(offer)
+            error_type, retry = classify_provision_error(fault.message)
+            raise ApiFailure(
+                500, f"failed to create instance: {fault.message}", error_type=error_type, retry_suggested=retry
+            )
+
+    async def _boot(self, record: SessionRecord, offer: OfferSpec, key: asyncssh.SSHKey, req: dict[str, Any]) -> None:
+        try:
+            await self._boot_steps(record, offer, key, req)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a sandbox bug or a full disk: fail the session, never hang it
+            log.exception("session %s: instance failed to start", record.id)
+            if record.instance is not None:
+                await record.instance.stop()
+            if record.status == "provisioning":
+                self._fail(record, f"sandbox instance failed to start: {exc}")
+
+    async def _boot_steps(
+        self, record: SessionRecord, offer: OfferSpec, key: asyncssh.SSHKey, req: dict[str, Any]
+    ) -> None:
+        await asyncio.sleep(self.scaled(self.catalog.provisioning_seconds(offer)))
+        fault = self.faults.take("provision_error", offer.id, when="boot")
+        if fault:
+            self._fail(record, fault.message)
+            return
+        no_ssh = self.faults.take("no_ssh", offer.id) is not None
+        template = self.catalog.template(record.template_hash_id) if record.template_hash_id else None
+        used = {s.ollama_port for s in self.sessions.values() if s.active}
+        record.ollama_port = free_port(used)
+        root = self.workdir / "instances" / record.id
+        document = instance_document(self.catalog, offer, record.id, self.time_scale, root / "state")
+        instance = Instance(
+            root,
+            document,
+            key,
+            ollama_port=record.ollama_port,
+            ollama_preinstalled=offer.ollama_preinstalled or bool(template and template.ollama_preinstalled),
+        )
+        record.instance = instance
+        instance.build()
+        port = free_port() if no_ssh else await instance.start_ssh()
+        record.ssh_host, record.ssh_port = "127.0.0.1", port
+        onstart = self._onstart_script(req, template)
+        if onstart:
+            instance.run_background(onstart, "onstart.log")
+        if await self._verify_ssh(record, key, req):
+            record.status = "running"
+            log.info("session %s running, ssh 127.0.0.1:%d", record.id, port)
+        elif record.status == "provisioning":
+            await instance.stop()
+            self._fail(record, "SSH verification timeout")
+
+    def _onstart_script(self, req: dict[str, Any], template: Any) -> str:
+        if req["on_start_cmd"]:
+            return req["on_start_cmd"]
+        if req["workload_type"] == "llm" and template is None:
+            return _LLM_ONSTART.format(pause=f"{self.scaled(3):.3f}")
+        if template is not None and template.ollama_autostart:
+            return 'nohup ollama serve > "$HOME/ollama.log" 2>&1 &\n'
+        return ""
+
+    async def _verify_ssh(self, record: SessionRecord, key: asyncssh.SSHKey, req: dict[str, Any]) -> bool:
+        """The server's SSH check: log in until it works or the SSH timeout passes."""
+        minutes = min(max(req["ssh_timeout_minutes"], 1), 30) if req["ssh_timeout_minutes"] > 0 else 0
+        timeout = self.scaled(minutes * 60 if minutes else self.catalog.timings.ssh_verify_timeout_seconds)
+        interval = max(self.scaled(self.catalog.timings.ssh_check_interval_seconds), 0.02)
+        deadline = self._now_loop() + timeout
+        while record.status == "provisioning":
+            try:
+                await sshd.probe(record.ssh_host, record.ssh_port, key, timeout=10.0)
+                return True
+            except (OSError, asyncssh.Error, asyncio.TimeoutError):
+                pass
+            if self._now_loop() >= deadline:
+                return False
+            await asyncio.sleep(min(interval, max(deadline - self._now_loop(), 0.0) + 0.01))
+        return False
+
+    def _fail(self, record: SessionRecord, reason: str) -> None:
+        """The server's failSession: ``failed``, the error, and the final cost."""
+        record.status = "failed"
+        record.error = reason
+        record.stopped_at = self.clock.now()
+        record.failed_at = self._now_loop()
+        self.ledger.final_cost(record, record.created_at, record.stopped_at)
+        log.info("session %s failed: %s", record.id, reason)
+
+    def get_session(self, session_id: str) -> SessionRecord:
+        record = self.sessions.get(session_id)
+        if record is None:
+            raise ApiFailure(404, "record not found")
+        return record
+
+    def list_sessions(
+        self, consumer_id: str = "", status: str = "", provider: str = "", limit: int = 0
+    ) -> list[SessionRecord]:
+        chosen = [
+            s
+            for s in reversed(self.sessions.values())  # newest first, like ORDER BY created_at DESC
+            if (not consumer_id or s.consumer_id == consumer_id)
+            and (not status or s.status == status)
+            and (not provider or s.provider == provider)
+        ]
+        return chosen[:limit] if limit > 0 else chosen
+
+    async def signal_done(self, session_id: str) -> None:
+        record = self.get_session(session_id)
+        if record.terminal:
+            raise SessionTerminal(session_id, record.status)
+        await self.destroy_session(session_id)
+
+    async def destroy_session(self, session_id: str) -> None:
+        """The server's DestroySession; returns once the session is stopped."""
+        record = self.sessions.get(session_id)
+        if record is None:
+            raise ApiFailure(404, f"session not found: {session_id[:128]}")
+        async with record.lock:
+            if record.terminal or record.status == "stopping":
+                if record.status == "failed" and record.provider_instance_id:
+                    await self._release(record)
+                    record.provider_instance_id = ""
+                    record.status, record.stopped_at = "stopped", self.clock.now()
+                return
+            record.status = "stopping"
+            await self._release(record)
+            if record.provider_instance_id:
+                await asyncio.sleep(self.scaled(self.catalog.timings.destroy_seconds))
+            record.status, record.stopped_at = "stopped", self.clock.now()
+            log.info("session %s stopped", record.id)
+
+    async def _release(self, record: SessionRecord) -> None:
+        """Stop booting and destroy the instance (idempotent)."""
+        task = record.boot_task
+        if task is not None and not task.done() and task is not asyncio.current_task():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if record.instance is not None:
+            await record.instance.stop()
+
+    def extend_session(self, session_id: str, hours: int) -> SessionRecord:
+        record = self.get_session(session_id)
+        if record.terminal or record.status == "stopping":
+            raise SessionTerminal(session_id, record.status)
+        age = self.clock.now() - record.created_at
+        if age + timedelta(hours=hours) > timedelta(hours=HARD_MAX_HOURS):
+            raise ApiFailure(
+                400,
+                f"extension would exceed {HARD_MAX_HOURS}-hour hard max: session {session_id} has been running "
+                f"for {age.total_seconds() / 3600:.1f} hours, requested {hours} more hours",
+            )
+        record.expires_at += timedelta(hours=hours)
+        record.reservation_hours += hours
+        return record
+
+    async def kill_instance(self, session_id: str) -> SessionRecord:
+        """Fault: the provider lost the instance; reconciliation stops the session."""
+        record = self.get_session(session_id)
+        async with record.lock:
+            if record.status not in ("running", "provisioning"):
+                raise ApiFailure(409, f"session {session_id} has no live instance (status: {record.status})")
+            await self._release(record)
+            record.status, record.error = "stopped", GHOST_ERROR
+            record.stopped_at = self.clock.now()
+        log.info("session %s: instance killed by fault", record.id)
+        return record
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def start_lifecycle(self) -> None:
+        self._lifecycle = asyncio.create_task(self._lifecycle_loop())
+
+    async def _lifecycle_loop(self) -> None:
+        while True:
+            try:
+                self.lifecycle_step()
+            except Exception:  # a bug here must not stop billing and expiry for good
+                log.exception("lifecycle step failed")
+            await asyncio.sleep(_TICK_SECONDS)
+
+    def lifecycle_step(self) -> None:
+        """Billing ticks, expiry, the hard cap and failed -> stopped, as of now."""
+        now = self.clock.now()
+        running = [s for s in self.sessions.values() if s.status == "running"]
+        self.ledger.hourly_ticks(now, running)
+        for record in running:
+            if now >= record.expires_at or now - record.created_at > timedelta(hours=HARD_MAX_HOURS):
+                log.info("session %s expired", record.id)
+                self._spawn(self.destroy_session(record.id))
+        settle = max(self.scaled(self.catalog.timings.lifecycle_check_seconds), 1.0)
+        for record in self.sessions.values():
+            if record.status == "failed" and record.provider_instance_id and record.failed_at is not None:
+                if self._now_loop() - record.failed_at >= settle:
+                    self._spawn(self.destroy_session(record.id))
+                    record.failed_at = None
+
+    def counts(self) -> dict[str, int]:
+        result = {"created": len(self.sessions)}
+        for status in ("provisioning", "running", "stopping", "stopped", "failed"):
+            result[status] = sum(1 for s in self.sessions.values() if s.status == status)
+        return result
+
+    async def close(self) -> int:
+        """Stop every session and its instance; returns how many were still active."""
+        if self._lifecycle is not None:
+            self._lifecycle.cancel()
+            await asyncio.gather(self._lifecycle, return_exceptions=True)
+        live = [s for s in self.sessions.values() if s.active or s.status == "stopping"]
+        for record in self.sessions.values():
+            await self._release(record)
+            if record.active or record.status == "stopping":
+                record.status, record.stopped_at = "stopped", self.clock.now()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        return len(live)
+
+
+def classify_provision_error(message: str) -> tuple[str, bool]:
+    """The server's ``classifyProvisionError``: error type and whether to retry."""
+    text = message.lower()
+    if "ssh" in text or "timeout" in text:
+        return "ssh_timeout", True
+    if "stopped" in text or "terminated" in text:
+        return "instance_stopped", True
+    if "connection refused" in text:
+        return "provider_unavailable", True
+    if "not found" in text or "invalid" in text:
+        return "invalid_request", False
+    return "provision_failed", True
+
+
+def _instance_id(offer: OfferSpec) -> str:
+    if offer.provider == "vastai":
+        return str(random.randint(20_000_000, 29_999_999))
+    return str(uuid.uuid4())

@@ -1,0 +1,145 @@
+"""What one emulated instance is: the JSON file named by ``GPUBENCH_SANDBOX_INSTANCE``.
+
+The sandbox API writes this file when it creates an instance; the programs that run
+on the instance (the ``ollama`` and ``nvidia-smi`` stand-ins) read it to know which
+GPU they pretend to be, which models can be pulled and how fast they run, and where
+to keep their shared state.
+
+``time_scale`` shrinks emulated *waits* (pull time, model load time) so that a
+sandbox run takes seconds. It never touches token rate or time to first token: those
+are the truths a benchmark measures, so they stay real.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+INSTANCE_ENV = "GPUBENCH_SANDBOX_INSTANCE"
+
+MIB = 1024 * 1024
+# What each emulated card holds before any model (driver and CUDA context): the
+# engine keeps it free when fitting models and nvidia-smi reports it as used.
+BASELINE_MIB = 300
+
+
+class _Value(BaseModel):
+    # Extra keys are ignored so that the sandbox API can grow the file without
+    # breaking stand-ins already running on older instances.
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class GpuSpec(_Value):
+    """The GPU the instance pretends to have (``count`` identical cards)."""
+
+    gpu_type: str
+    name: str
+    memory_mib: int = Field(gt=0)
+    count: int = Field(default=1, ge=0)
+    driver_version: str
+    cuda_version: str
+    power_limit_w: float = Field(gt=0)
+    compute_capability: str
+
+    @property
+    def total_memory_bytes(self) -> int:
+        """Memory of all cards together, in bytes."""
+        return self.memory_mib * MIB * self.count
+
+
+class HostSpec(_Value):
+    """The machine around the GPU."""
+
+    cpu_model: str
+    cpu_cores: int
+    ram_gib: float
+
+
+class OllamaSpec(_Value):
+    """The Ollama release the instance carries and how fast its registry is."""
+
+    version: str
+    pull_mb_per_s: float = Field(gt=0)
+    install_seconds: float = Field(default=0.0, ge=0)
+
+
+class ModelSpec(_Value):
+    """One model of the emulated registry, with the truths the benchmark should find."""
+
+    size_bytes: int = Field(gt=0)
+    family: str
+    parameter_size: str
+    quantization_level: str
+    digest: str
+    tokens_per_second: float = Field(gt=0)
+    ttft_ms: float = Field(ge=0)
+    load_seconds: float = Field(ge=0)
+
+    @property
+    def digest_hex(self) -> str:
+        """The digest without its ``sha256:`` prefix, as ``/api/tags`` shows it."""
+        return self.digest.split(":", 1)[-1]
+
+
+class InstanceSpec(_Value):
+    """The whole instance description."""
+
+    session_id: str
+    time_scale: float = Field(default=1.0, ge=0)
+    gpu: GpuSpec
+    host: HostSpec
+    ollama: OllamaSpec
+    models: dict[str, ModelSpec] = Field(default_factory=dict)
+    state_dir: Path
+
+    def find_model(self, name: str) -> tuple[str, ModelSpec] | None:
+        """The catalog entry for ``name`` (tag defaulting to ``latest``), or None."""
+        wanted = normalize_model_name(name)
+        for key, spec in self.models.items():
+            if normalize_model_name(key) == wanted:
+                return wanted, spec
+        return None
+
+    def scaled(self, seconds: float) -> float:
+        """An emulated wait, shrunk by the time scale."""
+        return seconds * self.time_scale
+
+
+def normalize_model_name(name: str) -> str:
+    """``qwen2`` -> ``qwen2:latest``; registry prefixes and case are dropped.
+
+    Ollama treats ``registry.ollama.ai/library/qwen2:7b``, ``library/qwen2:7b`` and
+    ``qwen2:7b`` as one model, and names are case-insensitive.
+    """
+    name = name.strip().lower()
+    for prefix in ("https://", "http://", "registry.ollama.ai/", "library/"):
+        if name.startswith(prefix):
+            name = name[len(prefix) :]
+    last = name.rsplit("/", 1)[-1]
+    if ":" not in last:
+        name += ":latest"
+    return name
+
+
+def load_instance_spec(environ: Mapping[str, str] | None = None) -> InstanceSpec:
+    """Read the instance file named by ``GPUBENCH_SANDBOX_INSTANCE``.
+
+    Raises ``RuntimeError`` with a one-line message when the variable is missing or
+    the file cannot be read or validated, so the stand-ins can print it as ``Error:``.
+    """
+    env = os.environ if environ is None else environ
+    path = env.get(INSTANCE_ENV)
+    if not path:
+        raise RuntimeError(f"{INSTANCE_ENV} is not set: this program only runs on a sandbox instance")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RuntimeError(f"cannot read instance file {path}: {exc.strerror}") from exc
+    try:
+        return InstanceSpec.model_validate_json(text)
+    except ValueError as exc:
+        first = str(exc).splitlines()
+        raise RuntimeError(f"invalid instance file {path}: {' '.join(first[:3])}") from exc

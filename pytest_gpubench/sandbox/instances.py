@@ -1,0 +1,281 @@
+"""One emulated GPU instance: a directory, an ``instance.json`` and an SSH server.
+
+Layout of an instance (``<sandbox workdir>/instances/<session id>/``)::
+
+    instance.json   the contract with the stand-ins (see :func:`instance_document`)
+    bin/            nvidia-smi, python3, curl and, when preinstalled, ollama
+    home/           $HOME and the working directory of every command
+    state/          the stand-ins' shared state (pulled models, loaded models)
+    tmp/            $TMPDIR
+
+Every command runs with ``PATH=<bin>:<system PATH>``, ``HOME``, ``TMPDIR``,
+``OLLAMA_HOST=127.0.0.1:<port of this instance>`` and
+``GPUBENCH_SANDBOX_INSTANCE=<instance.json>``. Instances share the host's file
+system: a script that writes a literal ``/tmp/x`` path shares it with every other
+instance; ``$HOME`` and ``$TMPDIR`` are private.
+
+Stopping an instance kills everything it started: each command's process group,
+and any process still carrying this instance's ``GPUBENCH_SANDBOX_INSTANCE`` (a
+daemon that called ``setsid`` escapes its group, not its environment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+
+from . import shims, sshd
+from .catalog import Catalog, OfferSpec
+
+log = logging.getLogger("pytest_gpubench.sandbox")
+INSTANCE_ENV = shims.INSTANCE_ENV
+_KILL_GRACE = 1.0
+
+
+def instance_document(
+    catalog: Catalog, offer: OfferSpec, session_id: str, time_scale: float, state_dir: Path
+) -> dict[str, Any]:
+    """The ``instance.json`` contract: exactly the keys the stand-ins read.
+
+    Durations in it (``install_seconds``, ``load_seconds``) are emulated seconds:
+    the reader multiplies them by ``time_scale``. Rates are never scaled.
+    """
+    gpu = catalog.gpus[offer.gpu_type]
+    models = {}
+    for name, spec in catalog.models.items():
+        tps, ttft, _origin = catalog.rate(offer.gpu_type, offer.provider, name)
+        models[name] = {
+            "size_bytes": spec.size_bytes,
+            "family": spec.family,
+            "parameter_size": spec.parameter_size,
+            "quantization_level": spec.quantization_level,
+            "digest": catalog.model_digest(name),
+            "tokens_per_second": float(tps),
+            "ttft_ms": float(ttft),
+            "load_seconds": float(spec.load_seconds),
+        }
+    return {
+        "session_id": session_id,
+        "time_scale": time_scale,
+        "gpu": {
+            "gpu_type": offer.gpu_type,
+            "name": gpu.name,
+            "memory_mib": gpu.memory_mib,
+            "count": offer.gpu_count,
+            "driver_version": gpu.driver_version,
+            "cuda_version": gpu.cuda_version,
+            "power_limit_w": gpu.power_limit_w,
+            "compute_capability": gpu.compute_capability,
+        },
+        "host": gpu.host.model_dump(),
+        "ollama": {
+            "version": catalog.ollama_version,
+            "pull_mb_per_s": float(catalog.pull_mb_per_s(offer)),
+            "install_seconds": float(catalog.timings.ollama_install_seconds),
+        },
+        "models": models,
+        "state_dir": str(state_dir),
+    }
+
+
+def free_port(avoid: set[int] | None = None) -> int:
+    """A loopback TCP port nobody listens on now (and not in ``avoid``)."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if not avoid or port not in avoid:
+            return port
+    raise RuntimeError("no free loopback port found")
+
+
+class Instance:
+    """A running emulated machine for one session."""
+
+    def __init__(
+        self,
+        root: Path,
+        document: dict[str, Any],
+        authorized_key: asyncssh.SSHKey,
+        *,
+        ollama_port: int,
+        ollama_preinstalled: bool,
+    ) -> None:
+        self.root = root
+        self.document = document
+        self.ollama_port = ollama_port
+        self.ollama_preinstalled = ollama_preinstalled
+        self.bin_dir = root / "bin"
+        self.home = root / "home"
+        self.state_dir = Path(document["state_dir"])
+        self.tmp_dir = root / "tmp"
+        self.spec_path = root / "instance.json"
+        self.ssh_port: int | None = None
+        self._acceptor: asyncssh.SSHAcceptor | None = None
+        self._groups: set[int] = set()
+        self._background: set[asyncio.Task[Any]] = set()
+        self._hooks = sshd.InstanceHooks(
+            authorized_key=authorized_key,
+            environment=self.environment,
+            cwd=self.home,
+            on_process=self._groups.add,
+        )
+        self.stopped = False
+
+    # -- life cycle ---------------------------------------------------------------
+
+    def build(self) -> None:
+        """Create the directory tree, ``instance.json`` and ``bin/``."""
+        for path in (self.bin_dir, self.home, self.state_dir, self.tmp_dir):
+            path.mkdir(parents=True, exist_ok=True)
+        self.spec_path.write_text(json.dumps(self.document, indent=2) + "\n", encoding="utf-8")
+        shims.write_executable(self.bin_dir / "nvidia-smi", shims.nvidia_smi_wrapper())
+        shims.write_executable(self.bin_dir / "curl", shims.curl_wrapper(self.bin_dir))
+        if self.ollama_preinstalled:
+            shims.write_executable(self.bin_dir / "ollama", shims.ollama_wrapper())
+        python3 = self.bin_dir / "python3"
+        if not python3.exists():
+            python3.symlink_to(sys.executable)
+
+    async def start_ssh(self) -> int:
+        """Start the SSH server; returns its port."""
+        host_key = asyncssh.generate_private_key("ssh-ed25519")
+        self._acceptor = await sshd.listen(self._hooks, host_key)
+        self.ssh_port = self._acceptor.get_port()
+        return self.ssh_port
+
+    def environment(self) -> dict[str, str]:
+        """The environment of every command on this instance."""
+        env = {
+            "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "HOME": str(self.home),
+            "USER": "root",
+            "LOGNAME": "root",
+            "SHELL": "/bin/bash",
+            "TMPDIR": str(self.tmp_dir),
+            "LANG": os.environ.get("LANG", "C.UTF-8"),
+            "OLLAMA_HOST": f"127.0.0.1:{self.ollama_port}",
+            INSTANCE_ENV: str(self.spec_path),
+        }
+        return env
+
+    def run_background(self, script: str, log_name: str) -> None:
+        """Run ``script`` detached on the instance (on-start commands), logging to $HOME."""
+        task = asyncio.create_task(self._run_logged(script, self.home / log_name))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _run_logged(self, script: str, log_path: Path) -> None:
+        with open(log_path, "ab") as log_file:
+            child = await asyncio.create_subprocess_exec(
+                "bash",
+                "-c",
+                script,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=asyncio.subprocess.STDOUT,
+                env=self.environment(),
+                cwd=str(self.home),
+                start_new_session=True,
+            )
+        self._groups.add(child.pid)
+        await child.wait()
+
+    async def stop(self, *, remove: bool = True) -> None:
+        """Kill every process of the instance, close SSH, remove its directory."""
+        if self.stopped:
+            return
+        self.stopped = True
+        if self._acceptor is not None:
+            self._acceptor.close()
+        await kill_instance_processes(self._groups, str(self.spec_path))
+        for conn in list(self._hooks.connections):
+            conn.close()
+        pending = [t for t in (*self._hooks.handlers, *self._background) if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=2.0)
+        for task in pending:
+            task.cancel()
+        if self._acceptor is not None:
+            try:
+                await asyncio.wait_for(self._acceptor.wait_closed(), 2.0)
+            except (asyncio.TimeoutError, OSError):
+                pass
+        if remove:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+async def kill_instance_processes(groups: set[int], marker_value: str) -> int:
+    """SIGTERM, then SIGKILL, every process of an instance; returns how many were hit.
+
+    A process belongs to the instance when it carries ``GPUBENCH_SANDBOX_INSTANCE``
+    with this instance's path, or sits in a process group one of its commands
+    started (only groups that still hold such a marked process, so a recycled
+    process-group id is never hit).
+    """
+    marker = f"{INSTANCE_ENV}={marker_value}".encode()
+    targets = _marked_processes(marker)
+    live_groups = set(targets.values()) & groups
+    if not os.path.isdir("/proc/self"):
+        live_groups = set(groups)  # no /proc (macOS): the process groups are all we know
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pgid in live_groups:
+            _signal(os.killpg, pgid, sig)
+        for pid in list(targets):
+            _signal(os.kill, pid, sig)
+        deadline = asyncio.get_running_loop().time() + (_KILL_GRACE if sig == signal.SIGTERM else 2.0)
+        while asyncio.get_running_loop().time() < deadline:
+            targets = _marked_processes(marker)
+            if not targets:
+                return len(live_groups)
+            await asyncio.sleep(0.02)
+    return len(live_groups)
+
+
+def _signal(send: Any, target: int, sig: signal.Signals) -> None:
+    try:
+        send(target, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _marked_processes(marker: bytes) -> dict[int, int]:
+    """``{pid: pgid}`` of live processes whose environment carries ``marker``."""
+    found: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in entries:
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                environ = handle.read()
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        if marker not in environ.split(b"\0"):
+            continue
+        fields = stat.rsplit(b")", 1)[-1].split()
+        if fields and fields[0] == b"Z":
+            continue  # a zombie is already dead; its parent reaps it
+        try:
+            found[pid] = int(fields[2])
+        except (IndexError, ValueError):
+            found[pid] = pid
+    return found

@@ -1,0 +1,202 @@
+"""Small conventions the real Ollama uses, shared by the stand-in's server and CLI.
+
+Address parsing, durations and the human-readable sizes and times its CLI prints.
+Each mirrors what Ollama documents or visibly does; none of its code is copied.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+DEFAULT_PORT = 11434
+DEFAULT_KEEP_ALIVE_S = 300.0
+# Ollama answers a negative keep_alive with "keep loaded forever".
+FOREVER = math.inf
+
+
+@dataclass(frozen=True)
+class OllamaHost:
+    """Where the server listens and the client connects."""
+
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        host = self.host or "127.0.0.1"
+        if ":" in host:  # an IPv6 literal needs brackets in a URL
+            host = f"[{host}]"
+        return f"{self.scheme}://{host}:{self.port}"
+
+
+def parse_ollama_host(value: str | None) -> OllamaHost:
+    """Parse ``OLLAMA_HOST`` the way Ollama does.
+
+    Accepted: empty (127.0.0.1:11434), ``host``, ``host:port``, ``:port``,
+    ``scheme://host[:port][/path]``, IPv6 in brackets. A bare host keeps the default
+    port 11434; with an explicit ``http://`` or ``https://`` scheme the default port
+    is 80 or 443. Surrounding quotes and spaces are ignored, and an invalid port
+    falls back to the default.
+    """
+    text = (value or "").strip().strip("\"'").strip()
+    default_port = DEFAULT_PORT
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "http", text
+    elif scheme == "http":
+        default_port = 80
+    elif scheme == "https":
+        default_port = 443
+    hostport = rest.split("/", 1)[0]
+    host, port_text = _split_host_port(hostport)
+    if host is None:
+        host, port_text = "127.0.0.1", str(default_port)
+        bare = hostport.strip("[]")
+        if bare:
+            host = bare
+    try:
+        port = int(port_text)
+        if not 0 <= port <= 65535:
+            raise ValueError
+    except ValueError:
+        port = default_port
+    return OllamaHost(scheme=scheme, host=host, port=port)
+
+
+def _split_host_port(hostport: str) -> tuple[str | None, str]:
+    """Go's net.SplitHostPort, in the cases Ollama's parsing relies on."""
+    if hostport.startswith("["):
+        end = hostport.find("]")
+        if end < 0 or not hostport[end + 1 :].startswith(":"):
+            return None, ""
+        return hostport[1:end], hostport[end + 2 :]
+    if hostport.count(":") != 1:
+        return None, ""
+    host, port = hostport.split(":")
+    return host, port
+
+
+def bind_host(host: OllamaHost) -> str:
+    """The address to listen on: an empty host means every interface, as in Go."""
+    if not host.host:
+        return "0.0.0.0"
+    try:
+        return str(ipaddress.ip_address(host.host))
+    except ValueError:
+        return host.host
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_go_duration(text: str) -> float:
+    """Seconds in a Go duration string such as ``5m``, ``1h30m`` or ``-1s``."""
+    text = text.strip()
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text.lstrip("+-")
+    if body == "0":
+        return 0.0
+    pos, total = 0, 0.0
+    while pos < len(body):
+        match = _DURATION_PART.match(body, pos)
+        if not match:
+            raise ValueError(f'time: invalid duration "{text}"')
+        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        pos = match.end()
+    if not body:
+        raise ValueError(f'time: invalid duration "{text}"')
+    return sign * total
+
+
+def parse_keep_alive(value: object, default: float = DEFAULT_KEEP_ALIVE_S) -> float:
+    """A request's ``keep_alive`` in seconds; negative means forever.
+
+    Ollama takes a number of seconds or a Go duration string; an absent value means
+    the server default (``OLLAMA_KEEP_ALIVE``, else 5 minutes).
+    """
+    if value is None or value == "":
+        return default
+    if isinstance(value, bool):
+        raise ValueError("keep_alive must be a number or a duration")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = parse_go_duration(value)
+    else:
+        raise ValueError("keep_alive must be a number or a duration")
+    return FOREVER if seconds < 0 else seconds
+
+
+def rfc3339(moment: datetime | None = None) -> str:
+    """A timestamp like Ollama's ``created_at``: UTC, microseconds, ``Z``."""
+    moment = moment or datetime.now(timezone.utc)
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def human_bytes(size: int) -> str:
+    """Decimal sizes as ``ollama list`` prints them: ``4.4 GB``, ``274 MB``."""
+    for unit, factor in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if size >= factor:
+            value = size / factor
+            if value >= 10 or value == int(value):
+                return f"{int(value)} {unit}"
+            return f"{value:.1f} {unit}"
+    return f"{size} B"
+
+
+def human_bytes_binary(size: int) -> str:
+    """Binary sizes as Ollama's memory errors print them: ``5.8 GiB``."""
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= factor:
+            return f"{size / factor:.1f} {unit}"
+    return f"{size} B"
+
+
+def human_time(moment: datetime, now: datetime | None = None) -> str:
+    """``2 minutes ago`` / ``4 minutes from now`` / ``Forever``, as the CLI shows."""
+    now = now or datetime.now(timezone.utc)
+    delta = (moment - now).total_seconds()
+    if abs(delta) > 50 * 365 * 86400:
+        return "Forever"
+    suffix = "from now" if delta > 0 else "ago"
+    seconds = abs(delta)
+    if seconds < 1:
+        return "Less than a second " + suffix if delta <= 0 else "Less than a second from now"
+    for limit, unit, size in (
+        (60, "second", 1),
+        (3600, "minute", 60),
+        (86400, "hour", 3600),
+        (7 * 86400, "day", 86400),
+        (30 * 86400, "week", 7 * 86400),
+        (365 * 86400, "month", 30 * 86400),
+    ):
+        if seconds < limit:
+            count = int(seconds // size)
+            if count == 1:
+                article = "About an" if unit == "hour" else "About a"
+                return f"{article} {unit} {suffix}"
+            return f"{count} {unit}s {suffix}"
+    years = int(seconds // (365 * 86400))
+    return f"{years} years {suffix}" if years != 1 else f"About a year {suffix}"
+
+
+def go_duration(seconds: float) -> str:
+    """A duration the way Go's ``time.Duration`` prints: ``1.234s``, ``12.5ms``."""
+    if seconds == 0:
+        return "0s"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.3f}".rstrip("0").rstrip(".") + "µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.6f}".rstrip("0").rstrip(".") + "ms"
+    minutes, rest = divmod(seconds, 60)
+    text = f"{rest:.9f}".rstrip("0").rstrip(".") + "s"
+    return f"{int(minutes)}m{text}" if minutes else text

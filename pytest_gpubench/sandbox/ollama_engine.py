@@ -1,0 +1,354 @@
+"""The emulated inference engine behind the Ollama stand-in: models, memory, timing.
+
+It decides what the server's handlers only format:
+
+- which models are pulled (kept in the state directory, so restarts keep them);
+- loading: the first request for a model that is not loaded waits the model's
+  scaled ``load_seconds`` and evicts any other loaded model once that one is idle;
+  a model whose weights and context do not fit the GPU is refused;
+- scheduling: ``OLLAMA_NUM_PARALLEL`` requests per model generate at once, the rest
+  wait first in, first out (up to ``OLLAMA_MAX_QUEUE``), each at the full rate;
+- timing: the first token ``ttft`` after the request gets its slot, then one token
+  per ``1 / tokens_per_second``, scheduled on absolute times so sleep overhead
+  never accumulates into drift.
+
+Everything runs on one asyncio loop: no threads, one timer per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import random
+import re
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from .instance_spec import BASELINE_MIB, MIB, InstanceSpec, ModelSpec, normalize_model_name
+from .ollama_common import DEFAULT_KEEP_ALIVE_S, FOREVER, human_bytes_binary, parse_keep_alive
+from .ollama_schedule import FifoSlots, Generation, Job, LagStats
+from .ollama_text import plan_output
+from .standin_state import LoadedModel, PulledModel, RuntimeState, StateStore
+
+log = logging.getLogger("ollama_standin")
+
+# Context margin: KV cache for a 2048-token context per parallel slot (about
+# 32 MiB per billion parameters with grouped-query attention) plus compute graph.
+KV_MIB_PER_BILLION = 32
+MAX_QUEUE_MESSAGE = "server busy, please try again.  maximum pending requests exceeded"
+
+
+class EngineError(Exception):
+    """An error a request gets as ``{"error": message}`` with ``status``."""
+
+    status = 500
+
+
+class ModelNotFound(EngineError):
+    status = 404
+
+
+class ModelTooLarge(EngineError):
+    status = 500
+
+
+class ServerBusy(EngineError):
+    status = 503
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Knobs read from the environment when ``ollama serve`` starts."""
+
+    num_parallel: int = 1
+    max_queue: int = 512
+    default_keep_alive: float = DEFAULT_KEEP_ALIVE_S
+    ttft_ms: float | None = None
+    tokens_per_second: float | None = None
+    jitter: float = 0.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> EngineSettings:
+        """``OLLAMA_NUM_PARALLEL``, ``OLLAMA_MAX_QUEUE``, ``OLLAMA_KEEP_ALIVE`` and the
+        sandbox's truth knobs ``GPUBENCH_SANDBOX_TTFT_MS``,
+        ``GPUBENCH_SANDBOX_TOKENS_PER_SECOND`` and ``GPUBENCH_SANDBOX_JITTER``."""
+        env = os.environ if env is None else env
+
+        def number(name: str, kind: type = float) -> float | int | None:
+            raw = env.get(name, "").strip()
+            return kind(raw) if raw else None
+
+        return cls(
+            num_parallel=max(1, number("OLLAMA_NUM_PARALLEL", int) or 1),
+            max_queue=max(1, number("OLLAMA_MAX_QUEUE", int) or 512),
+            default_keep_alive=parse_keep_alive(env.get("OLLAMA_KEEP_ALIVE"), DEFAULT_KEEP_ALIVE_S),
+            ttft_ms=number("GPUBENCH_SANDBOX_TTFT_MS"),
+            tokens_per_second=number("GPUBENCH_SANDBOX_TOKENS_PER_SECOND"),
+            jitter=max(0.0, min(0.9, number("GPUBENCH_SANDBOX_JITTER") or 0.0)),
+        )
+
+
+@dataclass(eq=False)
+class Runner:
+    """A loaded model."""
+
+    name: str
+    spec: ModelSpec
+    vram: int
+    slots: FifoSlots
+    keep_alive: float
+    refs: int = 0
+    evicting: bool = False
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    expires_at: datetime | None = None
+    expiry: asyncio.TimerHandle | None = None
+
+
+class Engine:
+    """Models, memory and scheduling of one emulated Ollama server."""
+
+    def __init__(self, spec: InstanceSpec, store: StateStore, settings: EngineSettings) -> None:
+        self.spec = spec
+        self.store = store
+        self.settings = settings
+        self.pulled: dict[str, PulledModel] = store.read_pulled()
+        self.runners: dict[str, Runner] = {}
+        self.load_lock = asyncio.Lock()
+        self.active = 0
+        self.waiting = 0
+        self.busy_since: float | None = None
+        self.idle_since: float | None = time.time()
+        self._flush_pending = False
+        self._requests = 0
+        self.lag = LagStats()
+
+    # -- the model store ------------------------------------------------------
+
+    def find_pulled(self, name: str) -> tuple[PulledModel, ModelSpec] | None:
+        """A pulled model and its catalog entry, or None."""
+        pulled = self.pulled.get(normalize_model_name(name))
+        found = self.spec.find_model(name)
+        if pulled is None or found is None:
+            return None
+        return pulled, found[1]
+
+    def record_pull(self, name: str, model: ModelSpec) -> PulledModel:
+        pulled = PulledModel(
+            name=name, size=model.size_bytes, digest=model.digest_hex, modified_at=datetime.now(timezone.utc)
+        )
+        self.pulled = {**self.pulled, name: pulled}
+        self.store.write_pulled(self.pulled)
+        return pulled
+
+    def delete(self, name: str) -> bool:
+        key = normalize_model_name(name)
+        if key not in self.pulled:
+            return False
+        self.pulled = {k: v for k, v in self.pulled.items() if k != key}
+        self.store.write_pulled(self.pulled)
+        return True
+
+    # -- memory -----------------------------------------------------------------
+
+    def vram_bytes(self, model: ModelSpec) -> int:
+        """What a loaded model occupies: weights, a KV cache per slot, a graph."""
+        match = re.match(r"([\d.]+)\s*([BM])", model.parameter_size.upper())
+        billions = float(match.group(1)) / (1000 if match and match.group(2) == "M" else 1) if match else 7.0
+        kv = max(64, min(1024, KV_MIB_PER_BILLION * billions)) * MIB
+        graph = max(256 * MIB, model.size_bytes // 20)
+        return model.size_bytes + int(kv) * self.settings.num_parallel + graph
+
+    def available_vram(self) -> int:
+        gpu = self.spec.gpu
+        return gpu.total_memory_bytes - BASELINE_MIB * MIB * gpu.count
+
+    # -- loading ---------------------------------------------------------------
+
+    async def _acquire_runner(self, name: str, keep_alive: float) -> tuple[Runner, float]:
+        """The loaded runner for ``name`` (loading it if needed), with a reference held."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        found = self.find_pulled(name)
+        if found is None:
+            quoted = '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            raise ModelNotFound(f"model {quoted} not found, try pulling it first")
+        pulled, model = found
+        key = pulled.name
+        runner = self.runners.get(key)
+        if runner is None or runner.evicting:
+            async with self.load_lock:
+                runner = self.runners.get(key)
+                if runner is None or runner.evicting:
+                    runner = await self._load(key, model)
+        runner.refs += 1
+        runner.idle.clear()
+        runner.keep_alive = keep_alive
+        if runner.expiry is not None:
+            runner.expiry.cancel()
+            runner.expiry = None
+        return runner, loop.time() - started
+
+    async def _load(self, key: str, model: ModelSpec) -> Runner:
+        needed = self.vram_bytes(model)
+        available = self.available_vram()
+        if needed > available:
+            raise ModelTooLarge(
+                f"model requires more system memory ({human_bytes_binary(needed)}) "
+                f"than is available ({human_bytes_binary(max(0, available))})"
+            )
+        for other in list(self.runners.values()):
+            # One model at a time: wait for the other's requests to finish, then
+            # unload it. Marked first so that new requests for it queue behind us.
+            other.evicting = True
+            if other.refs:
+                await other.idle.wait()
+            self._unload(other)
+        log.info("loading model %s (%.0f MiB)", key, needed / MIB)
+        await asyncio.sleep(self.spec.scaled(model.load_seconds))
+        runner = Runner(
+            name=key,
+            spec=model,
+            vram=needed,
+            slots=FifoSlots(self.settings.num_parallel),
+            keep_alive=self.settings.default_keep_alive,
+        )
+        runner.idle.set()
+        self.runners[key] = runner
+        self._schedule_flush()
+        return runner
+
+    def _unload(self, runner: Runner) -> None:
+        if self.runners.get(runner.name) is runner:
+            del self.runners[runner.name]
+            log.info("unloaded model %s", runner.name)
+        if runner.expiry is not None:
+            runner.expiry.cancel()
+            runner.expiry = None
+        self._schedule_flush()
+
+    def unload(self, name: str) -> None:
+        """Unload ``name`` once idle (``keep_alive: 0`` with no prompt)."""
+        runner = self.runners.get(normalize_model_name(name))
+        if runner is not None:
+            if runner.refs:
+                runner.keep_alive = 0
+            else:
+                self._unload(runner)
+
+    def _release_runner(self, runner: Runner) -> None:
+        runner.refs -= 1
+        if runner.refs:
+            return
+        runner.idle.set()
+        if runner.evicting or runner.keep_alive == 0:
+            self._unload(runner)
+            return
+        if runner.keep_alive == FOREVER:
+            runner.expires_at = None
+        else:
+            runner.expires_at = datetime.now(timezone.utc) + timedelta(seconds=runner.keep_alive)
+            runner.expiry = asyncio.get_running_loop().call_later(runner.keep_alive, self._expire, runner)
+        self._schedule_flush()
+
+    def _expire(self, runner: Runner) -> None:
+        runner.expiry = None
+        if runner.refs == 0:
+            self._unload(runner)
+
+    async def load_only(self, name: str, keep_alive: float) -> float:
+        """Load ``name`` without generating (an empty prompt); returns the load time."""
+        runner, load = await self._acquire_runner(name, keep_alive)
+        self._release_runner(runner)
+        return load
+
+    # -- generation ------------------------------------------------------------
+
+    def _timing(self, job: Job, model: ModelSpec, count: int) -> tuple[float, list[float]]:
+        ttft = (self.settings.ttft_ms if self.settings.ttft_ms is not None else model.ttft_ms) / 1000
+        rate = self.settings.tokens_per_second or model.tokens_per_second
+        jitter = self.settings.jitter
+        if not jitter:
+            return ttft, [1.0 / rate] * count
+        self._requests += 1
+        seed = hashlib.sha256(f"{job.prompt}\x00{self._requests}".encode()).digest()
+        rng = random.Random(int.from_bytes(seed[:8], "big"))
+        ttft *= 1 + jitter * rng.uniform(-1, 1)
+        return ttft, [(1 + jitter * rng.uniform(-1, 1)) / rate for _ in range(count)]
+
+    @asynccontextmanager
+    async def generation(self, job: Job) -> AsyncIterator[Generation]:
+        """Hold a model and a slot for ``job``; errors are raised before anything
+        is yielded, so the handler can still answer with a plain HTTP error."""
+        runner, load = await self._acquire_runner(job.model, job.keep_alive)
+        try:
+            if runner.slots.free == 0 and self.waiting >= self.settings.max_queue:
+                raise ServerBusy(MAX_QUEUE_MESSAGE)
+            self.waiting += 1
+            try:
+                await runner.slots.acquire()
+            finally:
+                self.waiting -= 1
+            try:
+                self._set_active(+1)
+                plan = plan_output(job.prompt, job.num_predict, model=runner.name)
+                ttft, intervals = self._timing(job, runner.spec, len(plan.tokens))
+                start = asyncio.get_running_loop().time()
+                yield Generation(job, plan, start, ttft, intervals, load, self.lag)
+            finally:
+                runner.slots.release()
+                self._set_active(-1)
+        finally:
+            self._release_runner(runner)
+
+    def _set_active(self, delta: int) -> None:
+        before = self.active
+        self.active += delta
+        if before == 0 and self.active > 0:
+            self.busy_since = time.time()
+        elif before > 0 and self.active == 0:
+            self.idle_since = time.time()
+        self._schedule_flush()
+
+    # -- shared state ---------------------------------------------------------
+
+    def loaded_models(self) -> list[LoadedModel]:
+        now = datetime.now(timezone.utc)
+        models = []
+        for runner in self.runners.values():
+            expires = runner.expires_at
+            if runner.refs:
+                expires = None if runner.keep_alive == FOREVER else now + timedelta(seconds=runner.keep_alive)
+            models.append(
+                LoadedModel(
+                    name=runner.name,
+                    size=runner.vram,
+                    size_vram=runner.vram,
+                    digest=runner.spec.digest_hex,
+                    expires_at=expires,
+                )
+            )
+        return models
+
+    def _schedule_flush(self) -> None:
+        # Many requests change state within one loop iteration: write once.
+        if not self._flush_pending:
+            self._flush_pending = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write the runtime state for ``nvidia-smi`` and ``/api/ps`` readers."""
+        self._flush_pending = False
+        self.store.write_runtime(
+            RuntimeState(
+                pid=os.getpid(),
+                loaded=self.loaded_models(),
+                active_requests=self.active,
+                busy_since=self.busy_since,
+                idle_since=self.idle_since,
+            )
+        )

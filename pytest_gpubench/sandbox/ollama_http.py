@@ -1,0 +1,121 @@
+"""HTTP plumbing shared by the stand-in's native and OpenAI-compatible endpoints.
+
+``serve_generation`` turns one engine generation into a response: a stream of
+chunks written on the engine's schedule, or one object at the end. The wire format
+(NDJSON for ``/api/*``, SSE for ``/v1/*``) is a ``ResponseFormat`` supplied by the
+caller. Errors found before the first byte become plain HTTP errors, as Ollama's
+are; after that they can only be reported in the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from .ollama_engine import Engine, EngineError
+from .ollama_schedule import Generation, Job
+
+ENGINE = web.AppKey("engine", Engine)
+
+
+class BadRequest(EngineError):
+    status = 400
+
+
+def dumps(data: Any) -> str:
+    """Compact JSON, as Go's encoder writes it."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def json_response(data: Any, status: int = 200) -> web.Response:
+    return web.Response(text=dumps(data), status=status, content_type="application/json", charset="utf-8")
+
+
+def error_response(message: str, status: int) -> web.Response:
+    """Ollama's native error shape: ``{"error": "..."}``."""
+    return json_response({"error": message}, status)
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object, or ``BadRequest`` with Ollama-like wording."""
+    raw = await request.read()
+    if not raw.strip():
+        raise BadRequest("missing request body")
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise BadRequest(f"invalid character in request body: {exc.msg}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("json: cannot unmarshal non-object into request")
+    return body
+
+
+def option_int(options: Any, name: str) -> int | None:
+    """An integer model option such as ``num_predict``, or None when absent."""
+    if not isinstance(options, dict) or options.get(name) is None:
+        return None
+    value = options[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadRequest(f"option {name!r} must be a number")
+    return int(value)
+
+
+class ResponseFormat(Protocol):
+    """How one API family writes a generation."""
+
+    content_type: str
+
+    def token(self, text: str) -> bytes:
+        """One streamed chunk carrying ``text``."""
+
+    def done(self, gen: Generation, now: float) -> bytes:
+        """The closing bytes of a stream (final chunk, terminator)."""
+
+    def whole(self, text: str, gen: Generation, now: float) -> Any:
+        """The single object of a non-streamed answer."""
+
+    def stream_error(self, message: str) -> bytes:
+        """An error reported inside an already started stream."""
+
+    def error(self, message: str, status: int) -> web.Response:
+        """An error answered before anything was streamed."""
+
+
+async def serve_generation(request: web.Request, job: Job, fmt: ResponseFormat, *, stream: bool) -> web.StreamResponse:
+    """Run ``job`` on the engine and write it to the client in ``fmt``."""
+    engine = request.app[ENGINE]
+    loop = asyncio.get_running_loop()
+    response: web.StreamResponse | None = None
+    try:
+        async with engine.generation(job) as gen:
+            if not stream:
+                text = "".join([token async for token in gen.tokens()])
+                return json_response(fmt.whole(text, gen, loop.time()))
+            response = web.StreamResponse(headers={"Content-Type": fmt.content_type})
+            await response.prepare(request)
+            async for token in gen.tokens():
+                await response.write(fmt.token(token))
+            await response.write(fmt.done(gen, loop.time()))
+            await response.write_eof()
+            return response
+    except EngineError as exc:
+        if response is None:
+            return fmt.error(str(exc), exc.status)
+        await _write_quietly(response, fmt.stream_error(str(exc)))
+        return response
+    except ConnectionResetError:
+        # The client went away: the engine has released the slot on the way out.
+        if response is None:
+            raise
+        return response
+
+
+async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:
+    try:
+        await response.write(data)
+        await response.write_eof()
+    except ConnectionResetError:
+        pass

@@ -1,0 +1,88 @@
+"""``/api/pull`` of the Ollama stand-in: the progress stream of a model download.
+
+The emulated registry is the instance file's model catalog. A download takes
+``size / pull_mb_per_s`` seconds, shrunk by the time scale, and reports progress
+the way Ollama does: ``pulling manifest``, then one ``pulling <digest12>`` status
+per layer with ``digest``, ``total`` and a rising ``completed``, then
+``verifying sha256 digest``, ``writing manifest`` and ``success``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from .instance_spec import ModelSpec, normalize_model_name
+from .ollama_engine import Engine
+
+# Ollama's own wording when the registry has no such model or tag.
+MANIFEST_NOT_FOUND = "pull model manifest: file does not exist"
+# Small layers that follow the weights: template, license, parameters.
+_SMALL_LAYERS = (("template", 1_482), ("license", 11_344), ("params", 110))
+# Progress at least this often, and at least this many updates per layer.
+MAX_UPDATE_INTERVAL_S = 0.2
+MIN_UPDATES = 8
+
+
+class PullError(Exception):
+    """A pull that failed; the message is what Ollama would say."""
+
+
+@dataclass(frozen=True)
+class Layer:
+    digest: str
+    size: int
+
+    @property
+    def status(self) -> str:
+        return f"pulling {self.digest.split(':', 1)[-1][:12]}"
+
+
+def model_layers(model: ModelSpec) -> list[Layer]:
+    """The blobs of a model: the weights first, then the small layers."""
+
+    def digest(kind: str) -> str:
+        return "sha256:" + hashlib.sha256(f"{model.digest}/{kind}".encode()).hexdigest()
+
+    small = [Layer(digest(kind), size) for kind, size in _SMALL_LAYERS]
+    weights = Layer(digest("model"), max(1, model.size_bytes - sum(layer.size for layer in small)))
+    return [weights, *small]
+
+
+async def pull_progress(engine: Engine, name: str) -> AsyncIterator[dict[str, Any]]:
+    """Yield the progress objects of pulling ``name``; raise ``PullError`` on failure."""
+    yield {"status": "pulling manifest"}
+    found = engine.spec.find_model(name)
+    if found is None:
+        raise PullError(MANIFEST_NOT_FOUND)
+    key, model = found
+    already = engine.find_pulled(key) is not None
+    loop = asyncio.get_running_loop()
+    bytes_per_s = engine.spec.ollama.pull_mb_per_s * 1e6
+    for layer in model_layers(model):
+        base = {"status": layer.status, "digest": layer.digest, "total": layer.size}
+        duration = 0.0 if already else engine.spec.scaled(layer.size / bytes_per_s)
+        if duration <= 0:
+            yield {**base, "completed": layer.size}
+            continue
+        # Like Ollama, the first report of a layer has no "completed" yet.
+        yield base
+        interval = min(MAX_UPDATE_INTERVAL_S, duration / MIN_UPDATES)
+        start = loop.time()
+        end = start + duration
+        due = start
+        while True:
+            due += interval
+            await asyncio.sleep(max(0.0, min(due, end) - loop.time()))
+            now = loop.time()
+            if now >= end:
+                break
+            yield {**base, "completed": int(layer.size * (now - start) / duration)}
+        yield {**base, "completed": layer.size}
+    yield {"status": "verifying sha256 digest"}
+    yield {"status": "writing manifest"}
+    engine.record_pull(normalize_model_name(key), model)
+    yield {"status": "success"}

@@ -1,0 +1,138 @@
+"""Timing primitives of the Ollama stand-in: fair slots and token schedules.
+
+A ``Generation`` delivers each token on an absolute schedule (first token ``ttft``
+after the request got its slot, then one per interval), so sleep overhead never
+accumulates into drift, and it reports counters that match what was streamed.
+``LagStats`` records how late tokens actually left, the stand-in's own health
+figure. ``FifoSlots`` is the per-model parallelism limit, first in, first out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from .ollama_text import OutputPlan
+
+
+class FifoSlots:
+    """A counting semaphore that serves waiters strictly in arrival order."""
+
+    def __init__(self, size: int) -> None:
+        self.free = size
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+    async def acquire(self) -> None:
+        if self.free > 0 and not self.waiters:
+            self.free -= 1
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(future)
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release()  # the slot arrived just as we were cancelled
+            else:
+                self.waiters.remove(future)
+            raise
+
+    def release(self) -> None:
+        while self.waiters:
+            future = self.waiters.popleft()
+            if not future.done():
+                future.set_result(None)
+                return
+        self.free += 1
+
+
+@dataclass(frozen=True)
+class Job:
+    """One generation request, as the engine needs it."""
+
+    model: str
+    prompt: str
+    prompt_eval_count: int
+    num_predict: int | None
+    keep_alive: float
+    arrived: float  # loop time when the request reached the handler
+
+
+@dataclass
+class LagStats:
+    """How late tokens left against their schedule: the stand-in's own health."""
+
+    tokens: int = 0
+    late_over_5ms: int = 0
+    max_lag_s: float = 0.0
+
+    def record(self, lag: float) -> None:
+        self.tokens += 1
+        if lag > 0.005:
+            self.late_over_5ms += 1
+        if lag > self.max_lag_s:
+            self.max_lag_s = lag
+
+    def summary(self) -> str:
+        return (
+            f"{self.tokens} tokens streamed, {self.late_over_5ms} more than 5 ms late, "
+            f"max lag {self.max_lag_s * 1e3:.1f} ms"
+        )
+
+
+class Generation:
+    """The tokens of one request, delivered on their scheduled times."""
+
+    def __init__(
+        self,
+        job: Job,
+        plan: OutputPlan,
+        start: float,
+        ttft: float,
+        intervals: list[float],
+        load: float,
+        lag: LagStats | None = None,
+    ):
+        self.lag = lag or LagStats()
+        self.job = job
+        self.plan = plan
+        self.start = start
+        self.ttft = ttft
+        self.intervals = intervals
+        self.load_duration = load
+        self.emitted = 0
+
+    async def tokens(self) -> AsyncIterator[str]:
+        """Yield each token at ``start + ttft + sum(previous intervals)``, then wait
+        until the end-of-sequence step so that ``eval_duration`` is honest."""
+        loop = asyncio.get_running_loop()
+        due = self.start + self.ttft
+        for token, interval in zip(self.plan.tokens, self.intervals, strict=True):
+            delay = due - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self.lag.record(loop.time() - due)
+            self.emitted += 1
+            yield token
+            due += interval
+        delay = due - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    @property
+    def done_reason(self) -> str:
+        return self.plan.done_reason
+
+    def stats(self, now: float) -> dict[str, int]:
+        """The final chunk's counters, in nanoseconds, matching what was streamed."""
+        eval_duration = sum(self.intervals[: self.emitted])
+        return {
+            "total_duration": int((now - self.job.arrived) * 1e9),
+            "load_duration": int(self.load_duration * 1e9),
+            "prompt_eval_count": self.job.prompt_eval_count,
+            "prompt_eval_duration": int(self.ttft * 1e9),
+            "eval_count": self.emitted,
+            "eval_duration": int(eval_duration * 1e9),
+        }

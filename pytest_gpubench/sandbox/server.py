@@ -1,0 +1,261 @@
+"""Running the sandbox: in-process (:class:`Sandbox`, :class:`SandboxThread`) or as a program.
+
+``python -m pytest_gpubench.sandbox [--host H] [--port P] [--catalog FILE]
+[--time-scale S]`` prints exactly one line to stdout once the API answers::
+
+    GPUBENCH_SANDBOX_URL=http://127.0.0.1:PORT
+
+then logs to stderr. SIGTERM or SIGINT stops every session (``stopped``), kills
+every instance process, removes the temporary directories, prints a one-line
+summary to stderr and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from .api import make_app
+from .catalog import Catalog, CatalogError, load_catalog
+from .cloud import EmulatedCloud
+
+log = logging.getLogger("pytest_gpubench.sandbox")
+URL_PREFIX = "GPUBENCH_SANDBOX_URL="
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SandboxSummary:
+    """What a sandbox did, reported when it stops."""
+
+    created: int
+    left_running: int
+
+    def line(self) -> str:
+        return (
+            f"gpubench sandbox stopped: {self.created} session(s) created, "
+            f"{self.left_running} left running before shutdown (now stopped)"
+        )
+
+
+class Sandbox:
+    """The emulated API and its instances on the current event loop.
+
+    ``catalog`` is a :class:`Catalog`, a path to a catalog file, or None for the
+    shipped one. ``time_scale`` multiplies every emulated delay (provisioning,
+    install, pull, model load) and never token rates or TTFT.
+    """
+
+    def __init__(
+        self,
+        *,
+        catalog: Catalog | str | Path | None = None,
+        time_scale: float = 1.0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        workdir: str | Path | None = None,
+        access_log: bool = False,
+    ) -> None:
+        if time_scale < 0:
+            raise ValueError("time_scale must be >= 0")
+        self.catalog = catalog if isinstance(catalog, Catalog) else load_catalog(catalog)
+        self.time_scale = time_scale
+        self.host = host
+        self.port = port
+        self._workdir = Path(workdir) if workdir is not None else None
+        self._owns_workdir = workdir is None
+        self._access_log = access_log
+        self._runner: web.AppRunner | None = None
+        self.cloud: EmulatedCloud | None = None
+        self.url = ""
+
+    async def start(self) -> str:
+        """Start serving; returns the base URL once the API answers."""
+        if self._workdir is None:
+            self._workdir = Path(tempfile.mkdtemp(prefix="gpubench-sandbox-"))
+        self.cloud = EmulatedCloud(self.catalog, time_scale=self.time_scale, workdir=self._workdir)
+        runner = web.AppRunner(make_app(self.cloud), access_log=log if self._access_log else None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        await site.start()
+        self._runner = runner
+        port = runner.addresses[0][1]
+        self.url = f"http://{self.host}:{port}"
+        self.cloud.start_lifecycle()
+        await _wait_answering(self.host, port)
+        log.info("sandbox listening at %s (time scale %g, workdir %s)", self.url, self.time_scale, self._workdir)
+        return self.url
+
+    async def close(self) -> SandboxSummary:
+        """Stop every session and instance, stop serving, remove temporary files."""
+        left = created = 0
+        if self.cloud is not None:
+            created = len(self.cloud.sessions)
+            left = await self.cloud.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._owns_workdir and self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+        return SandboxSummary(created=created, left_running=left)
+
+    def state(self) -> dict[str, Any]:
+        """Counts by status (as ``/sandbox/state`` reports them)."""
+        return self.cloud.counts() if self.cloud else {}
+
+    async def __aenter__(self) -> Sandbox:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def serve(
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    catalog: Catalog | str | Path | None = None,
+    time_scale: float = 1.0,
+) -> Sandbox:
+    """Start a :class:`Sandbox` on the running loop; ``await sandbox.close()`` when done."""
+    sandbox = Sandbox(catalog=catalog, time_scale=time_scale, host=host, port=port)
+    await sandbox.start()
+    return sandbox
+
+
+class SandboxThread:
+    """A :class:`Sandbox` on its own event loop in a daemon thread, for sync callers.
+
+    ::
+
+        with SandboxThread(time_scale=0.01) as sandbox:
+            httpx.get(sandbox.url + "/health")
+    """
+
+    def __init__(self, **sandbox_args: Any) -> None:
+        self.sandbox = Sandbox(**sandbox_args)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="gpubench-sandbox", daemon=True)
+        self.url = ""
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        """Run a coroutine on the sandbox's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def start(self, timeout: float = 30.0) -> str:
+        self._thread.start()
+        self.url = self.run(self.sandbox.start(), timeout)
+        return self.url
+
+    def stop(self, timeout: float = 60.0) -> SandboxSummary:
+        try:
+            return self.run(self.sandbox.close(), timeout)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout)
+            if not self._thread.is_alive():
+                self._loop.close()
+
+    def __enter__(self) -> SandboxThread:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+async def _wait_answering(host: str, port: int, timeout: float = 10.0) -> None:
+    """Wait until ``GET /ready`` answers on the socket (not just until it is bound)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(f"GET /ready HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+            await writer.drain()
+            status_line = await reader.readline()
+            writer.close()
+            if status_line.startswith(b"HTTP/"):
+                return
+        except OSError:
+            pass
+        if asyncio.get_running_loop().time() > deadline:
+            raise RuntimeError(f"sandbox at {host}:{port} does not answer")
+        await asyncio.sleep(0.02)
+
+
+# -- program --------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpubench sandbox",
+        description="Run the emulated GPU Shopper API with SSH instances on loopback.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port (default 0: any free port)")
+    parser.add_argument("--catalog", default=None, help="catalog YAML (default: the shipped catalog)")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="multiplies emulated delays: provisioning, install, pull, load (default 1.0)",
+    )
+    parser.add_argument("--verbose", action="store_true", help="log every HTTP request to stderr")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the sandbox until SIGTERM/SIGINT; the ``gpubench sandbox`` command."""
+    args = _parser().parse_args(argv)
+    if args.time_scale < 0:
+        print("gpubench sandbox: --time-scale must be >= 0", file=sys.stderr)
+        return 2
+    try:
+        catalog = load_catalog(args.catalog)
+    except CatalogError as exc:
+        print(f"gpubench sandbox: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s gpubench-sandbox %(levelname)s %(message)s",
+    )
+    # asyncssh logs every connection at INFO: the plugin's SSH polling would drown the log.
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)
+    try:
+        return asyncio.run(_serve_until_signal(catalog, args))
+    except OSError as exc:
+        print(f"gpubench sandbox: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+
+
+async def _serve_until_signal(catalog: Catalog, args: argparse.Namespace) -> int:
+    sandbox = Sandbox(
+        catalog=catalog, time_scale=args.time_scale, host=args.host, port=args.port, access_log=args.verbose
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        url = await sandbox.start()
+        sys.stdout.write(f"{URL_PREFIX}{url}\n")
+        sys.stdout.flush()
+        await stop.wait()
+    finally:
+        summary = await sandbox.close()
+        print(summary.line(), file=sys.stderr, flush=True)
+    return 0

@@ -1,0 +1,150 @@
+"""State the stand-ins share on one instance, as JSON files in its ``state_dir``.
+
+Three files, each written whole and atomically (temporary file, then rename) so a
+reader never sees half of one:
+
+``ollama_models.json``
+    the pulled models; survives server restarts, like Ollama's model directory.
+``ollama_runtime.json``
+    what the running server has loaded and whether it is generating; rewritten on
+    every change, read by ``nvidia-smi``. A restarted server starts with nothing
+    loaded, as the real one does.
+``ollama.pid``
+    the serving process; a runtime file whose server is dead is ignored, so a
+    killed server frees its emulated GPU memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MODELS_FILE = "ollama_models.json"
+RUNTIME_FILE = "ollama_runtime.json"
+PID_FILE = "ollama.pid"
+
+
+class PulledModel(BaseModel):
+    """A model on the instance's disk."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    size: int
+    digest: str
+    modified_at: datetime
+
+
+class LoadedModel(BaseModel):
+    """A model in (emulated) GPU memory."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    size: int
+    size_vram: int
+    digest: str
+    expires_at: datetime | None = None
+
+
+class RuntimeState(BaseModel):
+    """What the serving process is doing right now."""
+
+    pid: int | None = None
+    loaded: list[LoadedModel] = Field(default_factory=list)
+    active_requests: int = 0
+    # Wall-clock seconds (time.time()) of the last idle->busy and busy->idle
+    # changes: nvidia-smi ramps temperature and power from them.
+    busy_since: float | None = None
+    idle_since: float | None = None
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON so that readers see the old file or the new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=1, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id exists (zombies count as gone when reapable)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class StateStore:
+    """Reads and writes the shared state files of one instance."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = Path(state_dir)
+
+    @property
+    def pid_path(self) -> Path:
+        return self.state_dir / PID_FILE
+
+    def read_pulled(self) -> dict[str, PulledModel]:
+        """Pulled models by normalized name."""
+        data = _read_json(self.state_dir / MODELS_FILE) or {}
+        models: dict[str, PulledModel] = {}
+        for entry in data.get("models", []):
+            try:
+                model = PulledModel.model_validate(entry)
+            except ValueError:
+                continue
+            models[model.name] = model
+        return models
+
+    def write_pulled(self, models: dict[str, PulledModel]) -> None:
+        payload = {"models": [m.model_dump(mode="json") for m in models.values()]}
+        atomic_write_json(self.state_dir / MODELS_FILE, payload)
+
+    def read_runtime(self, *, only_if_serving: bool = True) -> RuntimeState:
+        """The runtime state; empty when no live server owns it (unless asked otherwise)."""
+        data = _read_json(self.state_dir / RUNTIME_FILE)
+        try:
+            state = RuntimeState.model_validate(data or {})
+        except ValueError:
+            state = RuntimeState()
+        if only_if_serving and (state.pid is None or not process_alive(state.pid)):
+            return RuntimeState(idle_since=state.idle_since)
+        return state
+
+    def write_runtime(self, state: RuntimeState) -> None:
+        atomic_write_json(self.state_dir / RUNTIME_FILE, state.model_dump(mode="json"))
+
+    def write_pid(self, pid: int) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(self.pid_path, pid)
+
+    def read_pid(self) -> int | None:
+        value = _read_json(self.pid_path)
+        return value if isinstance(value, int) else None
+
+    def remove_pid(self, pid: int) -> None:
+        """Remove the pid file if it is still ours (a newer server may have replaced it)."""
+        if self.read_pid() == pid:
+            self.pid_path.unlink(missing_ok=True)

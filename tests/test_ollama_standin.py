@@ -1,0 +1,562 @@
+"""The Ollama stand-in as a real process: its HTTP API, timing truths and CLI.
+
+Servers run as subprocesses on free loopback ports with a temporary instance file
+(time scale 0.01). Waits poll with generous bounds; timing assertions compare
+client-side measurements with the configured truths.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from pytest_gpubench.sandbox.ollama_common import parse_keep_alive, parse_ollama_host
+from pytest_gpubench.sandbox.ollama_text import count_prompt_tokens, plan_output
+
+REPO = Path(__file__).resolve().parents[1]
+RATE = 200.0  # qwen2:7b tokens per second in the test catalog
+TTFT_MS = 40.0
+
+CATALOG = {
+    "qwen2:7b": {
+        "size_bytes": 4431400262,
+        "family": "qwen2",
+        "parameter_size": "7.6B",
+        "quantization_level": "Q4_0",
+        "digest": "sha256:" + "d" * 64,
+        "tokens_per_second": RATE,
+        "ttft_ms": TTFT_MS,
+        "load_seconds": 3.0,
+    },
+    "phi3:mini": {
+        "size_bytes": 2176178913,
+        "family": "phi3",
+        "parameter_size": "3.8B",
+        "quantization_level": "Q4_0",
+        "digest": "sha256:" + "a" * 64,
+        "tokens_per_second": 300.0,
+        "ttft_ms": 25.0,
+        "load_seconds": 2.0,
+    },
+    "tinyllama:latest": {
+        "size_bytes": 637700138,
+        "family": "llama",
+        "parameter_size": "1.1B",
+        "quantization_level": "Q4_0",
+        "digest": "sha256:" + "b" * 64,
+        "tokens_per_second": 400.0,
+        "ttft_ms": 10.0,
+        "load_seconds": 1.0,
+    },
+    "llama3:8b": {
+        "size_bytes": 4661224676,
+        "family": "llama",
+        "parameter_size": "8.0B",
+        "quantization_level": "Q4_0",
+        "digest": "sha256:" + "c" * 64,
+        "tokens_per_second": 100.0,
+        "ttft_ms": 50.0,
+        "load_seconds": 3.0,
+    },
+}
+
+
+def write_instance(directory: Path, memory_mib: int = 24564) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "session_id": f"test-{directory.name}",
+        "time_scale": 0.01,
+        "gpu": {
+            "gpu_type": "RTX 4090",
+            "name": "NVIDIA GeForce RTX 4090",
+            "memory_mib": memory_mib,
+            "count": 1,
+            "driver_version": "550.54.15",
+            "cuda_version": "12.4",
+            "power_limit_w": 450,
+            "compute_capability": "8.9",
+        },
+        "host": {"cpu_model": "AMD EPYC 7543 32-Core Processor", "cpu_cores": 16, "ram_gib": 64},
+        "ollama": {"version": "0.5.7", "pull_mb_per_s": 250.0, "install_seconds": 30.0},
+        "models": CATALOG,
+        "state_dir": str(directory / "state"),
+    }
+    path = directory / "instance.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def standin_env(instance: Path, port: int, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OLLAMA_", "GPUBENCH_SANDBOX_"))}
+    env.update(
+        GPUBENCH_SANDBOX_INSTANCE=str(instance),
+        OLLAMA_HOST=f"127.0.0.1:{port}",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+        **extra,
+    )
+    return env
+
+
+class Server:
+    """An ``ollama serve`` subprocess and an HTTP client for it."""
+
+    def __init__(self, instance: Path, **env: str) -> None:
+        self.instance = instance
+        self.port = free_port()
+        self.env = standin_env(instance, self.port, **env)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest_gpubench.sandbox.ollama_standin", "serve"],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        self.http = httpx.Client(base_url=self.url, timeout=30.0, trust_env=False)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                if self.http.get("/api/version").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"server did not start: {self.proc.stderr.read().decode()}")
+            time.sleep(0.02)
+
+    def cli(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest_gpubench.sandbox.ollama_standin", *args],
+            env={**self.env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    def pull(self, model: str) -> None:
+        response = self.http.post("/api/pull", json={"model": model, "stream": False})
+        assert response.json() == {"status": "success"}
+
+    def stream(self, path: str, body: dict[str, Any]) -> tuple[float, list[tuple[float, dict[str, Any]]]]:
+        """Send a streamed request; the send time and each chunk with its arrival time."""
+        chunks = []
+        sent = time.perf_counter()
+        with self.http.stream("POST", path, json=body) as response:
+            assert response.status_code == 200, response.read()
+            for line in response.iter_lines():
+                if line.strip():
+                    chunks.append((time.perf_counter(), json.loads(line)))
+        return sent, chunks
+
+    def stop(self) -> int:
+        self.http.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stderr.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    instance = write_instance(tmp_path_factory.mktemp("ollama"))
+    srv = Server(instance, OLLAMA_NUM_PARALLEL="2")
+    try:
+        srv.pull("qwen2:7b")
+        yield srv
+    finally:
+        srv.stop()
+
+
+def generate(server: Server, prompt: str, num_predict: int | None = None, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "qwen2:7b", "prompt": prompt, "stream": False, **extra}
+    if num_predict is not None:
+        body["options"] = {"num_predict": num_predict}
+    response = server.http.post("/api/generate", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def retry_timing(check: Any, tries: int = 3) -> None:
+    """Run a timing check up to ``tries`` times: noise on a busy machine only ever
+    adds delay, so one clean run shows the schedule is right."""
+    for attempt in range(tries):
+        try:
+            check()
+            return
+        except AssertionError:
+            if attempt == tries - 1:
+                raise
+
+
+# -- pure functions ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "url"),
+    [
+        (None, "http://127.0.0.1:11434"),
+        ("", "http://127.0.0.1:11434"),
+        ("0.0.0.0", "http://0.0.0.0:11434"),
+        ("127.0.0.1:8080", "http://127.0.0.1:8080"),
+        ("http://localhost:9000", "http://localhost:9000"),
+        ("http://example.internal", "http://example.internal:80"),
+        ("https://example.internal/ollama", "https://example.internal:443"),
+        ('"[::1]:1234"', "http://[::1]:1234"),
+        (":7000", "http://127.0.0.1:7000"),
+    ],
+)
+def test_ollama_host_is_parsed_like_ollama(value: str | None, url: str) -> None:
+    assert parse_ollama_host(value).base_url == url
+
+
+def test_keep_alive_accepts_seconds_durations_and_forever() -> None:
+    assert parse_keep_alive(None, 300) == 300
+    assert parse_keep_alive(10) == 10
+    assert parse_keep_alive("1h30m") == 5400
+    assert parse_keep_alive("0") == 0
+    assert parse_keep_alive(-1) == float("inf")
+    with pytest.raises(ValueError):
+        parse_keep_alive("soon")
+
+
+def test_output_is_deterministic_capped_and_short_for_a_haiku() -> None:
+    first = plan_output("Why is the sky blue?", 50)
+    assert first == plan_output("Why is the sky blue?", 50)
+    lengths = [len(plan_output(f"prompt {i}", 50).tokens) for i in range(200)]
+    assert min(lengths) >= 30 and max(lengths) == 50
+    capped = [plan_output(f"prompt {i}", 50) for i in range(200)]
+    assert all((p.done_reason == "length") == (len(p.tokens) == 50) for p in capped)
+    assert 10 < sum(p.done_reason == "length" for p in capped) < 100
+    assert len(plan_output("Write a haiku about GPUs", None).tokens) <= 30
+    assert count_prompt_tokens("one two three four five six seven eight nine ten") == 13
+
+
+# -- server ------------------------------------------------------------------------------
+
+
+def test_version_root_and_unknown_route(server: Server) -> None:
+    assert server.http.get("/api/version").json() == {"version": "0.5.7"}
+    assert server.http.get("/").text == "Ollama is running"
+    assert server.http.get("/api/nothing").status_code == 404
+
+
+def test_pull_streams_rising_progress_then_success(server: Server) -> None:
+    sent, chunks = server.stream("/api/pull", {"model": "phi3:mini"})
+    statuses = [chunk["status"] for _, chunk in chunks]
+    assert statuses[0] == "pulling manifest"
+    assert statuses[-3:] == ["verifying sha256 digest", "writing manifest", "success"]
+    weights = [(t, c) for t, c in chunks if c.get("digest") and c["total"] > 1e9]
+    assert len(weights) >= 5
+    digest = weights[0][1]["digest"]
+    assert weights[0][1]["status"] == f"pulling {digest[7:19]}"
+    completed = [c.get("completed", 0) for _, c in weights]
+    assert completed == sorted(completed) and completed[-1] == weights[0][1]["total"]
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(weights)]
+    assert max(gaps) < 0.25
+    # 2.18 GB at 250 MB/s is 8.7 s, times 0.01.
+    assert 0.07 < weights[-1][0] - sent < 2.0
+    names = [m["name"] for m in server.http.get("/api/tags").json()["models"]]
+    assert "phi3:mini" in names
+
+
+def test_pull_of_unknown_model_fails_like_ollama(server: Server) -> None:
+    _, chunks = server.stream("/api/pull", {"model": "nosuchmodel:1b"})
+    assert [c for _, c in chunks] == [
+        {"status": "pulling manifest"},
+        {"error": "pull model manifest: file does not exist"},
+    ]
+    response = server.http.post("/api/pull", json={"name": "nosuchmodel", "stream": False})
+    assert response.status_code == 500
+    assert response.json() == {"error": "pull model manifest: file does not exist"}
+
+
+def test_tags_and_ps_shapes(server: Server) -> None:
+    server.pull("tinyllama")  # no tag means :latest
+    generate(server, "hello", num_predict=3)
+    tags = {m["name"]: m for m in server.http.get("/api/tags").json()["models"]}
+    assert "tinyllama:latest" in tags
+    entry = tags["qwen2:7b"]
+    assert entry["model"] == "qwen2:7b" and entry["size"] == 4431400262 and entry["digest"] == "d" * 64
+    assert entry["modified_at"].endswith("Z")
+    assert entry["details"] == {
+        "parent_model": "",
+        "format": "gguf",
+        "family": "qwen2",
+        "families": ["qwen2"],
+        "parameter_size": "7.6B",
+        "quantization_level": "Q4_0",
+    }
+    running = server.http.get("/api/ps").json()["models"]
+    assert [m["name"] for m in running] == ["qwen2:7b"]
+    assert running[0]["size_vram"] == running[0]["size"] > 4431400262
+    assert running[0]["expires_at"] and running[0]["details"]["family"] == "qwen2"
+    shown = server.http.post("/api/show", json={"model": "qwen2:7b"}).json()
+    assert shown["details"]["parameter_size"] == "7.6B" and "model_info" in shown
+
+
+def test_streamed_generate_keeps_the_configured_rate_and_ttft(server: Server) -> None:
+    generate(server, "warm up", num_predict=1)  # the model is loaded now
+    body = {
+        "model": "qwen2:7b",
+        "prompt": "Explain how a GPU runs a transformer, in detail please.",
+        "options": {"num_predict": 100},
+    }
+
+    def check() -> None:
+        sent, chunks = server.stream("/api/generate", body)
+        tokens = [(t, c) for t, c in chunks if not c["done"]]
+        final = chunks[-1][1]
+        assert final["done"] is True and final["done_reason"] in ("stop", "length")
+        assert all(set(c) == {"model", "created_at", "response", "done"} for _, c in tokens)
+        assert final["eval_count"] == len(tokens) >= 60
+        assert final["done_reason"] == ("length" if len(tokens) == 100 else "stop")
+        assert abs(final["eval_duration"] - len(tokens) / RATE * 1e9) <= len(tokens)
+        assert final["prompt_eval_count"] == count_prompt_tokens(body["prompt"])
+        assert final["prompt_eval_duration"] == int(TTFT_MS * 1e6)
+        assert final["load_duration"] < 5e6
+        assert final["total_duration"] >= final["prompt_eval_duration"] + final["eval_duration"]
+        first, last = tokens[0][0], tokens[-1][0]
+        measured_rate = (len(tokens) - 1) / (last - first)
+        assert measured_rate == pytest.approx(RATE, rel=0.02)
+        ttft_ms = (first - sent) * 1000
+        assert TTFT_MS - 1 <= ttft_ms <= TTFT_MS + 10
+
+    retry_timing(check)
+
+
+def test_num_predict_caps_output_and_answers_repeat(server: Server) -> None:
+    answers = [generate(server, f"question {i}", num_predict=8) for i in range(6)]
+    assert all(1 <= a["eval_count"] <= 8 for a in answers)
+    assert all((a["done_reason"] == "length") == (a["eval_count"] == 8) for a in answers)
+    assert generate(server, "question 0", num_predict=8)["response"] == answers[0]["response"]
+
+
+def test_loading_takes_scaled_time_and_evicts_the_other_model(server: Server) -> None:
+    unload = server.http.post("/api/generate", json={"model": "qwen2:7b", "keep_alive": 0}).json()
+    assert unload["done_reason"] == "unload"
+    assert server.http.get("/api/ps").json()["models"] == []
+    loaded = generate(server, "hi", num_predict=2)
+    assert loaded["load_duration"] >= 0.03e9  # 3 s load time, times 0.01
+    server.pull("tinyllama:latest")
+    tiny = server.http.post("/api/generate", json={"model": "tinyllama", "prompt": "hi", "stream": False}).json()
+    assert tiny["load_duration"] >= 0.01e9
+    assert [m["name"] for m in server.http.get("/api/ps").json()["models"]] == ["tinyllama:latest"]
+    generate(server, "back to qwen", num_predict=2)
+
+
+def test_unpulled_model_is_404_with_ollamas_words(server: Server) -> None:
+    for name in ("llama3:8b", "nothing:here"):
+        response = server.http.post("/api/generate", json={"model": name, "prompt": "hi"})
+        assert response.status_code == 404
+        assert response.json() == {"error": f'model "{name}" not found, try pulling it first'}
+    response = server.http.post("/api/show", json={"model": "llama3:8b"})
+    assert response.status_code == 404 and response.json() == {"error": "model 'llama3:8b' not found"}
+
+
+def test_bad_requests_are_400(server: Server) -> None:
+    missing = server.http.post("/api/generate", json={"prompt": "hi"})
+    assert missing.status_code == 400 and missing.json() == {"error": "model is required"}
+    garbage = server.http.post("/api/chat", content=b"{not json")
+    assert garbage.status_code == 400 and "error" in garbage.json()
+
+
+def test_parallel_requests_run_two_at_a_time_first_in_first_out(server: Server) -> None:
+    generate(server, "warm up", num_predict=1)
+
+    def check() -> None:
+        results: dict[int, tuple[float, float, float, dict[str, Any]]] = {}
+        # Clients are made and connected up front: making one costs tens of
+        # milliseconds of CPU that would blur the other threads' timings.
+        clients = [httpx.Client(base_url=server.url, timeout=30, trust_env=False) for _ in range(4)]
+        for client in clients:
+            client.get("/api/version")
+
+        def run(i: int) -> None:
+            client = clients[i]
+            body = {"model": "qwen2:7b", "prompt": f"parallel {i}", "options": {"num_predict": 30}}
+            sent = time.perf_counter()
+            times = []
+            with client.stream("POST", "/api/generate", json=body) as response:
+                for line in response.iter_lines():
+                    if line.strip():
+                        times.append((time.perf_counter(), json.loads(line)))
+            client.close()
+            results[i] = (sent, times[0][0], times[-1][0], times[-1][1])
+
+        threads = []
+        for i in range(4):
+            threads.append(threading.Thread(target=run, args=(i,)))
+            threads[-1].start()
+            time.sleep(0.01)  # fixes the arrival order
+        for thread in threads:
+            thread.join(timeout=30)
+        ttft = TTFT_MS / 1000
+        for i in (0, 1):
+            sent, first, _, _ = results[i]
+            assert first - sent < ttft + 0.015
+        done_order = sorted(results[i][2] for i in (0, 1))
+        assert results[2][1] >= done_order[0] + ttft - 0.005
+        assert results[3][1] >= done_order[1] + ttft - 0.005
+        assert results[2][1] < results[3][1]
+        for *_, final in results.values():
+            assert final["eval_count"] / (final["eval_duration"] / 1e9) == pytest.approx(RATE, rel=0.001)
+
+    retry_timing(check)
+
+
+def test_chat_streams_messages_and_answers_whole(server: Server) -> None:
+    body = {"model": "qwen2:7b", "messages": [{"role": "user", "content": "Write a haiku about memory"}]}
+    _, chunks = server.stream("/api/chat", body)
+    assert all(c["message"]["role"] == "assistant" for _, c in chunks)
+    final = chunks[-1][1]
+    assert final["done"] and final["message"]["content"] == "" and final["eval_count"] == len(chunks) - 1
+    assert final["eval_count"] <= 30  # a haiku is short
+    whole = server.http.post("/api/chat", json={**body, "stream": False}).json()
+    assert whole["message"]["content"] == "".join(c["message"]["content"] for _, c in chunks[:-1])
+
+
+def test_openai_compatible_sse_and_whole_answers(server: Server) -> None:
+    body = {
+        "model": "qwen2:7b",
+        "messages": [{"role": "user", "content": "hello there"}],
+        "stream": True,
+        "max_tokens": 12,
+        "stream_options": {"include_usage": True},
+    }
+    with server.http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line[len("data: ") :] for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" and c["model"] == "qwen2:7b" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    finish = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert len(finish) == 1 and finish[0]["choices"][0]["finish_reason"] in ("stop", "length")
+    usage = chunks[-1]["usage"]
+    content_chunks = [c for c in chunks if c["choices"] and c["choices"][0]["delta"]["content"]]
+    assert usage["completion_tokens"] == len(content_chunks) <= 12
+    completion = server.http.post("/v1/completions", json={"model": "qwen2:7b", "prompt": "hi", "max_tokens": 5})
+    answer = completion.json()
+    assert answer["object"] == "text_completion" and answer["choices"][0]["text"]
+    assert answer["usage"]["completion_tokens"] <= 5
+    missing = server.http.post("/v1/chat/completions", json={**body, "model": "llama3:8b"})
+    assert missing.status_code == 404
+    assert missing.json()["error"]["type"] == "not_found_error"
+
+
+def test_nvidia_smi_sees_the_loaded_model_and_the_busy_gpu(server: Server) -> None:
+    generate(server, "warm up", num_predict=1)
+    query = [
+        sys.executable,
+        "-m",
+        "pytest_gpubench.sandbox.nvidia_smi_standin",
+        "--query-gpu=memory.used,utilization.gpu",
+        "--format=csv,noheader,nounits",
+    ]
+
+    def sample() -> tuple[int, int]:
+        out = subprocess.run(query, env=server.env, capture_output=True, text=True, check=True).stdout
+        used, util = out.strip().split(", ")
+        return int(used), int(util)
+
+    idle_used, idle_util = sample()
+    assert idle_used > 300 + 4431400262 // 2**20 and idle_util == 0
+    body = {"model": "qwen2:7b", "prompt": "a long answer", "options": {"num_predict": 400}}
+    with server.http.stream("POST", "/api/generate", json=body) as response:
+        lines = response.iter_lines()  # kept: a dropped iterator closes the stream
+        next(lines)
+        busy_used, busy_util = sample()
+        # Leaving now drops the connection mid-stream: the server must free the slot.
+    assert busy_util > 50 and busy_used == idle_used
+    deadline = time.monotonic() + 10
+    while sample()[1] != 0:
+        assert time.monotonic() < deadline, "the GPU stayed busy after the client left"
+        time.sleep(0.05)
+    assert generate(server, "still serving", num_predict=2)["eval_count"] >= 1
+
+
+def test_oversized_model_is_refused_and_pulls_survive_a_restart(tmp_path: Path) -> None:
+    instance = write_instance(tmp_path / "small-gpu", memory_mib=4096)
+    small = Server(instance)
+    try:
+        small.pull("qwen2:7b")
+        for stream in (False, True):
+            response = small.http.post("/api/generate", json={"model": "qwen2:7b", "prompt": "hi", "stream": stream})
+            assert response.status_code == 500
+            error = response.json()["error"]
+            assert error.startswith("model requires more system memory (") and "than is available (3.7 GiB)" in error
+        assert small.http.get("/api/ps").json()["models"] == []
+        assert (tmp_path / "small-gpu" / "state" / "ollama.pid").exists()
+    finally:
+        assert small.stop() == 0
+    assert not (tmp_path / "small-gpu" / "state" / "ollama.pid").exists()
+    again = Server(instance)
+    try:
+        assert [m["name"] for m in again.http.get("/api/tags").json()["models"]] == ["qwen2:7b"]
+    finally:
+        again.stop()
+
+
+# -- CLI -----------------------------------------------------------------------------
+
+
+def test_cli_version_with_and_without_a_server(server: Server, tmp_path: Path) -> None:
+    for flag in ("--version", "-v"):
+        result = server.cli(flag)
+        assert (result.returncode, result.stdout) == (0, "ollama version is 0.5.7\n")
+    alone = server.cli("--version", OLLAMA_HOST=f"127.0.0.1:{free_port()}")
+    assert alone.returncode == 0
+    assert alone.stdout == "Warning: could not connect to a running Ollama instance\nWarning: client version is 0.5.7\n"
+
+
+def test_cli_without_a_server_says_so(server: Server) -> None:
+    for args in (("list",), ("pull", "qwen2:7b"), ("run", "qwen2:7b", "hi")):
+        result = server.cli(*args, OLLAMA_HOST=f"127.0.0.1:{free_port()}")
+        assert result.returncode == 1
+        assert result.stderr.strip().endswith("Error: could not connect to ollama app, is it running?")
+
+
+def test_cli_pull_list_run_ps_rm(server: Server) -> None:
+    pulled = server.cli("pull", "llama3:8b")
+    assert pulled.returncode == 0, pulled.stderr
+    assert pulled.stderr.splitlines()[0] == "pulling manifest"
+    assert pulled.stderr.splitlines()[-1] == "success"
+    failed = server.cli("pull", "nosuchmodel")
+    assert failed.returncode == 1
+    assert failed.stderr.strip().splitlines()[-1] == "Error: pull model manifest: file does not exist"
+    listing = server.cli("list").stdout.splitlines()
+    assert listing[0].split() == ["NAME", "ID", "SIZE", "MODIFIED"]
+    row = next(line for line in listing if line.startswith("llama3:8b "))
+    assert row.split()[1:3] == ["c" * 12, "4.7"]
+    answer = server.cli("run", "qwen2:7b", "Say something")
+    assert answer.returncode == 0 and len(answer.stdout.split()) > 10
+    ps = server.cli("ps").stdout.splitlines()
+    assert ps[0].split() == ["NAME", "ID", "SIZE", "PROCESSOR", "UNTIL"]
+    assert "100% GPU" in ps[1]
+    removed = server.cli("rm", "llama3:8b")
+    assert (removed.returncode, removed.stdout) == (0, "deleted 'llama3:8b'\n")
+    again = server.cli("rm", "llama3:8b")
+    assert again.returncode == 1 and again.stderr.strip() == "Error: model 'llama3:8b' not found"
