@@ -116,7 +116,8 @@ class Run:
         self.emitter = emitter
         self.address = ollama_address(config["ollama_url"])
         self.records = []
-        self.lock = threading.Lock()
+        # Re-entrant: a checkpoint summarises the records while holding the lock.
+        self.lock = threading.RLock()
         self.next_index = 0
         self.start = None
 

@@ -150,6 +150,8 @@ class Connection:
             process.stdin.write(stdin)
             process.stdin.write_eof()
             async for line in process.stdout:
+                if not line:  # EOF
+                    break
                 yield line.rstrip("\n")
             await process.wait()
             self.last_exit_status = process.exit_status

@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from ..errors import RemoteCommandError, Stage, StageError
-from ..remote.ssh import Connection, quote
+from ..errors import Stage, StageError
+from ..remote.ssh import Connection
 
 #: Ollama model references: name[:tag], optionally namespaced. Nothing a shell
 #: or a URL would treat specially.
@@ -118,9 +118,10 @@ class OllamaRuntime:
         """Start ``ollama serve`` unless it answers; return its version."""
         version = await self._version()
         if version is None:
-            command = (
-                f'mkdir -p "$HOME/.gpubench" && nohup ollama serve > "{SERVE_LOG}" 2>&1 < /dev/null &'
-            )
+            # Two statements: "a && b &" would background a subshell that keeps
+            # the SSH channel's stdout open for as long as the server runs.
+            command = f'mkdir -p "$HOME/.gpubench"; nohup ollama serve > "{SERVE_LOG}" 2>&1 < /dev/null &'
+
             await self.conn.run(command, stage=Stage.OLLAMA_INSTALL, what="starting ollama serve", timeout=timeout)
             version = await self._wait_version(timeout)
         self.version = version
@@ -240,5 +241,3 @@ def _error_text(response: httpx.Response) -> str:
     except ValueError:
         return response.text[:500]
 
-
-__all__ = ["OllamaRuntime", "ModelInfo", "check_model_name", "parse_ollama_host", "quote", "RemoteCommandError"]
