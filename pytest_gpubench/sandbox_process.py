@@ -37,12 +37,14 @@ class SandboxProcess:
         settings.reports.mkdir(parents=True, exist_ok=True)
         log_path = settings.reports / "sandbox.log"
         command = [sys.executable, "-m", "pytest_gpubench.sandbox", "--port", "0",
-                   "--time-scale", repr(settings.time_scale)]
+                   "--time-scale", repr(settings.time_scale), "--exit-with-stdin"]
         if settings.sandbox_catalog:
             command += ["--catalog", settings.sandbox_catalog]
         log = open(log_path, "w")  # noqa: SIM115 - the child keeps writing to it
+        # stdin is a pipe nobody writes: when this process dies, however it dies,
+        # the pipe closes and the sandbox stops its sessions and exits.
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
+                                   stdin=subprocess.PIPE, start_new_session=True)
         log.close()
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=_pump, args=(process, lines), daemon=True).start()

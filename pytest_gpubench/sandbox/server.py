@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -214,6 +215,11 @@ def _parser() -> argparse.ArgumentParser:
         help="multiplies emulated delays: provisioning, install, pull, load (default 1.0)",
     )
     parser.add_argument("--verbose", action="store_true", help="log every HTTP request to stderr")
+    parser.add_argument(
+        "--exit-with-stdin",
+        action="store_true",
+        help="stop when standard input closes: a parent that dies (even by SIGKILL) takes the sandbox with it",
+    )
     return parser
 
 
@@ -242,6 +248,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _stop_on_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+    if not os.read(sys.stdin.fileno(), 4096):
+        loop.remove_reader(sys.stdin.fileno())
+        stop.set()
+
+
 async def _serve_until_signal(catalog: Catalog, args: argparse.Namespace) -> int:
     sandbox = Sandbox(
         catalog=catalog, time_scale=args.time_scale, host=args.host, port=args.port, access_log=args.verbose
@@ -250,6 +262,8 @@ async def _serve_until_signal(catalog: Catalog, args: argparse.Namespace) -> int
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    if args.exit_with_stdin:
+        loop.add_reader(sys.stdin.fileno(), _stop_on_eof, loop, stop)
     try:
         url = await sandbox.start()
         sys.stdout.write(f"{URL_PREFIX}{url}\n")
