@@ -264,7 +264,7 @@ class Bench:
         recorder, settings = self.recorder, self._run.settings
         recorder.enter(Stage.BENCHMARK)
         plan = self.plan()
-        timeout = settings.stage_timeout(Stage.BENCHMARK, plan.duration + plan.warmup_requests * 60)
+        timeout = settings.stage_timeout(Stage.BENCHMARK, plan.duration)
         try:
             outcome = run_async(
                 run_benchmark(self.runtime.conn, plan, remote_ollama_url=self.runtime.remote_url,

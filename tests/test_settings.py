@@ -34,6 +34,8 @@ def test_sandbox_defaults_to_scaled_clock_with_floor():
     assert settings.poll_interval == pytest.approx(15 * SANDBOX_TIME_SCALE)
     # No scaled timeout drops below the floor that protects a loaded CI machine.
     assert settings.stage_timeout(Stage.INVENTORY) == 15.0
+    # Inference is never time-scaled, so neither is the benchmark's budget.
+    assert settings.stage_timeout(Stage.BENCHMARK, duration=3) == 603
 
 
 @pytest.mark.parametrize(
