@@ -229,10 +229,13 @@ def _parse_list(stage: Stage, data: Any, key: str, model: type[BaseModel]) -> li
     items = data.get(key) if isinstance(data, dict) else None
     if not isinstance(items, list):
         raise StageError(stage, f"unexpected answer: no '{key}' list")
-    try:
-        return [model.model_validate(item) for item in items]
-    except ValidationError as exc:
-        raise StageError(stage, f"unexpected {key} entry: {_first(exc)}") from None
+    parsed = []
+    for index, item in enumerate(items):
+        try:
+            parsed.append(model.model_validate(item))
+        except ValidationError as exc:
+            raise StageError(stage, f"unexpected {key} entry: {index}.{_first(exc)}") from None
+    return parsed
 
 
 def _first(exc: ValidationError) -> str:

@@ -51,9 +51,13 @@ class ShopperProvider:
         self.settings = settings
 
     async def choose_offer(self, wanted: Constraints) -> OfferChoice:
-        """Query the inventory for the cell's provider and pick per seed rule."""
+        """Query the inventory for the cell's provider and pick per seed rule.
+
+        Price and VRAM are filtered here, not by the server, so that a cell
+        without an eligible offer can say which constraint ruled each one out.
+        """
         offers = await asyncio.wait_for(
-            self.client.inventory(provider=wanted.provider, max_price=wanted.max_price),
+            self.client.inventory(provider=wanted.provider),
             self.settings.stage_timeout(Stage.INVENTORY),
         )
         offer, eligible = select_offer(offers, wanted)
