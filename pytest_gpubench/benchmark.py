@@ -172,7 +172,8 @@ async def _fetch_checkpoint(conn: Connection, path: str) -> list[RequestRecord]:
     if conn.closed:
         return []
     try:
-        result = await conn.run(f"cat {quote(path)}", stage=Stage.RESULTS,
+        where = quote(path) if path.startswith("/") else f'"$HOME"/{quote(path)}'
+        result = await conn.run(f"cat {where}", stage=Stage.RESULTS,
                                 what="reading the checkpoint", timeout=30, check=False)
         data = json.loads(result.stdout) if result.ok else {}
         return [RequestRecord.model_validate(r) for r in data.get("results", [])]

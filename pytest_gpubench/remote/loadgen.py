@@ -240,6 +240,10 @@ class Run:
 
 def main(argv):
     config = json.loads(argv[1])
+    path = config.get("checkpoint_path")
+    if path and not os.path.isabs(path):
+        # Relative to the login home, whatever directory the SSH server started in.
+        config["checkpoint_path"] = os.path.join(os.path.expanduser("~"), path)
     emitter = Emitter()
     run = Run(config, emitter)
 

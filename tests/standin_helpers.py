@@ -1,0 +1,167 @@
+"""An Ollama stand-in server as a real subprocess, for tests that need one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+RATE = 200.0  # qwen2:7b tokens per second in the test catalog
+TTFT_MS = 40.0
+
+CATALOG = {
+    "qwen2:7b": {
+        "size_bytes": 4431400262,
+        "family": "qwen2",
+        "parameter_size": "7.6B",
+        "quantization_level": "Q4_0",
+        "digest": "sha256:" + "d" * 64,
+        "tokens_per_second": RATE,
+        "ttft_ms": TTFT_MS,
+        "load_seconds": 3.0,
+    },
+    "phi3:mini": {
+        "size_bytes": 2176178913,
+        "family": "phi3",
+        "parameter_size": "3.8B",
+        "quantization_level": "Q4_0",
+        "digest": "sha256:" + "a" * 64,
+        "tokens_per_second": 300.0,
+        "ttft_ms": 25.0,
+        "load_seconds": 2.0,
+    },
+    "tinyllama:latest": {
+        "size_bytes": 637700138,
+        "family": "llama",
+        "parameter_size": "1.1B",
+        "quantization_level": "Q4_0",
+        "digest": "sha256:" + "b" * 64,
+        "tokens_per_second": 400.0,
+        "ttft_ms": 10.0,
+        "load_seconds": 1.0,
+    },
+    "llama3:8b": {
+        "size_bytes": 4661224676,
+        "family": "llama",
+        "parameter_size": "8.0B",
+        "quantization_level": "Q4_0",
+        "digest": "sha256:" + "c" * 64,
+        "tokens_per_second": 100.0,
+        "ttft_ms": 50.0,
+        "load_seconds": 3.0,
+    },
+}
+
+
+def write_instance(directory: Path, memory_mib: int = 24564) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    spec = {
+        "session_id": f"test-{directory.name}",
+        "time_scale": 0.01,
+        "gpu": {
+            "gpu_type": "RTX 4090",
+            "name": "NVIDIA GeForce RTX 4090",
+            "memory_mib": memory_mib,
+            "count": 1,
+            "driver_version": "550.54.15",
+            "cuda_version": "12.4",
+            "power_limit_w": 450,
+            "compute_capability": "8.9",
+        },
+        "host": {"cpu_model": "AMD EPYC 7543 32-Core Processor", "cpu_cores": 16, "ram_gib": 64},
+        "ollama": {"version": "0.5.7", "pull_mb_per_s": 250.0, "install_seconds": 30.0},
+        "models": CATALOG,
+        "state_dir": str(directory / "state"),
+    }
+    path = directory / "instance.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def standin_env(instance: Path, port: int, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OLLAMA_", "GPUBENCH_SANDBOX_"))}
+    env.update(
+        GPUBENCH_SANDBOX_INSTANCE=str(instance),
+        OLLAMA_HOST=f"127.0.0.1:{port}",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+        **extra,
+    )
+    return env
+
+
+class Server:
+    """An ``ollama serve`` subprocess and an HTTP client for it."""
+
+    def __init__(self, instance: Path, **env: str) -> None:
+        self.instance = instance
+        self.port = free_port()
+        self.env = standin_env(instance, self.port, **env)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest_gpubench.sandbox.ollama_standin", "serve"],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        self.http = httpx.Client(base_url=self.url, timeout=30.0, trust_env=False)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                if self.http.get("/api/version").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"server did not start: {self.proc.stderr.read().decode()}")
+            time.sleep(0.02)
+
+    def cli(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest_gpubench.sandbox.ollama_standin", *args],
+            env={**self.env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    def pull(self, model: str) -> None:
+        response = self.http.post("/api/pull", json={"model": model, "stream": False})
+        assert response.json() == {"status": "success"}
+
+    def stream(self, path: str, body: dict[str, Any]) -> tuple[float, list[tuple[float, dict[str, Any]]]]:
+        """Send a streamed request; the send time and each chunk with its arrival time."""
+        chunks = []
+        sent = time.perf_counter()
+        with self.http.stream("POST", path, json=body) as response:
+            assert response.status_code == 200, response.read()
+            for line in response.iter_lines():
+                if line.strip():
+                    chunks.append((time.perf_counter(), json.loads(line)))
+        return sent, chunks
+
+    def stop(self) -> int:
+        self.http.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stderr.close()
+        return self.proc.returncode
