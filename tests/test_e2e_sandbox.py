@@ -1,0 +1,157 @@
+"""End to end on the sandbox: pytest as a subprocess, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import httpx
+import pytest
+import sqlite_utils
+
+from pytest_gpubench.progress import read_progress
+from pytest_gpubench.sandbox.catalog import load_catalog
+
+REPO = Path(__file__).resolve().parents[1]
+QUICK = REPO / "matrix" / "gpubench_quick.yaml"
+SEED = REPO / "matrix" / "gpubench_seed.yaml"
+
+
+def run_pytest(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
+    command = [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider",
+               "--gpubench-reports", str(tmp_path / "reports"),
+               "--gpubench-manifest", str(tmp_path / "reports" / "manifest.db")]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def manifest_rows(tmp_path: Path) -> list[dict]:
+    return list(sqlite_utils.Database(tmp_path / "reports" / "manifest.db")["benchmark_manifest"].rows)
+
+
+@pytest.mark.slow
+def test_quick_matrix_with_xdist_records_everything(tmp_path):
+    junit = tmp_path / "junit.xml"
+    done = run_pytest(tmp_path, str(QUICK), "-n", "4", "--gpubench-sandbox", "--junitxml", str(junit))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "4 passed" in done.stdout
+    assert "gpubench summary" in done.stdout
+    # Live progress reached the terminal from the workers.
+    assert "PROGRESS: stage=model_pull" in done.stdout and "PROGRESS: requests=" in done.stdout
+
+    rows = manifest_rows(tmp_path)
+    assert len(rows) == 4 and len({r["id"] for r in rows}) == 4  # none lost, none twice
+    assert len({r["run_id"] for r in rows}) == 1  # one run id across the workers
+    assert len({r["worker"] for r in rows}) > 1  # really spread over workers
+    catalog = load_catalog()
+    for row in rows:
+        assert row["status"] == "success", row
+        assert row["session_status"] == "stopped"  # released, and the API says so
+        assert row["session_id"] and row["offer_id"] and row["price_per_hour"] > 0
+        assert row["cost_usd"] > 0 and row["total_requests"] > 0 and row["error_count"] == 0
+        truth, _, _ = catalog.rate(row["gpu_type"], row["provider"], row["model"])
+        assert row["tokens_per_second"] == pytest.approx(truth, rel=0.03), row["cell_id"]
+
+    db = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")
+    benchmarks = list(db["benchmarks"].rows)
+    assert len(benchmarks) == 4
+    result = json.loads(benchmarks[0]["result_json"])
+    assert set(result) >= {"hardware", "model", "test_config", "results", "gpu_stats", "provider", "price_per_hour"}
+    assert result["hardware"]["gpu_name"].startswith("NVIDIA")
+    assert result["model"]["runtime"] == "ollama" and result["model"]["runtime_version"]
+    assert db["requests"].count >= sum(r["total_requests"] for r in rows)
+
+    cases = {case.get("name"): case for case in ET.parse(junit).getroot().iter("testcase")}
+    assert len(cases) == 4
+    for case in cases.values():
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        assert props["gpubench_status"] == "success"
+        for name in ("gpubench_tokens_per_second", "gpubench_ttft_p50_ms", "gpubench_requests",
+                     "gpubench_errors", "gpubench_price_per_hour", "gpubench_cost_usd",
+                     "gpubench_session_id", "gpubench_offer_id"):
+            assert props.get(name), (name, props)
+
+    for row in rows:
+        lines = read_progress(Path(row["progress_file"]))
+        labels = [line.label for line in lines if line.kind == "STATUS"]
+        assert labels[:3] == ["STARTING", "INVENTORY_QUERY", "PROVISIONING"]
+        for label in ("SSH_READY", "OLLAMA_INSTALLED", "MODEL_READY", "BENCHMARK_COMPLETE",
+                      "RESULTS_COLLECTED", "CLEANUP", "COMPLETED"):
+            assert label in labels, (label, labels)
+        assert any(line.kind == "RESULTS" for line in lines)
+        assert any(line.kind == "PROGRESS" and "tps" in line.fields for line in lines)
+
+    log = (tmp_path / "reports" / "sandbox.log").read_text()
+    assert "0 left running before shutdown" in log
+
+
+@pytest.fixture
+def standalone_sandbox(tmp_path):
+    """``gpubench sandbox`` as a user starts it, on a free port."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pytest_gpubench.cli", "sandbox", "--port", "0", "--time-scale", "0.02",
+         "--exit-with-stdin"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    line = process.stdout.readline()
+    assert line.startswith("GPUBENCH_SANDBOX_URL="), line
+    yield line.split("=", 1)[1].strip()
+    process.terminate()
+    process.wait(30)
+
+
+@pytest.mark.slow
+def test_standalone_sandbox_every_session_stopped_and_failures_recorded(tmp_path, standalone_sandbox):
+    url = standalone_sandbox
+    # One cell's offer fails to provision: the cell fails at its stage, the others go on.
+    offers = httpx.get(f"{url}/api/v1/inventory", params={"provider": "vastai"}).json()["offers"]
+    cheapest_3090 = min((o for o in offers if o["gpu_type"] == "RTX 3090"), key=lambda o: o["price_per_hour"])
+    httpx.post(f"{url}/sandbox/faults", json={"offer_id": cheapest_3090["id"], "fault": "provision_error",
+                                              "message": "No available public IPs"}).raise_for_status()
+    done = run_pytest(tmp_path, str(QUICK), "--gpubench-api", url, "--gpubench-time-scale", "0.02",
+                      "-k", "3090 or 1.5b", "--gpubench-duration", "2")
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "[provision] session" in done.stdout and "No available public IPs" in done.stdout
+    assert "Traceback" not in done.stdout
+
+    rows = {r["cell_id"]: r for r in manifest_rows(tmp_path)}
+    assert rows["RTX_3090-vastai-qwen2:7b"]["status"] == "failed"
+    assert rows["RTX_3090-vastai-qwen2:7b"]["failure_stage"] == "provision"
+    assert "No available public IPs" in rows["RTX_3090-vastai-qwen2:7b"]["error_message"]
+    assert rows["RTX_4090-vastai-qwen2:1.5b"]["status"] == "success"
+
+    state = httpx.get(f"{url}/sandbox/state").json()
+    assert state["sessions"], "the run created sessions"
+    assert {s["status"] for s in state["sessions"]} <= {"stopped", "failed"}
+    consumer_ids = {s["consumer_id"] for s in state["sessions"]}
+    run_id = next(iter(rows.values()))["run_id"]
+    assert all(run_id in c for c in consumer_ids)  # the API alone can tell what the run owns
+
+
+@pytest.mark.slow
+def test_no_eligible_offer_is_skipped_with_reason(tmp_path, standalone_sandbox):
+    done = run_pytest(tmp_path, str(QUICK), "--gpubench-api", standalone_sandbox, "--gpubench-time-scale", "0.02",
+                      "--gpu", "A100 80GB", "--gpubench-max-price", "0.01", "-rs")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "1 skipped" in done.stdout and "3 deselected" in done.stdout
+    assert "over the price cap of $0.01/h" in done.stdout
+    (row,) = manifest_rows(tmp_path)
+    assert row["status"] == "skipped" and "over the price cap" in row["error_message"]
+    failing = run_pytest(tmp_path, str(QUICK), "--gpubench-api", standalone_sandbox, "--gpubench-time-scale",
+                         "0.02", "--gpu", "A100 80GB", "--gpubench-max-price", "0.01", "--gpubench-fail-on-skip")
+    assert failing.returncode == 1 and "[inventory]" in failing.stdout
+
+
+@pytest.mark.slow
+def test_seed_matrix_passes_all_21_cells(tmp_path):
+    done = run_pytest(tmp_path, str(SEED), "-n", "4", "--gpubench-sandbox", "--gpubench-duration", "2",
+                      "--gpubench-live", "false", timeout=1200)
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert "21 passed" in done.stdout
+    rows = manifest_rows(tmp_path)
+    assert len(rows) == 21 and {r["status"] for r in rows} == {"success"}
+    assert {r["session_status"] for r in rows} == {"stopped"}

@@ -1,0 +1,38 @@
+from pytest_gpubench.live import LiveProgress
+from pytest_gpubench.progress import ProgressWriter
+from pytest_gpubench.terminal import SummaryTable
+
+
+def test_live_progress_prints_only_new_complete_lines(tmp_path):
+    shown = []
+    live = LiveProgress(tmp_path, shown.append)
+    writer = ProgressWriter(tmp_path / "RTX_4090-vastai-qwen2_7b.log")
+    writer.status("PROVISIONING", session_id="s1")
+    writer.progress(stage="model_pull", pct=40)
+    writer.results({"avg_tokens_per_second": 1.0})  # not shown: too long for a live line
+    assert live.poll() == [
+        "gpubench RTX_4090-vastai-qwen2_7b: STATUS: PROVISIONING session_id=s1",
+        "gpubench RTX_4090-vastai-qwen2_7b: PROGRESS: stage=model_pull pct=40",
+    ]
+    assert live.poll() == []
+    with open(tmp_path / "RTX_4090-vastai-qwen2_7b.log", "a") as handle:
+        handle.write("[2026-01-01T00:00:00Z] PROGRESS: requests=3")  # half-written line
+    assert live.poll() == []
+    with open(tmp_path / "RTX_4090-vastai-qwen2_7b.log", "a") as handle:
+        handle.write(" tps=41.5\n")
+    assert live.poll() == ["gpubench RTX_4090-vastai-qwen2_7b: PROGRESS: requests=3 tps=41.5"]
+    assert shown[-1].endswith("tps=41.5")
+
+
+def test_summary_table_rows_totals_and_dashes():
+    table = SummaryTable()
+    table.add({"gpubench_cell": "b-cell", "gpubench_status": "failed", "gpubench_failure_stage": "ssh_wait",
+               "gpubench_cost_usd": 0.01})
+    table.add({"gpubench_cell": "a-cell", "gpubench_status": "success", "gpubench_tokens_per_second": 130.25,
+               "gpubench_ttft_p50_ms": 61.2, "gpubench_cost_per_million_tokens": 0.8541, "gpubench_cost_usd": 0.002})
+    table.add({"unrelated": 1})
+    lines = table.render()
+    assert lines[0].split() == ["cell", "status", "tokens/s", "TTFT", "p50", "ms", "$/M", "tokens", "cost", "$"]
+    assert lines[1].split() == ["a-cell", "success", "130.2", "61", "0.85", "0.0020"]
+    assert lines[2].split() == ["b-cell", "failed", "(ssh_wait)", "-", "-", "-", "0.0100"]
+    assert lines[-1] == "1 failed, 1 success; spent $0.0120"
