@@ -121,8 +121,8 @@ async def run_benchmark(
             f"benchmark interrupted after {outcome.successful} successful requests: {detail}",
             partial=outcome,
         )
-    stderr = getattr(conn, "last_stderr", "")
-    raise StageError(Stage.BENCHMARK, f"no request succeeded: {detail}" + (f"; {stderr.strip()[-300:]}" if stderr.strip() else ""))
+    stderr = conn.last_stderr.strip()[-300:]
+    raise StageError(Stage.BENCHMARK, f"no request succeeded: {detail}" + (f"; {stderr}" if stderr else ""))
 
 
 async def _consume(

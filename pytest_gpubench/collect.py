@@ -73,10 +73,12 @@ def cells_for_marker(marker: pytest.Mark, test_path: Path, rootpath: Path) -> li
     from .matrix import cell_selected
 
     if not marker.args:
-        raise MatrixError(str(test_path), "gpubench marker", "name a matrix file: @pytest.mark.gpubench('matrix/x.yaml')")
+        raise MatrixError(str(test_path), "gpubench marker",
+                          "name a matrix file: @pytest.mark.gpubench('matrix/x.yaml')")
     unknown = set(marker.kwargs) - {"gpu", "provider", "model"}
     if unknown:
-        raise MatrixError(str(test_path), "gpubench marker", f"unknown argument(s) {sorted(unknown)}; allowed: gpu, provider, model")
+        raise MatrixError(str(test_path), "gpubench marker",
+                          f"unknown argument(s) {sorted(unknown)}; allowed: gpu, provider, model")
     raw = Path(marker.args[0])
     candidates = [raw] if raw.is_absolute() else [test_path.parent / raw, rootpath / raw]
     path = next((p for p in candidates if p.is_file()), None)

@@ -10,7 +10,7 @@ happened; ``pytest --fixtures`` documents them.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -108,9 +108,9 @@ class GpuSession:
     """A running GPU session and its key file."""
 
     session: Session
-    key_pem: str
-    key_file: KeyFile
-    offer: OfferChoice
+    key_pem: str = field(repr=False)
+    key_file: KeyFile = field(repr=False)
+    offer: OfferChoice = field(repr=False)
 
 
 @pytest.fixture

@@ -24,8 +24,7 @@ from types import MappingProxyType
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
-from pydantic import field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from .errors import MatrixError

@@ -112,7 +112,12 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = selected
-    cells = [(item.stash[RECORD_KEY], item.stash[CELL_KEY]) for item in items if CELL_KEY in item.stash]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Record every cell that will run as ``pending`` (after -k and every other filter)."""
+    config = session.config
+    cells = [(item.stash[RECORD_KEY], item.stash[CELL_KEY]) for item in session.items if CELL_KEY in item.stash]
     if cells and not config.option.collectonly:
         context = run_context(config)
         for key, cell in cells:

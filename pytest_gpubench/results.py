@@ -391,7 +391,7 @@ def parse_gpu_query_csv(text: str, fields: Sequence[str] | str) -> list[dict[str
         if not values or all(not v.strip() for v in values):
             continue
         padded = list(values[: len(names)]) + [None] * (len(names) - len(values))
-        rows.append({name: _csv_value(name, value) for name, value in zip(names, padded)})
+        rows.append({name: _csv_value(name, value) for name, value in zip(names, padded, strict=False)})
     return rows
 
 

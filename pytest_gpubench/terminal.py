@@ -33,7 +33,7 @@ class SummaryTable:
         table = [COLUMNS] + [
             (
                 str(row.get("gpubench_cell", "")),
-                str(row["gpubench_status"]) + (f" ({row['gpubench_failure_stage']})" if row.get("gpubench_failure_stage") else ""),
+                _status(row),
                 _fmt(row.get("gpubench_tokens_per_second"), "{:.1f}"),
                 _fmt(row.get("gpubench_ttft_p50_ms"), "{:.0f}"),
                 _fmt(row.get("gpubench_cost_per_million_tokens"), "{:.2f}"),
@@ -51,6 +51,11 @@ class SummaryTable:
         lines.append(", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
                      + f"; spent ${total:.4f}")
         return lines
+
+
+def _status(row: dict[str, Any]) -> str:
+    stage = row.get("gpubench_failure_stage")
+    return f"{row['gpubench_status']} ({stage})" if stage else str(row["gpubench_status"])
 
 
 def _fmt(value: Any, pattern: str) -> str:

@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from pytest_gpubench.errors import MatrixError
 from pytest_gpubench.matrix import (
@@ -386,9 +387,9 @@ def test_provider_spellings_are_normalised(tmp_path):
 
 def test_cells_are_frozen_and_hashable():
     cell = load_cells(QUICK)[0]
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         cell.gpu = "RTX 3090"
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         cell.workload.duration = 1
     assert len(set(load_cells(QUICK))) == 4
 

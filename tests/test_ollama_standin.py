@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,11 +19,10 @@ from typing import Any
 
 import httpx
 import pytest
+from standin_helpers import CATALOG, RATE, REPO, TTFT_MS, Server, free_port, standin_env, write_instance  # noqa: E402,F401
 
 from pytest_gpubench.sandbox.ollama_common import parse_keep_alive, parse_ollama_host
 from pytest_gpubench.sandbox.ollama_text import count_prompt_tokens, plan_output
-
-from standin_helpers import CATALOG, RATE, REPO, TTFT_MS, Server, free_port, standin_env, write_instance  # noqa: E402,F401
 
 
 @pytest.fixture(scope="module")

@@ -72,7 +72,7 @@ def generate(address, model, prompt, max_tokens, timeout):
                 detail = json.loads(detail).get("error", detail)
             except ValueError:
                 pass
-            raise RuntimeError("HTTP %d: %s" % (response.status, detail))
+            raise RuntimeError(f"HTTP {response.status}: {detail}")
         while True:
             line = response.readline()
             if not line:
@@ -145,7 +145,7 @@ class Run:
                 "eval_duration_ns": None,
                 "prompt_tokens": None,
                 "tokens_per_second": None,
-                "error": "%s: %s" % (type(exc).__name__, exc),
+                "error": f"{type(exc).__name__}: {exc}",
             }
         record.update(index=index, warmup=warmup, prompt_index=prompt_index)
         with self.lock:
@@ -260,7 +260,7 @@ def main(argv):
         run.run()
     except Exception as exc:
         run.checkpoint("failed")
-        emitter.emit("finish", status="failed", duration_seconds=0.0, message="%s: %s" % (type(exc).__name__, exc))
+        emitter.emit("finish", status="failed", duration_seconds=0.0, message=f"{type(exc).__name__}: {exc}")
         return 1
     return 0
 

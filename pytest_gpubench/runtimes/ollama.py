@@ -166,7 +166,8 @@ class OllamaRuntime:
                 async with http.stream("POST", "/api/pull", json={"model": model, "stream": True}) as response:
                     if response.status_code != 200:
                         await response.aread()
-                        raise StageError(Stage.MODEL_PULL, f"pull of {model} answered {response.status_code}: {_error_text(response)}")
+                        raise StageError(Stage.MODEL_PULL, f"pull of {model} answered "
+                                                           f"{response.status_code}: {_error_text(response)}")
                     async for line in response.aiter_lines():
                         if not line.strip():
                             continue
