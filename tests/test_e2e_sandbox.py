@@ -88,6 +88,11 @@ def test_quick_matrix_with_xdist_records_everything(tmp_path):
     log = (tmp_path / "reports" / "sandbox.log").read_text()
     assert "0 left running before shutdown" in log
 
+    # The session keys never reach an output.
+    outputs = [done.stdout, done.stderr, junit.read_text()]
+    outputs += [p.read_bytes().decode("utf-8", "replace") for p in (tmp_path / "reports").rglob("*") if p.is_file()]
+    assert not any("PRIVATE KEY" in text for text in outputs)
+
 
 @pytest.fixture
 def standalone_sandbox(tmp_path):
@@ -155,3 +160,69 @@ def test_seed_matrix_passes_all_21_cells(tmp_path):
     rows = manifest_rows(tmp_path)
     assert len(rows) == 21 and {r["status"] for r in rows} == {"success"}
     assert {r["session_status"] for r in rows} == {"stopped"}
+
+
+def wait_for(predicate, timeout: float, what: str):
+    """Poll ``predicate`` until it returns something truthy; generous bounds, no fixed sleeps."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@pytest.mark.slow
+def test_instance_lost_mid_benchmark_records_partial(tmp_path, standalone_sandbox):
+    url = standalone_sandbox
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
+    command = [sys.executable, "-m", "pytest", str(QUICK), "-p", "no:cacheprovider", "-k", "4090 and 1.5b",
+               "--gpubench-api", url, "--gpubench-time-scale", "0.02", "--gpubench-duration", "60",
+               "--gpubench-progress-interval", "0.5", "--gpubench-reports", str(tmp_path / "reports"),
+               "--gpubench-manifest", str(tmp_path / "reports" / "manifest.db")]
+    run = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def measuring():
+            return any("PROGRESS: requests=" in p.read_text() for p in (tmp_path / "reports").rglob("*.log"))
+
+        wait_for(measuring, 120, "the benchmark to report progress")
+        (session,) = [s for s in httpx.get(f"{url}/sandbox/state").json()["sessions"] if s["status"] == "running"]
+        kill = {"fault": "kill_instance", "session_id": session["id"]}
+        httpx.post(f"{url}/sandbox/faults", json=kill).raise_for_status()
+        output, _ = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 1, output[-3000:]
+    assert "[benchmark] benchmark interrupted after" in output
+    (row,) = manifest_rows(tmp_path)
+    assert row["status"] == "partial" and row["failure_stage"] == "benchmark"
+    assert row["total_requests"] > 0 and row["tokens_per_second"] > 0  # what it measured is kept
+    assert row["benchmark_id"]
+
+
+@pytest.mark.slow
+def test_python_test_asserts_on_the_result(tmp_path, standalone_sandbox):
+    test_file = tmp_path / "test_mine.py"
+    test_file.write_text(
+        "import pytest\n\n"
+        f"@pytest.mark.gpubench({str(QUICK)!r}, gpu='RTX4090', model='qwen2:1.5b')\n"
+        "def test_fast(gpubench):\n"
+        "    result = gpubench.run()\n"
+        "    assert result.results.avg_tokens_per_second > 100\n"
+        "    assert result.hardware.gpu_name == 'NVIDIA GeForce RTX 4090'\n\n"
+        f"@pytest.mark.gpubench({str(QUICK)!r}, gpu='RTX4090', model='qwen2:1.5b')\n"
+        "def test_impossible(gpubench):\n"
+        "    assert gpubench.run().results.avg_tokens_per_second > 10**6\n"
+    )
+    done = run_pytest(tmp_path, str(test_file), "--gpubench-api", standalone_sandbox, "--gpubench-time-scale",
+                      "0.02", "--gpubench-duration", "2", "--rootdir", str(tmp_path))
+    assert "1 failed, 1 passed" in done.stdout, done.stdout[-3000:]
+    rows = {r["cell_id"]: r for r in manifest_rows(tmp_path)}
+    assert rows["RTX_4090-vastai-qwen2:1.5b@test_fast"]["status"] == "success"
+    failed = rows["RTX_4090-vastai-qwen2:1.5b@test_impossible"]
+    assert failed["status"] == "failed" and failed["failure_reason"] == "AssertionError"
+    assert failed["tokens_per_second"] > 100  # measured, then judged by the user's assertion
