@@ -37,7 +37,15 @@ from .catalog import format_time, offer_json
 from .cloud import EmulatedCloud
 from .faults import OFFER_FAULTS, FaultRequest
 from .inventory import OfferFilter
-from .schemas import CREATE_SESSION_FIELDS, EXTEND_SESSION_FIELDS, BindError, bind, cost_analysis, parse_benchmark
+from .schemas import (
+    CREATE_SESSION_FIELDS,
+    EXTEND_SESSION_FIELDS,
+    BindError,
+    benchmark_json,
+    bind,
+    cost_analysis,
+    parse_benchmark,
+)
 from .sessions import ApiFailure
 
 log = logging.getLogger("pytest_gpubench.sandbox")
@@ -306,7 +314,7 @@ async def list_benchmarks(request: web.Request) -> web.Response:
     elif q.get("gpu"):
         results = [r for r in results if q["gpu"].lower() in r.hardware.gpu_name.lower()]
     results = results[:limit]
-    return _json({"benchmarks": [r.to_json() for r in results], "count": len(results)})
+    return _json({"benchmarks": [benchmark_json(r) for r in results], "count": len(results)})
 
 
 async def create_benchmark(request: web.Request) -> web.Response:
@@ -315,12 +323,12 @@ async def create_benchmark(request: web.Request) -> web.Response:
         result = parse_benchmark(await request.read())
     except BindError as exc:
         raise ApiFailure(400, str(exc)) from None
-    if not result.id:
-        result.id = str(uuid.uuid4())
-    if result.timestamp is None or result.timestamp.year <= 1:
-        result.timestamp = cloud.clock.now()
+    stamped = {"id": result.id or str(uuid.uuid4())}
+    if "timestamp" not in result.model_fields_set or result.timestamp.year <= 1:  # none, or Go's zero time
+        stamped["timestamp"] = cloud.clock.now()
+    result = result.model_copy(update=stamped)
     cloud.benchmarks.append(result)
-    return _json({"benchmark": result.to_json(), "cost_analysis": cost_analysis(result)}, 201)
+    return _json({"benchmark": benchmark_json(result), "cost_analysis": cost_analysis(result)}, 201)
 
 
 async def get_benchmark(request: web.Request) -> web.Response:
@@ -329,7 +337,7 @@ async def get_benchmark(request: web.Request) -> web.Response:
     result = next((r for r in cloud.benchmarks if r.id == wanted), None)
     if result is None:
         raise ApiFailure(404, "benchmark not found")
-    return _json({"benchmark": result.to_json(), "cost_analysis": cost_analysis(result)})
+    return _json({"benchmark": benchmark_json(result), "cost_analysis": cost_analysis(result)})
 
 
 # -- sandbox only -------------------------------------------------------------------

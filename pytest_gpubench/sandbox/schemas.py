@@ -6,17 +6,18 @@ messages joined by ``"; "``. Clients show those messages to people, so the sandb
 words them the same way: :func:`bind` reproduces the decoder's type errors and the
 validator's ``required``/``min``/``max`` rules, field by field in struct order.
 
-``BenchmarkResult`` is the server's benchmark model; unknown keys are ignored and
-missing ones are zero, as Go's decoder does.
+Posted benchmarks decode into the plugin's own ``BenchmarkResult`` (the same Go
+struct): unknown keys are ignored and missing ones are zero, as Go's decoder does.
 """
 
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
+
+from ..results import BenchmarkResult
 
 # (json name, Go type, validator rules) in the order of the Go struct.
 CREATE_SESSION_FIELDS: list[tuple[str, str, str]] = [
@@ -118,103 +119,13 @@ def _check(name: str, value: Any, rules: str) -> str | None:
 # -- benchmarks -------------------------------------------------------------------
 
 
-class _GoStruct(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class HardwareInfo(_GoStruct):
-    gpu_name: str = ""
-    gpu_memory_mib: int = 0
-    gpu_count: int = 0
-    driver_version: str = ""
-    cuda_version: str = ""
-    cpu_model: str = ""
-    cpu_cores: int = 0
-    ram_gib: int = 0
-
-
-class ModelInfo(_GoStruct):
-    name: str = ""
-    family: str = ""
-    parameter_count: str = ""
-    quantization: str = ""
-    size_gb: float = 0.0
-    runtime: str = ""
-    runtime_version: str = ""
-
-
-class TestConfig(_GoStruct):
-    __test__ = False  # not a pytest class, whatever its name says
-
-    duration_minutes: int = 0
-    max_tokens: int = 0
-    prompt_types: list[str] | None = None
-    concurrent_reqs: int = 0
-    warmup_requests: int = 0
-
-
-class PerformanceResults(_GoStruct):
-    total_requests: int = 0
-    total_tokens: int = 0
-    total_prompt_tokens: int = 0
-    total_errors: int = 0
-    duration_seconds: float = 0.0
-    avg_tokens_per_second: float = 0.0
-    min_tokens_per_second: float = 0.0
-    max_tokens_per_second: float = 0.0
-    p50_tokens_per_second: float = 0.0
-    p95_tokens_per_second: float = 0.0
-    p99_tokens_per_second: float = 0.0
-    avg_latency_ms: float = 0.0
-    min_latency_ms: float = 0.0
-    max_latency_ms: float = 0.0
-    p50_latency_ms: float = 0.0
-    p95_latency_ms: float = 0.0
-    p99_latency_ms: float = 0.0
-    requests_per_minute: float = 0.0
-    avg_tokens_per_request: float = 0.0
-    error_rate: float = 0.0
-    avg_ttft_ms: float = 0.0
-    p50_ttft_ms: float = 0.0
-    p95_ttft_ms: float = 0.0
-    # omitempty in the server's struct: left out of answers when zero.
-    match_rate: float = 0.0
-    prompts_with_expected: int = 0
-    prompts_matching: int = 0
-
-
-class GPUStats(_GoStruct):
-    avg_utilization_pct: float = 0.0
-    max_utilization_pct: float = 0.0
-    avg_memory_used_mib: int = 0
-    max_memory_used_mib: int = 0
-    avg_temperature_c: float = 0.0
-    max_temperature_c: float = 0.0
-    avg_power_draw_w: float = 0.0
-    max_power_draw_w: float = 0.0
-
-
-class BenchmarkResult(_GoStruct):
-    """One stored benchmark, the server's ``BenchmarkResult``."""
-
-    id: str = ""
-    timestamp: datetime | None = None
-    hardware: HardwareInfo = Field(default_factory=HardwareInfo)
-    model: ModelInfo = Field(default_factory=ModelInfo)
-    test_config: TestConfig = Field(default_factory=TestConfig)
-    results: PerformanceResults = Field(default_factory=PerformanceResults)
-    gpu_stats: GPUStats = Field(default_factory=GPUStats)
-    provider: str = ""
-    location: str = ""
-    price_per_hour: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        """The stored result as the server answers it."""
-        body = self.model_dump(mode="json")
-        for key in ("match_rate", "prompts_with_expected", "prompts_matching"):
-            if not body["results"][key]:
-                del body["results"][key]
-        return body
+def benchmark_json(result: BenchmarkResult) -> dict[str, Any]:
+    """A stored result as the server answers it (``omitempty`` quality fields dropped when zero)."""
+    body = result.model_dump(mode="json")
+    for key in ("match_rate", "prompts_with_expected", "prompts_matching"):
+        if not body["results"].get(key):
+            body["results"].pop(key, None)
+    return body
 
 
 def parse_benchmark(body: bytes) -> BenchmarkResult:
