@@ -6,7 +6,8 @@ Behaviour follows the server's provisioner and lifecycle manager:
   no host) and answer 201; a create the provider refuses fails the record and
   answers 503 ``stale_inventory`` or 500.
 - boot (after the offer's provisioning time, time-scaled): the instance's SSH
-  server starts and its host and port appear on the still-``provisioning``
+  server (asyncssh, or OpenSSH's ``sshd`` with ``ssh_server="openssh"``) starts
+  and its host and port appear on the still-``provisioning``
   session; the server's own SSH login with the session key then makes it
   ``running``. No login before the SSH timeout means ``failed``.
 - ``done``/``DELETE``: ``stopping``, the instance is destroyed, ``stopped`` after
@@ -33,7 +34,7 @@ from . import sshd
 from .billing import Clock, Ledger
 from .catalog import Catalog, OfferSpec
 from .faults import FaultBook
-from .instances import Instance, free_port, instance_document
+from .instances import SSH_SERVERS, Instance, free_port, instance_document
 from .inventory import Inventory
 from .schemas import RETRY_SCOPES, WORKLOAD_TYPES
 from .sessions import ApiFailure, SessionRecord, SessionTerminal
@@ -54,8 +55,19 @@ echo "Ollama installed and serving on port 11434"
 class EmulatedCloud:
     """All server-side state of one sandbox."""
 
-    def __init__(self, catalog: Catalog, *, time_scale: float, workdir: Path, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        *,
+        time_scale: float,
+        workdir: Path,
+        clock: Clock | None = None,
+        ssh_server: str = "asyncssh",
+    ) -> None:
+        if ssh_server not in SSH_SERVERS:
+            raise ValueError(f"ssh_server must be one of {', '.join(SSH_SERVERS)}, not {ssh_server!r}")
         self.catalog = catalog
+        self.ssh_server = ssh_server
         self.time_scale = time_scale
         self.workdir = workdir
         self.clock = clock or Clock()
@@ -196,6 +208,7 @@ class EmulatedCloud:
             key,
             ollama_port=record.ollama_port,
             ollama_preinstalled=offer.ollama_preinstalled or bool(template and template.ollama_preinstalled),
+            ssh_server=self.ssh_server,
         )
         record.instance = instance
         instance.build()

@@ -7,6 +7,10 @@ Layout of an instance (``<sandbox workdir>/instances/<session id>/``)::
     home/           $HOME and the working directory of every command
     state/          the stand-ins' shared state (pulled models, loaded models)
     tmp/            $TMPDIR
+    sshd/           with ``ssh_server="openssh"`` only: sshd's config, keys and log
+
+The SSH server is asyncssh in this process (:mod:`.sshd`, the default) or OpenSSH's
+``sshd`` as a child process (:mod:`.openssh`); commands see the same machine either way.
 
 Every command runs with ``PATH=<bin>:<system PATH>``, ``HOME``, ``TMPDIR``,
 ``OLLAMA_HOST=127.0.0.1:<port of this instance>`` and
@@ -14,9 +18,10 @@ Every command runs with ``PATH=<bin>:<system PATH>``, ``HOME``, ``TMPDIR``,
 system: a script that writes a literal ``/tmp/x`` path shares it with every other
 instance; ``$HOME`` and ``$TMPDIR`` are private.
 
-Stopping an instance kills everything it started: each command's process group,
-and any process still carrying this instance's ``GPUBENCH_SANDBOX_INSTANCE`` (a
-daemon that called ``setsid`` escapes its group, not its environment).
+Stopping an instance kills everything it started: its sshd and what sshd forked,
+each command's process group, and any process still carrying this instance's
+``GPUBENCH_SANDBOX_INSTANCE`` (a daemon that called ``setsid`` escapes its group,
+not its environment).
 """
 
 from __future__ import annotations
@@ -30,16 +35,30 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import asyncssh
 
-from . import shims, sshd
+from . import openssh, shims, sshd
 from .catalog import Catalog, OfferSpec
 
 log = logging.getLogger("pytest_gpubench.sandbox")
 INSTANCE_ENV = shims.INSTANCE_ENV
+SSH_SERVERS = ("asyncssh", "openssh")
 _KILL_GRACE = 1.0
+
+
+class SshEndpoint(Protocol):
+    """An instance's SSH server, as :class:`Instance` drives it."""
+
+    async def start(self) -> int:
+        """Start serving; returns the loopback port."""
+
+    async def stop_accepting(self) -> set[int]:
+        """Take no more connections; returns process groups of commands it knows of."""
+
+    async def finish(self) -> None:
+        """Release the rest, once the instance's processes are dead."""
 
 
 def instance_document(
@@ -110,6 +129,7 @@ class Instance:
         *,
         ollama_port: int,
         ollama_preinstalled: bool,
+        ssh_server: str = "asyncssh",
     ) -> None:
         self.root = root
         self.document = document
@@ -121,16 +141,29 @@ class Instance:
         self.tmp_dir = root / "tmp"
         self.spec_path = root / "instance.json"
         self.ssh_port: int | None = None
-        self._acceptor: asyncssh.SSHAcceptor | None = None
         self._groups: set[int] = set()
         self._background: set[asyncio.Task[Any]] = set()
-        self._hooks = sshd.InstanceHooks(
+        self._ssh = self._endpoint(ssh_server, authorized_key)
+        self.stopped = False
+
+    def _endpoint(self, ssh_server: str, authorized_key: asyncssh.SSHKey) -> SshEndpoint:
+        if ssh_server == "openssh":
+            return openssh.OpenSshEndpoint(
+                self.root / "sshd",
+                authorized_key=authorized_key,
+                environment=self.environment,
+                # Ollama's port is chosen but not yet bound: sshd must not take it.
+                choose_port=lambda: free_port({self.ollama_port}),
+            )
+        if ssh_server != "asyncssh":
+            raise ValueError(f"ssh_server must be one of {', '.join(SSH_SERVERS)}, not {ssh_server!r}")
+        hooks = sshd.InstanceHooks(
             authorized_key=authorized_key,
             environment=self.environment,
             cwd=self.home,
             on_process=self._groups.add,
         )
-        self.stopped = False
+        return sshd.AsyncsshEndpoint(hooks)
 
     # -- life cycle ---------------------------------------------------------------
 
@@ -148,10 +181,8 @@ class Instance:
             python3.symlink_to(sys.executable)
 
     async def start_ssh(self) -> int:
-        """Start the SSH server; returns its port."""
-        host_key = asyncssh.generate_private_key("ssh-ed25519")
-        self._acceptor = await sshd.listen(self._hooks, host_key)
-        self.ssh_port = self._acceptor.get_port()
+        """Start the SSH server; returns its port once it accepts connections."""
+        self.ssh_port = await self._ssh.start()
         return self.ssh_port
 
     def environment(self) -> dict[str, str]:
@@ -196,21 +227,14 @@ class Instance:
         if self.stopped:
             return
         self.stopped = True
-        if self._acceptor is not None:
-            self._acceptor.close()
-        await kill_instance_processes(self._groups, str(self.spec_path))
-        for conn in list(self._hooks.connections):
-            conn.close()
-        pending = [t for t in (*self._hooks.handlers, *self._background) if not t.done()]
+        ssh_groups = await self._ssh.stop_accepting()
+        await kill_instance_processes(self._groups | ssh_groups, str(self.spec_path))
+        await self._ssh.finish()
+        pending = [t for t in self._background if not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=2.0)
         for task in pending:
             task.cancel()
-        if self._acceptor is not None:
-            try:
-                await asyncio.wait_for(self._acceptor.wait_closed(), 2.0)
-            except (asyncio.TimeoutError, OSError):
-                pass
         if remove:
             shutil.rmtree(self.root, ignore_errors=True)
 

@@ -1,7 +1,8 @@
 """Running the sandbox: in-process (:class:`Sandbox`, :class:`SandboxThread`) or as a program.
 
 ``python -m pytest_gpubench.sandbox [--host H] [--port P] [--catalog FILE]
-[--time-scale S]`` prints exactly one line to stdout once the API answers::
+[--time-scale S] [--ssh-server {asyncssh,openssh}]`` prints exactly one line to
+stdout once the API answers::
 
     GPUBENCH_SANDBOX_URL=http://127.0.0.1:PORT
 
@@ -28,9 +29,11 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from . import openssh
 from .api import make_app
 from .catalog import Catalog, CatalogError, load_catalog
 from .cloud import EmulatedCloud
+from .instances import SSH_SERVERS
 
 log = logging.getLogger("pytest_gpubench.sandbox")
 URL_PREFIX = "GPUBENCH_SANDBOX_URL="
@@ -56,7 +59,10 @@ class Sandbox:
 
     ``catalog`` is a :class:`Catalog`, a path to a catalog file, or None for the
     shipped one. ``time_scale`` multiplies every emulated delay (provisioning,
-    install, pull, model load) and never token rates or TTFT.
+    install, pull, model load) and never token rates or TTFT. ``ssh_server`` is
+    what answers on each instance's SSH port: ``"asyncssh"`` in this process, or
+    ``"openssh"``, a real ``sshd`` per instance (needs openssh-server and root;
+    :meth:`start` raises :class:`~.openssh.SshServerUnavailable` otherwise).
     """
 
     def __init__(
@@ -68,9 +74,13 @@ class Sandbox:
         port: int = 0,
         workdir: str | Path | None = None,
         access_log: bool = False,
+        ssh_server: str = "asyncssh",
     ) -> None:
         if time_scale < 0:
             raise ValueError("time_scale must be >= 0")
+        if ssh_server not in SSH_SERVERS:
+            raise ValueError(f"ssh_server must be one of {', '.join(SSH_SERVERS)}, not {ssh_server!r}")
+        self.ssh_server = ssh_server
         self.catalog = catalog if isinstance(catalog, Catalog) else load_catalog(catalog)
         self.time_scale = time_scale
         self.host = host
@@ -84,9 +94,13 @@ class Sandbox:
 
     async def start(self) -> str:
         """Start serving; returns the base URL once the API answers."""
+        if self.ssh_server == "openssh":
+            openssh.require_sshd()  # before anything is bound or created
         if self._workdir is None:
             self._workdir = Path(tempfile.mkdtemp(prefix="gpubench-sandbox-"))
-        self.cloud = EmulatedCloud(self.catalog, time_scale=self.time_scale, workdir=self._workdir)
+        self.cloud = EmulatedCloud(
+            self.catalog, time_scale=self.time_scale, workdir=self._workdir, ssh_server=self.ssh_server
+        )
         runner = web.AppRunner(make_app(self.cloud), access_log=log if self._access_log else None)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)
@@ -96,7 +110,13 @@ class Sandbox:
         self.url = f"http://{self.host}:{port}"
         self.cloud.start_lifecycle()
         await _wait_answering(self.host, port)
-        log.info("sandbox listening at %s (time scale %g, workdir %s)", self.url, self.time_scale, self._workdir)
+        log.info(
+            "sandbox listening at %s (time scale %g, %s SSH, workdir %s)",
+            self.url,
+            self.time_scale,
+            self.ssh_server,
+            self._workdir,
+        )
         return self.url
 
     async def close(self) -> SandboxSummary:
@@ -130,9 +150,10 @@ async def serve(
     port: int = 0,
     catalog: Catalog | str | Path | None = None,
     time_scale: float = 1.0,
+    ssh_server: str = "asyncssh",
 ) -> Sandbox:
     """Start a :class:`Sandbox` on the running loop; ``await sandbox.close()`` when done."""
-    sandbox = Sandbox(catalog=catalog, time_scale=time_scale, host=host, port=port)
+    sandbox = Sandbox(catalog=catalog, time_scale=time_scale, host=host, port=port, ssh_server=ssh_server)
     await sandbox.start()
     return sandbox
 
@@ -158,7 +179,11 @@ class SandboxThread:
 
     def start(self, timeout: float = 30.0) -> str:
         self._thread.start()
-        self.url = self.run(self.sandbox.start(), timeout)
+        try:
+            self.url = self.run(self.sandbox.start(), timeout)
+        except BaseException:
+            self.stop()  # a sandbox that failed to start leaves no thread or files behind
+            raise
         return self.url
 
     def stop(self, timeout: float = 60.0) -> SandboxSummary:
@@ -214,6 +239,13 @@ def _parser() -> argparse.ArgumentParser:
         default=1.0,
         help="multiplies emulated delays: provisioning, install, pull, load (default 1.0)",
     )
+    parser.add_argument(
+        "--ssh-server",
+        choices=SSH_SERVERS,
+        default="asyncssh",
+        help="what answers on each instance's SSH port: asyncssh in this process (default) "
+        "or openssh, a real sshd per instance (needs openssh-server and root)",
+    )
     parser.add_argument("--verbose", action="store_true", help="log every HTTP request to stderr")
     parser.add_argument(
         "--exit-with-stdin",
@@ -234,6 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     except CatalogError as exc:
         print(f"gpubench sandbox: {exc}", file=sys.stderr)
         return 2
+    if args.ssh_server == "openssh":
+        try:
+            openssh.require_sshd()
+        except openssh.SshServerUnavailable as exc:
+            print(f"gpubench sandbox: {exc}", file=sys.stderr)
+            return 2
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.INFO,
@@ -256,7 +294,12 @@ def _stop_on_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
 
 async def _serve_until_signal(catalog: Catalog, args: argparse.Namespace) -> int:
     sandbox = Sandbox(
-        catalog=catalog, time_scale=args.time_scale, host=args.host, port=args.port, access_log=args.verbose
+        catalog=catalog,
+        time_scale=args.time_scale,
+        host=args.host,
+        port=args.port,
+        access_log=args.verbose,
+        ssh_server=args.ssh_server,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

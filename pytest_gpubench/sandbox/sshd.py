@@ -1,5 +1,8 @@
 """The SSH server of one sandbox instance (asyncssh), behaving like a rented box's sshd.
 
+This is the default; :mod:`.openssh` runs OpenSSH's own ``sshd`` instead, with the
+same policy.
+
 - Only user ``root`` with the session's own key gets in; passwords and every other
   key are refused, as on an instance provisioned with that key alone.
 - Each exec request runs ``bash -c COMMAND`` (a shell request runs ``bash``, which
@@ -118,6 +121,40 @@ async def listen(hooks: InstanceHooks, host_key: asyncssh.SSHKey, host: str = "1
         login_timeout=30,
         keepalive_interval=0,
     )
+
+
+class AsyncsshEndpoint:
+    """The instance's SSH server inside this process (``--ssh-server asyncssh``, the default)."""
+
+    def __init__(self, hooks: InstanceHooks) -> None:
+        self._hooks = hooks
+        self._acceptor: asyncssh.SSHAcceptor | None = None
+
+    async def start(self) -> int:
+        """Listen on a free loopback port (the host key lives in memory only); returns it."""
+        self._acceptor = await listen(self._hooks, asyncssh.generate_private_key("ssh-ed25519"))
+        return self._acceptor.get_port()
+
+    async def stop_accepting(self) -> set[int]:
+        """Refuse new connections; commands' groups are already known through ``on_process``."""
+        if self._acceptor is not None:
+            self._acceptor.close()
+        return set()
+
+    async def finish(self) -> None:
+        """Close the connections left, once the instance's processes are dead."""
+        for conn in list(self._hooks.connections):
+            conn.close()
+        pending = [t for t in self._hooks.handlers if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=2.0)
+        for task in pending:
+            task.cancel()
+        if self._acceptor is not None:
+            try:
+                await asyncio.wait_for(self._acceptor.wait_closed(), 2.0)
+            except (asyncio.TimeoutError, OSError):
+                pass
 
 
 async def _run_process(process: asyncssh.SSHServerProcess, hooks: InstanceHooks) -> None:
