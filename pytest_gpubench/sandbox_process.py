@@ -37,7 +37,8 @@ class SandboxProcess:
         settings.reports.mkdir(parents=True, exist_ok=True)
         log_path = settings.reports / "sandbox.log"
         command = [sys.executable, "-m", "pytest_gpubench.sandbox", "--port", "0",
-                   "--time-scale", repr(settings.time_scale), "--exit-with-stdin"]
+                   "--time-scale", repr(settings.time_scale), "--exit-with-stdin",
+                   "--ssh-server", settings.sandbox_ssh]
         if settings.sandbox_catalog:
             command += ["--catalog", settings.sandbox_catalog]
         log = open(log_path, "w")  # noqa: SIM115 - the child keeps writing to it

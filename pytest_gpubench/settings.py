@@ -74,6 +74,15 @@ def _duration(text: str) -> float:
     return value
 
 
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def convert(text: str) -> str:
+        if text not in allowed:
+            raise ValueError(f"must be one of: {', '.join(allowed)}")
+        return text
+
+    return convert
+
+
 def _bool(text: str | bool) -> bool:
     if isinstance(text, bool):
         return text
@@ -98,11 +107,14 @@ OPTIONS: tuple[Option, ...] = (
            type=_bool, default=False, env="GPUBENCH_SANDBOX", action="store_true"),
     Option("sandbox_catalog", "--gpubench-sandbox-catalog", "the sandbox's offer/rate catalog (YAML)",
            env="GPUBENCH_SANDBOX_CATALOG", metavar="PATH"),
+    Option("sandbox_ssh", "--gpubench-sandbox-ssh",
+           "SSH server of sandbox instances: asyncssh (default) or openssh (a real sshd, needs root)",
+           type=_choice("asyncssh", "openssh"), default="asyncssh", env="GPUBENCH_SANDBOX_SSH", metavar="SERVER"),
     Option("time_scale", "--gpubench-time-scale",
            f"multiply every wait and timeout (default 1; {SANDBOX_TIME_SCALE} with the sandbox)",
            type=_positive_float, env="GPUBENCH_TIME_SCALE", metavar="FACTOR"),
-    Option("manifest", "--gpubench-manifest", "SQLite manifest path (default reports/manifest.db)",
-           default="reports/manifest.db", env="GPUBENCH_MANIFEST", metavar="PATH"),
+    Option("manifest", "--gpubench-manifest", "SQLite manifest path (default <reports dir>/manifest.db)",
+           env="GPUBENCH_MANIFEST", metavar="PATH"),
     Option("reports", "--gpubench-reports", "directory for progress files and reports (default reports)",
            default="reports", env="GPUBENCH_REPORTS", metavar="DIR"),
     Option("duration", "--gpubench-duration", "benchmark duration in seconds for every cell (overrides the matrix)",
@@ -138,6 +150,7 @@ class Settings(BaseModel):
     api_token: str | None = None
     sandbox: bool = False
     sandbox_catalog: str | None = None
+    sandbox_ssh: str = "asyncssh"
     time_scale: float = 1.0
     manifest: Path = Path("reports/manifest.db")
     reports: Path = Path("reports")
@@ -206,6 +219,8 @@ def resolve(
     values["provider"] = tuple(values.get("provider") or ())
     values["model"] = tuple(values.get("model") or ())
     values["api_token"] = env.get("GPUBENCH_API_TOKEN") or None
+    if "manifest" not in values:
+        values["manifest"] = Path(values.get("reports", "reports")) / "manifest.db"
     if "time_scale" not in values:
         values["time_scale"] = SANDBOX_TIME_SCALE if values.get("sandbox") else 1.0
     if not values.get("run_id"):
@@ -227,7 +242,7 @@ def _convert(opt: Option, raw: Any, source: str) -> Any:
         try:
             return opt.type(raw)
         except ValueError as exc:
-            reason = str(exc) if "must" in str(exc) else "must be a number"
+            reason = str(exc) if str(exc).startswith("must") else "must be a number"
             raise UsageProblem(f"{source}: {raw!r} {reason}") from None
     return raw
 

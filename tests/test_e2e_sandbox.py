@@ -151,6 +151,38 @@ def test_no_eligible_offer_is_skipped_with_reason(tmp_path, standalone_sandbox):
     assert failing.returncode == 1 and "[inventory]" in failing.stdout
 
 
+def _sshd_unavailable() -> str:
+    import shutil
+
+    if not (shutil.which("sshd") or os.access("/usr/sbin/sshd", os.X_OK)):
+        return "no OpenSSH sshd on this machine (apt-get install openssh-server)"
+    if os.geteuid() != 0:
+        return "sshd logs in root only when it runs as root"
+    return ""
+
+
+@pytest.mark.slow
+@pytest.mark.sshd
+def test_quick_cells_through_real_openssh_sshd(tmp_path):
+    """The whole cell flow against OpenSSH's sshd: key format, commands, stdin scripts, forwards."""
+    reason = _sshd_unavailable()
+    if reason:
+        if os.environ.get("GPUBENCH_REQUIRE_SSHD") == "1":
+            pytest.fail(f"GPUBENCH_REQUIRE_SSHD=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    done = run_pytest(tmp_path, str(QUICK), "-k", "4090", "-n", "2", "--gpubench-sandbox",
+                      "--gpubench-sandbox-ssh", "openssh", "--gpubench-duration", "3")
+    assert done.returncode == 0, done.stdout[-3000:] + (tmp_path / "reports" / "sandbox.log").read_text()[-2000:]
+    rows = manifest_rows(tmp_path)
+    assert len(rows) == 2 and {r["status"] for r in rows} == {"success"}
+    assert {r["session_status"] for r in rows} == {"stopped"}
+    catalog = load_catalog()
+    for row in rows:
+        truth, _, _ = catalog.rate(row["gpu_type"], row["provider"], row["model"])
+        assert row["tokens_per_second"] == pytest.approx(truth, rel=0.03)
+    assert "0 left running before shutdown" in (tmp_path / "reports" / "sandbox.log").read_text()
+
+
 @pytest.mark.slow
 def test_seed_matrix_passes_all_21_cells(tmp_path):
     done = run_pytest(tmp_path, str(SEED), "-n", "4", "--gpubench-sandbox", "--gpubench-duration", "2",

@@ -16,6 +16,7 @@ def test_defaults():
     assert settings.stage_timeout(Stage.BENCHMARK, duration=300) == 900
     assert settings.poll_interval == 15
     assert str(settings.manifest) == "reports/manifest.db"
+    assert str(resolve({"reports": "/tmp/r"}, {}, no_ini).manifest) == "/tmp/r/manifest.db"
     assert settings.run_id
 
 
@@ -46,6 +47,7 @@ def test_sandbox_defaults_to_scaled_clock_with_floor():
         ({}, {"GPUBENCH_MAX_PRICE": "cheap"}, "environment variable GPUBENCH_MAX_PRICE: 'cheap' must be a number"),
         ({}, {"GPUBENCH_SANDBOX": "maybe"}, "GPUBENCH_SANDBOX: 'maybe' must be true or false"),
         ({"run_id": "a b;rm"}, {}, "--gpubench-run-id"),
+        ({"sandbox_ssh": "dropbear"}, {}, "--gpubench-sandbox-ssh: 'dropbear' must be one of: asyncssh, openssh"),
     ],
 )
 def test_bad_values_name_their_source(cli, env, expected):
