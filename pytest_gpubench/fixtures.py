@@ -154,9 +154,9 @@ def gpu_session(
 
 def _release(run: RunContext, recorder: CellRecorder, consumer: str) -> None:
     """Stage ``cleanup``: end every session this cell owns; never raises."""
-    provider = run.provider
     timeout = run.settings.stage_timeout(Stage.CLEANUP) + BRIDGE_SLACK
     try:
+        provider = run.provider
         ids = [recorder.session_id] if recorder.session_id else []
         if not ids:  # creation may have reached the server before it broke off
             ids = [s.id for s in run_async(provider.client.list_sessions(consumer_id=consumer), timeout) if s.is_active]

@@ -1,0 +1,171 @@
+"""Cell names and selection: GPU/provider/model matching, test ids, VRAM needs.
+
+What ``--gpu``, ``--provider`` and ``--model`` use (:func:`cell_selected`), how a
+cell's test id is formed (:func:`cell_id`), and how much GPU memory a model needs
+(seed 000's table, else inferred from the parameter count in its tag).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from fractions import Fraction
+from types import MappingProxyType
+from typing import Any
+
+MODEL_VRAM_GB: Mapping[str, int] = MappingProxyType({
+    "llama3:8b": 8,
+    "llama3:70b": 48,
+    "mistral:7b": 8,
+    "phi3:mini": 4,
+    "phi3:medium": 16,
+    "codellama:34b": 24,
+    "deepseek-r1:14b": 12,
+    "deepseek-r1:32b": 24,
+    "deepseek-r1:70b": 48,
+})
+"""Seed 000's VRAM minimums in GB; other models are inferred from their tag."""
+
+_PARAMS_RE = re.compile(
+    r"(?<![a-z0-9.])(?:(\d+(?:\.\d+)?)x)?(\d+(?:\.\d+)?)([bm])(?![a-z0-9])", re.I
+)
+
+
+# ---------------------------------------------------------------- names and filters
+
+
+def normalize_gpu(name: str) -> str:
+    """``"RTX 4090"``, ``"rtx-4090"`` and ``"RTX_4090"`` all become ``"rtx4090"``."""
+    return re.sub(r"[\s_-]+", "", name).lower()
+
+
+def gpu_matches(wanted: str, gpu_type: str) -> bool:
+    """True if ``wanted`` names ``gpu_type`` exactly, ignoring case, spaces, ``-``, ``_``.
+
+    ``RTX4090`` matches ``"RTX 4090"``; ``A100`` does not match ``"A100 80GB"``,
+    like the API's own ``gpu_type`` filter.
+    """
+    key = normalize_gpu(wanted)
+    return bool(key) and key == normalize_gpu(gpu_type)
+
+
+def normalize_provider(name: str) -> str:
+    """``"Vast.ai"`` -> ``"vastai"``, ``"TensorDock"`` -> ``"tensordock"``."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def provider_matches(wanted: str, provider: str) -> bool:
+    """True if both name the same provider (``Vast.ai`` matches ``vastai``)."""
+    key = normalize_provider(wanted)
+    return bool(key) and key == normalize_provider(provider)
+
+
+def split_tag(model: str) -> tuple[str, str | None]:
+    """``"ns/name:tag"`` -> ``("ns/name", "tag")``; the tag is None when absent."""
+    head, _, last = model.rpartition("/")
+    if ":" not in last:
+        return model, None
+    name, _, tag = last.partition(":")
+    return (f"{head}/{name}" if head else name), tag
+
+
+def model_ref(model: str) -> str:
+    """The Ollama reference with its tag: ``"llama3"`` -> ``"llama3:latest"``."""
+    model = model.strip()
+    name, tag = split_tag(model)
+    return model if tag is not None else f"{name}:latest"
+
+
+def model_matches(wanted: str, model: str) -> bool:
+    """True if ``wanted`` selects ``model`` (case-insensitive).
+
+    With a tag the match is exact after ``:latest`` normalisation (``llama3``
+    equals ``llama3:latest``); without one, ``wanted`` names a family and matches
+    every tag of it: ``deepseek-r1`` selects ``deepseek-r1:14b`` and ``:32b``.
+    """
+    wanted, model = wanted.strip().lower(), model_ref(model).lower()
+    if not wanted:
+        return False
+    name, tag = split_tag(wanted)
+    return model == wanted if tag is not None else split_tag(model)[0] == name
+
+
+def _values(values: Iterable[str] | None) -> list[str]:
+    """Filter values; each may itself be a comma-separated list."""
+    return [part.strip() for value in values or () for part in value.split(",") if part.strip()]
+
+
+def cell_selected(
+    cell: Any,
+    gpus: Iterable[str] | None = (),
+    providers: Iterable[str] | None = (),
+    models: Iterable[str] | None = (),
+) -> bool:
+    """True if ``cell`` passes the ``--gpu``/``--provider``/``--model`` filters.
+
+    Within one filter any value may match; an empty filter selects everything.
+    """
+    checks = (
+        (_values(gpus), gpu_matches, cell.gpu),
+        (_values(providers), provider_matches, cell.provider),
+        (_values(models), model_matches, cell.model),
+    )
+    return all(not wanted or any(match(w, have) for w in wanted) for wanted, match, have in checks)
+
+
+def select_cells(
+    cells: Iterable[Any],
+    gpus: Iterable[str] | None = (),
+    providers: Iterable[str] | None = (),
+    models: Iterable[str] | None = (),
+) -> list[Any]:
+    """The cells :func:`cell_selected` keeps, in order."""
+    return [c for c in cells if cell_selected(c, gpus, providers, models)]
+
+
+# ---------------------------------------------------------------------------- VRAM
+
+
+def infer_parameters_b(model: str) -> float | None:
+    """Billions of parameters named in the tag (``7b``, ``1.5b``, ``8x7b``, ``135m``)."""
+    tag = split_tag(model.strip())[1]
+    found = _PARAMS_RE.search(tag or "")
+    if not found:
+        return None
+    return float(_parameters(found))
+
+
+def _parameters(found: re.Match[str]) -> Fraction:
+    experts, size, unit = found.groups()
+    params = Fraction(size) * (Fraction(experts) if experts else 1)
+    return params / 1000 if unit.lower() == "m" else params
+
+
+def infer_vram_gb(model: str) -> int | None:
+    """``ceil(params_b * 0.65 / 4) * 4`` GB, at least 4; None without a size in the tag.
+
+    The rule gives every entry of :data:`MODEL_VRAM_GB` whose tag names a size.
+    """
+    found = _PARAMS_RE.search(split_tag(model.strip())[1] or "")
+    if not found:
+        return None
+    return max(4, math.ceil(_parameters(found) * Fraction(13, 20) / 4) * 4)
+
+
+def model_vram_gb(model: str, overrides: Mapping[str, int] | None = None) -> int | None:
+    """GB of VRAM ``model`` needs: the override, else the seed table, else inferred."""
+    ref = model_ref(model).lower()
+    for table in (overrides or {}, MODEL_VRAM_GB):
+        if ref in table:
+            return table[ref]
+    return infer_vram_gb(model)
+
+
+def id_part(text: str) -> str:
+    return re.sub(r"[\s/]+", "_", text.strip())
+
+
+def cell_id(gpu: str, provider: str, model: str) -> str:
+    """The test id of a cell: ``{GPU with _ for spaces}-{provider}-{model}``."""
+    return f"{id_part(gpu)}-{normalize_provider(provider)}-{id_part(model)}"
