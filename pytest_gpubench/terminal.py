@@ -101,10 +101,14 @@ class TerminalHooks:
             self.summary.add(dict(report.user_properties))
 
     @pytest.hookimpl(tryfirst=True)
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if self.live is not None:
             self.live.stop()
             self.live = None
+        if self.summary.rows:
+            status = {0: "passed", 1: "failed", 2: "interrupted"}.get(int(exitstatus), f"exit {int(exitstatus)}")
+            context = run_context(self.config)
+            context.manifest.finish_run(context.run_id, status)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         settings = self.config.stash[SETTINGS_KEY]

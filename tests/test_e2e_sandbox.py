@@ -57,6 +57,8 @@ def test_quick_matrix_with_xdist_records_everything(tmp_path):
         assert row["tokens_per_second"] == pytest.approx(truth, rel=0.03), row["cell_id"]
 
     db = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")
+    (run,) = list(db["runs"].rows)
+    assert run["run_id"] == rows[0]["run_id"] and run["status"] == "passed" and run["finished_at"]
     benchmarks = list(db["benchmarks"].rows)
     assert len(benchmarks) == 4
     result = json.loads(benchmarks[0]["result_json"])
