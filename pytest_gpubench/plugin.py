@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,21 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = selected
+    _disambiguate_record_keys(items)
+
+
+def _disambiguate_record_keys(items: list[pytest.Item]) -> None:
+    """Two matrix files may hold the same cell: their manifest rows must not merge.
+
+    A key used by more than one item gets its matrix file's name appended
+    (``RTX_4090-vastai-qwen2:7b@gpubench_quick``); unique keys stay plain.
+    """
+    keyed = [item for item in items if RECORD_KEY in item.stash]
+    counts = Counter(item.stash[RECORD_KEY] for item in keyed)
+    for item in keyed:
+        key = item.stash[RECORD_KEY]
+        if counts[key] > 1:
+            item.stash[RECORD_KEY] = f"{key}@{Path(item.stash[CELL_KEY].source).stem}"
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -143,3 +143,21 @@ def test_fixtures_are_documented(project):
     result = project.runpytest("--fixtures")
     for name in ("gpubench_cell", "gpu_offer", "gpu_session", "gpu_ssh", "ollama_runtime", "gpubench"):
         assert name in result.stdout.str()
+
+
+def test_the_same_cell_in_two_files_gets_two_manifest_rows(project):
+    project.makefile(".yaml", gpubench_other=MATRIX)
+    project.makeconftest("""
+from pytest_gpubench.stash import RECORD_KEY
+
+def pytest_collection_finish(session):
+    for item in session.items:
+        print("KEY", item.stash[RECORD_KEY])
+""")
+    result = project.runpytest("--collect-only", "-q", "-s", "-k", "A100")
+    result.stdout.fnmatch_lines([
+        "KEY A100_80GB-vastai-deepseek-r1:32b@gpubench_demo",
+        "KEY A100_80GB-vastai-deepseek-r1:32b@gpubench_other",
+    ])
+    single = project.runpytest("--collect-only", "-q", "-s", "-k", "A100", "gpubench_demo.yaml")
+    single.stdout.fnmatch_lines(["KEY A100_80GB-vastai-deepseek-r1:32b"])
