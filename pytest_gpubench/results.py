@@ -66,6 +66,18 @@ class RequestRecord(_Value):
     prompt_tokens: int | None = None
     tokens_per_second: float | None = None
     error: str | None = None
+    # Added for issue 3's metrics; None when the generator or server did not say.
+    scheduled_at: float | None = None  # seconds after the run's start the request was due
+    send_lag_ms: float | None = None  # actual send time minus scheduled: a saturated client shows here
+    itl_mean_ms: float | None = None  # mean gap between consecutive tokens (first token excluded)
+    itl_max_ms: float | None = None
+    tpot_ms: float | None = None  # (latency - ttft) / (output_tokens - 1)
+    server_tokens_per_second: float | None = None  # eval_count / eval_duration
+    prompt_eval_duration_ns: int | None = None
+    load_duration_ns: int | None = None
+    total_duration_ns: int | None = None
+    done_reason: str | None = None
+    matched: bool | None = None  # quality check: None when the prompt expects nothing
 
     @property
     def ok(self) -> bool:
