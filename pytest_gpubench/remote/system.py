@@ -16,6 +16,14 @@ HOST_PROBE = (
 )
 
 
+async def compute_capability(conn: Connection, timeout: float) -> str:
+    """``8.9`` for an RTX 4090; empty when the driver is too old to say."""
+    result = await conn.run("nvidia-smi --query-gpu=compute_cap --format=csv,noheader,nounits",
+                            stage=Stage.SSH_CONNECT, what="nvidia-smi compute_cap", timeout=timeout, check=False)
+    lines = result.stdout.strip().splitlines() if result.ok else []
+    return lines[0].strip() if lines and lines[0].strip()[:1].isdigit() else ""
+
+
 async def probe_system(conn: Connection, expected_gpu: str, timeout: float) -> HardwareInfo:
     """Describe the machine; fail at ``ssh_connect`` if it is not ``expected_gpu``."""
     query = await conn.run(

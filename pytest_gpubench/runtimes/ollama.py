@@ -12,7 +12,7 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -62,7 +62,11 @@ class OllamaRuntime:
     remote_port: int = DEFAULT_PORT
     local_port: int = 0
     warmup_load_seconds: float | None = None
-    events: list[str] = field(default_factory=list)
+    #: OLLAMA_NUM_PARALLEL of the server: set when this runtime started it,
+    #: None when the server was already running (its setting is unknown).
+    num_parallel: int | None = None
+    started_here: bool = False
+    cold_first_token_ms: float | None = None
 
     @property
     def url(self) -> str:
@@ -114,18 +118,45 @@ class OllamaRuntime:
         self.remote_host, self.remote_port = parse_ollama_host(result.stdout.strip())
         self.local_port = await self.conn.forward(self.remote_host, self.remote_port)
 
-    async def ensure_serving(self, timeout: float) -> str:
-        """Start ``ollama serve`` unless it answers; return its version."""
+    async def ensure_serving(self, timeout: float, num_parallel: int = 1) -> str:
+        """Start ``ollama serve`` unless it answers; return its version.
+
+        Ollama serves one request at a time per model unless started with
+        ``OLLAMA_NUM_PARALLEL``: a server started here gets ``num_parallel``.
+        """
         version = await self._version()
         if version is None:
+            parallel = max(1, int(num_parallel))
             # Two statements: "a && b &" would background a subshell that keeps
             # the SSH channel's stdout open for as long as the server runs.
-            command = f'mkdir -p "$HOME/.gpubench"; nohup ollama serve > "{SERVE_LOG}" 2>&1 < /dev/null &'
-
+            command = (
+                f'mkdir -p "$HOME/.gpubench"; OLLAMA_NUM_PARALLEL={parallel} '
+                f'nohup ollama serve > "{SERVE_LOG}" 2>&1 < /dev/null &'
+            )
             await self.conn.run(command, stage=Stage.OLLAMA_INSTALL, what="starting ollama serve", timeout=timeout)
             version = await self._wait_version(timeout)
+            self.num_parallel, self.started_here = parallel, True
         self.version = version
         return version
+
+    async def residency(self, model: str) -> dict[str, Any] | None:
+        """What ``/api/ps`` says of ``model``: size, size_vram and whether it is fully on the GPU.
+
+        A model spilling to CPU (size_vram < size) is why 24 GB cards collapse to
+        a few tokens/s on 32B models: such a measurement is not a GPU figure.
+        """
+        wanted = with_tag(model)
+        try:
+            async with httpx.AsyncClient(base_url=self.url, timeout=30) as http:
+                response = await http.get("/api/ps")
+            entries = response.json().get("models", [])
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        for entry in entries:
+            if with_tag(str(entry.get("name") or entry.get("model") or "")) == wanted:
+                size, vram = int(entry.get("size") or 0), int(entry.get("size_vram") or 0)
+                return {"size": size, "size_vram": vram, "fully_in_gpu": size > 0 and vram >= size}
+        return None
 
     async def _version(self) -> str | None:
         try:
@@ -212,7 +243,10 @@ class OllamaRuntime:
             raise StageError(Stage.MODEL_PULL, f"warm-up of {model} failed: {exc or type(exc).__name__}") from None
         if response.status_code != 200:
             raise StageError(Stage.MODEL_PULL, f"{model} could not be loaded: {_error_text(response)}")
-        self.warmup_load_seconds = int(response.json().get("load_duration") or 0) / 1e9
+        answer = response.json()
+        self.warmup_load_seconds = int(answer.get("load_duration") or 0) / 1e9
+        # A one-token request on a cold model: its total time is the cold TTFT.
+        self.cold_first_token_ms = int(answer.get("total_duration") or 0) / 1e6
         return self.warmup_load_seconds
 
 
