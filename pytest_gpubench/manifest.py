@@ -29,6 +29,7 @@ import socket
 import sqlite3
 import threading
 import time
+import typing
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
@@ -37,12 +38,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlite_utils
+from pydantic import BaseModel
 from sqlite_utils.db import NotFoundError
 
 from .errors import Stage
 from .results import BenchmarkResult, PerformanceResults, RequestRecord
 
-__all__ = ["CELL_STATUSES", "FINAL_STATUSES", "Manifest"]
+__all__ = ["CELL_STATUSES", "FINAL_STATUSES", "UPLOAD_STATUSES", "Manifest"]
 
 T = TypeVar("T")
 
@@ -102,7 +104,27 @@ _MANIFEST_NOT_NULL = {"id", "run_id", "created_at", "gpu_type", "provider", "mod
 # Set once by add_cell; everything else may change.
 _FIXED_COLUMNS = {"id", "run_id", "created_at"}
 
-_PYTHON_TYPES = {int: int, float: float, str: str, bool: int}
+def _column_type(annotation: Any) -> type:
+    """The SQLite column type of a model field: ``X | None`` is ``X``, bools are ints."""
+    kinds = [k for k in typing.get_args(annotation) if k is not type(None)] or [annotation]
+    kind = kinds[0]
+    if kind is bool:
+        return int
+    return kind if kind in (int, float, str) else str
+
+
+def _model_columns(model: type[BaseModel]) -> dict[str, type]:
+    return {name: _column_type(field.annotation) for name, field in model.model_fields.items()}
+
+
+UPLOAD_STATUSES = ("pending", "uploaded", "failed")
+UPLOAD_COLUMNS: dict[str, type] = {
+    "upload_status": str,  # pending, uploaded, failed; NULL when no upload was asked for
+    "upload_error": str,
+    "remote_id": str,  # the id the GPU Shopper server gave the result
+    "uploaded_at": str,
+}
+
 BENCHMARK_COLUMNS: dict[str, type] = {
     "id": str,
     "manifest_id": str,
@@ -115,30 +137,39 @@ BENCHMARK_COLUMNS: dict[str, type] = {
     "model": str,
     "price_per_hour": float,
     "tokens_per_second": float,
-    **{
-        name: _PYTHON_TYPES[field.annotation]  # type: ignore[index]
-        for name, field in PerformanceResults.model_fields.items()
-    },
+    **_model_columns(PerformanceResults),
     "cost_per_million_tokens": float,
     "result_json": str,
+    **UPLOAD_COLUMNS,
 }
 
 REQUEST_COLUMNS: dict[str, type] = {
     "benchmark_id": str,
     "manifest_id": str,
-    "index": int,
-    "warmup": int,
-    "prompt_index": int,
-    "started_at": float,
-    "ttft_ms": float,
-    "latency_ms": float,
-    "output_tokens": int,
-    "eval_count": int,
-    "eval_duration_ns": int,
-    "prompt_tokens": int,
-    "tokens_per_second": float,
-    "error": str,
+    **_model_columns(RequestRecord),
 }
+
+GPU_SAMPLE_COLUMNS: dict[str, type] = {
+    "benchmark_id": str,
+    "manifest_id": str,
+    "t": float,  # unix seconds
+    "gpu": int,
+    "utilization_pct": float,
+    "memory_used_mib": int,
+    "temperature_c": float,
+    "power_draw_w": float,
+}
+
+BENCHMARK_RUN_COLUMNS: dict[str, type] = {
+    "benchmark_id": str,
+    "run_index": int,
+    "tokens_per_second": float,
+    "ttft_p50_ms": float,
+    "requests": int,
+    "duration_seconds": float,
+    "outlier": int,  # 0/1: left out of the cell's figures
+}
+_BASELINE_STATUSES = ("success", "partial")
 
 
 def utc_now() -> str:
@@ -260,12 +291,28 @@ class Manifest:
             foreign_keys=[("benchmark_id", "benchmarks", "id")],
             if_not_exists=True,
         )
+        db["gpu_samples"].create(
+            GPU_SAMPLE_COLUMNS,
+            not_null={"manifest_id", "t", "gpu"},
+            # No key on benchmark_id: samples may be stored before their result is.
+            foreign_keys=[("manifest_id", "benchmark_manifest", "id")],
+            if_not_exists=True,
+        )
+        db["benchmark_runs"].create(
+            BENCHMARK_RUN_COLUMNS,
+            pk=("benchmark_id", "run_index"),
+            not_null={"benchmark_id", "run_index"},
+            foreign_keys=[("benchmark_id", "benchmarks", "id")],
+            if_not_exists=True,
+        )
         # A file made by an older version gains the columns added since.
         for name, columns in (
             ("runs", RUN_COLUMNS),
             ("benchmark_manifest", MANIFEST_COLUMNS),
             ("benchmarks", BENCHMARK_COLUMNS),
             ("requests", REQUEST_COLUMNS),
+            ("gpu_samples", GPU_SAMPLE_COLUMNS),
+            ("benchmark_runs", BENCHMARK_RUN_COLUMNS),
         ):
             table = db.table(name)
             present = set(table.columns_dict)
@@ -277,8 +324,12 @@ class Manifest:
             ("benchmark_manifest", "status"),
             ("benchmark_manifest", "session_id"),
             ("benchmarks", "run_id"),
+            ("benchmark_manifest", "cell_id"),
             ("benchmarks", "manifest_id"),
+            ("benchmarks", "upload_status"),
             ("requests", "benchmark_id"),
+            ("gpu_samples", "benchmark_id"),
+            ("gpu_samples", "manifest_id"),
         ):
             db.table(name).create_index(
                 [column], index_name=f"idx_{name}_{column}", if_not_exists=True
@@ -543,6 +594,14 @@ class Manifest:
                 model=result.model.name or cell["model"],
             )
             self.db.execute("DELETE FROM requests WHERE benchmark_id = ?", [benchmark_id])
+            # Storing a result again keeps its upload bookkeeping: an upload asked
+            # for stays asked for, one done is not repeated.
+            columns = ", ".join(UPLOAD_COLUMNS)
+            kept = self.db.execute(
+                f"SELECT {columns} FROM benchmarks WHERE id = ?", [benchmark_id]
+            ).fetchone()
+            if kept is not None:
+                benchmark_row.update(zip(UPLOAD_COLUMNS, kept, strict=True))
             self.db.table("benchmarks").insert(benchmark_row, replace=True)
             if request_rows:
                 self.db.table("requests").insert_all(request_rows)
@@ -574,3 +633,228 @@ class Manifest:
                 )
             )
         )
+
+    def benchmark(self, benchmark_id: str) -> dict[str, Any] | None:
+        """The benchmarks row ``benchmark_id``, or ``None``."""
+        rows = self._retry(
+            lambda: list(self.db.table("benchmarks").rows_where("id = ?", [benchmark_id]))
+        )
+        return rows[0] if rows else None
+
+    def _benchmark_or_raise(self, benchmark_id: str) -> None:
+        found = self.db.execute("SELECT 1 FROM benchmarks WHERE id = ?", [benchmark_id]).fetchone()
+        if found is None:
+            raise KeyError(f"no benchmark {benchmark_id!r}")
+
+    # ----------------------------------------------------------- repeated runs
+
+    def add_benchmark_runs(self, benchmark_id: str, runs: Iterable[Any]) -> int:
+        """Store the repeated measurements behind benchmark ``benchmark_id``; returns how many.
+
+        Each run is a mapping or an object (a pydantic model, a dataclass) with
+        ``tokens_per_second``, ``ttft_p50_ms``, ``requests``, ``duration_seconds``,
+        ``outlier`` and optionally ``run_index`` (default: its position). The runs
+        stored before for that benchmark are replaced. An unknown benchmark is a
+        ``KeyError``.
+        """
+        rows = []
+        for position, run in enumerate(runs):
+            row = _fields_of(run, [c for c in BENCHMARK_RUN_COLUMNS if c != "benchmark_id"])
+            row["outlier"] = int(bool(row["outlier"]))
+            if row["run_index"] is None:
+                row["run_index"] = position
+            rows.append({"benchmark_id": benchmark_id, **row})
+
+        def store() -> None:
+            self._benchmark_or_raise(benchmark_id)
+            self.db.execute("DELETE FROM benchmark_runs WHERE benchmark_id = ?", [benchmark_id])
+            if rows:
+                self.db.table("benchmark_runs").insert_all(rows)
+
+        self._write(store)
+        return len(rows)
+
+    def benchmark_runs(self, benchmark_id: str) -> list[dict[str, Any]]:
+        """The repeated runs of one benchmark in run order, ``outlier`` as a bool."""
+        rows = self._retry(
+            lambda: list(
+                self.db.table("benchmark_runs").rows_where(
+                    "benchmark_id = ?", [benchmark_id], order_by="run_index"
+                )
+            )
+        )
+        return [{**row, "outlier": bool(row["outlier"])} for row in rows]
+
+    # ------------------------------------------------------------ GPU telemetry
+
+    def add_gpu_samples(self, row_id: str, benchmark_id: str | None, samples: Iterable[Any]) -> int:
+        """Append GPU telemetry samples of cell ``row_id`` (and its benchmark, if known).
+
+        ``samples`` are :class:`~pytest_gpubench.telemetry.GpuSample` objects or
+        mappings with the same fields. Returns how many were stored; an unknown
+        ``row_id`` is a ``KeyError``.
+        """
+        rows = []
+        for sample in samples:
+            names = [c for c in GPU_SAMPLE_COLUMNS if c not in ("benchmark_id", "manifest_id")]
+            rows.append({"benchmark_id": benchmark_id, "manifest_id": row_id,
+                         **_fields_of(sample, names)})
+
+        def store() -> None:
+            self._cell_or_raise(row_id)
+            if rows:
+                self.db.table("gpu_samples").insert_all(rows)
+
+        self._write(store)
+        return len(rows)
+
+    def gpu_samples(
+        self, benchmark_id: str | None = None, *, row_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Telemetry samples of one benchmark (or one cell), in time order, then by GPU."""
+        if (benchmark_id is None) == (row_id is None):
+            raise ValueError("give either benchmark_id or row_id")
+        where, value = ("benchmark_id = ?", benchmark_id) if row_id is None else ("manifest_id = ?", row_id)
+        return self._retry(
+            lambda: list(
+                self.db.table("gpu_samples").rows_where(where, [value], order_by="t, gpu, rowid")
+            )
+        )
+
+    # ------------------------------------------------------------------ uploads
+
+    def mark_upload(
+        self,
+        benchmark_id: str,
+        *,
+        status: str,
+        remote_id: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Record the upload state of one result: ``pending``, ``uploaded`` or ``failed``.
+
+        ``uploaded`` stamps ``uploaded_at`` and keeps ``remote_id`` (the server's id);
+        ``failed`` keeps ``error``; ``pending`` (asked for, not tried yet) clears both.
+        An unknown benchmark is a ``KeyError``; another status a ``ValueError``.
+        """
+        if status not in UPLOAD_STATUSES:
+            raise ValueError(f"upload status must be one of {', '.join(UPLOAD_STATUSES)}, got {status!r}")
+        row: dict[str, Any] = {"upload_status": status, "upload_error": None}
+        if status == "uploaded":
+            row.update(remote_id=remote_id, uploaded_at=utc_now())
+        elif status == "failed":
+            text = (error or "unknown error").strip()
+            # An error text is never allowed to smuggle key material into the file.
+            if any(marker in text for marker in _SECRET_MARKERS):
+                text = "upload failed (message withheld: it quoted key material)"
+            row["upload_error"] = text[:2000]
+
+        def update() -> None:
+            try:
+                self.db.table("benchmarks").update(benchmark_id, row)
+            except NotFoundError:
+                raise KeyError(f"no benchmark {benchmark_id!r}") from None
+
+        self._write(update)
+
+    def request_uploads(self, run_id: str | None = None) -> int:
+        """Mark the results (of one run, or all) never asked to be uploaded as ``pending``.
+
+        Results already pending, uploaded or failed keep their state. Returns how
+        many were marked.
+        """
+        where = "upload_status IS NULL"
+        params: list[Any] = []
+        if run_id is not None:
+            where += " AND run_id = ?"
+            params.append(run_id)
+
+        def update() -> int:
+            cursor = self.db.execute(
+                f"UPDATE benchmarks SET upload_status = 'pending' WHERE {where}", params
+            )
+            return cursor.rowcount
+
+        return self._write(update)
+
+    def pending_uploads(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Results whose upload was asked for and has not succeeded (``pending`` or ``failed``).
+
+        Oldest first, of one run or all; ``result_json`` is what to POST.
+        """
+        where = "upload_status IN ('pending', 'failed')"
+        params: list[Any] = []
+        if run_id is not None:
+            where += " AND run_id = ?"
+            params.append(run_id)
+        return self._retry(
+            lambda: list(
+                self.db.table("benchmarks").rows_where(where, params, order_by="created_at, rowid")
+            )
+        )
+
+    # ----------------------------------------------------------------- baseline
+
+    def run_ids(self) -> list[str]:
+        """Every run the manifest knows (from ``runs`` or its cells), most recent first."""
+        sql = """
+            SELECT run_id FROM (
+                SELECT run_id, started_at AS at FROM runs
+                UNION ALL
+                SELECT run_id, MIN(created_at) AS at FROM benchmark_manifest
+                WHERE run_id NOT IN (SELECT run_id FROM runs) GROUP BY run_id
+            ) ORDER BY at DESC
+        """
+        return self._retry(lambda: [row[0] for row in self.db.execute(sql).fetchall()])
+
+    def baseline(
+        self, record_key: str, run_id: str | None = "last", exclude_run: str | None = None
+    ) -> dict[str, Any] | None:
+        """The result to compare cell ``record_key`` with, or ``None`` when there is none.
+
+        ``run_id`` names the baseline run; ``"last"`` (or ``None``) means the most
+        recent run, other than ``exclude_run`` (the current one), in which that cell
+        ended ``success`` or ``partial`` with figures. The answer is that cell's
+        manifest row, with its benchmarks row (or ``None`` for a manifest from
+        before benchmarks were stored) under ``"benchmark"``.
+        """
+        statuses = ", ".join("?" * len(_BASELINE_STATUSES))
+        where = [
+            "m.cell_id = ?",
+            f"m.status IN ({statuses})",
+            "(m.benchmark_id IS NOT NULL OR m.tokens_per_second IS NOT NULL)",
+        ]
+        params: list[Any] = [record_key, *_BASELINE_STATUSES]
+        if run_id not in (None, "last"):
+            where.append("m.run_id = ?")
+            params.append(run_id)
+        if exclude_run is not None:
+            where.append("m.run_id != ?")
+            params.append(exclude_run)
+        sql = f"""
+            SELECT m.id FROM benchmark_manifest m LEFT JOIN runs r ON r.run_id = m.run_id
+            WHERE {' AND '.join(where)}
+            ORDER BY COALESCE(r.started_at, m.created_at) DESC,
+                     COALESCE(m.completed_at, m.created_at) DESC, m.rowid DESC
+            LIMIT 1
+        """
+
+        def query() -> dict[str, Any] | None:
+            found = self.db.execute(sql, params).fetchone()
+            if found is None:
+                return None
+            row = self.db.table("benchmark_manifest").get(found[0])
+            benchmark = None
+            if row["benchmark_id"]:
+                rows = list(self.db.table("benchmarks").rows_where("id = ?", [row["benchmark_id"]]))
+                benchmark = rows[0] if rows else None
+            return {**row, "benchmark": benchmark}
+
+        return self._retry(query)
+
+
+def _fields_of(item: Any, names: Iterable[str]) -> dict[str, Any]:
+    """Fields ``names`` of a mapping or an object with attributes; absent ones are ``None``."""
+    if isinstance(item, Mapping):
+        return {name: item.get(name) for name in names}
+    return {name: getattr(item, name, None) for name in names}

@@ -355,3 +355,166 @@ def test_many_processes_write_at_once(tmp_path):
         assert all(r["status"] == "success" and r["completed_at"] for r in rows)
         assert manifest.open_sessions("run-c") == []
         assert len(manifest.db.execute("SELECT * FROM runs").fetchall()) == 1
+
+
+# ------------------------------------------------- telemetry, repeated runs, uploads
+
+
+def test_new_tables_and_columns(manifest):
+    tables = set(manifest.db.table_names())
+    assert {"gpu_samples", "benchmark_runs"} <= tables
+    assert {c.name for c in manifest.db["gpu_samples"].columns} == {
+        "benchmark_id", "manifest_id", "t", "gpu", "utilization_pct", "memory_used_mib", "temperature_c",
+        "power_draw_w"}
+    assert {c.name for c in manifest.db["benchmark_runs"].columns} == {
+        "benchmark_id", "run_index", "tokens_per_second", "ttft_p50_ms", "requests", "duration_seconds", "outlier"}
+    assert {"upload_status", "upload_error", "remote_id", "uploaded_at"} <= {
+        c.name for c in manifest.db["benchmarks"].columns}
+
+
+def test_an_older_benchmarks_table_gains_upload_and_request_columns(tmp_path):
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"CREATE TABLE benchmark_manifest ({', '.join(SEED_001_COLUMNS)}, PRIMARY KEY (id))")
+        conn.execute("INSERT INTO benchmark_manifest (id, run_id, created_at, gpu_type, provider, model, status)"
+                     " VALUES ('old/1', 'old', '2026-01-01', 'RTX 3090', 'vastai', 'qwen2:7b', 'success')")
+        conn.execute("CREATE TABLE benchmarks (id TEXT PRIMARY KEY, manifest_id TEXT, run_id TEXT,"
+                     " tokens_per_second FLOAT, result_json TEXT)")
+        conn.execute("INSERT INTO benchmarks VALUES ('b-old', 'old/1', 'old', 99.0, '{}')")
+        conn.execute("CREATE TABLE requests (benchmark_id TEXT, manifest_id TEXT, \"index\" INTEGER,"
+                     " latency_ms FLOAT)")
+    conn.close()
+    with Manifest(path) as m:
+        assert {"upload_status", "remote_id", "p95_latency_ms"} <= {c.name for c in m.db["benchmarks"].columns}
+        assert {"ttft_ms", "itl_mean_ms", "done_reason"} <= {c.name for c in m.db["requests"].columns}
+        assert m.benchmark("b-old")["tokens_per_second"] == 99.0
+        assert m.benchmark("b-old")["upload_status"] is None
+        m.mark_upload("b-old", status="pending")
+        assert [r["id"] for r in m.pending_uploads()] == ["b-old"]
+
+
+def test_upload_bookkeeping(manifest):
+    first = manifest.add_benchmark(add(manifest, "a"), result(id="b-a"), records())
+    second = manifest.add_benchmark(add(manifest, "b"), result(id="b-b"), records())
+    other_run = manifest.add_benchmark(add(manifest, "c", run="run-2"), result(id="b-c"), records())
+    assert manifest.pending_uploads() == []  # nothing was asked for
+    assert manifest.benchmark(first)["upload_status"] is None
+
+    manifest.mark_upload(first, status="pending")
+    manifest.mark_upload(other_run, status="pending")
+    assert [r["id"] for r in manifest.pending_uploads()] == [first, other_run]
+    assert [r["id"] for r in manifest.pending_uploads("run-1")] == [first]
+
+    manifest.mark_upload(first, status="failed", error="POST /api/v1/benchmarks failed: connection refused")
+    row = manifest.benchmark(first)
+    assert row["upload_status"] == "failed" and "connection refused" in row["upload_error"]
+    assert row["uploaded_at"] is None
+    assert [r["id"] for r in manifest.pending_uploads("run-1")] == [first]  # failed ones are retried
+
+    manifest.mark_upload(first, status="uploaded", remote_id="remote-1")
+    row = manifest.benchmark(first)
+    assert (row["upload_status"], row["remote_id"], row["upload_error"]) == ("uploaded", "remote-1", None)
+    datetime.fromisoformat(row["uploaded_at"])
+    assert [r["id"] for r in manifest.pending_uploads()] == [other_run]
+
+    assert manifest.request_uploads("run-1") == 1  # only the never-asked one of run-1
+    assert manifest.benchmark(second)["upload_status"] == "pending"
+    assert manifest.benchmark(first)["upload_status"] == "uploaded"
+
+    # Storing a result again keeps its upload state.
+    manifest.add_benchmark(manifest.cell("run-1/a")["id"], result(id="b-a"), records())
+    assert manifest.benchmark(first)["remote_id"] == "remote-1"
+
+    with pytest.raises(ValueError, match="pending, uploaded, failed"):
+        manifest.mark_upload(first, status="done")
+    with pytest.raises(KeyError):
+        manifest.mark_upload("missing", status="pending")
+    manifest.mark_upload(second, status="failed", error=f"server echoed {KEY}")
+    assert "PRIVATE KEY" not in manifest.benchmark(second)["upload_error"]
+
+
+def test_benchmark_runs(manifest):
+    benchmark_id = manifest.add_benchmark(add(manifest), result(id="b-1"), records())
+
+    class Run:  # any object with the fields, e.g. the results helper's model
+        def __init__(self, tps, outlier=False):
+            self.tokens_per_second, self.ttft_p50_ms, self.requests = tps, 40.0, 10
+            self.duration_seconds, self.outlier = 30.0, outlier
+
+    assert manifest.add_benchmark_runs(benchmark_id, [Run(100.0), Run(101.0), Run(60.0, outlier=True)]) == 3
+    runs = manifest.benchmark_runs(benchmark_id)
+    assert [(r["run_index"], r["tokens_per_second"], r["outlier"]) for r in runs] == [
+        (0, 100.0, False), (1, 101.0, False), (2, 60.0, True)]
+    assert runs[0]["requests"] == 10 and runs[0]["duration_seconds"] == 30.0
+    # Storing again replaces; mappings with their own run_index work too.
+    manifest.add_benchmark_runs(benchmark_id, [{"run_index": 5, "tokens_per_second": 99.0, "outlier": 0}])
+    assert [(r["run_index"], r["tokens_per_second"], r["ttft_p50_ms"]) for r in
+            manifest.benchmark_runs(benchmark_id)] == [(5, 99.0, None)]
+    # Storing the benchmark again keeps its runs.
+    manifest.add_benchmark(manifest.cell("run-1/rtx4090-vastai-qwen2_7b")["id"], result(id="b-1"), records())
+    assert len(manifest.benchmark_runs(benchmark_id)) == 1
+    with pytest.raises(KeyError):
+        manifest.add_benchmark_runs("missing", [Run(1.0)])
+
+
+def test_gpu_samples(manifest):
+    row_id = add(manifest)
+    samples = [{"t": 10.0 + i, "gpu": 0, "utilization_pct": 95.0, "memory_used_mib": 5420,
+                "temperature_c": 70.0, "power_draw_w": None} for i in range(3)]
+    assert manifest.add_gpu_samples(row_id, None, samples[:1]) == 1  # before the result exists
+    benchmark_id = manifest.add_benchmark(row_id, result(), records())
+    assert manifest.add_gpu_samples(row_id, benchmark_id, samples[1:]) == 2
+    assert [s["t"] for s in manifest.gpu_samples(benchmark_id)] == [11.0, 12.0]
+    assert [s["t"] for s in manifest.gpu_samples(row_id=row_id)] == [10.0, 11.0, 12.0]
+    assert manifest.gpu_samples(benchmark_id)[0]["power_draw_w"] is None
+    with pytest.raises(KeyError):
+        manifest.add_gpu_samples("run-1/missing", None, samples)
+    with pytest.raises(ValueError):
+        manifest.gpu_samples()
+
+
+# ----------------------------------------------------------------------- baseline
+
+
+def _finished_cell(m: Manifest, run: str, cell: str, status: str, tps: float | None, started: str) -> str:
+    m.start_run(run, [], [])
+    m.db["runs"].update(run, {"started_at": started})
+    row_id = m.add_cell(run, cell, gpu_type="RTX 4090", provider="vastai", model="qwen2:7b", matrix_file="m")
+    if tps is not None:
+        bench = result().model_copy(update={"results": result().results.model_copy(
+            update={"avg_tokens_per_second": tps})})
+        m.add_benchmark(row_id, bench, [])
+    m.finish_cell(row_id, status=status)
+    return row_id
+
+
+def test_baseline_is_the_latest_earlier_run_with_that_cell_done(tmp_path):
+    with Manifest(tmp_path / "m.db") as m:
+        _finished_cell(m, "r1", "cell", "success", 100.0, "2026-11-20T03:00:00.000+00:00")
+        _finished_cell(m, "r2", "cell", "partial", 90.0, "2026-11-21T03:00:00.000+00:00")
+        _finished_cell(m, "r3", "cell", "failed", None, "2026-11-22T03:00:00.000+00:00")
+        _finished_cell(m, "r3", "other", "success", 50.0, "2026-11-22T03:00:00.000+00:00")
+        _finished_cell(m, "r4", "cell", "success", 120.0, "2026-11-23T03:00:00.000+00:00")  # the current run
+
+        found = m.baseline("cell", "last", exclude_run="r4")
+        assert found["run_id"] == "r2" and found["status"] == "partial"
+        assert found["tokens_per_second"] == 90.0
+        assert found["benchmark"]["id"] == found["benchmark_id"] and found["benchmark"]["error_rate"] == 0.2
+        assert m.baseline("cell")["run_id"] == "r4"  # nothing excluded
+        assert m.baseline("cell", None, exclude_run="r4")["run_id"] == "r2"
+        assert m.baseline("cell", "r1")["tokens_per_second"] == 100.0
+        assert m.baseline("cell", "r3") is None  # failed there
+        assert m.baseline("cell", "nope") is None
+        assert m.baseline("missing-cell") is None
+        assert m.baseline("other", exclude_run="r3") is None
+        assert m.run_ids() == ["r4", "r3", "r2", "r1"]
+
+
+def test_baseline_from_a_manifest_without_benchmarks_rows(tmp_path):
+    with Manifest(tmp_path / "m.db") as m:
+        row_id = m.add_cell("seed", "cell", gpu_type="RTX 4090", provider="vastai", model="qwen2:7b",
+                            matrix_file="m")
+        m.finish_cell(row_id, status="success", tokens_per_second=77.0)
+        found = m.baseline("cell", exclude_run="now")
+        assert found["run_id"] == "seed" and found["tokens_per_second"] == 77.0 and found["benchmark"] is None
+        assert m.run_ids() == ["seed"]
