@@ -32,6 +32,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             kwargs.update(action="store_true", default=None)
         else:
             kwargs.update(action=opt.action, default=None, metavar=opt.metavar)
+            if opt.const is not None:
+                kwargs.update(nargs="?", const=opt.const)
         group.addoption(opt.flag, **kwargs)
         if opt.ini:
             parser.addini(f"gpubench_{opt.dest}", opt.help, default=None)

@@ -58,6 +58,8 @@ class Option:
     ini: bool = True
     action: str = "store"  # "store", "store_true" or "append"
     metavar: str | None = None
+    #: For flags whose value is optional (``--gpubench-compare`` alone means "last").
+    const: str | None = None
 
 
 def _positive_float(text: str) -> float:
@@ -81,6 +83,26 @@ def _choice(*allowed: str) -> Callable[[str], str]:
         return text
 
     return convert
+
+
+def _whole_number(low: int, high: int) -> Callable[[str], int]:
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"must be a whole number from {low} to {high}") from None
+        if not low <= value <= high:
+            raise ValueError(f"must be a whole number from {low} to {high}")
+        return value
+
+    return convert
+
+
+def _compare_rules(text: str) -> str:
+    from .compare import parse_compare_fail  # the rule grammar lives with the comparison
+
+    parse_compare_fail(text)
+    return text
 
 
 def _bool(text: str | bool) -> bool:
@@ -132,6 +154,19 @@ OPTIONS: tuple[Option, ...] = (
            env="GPUBENCH_RUN_ID", ini=False, metavar="ID"),
     Option("workload_type", "--gpubench-workload-type", "workload_type sent when creating sessions",
            default="interactive", env="GPUBENCH_WORKLOAD_TYPE", metavar="TYPE"),
+    Option("runs", "--gpubench-runs", "repeat each cell's measurement N times on its session (overrides the matrix)",
+           type=_whole_number(1, 100), env="GPUBENCH_RUNS", metavar="N"),
+    Option("telemetry_interval", "--gpubench-telemetry-interval",
+           "seconds between nvidia-smi samples during a benchmark (overrides the matrix; default 5)",
+           type=_positive_float, env="GPUBENCH_TELEMETRY_INTERVAL", metavar="SECONDS"),
+    Option("compare", "--gpubench-compare",
+           "compare each cell with the same cell of a baseline run from the manifest (RUN_ID, or last)",
+           env="GPUBENCH_COMPARE", metavar="RUN_ID|last", const="last"),
+    Option("compare_fail", "--gpubench-compare-fail",
+           "fail cells that regressed beyond these bounds against the baseline, e.g. tps:10%,ttft:20%",
+           type=_compare_rules, env="GPUBENCH_COMPARE_FAIL", metavar="RULES"),
+    Option("upload", "--gpubench-upload", "POST every result to the GPU Shopper /api/v1/benchmarks",
+           type=_bool, default=False, env="GPUBENCH_UPLOAD", action="store_true"),
     Option("live", "--gpubench-live", "show live progress of running cells in the terminal (default true)",
            type=_bool, default=True, env="GPUBENCH_LIVE", metavar="BOOL"),
 )
@@ -162,6 +197,11 @@ class Settings(BaseModel):
     run_id: str = ""
     workload_type: str = "interactive"
     live: bool = True
+    runs: int | None = None
+    telemetry_interval: float | None = None
+    compare: str | None = None
+    compare_fail: str | None = None
+    upload: bool = False
 
     @property
     def progress_dir(self) -> Path:
@@ -242,7 +282,7 @@ def _convert(opt: Option, raw: Any, source: str) -> Any:
         try:
             return opt.type(raw)
         except ValueError as exc:
-            reason = str(exc) if str(exc).startswith("must") else "must be a number"
+            reason = str(exc) if str(exc).startswith(("must", "unknown", "expected")) else "must be a number"
             raise UsageProblem(f"{source}: {raw!r} {reason}") from None
     return raw
 
