@@ -71,7 +71,7 @@ class RequestRecord(_Value):
     send_lag_ms: float | None = None  # actual send time minus scheduled: a saturated client shows here
     itl_mean_ms: float | None = None  # mean gap between consecutive tokens (first token excluded)
     itl_max_ms: float | None = None
-    tpot_ms: float | None = None  # (latency - ttft) / (output_tokens - 1)
+    tpot_ms: float | None = None  # (last token - first token) / (output_tokens - 1)
     server_tokens_per_second: float | None = None  # eval_count / eval_duration
     prompt_eval_duration_ns: int | None = None
     load_duration_ns: int | None = None
@@ -308,8 +308,14 @@ def summarize(records: Iterable[RequestRecord], duration_seconds: float) -> Perf
       present, otherwise the client's chunk count (:attr:`RequestRecord.counted_tokens`);
       ``total_prompt_tokens`` sums ``prompt_tokens`` where reported.
     * ``requests_per_minute`` = successful requests / ``duration_seconds`` * 60.
+    * ``match_rate`` / ``prompts_with_expected`` / ``prompts_matching`` come from
+      :func:`pytest_gpubench.metrics.quality`: successful requests whose prompt
+      expected an answer (``matched`` not ``None``); all zero when none did.
     * Nothing successful (or nothing at all) gives zeros, not an error.
     """
+    # Imported here because metrics builds on this module's RequestRecord.
+    from .metrics import quality
+
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
     errors = len(measured) - len(ok)
@@ -318,6 +324,7 @@ def summarize(records: Iterable[RequestRecord], duration_seconds: float) -> Perf
     latency = [r.latency_ms for r in ok]
     ttft = [r.ttft_ms for r in ok if r.ttft_ms is not None]
     total_tokens = sum(r.counted_tokens for r in ok)
+    match_rate, with_expected, matching = quality(measured)
 
     return PerformanceResults(
         total_requests=len(measured),
@@ -343,4 +350,7 @@ def summarize(records: Iterable[RequestRecord], duration_seconds: float) -> Perf
         avg_ttft_ms=_mean(ttft),
         p50_ttft_ms=percentile(ttft, 50),
         p95_ttft_ms=percentile(ttft, 95),
+        match_rate=match_rate,
+        prompts_with_expected=with_expected,
+        prompts_matching=matching,
     )

@@ -154,7 +154,40 @@ def test_summarize_without_successes_gives_zeros(records):
     assert r.error_rate == (1.0 if errors else 0.0)
 
 
+def test_summarize_fills_quality_fields_from_checked_requests():
+    records = [
+        record(0, matched=True),
+        record(1, matched=False),
+        record(2, matched=True),
+        record(3, matched=None),  # nothing expected of this prompt
+        record(4, matched=True, error="timeout"),  # failed prompts are not judged
+        record(5, matched=False, warmup=True),
+    ]
+    r = summarize(records, duration_seconds=10.0)
+    assert (r.prompts_with_expected, r.prompts_matching) == (3, 2)
+    assert r.match_rate == pytest.approx(2 / 3)
+    data = json.loads(r.model_dump_json())
+    assert data["prompts_with_expected"] == 3 and data["match_rate"] == pytest.approx(2 / 3)
+
+
+def test_summarize_without_expectations_leaves_quality_at_zero():
+    r = summarize([record(0), record(1, matched=None)], duration_seconds=10.0)
+    assert (r.match_rate, r.prompts_with_expected, r.prompts_matching) == (0.0, 0, 0)
+
+
 # ---------------------------------------------------------------------------- cost
+
+
+def test_cost_analysis_on_uneven_figures():
+    # $1.29/h at 37.5 tok/s: 135,000 tokens an hour
+    c = cost_analysis(1.29, 37.5)
+    assert c.cost_per_hour == 1.29
+    assert c.tokens_per_dollar == pytest.approx(135_000 / 1.29)
+    assert c.cost_per_million_tokens == pytest.approx(1.29 / 135_000 * 1e6)  # $9.5556
+    assert c.cost_per_million_tokens == pytest.approx(9.5556, abs=1e-4)
+    assert c.estimated_monthly_24x7 == pytest.approx(1.29 * 720)  # 30 days of 24 h: $928.80
+    # the Go server derives one from the other: cost per million = 1e6 / tokens per dollar
+    assert c.tokens_per_dollar * c.cost_per_million_tokens == pytest.approx(1e6)
 
 
 def test_cost_analysis_arithmetic():
