@@ -1,11 +1,12 @@
 """Matrix files: the schema, their expansion into cells, filters and stable test ids.
 
-A matrix file (YAML) lists rows of GPU x providers x models, with workload and offer
-defaults that rows may override. :func:`load_matrix` validates a file into a
-:class:`Matrix`; :func:`expand` turns it into one frozen :class:`Cell` per
-(row, provider, model), in file order. Every problem in a file is a
-:class:`~pytest_gpubench.errors.MatrixError` naming the file, the field in dotted
-form (``matrix[2].workload.duration``) and what is allowed, on one line.
+A matrix file (YAML) lists rows of GPU x providers x models, with workload, offer,
+SLO and threshold defaults that rows may override. :func:`load_matrix` validates a
+file into a :class:`Matrix`; :func:`expand` turns it into one frozen :class:`Cell`
+per (row, provider, model, load point: a concurrency or a rate), in file order.
+Every problem in a file is a :class:`~pytest_gpubench.errors.MatrixError` naming
+the file, the field in dotted form (``matrix[2].workload.duration``) and what is
+allowed, on one line.
 
 The filters (:func:`gpu_matches`, :func:`provider_matches`, :func:`model_matches`,
 :func:`cell_selected`) are what ``--gpu``, ``--provider`` and ``--model`` use.
@@ -21,7 +22,6 @@ from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
-from pydantic_core import PydanticCustomError
 
 from .errors import MatrixError
 from .matrix_fields import (  # noqa: F401 - re-exported
@@ -33,20 +33,34 @@ from .matrix_fields import (  # noqa: F401 - re-exported
     MaxTokens,
     ModelName,
     Price,
-    Prompts,
     ProviderName,
+    Runs,
     Seconds,
+    StrictModel,
     Warmup,
     confidences,
     did_you_mean,
     invalid,
     model_name,
+    number_text,
     parse_duration,
     text_field,
     whole,
 )
+from .matrix_workload import (  # noqa: F401 - re-exported
+    PROMPT_SETS,
+    QUALITY_PROMPTS,
+    SEED_PROMPTS,
+    Prompt,
+    Prompts,
+    Workload,
+    WorkloadOverride,
+    load_conflict,
+    prompt_set_name,
+)
 from .selection import (  # noqa: F401 - re-exported: the matrix module is where users look
     MODEL_VRAM_GB,
+    axes_suffix,
     cell_id,
     cell_selected,
     gpu_matches,
@@ -62,81 +76,17 @@ from .selection import (  # noqa: F401 - re-exported: the matrix module is where
     select_cells,
     split_tag,
 )
+from .thresholds import Slo, Thresholds, merged
 from .yaml_errors import at_line, describe, node_line, parse_yaml, translate
 
 DEFAULT_MIN_AVAILABILITY_CONFIDENCE = 0.5
 """Seed 000's bar; TensorDock offers always report 0.3, so give it its own bar."""
 
-SEED_PROMPTS: tuple[str, ...] = (
-    "Write a Python function to implement binary search on a sorted list.",
-    "Explain quantum computing in simple terms for a 10-year-old.",
-    "What are the key differences between REST and GraphQL APIs?",
-    "Write a haiku about programming.",
-    "Debug this code: for i in range(10): print(i",
-    "Explain the CAP theorem and its implications for distributed systems.",
-    "Write a regex pattern to match valid email addresses.",
-    "What is the time complexity of quicksort and why?",
-    "Describe three design patterns used in object-oriented programming.",
-    "How does garbage collection work in modern programming languages?",
-)
-"""Seed 000's prompt mix, in its order: the default ``workload.prompts``."""
-
 
 # ---------------------------------------------------------------------------- schema
 
 
-class _Strict(BaseModel):
-    """Frozen, and an unknown key is an error that lists the allowed keys."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_keys(cls, data: Any) -> Any:
-        if isinstance(data, Mapping):
-            allowed = list(cls.model_fields)
-            for key in data:
-                if key not in allowed:
-                    hint = did_you_mean(str(key), allowed)
-                    message = f"unknown key{hint}; allowed keys: {', '.join(allowed)}"
-                    raise PydanticCustomError(
-                        "unknown_key", "{message}", {"key": str(key), "message": message}
-                    )
-        return data
-
-
-class Workload(_Strict):
-    """What one cell's benchmark does; the defaults are seed 000's."""
-
-    duration: Seconds = 300.0
-    max_tokens: MaxTokens = 256
-    warmup_requests: Warmup = 1
-    progress_interval: Seconds = 60.0
-    checkpoint_every: CheckpointEvery = 10
-    prompts: Prompts = SEED_PROMPTS
-
-    @property
-    def duration_minutes(self) -> float:
-        """The duration as BenchmarkResult's ``test_config.duration_minutes``."""
-        return self.duration / 60
-
-
-class WorkloadOverride(_Strict):
-    """A row's ``workload:``: only the keys it sets replace the file's."""
-
-    duration: Seconds | None = None
-    max_tokens: MaxTokens | None = None
-    warmup_requests: Warmup | None = None
-    progress_interval: Seconds | None = None
-    checkpoint_every: CheckpointEvery | None = None
-    prompts: Prompts | None = None
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_null(cls, value: Any) -> Any:
-        if value is None:
-            raise invalid("must not be null; leave the key out to use the file's value")
-        return value
+_Strict = StrictModel
 
 
 class OfferSpec(_Strict):
@@ -188,6 +138,8 @@ class RowSpec(_Strict):
     models: list[ModelName] | None = None
     workload: WorkloadOverride | None = None
     offer: OfferSpec | None = None
+    slo: Slo | None = None
+    thresholds: Thresholds | None = None
 
     @model_validator(mode="after")
     def _one_of_each(self) -> RowSpec:
@@ -224,6 +176,8 @@ class MatrixSpec(_Strict):
     runtime: RuntimeSpec = RuntimeSpec()
     models: dict[str, ModelSpec] = {}
     matrix: list[RowSpec]
+    slo: Slo = Slo()
+    thresholds: Thresholds = Thresholds()
 
     @field_validator("name", mode="before")
     @classmethod
@@ -272,6 +226,8 @@ class Matrix(BaseModel):
     offer: OfferSpec
     ollama_install: str | None = None
     vram_overrides: dict[str, int] = {}
+    slo: Slo = Slo()
+    thresholds: Thresholds = Thresholds()
     rows: tuple[RowSpec, ...]
     row_lines: tuple[int | None, ...] = ()
 
@@ -292,11 +248,21 @@ class Cell(BaseModel):
     matrix_name: str
     source: str
     row: int
+    concurrency: int = 1
+    rate: float | None = None
+    slo: Slo = Slo()
+    thresholds: Thresholds = Thresholds()
 
     @property
     def cell_id(self) -> str:
-        """``RTX_4090-vastai-qwen2:7b``: GPU (spaces as ``_``), provider, model as written."""
-        return cell_id(self.gpu, self.provider, self.model)
+        """``RTX_4090-vastai-qwen2:7b``: GPU (spaces as ``_``), provider, model as written;
+        then ``-c8`` for a concurrency other than 1, or ``-r2.5`` for a request rate."""
+        return cell_id(self.gpu, self.provider, self.model, self.concurrency, self.rate)
+
+    @property
+    def runs(self) -> Runs:
+        """How many times the benchmark is measured (``workload.runs``)."""
+        return self.workload.runs
 
     @property
     def gpu_compact(self) -> str:
@@ -363,6 +329,8 @@ def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -
         offer=spec.offer,
         ollama_install=spec.runtime.ollama_install,
         vram_overrides={model_ref(k).lower(): v.vram_gb for k, v in spec.models.items()},
+        slo=spec.slo,
+        thresholds=spec.thresholds,
         rows=tuple(spec.matrix),
         row_lines=tuple(node_line(root, ("matrix", i)) for i in range(len(spec.matrix))),
     )
@@ -371,15 +339,21 @@ def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -
 
 
 def expand(matrix: Matrix) -> list[Cell]:
-    """One :class:`Cell` per (row, provider, model), in file order."""
+    """One :class:`Cell` per (row, provider, model, load point), in file order."""
     cells: list[Cell] = []
-    seen: dict[tuple[str, str, str], int] = {}
+    seen: dict[tuple[Any, ...], int] = {}
     ids: dict[str, int] = {}
     for r, row in enumerate(matrix.rows):
         where = at_line(_row_line(matrix, r))
-        workload = matrix.workload
-        if row.workload is not None:
-            workload = workload.model_copy(update=row.workload.model_dump(exclude_unset=True))
+        workload = _row_workload(matrix, r, row)
+        slo, thresholds = merged(matrix.slo, row.slo), merged(matrix.thresholds, row.thresholds)
+        if thresholds.min_match_rate is not None and not workload.has_expectations:
+            raise MatrixError(matrix.source, f"matrix[{r}]", (
+                "thresholds.min_match_rate is set but no prompt of this row has `expect` answers, "
+                "so no match rate can be measured; use `prompts: quality`, give prompts "
+                f"{{prompt: ..., expect: [...]}}, or set `min_match_rate: null` in the row{where}"))
+        points = ([(1, rate) for rate in workload.rate] if workload.rate is not None
+                  else [(c, None) for c in workload.concurrency])
         row_offer = row.offer or OfferSpec()
         fields = row_offer.model_fields_set
         max_price = row_offer.max_price if "max_price" in fields else matrix.offer.max_price
@@ -398,20 +372,48 @@ def expand(matrix: Matrix) -> list[Cell]:
                         f"cannot tell how much VRAM {model!r} needs: it is not in the seed table "
                         f"and its tag names no size such as '7b'; add "
                         f"`models: {{{model}: {{vram_gb: N}}}}` to the file{where}"))
-                cell = Cell(gpu=row.gpu, provider=provider, model=model, model_ref=model_ref(model),
-                            workload=workload, offer=offer, vram_gb=vram,
-                            ollama_install=matrix.ollama_install, matrix_name=matrix.name,
-                            source=matrix.source, row=r)
-                key = (normalize_gpu(row.gpu), provider, cell.model_ref.lower())
-                first = seen.get(key, ids.get(cell.cell_id.lower()))
-                if first is not None:
-                    raise MatrixError(matrix.source, f"matrix[{r}]", (
-                        f"duplicate cell {cell.cell_id} ({row.gpu} / {provider} / {model}), "
-                        f"already in matrix[{first}]{at_line(_row_line(matrix, first))}; "
-                        f"a GPU, provider and model may appear once in a file{where}"))
-                seen[key] = ids[cell.cell_id.lower()] = r
-                cells.append(cell)
+                for concurrency, rate in points:
+                    cell = Cell(gpu=row.gpu, provider=provider, model=model,
+                                model_ref=model_ref(model), offer=offer, vram_gb=vram,
+                                workload=workload.model_copy(update={
+                                    "concurrency": (concurrency,),
+                                    "rate": None if rate is None else (rate,)}),
+                                ollama_install=matrix.ollama_install, matrix_name=matrix.name,
+                                source=matrix.source, row=r, concurrency=concurrency, rate=rate,
+                                slo=slo, thresholds=thresholds)
+                    key = (normalize_gpu(row.gpu), provider, cell.model_ref.lower(), concurrency, rate)
+                    first = seen.get(key, ids.get(cell.cell_id.lower()))
+                    if first is not None:
+                        raise MatrixError(matrix.source, f"matrix[{r}]", (
+                            f"duplicate cell {cell.cell_id} ({row.gpu} / {provider} / {model}"
+                            f"{_load_text(concurrency, rate)}), already in matrix[{first}]"
+                            f"{at_line(_row_line(matrix, first))}; a GPU, provider, model and "
+                            f"load may appear once in a file{where}"))
+                    seen[key] = ids[cell.cell_id.lower()] = r
+                    cells.append(cell)
     return cells
+
+
+def _row_workload(matrix: Matrix, r: int, row: RowSpec) -> Workload:
+    """The file's workload with the row's keys over it; load axes checked once merged."""
+    if row.workload is None:
+        return matrix.workload
+    update = {key: getattr(row.workload, key) for key in row.workload.model_fields_set}
+    workload = matrix.workload.model_copy(update=update)
+    conflict = load_conflict(workload.concurrency, workload.rate)
+    if conflict:
+        origin = {k: "this row" if k in update else "the file's workload" for k in ("concurrency", "rate")}
+        raise MatrixError(matrix.source, f"matrix[{r}].workload", (
+            f"{conflict}; here `concurrency` comes from {origin['concurrency']} and `rate` from "
+            f"{origin['rate']}: in the row, set `concurrency: 1`, or `rate: null` to drop the "
+            f"file's rate{at_line(_row_line(matrix, r))}"))
+    return workload
+
+
+def _load_text(concurrency: int, rate: float | None) -> str:
+    if rate is not None:
+        return f" / rate {number_text(rate)}/s"
+    return f" / concurrency {concurrency}" if concurrency != 1 else ""
 
 
 def _row_line(matrix: Matrix, row: int) -> int | None:

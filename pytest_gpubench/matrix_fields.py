@@ -15,16 +15,19 @@ from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
 from pydantic_core import PydanticCustomError
 
-from .selection import normalize_provider
+from .selection import normalize_provider, number_text
 from .yaml_errors import describe
 
 KNOWN_PROVIDERS: tuple[str, ...] = ("vastai", "tensordock", "bluelobster")
 """Providers a matrix may name (GPU Shopper's provider names)."""
 
 MAX_DURATION_S = 24 * 3600.0
+MAX_CONCURRENCY = 1024
+MAX_RATE = 1000.0
+MAX_RUNS = 100
 
 
 _GPU_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}")
@@ -34,6 +37,26 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _DURATION_RE = re.compile(
     r"(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s)?"
 )
+
+
+class StrictModel(BaseModel):
+    """Frozen, and an unknown key is an error that lists the allowed keys."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            allowed = list(cls.model_fields)
+            for key in data:
+                if key not in allowed:
+                    hint = did_you_mean(str(key), allowed)
+                    message = f"unknown key{hint}; allowed keys: {', '.join(allowed)}"
+                    raise PydanticCustomError(
+                        "unknown_key", "{message}", {"key": str(key), "message": message}
+                    )
+        return data
 
 
 # ------------------------------------------------------------------ field validators
@@ -166,14 +189,152 @@ def model_name(value: Any) -> str:
     return name
 
 
-def _prompts(value: Any) -> tuple[str, ...]:
-    allowed = "must be a non-empty list of non-empty strings"
-    if not isinstance(value, (list, tuple)) or not value:
+def _axis(value: Any, allowed: str, check: Any) -> tuple[Any, ...]:
+    """One value or a non-empty list of them, each passed through ``check``, none twice."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not values:
+        raise invalid(f"{allowed}; got an empty list")
+    out: list[Any] = []
+    for i, item in enumerate(values):
+        checked = check(item)
+        if checked is None:
+            where = f"item {i} is " if isinstance(value, (list, tuple)) else ""
+            raise invalid(f"{allowed}; got {where}{describe(item)}")
+        if checked in out:
+            raise invalid(f"{allowed}; {describe(item)} is listed twice")
+        out.append(checked)
+    return tuple(out)
+
+
+def _concurrency(value: Any) -> tuple[int, ...]:
+    allowed = (f"must be a whole number of requests in flight from 1 to {MAX_CONCURRENCY}, "
+               "or a non-empty list of them such as [1, 8, 32]")
+
+    def check(item: Any) -> int | None:
+        ok = isinstance(item, int) and not isinstance(item, bool) and 1 <= item <= MAX_CONCURRENCY
+        return item if ok else None
+
+    return _axis(value, allowed, check)
+
+
+def _rate(value: Any) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    allowed = (f"must be a number of requests per second, more than 0 and at most {MAX_RATE:g}, "
+               "or a non-empty list of them such as [0.5, 1, 2.5]")
+
+    def check(item: Any) -> float | None:
+        ok = isinstance(item, (int, float)) and not isinstance(item, bool) and _finite(item)
+        return float(item) if ok and 0 < item <= MAX_RATE else None
+
+    return _axis(value, allowed, check)
+
+
+def axis_text(values: tuple[Any, ...]) -> str:
+    """An axis as it would be written: ``8`` or ``[1, 8, 32]``."""
+    shown = [number_text(v) for v in values]
+    return shown[0] if len(shown) == 1 else f"[{', '.join(shown)}]"
+
+
+def fraction(value: Any, allowed: str, *, above_zero: bool = False) -> float:
+    """A number from 0 to 1, or a percentage string such as ``"2%"``."""
+    number: Any = value
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            number = float(value.strip()[:-1]) / 100
+        except ValueError:
+            number = None
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not _finite(number) \
+            or not (0 < number <= 1 if above_zero else 0 <= number <= 1):
         raise invalid(f"{allowed}; got {describe(value)}")
-    for i, prompt in enumerate(value):
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise invalid(f"{allowed}; item {i} is {describe(prompt)}")
-    return tuple(value)
+    return float(number)
+
+
+def positive(what: str):
+    """A number more than 0, or null (no bound)."""
+    def check(value: Any) -> float | None:
+        if value is None:
+            return None
+        allowed = f"must be {what}, more than 0 (or null for none)"
+        if _number(value, allowed) <= 0:
+            raise invalid(f"{allowed}; got {describe(value)}")
+        return float(value)
+
+    return BeforeValidator(check)
+
+
+class Runs(StrictModel):
+    """``workload.runs``: how many times a cell's benchmark is measured on its session.
+
+    ``runs: 3`` is ``Runs(count=3, min=3, max=3)``; ``runs: {until_cv: 2%, min: 3,
+    max: 10}`` is ``Runs(count=None, until_cv=0.02, min=3, max=10)``: run at least
+    ``min`` times, then stop once the coefficient of variation of the runs' TPS is
+    at most ``until_cv``, and after ``max`` runs in any case.
+    """
+
+    count: int | None = 1
+    until_cv: float | None = None
+    min: int = 1
+    max: int = 1
+
+    @classmethod
+    def fixed(cls, count: int) -> Runs:
+        return cls(count=count, min=count, max=count)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Runs:
+        if not 1 <= self.min <= self.max:
+            raise ValueError(f"needs 1 <= min <= max; got min {self.min}, max {self.max}")
+        return self
+
+    def finished(self, done: int, cv: float | None = None) -> bool:
+        """True when no more runs are needed after ``done`` runs whose TPS varied by ``cv``."""
+        if done >= self.max:
+            return True
+        if done < self.min:
+            return False
+        return self.until_cv is not None and cv is not None and cv <= self.until_cv
+
+    def __str__(self) -> str:
+        if self.until_cv is None:
+            return str(self.count)
+        return f"until CV <= {number_text(round(self.until_cv * 100, 6))}% ({self.min} to {self.max} runs)"
+
+
+def _runs(value: Any) -> Runs:
+    allowed = (f"must be a whole number of runs from 1 to {MAX_RUNS}, or a mapping such as "
+               "{until_cv: '2%', min: 3, max: 10}")
+    if isinstance(value, Runs):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 1 <= value <= MAX_RUNS:
+            raise invalid(f"{allowed}; got {describe(value)}")
+        return Runs.fixed(value)
+    if not isinstance(value, Mapping):
+        raise invalid(f"{allowed}; got {describe(value)}")
+    if set(value) == set(Runs.model_fields):  # a dumped Runs, read back
+        return Runs.model_validate(value)
+    keys = ("until_cv", "min", "max")
+    for key in value:
+        if key not in keys:
+            raise invalid(f"unknown key {str(key)!r}{did_you_mean(str(key), keys)}; "
+                          f"allowed keys: {', '.join(keys)}")
+    if "until_cv" not in value:
+        raise invalid("`until_cv` is required in the mapping form, such as {until_cv: '2%', min: 3, "
+                      "max: 10}; for a fixed number of runs write `runs: 5`")
+    until_cv = fraction(value["until_cv"], "`until_cv` must be a fraction such as 0.02 or a "
+                        "percentage such as '2%', more than 0 and at most 100%", above_zero=True)
+    bounds = {"min": 3, "max": 10}
+    for key in bounds:
+        if key in value:
+            n = value[key]
+            if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= MAX_RUNS:
+                raise invalid(f"`{key}` must be a whole number of runs from 2 to {MAX_RUNS} (a "
+                              f"coefficient of variation needs two runs); got {describe(n)}")
+            bounds[key] = n
+    if bounds["min"] > bounds["max"]:
+        raise invalid(f"`min` ({bounds['min']}) is more than `max` ({bounds['max']})")
+    return Runs(count=None, until_cv=until_cv, **bounds)
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
@@ -185,8 +346,10 @@ Seconds = Annotated[float, BeforeValidator(_seconds)]
 GpuName = Annotated[str, BeforeValidator(_gpu)]
 ProviderName = Annotated[str, BeforeValidator(_provider)]
 ModelName = Annotated[str, BeforeValidator(model_name)]
-Prompts = Annotated[tuple[str, ...], BeforeValidator(_prompts)]
 MaxTokens = Annotated[int, whole(1, 131072)]
 Warmup = Annotated[int, whole(0, 1000)]
 CheckpointEvery = Annotated[int, whole(1, 1_000_000)]
 Price = Annotated[float, BeforeValidator(_price)]
+Concurrency = Annotated[tuple[int, ...], BeforeValidator(_concurrency)]
+Rate = Annotated[tuple[float, ...] | None, BeforeValidator(_rate)]
+RunsField = Annotated[Runs, BeforeValidator(_runs)]

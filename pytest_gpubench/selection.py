@@ -1,7 +1,7 @@
 """Cell names and selection: GPU/provider/model matching, test ids, VRAM needs.
 
 What ``--gpu``, ``--provider`` and ``--model`` use (:func:`cell_selected`), how a
-cell's test id is formed (:func:`cell_id`), and how much GPU memory a model needs
+cell's test id is formed (:func:`cell_id`, with its load point), and how much GPU memory a model needs
 (seed 000's table, else inferred from the parameter count in its tag).
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
+from decimal import Decimal
 from fractions import Fraction
 from types import MappingProxyType
 from typing import Any
@@ -166,6 +167,25 @@ def id_part(text: str) -> str:
     return re.sub(r"[\s/]+", "_", text.strip())
 
 
-def cell_id(gpu: str, provider: str, model: str) -> str:
-    """The test id of a cell: ``{GPU with _ for spaces}-{provider}-{model}``."""
-    return f"{id_part(gpu)}-{normalize_provider(provider)}-{id_part(model)}"
+def cell_id(gpu: str, provider: str, model: str, concurrency: int = 1, rate: float | None = None) -> str:
+    """The test id of a cell: ``{GPU with _ for spaces}-{provider}-{model}``, then its load.
+
+    ``RTX_4090-vastai-qwen2:7b`` at concurrency 1 without a rate (so ids from
+    before load axes existed stay the same), ``...-c8`` at concurrency 8,
+    ``...-r2.5`` at 2.5 requests/s.
+    """
+    base = f"{id_part(gpu)}-{normalize_provider(provider)}-{id_part(model)}"
+    return base + axes_suffix(concurrency, rate)
+
+
+def axes_suffix(concurrency: int = 1, rate: float | None = None) -> str:
+    """``""``, ``"-c8"`` or ``"-r2.5"``: the load part of a cell id."""
+    if rate is not None:
+        return f"-r{number_text(rate)}"
+    return f"-c{concurrency}" if concurrency != 1 else ""
+
+
+def number_text(value: float) -> str:
+    """``2.0`` -> ``"2"``, ``2.5`` -> ``"2.5"``, ``0.00001`` -> ``"0.00001"`` (never an exponent)."""
+    text = format(Decimal(repr(float(value))), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text

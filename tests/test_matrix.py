@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import json
 import math
+import pickle
 import textwrap
 from pathlib import Path
 
@@ -13,8 +16,15 @@ from pytest_gpubench.errors import MatrixError
 from pytest_gpubench.matrix import (
     KNOWN_PROVIDERS,
     MODEL_VRAM_GB,
+    PROMPT_SETS,
+    QUALITY_PROMPTS,
     SEED_PROMPTS,
     Cell,
+    Prompt,
+    Runs,
+    Slo,
+    Thresholds,
+    Workload,
     cell_id,
     cell_selected,
     expand,
@@ -641,3 +651,490 @@ def test_error_counts_further_problems(tmp_path):
 def test_error_bad_name(tmp_path):
     msg = error_of(tmp_path, "name: 'my matrix'\n" + ONE_ROW)
     assert_all_in(msg, "name: must be letters, digits", "'my matrix'")
+
+
+# ---------------------------------------------------------------- load axes and ids
+
+
+def test_concurrency_axis_expands_to_one_cell_per_value(tmp_path):
+    cells = cells_of(tmp_path, """\
+        workload: {concurrency: [1, 8, 32]}
+        matrix:
+          - {gpu: RTX 4090, provider: vastai, models: [qwen2:7b, qwen2:1.5b]}
+        """)
+    assert [c.cell_id for c in cells] == [
+        "RTX_4090-vastai-qwen2:7b", "RTX_4090-vastai-qwen2:7b-c8", "RTX_4090-vastai-qwen2:7b-c32",
+        "RTX_4090-vastai-qwen2:1.5b", "RTX_4090-vastai-qwen2:1.5b-c8",
+        "RTX_4090-vastai-qwen2:1.5b-c32",
+    ]
+    assert [(c.concurrency, c.rate) for c in cells[:3]] == [(1, None), (8, None), (32, None)]
+    # a cell's workload holds only its own load point
+    assert [c.workload.concurrency for c in cells[:3]] == [(1,), (8,), (32,)]
+    assert all(c.workload.rate is None for c in cells)
+    assert {c.reuse_group for c in cells} == {"RTX_4090-vastai"}
+    assert cells[1].keywords == cells[0].keywords
+
+
+def test_single_concurrency_and_row_override(tmp_path):
+    cells = cells_of(tmp_path, """\
+        workload: {concurrency: 4}
+        matrix:
+          - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}
+          - {gpu: RTX 3090, provider: vastai, model: qwen2:7b, workload: {concurrency: [1, 2]}}
+        """)
+    assert [c.cell_id for c in cells] == [
+        "RTX_4090-vastai-qwen2:7b-c4", "RTX_3090-vastai-qwen2:7b", "RTX_3090-vastai-qwen2:7b-c2",
+    ]
+
+
+def test_rate_axis_ids(tmp_path):
+    cells = cells_of(tmp_path, """\
+        workload: {rate: [0.5, 2, 2.5], concurrency: 1}
+        matrix:
+          - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}
+        """)
+    assert [c.cell_id for c in cells] == [
+        "RTX_4090-vastai-qwen2:7b-r0.5", "RTX_4090-vastai-qwen2:7b-r2",
+        "RTX_4090-vastai-qwen2:7b-r2.5",
+    ]
+    assert [(c.concurrency, c.rate) for c in cells] == [(1, 0.5), (1, 2.0), (1, 2.5)]
+    assert cells[2].workload.rate == (2.5,) and cells[2].workload.concurrency == (1,)
+
+
+def test_row_rate_over_file_concurrency_of_one(tmp_path):
+    cells = cells_of(tmp_path, """\
+        workload: {concurrency: [1, 8]}
+        matrix:
+          - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}
+          - {gpu: RTX 3090, provider: vastai, model: qwen2:7b, workload: {rate: 3, concurrency: 1}}
+        """)
+    assert [c.cell_id for c in cells] == [
+        "RTX_4090-vastai-qwen2:7b", "RTX_4090-vastai-qwen2:7b-c8", "RTX_3090-vastai-qwen2:7b-r3",
+    ]
+
+
+def test_row_rate_null_drops_the_files_rate(tmp_path):
+    cells = cells_of(tmp_path, """\
+        workload: {rate: 2}
+        matrix:
+          - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}
+          - {gpu: RTX 3090, provider: vastai, model: qwen2:7b,
+             workload: {rate: null, concurrency: [1, 16]}}
+        """)
+    assert [c.cell_id for c in cells] == [
+        "RTX_4090-vastai-qwen2:7b-r2", "RTX_3090-vastai-qwen2:7b", "RTX_3090-vastai-qwen2:7b-c16",
+    ]
+
+
+def test_existing_ids_have_no_load_suffix():
+    for cell in load_cells(SEED) + load_cells(QUICK):
+        assert (cell.concurrency, cell.rate) == (1, None)
+        assert cell.cell_id == cell_id(cell.gpu, cell.provider, cell.model)
+        assert not cell.cell_id.endswith(("-c1", "-r"))
+
+
+@pytest.mark.parametrize("concurrency,rate,suffix", [
+    (1, None, ""), (8, None, "-c8"), (1, 2.5, "-r2.5"), (1, 2.0, "-r2"), (1, 0.00001, "-r0.00001"),
+    (1, 1000, "-r1000"),
+])
+def test_cell_id_load_suffix(concurrency, rate, suffix):
+    assert cell_id("RTX 4090", "vastai", "qwen2:7b", concurrency, rate) == (
+        "RTX_4090-vastai-qwen2:7b" + suffix)
+
+
+def test_k_selects_a_load_point(tmp_path):
+    cells = cells_of(tmp_path, """\
+        workload: {concurrency: [1, 8]}
+        matrix:
+          - {gpu: RTX 4090, providers: [vastai, tensordock], model: qwen2:7b}
+          - {gpu: RTX 3090, provider: vastai, model: qwen2:7b, workload: {concurrency: 1, rate: 2.5}}
+        """)
+    assert k_select(cells, "c8") == ["RTX_4090-vastai-qwen2:7b-c8", "RTX_4090-tensordock-qwen2:7b-c8"]
+    assert k_select(cells, "r2.5") == ["RTX_3090-vastai-qwen2:7b-r2.5"]
+
+
+def test_same_model_at_two_loads_in_two_rows_is_no_duplicate(tmp_path):
+    cells = cells_of(tmp_path, """\
+        matrix:
+          - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}
+          - {gpu: RTX 4090, provider: vastai, model: qwen2:7b, workload: {concurrency: 8}}
+          - {gpu: RTX 4090, provider: vastai, model: qwen2:7b, workload: {rate: 1}}
+        """)
+    assert [c.cell_id for c in cells] == [
+        "RTX_4090-vastai-qwen2:7b", "RTX_4090-vastai-qwen2:7b-c8", "RTX_4090-vastai-qwen2:7b-r1",
+    ]
+
+
+def test_error_duplicate_cell_includes_the_load(tmp_path):
+    msg = error_of(tmp_path, """\
+        matrix:
+          - {gpu: RTX 4090, provider: vastai, model: qwen2:7b, workload: {concurrency: [1, 8]}}
+          - {gpu: rtx-4090, provider: vastai, model: qwen2:7b, workload: {concurrency: [8, 32]}}
+        """)
+    assert_all_in(msg, "matrix[1]: duplicate cell rtx-4090-vastai-qwen2:7b-c8",
+                  "/ concurrency 8)", "already in matrix[0] (line 2)", "model and load", "line 3")
+
+
+@pytest.mark.parametrize("where", ["file", "row"])
+def test_error_concurrency_and_rate_in_one_workload(tmp_path, where):
+    workload = "{concurrency: [1, 8], rate: 2.5}"
+    text = (f"workload: {workload}\n" + ONE_ROW if where == "file" else
+            f"matrix:\n  - {{gpu: RTX 4090, provider: vastai, model: qwen2:7b, workload: {workload}}}\n")
+    msg = error_of(tmp_path, text)
+    field = "workload: " if where == "file" else "matrix[0].workload: "
+    assert_all_in(msg, field + "`concurrency: [1, 8]` and `rate: 2.5` cannot be combined",
+                  "Poisson", "only `concurrency: 1` may go with a rate")
+
+
+@pytest.mark.parametrize("file,row,origins", [
+    ("{concurrency: [1, 8]}", "{rate: 2}",
+     "`concurrency` comes from the file's workload and `rate` from this row"),
+    ("{rate: 2}", "{concurrency: 4}",
+     "`concurrency` comes from this row and `rate` from the file's workload"),
+])
+def test_error_load_axes_conflict_across_file_and_row(tmp_path, file, row, origins):
+    msg = error_of(tmp_path, f"""\
+        workload: {file}
+        matrix:
+          - {{gpu: RTX 4090, provider: vastai, model: qwen2:7b}}
+          - {{gpu: RTX 3090, provider: vastai, model: qwen2:7b, workload: {row}}}
+        """)
+    assert_all_in(msg, "matrix[1].workload: `concurrency:", "`rate: 2`", "cannot be combined",
+                  origins, "set `concurrency: 1`, or `rate: null`", "line 4")
+
+
+@pytest.mark.parametrize("value,shown", [
+    ("0", "got 0"), ("2000", "got 2000"), ("1.5", "got 1.5"), ("true", "got true"),
+    ("'8'", "got '8'"), ("[]", "got an empty list"), ("[1, x]", "got item 1 is 'x'"),
+    ("[1, 8, 8]", "8 is listed twice"),
+])
+def test_error_bad_concurrency(tmp_path, value, shown):
+    msg = error_of(tmp_path, f"workload: {{concurrency: {value}}}\n" + ONE_ROW)
+    assert_all_in(msg, "workload.concurrency: must be a whole number of requests in flight from 1 "
+                  "to 1024, or a non-empty list of them such as [1, 8, 32]", shown, "line 1")
+
+
+@pytest.mark.parametrize("value,shown", [
+    ("0", "got 0"), ("-1", "got -1"), ("1001", "got 1001"), ("fast", "got 'fast'"),
+    ("[]", "got an empty list"), ("[1, .nan]", "got item 1 is nan"), ("[2, 2.0]", "listed twice"),
+])
+def test_error_bad_rate(tmp_path, value, shown):
+    msg = error_of(tmp_path, "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: qwen2:7b, "
+                             f"workload: {{rate: {value}}}}}\n")
+    assert_all_in(msg, "matrix[0].workload.rate: must be a number of requests per second, more "
+                  "than 0 and at most 1000, or a non-empty list of them", shown)
+
+
+def test_error_lists_the_new_workload_keys(tmp_path):
+    msg = error_of(tmp_path, "workload: {concurrancy: 8}\n" + ONE_ROW)
+    assert_all_in(msg, "workload.concurrancy: unknown key (did you mean 'concurrency'?)",
+                  "allowed keys: duration, max_tokens, warmup_requests, progress_interval, "
+                  "checkpoint_every, prompts, concurrency, rate, runs, telemetry_interval")
+
+
+# ------------------------------------------------------------------------------ runs
+
+
+def test_runs_default_is_one():
+    (cell,) = load_cells(QUICK)[:1]
+    assert cell.runs == Runs(count=1, until_cv=None, min=1, max=1) == cell.workload.runs
+    assert str(cell.runs) == "1"
+
+
+def test_runs_forms(tmp_path):
+    cells = cells_of(tmp_path, """\
+        workload: {runs: 3}
+        matrix:
+          - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}
+          - {gpu: RTX 3090, provider: vastai, model: qwen2:7b,
+             workload: {runs: {until_cv: 2%, max: 10, min: 3}}}
+          - {gpu: A100 80GB, provider: vastai, model: qwen2:7b, workload: {runs: {until_cv: 0.05}}}
+        """)
+    assert cells[0].runs == Runs.fixed(3) == Runs(count=3, until_cv=None, min=3, max=3)
+    assert cells[1].runs == Runs(count=None, until_cv=0.02, min=3, max=10)
+    assert cells[2].runs == Runs(count=None, until_cv=0.05, min=3, max=10)  # min 3, max 10 by default
+    assert str(cells[1].runs) == "until CV <= 2% (3 to 10 runs)"
+    with pytest.raises(ValidationError):
+        cells[1].runs.max = 3
+
+
+def test_runs_finished():
+    fixed, adaptive = Runs.fixed(3), Runs(count=None, until_cv=0.02, min=3, max=5)
+    assert [fixed.finished(n) for n in (1, 2, 3)] == [False, False, True]
+    assert not adaptive.finished(2, cv=0.0)       # below min: keep going whatever the CV
+    assert not adaptive.finished(3, cv=0.021)     # CV still above the bar
+    assert adaptive.finished(3, cv=0.02)          # at the bar: done
+    assert not adaptive.finished(4, cv=None)      # no CV yet
+    assert adaptive.finished(5, cv=0.5)           # max reached
+
+
+@pytest.mark.parametrize("value,expect", [
+    ("0", "must be a whole number of runs from 1 to 100, or a mapping such as {until_cv: '2%', "
+          "min: 3, max: 10}; got 0"),
+    ("101", "got 101"), ("true", "got true"), ("'3'", "got '3'"), ("[3]", "got a list"),
+    ("{max: 5}", "`until_cv` is required in the mapping form"),
+    ("{until_cv: 2}", "`until_cv` must be a fraction such as 0.02 or a percentage such as '2%', "
+                      "more than 0 and at most 100%; got 2"),
+    ("{until_cv: 0}", "got 0"), ("{until_cv: '2 percent'}", "got '2 percent'"),
+    ("{until_cv: 2%, min: 1}", "`min` must be a whole number of runs from 2 to 100"),
+    ("{until_cv: 2%, max: 200}", "`max` must be a whole number of runs from 2 to 100"),
+    ("{until_cv: 2%, min: 5, max: 3}", "`min` (5) is more than `max` (3)"),
+    ("{until: 2%}", "unknown key 'until' (did you mean 'until_cv'?); allowed keys: until_cv, min, max"),
+])
+def test_error_bad_runs(tmp_path, value, expect):
+    msg = error_of(tmp_path, f"workload: {{runs: {value}}}\n" + ONE_ROW)
+    assert_all_in(msg, "workload.runs: ", expect, "line 1")
+
+
+def test_error_runs_null_in_row(tmp_path):
+    msg = error_of(tmp_path, "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: qwen2:7b, "
+                             "workload: {runs: null}}\n")
+    assert_all_in(msg, "matrix[0].workload.runs: must not be null")
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def test_prompt_forms(tmp_path):
+    (cell,) = cells_of(tmp_path, """\
+        workload:
+          prompts:
+            - Write a haiku about GPUs.
+            - {prompt: "What is 2 + 2?", expect: ["4", "four"]}
+            - {prompt: "Capital of Italy?", expect: Rome}
+            - {prompt: "Say hello."}
+        matrix:
+          - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}
+        """)
+    prompts = cell.workload.prompts
+    assert all(isinstance(p, Prompt) for p in prompts)
+    assert [p.text for p in prompts] == ["Write a haiku about GPUs.", "What is 2 + 2?",
+                                         "Capital of Italy?", "Say hello."]
+    assert [p.expect for p in prompts] == [(), ("4", "four"), ("Rome",), ()]
+    assert cell.workload.prompt_payload() == [
+        "Write a haiku about GPUs.",
+        {"prompt": "What is 2 + 2?", "expect": ["4", "four"]},
+        {"prompt": "Capital of Italy?", "expect": ["Rome"]},
+        "Say hello.",
+    ]
+    assert cell.workload.has_expectations and cell.workload.prompt_set is None
+
+
+def test_prompts_still_serialise_as_their_texts():
+    # code that sends list(workload.prompts) as JSON keeps working (texts only)
+    workload = Workload(prompts="quality")
+    assert json.loads(json.dumps(list(workload.prompts))) == [p.text for p in QUALITY_PROMPTS]
+    assert json.loads(json.dumps(workload.prompt_payload()))[0] == {
+        "prompt": "What is 15 + 27? Answer with just the number.", "expect": ["42"]}
+
+
+@pytest.mark.parametrize("name", ["quality", "Quality", " quality "])
+def test_built_in_quality_set(tmp_path, name):
+    (cell,) = cells_of(tmp_path, f"workload: {{prompts: '{name}'}}\n" + ONE_ROW)
+    assert cell.workload.prompts == QUALITY_PROMPTS == PROMPT_SETS["quality"]
+    assert cell.workload.prompt_set == "quality"
+
+
+def test_built_in_seed_set_is_the_default(tmp_path):
+    cells = cells_of(tmp_path, """\
+        workload: {prompts: quality}
+        matrix:
+          - {gpu: RTX 4090, provider: vastai, model: qwen2:7b, workload: {prompts: seed}}
+          - {gpu: RTX 3090, provider: vastai, model: qwen2:7b}
+        """)
+    assert cells[0].workload.prompts == SEED_PROMPTS == Workload().prompts
+    assert cells[0].workload.prompt_set == Workload().prompt_set == "seed"
+    assert not cells[0].workload.has_expectations
+    assert cells[1].workload.prompt_set == "quality"
+
+
+def test_quality_prompts_follow_the_gpu_shopper_script():
+    by_expect = {p.expect: p.text for p in QUALITY_PROMPTS}
+    assert "15 + 27" in by_expect[("42",)]
+    assert "Python function" in by_expect[("def", "return")]
+    assert "capital of France" in by_expect[("Paris",)]
+    assert "primary colors" in by_expect[("red", "blue")]
+    assert "haiku" in by_expect[()]  # no expectation: not counted in the match rate
+    assert sum(bool(p.expect) for p in QUALITY_PROMPTS) == 4
+
+
+def test_prompt_matches_any_substring_ignoring_case():
+    prompt = Prompt("What is 2 + 2?", expect=("4", "Four"))
+    assert prompt.matches("The answer is FOUR.") is True
+    assert prompt.matches("2 + 2 = 4") is True
+    assert prompt.matches("five") is False
+    assert Prompt("Write a haiku.").matches("anything") is None
+    code = next(p for p in QUALITY_PROMPTS if "def" in p.expect)
+    assert code.matches("DEF square(x):\n    RETURN x * x")
+
+
+def test_prompt_is_an_immutable_string_value():
+    plain, checked = Prompt("a"), Prompt("a", expect=["x"])
+    assert plain == "a" and "a" == plain and plain.text == "a" and type(plain.text) is str
+    assert checked != "a" and "a" != checked and checked != plain
+    assert checked == Prompt("a", ("x",)) and hash(checked) == hash(Prompt("a", ("x",)))
+    assert checked.expect == ("x",)
+    assert repr(checked) == "Prompt('a', expect=('x',))"
+    with pytest.raises(AttributeError):
+        checked.expect = ()
+    for copied in (pickle.loads(pickle.dumps(checked)), copy.deepcopy(checked)):
+        assert copied == checked and copied.expect == ("x",)
+
+
+def test_workload_round_trips_through_its_dump(tmp_path):
+    (cell,) = cells_of(tmp_path, """\
+        workload: {prompts: quality, runs: {until_cv: 3%}, rate: 2, telemetry_interval: 10s}
+        matrix:
+          - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}
+        """)
+    assert Workload.model_validate(cell.workload.model_dump()) == cell.workload
+    assert Workload.model_validate_json(cell.workload.model_dump_json()) == cell.workload
+    assert "prompts" in Workload.model_json_schema()["properties"]
+
+
+@pytest.mark.parametrize("value,expect", [
+    ("qualty", "unknown prompt set 'qualty' (did you mean 'quality'?); built-in sets: seed, "
+               "quality; a single prompt is still a list"),
+    ("[{prompt: '  '}]", "item 0: `prompt` must be a non-empty string; got '  '"),
+    ("[{expect: [x]}]", "item 0: `prompt` must be a non-empty string; got nothing (null)"),
+    ("[ok, {prompt: q, expect: []}]", "item 1: `expect` must be a non-empty string or a "
+                                      "non-empty list of them, such as ['4', 'four']; got an empty list"),
+    ("[{prompt: q, expect: [4]}]", "got 4 in it"),
+    ("[{prompt: q, expect: ['']}]", "got '' in it"),
+    ("[{prompt: q, expected: [a]}]", "item 0: unknown key 'expected' (did you mean 'expect'?); "
+                                     "allowed keys: prompt, expect"),
+    ("[ok, 5]", "item 1: is 5"),
+    ("7", "got 7"),
+])
+def test_error_bad_prompts(tmp_path, value, expect):
+    msg = error_of(tmp_path, f"workload: {{prompts: {value}}}\n" + ONE_ROW)
+    assert_all_in(msg, "workload.prompts: ", expect, "line 1")
+
+
+# ------------------------------------------------------------------ telemetry interval
+
+
+def test_telemetry_interval(tmp_path):
+    cells = cells_of(tmp_path, """\
+        matrix:
+          - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}
+          - {gpu: RTX 3090, provider: vastai, model: qwen2:7b, workload: {telemetry_interval: 2s}}
+        """)
+    assert [c.workload.telemetry_interval for c in cells] == [5, 2]
+    msg = error_of(tmp_path, "workload: {telemetry_interval: 0}\n" + ONE_ROW)
+    assert_all_in(msg, "workload.telemetry_interval: must be a number of seconds", "got 0")
+
+
+# ------------------------------------------------------------------ SLOs and thresholds
+
+
+def test_slo_and_thresholds_default_to_none(tmp_path):
+    (cell,) = cells_of(tmp_path, ONE_ROW)
+    assert cell.slo == Slo() and not cell.slo.is_set
+    assert cell.thresholds == Thresholds() and not cell.thresholds.is_set
+    assert cell.thresholds.ttft_percentile == 95
+
+
+def test_slo_and_thresholds_merge_key_by_key(tmp_path):
+    cells = cells_of(tmp_path, """\
+        workload: {prompts: quality}
+        slo: {ttft_ms: 500, tpot_ms: 50}
+        thresholds: {min_tps: 40, max_ttft_ms: 800, max_error_rate: 1%, min_match_rate: 0.9}
+        matrix:
+          - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}
+          - gpu: RTX 3090
+            providers: [vastai, tensordock]
+            model: qwen2:7b
+            slo: {e2e_ms: 10000, tpot_ms: null}
+            thresholds: {min_tps: 25, ttft_percentile: 99, max_error_rate: 0.05, min_match_rate: null}
+        """)
+    first, second, third = cells
+    assert (first.slo.ttft_ms, first.slo.tpot_ms, first.slo.e2e_ms) == (500, 50, None)
+    t = first.thresholds
+    assert (t.min_tps, t.max_ttft_ms, t.ttft_percentile, t.max_error_rate, t.min_match_rate) == (
+        40, 800, 95, 0.01, 0.9)
+    assert (second.slo.ttft_ms, second.slo.tpot_ms, second.slo.e2e_ms) == (500, None, 10000)
+    t = second.thresholds
+    assert (t.min_tps, t.max_ttft_ms, t.ttft_percentile, t.max_error_rate, t.min_match_rate) == (
+        25, 800, 99, 0.05, None)
+    assert third.thresholds == second.thresholds and third.slo == second.slo
+    with pytest.raises(ValidationError):
+        first.thresholds.min_tps = 1
+    assert len({first, second, third}) == 3
+
+
+@pytest.mark.parametrize("text,rate", [("1%", 0.01), ("0.5%", 0.005), ("0", 0.0), ("1", 1.0),
+                                       ("100%", 1.0), ("0.25", 0.25)])
+def test_threshold_rates_as_fractions_or_percentages(tmp_path, text, rate):
+    (cell,) = cells_of(tmp_path, f"thresholds: {{max_error_rate: '{text}'}}\n" + ONE_ROW
+                       if text.endswith("%") else f"thresholds: {{max_error_rate: {text}}}\n" + ONE_ROW)
+    assert cell.thresholds.max_error_rate == pytest.approx(rate)
+
+
+@pytest.mark.parametrize("where,text,expect", [
+    ("thresholds", "{ttft_percentile: 80}", "thresholds.ttft_percentile: must be one of 50, 90, 95, 99"),
+    ("thresholds", "{ttft_percentile: null}", "thresholds.ttft_percentile: must be one of"),
+    ("thresholds", "{max_error_rate: 5}", "thresholds.max_error_rate: must be a fraction from 0 to 1 "
+                                          "or a percentage such as '1%' (or null for none); got 5"),
+    ("thresholds", "{min_match_rate: '90'}", "thresholds.min_match_rate: must be a fraction"),
+    ("thresholds", "{min_match_rate: 120%}", "thresholds.min_match_rate: must be a fraction"),
+    ("thresholds", "{min_tps: 0}", "thresholds.min_tps: must be a number of tokens per second, "
+                                   "more than 0 (or null for none); got 0"),
+    ("thresholds", "{max_ttft_ms: fast}", "thresholds.max_ttft_ms: must be a number of milliseconds"),
+    ("thresholds", "{min_tp: 4}", "thresholds.min_tp: unknown key (did you mean 'min_tps'?); allowed "
+                                  "keys: min_tps, max_ttft_ms, ttft_percentile, max_error_rate, "
+                                  "min_match_rate"),
+    ("thresholds", "[40]", "thresholds: must be a mapping"),
+    ("slo", "{ttft_ms: -1}", "slo.ttft_ms: must be a number of milliseconds, more than 0"),
+    ("slo", "{tpot: 5}", "slo.tpot: unknown key (did you mean 'tpot_ms'?); allowed keys: ttft_ms, "
+                         "tpot_ms, e2e_ms"),
+])
+def test_error_bad_slo_and_thresholds(tmp_path, where, text, expect):
+    msg = error_of(tmp_path, f"{where}: {text}\n" + ONE_ROW)
+    assert_all_in(msg, expect, "line 1")
+    row = error_of(tmp_path, "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: qwen2:7b, "
+                             f"{where}: {text}}}\n")
+    assert_all_in(row, "matrix[0]." + expect.split(": ", 1)[0], "line 2")
+
+
+def test_error_match_rate_without_expectations(tmp_path):
+    msg = error_of(tmp_path, """\
+        thresholds: {min_match_rate: 0.9}
+        workload: {prompts: quality}
+        matrix:
+          - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}
+          - {gpu: RTX 3090, provider: vastai, model: qwen2:7b, workload: {prompts: [a, b]}}
+        """)
+    assert_all_in(msg, "matrix[1]: thresholds.min_match_rate is set but no prompt of this row has "
+                  "`expect` answers", "`prompts: quality`", "`min_match_rate: null`", "line 5")
+
+
+def test_top_level_keys_include_slo_and_thresholds(tmp_path):
+    msg = error_of(tmp_path, "slos: {}\n" + ONE_ROW)
+    assert_all_in(msg, "slos: unknown key (did you mean 'slo'?)", "allowed keys: name, description, "
+                  "workload, offer, runtime, models, matrix, slo, thresholds")
+    msg = error_of(tmp_path, "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: x:7b, threshold: {}}\n")
+    assert_all_in(msg, "matrix[0].threshold: unknown key (did you mean 'thresholds'?)",
+                  "model, models, workload, offer, slo, thresholds")
+
+
+# ------------------------------------------------------------- through pytest itself
+
+
+def test_pytest_collects_load_points_and_k_selects_them(pytester, monkeypatch):
+    pytester.makefile(".yaml", gpubench_load="""
+workload: {concurrency: [1, 8], duration: 5s}
+matrix:
+  - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}
+  - {gpu: RTX 3090, provider: vastai, model: qwen2:7b, workload: {concurrency: 1, rate: 2.5}}
+""")
+    pytester.makeini("[pytest]\n")
+    monkeypatch.setenv("GPUBENCH_MANIFEST", str(pytester.path / "reports" / "manifest.db"))
+    result = pytester.runpytest("--collect-only", "-q")
+    result.stdout.fnmatch_lines([
+        "gpubench_load.yaml::RTX_4090-vastai-qwen2:7b",
+        "gpubench_load.yaml::RTX_4090-vastai-qwen2:7b-c8",
+        "gpubench_load.yaml::RTX_3090-vastai-qwen2:7b-r2.5",
+    ])
+    result = pytester.runpytest("--collect-only", "-q", "-k", "c8")
+    result.stdout.fnmatch_lines(["gpubench_load.yaml::RTX_4090-vastai-qwen2:7b-c8", "*1/3 tests collected*"])
