@@ -31,16 +31,20 @@ class BenchmarkPlan:
     model: str
     duration: float
     max_tokens: int
-    prompts: list[str]
+    prompts: list[Any]  # strings, or {"prompt", "expect"} for quality checks
     warmup_requests: int
     progress_interval: float
     checkpoint_every: int
     checkpoint_path: str
     concurrency: int = 1
+    rate: float | None = None
+    seed: int = 0
     request_timeout: float = 120.0
 
     def config(self, ollama_url: str) -> dict[str, Any]:
         return {
+            "rate": self.rate,
+            "seed": self.seed,
             "ollama_url": ollama_url,
             "model": self.model,
             "duration": self.duration,
@@ -64,6 +68,8 @@ class BenchmarkOutcome:
     status: str = "running"
     message: str = ""
     where: str = "instance"
+    #: The generator's own summary from its finish event (ITL, CPU, lag, load).
+    finish: dict[str, Any] = field(default_factory=dict)
 
     @property
     def measured(self) -> list[RequestRecord]:
@@ -142,6 +148,7 @@ async def _consume(
             except ValidationError:
                 continue
         elif kind == "finish":
+            outcome.finish = dict(event)
             outcome.status = event.get("status", "completed")
             outcome.duration_seconds = float(event.get("duration_seconds") or 0.0)
             outcome.message = str(event.get("message") or "")

@@ -120,6 +120,24 @@ def _remote_id(answer: Any) -> str | None:
     return str(remote) if remote not in (None, "") else None
 
 
+async def upload_result(manifest: Manifest, client: ShopperClient, benchmark_id: str) -> str | None:
+    """POST one stored result right after its cell (``--gpubench-upload``); the error, or None.
+
+    The result is marked ``pending`` first, so a failure leaves it for
+    ``gpubench upload`` to retry; nothing is lost.
+    """
+    manifest.mark_upload(benchmark_id, status="pending")
+    row = manifest.benchmark(benchmark_id) or {}
+    try:
+        answer = await client.post_benchmark(json.loads(row.get("result_json") or "null"))
+    except Exception as exc:  # noqa: BLE001 - an upload failure must not fail the measurement
+        error = str(exc) or type(exc).__name__
+        manifest.mark_upload(benchmark_id, status="failed", error=error)
+        return error
+    manifest.mark_upload(benchmark_id, status="uploaded", remote_id=_remote_id(answer))
+    return None
+
+
 async def upload_pending(manifest: Manifest, client: ShopperClient, run_id: str | None = None) -> UploadReport:
     """POST each pending (or earlier failed) result of ``run_id`` (or all runs); never raises for one.
 

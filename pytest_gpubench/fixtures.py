@@ -16,21 +16,26 @@ from pathlib import Path
 import pytest
 
 from .aio import run as run_async
-from .benchmark import BenchmarkOutcome, BenchmarkPlan, run_benchmark
+from .benchmark import BenchmarkPlan
+from .compare import compare, figures_of, parse_compare_fail
 from .errors import BenchmarkInterrupted, NoEligibleOffer, Stage, StageError
+from .export import upload_result
 from .matrix import Cell
+from .measure import Measurement, details_of, enough_runs, measure_once
 from .offers import Constraints
 from .outcome import outcome_of
 from .providers.shopper import OfferChoice, consumer_id, reservation_hours
 from .record import CellRecorder, progress_path
 from .remote.ssh import Connection, KeyFile
-from .remote.system import probe_system
+from .remote.system import compute_capability, probe_system
 from .results import BenchmarkResult, HardwareInfo, ModelInfo, TestConfig, summarize
 from .run import RunContext
 from .runtimes.ollama import OllamaRuntime
 from .settings import DEFAULT_OLLAMA_INSTALL
 from .shopper import Session
 from .stash import CELL_KEY, RECORD_KEY, RECORDER_KEY, run_context
+from .telemetry import summarize_gpu
+from .thresholds import check_thresholds, describe_violations
 
 #: Seconds of slack on top of a stage timeout for the bridge into the loop.
 BRIDGE_SLACK = 10.0
@@ -239,6 +244,13 @@ def _pull_reporter(recorder: CellRecorder):
     return report
 
 
+class ThresholdMissed(StageError):
+    """The benchmark ran but missed a threshold or regressed against its baseline."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(Stage.RESULTS, message)
+
+
 class Bench:
     """Runs the cell's benchmark on a ready runtime; ``run()`` returns the result."""
 
@@ -246,41 +258,56 @@ class Bench:
                  session: GpuSession) -> None:
         self._run, self.cell, self.recorder, self.runtime, self.session = run, cell, recorder, runtime, session
         self.result: BenchmarkResult | None = None
+        self.measurement = Measurement()
+        self.details: dict = {}
+        self.comparison_line = ""
 
-    def plan(self) -> BenchmarkPlan:
+    def plan(self, run_index: int = 0) -> BenchmarkPlan:
         workload = self.cell.workload
         # Relative to the SSH login directory on the instance.
         checkpoint = progress_path(Path(".gpubench"), self._run.run_id, self.recorder.record_key)
-        checkpoint = checkpoint.with_suffix(".checkpoint.json")
+        checkpoint = checkpoint.with_name(f"{checkpoint.stem}.run{run_index}.checkpoint.json")
         return BenchmarkPlan(
             model=self.cell.model, duration=workload.duration, max_tokens=workload.max_tokens,
-            prompts=list(workload.prompts), warmup_requests=workload.warmup_requests,
+            prompts=workload.prompt_payload(), warmup_requests=workload.warmup_requests if run_index == 0 else 0,
             progress_interval=workload.progress_interval, checkpoint_every=workload.checkpoint_every,
-            checkpoint_path=str(checkpoint),
+            checkpoint_path=str(checkpoint), concurrency=self.cell.concurrency, rate=self.cell.rate,
+            seed=run_index,
         )
 
     def run(self) -> BenchmarkResult:
-        """Stage ``benchmark`` then ``results``: measure, summarise, record."""
-        recorder, settings = self.recorder, self._run.settings
+        """Stages ``benchmark`` then ``results``: measure (every run), summarise, judge, record."""
+        recorder, settings, cell = self.recorder, self._run.settings, self.cell
         recorder.enter(Stage.BENCHMARK)
-        plan = self.plan()
-        timeout = settings.stage_timeout(Stage.BENCHMARK, plan.duration)
-        try:
-            outcome = run_async(
-                run_benchmark(self.runtime.conn, plan, remote_ollama_url=self.runtime.remote_url,
-                              local_ollama_url=self.runtime.url, timeout=timeout,
-                              on_event=self._on_event),
-                timeout + BRIDGE_SLACK,
-            )
-        except BenchmarkInterrupted as exc:
-            self._keep(exc.partial)
-            raise
+        interval = settings.telemetry_interval or cell.workload.telemetry_interval
+        run_index = 0
+        while True:
+            plan = self.plan(run_index)
+            timeout = settings.stage_timeout(Stage.BENCHMARK, plan.duration)
+            try:
+                outcome, samples = run_async(
+                    measure_once(self.runtime, plan, timeout=timeout, telemetry_interval=interval,
+                                 on_event=self._on_event),
+                    timeout + BRIDGE_SLACK,
+                )
+            except BenchmarkInterrupted as exc:
+                self.measurement.add(exc.partial, getattr(exc, "samples", []), run_index)
+                self._keep()
+                raise
+            self.measurement.add(outcome, samples, run_index)
+            run_index += 1
+            values = [r["tokens_per_second"] for r in self.measurement.runs]
+            if enough_runs(cell, settings.runs, values):
+                break
+            recorder.progress.status("RUN_COMPLETE", run=run_index, tps=values[-1])
         recorder.enter(Stage.RESULTS)
-        result = self._keep(outcome)
+        result = self._keep()
         recorder.progress.status("BENCHMARK_COMPLETE", tps=result.results.avg_tokens_per_second,
-                                 requests=result.results.total_requests, tokens=result.results.total_tokens)
+                                 requests=result.results.total_requests, tokens=result.results.total_tokens,
+                                 runs=len(self.measurement.runs))
         recorder.progress.status("RESULTS_COLLECTED")
         recorder.progress.results(result)
+        self._judge(result)
         return result
 
     def _on_event(self, event: dict) -> None:
@@ -288,16 +315,54 @@ class Bench:
             self.recorder.progress.progress(requests=event.get("requests"), tokens=event.get("tokens"),
                                             tps=event.get("tps"), errors=event.get("errors"))
 
-    def _keep(self, outcome: BenchmarkOutcome) -> BenchmarkResult:
-        duration = outcome.duration_seconds or self.cell.workload.duration
-        result = build_result(self.cell, self.recorder, self.runtime, self.session, outcome, duration)
-        self.recorder.result, self.recorder.records, self.result = result, list(outcome.records), result
+    def _keep(self) -> BenchmarkResult:
+        """Build the result and details of what was measured so far and hand them to the recorder."""
+        measurement, runtime = self.measurement, self.runtime
+        residency = run_async(runtime.residency(self.cell.model), 30 + BRIDGE_SLACK)
+        capability = ""
+        if not runtime.conn.closed:
+            capability = run_async(compute_capability(runtime.conn, 30), 30 + BRIDGE_SLACK)
+        result = build_result(self.cell, self.recorder, runtime, self.session, measurement)
+        self.details = details_of(self.cell, measurement, runtime, residency=residency,
+                                  compute_capability=capability)
+        recorder = self.recorder
+        recorder.result, recorder.records, recorder.samples = result, list(measurement.records), measurement.samples
+        recorder.runs, recorder.details, self.result = measurement.runs, self.details, result
         return result
+
+    def _judge(self, result: BenchmarkResult) -> None:
+        """Thresholds, then the baseline comparison: a miss fails the cell with the figures first."""
+        cell, settings, recorder = self.cell, self._run.settings, self.recorder
+        figures = result.results
+        metrics = self.details["metrics"]
+        violations = check_thresholds(
+            cell.thresholds, tps=figures.avg_tokens_per_second,
+            ttft_ms_by_percentile={50: metrics.get("ttft_p50_ms"), 90: metrics.get("ttft_p90_ms"),
+                                   95: metrics.get("ttft_p95_ms"), 99: metrics.get("ttft_p99_ms")},
+            error_rate=figures.error_rate,
+            match_rate=figures.match_rate if figures.prompts_with_expected else None,
+        )
+        if settings.compare or settings.compare_fail:
+            manifest = self._run.manifest
+            baseline = manifest.baseline(recorder.record_key, settings.compare or "last",
+                                         exclude_run=self._run.run_id)
+            if baseline is not None:
+                comparison = compare(figures_of(result, self._run.run_id), baseline,
+                                     parse_compare_fail(settings.compare_fail or ""))
+                self.comparison_line = comparison.line()
+                self.details["comparison"] = self.comparison_line
+                recorder.progress.status("COMPARED", line=self.comparison_line)
+                if comparison.failed:
+                    raise ThresholdMissed(comparison.failure())
+            else:
+                recorder.progress.status("COMPARED", line="no baseline for this cell")
+        if violations:
+            raise ThresholdMissed(describe_violations(violations))
 
 
 def build_result(cell: Cell, recorder: CellRecorder, runtime: OllamaRuntime, session: GpuSession,
-                 outcome: BenchmarkOutcome, duration: float) -> BenchmarkResult:
-    """The GPU Shopper BenchmarkResult of a (possibly partial) run."""
+                 measurement: Measurement) -> BenchmarkResult:
+    """The GPU Shopper BenchmarkResult of everything measured (possibly cut short)."""
     pulled = recorder.pulled
     workload = cell.workload
     return BenchmarkResult(
@@ -314,11 +379,12 @@ def build_result(cell: Cell, recorder: CellRecorder, runtime: OllamaRuntime, ses
         test_config=TestConfig(
             duration_minutes=round(workload.duration / 60),
             max_tokens=workload.max_tokens,
-            prompt_types=["seed-mix"],
-            concurrent_reqs=1,
+            prompt_types=[workload.prompt_set or "custom"],
+            concurrent_reqs=cell.concurrency,
             warmup_requests=workload.warmup_requests,
         ),
-        results=summarize(outcome.records, duration),
+        results=summarize(measurement.records, measurement.duration_seconds or workload.duration),
+        gpu_stats=summarize_gpu(measurement.samples),
         provider=cell.provider,
         location=session.offer.offer.location,
         price_per_hour=session.offer.offer.price_per_hour,
@@ -333,5 +399,15 @@ def gpubench(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: C
     Everything before it (offer, session, SSH, Ollama, model) is set up by the
     fixtures it depends on, and released in their teardown.
     """
+    if gpubench_run.settings.upload:
+        gpubench_recorder.upload = lambda benchmark_id: _upload(gpubench_run, gpubench_recorder, benchmark_id)
     return Bench(gpubench_run, gpubench_cell, gpubench_recorder, ollama_runtime, gpu_session)
+
+
+def _upload(run: RunContext, recorder: CellRecorder, benchmark_id: str) -> None:
+    error = run_async(upload_result(run.manifest, run.provider.client, benchmark_id), 60 + BRIDGE_SLACK)
+    if error:
+        recorder.progress.error(Stage.RESULTS, f"upload failed (kept; retry with gpubench upload): {error}")
+    else:
+        recorder.progress.status("IMPORTED", benchmark_id=benchmark_id)
 

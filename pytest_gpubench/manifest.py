@@ -140,6 +140,9 @@ BENCHMARK_COLUMNS: dict[str, type] = {
     **_model_columns(PerformanceResults),
     "cost_per_million_tokens": float,
     "result_json": str,
+    # What the Go struct has no field for: detailed metrics, validity, cold
+    # start, repeated-run statistics, load-generator health, comparison.
+    "details_json": str,
     **UPLOAD_COLUMNS,
 }
 
@@ -720,6 +723,19 @@ class Manifest:
                 self.db.table("gpu_samples").rows_where(where, [value], order_by="t, gpu, rowid")
             )
         )
+
+    def set_details(self, benchmark_id: str, details: Mapping[str, Any]) -> None:
+        """Store the figures beyond the BenchmarkResult shape, as JSON, on a benchmark row."""
+        row = {"details_json": json.dumps(_plain(dict(details)), default=str)}
+        _refuse_secrets(row)
+
+        def update() -> None:
+            try:
+                self.db.table("benchmarks").update(benchmark_id, row)
+            except NotFoundError:
+                raise KeyError(f"no benchmark {benchmark_id!r}") from None
+
+        self._write(update)
 
     # ------------------------------------------------------------------ uploads
 

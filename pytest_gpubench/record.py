@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -64,6 +65,11 @@ class CellRecorder:
     pulled: PulledModel | None = None
     skip_reason: str | None = None
     cleanup_error: str | None = None
+    samples: list[Any] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+    #: Called with the stored benchmark id when results are to be uploaded.
+    upload: Callable[[str], None] | None = None
     records: list[RequestRecord] = field(default_factory=list)
     finished: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -118,6 +124,13 @@ class CellRecorder:
         benchmark_id = None
         if self.result is not None:
             benchmark_id = self.manifest.add_benchmark(self.row_id, self.result, self.records)
+            self.manifest.add_gpu_samples(self.row_id, benchmark_id, self.samples)
+            if self.runs:
+                self.manifest.add_benchmark_runs(benchmark_id, self.runs)
+            if self.details:
+                self.manifest.set_details(benchmark_id, self.details)
+            if self.upload is not None:
+                self.upload(benchmark_id)
         results = self.result.results if self.result else None
         cost = self.cost_usd
         measured = {
@@ -173,6 +186,17 @@ class CellRecorder:
             "gpubench_cost_per_million_tokens": _round(self._cost_per_million()),
             "gpubench_progress_file": str(self.progress.path),
         }
+        stats = self.details.get("run_statistics") if self.details else None
+        if stats and stats.get("n", 0) > 1:
+            props["gpubench_runs"] = stats["n"]
+            props["gpubench_tokens_per_second_std"] = round(stats["std"], 3)
+        validity = self.details.get("validity") if self.details else None
+        if validity is not None:
+            props["gpubench_valid"] = bool(validity.get("valid"))
+            if validity.get("reasons"):
+                props["gpubench_invalid_because"] = "; ".join(validity["reasons"])
+        if self.details.get("comparison"):
+            props["gpubench_comparison"] = self.details["comparison"]
         return {k: v for k, v in props.items() if v is not None}
 
 

@@ -78,6 +78,8 @@ def apply_overrides(cell: Cell, settings: Settings) -> Cell:
         workload["duration"] = settings.duration
     if settings.progress_interval is not None:
         workload["progress_interval"] = settings.progress_interval
+    if settings.telemetry_interval is not None:
+        workload["telemetry_interval"] = settings.telemetry_interval
     update: dict[str, object] = {}
     if workload:
         update["workload"] = cell.workload.model_copy(update=workload)

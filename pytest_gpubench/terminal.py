@@ -34,7 +34,7 @@ class SummaryTable:
             (
                 str(row.get("gpubench_cell", "")),
                 _status(row),
-                _fmt(row.get("gpubench_tokens_per_second"), "{:.1f}"),
+                _tps(row),
                 _fmt(row.get("gpubench_ttft_p50_ms"), "{:.0f}"),
                 _fmt(row.get("gpubench_cost_per_million_tokens"), "{:.2f}"),
                 _fmt(row.get("gpubench_cost_usd"), "{:.4f}"),
@@ -56,6 +56,14 @@ class SummaryTable:
 def _status(row: dict[str, Any]) -> str:
     stage = row.get("gpubench_failure_stage")
     return f"{row['gpubench_status']} ({stage})" if stage else str(row["gpubench_status"])
+
+
+def _tps(row: dict[str, Any]) -> str:
+    """``195.3``, or ``195.3 ± 0.4`` over repeated runs, with ``!`` when not a valid GPU figure."""
+    text = _fmt(row.get("gpubench_tokens_per_second"), "{:.1f}")
+    if row.get("gpubench_tokens_per_second_std") is not None:
+        text += f" ± {row['gpubench_tokens_per_second_std']:.1f}"
+    return text + (" !" if row.get("gpubench_valid") is False else "")
 
 
 def _fmt(value: Any, pattern: str) -> str:
@@ -116,6 +124,13 @@ class TerminalHooks:
             terminalreporter.write_sep("=", "gpubench summary")
             for line in self.summary.render():
                 terminalreporter.write_line(line)
+            for row in sorted(self.summary.rows, key=lambda r: str(r.get("gpubench_cell", ""))):
+                if row.get("gpubench_comparison"):
+                    terminalreporter.write_line(f"{row['gpubench_cell']}: {row['gpubench_comparison']}")
+                if row.get("gpubench_invalid_because"):
+                    terminalreporter.write_line(
+                        f"{row['gpubench_cell']}: not a valid GPU figure: {row['gpubench_invalid_because']}",
+                        yellow=True)
             terminalreporter.write_line(f"run {settings.run_id}; manifest {settings.manifest}; "
                                         f"progress files {settings.progress_dir / settings.run_id}")
         sandbox = self.config.stash.get(SANDBOX_KEY, None)
