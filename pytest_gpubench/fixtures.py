@@ -215,7 +215,7 @@ def ollama_runtime(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recor
     install = cell.ollama_install or DEFAULT_OLLAMA_INSTALL
     installed = run_async(runtime.ensure_installed(install, timeout), timeout + BRIDGE_SLACK)
     run_async(runtime.locate(timeout), timeout + BRIDGE_SLACK)
-    version = run_async(runtime.ensure_serving(timeout), timeout + BRIDGE_SLACK)
+    version = run_async(runtime.ensure_serving(timeout, num_parallel=ollama_parallelism(cell)), timeout + BRIDGE_SLACK)
     recorder.progress.status("OLLAMA_INSTALLED", version=version, installed_now=installed)
 
     recorder.enter(Stage.MODEL_PULL)
@@ -225,6 +225,15 @@ def ollama_runtime(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recor
     load = run_async(runtime.warm_up(cell.model, timeout), timeout + BRIDGE_SLACK)
     recorder.progress.status("MODEL_READY", model=cell.model, load_s=round(load, 2))
     return runtime
+
+
+#: OLLAMA_NUM_PARALLEL for a request-rate cell, whose in-flight count is not fixed.
+RATE_MODE_PARALLEL = 64
+
+
+def ollama_parallelism(cell: Cell) -> int:
+    """At least the cell's concurrency: Ollama queues whatever is beyond it."""
+    return cell.concurrency if cell.rate is None else max(cell.concurrency, RATE_MODE_PARALLEL)
 
 
 def _pull_reporter(recorder: CellRecorder):
