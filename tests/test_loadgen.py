@@ -1,9 +1,17 @@
-"""The load generator as it runs on an instance, against a real Ollama stand-in."""
+"""The load generator as it runs on an instance: against a real Ollama stand-in for
+the truth it must measure, and against a small fake server for HTTP framings."""
 
 import asyncio
+import glob
+import http.server
 import json
+import os
+import random
+import shutil
+import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 from standin_helpers import RATE, TTFT_MS, Server, write_instance
@@ -12,17 +20,31 @@ from pytest_gpubench.benchmark import LOADGEN_SOURCE, BenchmarkPlan, _local_line
 from pytest_gpubench.matrix import SEED_PROMPTS
 from pytest_gpubench.results import RequestRecord, summarize
 
+PARALLEL = 4
+
+
+def _drain(stream):
+    try:
+        while stream.read(65536):
+            pass
+    except (OSError, ValueError):
+        pass
+
 
 @pytest.fixture(scope="module")
 def ollama(tmp_path_factory):
-    server = Server(write_instance(tmp_path_factory.mktemp("loadgen")))
+    server = Server(write_instance(tmp_path_factory.mktemp("loadgen")), OLLAMA_NUM_PARALLEL=str(PARALLEL))
+    # The stand-in logs a line per request: keep its stderr pipe from filling up.
+    drain = threading.Thread(target=_drain, args=(server.proc.stderr,), daemon=True)
+    drain.start()
     server.pull("qwen2:7b")
     yield server
     server.stop()
+    drain.join(5)
 
 
-def run_loadgen(config):
-    done = subprocess.run([sys.executable, "-", json.dumps(config)], input=LOADGEN_SOURCE, text=True,
+def run_loadgen(config, python=sys.executable):
+    done = subprocess.run([python, "-", json.dumps(config)], input=LOADGEN_SOURCE, text=True,
                           capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return [json.loads(line) for line in done.stdout.splitlines()]
@@ -34,6 +56,14 @@ def config(url, tmp_path, **extra):
                          checkpoint_path=str(tmp_path / "ck" / "checkpoint.json")).config(url)
     base.update(extra)
     return base
+
+
+def measured(events):
+    records = [RequestRecord.model_validate(e) for e in events if e["event"] == "request"]
+    return sorted((r for r in records if not r.warmup), key=lambda r: r.index)
+
+
+# ------------------------------------------------------------ against the stand-in
 
 
 def test_events_records_checkpoint_and_measured_truth(ollama, tmp_path):
@@ -53,12 +83,14 @@ def test_events_records_checkpoint_and_measured_truth(ollama, tmp_path):
     checkpoint = json.loads((tmp_path / "ck" / "checkpoint.json").read_text())
     assert checkpoint["status"] == "completed"
     assert len(checkpoint["results"]) == len(records)  # seed 001: every record on the instance's disk
+    assert [RequestRecord.model_validate(r) for r in checkpoint["results"]] == records
 
 
 def test_errors_are_records_not_crashes(ollama, tmp_path):
-    events = run_loadgen(config(ollama.url, tmp_path, model="not-pulled:1b", duration=0.5, warmup_requests=0))
+    events = run_loadgen(config(ollama.url, tmp_path, model="not-pulled:1b", duration=0.3, warmup_requests=0))
     records = [e for e in events if e["event"] == "request"]
     assert records and all("not found" in r["error"] for r in records)
+    assert records[0]["error"].startswith("HTTP 404: ")
     assert events[-1] == {**events[-1], "event": "finish", "status": "completed"}
 
 
@@ -68,3 +100,244 @@ def test_local_fallback_streams_the_same_events(ollama, tmp_path):
 
     lines = asyncio.run(collect())
     assert json.loads(lines[-1])["event"] == "finish"
+
+
+def test_fixed_concurrency_keeps_n_in_flight_at_the_true_rate(ollama, tmp_path):
+    events = run_loadgen(config(ollama.url, tmp_path, concurrency=PARALLEL))
+    finish, records = events[-1], measured(events)
+    assert finish["delivered_concurrency"] == pytest.approx(PARALLEL, rel=0.02)
+    assert all(r.ok for r in records) and len(records) >= 3 * PARALLEL
+    results = summarize(records, finish["duration_seconds"])
+    assert results.avg_tokens_per_second == pytest.approx(RATE, rel=0.02)
+    # A request is due when a slot frees: the first N at the start, each later one
+    # when an earlier one's final chunk arrived; it is sent at once.
+    assert [r.scheduled_at for r in records[:PARALLEL]] == [0.0] * PARALLEL
+    ends = [r.scheduled_at + (r.send_lag_ms + r.latency_ms) / 1000 for r in records]
+    for later in records[PARALLEL:]:
+        assert min(abs(later.scheduled_at - end) for end in ends) < 0.002
+    assert all(0 <= r.send_lag_ms < 20 for r in records)
+    for r in records:
+        assert r.tpot_ms == pytest.approx((r.latency_ms - r.ttft_ms) / (r.output_tokens - 1), rel=1e-3)
+        assert r.itl_max_ms >= r.itl_mean_ms > 0
+        assert r.server_tokens_per_second == pytest.approx(RATE, rel=1e-6)
+        assert r.done_reason in ("stop", "length") and r.total_duration_ns > r.prompt_eval_duration_ns > 0
+    # The finish event's figures.
+    itl = finish["itl_ms"]
+    assert itl["count"] == sum(r.output_tokens - 1 for r in records)
+    assert itl["mean"] == pytest.approx(1000 / RATE, rel=0.02)
+    assert 0 < itl["p50"] <= itl["p90"] <= itl["p95"] <= itl["p99"] <= itl["max"]
+    assert 0 < finish["cpu_seconds"] < finish["duration_seconds"]
+    assert finish["cpu_seconds_per_1k_tokens"] == pytest.approx(
+        finish["cpu_seconds"] / (sum(r.output_tokens for r in records) / 1000), rel=1e-3)
+    lag = finish["send_lag_ms"]
+    assert 0 <= lag["p50"] <= lag["p99"] <= lag["max"] < 20
+    assert finish["unsent"] == 0 and finish["abandoned"] == 0
+    progress = [e for e in events if e["event"] == "progress"]
+    assert all(0 <= p["in_flight"] <= PARALLEL for p in progress) and progress[-1]["in_flight"] == 0
+
+
+def poisson_schedule(rate, seed, duration):
+    rng = random.Random(seed)
+    times, at = [], rng.expovariate(rate)
+    while at < duration:
+        times.append(at)
+        at += rng.expovariate(rate)
+    return times
+
+
+def test_rate_sends_seeded_poisson_arrivals_on_schedule(ollama, tmp_path):
+    rate, seed, duration = 20.0, 7, 1.5
+    expected = poisson_schedule(rate, seed, duration)
+    events = run_loadgen(config(ollama.url, tmp_path, rate=rate, seed=seed, duration=duration,
+                                warmup_requests=0, max_tokens=8))
+    finish, records = events[-1], measured(events)
+    assert finish["unsent"] == 0 and len(records) == len(expected)
+    assert [r.scheduled_at for r in records] == pytest.approx(expected, abs=1e-5)
+    assert all(r.ok and 0 <= r.send_lag_ms < 20 for r in records)
+
+
+def test_rate_beyond_max_in_flight_waits_and_shows_the_lag(ollama, tmp_path):
+    rate, seed, duration = 100.0, 3, 0.6
+    expected = poisson_schedule(rate, seed, duration)
+    events = run_loadgen(config(ollama.url, tmp_path, rate=rate, seed=seed, duration=duration,
+                                warmup_requests=0, max_tokens=8, max_in_flight=2))
+    finish, records = events[-1], measured(events)
+    assert len(records) + finish["unsent"] == len(expected) and finish["unsent"] > 0
+    assert finish["delivered_concurrency"] <= 2.0 + 1e-9
+    assert [r.scheduled_at for r in records] == pytest.approx(expected[: len(records)], abs=1e-5)
+    assert finish["send_lag_ms"]["max"] > 100  # the schedule ran away from a capped client
+
+
+def test_sigterm_ends_the_run_as_interrupted(ollama, tmp_path):
+    process = subprocess.Popen([sys.executable, "-", json.dumps(config(ollama.url, tmp_path, duration=60,
+                                                                       concurrency=2))],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    process.stdin.write(LOADGEN_SOURCE)
+    process.stdin.close()
+    for line in process.stdout:
+        event = json.loads(line)
+        if event["event"] == "request" and not event["warmup"]:
+            break
+    process.send_signal(signal.SIGTERM)
+    rest = [json.loads(line) for line in process.stdout]
+    assert process.wait(10) == 0
+    assert rest[-1]["event"] == "finish" and rest[-1]["status"] == "interrupted"
+    assert rest[-1]["duration_seconds"] < 30
+    checkpoint = json.loads((tmp_path / "ck" / "checkpoint.json").read_text())
+    assert checkpoint["status"] == "interrupted"
+
+
+# ------------------------------------------------------- framings, against a fake
+
+
+TOKENS = ["Hello", ",", " World", "", "!"]  # the empty one is not an output token
+FINAL = {"done_reason": "stop", "eval_count": 4, "eval_duration": 40_000_000, "prompt_eval_count": 3,
+         "prompt_eval_duration": 1_000_000, "load_duration": 5, "total_duration": 50_000_000}
+
+
+def ndjson(compact=True):
+    separators = (",", ":") if compact else (", ", ": ")
+    lines = [{"model": "m", "created_at": "2026-01-01T00:00:00Z", "response": t, "done": False} for t in TOKENS]
+    lines.append({"model": "m", "created_at": "2026-01-01T00:00:00Z", "response": "", "done": True, **FINAL})
+    return b"".join(json.dumps(line, separators=separators).encode() + b"\n" for line in lines)
+
+
+class FakeOllama(http.server.BaseHTTPRequestHandler):
+    """Answers /api/generate in the framing its prompt names."""
+
+    protocol_version = "HTTP/1.1"
+    connections = 0
+
+    def setup(self):
+        FakeOllama.connections += 1
+        super().setup()
+
+    def log_message(self, *args):
+        pass
+
+    def head(self, status=200, **headers):
+        self.send_response(status)
+        self.send_header("Content-Type", "application/x-ndjson")
+        for name, value in headers.items():
+            self.send_header(name.replace("_", "-"), value)
+        self.end_headers()
+
+    def chunked(self, payload, size=7):
+        self.head(Transfer_Encoding="chunked")
+        for start in range(0, len(payload), size):  # chunks that cut lines anywhere
+            piece = payload[start:start + size]
+            self.wfile.write(b"%x;ext=1\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.flush()
+
+    def do_POST(self):
+        mode = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["prompt"]
+        if mode == "chunked":
+            self.chunked(ndjson())
+            self.wfile.write(b"0\r\nX-Trailer: 1\r\n\r\n")
+        elif mode in ("length", "length-spaced"):
+            payload = ndjson(compact=mode == "length")
+            self.head(Content_Length=str(len(payload)))
+            self.wfile.write(payload)
+        elif mode == "close":
+            self.head(Connection="close")
+            self.wfile.write(ndjson())
+            self.close_connection = True
+        elif mode == "whole":  # a server that ignores "stream": one object, no newline
+            payload = json.dumps({"model": "m", "response": "Hello, World!", "done": True, **FINAL}).encode()
+            self.head(Content_Length=str(len(payload)))
+            self.wfile.write(payload)
+        elif mode == "missing":
+            payload = b'{"error":"model \\"m\\" not found, try pulling it first"}'
+            self.head(404, Content_Length=str(len(payload)))
+            self.wfile.write(payload)
+        elif mode == "midstream":
+            self.chunked(ndjson().split(b"\n")[0] + b'\n{"error":"out of memory"}\n', size=1000)
+            self.wfile.write(b"0\r\n\r\n")
+        elif mode == "truncated":
+            self.chunked(ndjson()[:150])
+            self.close_connection = True
+
+
+@pytest.fixture(scope="module")
+def fake():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeOllama)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def fake_config(url, tmp_path, prompts, **extra):
+    return config(url, tmp_path, **{"model": "m", "prompts": prompts, "duration": 0.2, "warmup_requests": 0, **extra})
+
+
+@pytest.mark.parametrize("framing", ["chunked", "length", "length-spaced", "close", "whole"])
+def test_every_body_framing_parses(fake, tmp_path, framing):
+    before = FakeOllama.connections
+    events = run_loadgen(fake_config(fake, tmp_path, [framing]))
+    records = measured(events)
+    assert len(records) >= 3 and events[-1]["status"] == "completed"
+    for r in records:
+        assert r.ok, r.error
+        assert r.output_tokens == (1 if framing == "whole" else 4)
+        assert (r.eval_count, r.eval_duration_ns, r.prompt_tokens, r.done_reason) == (4, 40_000_000, 3, "stop")
+        assert (r.prompt_eval_duration_ns, r.load_duration_ns, r.total_duration_ns) == (1_000_000, 5, 50_000_000)
+        assert r.server_tokens_per_second == 100.0
+    if framing in ("chunked", "length"):  # kept alive: a few connections carry many requests
+        assert FakeOllama.connections - before < len(records) / 2
+
+
+def test_quality_expectations_match_case_insensitively(fake, tmp_path):
+    prompts = [{"prompt": "chunked", "expect": ["nope", "WORLD"]}, {"prompt": "length", "expect": ["absent"]},
+               "close", {"prompt": "whole", "expect": "hello, world!"}]
+    records = measured(run_loadgen(fake_config(fake, tmp_path, prompts, concurrency=4)))
+    matched = {r.prompt_index: r.matched for r in records}
+    assert matched == {0: True, 1: False, 2: None, 3: True}
+
+
+@pytest.mark.parametrize(("framing", "error"), [
+    ("missing", 'HTTP 404: model "m" not found, try pulling it first'),
+    ("midstream", "out of memory"),
+    ("truncated", "connection closed before the final chunk"),
+])
+def test_failures_are_error_records(fake, tmp_path, framing, error):
+    records = measured(run_loadgen(fake_config(fake, tmp_path, [framing])))
+    assert records and all(r.error == error and r.matched is None for r in records)
+    assert all(r.output_tokens == (1 if framing == "midstream" else 0) for r in records if framing != "truncated")
+
+
+def test_lost_stdout_leaves_a_complete_checkpoint(fake, tmp_path):
+    process = subprocess.Popen([sys.executable, "-", json.dumps(fake_config(fake, tmp_path, ["length"], duration=0.5))],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    process.stdin.write(LOADGEN_SOURCE.encode())
+    process.stdin.close()
+    assert json.loads(process.stdout.readline())["event"] == "connection"
+    process.stdout.close()  # the SSH channel is gone
+    assert process.wait(10) == 0
+    checkpoint = json.loads((tmp_path / "ck" / "checkpoint.json").read_text())
+    assert checkpoint["status"] == "completed" and len(checkpoint["results"]) >= 3
+    assert checkpoint["summary"]["requests"] == len(checkpoint["results"])
+
+
+def python_3_8():
+    """A working Python 3.8 interpreter (the oldest the generator supports), or None."""
+    pyenv = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8")))
+    candidates = [shutil.which("python3.8"), *pyenv]
+    for candidate in filter(None, candidates):
+        probe = subprocess.run([candidate, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+                               text=True)
+        if probe.returncode == 0 and probe.stdout.strip() == "(3, 8)":
+            return candidate
+    return None
+
+
+PYTHON_3_8 = python_3_8()
+
+
+@pytest.mark.skipif(PYTHON_3_8 is None, reason="no Python 3.8 interpreter here")
+def test_runs_on_python_3_8(fake, tmp_path):
+    events = run_loadgen(fake_config(fake, tmp_path, ["chunked", {"prompt": "length", "expect": ["world"]}],
+                                     concurrency=2), python=PYTHON_3_8)
+    records = measured(events)
+    assert events[-1]["status"] == "completed" and records and all(r.ok for r in records)

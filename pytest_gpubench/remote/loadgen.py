@@ -1,50 +1,72 @@
 """The load generator that runs on the instance, next to the model.
 
-Standard library only: it is sent over SSH as the stdin of ``python3 - CONFIG``
-and must run on any instance with a Python 3. It streams one JSON event per
-line on stdout (seed 004's event protocol, extended):
+Standard library only, Python 3.8 or newer: it is sent over SSH as the stdin of
+``python3 - CONFIG`` and must run on whatever Python an instance has. It must also
+never be the bottleneck it measures, so it is one thread driving non-blocking
+sockets through ``selectors`` with its own minimal HTTP/1.1 client (chunked,
+Content-Length and close-delimited bodies, kept-alive connections). Every
+timestamp is ``perf_counter()`` taken as the bytes are received, and a token
+chunk costs a few substring tests, not a JSON parse: only the final chunk is
+parsed, and a token's text only when its prompt carries an expectation.
+
+Config (one JSON argument): ``ollama_url``, ``model``, ``prompts`` (strings, or
+objects ``{"prompt": str, "expect": [str, ...]}``: any one substring matching,
+case-insensitive), ``max_tokens``, ``duration``, ``warmup_requests`` (sent first,
+one at a time, outside the run clock), ``progress_interval``, ``checkpoint_every``,
+``checkpoint_path``, ``request_timeout`` (seconds without data), and the load:
+
+* ``concurrency`` N (default 1): N requests in flight for the duration; a request
+  is due the moment a slot frees;
+* ``rate`` R (requests/s, wins over ``concurrency``): Poisson arrivals drawn from
+  ``random.Random(seed)``, sent on schedule whatever is in flight, up to
+  ``max_in_flight`` (default 1024); arrivals still waiting at the end are
+  ``unsent``.
+
+Events, one JSON object per line on stdout (seed 004's protocol, extended)::
 
     {"event": "connection", "status": "connected", "url": ...}
     {"event": "worker", "status": "warmup" | "running"}
     {"event": "request", <RequestRecord fields>}
-    {"event": "progress", "requests", "tokens", "tps", "errors", "elapsed"}
+    {"event": "progress", "requests", "tokens", "tps", "errors", "elapsed", "in_flight"}
     {"event": "finish", "status": "completed" | "interrupted" | "failed",
-     "duration_seconds", "message"}
+     "duration_seconds", "message", "itl_ms": {count, mean, p50, p90, p95, p99, max},
+     "cpu_seconds", "cpu_seconds_per_1k_tokens", "delivered_concurrency",
+     "send_lag_ms": {p50, p99, max}, "unsent", "abandoned"}
 
-It also checkpoints every record to a JSON file on the instance (seed 001's
-format), so a lost connection loses nothing that was measured. If stdout goes
-away it keeps running to the end and only the checkpoint remains.
+``delivered_concurrency`` is the time-weighted mean of requests in flight (sent,
+final chunk not yet received) from the run's start to its deadline;
+``cpu_seconds`` the generator's own CPU time over the measured run (per 1,000
+output tokens of successful measured requests in ``cpu_seconds_per_1k_tokens``);
+``unsent`` counts arrivals ``max_in_flight`` held back past the deadline,
+``abandoned`` requests still in flight when a signal ended the run. Every record
+is also checkpointed to a JSON file on the instance (seed 001's format), so a
+lost connection loses nothing measured: a reader that stalls or goes away never
+blocks the run, which keeps going to the end. SIGTERM and SIGINT end it as
+``interrupted``; requests then still in flight are abandoned, not recorded.
 """
 
-import http.client
+import array
+import errno
 import json
 import os
+import random
+import selectors
 import signal
+import socket
+import stat
 import sys
-import threading
 import time
+import traceback
 import urllib.parse
+from collections import deque
 
-STOP = threading.Event()
-
-
-class Emitter:
-    """Writes events to stdout; survives a closed stdout (connection lost)."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.alive = True
-
-    def emit(self, event, **fields):
-        if not self.alive:
-            return
-        line = json.dumps(dict(event=event, **fields), separators=(",", ":"))
-        with self.lock:
-            try:
-                sys.stdout.write(line + "\n")
-                sys.stdout.flush()
-            except (BrokenPipeError, OSError, ValueError):
-                self.alive = False
+perf = time.perf_counter
+READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
+RECV_SIZE = 65536
+GAPS_SORTED_MAX = 4000000  # beyond this many gaps, ITL percentiles come from an even sample
+OUTPUT_MAX = 32 * 1024 * 1024  # unread stdout beyond this: the reader is gone
+CONNECTING, SENDING, HEAD, BODY, CLOSED = range(5)
+CHUNKED, LENGTH, UNTIL_CLOSE = range(3)
 
 
 def ollama_address(url):
@@ -52,190 +74,854 @@ def ollama_address(url):
     return parsed.hostname or "127.0.0.1", parsed.port or 11434
 
 
-def generate(address, model, prompt, max_tokens, timeout):
-    """One streamed /api/generate request; returns the record fields."""
-    body = json.dumps(
-        {"model": model, "prompt": prompt, "stream": True, "options": {"num_predict": max_tokens}}
-    )
-    started_at = time.time()
-    t0 = time.perf_counter()
-    first = last = None
-    tokens = 0
-    final = {}
-    conn = http.client.HTTPConnection(address[0], address[1], timeout=timeout)
-    try:
-        conn.request("POST", "/api/generate", body, {"Content-Type": "application/json"})
-        response = conn.getresponse()
-        if response.status != 200:
-            detail = response.read(2000).decode("utf-8", "replace")
+def percentile(ordered, p):
+    """Linear interpolation between closest ranks, as results.percentile does."""
+    if not ordered:
+        return None
+    rank = (len(ordered) - 1) * p / 100.0
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (rank - low) * (ordered[high] - ordered[low])
+
+
+def ms(seconds):
+    return round(seconds * 1000.0, 4)
+
+
+def parse_prompt(entry):
+    """(text, lower-cased expectations or None) of one config prompt."""
+    if isinstance(entry, dict):
+        expect = entry.get("expect")
+        if isinstance(expect, str):
+            expect = [expect]
+        expect = [str(e).lower() for e in expect or []] or None
+        return str(entry["prompt"]), expect
+    return str(entry), None
+
+
+class Output:
+    """Events on stdout. On a pipe or socket, writes are non-blocking and queue in
+    the event loop; a broken pipe or too much unread output stops them for good."""
+
+    def __init__(self):
+        self.pending = bytearray()
+        self.alive = True
+        self.nonblocking = False
+        self.selector = None
+        self.watching = False
+        try:
+            mode = os.fstat(1).st_mode
+            if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+                os.set_blocking(1, False)
+                self.nonblocking = True
+        except OSError:
+            self.alive = False
+
+    def emit(self, event, **fields):
+        self.write(json.dumps(dict(event=event, **fields), separators=(",", ":")) + "\n")
+
+    def write(self, text):
+        if not self.alive:
+            return
+        self.pending += text.encode()
+        if len(self.pending) > OUTPUT_MAX:
+            self.lost()
+        else:
+            self.flush()
+
+    def flush(self):
+        while self.pending and self.alive:
             try:
-                detail = json.loads(detail).get("error", detail)
-            except ValueError:
+                written = os.write(1, self.pending)
+            except BlockingIOError:
+                self.watch(True)
+                return
+            except OSError:
+                self.lost()
+                return
+            del self.pending[:written]
+        self.watch(False)
+
+    def ready(self, mask):
+        self.flush()
+
+    def watch(self, on):
+        if self.selector is None or on == self.watching:
+            return
+        if on:
+            self.selector.register(1, WRITE, self)
+        else:
+            self.selector.unregister(1)
+        self.watching = on
+
+    def lost(self):
+        self.alive = False
+        self.pending = bytearray()
+        self.watch(False)
+
+    def close(self, wait=30.0):
+        """Deliver what is queued (for at most ``wait`` seconds), then restore stdout."""
+        deadline = perf() + wait
+        while self.pending and self.alive and self.selector is not None and perf() < deadline:
+            for key, mask in self.selector.select(max(0.0, deadline - perf())):
+                key.data.ready(mask)  # this flushes, or drains a signal's wake-up byte
+        self.watch(False)
+        if self.nonblocking:
+            try:
+                os.set_blocking(1, True)
+            except OSError:
                 pass
-            raise RuntimeError(f"HTTP {response.status}: {detail}")
-        while True:
-            line = response.readline()
-            if not line:
-                raise RuntimeError("stream ended before the final chunk")
-            chunk = json.loads(line)
-            if "error" in chunk:
-                raise RuntimeError(str(chunk["error"]))
-            now = time.perf_counter()
-            if chunk.get("response"):
-                tokens += 1
-                last = now
-                if first is None:
-                    first = now
-            if chunk.get("done"):
-                final = chunk
-                break
-        end = time.perf_counter()
-    finally:
-        conn.close()
-    ttft_ms = (first - t0) * 1000 if first is not None else None
-    latency_ms = (end - t0) * 1000
-    tps = None
-    if tokens >= 2 and first is not None and last > first:
-        tps = (tokens - 1) / (last - first)
-    return {
-        "started_at": started_at,
-        "ttft_ms": ttft_ms,
-        "latency_ms": latency_ms,
-        "output_tokens": tokens,
-        "eval_count": final.get("eval_count"),
-        "eval_duration_ns": final.get("eval_duration"),
-        "prompt_tokens": final.get("prompt_eval_count"),
-        "tokens_per_second": tps,
-        "error": None,
-    }
+
+
+class Checkpoint:
+    """Seed 001's checkpoint file: every record so far, rewritten atomically.
+
+    Each record is serialised once (the same text goes to stdout); rewrites are
+    asked for every ``checkpoint_every`` records but spaced so that they take at
+    most ~2 % of the wall time, so a long run never turns quadratic.
+    """
+
+    def __init__(self, path, model, every):
+        self.path = path
+        self.model = model
+        self.every = max(1, int(every))
+        self.records = []
+        self.due = False
+        self.not_before = 0.0
+
+    def add(self, record_json):
+        self.records.append(record_json)
+        if len(self.records) % self.every == 0:
+            self.due = True
+
+    def wake(self):
+        return self.not_before if self.due else None
+
+    def write(self, status, summary):
+        self.due = False
+        if not self.path:
+            return
+        began = perf()
+        text = '{"status":%s,"model":%s,"timestamp":%s,"results":[%s],"summary":%s}' % (
+            json.dumps(status), json.dumps(self.model),
+            json.dumps(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
+            ",".join(self.records), json.dumps(summary),
+        )
+        try:
+            directory = os.path.dirname(self.path)
+            if directory:
+                os.makedirs(directory, exist_ok=True)
+            with open(self.path + ".tmp", "w") as handle:
+                handle.write(text)
+            os.replace(self.path + ".tmp", self.path)
+        except OSError as exc:
+            sys.stderr.write("loadgen: checkpoint %s not written, giving up on it: %s\n" % (self.path, exc))
+            self.path = None
+        self.not_before = perf() + 50 * (perf() - began)
+
+
+class Exchange:
+    """One streamed POST /api/generate: its socket, its parser and its clock."""
+
+    __slots__ = (
+        "run", "index", "warmup", "prompt_index", "expect", "scheduled", "sent", "started_at",
+        "sock", "events", "reused", "retried", "out", "state", "status", "keep_alive", "mode",
+        "left", "skip", "trailer", "buffer", "partial", "detail", "received", "active", "final",
+        "first", "last", "tokens", "itl_sum", "itl_max", "texts", "gaps", "end", "last_io",
+    )
+
+    def __init__(self, run, index, warmup, prompt_index, scheduled):
+        self.run = run
+        self.index = index
+        self.warmup = warmup
+        self.prompt_index = prompt_index
+        self.expect = run.prompts[prompt_index][1]
+        self.scheduled = scheduled
+        self.sock = None
+        self.events = 0
+        self.retried = False
+        self.active = True
+        self.final = None
+        self.first = self.last = self.end = None
+        self.tokens = 0
+        self.itl_sum = self.itl_max = 0.0
+        self.texts = [] if self.expect else None
+        self.gaps = None if warmup else run.gaps
+
+    # -- connection and request -------------------------------------------------
+
+    def start(self, now):
+        self.sent = self.last_io = now
+        self.started_at = time.time()
+        self.connect(self.run.idle_socket())
+
+    def connect(self, sock):
+        self.reused = sock is not None
+        self.state = SENDING
+        self.out = memoryview(self.run.requests[self.prompt_index])
+        self.status = None
+        self.buffer = self.partial = self.detail = b""
+        self.received = False
+        if sock is None:
+            try:
+                sock = socket.socket(self.run.family, socket.SOCK_STREAM)
+                self.sock = sock
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                code = sock.connect_ex(self.run.sockaddr)
+            except OSError as exc:
+                return self.broken(exc)
+            if code in (errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EINTR):
+                self.state = CONNECTING
+                return self.want(WRITE)
+            if code:
+                return self.broken(OSError(code, os.strerror(code)))
+        self.sock = sock
+        self.send()
+
+    def want(self, events):
+        if events == self.events:
+            return
+        selector = self.run.selector
+        if not self.events:
+            selector.register(self.sock, events, self)
+        elif not events:
+            selector.unregister(self.sock)
+        else:
+            selector.modify(self.sock, events, self)
+        self.events = events
+
+    def send(self):
+        try:
+            sent = self.sock.send(self.out)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            return self.broken(exc)
+        self.out = self.out[sent:]
+        if len(self.out):
+            return self.want(WRITE)
+        self.state = HEAD
+        self.want(READ)
+
+    def ready(self, mask):
+        state = self.state
+        if state == BODY or state == HEAD:
+            self.read()
+        elif state == SENDING:
+            self.send()
+        elif state == CONNECTING:
+            code = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if code:
+                return self.broken(OSError(code, os.strerror(code)))
+            self.state = SENDING
+            self.send()
+
+    # -- response ---------------------------------------------------------------
+
+    def read(self):
+        try:
+            data = self.sock.recv(RECV_SIZE)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            return self.broken(exc)
+        now = perf()  # the moment these bytes reached us
+        self.last_io = now
+        if not data:
+            return self.eof(now)
+        self.received = True
+        try:
+            if self.state != BODY:
+                self.head(data, now)
+            elif self.mode == CHUNKED:
+                self.dechunk(data, now)
+            else:
+                self.body(data, now)
+        except ValueError as exc:  # includes JSON and int() errors: a malformed response
+            self.fail("bad response: %s" % exc, now)
+
+    def head(self, data, now):
+        self.buffer += data
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.buffer) > 65536:
+                raise ValueError("response head longer than 64 KiB")
+            return
+        lines = self.buffer[:end].decode("latin-1").split("\r\n")
+        rest, self.buffer = self.buffer[end + 4:], b""
+        version, _, status = lines[0].partition(" ")
+        if not version.startswith("HTTP/"):
+            raise ValueError("not an HTTP response: %r" % lines[0][:80])
+        status = int(status.split(None, 1)[0])
+        if status < 200:  # interim (100 Continue): the real head follows
+            return self.head(rest, now)
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip().lower()
+        connection = headers.get("connection", "")
+        self.keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
+        self.status = status
+        self.state = BODY
+        if "chunked" in headers.get("transfer-encoding", ""):
+            self.mode, self.left, self.skip, self.trailer = CHUNKED, 0, 0, False
+        elif "content-length" in headers:
+            self.mode, self.left = LENGTH, int(headers["content-length"])
+            if not self.left:
+                return self.message_end(now)
+        else:
+            self.mode, self.keep_alive = UNTIL_CLOSE, False
+        if rest:
+            self.body(rest, now)
+
+    def body(self, data, now):
+        mode = self.mode
+        if mode == CHUNKED:
+            self.dechunk(data, now)
+        elif mode == LENGTH:
+            if len(data) < self.left:
+                self.left -= len(data)
+                self.content(data, now)
+            else:
+                self.content(data[:self.left], now)
+                self.left = 0
+                self.message_end(now)
+        else:
+            self.content(data, now)
+
+    def dechunk(self, data, now):
+        if not (self.buffer or self.left or self.skip or self.trailer):
+            # The usual case, one whole chunk (one NDJSON line) per read.
+            header_end = data.find(b"\r\n")
+            if header_end > 0:
+                start = header_end + 2
+                end = start + int(data[:header_end].split(b";", 1)[0], 16)
+                if len(data) == end + 2 and end > start:
+                    if (self.status == 200 and self.active and not self.partial and data[end - 1] == 10
+                            and data.find(b"\n", start, end - 1) < 0):
+                        return self.line(data[start:end - 1], now)
+                    return self.content(data[start:end], now)
+        if self.buffer:
+            data, self.buffer = self.buffer + data, b""
+        pos, size = 0, len(data)
+        while pos < size and self.state == BODY:
+            if self.left:  # inside a chunk's data
+                end = pos + self.left
+                if end > size:
+                    self.left = end - size
+                    return self.content(data[pos:], now)
+                self.left, self.skip = 0, 2
+                self.content(data[pos:end], now)
+                pos = end
+            elif self.skip:  # the CRLF after a chunk's data
+                taken = min(self.skip, size - pos)
+                self.skip -= taken
+                pos += taken
+            else:
+                line_end = data.find(b"\r\n", pos)
+                if line_end < 0:
+                    self.buffer = data[pos:]
+                    if len(self.buffer) > 4096:
+                        raise ValueError("chunk header longer than 4 KiB")
+                    return
+                line, pos = data[pos:line_end], line_end + 2
+                if self.trailer:
+                    if not line:
+                        return self.message_end(now)
+                elif line:
+                    self.left = int(line.split(b";", 1)[0], 16)
+                    self.trailer = not self.left
+
+    def content(self, data, now):
+        if self.status != 200:
+            if len(self.detail) < 4096:
+                self.detail += data
+            return
+        if not self.active:
+            return  # the final chunk is in: the rest only drains the connection
+        if self.partial:
+            data, self.partial = self.partial + data, b""
+        start = 0
+        while self.active:
+            newline = data.find(b"\n", start)
+            if newline < 0:
+                self.partial = data[start:]
+                return
+            self.line(data[start:newline], now)
+            start = newline + 1
+
+    def line(self, line, now):
+        # Ollama (Go's encoder) writes compact JSON, and a quote inside a string is
+        # escaped, so these substrings can only be the keys themselves.
+        if b'"done":false' in line and b'"response":"' in line:
+            if b'"response":""' not in line:
+                self.token(now)
+                if self.texts is not None:
+                    self.texts.append(line)
+            return
+        if b'"done":true' not in line and not line.strip():
+            return
+        chunk = json.loads(line)
+        if not isinstance(chunk, dict):
+            raise ValueError("a stream line is not a JSON object")
+        if "error" in chunk:
+            return self.fail(str(chunk["error"]), now)
+        text = chunk.get("response")
+        if text:
+            self.token(now)
+            if self.texts is not None:
+                self.texts.append(text)
+        if chunk.get("done"):
+            self.final = chunk
+            self.active = False
+            self.end = now
+            self.run.finished(self, self.record(None), now)
+
+    def token(self, now):
+        if self.tokens:
+            gap = now - self.last
+            self.itl_sum += gap
+            if gap > self.itl_max:
+                self.itl_max = gap
+            if self.gaps is not None:
+                self.gaps.append(gap)
+        else:
+            self.first = now
+        self.last = now
+        self.tokens += 1
+
+    def message_end(self, now):
+        if self.partial and self.active and self.status == 200:
+            line, self.partial = self.partial, b""
+            self.line(line, now)
+        if self.active:
+            if self.status != 200:
+                return self.fail(http_error(self.status, self.detail), now)
+            return self.fail("stream ended before the final chunk", now)
+        if self.keep_alive:
+            self.want(0)
+            self.run.idle.append(self.sock)
+            self.sock = None
+        self.close()
+
+    def eof(self, now):
+        if self.state == BODY and self.mode == UNTIL_CLOSE:
+            return self.message_end(now)
+        if self.active and self.reused and not self.received and not self.retried:
+            return self.retry()
+        self.fail("connection closed before the final chunk", now)
+
+    def broken(self, exc):
+        if self.active and self.reused and not self.received and not self.retried:
+            return self.retry()
+        self.fail("%s: %s" % (type(exc).__name__, exc.strerror or exc), perf())
+
+    def retry(self):
+        """A kept-alive connection the server had closed: once more on a new one."""
+        self.close(keep_open=True)
+        self.retried = True
+        self.connect(None)
+
+    def fail(self, message, now):
+        if self.active:
+            self.active = False
+            self.end = now
+            self.run.finished(self, self.record(message), now)
+        self.close()
+
+    def close(self, keep_open=False):
+        if self.sock is not None:
+            self.want(0)
+            self.sock.close()
+            self.sock = None
+        if not keep_open:
+            self.state = CLOSED
+            self.run.open.discard(self)
+
+    # -- the record -------------------------------------------------------------
+
+    def record(self, error):
+        sent, count, final = self.sent, self.tokens, self.final or {}
+        decode = self.last - self.first if count >= 2 else 0.0
+        eval_count, eval_ns = final.get("eval_count"), final.get("eval_duration")
+        server_rate = None
+        if isinstance(eval_count, int) and isinstance(eval_ns, (int, float)) and eval_ns > 0:
+            server_rate = round(eval_count / (eval_ns / 1e9), 4)
+        matched = None
+        if self.expect and error is None:
+            text = "".join(json.loads(t)["response"] if isinstance(t, bytes) else t for t in self.texts).lower()
+            matched = any(e in text for e in self.expect)
+        return {
+            "index": self.index,
+            "warmup": self.warmup,
+            "prompt_index": self.prompt_index,
+            "started_at": self.started_at,
+            "scheduled_at": None if self.warmup else round(self.scheduled - self.run.start, 6),
+            "send_lag_ms": None if self.warmup else ms(sent - self.scheduled),
+            "ttft_ms": ms(self.first - sent) if self.first is not None else None,
+            "latency_ms": ms(self.end - sent),
+            "output_tokens": count,
+            "eval_count": eval_count,
+            "eval_duration_ns": eval_ns,
+            "prompt_tokens": final.get("prompt_eval_count"),
+            "prompt_eval_duration_ns": final.get("prompt_eval_duration"),
+            "load_duration_ns": final.get("load_duration"),
+            "total_duration_ns": final.get("total_duration"),
+            "done_reason": final.get("done_reason"),
+            "tokens_per_second": round((count - 1) / decode, 4) if decode > 0 else None,
+            "tpot_ms": ms((self.end - self.first) / (count - 1)) if count >= 2 else None,
+            "itl_mean_ms": ms(self.itl_sum / (count - 1)) if count >= 2 else None,
+            "itl_max_ms": ms(self.itl_max) if count >= 2 else None,
+            "server_tokens_per_second": server_rate,
+            "matched": matched,
+            "error": error,
+        }
+
+
+def http_error(status, detail):
+    text = detail.decode("utf-8", "replace").strip()
+    try:
+        text = json.loads(text).get("error", text)
+    except (ValueError, AttributeError):
+        pass
+    return "HTTP %d: %s" % (status, text)
+
+
+# -- load patterns ----------------------------------------------------------------
+
+
+class Warmup:
+    """``count`` requests, one after another."""
+
+    def __init__(self, count):
+        self.left = count
+
+    def launch(self, run, now):
+        if self.left and not run.in_flight:
+            self.left -= 1
+            run.launch(True, now)
+
+    def exhausted(self, now):
+        return not self.left
+
+    def wake(self, run):
+        return 0.0 if self.left and not run.in_flight else None
+
+    def freed(self, now):
+        pass
+
+
+class FixedConcurrency:
+    """N requests in flight until the deadline; each is due when a slot frees."""
+
+    def __init__(self, concurrency, start, deadline):
+        self.due = deque([start] * concurrency)
+        self.deadline = deadline
+
+    def launch(self, run, now):
+        if now < self.deadline:
+            # Only the slots free now: one that fails at once is refilled next turn.
+            for _ in range(len(self.due)):
+                run.launch(False, self.due.popleft())
+
+    def exhausted(self, now):
+        return now >= self.deadline
+
+    def wake(self, run):
+        if perf() >= self.deadline:
+            return None
+        return 0.0 if self.due else self.deadline
+
+    def freed(self, now):
+        self.due.append(now)
+
+    def unsent(self):
+        return 0
+
+
+class PoissonArrivals:
+    """Arrivals at ``rate`` per second with exponential gaps, sent on schedule up to
+    ``cap`` in flight; a late one keeps its schedule, so its lag shows."""
+
+    def __init__(self, rate, seed, cap, start, deadline):
+        self.rng = random.Random(seed)
+        self.rate, self.cap, self.deadline = rate, cap, deadline
+        self.next = start + self.rng.expovariate(rate)
+
+    def launch(self, run, now):
+        if now >= self.deadline:
+            return  # arrivals the cap held back stay unsent
+        while self.next <= now and self.next < self.deadline and run.in_flight < self.cap:
+            run.launch(False, self.next)
+            self.next += self.rng.expovariate(self.rate)
+
+    def exhausted(self, now):
+        return self.next >= self.deadline or now >= self.deadline
+
+    def wake(self, run):
+        if self.exhausted(perf()):
+            return None
+        # At the cap only a completion can help, and that wakes the loop anyway.
+        return self.deadline if run.in_flight >= self.cap else min(self.next, self.deadline)
+
+    def freed(self, now):
+        pass
+
+    def unsent(self):
+        """Arrivals due before the deadline that were never sent (the cap held them)."""
+        count = 0
+        while self.next < self.deadline:
+            count += 1
+            self.next += self.rng.expovariate(self.rate)
+        return count
+
+
+class Wakeup:
+    """Makes a signal interrupt the selector's wait at once."""
+
+    def __init__(self, selector):
+        self.reader, self.writer = socket.socketpair()
+        self.reader.setblocking(False)
+        self.writer.setblocking(False)
+        signal.set_wakeup_fd(self.writer.fileno(), warn_on_full_buffer=False)
+        selector.register(self.reader, READ, self)
+
+    def ready(self, mask):
+        try:
+            self.reader.recv(4096)
+        except OSError:
+            pass
+
+
+# -- the run ----------------------------------------------------------------------
 
 
 class Run:
-    def __init__(self, config, emitter):
+    def __init__(self, config, output):
         self.config = config
-        self.emitter = emitter
-        self.address = ollama_address(config["ollama_url"])
-        self.records = []
-        # Re-entrant: a checkpoint summarises the records while holding the lock.
-        self.lock = threading.RLock()
+        self.output = output
+        self.prompts = [parse_prompt(p) for p in config["prompts"]]
+        self.timeout = float(config.get("request_timeout", 120))
+        self.checkpoint = Checkpoint(config.get("checkpoint_path"), config["model"],
+                                     config.get("checkpoint_every", 10))
+        self.selector = selectors.DefaultSelector()
+        output.selector = self.selector
+        self.idle = []  # kept-alive sockets, ready for the next request
+        self.open = set()  # exchanges that still hold a socket
         self.next_index = 0
-        self.start = None
+        self.in_flight = 0
+        self.stopping = self.interrupted = False
+        self.start = self.deadline = None
+        self.pattern = None
+        self.ok = self.errors = self.tokens = self.abandoned = 0
+        self.gaps = array.array("d")  # every inter-token gap of measured requests, seconds
+        self.lags = array.array("d")  # send lag of measured requests, ms
+        self.area = self.area_at = 0.0  # integral of requests in flight over the run
+        self.interval = float(config.get("progress_interval", 60))
+        self.timer = 0.0  # when housekeeping is next due
 
-    def one_request(self, warmup):
-        prompts = self.config["prompts"]
-        with self.lock:
-            index = self.next_index
-            self.next_index += 1
-        prompt_index = index % len(prompts)
-        try:
-            record = generate(
-                self.address,
-                self.config["model"],
-                prompts[prompt_index],
-                self.config["max_tokens"],
-                self.config.get("request_timeout", 120),
-            )
-        except Exception as exc:  # every failure is a per-request error record
-            record = {
-                "started_at": time.time(),
-                "ttft_ms": None,
-                "latency_ms": 0.0,
-                "output_tokens": 0,
-                "eval_count": None,
-                "eval_duration_ns": None,
-                "prompt_tokens": None,
-                "tokens_per_second": None,
-                "error": f"{type(exc).__name__}: {exc}",
-            }
-        record.update(index=index, warmup=warmup, prompt_index=prompt_index)
-        with self.lock:
-            self.records.append(record)
-            count = len(self.records)
-        self.emitter.emit("request", **record)
-        if count % self.config.get("checkpoint_every", 10) == 0:
-            self.checkpoint("running")
-        return record
+    def prepare(self):
+        host, port = ollama_address(self.config["ollama_url"])
+        addresses = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+        self.family, self.sockaddr = addresses[0][0], addresses[0][4]
+        # "localhost" may name ::1 first while the server listens on 127.0.0.1 only:
+        # use the first address that accepts, and keep that connection for the first request.
+        for family, _, _, _, sockaddr in addresses:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(10)
+                sock.connect(sockaddr)
+            except OSError:
+                sock.close()
+                continue
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.family, self.sockaddr = family, sockaddr
+            self.idle.append(sock)
+            break
+        host_header = "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
+        self.requests = []
+        for text, _ in self.prompts:
+            body = json.dumps({"model": self.config["model"], "prompt": text, "stream": True,
+                               "options": {"num_predict": self.config["max_tokens"]}}).encode()
+            head = ("POST /api/generate HTTP/1.1\r\nHost: %s\r\nUser-Agent: gpubench-loadgen\r\n"
+                    "Content-Type: application/json\r\nAccept: application/x-ndjson\r\n"
+                    "Content-Length: %d\r\n\r\n" % (host_header, len(body)))
+            self.requests.append(head.encode("latin-1") + body)
 
-    def measured(self):
-        with self.lock:
-            return [r for r in self.records if not r["warmup"]]
+    def idle_socket(self):
+        while self.idle:
+            sock = self.idle.pop()
+            try:
+                sock.recv(1, socket.MSG_PEEK)  # closed by the server (b"") or stray bytes
+            except BlockingIOError:
+                return sock
+            except OSError:
+                pass
+            sock.close()
+        return None
 
-    def totals(self):
-        measured = self.measured()
-        ok = [r for r in measured if r["error"] is None]
-        tokens = sum(r["output_tokens"] for r in ok)
-        elapsed = time.perf_counter() - self.start if self.start else 0.0
+    def launch(self, warmup, scheduled):
+        index = self.next_index
+        self.next_index += 1
+        exchange = Exchange(self, index, warmup, index % len(self.prompts), scheduled)
+        self.open.add(exchange)
+        now = perf()
+        self.account(now)
+        self.in_flight += 1
+        exchange.start(now)
+
+    def account(self, now):
+        """Integrate requests in flight over [start, deadline]."""
+        if self.start is not None:
+            until = min(now, self.deadline)
+            if until > self.area_at:
+                self.area += self.in_flight * (until - self.area_at)
+                self.area_at = until
+
+    def finished(self, exchange, record, now):
+        """``exchange`` is no longer in flight: record it, free its slot."""
+        self.account(now)
+        self.in_flight -= 1
+        record_json = json.dumps(record, separators=(",", ":"))
+        self.output.write('{"event":"request",' + record_json[1:] + "\n")
+        self.checkpoint.add(record_json)
+        if self.checkpoint.due and self.checkpoint.not_before < self.timer:
+            self.timer = self.checkpoint.not_before
+        if not exchange.warmup:
+            if record["error"] is None:
+                self.ok += 1
+                self.tokens += record["output_tokens"]
+            else:
+                self.errors += 1
+            self.lags.append(record["send_lag_ms"])
+        self.pattern.freed(now)
+
+    def totals(self, now):
+        elapsed = now - self.start if self.start is not None else 0.0
         return {
-            "requests": len(ok),
-            "tokens": tokens,
-            "tps": round(tokens / elapsed, 2) if elapsed > 0 else 0.0,
-            "errors": len(measured) - len(ok),
+            "requests": self.ok,
+            "tokens": self.tokens,
+            "tps": round(self.tokens / elapsed, 2) if elapsed > 0 else 0.0,
+            "errors": self.errors,
             "elapsed": round(elapsed, 3),
+            "in_flight": self.in_flight,
         }
 
-    def checkpoint(self, status):
-        path = self.config.get("checkpoint_path")
-        if not path:
-            return
-        with self.lock:
-            data = {
-                "status": status,
-                "model": self.config["model"],
-                "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "results": list(self.records),
-                "summary": self.totals() if self.start else None,
-            }
-        directory = os.path.dirname(path)
-        if directory:
-            os.makedirs(directory, exist_ok=True)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as handle:
-            json.dump(data, handle)
-        os.replace(tmp, path)
+    def drive(self, pattern, measuring):
+        """Run the event loop until ``pattern`` is done and nothing is in flight."""
+        self.pattern = pattern
+        self.next_progress = self.start + self.interval if measuring else None
+        self.next_scan = perf() + 1.0
+        self.timer = self.next_scan if self.next_progress is None else min(self.next_scan, self.next_progress)
+        select = self.selector.select
+        while not self.stopping:
+            pattern.launch(self, perf())
+            now = perf()
+            if not self.in_flight and pattern.exhausted(now):
+                break
+            wake = pattern.wake(self)
+            if wake is None or wake > self.timer:
+                wake = self.timer
+            for key, mask in select(wake - now if wake > now else 0.0):
+                key.data.ready(mask)
+            now = perf()
+            if now >= self.timer:
+                self.housekeeping(now, measuring)
 
-    def worker(self, deadline):
-        while not STOP.is_set() and time.perf_counter() < deadline:
-            self.one_request(warmup=False)
+    def housekeeping(self, now, measuring):
+        """Progress events, checkpoints and timeouts, each when its time comes."""
+        if self.next_progress is not None and now >= self.next_progress:
+            if now < self.deadline:
+                self.output.emit("progress", **self.totals(now))
+            while self.next_progress <= now:
+                self.next_progress += self.interval
+            if self.next_progress >= self.deadline:
+                self.next_progress = None  # the last one comes with the finish event
+        if self.checkpoint.due and now >= self.checkpoint.not_before:
+            self.checkpoint.write("running", self.totals(now) if measuring else None)
+        if now >= self.next_scan:
+            self.expire(now)
+            self.next_scan = now + 1.0
+        self.timer = min(t for t in (self.next_scan, self.next_progress, self.checkpoint.wake()) if t is not None)
 
-    def progress_loop(self, deadline):
-        interval = self.config.get("progress_interval", 60)
-        next_at = self.start + interval
-        while not STOP.is_set() and next_at < deadline:
-            if STOP.wait(max(0.0, next_at - time.perf_counter())):
-                return
-            self.emitter.emit("progress", **self.totals())
-            next_at += interval
+    def expire(self, now):
+        for exchange in list(self.open):
+            quiet = now - exchange.last_io
+            if exchange.active and quiet > self.timeout:
+                exchange.fail("timed out: no data for %g s" % self.timeout, now)
+            elif not exchange.active and quiet > 10:
+                exchange.close()  # a response that never finished draining
+
+    def abandon(self):
+        """Close every connection; requests still in flight are not recorded."""
+        for exchange in list(self.open):
+            if exchange.active:
+                self.abandoned += 1
+                exchange.active = False
+            exchange.close()
+        self.in_flight = 0
+        for sock in self.idle:
+            sock.close()
+        self.idle = []
 
     def run(self):
-        self.emitter.emit("connection", status="connected", url=self.config["ollama_url"])
-        self.checkpoint("started")
-        warmups = self.config.get("warmup_requests", 0)
+        config, output = self.config, self.output
+        self.prepare()
+        output.emit("connection", status="connected", url=config["ollama_url"])
+        self.checkpoint.write("started", None)
+        warmups = int(config.get("warmup_requests", 0))
         if warmups:
-            self.emitter.emit("worker", status="warmup")
-            for _ in range(warmups):
-                if STOP.is_set():
-                    break
-                self.one_request(warmup=True)
-        self.emitter.emit("worker", status="running")
-        self.start = time.perf_counter()
-        deadline = self.start + float(self.config["duration"])
-        threads = [
-            threading.Thread(target=self.worker, args=(deadline,), daemon=True)
-            for _ in range(max(1, int(self.config.get("concurrency", 1))))
-        ]
-        reporter = threading.Thread(target=self.progress_loop, args=(deadline,), daemon=True)
-        for thread in threads:
-            thread.start()
-        reporter.start()
-        for thread in threads:
-            while thread.is_alive():
-                thread.join(0.2)
-        STOP.set()
-        duration = time.perf_counter() - self.start
-        status = "interrupted" if getattr(self, "interrupted", False) else "completed"
-        self.checkpoint(status)
-        self.emitter.emit("progress", **self.totals())
-        self.emitter.emit("finish", status=status, duration_seconds=duration, message="")
+            output.emit("worker", status="warmup")
+            self.drive(Warmup(warmups), measuring=False)
+        output.emit("worker", status="running")
+        cpu_before = time.process_time()
+        self.start = self.area_at = perf()
+        self.deadline = self.start + float(config["duration"])
+        pattern = None
+        if not self.stopping:
+            if config.get("rate"):
+                pattern = PoissonArrivals(float(config["rate"]), config.get("seed", 0),
+                                          int(config.get("max_in_flight", 1024)), self.start, self.deadline)
+            else:
+                pattern = FixedConcurrency(max(1, int(config.get("concurrency", 1))), self.start, self.deadline)
+            self.drive(pattern, measuring=True)
+        end = perf()
+        self.account(end)
+        cpu_seconds = time.process_time() - cpu_before
+        self.abandon()
+        status = "interrupted" if self.interrupted else "completed"
+        self.checkpoint.write(status, self.totals(end))
+        output.emit("progress", **self.totals(end))
+        window = min(end, self.deadline) - self.start
+        output.emit(
+            "finish", status=status, duration_seconds=end - self.start, message="",
+            itl_ms=self.itl_summary(), cpu_seconds=round(cpu_seconds, 4),
+            cpu_seconds_per_1k_tokens=round(cpu_seconds / (self.tokens / 1000), 4) if self.tokens else None,
+            delivered_concurrency=round(self.area / window, 4) if window > 0 else None,
+            send_lag_ms=self.lag_summary(), unsent=pattern.unsent() if pattern else 0,
+            abandoned=self.abandoned,
+        )
+
+    def itl_summary(self):
+        gaps = self.gaps
+        count = len(gaps)
+        if not count:
+            return {"count": 0, "mean": None, "p50": None, "p90": None, "p95": None, "p99": None, "max": None}
+        ordered = sorted(gaps if count <= GAPS_SORTED_MAX else gaps[:: count // GAPS_SORTED_MAX + 1])
+        summary = {"count": count, "mean": ms(sum(gaps) / count)}
+        for p in (50, 90, 95, 99):
+            summary["p%d" % p] = ms(percentile(ordered, p))
+        summary["max"] = ms(max(gaps))
+        return summary
+
+    def lag_summary(self):
+        ordered = sorted(self.lags)
+        if not ordered:
+            return {"p50": None, "p99": None, "max": None}
+        return {"p50": round(percentile(ordered, 50), 4), "p99": round(percentile(ordered, 99), 4),
+                "max": ordered[-1]}
 
 
 def main(argv):
@@ -244,24 +930,28 @@ def main(argv):
     if path and not os.path.isabs(path):
         # Relative to the login home, whatever directory the SSH server started in.
         config["checkpoint_path"] = os.path.join(os.path.expanduser("~"), path)
-    emitter = Emitter()
-    run = Run(config, emitter)
+    output = Output()
+    run = Run(config, output)
 
     def interrupt(signum, frame):
-        run.interrupted = True
-        STOP.set()
+        run.interrupted = run.stopping = True
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, interrupt)
     # A lost SSH connection must not kill the run: the checkpoint still fills.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    Wakeup(run.selector)
     try:
         run.run()
     except Exception as exc:
-        run.checkpoint("failed")
-        emitter.emit("finish", status="failed", duration_seconds=0.0, message=f"{type(exc).__name__}: {exc}")
+        traceback.print_exc()
+        run.abandon()
+        run.checkpoint.write("failed", None)
+        output.emit("finish", status="failed", duration_seconds=0.0, message="%s: %s" % (type(exc).__name__, exc))
+        output.close()
         return 1
+    output.close()
     return 0
 
 
