@@ -112,12 +112,16 @@ class Server:
         self.port = free_port()
         self.env = standin_env(instance, self.port, **env)
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest_gpubench.sandbox.ollama_standin", "serve"],
-            env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        # A file, not a pipe: the server logs a line per request, and a pipe nobody
+        # reads fills up and freezes it under a long load.
+        self.log_path = instance.parent / f"ollama-serve-{self.port}.log"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pytest_gpubench.sandbox.ollama_standin", "serve"],
+                env=self.env,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
         self.http = httpx.Client(base_url=self.url, timeout=30.0, trust_env=False)
         deadline = time.monotonic() + 15
         while True:
@@ -127,7 +131,7 @@ class Server:
             except httpx.TransportError:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"server did not start: {self.proc.stderr.read().decode()}")
+                raise RuntimeError(f"server did not start: {self.log_path.read_text(errors='replace')[-2000:]}")
             time.sleep(0.02)
 
     def cli(self, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
@@ -163,5 +167,4 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.proc.stderr.close()
         return self.proc.returncode

@@ -23,24 +23,12 @@ from pytest_gpubench.results import RequestRecord, summarize
 PARALLEL = 4
 
 
-def _drain(stream):
-    try:
-        while stream.read(65536):
-            pass
-    except (OSError, ValueError):
-        pass
-
-
 @pytest.fixture(scope="module")
 def ollama(tmp_path_factory):
     server = Server(write_instance(tmp_path_factory.mktemp("loadgen")), OLLAMA_NUM_PARALLEL=str(PARALLEL))
-    # The stand-in logs a line per request: keep its stderr pipe from filling up.
-    drain = threading.Thread(target=_drain, args=(server.proc.stderr,), daemon=True)
-    drain.start()
     server.pull("qwen2:7b")
     yield server
     server.stop()
-    drain.join(5)
 
 
 def run_loadgen(config, python=sys.executable):
