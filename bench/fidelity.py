@@ -49,6 +49,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 from standin_helpers import free_port, standin_env, write_instance  # noqa: E402
 
 from pytest_gpubench.benchmark import LOADGEN_SOURCE  # noqa: E402
+from pytest_gpubench.matrix import SEED_PROMPTS  # noqa: E402
 from pytest_gpubench.results import percentile  # noqa: E402
 
 MODEL = "qwen2:7b"
@@ -63,19 +64,6 @@ TARGET_CPU_PER_1K = 0.13  # CPU seconds per 1,000 output tokens
 # deliver the truth, so the attempt is discarded and run again, at most ATTEMPTS times.
 STALL_MS = 150.0
 ATTEMPTS = 3
-# Seed 000's prompt mix (as matrix.SEED_PROMPTS), kept here so the bench needs nothing but the generator.
-SEED_PROMPTS = (
-    "Write a Python function to implement binary search on a sorted list.",
-    "Explain quantum computing in simple terms for a 10-year-old.",
-    "What are the key differences between REST and GraphQL APIs?",
-    "Write a haiku about programming.",
-    "Debug this code: for i in range(10): print(i",
-    "Explain the CAP theorem and its implications for distributed systems.",
-    "Write a regex pattern to match valid email addresses.",
-    "What is the time complexity of quicksort and why?",
-    "Describe three design patterns used in object-oriented programming.",
-    "How does garbage collection work in modern programming languages?",
-)
 LAG_LINE = re.compile(r"(\d+) tokens streamed, (\d+) more than 5 ms late, max lag ([\d.]+) ms")
 
 

@@ -384,16 +384,7 @@ class Manifest:
 
     def finish_run(self, run_id: str, status: str) -> None:
         """Record the end of run ``run_id`` with its final ``status`` (free text, e.g. ``passed``)."""
-        row = {"finished_at": utc_now(), "status": status}
-        _refuse_secrets(row)
-
-        def update() -> None:
-            try:
-                self.db.table("runs").update(run_id, row)
-            except NotFoundError:
-                raise KeyError(f"no run {run_id!r}") from None
-
-        self._write(update)
+        self._update_row("runs", run_id, {"finished_at": utc_now(), "status": status})
 
     def run(self, run_id: str) -> dict[str, Any] | None:
         """The ``runs`` row of ``run_id``, ``argv`` and ``matrix_files`` still JSON text."""
@@ -727,13 +718,17 @@ class Manifest:
     def set_details(self, benchmark_id: str, details: Mapping[str, Any]) -> None:
         """Store the figures beyond the BenchmarkResult shape, as JSON, on a benchmark row."""
         row = {"details_json": json.dumps(_plain(dict(details)), default=str)}
+        self._update_row("benchmarks", benchmark_id, row)
+
+    def _update_row(self, table: str, key: str, row: dict[str, Any]) -> None:
+        """Update one row by primary key in its own transaction; KeyError if it is not there."""
         _refuse_secrets(row)
 
         def update() -> None:
             try:
-                self.db.table("benchmarks").update(benchmark_id, row)
+                self.db.table(table).update(key, row)
             except NotFoundError:
-                raise KeyError(f"no benchmark {benchmark_id!r}") from None
+                raise KeyError(f"no {table} row {key!r}") from None
 
         self._write(update)
 
