@@ -61,7 +61,9 @@ def test_axes_runs_telemetry_thresholds_and_upload(tmp_path, standalone_sandbox)
         assert details["validity"]["valid"] is True
         assert details["metrics"]["goodput_share"] == pytest.approx(1.0)
         assert details["runtime"]["num_parallel"] >= details["load"]["concurrency"]
-        assert bench["tokens_per_second"] == pytest.approx(truth, rel=0.03)  # per stream, at any concurrency
+        # Per stream, at any concurrency. The median: a stall of the shared machine
+        # delivers one request's held-back tokens in a burst and lifts the mean.
+        assert bench["p50_tokens_per_second"] == pytest.approx(truth, rel=0.03)
         result = json.loads(bench["result_json"])
         assert result["gpu_stats"]["max_utilization_pct"] > 0 and result["gpu_stats"]["max_memory_used_mib"] > 0
         assert result["results"]["prompts_with_expected"] > 0 and result["results"]["match_rate"] >= 0

