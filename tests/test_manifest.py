@@ -24,7 +24,7 @@ ADDED_COLUMNS = [
     "session_status", "consumer_id", "worker", "ttft_p50_ms", "cost_per_million_tokens",
     "progress_file",
 ]
-KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----"
+KEY = "-----BEGIN " "OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----"
 
 
 @pytest.fixture

