@@ -33,7 +33,6 @@ import json
 import os
 import re
 import selectors
-import signal
 import socket
 import subprocess
 import sys
@@ -46,7 +45,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from standin_helpers import free_port, standin_env, write_instance  # noqa: E402
+from standin_helpers import Server, write_instance  # noqa: E402
 
 from pytest_gpubench.benchmark import LOADGEN_SOURCE  # noqa: E402
 from pytest_gpubench.matrix import SEED_PROMPTS  # noqa: E402
@@ -70,35 +69,13 @@ LAG_LINE = re.compile(r"(\d+) tokens streamed, (\d+) more than 5 ms late, max la
 # ------------------------------------------------------------------ the stand-in
 
 
-class StandIn:
-    """A fresh ``ollama serve`` stand-in; its log goes to a file (a full stderr pipe would stall it)."""
+class StandIn(Server):
+    """A fresh stand-in with the reference truth, the model pulled, its CPU use followed."""
 
     def __init__(self, instance: Path, parallel: int) -> None:
-        import httpx
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = instance.parent / f"standin-{self.port}.log"
-        env = standin_env(instance, self.port, OLLAMA_NUM_PARALLEL=str(parallel),
-                          GPUBENCH_SANDBOX_TTFT_MS=str(TTFT_MS),
-                          GPUBENCH_SANDBOX_TOKENS_PER_SECOND=str(TOKENS_PER_SECOND),
-                          GPUBENCH_SANDBOX_JITTER="0")
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "pytest_gpubench.sandbox.ollama_standin", "serve"],
-                                         env=env, stdout=subprocess.DEVNULL, stderr=log)
-        deadline = time.monotonic() + 20
-        with httpx.Client(base_url=self.url, timeout=30, trust_env=False) as client:
-            while True:
-                try:
-                    if client.get("/api/version").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the stand-in did not start: {self.log_path.read_text()[-2000:]}")
-                time.sleep(0.05)
-            pulled = client.post("/api/pull", json={"model": MODEL, "stream": False}).json()
-            assert pulled == {"status": "success"}, pulled
+        super().__init__(instance, OLLAMA_NUM_PARALLEL=str(parallel), GPUBENCH_SANDBOX_TTFT_MS=str(TTFT_MS),
+                         GPUBENCH_SANDBOX_TOKENS_PER_SECOND=str(TOKENS_PER_SECOND), GPUBENCH_SANDBOX_JITTER="0")
+        self.pull(MODEL)
         self.cpu_before = self.cpu_seconds()
         self.began = time.monotonic()
 
@@ -106,15 +83,10 @@ class StandIn:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def stop(self) -> dict[str, Any]:
+    def finish(self) -> dict[str, Any]:
         """Stop it; its lag summary and CPU use since it was ready."""
         cores = (self.cpu_seconds() - self.cpu_before) / (time.monotonic() - self.began)
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        self.stop()
         found = LAG_LINE.search(self.log_path.read_text())
         tokens, late, max_lag = (int(found[1]), int(found[2]), float(found[3])) if found else (0, 0, float("nan"))
         return {"tokens": tokens, "late": late, "max_lag_ms": max_lag, "cores": cores}
@@ -432,7 +404,7 @@ def measure(client: str, instance: Path, concurrency: int, duration: float, work
         else:
             phase = run_reference(server.url, concurrency, duration)
     finally:
-        health = server.stop()
+        health = server.finish()
     phase.server, phase.load = health, os.getloadavg()[0]
     return phase
 
@@ -460,7 +432,7 @@ def main() -> int:
         try:
             floor.written_ms, floor.read_ms = ttft_floor(server.url, floor.requests)
         finally:
-            server.stop()
+            server.finish()
         print(f"Floors without the generator: the idle stand-in stamps its first token at {floor.written_ms:.2f} ms "
               f"after the send, a blocking one-socket client reads it at {floor.read_ms:.2f} ms (p50 of "
               f"{floor.requests}, truth {TTFT_MS:.0f}); a do-nothing select+recv loop costs "
