@@ -28,7 +28,7 @@ from .providers.shopper import OfferChoice, consumer_id, reservation_hours
 from .record import CellRecorder, progress_path
 from .remote.ssh import Connection, KeyFile
 from .remote.system import compute_capability, probe_system
-from .results import BenchmarkResult, HardwareInfo, ModelInfo, TestConfig, cost_analysis, summarize
+from .results import BenchmarkResult, HardwareInfo, ModelInfo, TestConfig, summarize
 from .run import RunContext
 from .runtimes.ollama import OllamaRuntime
 from .settings import DEFAULT_OLLAMA_INSTALL
@@ -338,12 +338,11 @@ class Bench:
         pulled = recorder.pulled
         self.details["model"] = {"digest": pulled.digest if pulled else "",
                                  "quantization": pulled.quantization if pulled else ""}
-        # $/M tokens from what the machine delivered: at concurrency N the
-        # per-stream rate would overstate the cost per token N times.
-        throughput = self.details["metrics"].get("output_throughput_tps") or 0.0
+        # The headline $/M tokens is the machine's (output throughput); the per-stream
+        # figure the GPU Shopper server would compute is kept beside it.
         self.details["cost_analysis"] = {
-            "per_stream": result.cost_analysis().model_dump(mode="json"),
-            "machine": cost_analysis(result.price_per_hour, throughput).model_dump(mode="json"),
+            "per_stream": result.per_stream_cost_analysis().model_dump(mode="json"),
+            "machine": result.cost_analysis().model_dump(mode="json"),
         }
         recorder.result, recorder.records, recorder.samples = result, list(measurement.records), measurement.samples
         recorder.runs, recorder.details, self.result = measurement.runs, self.details, result

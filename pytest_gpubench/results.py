@@ -236,8 +236,24 @@ class BenchmarkResult(_Value):
     def _aware(cls, value: datetime) -> datetime:
         return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
 
+    @property
+    def output_tokens_per_second(self) -> float:
+        """What the machine delivered: ``total_tokens / duration_seconds`` (0 if no duration)."""
+        figures = self.results
+        return figures.total_tokens / figures.duration_seconds if figures.duration_seconds > 0 else 0.0
+
     def cost_analysis(self) -> CostAnalysis:
-        """:func:`cost_analysis` of this result's price and average tokens per second."""
+        """The cost of a token this machine delivered: :func:`cost_analysis` of the price
+        and :attr:`output_tokens_per_second`.
+
+        The headline figure. At concurrency N the per-stream rate (what the Go server
+        feeds its own ``CalculateCostAnalysis``) would understate the cost per token
+        about N times; see :meth:`per_stream_cost_analysis`.
+        """
+        return cost_analysis(self.price_per_hour, self.output_tokens_per_second)
+
+    def per_stream_cost_analysis(self) -> CostAnalysis:
+        """:func:`cost_analysis` of the average per-request tokens/s, as the Go server computes it."""
         return cost_analysis(self.price_per_hour, self.results.avg_tokens_per_second)
 
 

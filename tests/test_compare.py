@@ -125,7 +125,8 @@ def test_baseline_answers_and_results_are_read_alike():
     baseline = {"run_id": "r1", "tokens_per_second": 200.0, "ttft_p50_ms": 40.0, "cost_per_million_tokens": 0.5,
                 "total_requests": 10, "error_count": 1, "benchmark": {"error_rate": 0.1}}
     result = BenchmarkResult(price_per_hour=0.36, results=PerformanceResults(
-        avg_tokens_per_second=190.0, p50_ttft_ms=44.0, error_rate=0.0, total_requests=10))
+        avg_tokens_per_second=190.0, p50_ttft_ms=44.0, error_rate=0.0, total_requests=10,
+        total_tokens=1900, duration_seconds=10.0))
     from_figures = compare(figures_of(result, "r2"), baseline, [])
     from_dump = compare(result.model_dump(mode="json"), baseline, [])
     assert from_figures.changes == from_dump.changes

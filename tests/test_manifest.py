@@ -257,7 +257,8 @@ def test_add_benchmark(manifest):
     assert row["total_requests"] == 5 and row["total_errors"] == 1
     assert row["total_tokens"] == 404
     assert row["p50_ttft_ms"] == pytest.approx(250.0)
-    assert row["cost_per_million_tokens"] == pytest.approx(0.4 / (102.5 * 3600) * 1e6)
+    # The cost of a delivered token: 404 tokens in the 60 s window.
+    assert row["cost_per_million_tokens"] == pytest.approx(0.4 / (404 / 60 * 3600) * 1e6)
     stored = BenchmarkResult.model_validate_json(row["result_json"])
     assert stored == bench.model_copy(update={"id": benchmark_id})
 

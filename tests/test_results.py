@@ -220,10 +220,14 @@ def test_cost_analysis_zero_inputs_are_undefined_not_errors():
         cost_analysis(-1.0, 10.0)
 
 
-def test_benchmark_result_cost_analysis_uses_avg_tps():
-    result = BenchmarkResult(price_per_hour=0.4,
-                             results=PerformanceResults(avg_tokens_per_second=100.0))
-    assert result.cost_analysis().cost_per_million_tokens == pytest.approx(1.1111, abs=1e-4)
+def test_benchmark_result_cost_is_per_delivered_token_not_per_stream():
+    # Four streams at 100 tokens/s each for 10 s: the machine delivered 4,000 tokens.
+    result = BenchmarkResult(price_per_hour=0.4, results=PerformanceResults(
+        avg_tokens_per_second=100.0, total_tokens=4000, duration_seconds=10.0))
+    assert result.output_tokens_per_second == 400.0
+    assert result.cost_analysis().cost_per_million_tokens == pytest.approx(0.4 / (400 * 3600) * 1e6)
+    assert result.per_stream_cost_analysis().cost_per_million_tokens == pytest.approx(1.1111, abs=1e-4)
+    assert BenchmarkResult(price_per_hour=0.4).cost_analysis().cost_per_million_tokens is None
 
 
 # -------------------------------------------------------------- the Go JSON shape
