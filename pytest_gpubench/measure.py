@@ -18,7 +18,7 @@ from typing import Any
 from .benchmark import BenchmarkOutcome, BenchmarkPlan, run_benchmark
 from .errors import BenchmarkInterrupted
 from .matrix import Cell
-from .metrics import Slo, detailed_metrics
+from .metrics import detailed_metrics
 from .results import RequestRecord, summarize
 from .runtimes.ollama import OllamaRuntime
 from .stats import RunStatistics, until_cv_reached
@@ -98,7 +98,7 @@ async def measure_once(runtime: OllamaRuntime, plan: BenchmarkPlan, *, timeout: 
 def details_of(cell: Cell, measurement: Measurement, runtime: OllamaRuntime, *,
                residency: dict[str, Any] | None, compute_capability: str) -> dict[str, Any]:
     """The figures beyond the BenchmarkResult shape, as plain JSON."""
-    slo = Slo(**{k: v for k, v in cell.slo.model_dump().items() if v is not None})
+    slo = cell.slo
     single = measurement.outcomes[0].finish if len(measurement.outcomes) == 1 else None
     metrics = detailed_metrics(measurement.records, measurement.duration_seconds or cell.workload.duration,
                                slo=slo if slo.is_set else None, loadgen=single or None,

@@ -19,14 +19,16 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from .results import RequestRecord, percentile
+from .thresholds import Slo
 
 __all__ = [
     "DetailedMetrics",
     "LoadgenSummary",
     "Slo",
+    "meets_slo",
     "detailed_metrics",
     "quality",
     "request_tpot_ms",
@@ -50,43 +52,26 @@ ItlSource = Literal["loadgen", "per_request_means"]
 # ---------------------------------------------------------------------- inputs
 
 
-class Slo(BaseModel):
-    """Per-request service-level objectives for goodput; a bound left ``None`` is not checked.
-
-    A successful request is *good* when every set bound holds, inclusively
+def meets_slo(record: RequestRecord, slo: Slo) -> bool:
+    """Whether ``record`` succeeded and meets every bound ``slo`` sets, inclusively
     (``ttft_ms <= slo.ttft_ms`` and so on), as in vLLM's ``--goodput``.
+
+    A bound whose figure the record lacks is not met (a request without a TTFT
+    cannot prove it met a TTFT objective), with one exception taken from vLLM: a
+    request with fewer than two output tokens has no decode phase, and its TPOT
+    counts as 0.
     """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    ttft_ms: float | None = Field(default=None, gt=0)
-    tpot_ms: float | None = Field(default=None, gt=0)
-    e2e_ms: float | None = Field(default=None, gt=0)
-
-    @property
-    def is_set(self) -> bool:
-        """True when at least one bound is given."""
-        return any(v is not None for v in (self.ttft_ms, self.tpot_ms, self.e2e_ms))
-
-    def met_by(self, record: RequestRecord) -> bool:
-        """Whether ``record`` succeeded and meets every set bound.
-
-        A bound whose figure the record lacks is not met (a request without a TTFT
-        cannot prove it met a TTFT objective), with one exception taken from vLLM:
-        a request with fewer than two output tokens has no decode phase, and its
-        TPOT counts as 0.
-        """
-        if not record.ok:
+    if not record.ok:
+        return False
+    if slo.ttft_ms is not None and (record.ttft_ms is None or record.ttft_ms > slo.ttft_ms):
+        return False
+    if slo.tpot_ms is not None:
+        tpot = request_tpot_ms(record)
+        if tpot is None:
+            tpot = 0.0 if record.output_tokens < 2 else None
+        if tpot is None or tpot > slo.tpot_ms:
             return False
-        if self.ttft_ms is not None and (record.ttft_ms is None or record.ttft_ms > self.ttft_ms):
-            return False
-        if self.tpot_ms is not None:
-            tpot = request_tpot_ms(record)
-            if tpot is None:
-                tpot = 0.0 if record.output_tokens < 2 else None
-            if tpot is None or tpot > self.tpot_ms:
-                return False
-        return self.e2e_ms is None or record.latency_ms <= self.e2e_ms
+    return slo.e2e_ms is None or record.latency_ms <= slo.e2e_ms
 
 
 class StreamSummary(BaseModel):
@@ -367,7 +352,7 @@ def detailed_metrics(
 
     good = None
     if slo is not None and slo.is_set:
-        good = sum(1 for r in measured if slo.met_by(r))
+        good = sum(1 for r in measured if meets_slo(r, slo))
 
     # CPU time covers the generator's whole process, warm-up included, so it is
     # divided by every token it received.
