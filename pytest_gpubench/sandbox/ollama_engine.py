@@ -40,6 +40,7 @@ log = logging.getLogger("ollama_standin")
 # Context margin: KV cache for a 2048-token context per parallel slot (about
 # 32 MiB per billion parameters with grouped-query attention) plus compute graph.
 KV_MIB_PER_BILLION = 32
+FLUSH_DELAY = 0.02  # seconds between a state change and writing the state file
 MAX_QUEUE_MESSAGE = "server busy, please try again.  maximum pending requests exceeded"
 
 
@@ -102,6 +103,7 @@ class Runner:
     vram: int
     slots: FifoSlots
     keep_alive: float
+    loaded_at: float = 0.0  # loop time the load finished
     refs: int = 0
     evicting: bool = False
     idle: asyncio.Event = field(default_factory=asyncio.Event)
@@ -216,6 +218,7 @@ class Engine:
             vram=needed,
             slots=FifoSlots(self.settings.num_parallel),
             keep_alive=self.settings.default_keep_alive,
+            loaded_at=asyncio.get_running_loop().time(),
         )
         runner.idle.set()
         self.runners[key] = runner
@@ -290,14 +293,17 @@ class Engine:
                 raise ServerBusy(MAX_QUEUE_MESSAGE)
             self.waiting += 1
             try:
-                await runner.slots.acquire()
+                granted = await runner.slots.acquire()
             finally:
                 self.waiting -= 1
             try:
                 self._set_active(+1)
                 plan = plan_output(job.prompt, job.num_predict, model=runner.name)
                 ttft, intervals = self._timing(job, runner.spec, len(plan.tokens))
-                start = asyncio.get_running_loop().time()
+                # The TTFT clock runs from the moment the request could start, not
+                # from here: the handler's own work (parsing, planning) is inside
+                # the TTFT a client sees from a real server too.
+                start = max(job.arrived, runner.loaded_at, granted or 0.0)
                 yield Generation(job, plan, start, ttft, intervals, load, self.lag)
             finally:
                 runner.slots.release()
@@ -335,10 +341,12 @@ class Engine:
         return models
 
     def _schedule_flush(self) -> None:
-        # Many requests change state within one loop iteration: write once.
+        # Many requests change state within a few milliseconds: write once, a little
+        # later, so that the write never delays the request that comes right after
+        # a response (the file's readers sample every few seconds).
         if not self._flush_pending:
             self._flush_pending = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            asyncio.get_running_loop().call_later(FLUSH_DELAY, self.flush)
 
     def flush(self) -> None:
         """Write the runtime state for ``nvidia-smi`` and ``/api/ps`` readers."""

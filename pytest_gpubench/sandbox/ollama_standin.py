@@ -34,7 +34,6 @@ requests exceeded`` (503).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 from collections.abc import Sequence
@@ -81,14 +80,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[0] == "serve":
         # Imported here so that CLI calls do not pay for loading aiohttp.
         from .ollama_engine import EngineSettings
-        from .ollama_server import serve
+        from .ollama_server import run_with_fine_timers, serve
 
         try:
             settings = EngineSettings.from_env()
         except ValueError as exc:
             print(f"Error: {exc}", file=sys.stderr)
             return 1
-        return asyncio.run(serve(spec, host, settings))
+        return run_with_fine_timers(serve(spec, host, settings))
     if args[0] not in COMMANDS:
         print(f'Error: unknown command "{args[0]}" for "ollama"', file=sys.stderr)
         return 1
