@@ -84,3 +84,21 @@ def test_axes_runs_telemetry_thresholds_and_upload(tmp_path, standalone_sandbox)
                        "--gpubench-compare", first_run, "--gpubench-compare-fail", "tps:20%")
     assert again.returncode == 0, again.stdout[-3000:]
     assert f"RTX_4090-vastai-qwen2:1.5b: vs run {first_run}: tps" in again.stdout
+
+    # A baseline 1.5 times faster than today: the same cell now regressed beyond 10%
+    # and fails at `results`, the figures first; the manifest says why.
+    db = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")
+    base = cells["RTX_4090-vastai-qwen2:1.5b"]
+    db["benchmark_manifest"].update(base["id"], {"tokens_per_second": base["tokens_per_second"] * 1.5})
+    db.conn.commit()
+    db.conn.close()
+    regressed = run_pytest(tmp_path, str(matrix), "--gpubench-api", standalone_sandbox, "--gpubench-time-scale",
+                           "0.02", "--rootdir", str(tmp_path), "-k", "1.5b and not c4", "--gpubench-runs", "1",
+                           "--gpubench-compare", first_run, "--gpubench-compare-fail", "tps:10%")
+    assert regressed.returncode == 1, regressed.stdout[-3000:]
+    assert "[results] tps fell" in regressed.stdout and f"vs run {first_run}" in regressed.stdout, \
+        regressed.stdout[-3000:]
+    latest = max((r for r in rows(tmp_path, "benchmark_manifest") if r["cell_id"] == "RTX_4090-vastai-qwen2:1.5b"),
+                 key=lambda r: r["created_at"])
+    assert (latest["status"], latest["failure_stage"]) == ("failed", "results")
+    assert "more than the 10% allowed by tps:10%" in latest["error_message"]
