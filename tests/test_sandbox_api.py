@@ -61,18 +61,6 @@ def parse_time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-@pytest.fixture(scope="module")
-def sandbox():
-    with SandboxThread(time_scale=TIME_SCALE) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def api(sandbox):
-    with httpx.Client(base_url=sandbox.url, timeout=30) as client:
-        yield client
-
-
 @pytest.fixture
 def clean_faults(api):
     yield

@@ -20,8 +20,6 @@ import asyncssh
 import httpx
 import pytest
 
-from pytest_gpubench.sandbox import SandboxThread
-
 TIME_SCALE = 0.01
 PLAIN_4090 = "vastai-18430202"  # Ollama not preinstalled
 PREINSTALLED_4090 = "vastai-18430201"
@@ -38,18 +36,6 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "c
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.02)
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    with SandboxThread(time_scale=TIME_SCALE) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def api(sandbox):
-    with httpx.Client(base_url=sandbox.url, timeout=30) as client:
-        yield client
 
 
 def start_session(api: httpx.Client, offer_id: str, **extra: Any) -> tuple[dict[str, Any], str]:
