@@ -29,7 +29,6 @@ import socket
 import sqlite3
 import threading
 import time
-import typing
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
@@ -38,140 +37,27 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import sqlite_utils
-from pydantic import BaseModel
 from sqlite_utils.db import NotFoundError
 
 from .errors import Stage
-from .results import BenchmarkResult, PerformanceResults, RequestRecord
+from .manifest_schema import (
+    BENCHMARK_RUN_COLUMNS,
+    CELL_STATUSES,
+    FINAL_STATUSES,
+    FIXED_COLUMNS,
+    GPU_SAMPLE_COLUMNS,
+    MANIFEST_COLUMNS,
+    UPLOAD_COLUMNS,
+    UPLOAD_STATUSES,
+    create_schema,
+)
+from .results import BenchmarkResult, RequestRecord
 
 __all__ = ["CELL_STATUSES", "FINAL_STATUSES", "UPLOAD_STATUSES", "Manifest"]
 
 T = TypeVar("T")
-
-CELL_STATUSES = ("pending", "running", "success", "partial", "failed", "skipped")
-FINAL_STATUSES = ("success", "partial", "failed", "skipped")
 _GONE_SESSION_STATUSES = ("stopped", "failed")
 _SECRET_MARKERS = ("PRIVATE KEY", "-----BEGIN")
-
-RUN_COLUMNS: dict[str, type] = {
-    "run_id": str,
-    "started_at": str,
-    "finished_at": str,
-    "argv": str,  # JSON list
-    "matrix_files": str,  # JSON list
-    "host": str,
-    "status": str,
-}
-
-MANIFEST_COLUMNS: dict[str, type] = {
-    # seed 001, in its order
-    "id": str,
-    "run_id": str,
-    "created_at": str,
-    "gpu_type": str,
-    "provider": str,
-    "model": str,
-    "session_id": str,
-    "instance_ip": str,
-    "ssh_port": int,
-    "status": str,
-    "started_at": str,
-    "completed_at": str,
-    "benchmark_id": str,
-    "tokens_per_second": float,
-    "total_requests": int,
-    "error_count": int,
-    "failure_reason": str,
-    "failure_stage": str,
-    "error_message": str,
-    "notes": str,
-    # this project's additions
-    "cell_id": str,
-    "matrix_file": str,
-    "offer_id": str,
-    "price_per_hour": float,
-    "cost_usd": float,  # price x session lifetime
-    "api_cost_usd": float,  # what GET /costs said (billed by the clock hour)
-    "session_status": str,  # last status the API reported
-    "session_started_at": str,  # when record_session ran: the start of cost_usd
-    "consumer_id": str,
-    "worker": str,
-    "ttft_p50_ms": float,
-    "cost_per_million_tokens": float,
-    "progress_file": str,
-}
-_MANIFEST_NOT_NULL = {"id", "run_id", "created_at", "gpu_type", "provider", "model", "status"}
-# Set once by add_cell; everything else may change.
-_FIXED_COLUMNS = {"id", "run_id", "created_at"}
-
-def _column_type(annotation: Any) -> type:
-    """The SQLite column type of a model field: ``X | None`` is ``X``, bools are ints."""
-    kinds = [k for k in typing.get_args(annotation) if k is not type(None)] or [annotation]
-    kind = kinds[0]
-    if kind is bool:
-        return int
-    return kind if kind in (int, float, str) else str
-
-
-def _model_columns(model: type[BaseModel]) -> dict[str, type]:
-    return {name: _column_type(field.annotation) for name, field in model.model_fields.items()}
-
-
-UPLOAD_STATUSES = ("pending", "uploaded", "failed")
-UPLOAD_COLUMNS: dict[str, type] = {
-    "upload_status": str,  # pending, uploaded, failed; NULL when no upload was asked for
-    "upload_error": str,
-    "remote_id": str,  # the id the GPU Shopper server gave the result
-    "uploaded_at": str,
-}
-
-BENCHMARK_COLUMNS: dict[str, type] = {
-    "id": str,
-    "manifest_id": str,
-    "run_id": str,
-    "created_at": str,
-    "gpu_name": str,
-    "gpu_type": str,
-    "provider": str,
-    "location": str,
-    "model": str,
-    "price_per_hour": float,
-    "tokens_per_second": float,
-    **_model_columns(PerformanceResults),
-    "cost_per_million_tokens": float,
-    "result_json": str,
-    # What the Go struct has no field for: detailed metrics, validity, cold
-    # start, repeated-run statistics, load-generator health, comparison.
-    "details_json": str,
-    **UPLOAD_COLUMNS,
-}
-
-REQUEST_COLUMNS: dict[str, type] = {
-    "benchmark_id": str,
-    "manifest_id": str,
-    **_model_columns(RequestRecord),
-}
-
-GPU_SAMPLE_COLUMNS: dict[str, type] = {
-    "benchmark_id": str,
-    "manifest_id": str,
-    "t": float,  # unix seconds
-    "gpu": int,
-    "utilization_pct": float,
-    "memory_used_mib": int,
-    "temperature_c": float,
-    "power_draw_w": float,
-}
-
-BENCHMARK_RUN_COLUMNS: dict[str, type] = {
-    "benchmark_id": str,
-    "run_index": int,
-    "tokens_per_second": float,
-    "ttft_p50_ms": float,
-    "requests": int,
-    "duration_seconds": float,
-    "outlier": int,  # 0/1: left out of the cell's figures
-}
 _BASELINE_STATUSES = ("success", "partial")
 
 
@@ -229,7 +115,7 @@ class Manifest:
         # In WAL mode NORMAL is still crash-safe for the database; it only skips
         # an fsync per commit.
         self.db.execute("PRAGMA synchronous = NORMAL")
-        self._write(self._create_schema)
+        self._write(lambda: create_schema(self.db))
 
     # ------------------------------------------------------------------ plumbing
 
@@ -275,69 +161,6 @@ class Manifest:
 
         return self._retry(transaction)
 
-    def _create_schema(self) -> None:
-        db = self.db
-        db["runs"].create(RUN_COLUMNS, pk="run_id", not_null={"run_id"}, if_not_exists=True)
-        db["benchmark_manifest"].create(
-            MANIFEST_COLUMNS, pk="id", not_null=_MANIFEST_NOT_NULL, if_not_exists=True
-        )
-        db["benchmarks"].create(
-            BENCHMARK_COLUMNS,
-            pk="id",
-            not_null={"id", "manifest_id"},
-            foreign_keys=[("manifest_id", "benchmark_manifest", "id")],
-            if_not_exists=True,
-        )
-        db["requests"].create(
-            REQUEST_COLUMNS,
-            not_null={"benchmark_id"},
-            foreign_keys=[("benchmark_id", "benchmarks", "id")],
-            if_not_exists=True,
-        )
-        db["gpu_samples"].create(
-            GPU_SAMPLE_COLUMNS,
-            not_null={"manifest_id", "t", "gpu"},
-            # No key on benchmark_id: samples may be stored before their result is.
-            foreign_keys=[("manifest_id", "benchmark_manifest", "id")],
-            if_not_exists=True,
-        )
-        db["benchmark_runs"].create(
-            BENCHMARK_RUN_COLUMNS,
-            pk=("benchmark_id", "run_index"),
-            not_null={"benchmark_id", "run_index"},
-            foreign_keys=[("benchmark_id", "benchmarks", "id")],
-            if_not_exists=True,
-        )
-        # A file made by an older version gains the columns added since.
-        for name, columns in (
-            ("runs", RUN_COLUMNS),
-            ("benchmark_manifest", MANIFEST_COLUMNS),
-            ("benchmarks", BENCHMARK_COLUMNS),
-            ("requests", REQUEST_COLUMNS),
-            ("gpu_samples", GPU_SAMPLE_COLUMNS),
-            ("benchmark_runs", BENCHMARK_RUN_COLUMNS),
-        ):
-            table = db.table(name)
-            present = set(table.columns_dict)
-            for column, kind in columns.items():
-                if column not in present:
-                    table.add_column(column, kind)
-        for name, column in (
-            ("benchmark_manifest", "run_id"),
-            ("benchmark_manifest", "status"),
-            ("benchmark_manifest", "session_id"),
-            ("benchmarks", "run_id"),
-            ("benchmark_manifest", "cell_id"),
-            ("benchmarks", "manifest_id"),
-            ("benchmarks", "upload_status"),
-            ("requests", "benchmark_id"),
-            ("gpu_samples", "benchmark_id"),
-            ("gpu_samples", "manifest_id"),
-        ):
-            db.table(name).create_index(
-                [column], index_name=f"idx_{name}_{column}", if_not_exists=True
-            )
-
     def _cell_or_raise(self, row_id: str) -> dict[str, Any]:
         try:
             return self.db.table("benchmark_manifest").get(row_id)
@@ -346,7 +169,7 @@ class Manifest:
 
     @staticmethod
     def _check_cell_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
-        unknown = [k for k in fields if k not in MANIFEST_COLUMNS or k in _FIXED_COLUMNS]
+        unknown = [k for k in fields if k not in MANIFEST_COLUMNS or k in FIXED_COLUMNS]
         if unknown:
             raise ValueError(f"not updatable manifest columns: {', '.join(sorted(unknown))}")
         row = {key: _plain(value) for key, value in fields.items()}
