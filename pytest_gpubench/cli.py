@@ -3,6 +3,9 @@
 ``gpubench sandbox`` serves the emulated GPU Shopper cloud standalone, for
 other clients (curl, the GPU Shopper CLI, CI pipelines) to rent from for free.
 
+``gpubench cleanup [--manifest PATH] [--api URL] [--dry-run]`` releases the GPU
+sessions that dead runs of the manifest left running (see ``cleanup.py``).
+
 ``gpubench export --format json|csv [--run RUN|last] [--manifest PATH] [-o FILE]``
 writes stored results; ``gpubench upload [--run RUN|last] [--manifest PATH] [--api URL]``
 POSTs results to GPU Shopper's ``/api/v1/benchmarks``.
@@ -130,6 +133,42 @@ def _upload(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
+async def _cleanup_async(manifest, apis: list[str], token: str | None, dry_run: bool):
+    from .cleanup import CleanupReport, clean
+    from .errors import ApiUnreachable
+    from .shopper import ShopperClient
+
+    report = CleanupReport(dry_run=dry_run)
+    for api in apis:
+        client = ShopperClient(api, token=token)
+        try:
+            try:
+                await client.wait_ready(attempts=5, interval=1.0)
+                reachable = client
+            except ApiUnreachable as exc:
+                reachable = None
+                report.notes.append(f"cannot reach the API: {exc.message}")
+            report.merge(await clean(manifest, reachable, api=api, released_by="gpubench cleanup",
+                                     reason="its run's process went away", dry_run=dry_run))
+        finally:
+            await client.aclose()
+    return report
+
+
+def _cleanup(args: argparse.Namespace) -> int:
+    from .cleanup import apis_to_visit
+
+    token = os.environ.get("GPUBENCH_API_TOKEN") or None
+    with _open_manifest(args.manifest) as manifest:
+        default = os.environ.get("GPUBENCH_API_BASE") or DEFAULT_API
+        apis = [args.api] if args.api else apis_to_visit(manifest, default)
+        report = asyncio.run(_cleanup_async(manifest, apis, token, args.dry_run))
+    for line in report.lines():
+        print(line)
+    print(f"gpubench cleanup: {report.summary()}")
+    return EXIT_FAILED if report.failed else EXIT_OK
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpubench",
@@ -158,6 +197,20 @@ def _parser() -> argparse.ArgumentParser:
     upload.add_argument("--manifest", metavar="PATH", help=manifest_help)
     upload.add_argument("--api", metavar="URL", help=f"API base URL (default $GPUBENCH_API_BASE or {DEFAULT_API})")
     upload.set_defaults(handler=_upload)
+
+    cleanup = commands.add_parser(
+        "cleanup", help="release GPU sessions that dead runs of this manifest left running",
+        description="Release the GPU sessions this manifest's runs own (a session id it recorded, or a "
+                    "consumer_id gpubench-<its run id>-...) that are still active although their run's "
+                    "process is gone (killed, crashed, timed out): done, then DELETE if still active. "
+                    "Runs still going on, and sessions it does not own, are never touched. Every "
+                    "release is recorded in the manifest. Token: $GPUBENCH_API_TOKEN.")
+    cleanup.add_argument("--manifest", metavar="PATH", help=manifest_help)
+    cleanup.add_argument("--api", metavar="URL",
+                         help="only this API (default: the API each run used, else $GPUBENCH_API_BASE or "
+                              f"{DEFAULT_API})")
+    cleanup.add_argument("--dry-run", action="store_true", help="say what would be released; change nothing")
+    cleanup.set_defaults(handler=_cleanup)
     return parser
 
 

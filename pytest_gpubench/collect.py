@@ -48,7 +48,8 @@ class BenchFunction(pytest.Function):
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         text = describe_failure(excinfo.value, self)
-        return text if text is not None else super().repr_failure(excinfo, style=style)
+        # pytest's Function.repr_failure takes no style (a pytest-timeout failure lands here).
+        return text if text is not None else super().repr_failure(excinfo)
 
 
 def describe_failure(error: BaseException, item: pytest.Item) -> str | None:

@@ -102,12 +102,15 @@ class ApiError(StageError):
         *,
         error_type: str = "",
         retry_suggested: bool = False,
+        call: str = "",
+        hint: str = "",
     ) -> None:
         self.status = status
         self.error_type = error_type
         self.retry_suggested = retry_suggested
         kind = f" {error_type}" if error_type else ""
-        super().__init__(stage, f"API answered {status}{kind}: {message}")
+        to = f" to {call}" if call else ""
+        super().__init__(stage, f"API answered {status}{kind}{to}: {message}", hint=hint)
 
 
 class RemoteCommandError(StageError):

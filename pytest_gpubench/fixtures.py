@@ -9,14 +9,18 @@ happened; ``pytest --fixtures`` documents them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
+from pydantic import ValidationError
 
 from .aio import run as run_async
 from .benchmark import BenchmarkPlan
+from .budget import exhausted, spend_of
 from .compare import compare, figures_of, parse_compare_fail
 from .errors import BenchmarkInterrupted, NoEligibleOffer, Stage, StageError
 from .export import upload_result
@@ -24,10 +28,12 @@ from .matrix import Cell
 from .measure import Measurement, details_of, enough_runs, measure_once
 from .offers import Constraints
 from .outcome import outcome_of
-from .providers.shopper import OfferChoice, consumer_id, reservation_hours
+from .providers.shopper import OfferChoice
+from .provisioning import BudgetRefused, Provisioning
 from .record import CellRecorder, progress_path
-from .remote.ssh import Connection, KeyFile
+from .remote.ssh import KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL, Connection, KeyFile
 from .remote.system import compute_capability, probe_system
+from .result_checks import keep_raw, result_problems
 from .results import BenchmarkResult, HardwareInfo, ModelInfo, TestConfig, summarize
 from .run import RunContext
 from .runtimes.ollama import OllamaRuntime
@@ -36,9 +42,14 @@ from .shopper import Session
 from .stash import CELL_KEY, RECORD_KEY, RECORDER_KEY, run_context
 from .telemetry import summarize_gpu
 from .thresholds import check_thresholds, describe_violations
+from .vram import vram_shortfall
+from .watch import SessionWatch, watch_interval
 
 #: Seconds of slack on top of a stage timeout for the bridge into the loop.
 BRIDGE_SLACK = 10.0
+#: Seconds the benchmark may take beyond its timeout to read the instance's checkpoint.
+CHECKPOINT_SLACK = 90.0
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
@@ -86,14 +97,18 @@ def gpu_offer(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: 
     """Stage ``inventory``: the cheapest eligible offer (seed 000's rule).
 
     No eligible offer skips the cell with the reason (``--gpubench-fail-on-skip``
-    fails it instead).
+    fails it instead); so does a ``--gpubench-budget`` already used up.
     """
     recorder, cell = gpubench_recorder, gpubench_cell
     recorder.enter(Stage.INVENTORY)
-    wanted = Constraints(
-        gpu=cell.gpu, provider=cell.provider, vram_gb=cell.vram_gb,
-        min_confidence=cell.offer.min_availability_confidence, max_price=cell.offer.max_price,
-    )
+    budget = gpubench_run.settings.budget
+    if budget is not None:  # nothing left: no need to ask the inventory (the decisive check is at provision)
+        used_up = exhausted(budget, spend_of(gpubench_run.manifest.attempts(gpubench_run.run_id),
+                                             datetime.now(timezone.utc)))
+        if used_up:
+            recorder.skip_reason = used_up
+            pytest.skip(f"[inventory] {used_up}")
+    wanted = _constraints(cell)
     provider = gpubench_run.provider
     try:
         choice = run_async(provider.choose_offer(wanted),
@@ -124,56 +139,40 @@ def gpu_session(
 ) -> Iterator[GpuSession]:
     """Stages ``provision`` and ``ssh_wait``: a session that is ``running``.
 
-    Released with ``done`` in teardown whatever happened, also when creation
-    itself broke off after the server made the session (found by consumer_id).
+    A provisioning failure (the create refused, the session ``failed``, SSH never
+    up) fails over to the next eligible offer, up to ``--gpubench-max-attempts``
+    offers (:mod:`pytest_gpubench.provisioning`). A ``--gpubench-budget`` that has
+    no room for the session skips the cell. Every attempt's session is released
+    in teardown whatever happened, also when creation itself broke off after the
+    server made the session (found by consumer_id).
     """
-    settings, recorder, cell = gpubench_run.settings, gpubench_recorder, gpubench_cell
-    provider = gpubench_run.provider
-    consumer = consumer_id(settings.run_id, recorder.record_key)
+    wanted = gpu_offer.wanted or _constraints(gpubench_cell)
+    provisioning = Provisioning(gpubench_run, gpubench_recorder, gpubench_cell, gpu_offer, wanted)
     key_file: KeyFile | None = None
     try:
-        recorder.enter(Stage.PROVISION)
-        created = run_async(
-            provider.create(gpu_offer.offer, consumer, reservation_hours(settings, cell.workload.duration)),
-            settings.stage_timeout(Stage.PROVISION) + BRIDGE_SLACK,
-        )
-        session = created.session
-        recorder.session_created(session.id, consumer, gpu_offer.offer.id, gpu_offer.offer.price_per_hour)
-        key_file = KeyFile(created.ssh_private_key, name=session.id)
-        recorder.progress.status("PROVISIONING", session_id=session.id, offer_id=gpu_offer.offer.id)
-
-        def polled(current: Session, waited: float) -> None:
-            recorder.enter(Stage.SSH_WAIT)
-            recorder.progress.progress(stage="provision", status=current.status, waited_s=round(waited, 1))
-
-        running = run_async(provider.wait_running(session.id, polled),
-                            settings.stage_timeout(Stage.PROVISION) + BRIDGE_SLACK)
-        recorder.manifest.update_cell(recorder.row_id, instance_ip=running.ssh_host, ssh_port=running.ssh_port)
-        recorder.progress.status("SSH_READY", host=running.ssh_host, port=running.ssh_port)
-        yield GpuSession(running, created.ssh_private_key, key_file, gpu_offer)
+        try:
+            ready = provisioning.run_until_ready()
+        except BudgetRefused as exc:
+            gpubench_recorder.skip_reason = exc.message
+            pytest.skip(f"[provision] {exc.message}")
+        key_file = KeyFile(ready.created.ssh_private_key, name=ready.session.id)
+        # The offer that came up, which after a failover is not the one first chosen.
+        yield GpuSession(ready.session, ready.created.ssh_private_key, key_file,
+                         replace(gpu_offer, offer=ready.attempt.offer))
     finally:
-        _release(gpubench_run, recorder, consumer)
+        _release(provisioning)
         if key_file is not None:
             key_file.remove()
 
 
-def _release(run: RunContext, recorder: CellRecorder, consumer: str) -> None:
-    """Stage ``cleanup``: end every session this cell owns; never raises."""
-    timeout = run.settings.stage_timeout(Stage.CLEANUP) + BRIDGE_SLACK
-    try:
-        provider = run.provider
-        ids = [recorder.session_id] if recorder.session_id else []
-        if not ids:  # creation may have reached the server before it broke off
-            ids = [s.id for s in run_async(provider.client.list_sessions(consumer_id=consumer), timeout) if s.is_active]
-        for session_id in ids:
-            final = run_async(provider.release(session_id), timeout)
-            cost = run_async(provider.client.session_cost(session_id), timeout)
-            recorder.session_released(final.status if final else None, cost)
-            recorder.progress.status("CLEANUP", session_id=session_id,
-                                     status=final.status if final else "unknown")
-    except Exception as exc:  # noqa: BLE001 - cleanup reports, it does not mask the cell's error
-        recorder.progress.error(Stage.CLEANUP, f"releasing the session failed: {exc}")
-        recorder.cleanup_error = str(exc)
+def _constraints(cell: Cell) -> Constraints:
+    return Constraints(gpu=cell.gpu, provider=cell.provider, vram_gb=cell.vram_gb,
+                       min_confidence=cell.offer.min_availability_confidence, max_price=cell.offer.max_price)
+
+
+def _release(provisioning: Provisioning) -> None:
+    """Stage ``cleanup``: end every session this cell owns (every attempt's); never raises."""
+    provisioning.release_all()
 
 
 @pytest.fixture
@@ -188,9 +187,12 @@ def gpu_ssh(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: Ce
     recorder.enter(Stage.SSH_CONNECT)
     session = gpu_session.session
     timeout = settings.stage_timeout(Stage.SSH_CONNECT)
-    conn = run_async(Connection.open(session.ssh_host, session.ssh_port, session.ssh_user or "root",
-                                     gpu_session.key_pem, timeout=timeout), timeout + BRIDGE_SLACK)
+    # The first connection to a session pins its host key; a later one that meets another key fails.
+    conn = run_async(gpubench_run.host_keys.connect(session.id, session.ssh_host, session.ssh_port,
+                                                    session.ssh_user or "root", gpu_session.key_pem,
+                                                    timeout=timeout), timeout + BRIDGE_SLACK)
     try:
+        recorder.manifest.update_cell(recorder.row_id, host_key_fingerprint=conn.host_key_fingerprint)
         check = run_async(conn.run("echo gpubench-ssh-ok", stage=Stage.SSH_CONNECT,
                                    what="the SSH connectivity check", timeout=timeout), timeout + BRIDGE_SLACK)
         if "gpubench-ssh-ok" not in check.stdout:
@@ -206,9 +208,24 @@ def gpu_ssh(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: Ce
 
 @pytest.fixture
 def ollama_runtime(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: CellRecorder,
-                   gpu_ssh: Connection) -> OllamaRuntime:
-    """Stages ``ollama_install`` and ``model_pull``: Ollama serving the cell's model, warm."""
+                   gpu_session: GpuSession, gpu_ssh: Connection) -> OllamaRuntime:
+    """Stages ``ollama_install`` and ``model_pull``: Ollama serving the cell's model, warm.
+
+    A model larger than the GPU memory ``nvidia-smi`` reports on the instance skips
+    the cell (stage ``model_pull``) before anything is installed or pulled. While the
+    model is pulled the session is watched through the API: an instance the
+    provider stops ends the stage at once, with the API's reason.
+    """
     settings, recorder, cell = gpubench_run.settings, gpubench_recorder, gpubench_cell
+    # Keepalives on the run's clock: a link that went silent is noticed in seconds in the sandbox too.
+    gpu_ssh.set_keepalive(settings.scaled(KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL))
+    shortfall = vram_shortfall(cell.model, cell.vram_gb, recorder.hardware)
+    if shortfall:
+        recorder.enter(Stage.MODEL_PULL)
+        if settings.fail_on_skip:
+            raise StageError(Stage.MODEL_PULL, shortfall)
+        recorder.skip_reason = shortfall
+        pytest.skip(f"[model_pull] {shortfall}")
     recorder.enter(Stage.OLLAMA_INSTALL)
     runtime = OllamaRuntime(gpu_ssh)
     timeout = settings.stage_timeout(Stage.OLLAMA_INSTALL)
@@ -220,11 +237,24 @@ def ollama_runtime(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recor
 
     recorder.enter(Stage.MODEL_PULL)
     timeout = settings.stage_timeout(Stage.MODEL_PULL)
-    run_async(runtime.pull(cell.model, timeout, _pull_reporter(recorder)), timeout + BRIDGE_SLACK)
+    run_async(_watched(gpubench_run, gpu_session, Stage.MODEL_PULL,
+                       lambda _: runtime.pull(cell.model, timeout, _pull_reporter(recorder))), timeout + BRIDGE_SLACK)
     recorder.pulled = run_async(runtime.model_info(cell.model), 30 + BRIDGE_SLACK)
     load = run_async(runtime.warm_up(cell.model, timeout), timeout + BRIDGE_SLACK)
     recorder.progress.status("MODEL_READY", model=cell.model, load_s=round(load, 2))
     return runtime
+
+
+async def _watched(run: RunContext, session: GpuSession, stage: Stage,
+                   work: Callable[[SessionWatch], Awaitable[T]], *, guard: bool = True) -> T:
+    """Await ``work(watch)`` while the API is asked every few seconds whether the instance still runs.
+
+    With ``guard``, a lost instance cancels the work and raises ``InstanceLost``;
+    without, the work itself reacts to ``watch`` (the benchmark keeps what it measured).
+    """
+    async with SessionWatch(run.provider.client, session.session.id, watch_interval(run.settings), stage) as watch:
+        job = work(watch)
+        return await (watch.guard(job, stage) if guard else job)
 
 
 #: OLLAMA_NUM_PARALLEL for a request-rate cell, whose in-flight count is not fixed.
@@ -260,6 +290,15 @@ class ThresholdMissed(StageError):
         super().__init__(Stage.RESULTS, message)
 
 
+class ResultsInvalid(StageError):
+    """The measured figures cannot be right: kept raw for inspection, not recorded as a result."""
+
+    def __init__(self, message: str, kept: Path) -> None:
+        super().__init__(Stage.RESULTS, f"{message}; kept raw in {kept}",
+                         hint="nothing from this cell was stored as a measurement")
+        self.kept = kept
+
+
 class Bench:
     """Runs the cell's benchmark on a ready runtime; ``run()`` returns the result."""
 
@@ -281,7 +320,7 @@ class Bench:
             prompts=workload.prompt_payload(), warmup_requests=workload.warmup_requests if run_index == 0 else 0,
             progress_interval=workload.progress_interval, checkpoint_every=workload.checkpoint_every,
             checkpoint_path=str(checkpoint), concurrency=self.cell.concurrency, rate=self.cell.rate,
-            seed=run_index,
+            seed=run_index, request_timeout=self._run.settings.stall_seconds(workload.stall_timeout),
         )
 
     def run(self) -> BenchmarkResult:
@@ -292,12 +331,16 @@ class Bench:
         run_index = 0
         while True:
             plan = self.plan(run_index)
+            self._ensure_ollama()
             timeout = settings.stage_timeout(Stage.BENCHMARK, plan.duration)
             try:
                 outcome, samples = run_async(
-                    measure_once(self.runtime, plan, timeout=timeout, telemetry_interval=interval,
-                                 on_event=self._on_event),
-                    timeout + BRIDGE_SLACK,
+                    _watched(self._run, self.session, Stage.BENCHMARK, lambda watch, plan=plan, timeout=timeout:
+                             measure_once(self.runtime, plan, timeout=timeout, telemetry_interval=interval,
+                                          on_event=self._on_event, watch=watch, reconnect=self._reconnect),
+                             guard=False),
+                    # After a stream cut at the deadline, reading the checkpoint still takes a moment.
+                    timeout + CHECKPOINT_SLACK + BRIDGE_SLACK,
                 )
             except BenchmarkInterrupted as exc:
                 self.measurement.add(exc.partial, getattr(exc, "samples", []), run_index)
@@ -319,6 +362,28 @@ class Bench:
         self._judge(result)
         return result
 
+    def _ensure_ollama(self) -> None:
+        """Seed 001's health check before each run: an Ollama that stopped answering is
+        restarted once (and the model loaded again) before the cell fails."""
+        settings, recorder, runtime = self._run.settings, self.recorder, self.runtime
+        timeout = settings.stage_timeout(Stage.OLLAMA_INSTALL)
+
+        def restarting(reason: str) -> None:
+            recorder.progress.status("OLLAMA_RESTART", reason=reason)
+
+        # A restart is a start command, then a wait for /api/version, then maybe the serve log.
+        if run_async(runtime.ensure_healthy(timeout, Stage.BENCHMARK, restarting), timeout * 2 + 30 + BRIDGE_SLACK):
+            load_timeout = settings.stage_timeout(Stage.MODEL_PULL)
+            load = run_async(runtime.warm_up(self.cell.model, load_timeout, cold_start=False),
+                             load_timeout + BRIDGE_SLACK)
+            recorder.progress.status("OLLAMA_RESTARTED", version=runtime.version, load_s=round(load, 2))
+
+    def _reconnect(self) -> Awaitable[Connection]:
+        """A new SSH connection to this cell's session (its host key must not have changed)."""
+        session, timeout = self.session.session, min(self._run.settings.stage_timeout(Stage.SSH_CONNECT), 60.0)
+        return self._run.host_keys.connect(session.id, session.ssh_host, session.ssh_port, session.ssh_user or "root",
+                                           self.session.key_pem, timeout=timeout)
+
     def _on_event(self, event: dict) -> None:
         if event["event"] == "progress":
             self.recorder.progress.progress(requests=event.get("requests"), tokens=event.get("tokens"),
@@ -331,7 +396,13 @@ class Bench:
         capability = ""
         if not runtime.conn.closed:
             capability = run_async(compute_capability(runtime.conn, 30), 30 + BRIDGE_SLACK)
-        result = build_result(self.cell, self.recorder, runtime, self.session, measurement)
+        try:
+            result = build_result(self.cell, self.recorder, runtime, self.session, measurement)
+        except ValidationError as exc:
+            raise self._invalid([str(exc).replace("\n", " ")], None) from None
+        problems = result_problems(result)
+        if problems:
+            raise self._invalid(problems, result)
         self.details = details_of(self.cell, measurement, runtime, residency=residency,
                                   compute_capability=capability)
         recorder = self.recorder
@@ -347,6 +418,19 @@ class Bench:
         recorder.result, recorder.records, recorder.samples = result, list(measurement.records), measurement.samples
         recorder.runs, recorder.details, self.result = measurement.runs, self.details, result
         return result
+
+    def _invalid(self, problems: list[str], result: BenchmarkResult | None) -> ResultsInvalid:
+        """Keep an invalid result raw under ``<reports>/invalid/`` and say so; nothing is recorded as measured."""
+        recorder, run = self.recorder, self._run
+        path = progress_path(run.settings.reports / "invalid", run.run_id, recorder.record_key).with_suffix(".json")
+        keep_raw(path, {
+            "cell": recorder.record_key, "run_id": run.run_id, "problems": problems,
+            "result": result.model_dump(mode="python") if result is not None else None,
+            "runs": self.measurement.runs,
+            "records": [r.model_dump(mode="python") for r in self.measurement.records],
+        })
+        recorder.progress.status("RESULTS_INVALID", kept=str(path))
+        return ResultsInvalid(f"the result failed validation: {'; '.join(problems)}", path)
 
     def _judge(self, result: BenchmarkResult) -> None:
         """Thresholds, then the baseline comparison: a miss fails the cell with the figures first."""

@@ -2,7 +2,8 @@
 
 ``benchmark_manifest`` keeps seed 001's columns exactly; the other tables hold
 results (``benchmarks``, the flattened ``PerformanceResults`` plus the full JSON),
-their ``requests``, ``gpu_samples`` and repeated ``benchmark_runs``. A file made by
+their ``requests``, ``gpu_samples`` and repeated ``benchmark_runs``, and each cell's
+provisioning ``attempts`` (one row per offer tried). A file made by
 an older version gains the columns added since when it is opened.
 """
 
@@ -27,6 +28,13 @@ RUN_COLUMNS: dict[str, type] = {
     "matrix_files": str,  # JSON list
     "host": str,
     "status": str,
+    # Who owns the run, so cleanup never releases the sessions of a run still going
+    # on: the controller's pid, its start token (processes.start_token), the API.
+    "pid": int,
+    "pid_start": str,
+    "api": str,
+    "sandbox": int,  # 1: the run's own sandbox, whose sessions end when it exits
+    "resumed_at": str,  # the last time another process took the run over (resume)
 }
 
 MANIFEST_COLUMNS: dict[str, type] = {
@@ -65,6 +73,12 @@ MANIFEST_COLUMNS: dict[str, type] = {
     "ttft_p50_ms": float,
     "cost_per_million_tokens": float,
     "progress_file": str,
+    # SHA256 fingerprint of the instance's SSH host key, pinned at the first connection
+    "host_key_fingerprint": str,
+    "attempts": int,  # offers tried (failover); the rows are in the attempts table
+    # Who released the session when the cell itself could not (cleanup.py), and when
+    "released_by": str,
+    "session_released_at": str,
 }
 _MANIFEST_NOT_NULL = {"id", "run_id", "created_at", "gpu_type", "provider", "model", "status"}
 # Set once by add_cell; everything else may change.
@@ -141,6 +155,33 @@ BENCHMARK_RUN_COLUMNS: dict[str, type] = {
 }
 
 
+ATTEMPT_STATUSES = ("provisioning", "ready", "failed")
+ATTEMPT_COLUMNS: dict[str, type] = {
+    "manifest_id": str,
+    "attempt": int,  # 1, 2, ...: the consumer_id's -aN suffix
+    "run_id": str,
+    "status": str,  # provisioning, ready (handed to the cell), failed
+    "offer_id": str,
+    "provider": str,
+    "gpu_type": str,
+    "location": str,
+    "machine_id": str,
+    "price_per_hour": float,
+    "consumer_id": str,
+    "session_id": str,
+    "stage": str,  # where a failed attempt failed
+    "error": str,
+    "started_at": str,  # the budget reservation, before the create
+    "session_started_at": str,  # the create answered: billing runs from here
+    "ended_at": str,  # the session was released (or never existed)
+    "expected_seconds": float,  # session lifetime the budget reserves
+    "cost_usd": float,  # price x (ended_at - session_started_at)
+    "api_cost_usd": float,
+    "session_status": str,  # last status the API reported
+    "worker": str,
+}
+
+
 def create_schema(db: sqlite_utils.Database) -> None:
     """Create the tables and indexes that are missing, and add columns a newer version needs."""
     db["runs"].create(RUN_COLUMNS, pk="run_id", not_null={"run_id"}, if_not_exists=True)
@@ -174,6 +215,13 @@ def create_schema(db: sqlite_utils.Database) -> None:
         foreign_keys=[("benchmark_id", "benchmarks", "id")],
         if_not_exists=True,
     )
+    db["attempts"].create(
+        ATTEMPT_COLUMNS,
+        pk=("manifest_id", "attempt"),
+        not_null={"manifest_id", "attempt", "run_id", "status", "started_at"},
+        foreign_keys=[("manifest_id", "benchmark_manifest", "id")],
+        if_not_exists=True,
+    )
     # A file made by an older version gains the columns added since.
     for name, columns in (
         ("runs", RUN_COLUMNS),
@@ -182,6 +230,7 @@ def create_schema(db: sqlite_utils.Database) -> None:
         ("requests", REQUEST_COLUMNS),
         ("gpu_samples", GPU_SAMPLE_COLUMNS),
         ("benchmark_runs", BENCHMARK_RUN_COLUMNS),
+        ("attempts", ATTEMPT_COLUMNS),
     ):
         table = db.table(name)
         present = set(table.columns_dict)
@@ -199,6 +248,8 @@ def create_schema(db: sqlite_utils.Database) -> None:
         ("requests", "benchmark_id"),
         ("gpu_samples", "benchmark_id"),
         ("gpu_samples", "manifest_id"),
+        ("attempts", "run_id"),
+        ("attempts", "session_id"),
     ):
         db.table(name).create_index(
             [column], index_name=f"idx_{name}_{column}", if_not_exists=True

@@ -81,6 +81,9 @@ from .yaml_errors import at_line, describe, node_line, parse_yaml, translate
 
 DEFAULT_MIN_AVAILABILITY_CONFIDENCE = 0.5
 """Seed 000's bar; TensorDock offers always report 0.3, so give it its own bar."""
+DEFAULT_MAX_ATTEMPTS = 3
+"""Offers a cell tries when provisioning fails (seed 001: "retry with different location")."""
+_TEMPLATE_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 # ---------------------------------------------------------------------------- schema
@@ -94,11 +97,24 @@ class OfferSpec(_Strict):
 
     max_price: Price | None = None
     min_availability_confidence: dict[str, float] | None = None
+    max_attempts: Annotated[int, whole(1, 10)] | None = None
+    template: str | None = None
 
     @field_validator("min_availability_confidence", mode="before")
     @classmethod
     def _bars(cls, value: Any) -> dict[str, float]:
         return confidences(value)
+
+    @field_validator("template", mode="before")
+    @classmethod
+    def _template(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        # Sent as template_hash_id; a Vast.ai hash id is hex, other providers' ids are similar.
+        if not isinstance(value, str) or not _TEMPLATE_RE.fullmatch(value):
+            raise invalid("must be a template hash id: 1-128 letters, digits, '-' or '_' "
+                          f"(such as '9b2f3c0e8d7a4f61b5c2e1d0a3f4b5c6'); got {describe(value)}")
+        return value
 
 
 class OfferConstraints(_Strict):
@@ -106,6 +122,10 @@ class OfferConstraints(_Strict):
 
     max_price: float | None = None
     min_availability_confidence: float = DEFAULT_MIN_AVAILABILITY_CONFIDENCE
+    #: Offers to try, one session each, before the cell fails (failover).
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    #: A provider template (``template_hash_id``) the session is created from.
+    template: str | None = None
 
 
 class RuntimeSpec(_Strict):
@@ -288,8 +308,11 @@ def load_matrix(path: str | Path) -> Matrix:
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MatrixError(source, "", f"cannot read the file: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise MatrixError(source, "", f"the file is not UTF-8 text (byte {exc.start} is invalid); "
+                                      "save it as UTF-8") from None
+    except OSError as exc:
+        raise MatrixError(source, "", f"cannot read the file: {exc.strerror or exc}") from None
     return parse_matrix(text, source)
 
 
@@ -357,6 +380,8 @@ def expand(matrix: Matrix) -> list[Cell]:
         row_offer = row.offer or OfferSpec()
         fields = row_offer.model_fields_set
         max_price = row_offer.max_price if "max_price" in fields else matrix.offer.max_price
+        max_attempts = (row_offer.max_attempts if "max_attempts" in fields else matrix.offer.max_attempts)
+        template = row_offer.template if "template" in fields else matrix.offer.template
         bars = {**(matrix.offer.min_availability_confidence or {}),
                 **(row_offer.min_availability_confidence or {})}
         for _, provider in row.provider_entries():
@@ -364,6 +389,8 @@ def expand(matrix: Matrix) -> list[Cell]:
                 max_price=max_price,
                 min_availability_confidence=bars.get(
                     provider, bars.get("default", DEFAULT_MIN_AVAILABILITY_CONFIDENCE)),
+                max_attempts=max_attempts or DEFAULT_MAX_ATTEMPTS,
+                template=template,
             )
             for field, model in row.model_entries():
                 vram = model_vram_gb(model, matrix.vram_overrides)

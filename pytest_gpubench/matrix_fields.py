@@ -25,6 +25,8 @@ KNOWN_PROVIDERS: tuple[str, ...] = ("vastai", "tensordock", "bluelobster")
 """Providers a matrix may name (GPU Shopper's provider names)."""
 
 MAX_DURATION_S = 24 * 3600.0
+#: No GPU offer costs more (an 8 x H200 node is ~$30/h): a larger cap is a typo, not a budget.
+MAX_PRICE_PER_HOUR = 100.0
 MAX_CONCURRENCY = 1024
 MAX_RATE = 1000.0
 MAX_RUNS = 100
@@ -120,8 +122,9 @@ def whole(low: int, high: int):
 
 
 def _price(value: Any) -> float:
-    allowed = "must be a price in dollars per hour, more than 0 (or null for no cap)"
-    if _number(value, allowed) <= 0:
+    allowed = (f"must be a price in dollars per hour, more than 0 and at most {MAX_PRICE_PER_HOUR:g} "
+               "(or null for no cap)")
+    if not 0 < _number(value, allowed) <= MAX_PRICE_PER_HOUR:
         raise invalid(f"{allowed}; got {describe(value)}")
     return float(value)
 

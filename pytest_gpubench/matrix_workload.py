@@ -224,6 +224,8 @@ class Workload(StrictModel):
     rate: Rate = None
     runs: RunsField = Runs()
     telemetry_interval: Seconds = 5.0
+    #: Seconds without a token before a request is aborted as stalled (an error).
+    stall_timeout: Seconds = 120.0
 
     @model_validator(mode="after")
     def _one_load_axis(self) -> Workload:
@@ -265,6 +267,7 @@ class WorkloadOverride(StrictModel):
     rate: Rate = None
     runs: RunsField | None = None
     telemetry_interval: Seconds | None = None
+    stall_timeout: Seconds | None = None
 
     @field_validator("*", mode="before")
     @classmethod

@@ -11,7 +11,7 @@ validity, cold start, run statistics, the load generator's health) goes into
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,11 +19,13 @@ from .benchmark import BenchmarkOutcome, BenchmarkPlan, run_benchmark
 from .errors import BenchmarkInterrupted
 from .matrix import Cell
 from .metrics import detailed_metrics
+from .remote.ssh import Connection
 from .results import RequestRecord, summarize
 from .runtimes.ollama import OllamaRuntime
 from .stats import RunStatistics, until_cv_reached
 from .telemetry import GpuSample, sample_gpus
 from .validity import judge
+from .watch import SessionWatch
 
 #: Request indexes of run k start at k * RUN_STRIDE, so records of all runs stay distinct.
 RUN_STRIDE = 1_000_000
@@ -79,13 +81,20 @@ def enough_runs(cell: Cell, runs_override: int | None, values: list[float]) -> b
 
 
 async def measure_once(runtime: OllamaRuntime, plan: BenchmarkPlan, *, timeout: float, telemetry_interval: float,
-                       on_event: Callable[[dict[str, Any]], None]) -> tuple[BenchmarkOutcome, list[GpuSample]]:
-    """One run with nvidia-smi sampled beside it. Samples survive an interrupted run."""
+                       on_event: Callable[[dict[str, Any]], None], watch: SessionWatch | None = None,
+                       reconnect: Callable[[], Awaitable[Connection]] | None = None,
+                       ) -> tuple[BenchmarkOutcome, list[GpuSample]]:
+    """One run with nvidia-smi sampled beside it. Samples survive an interrupted run.
+
+    ``watch`` and ``reconnect`` go to :func:`run_benchmark`: a lost instance ends the
+    run at once, a lost connection is made up for from the instance's checkpoint.
+    """
     stop = asyncio.Event()
     sampler = asyncio.ensure_future(sample_gpus(runtime.conn, telemetry_interval, stop))
     try:
         outcome = await run_benchmark(runtime.conn, plan, remote_ollama_url=runtime.remote_url,
-                                      local_ollama_url=runtime.url, timeout=timeout, on_event=on_event)
+                                      local_ollama_url=runtime.url, timeout=timeout, on_event=on_event,
+                                      watch=watch, reconnect=reconnect)
     except BenchmarkInterrupted as exc:
         stop.set()
         exc.samples = await sampler
@@ -118,6 +127,8 @@ def details_of(cell: Cell, measurement: Measurement, runtime: OllamaRuntime, *,
         "runs": measurement.runs,
         "run_statistics": stats.model_dump(mode="json") if stats else None,
         "load": {"concurrency": cell.concurrency, "rate": cell.rate},
+        # "instance" (python3 there) or "local" (here, over the SSH forward): latency includes the tunnel.
+        "loadgen_where": sorted({outcome.where for outcome in measurement.outcomes}),
         "runtime": {"name": "ollama", "version": runtime.version, "num_parallel": runtime.num_parallel,
                     "started_here": runtime.started_here},
         "hardware": {"compute_capability": compute_capability},

@@ -53,6 +53,31 @@ def select_offer(offers: Iterable[Offer], wanted: Constraints) -> tuple[Offer, l
     return eligible[0], eligible
 
 
+def next_offer(eligible: Iterable[Offer], failed: Iterable[Offer]) -> Offer | None:
+    """The offer to fail over to after ``failed`` ones, or ``None`` when none is left.
+
+    ``eligible`` is in :func:`select_offer`'s order; offers that failed are never
+    tried again. Seed 001's mitigation for "No available public IPs" is another
+    location, and a machine that failed once tends to fail again, so offers away
+    from every failed location and machine come first, then those away from a
+    failed machine only, then the rest; each group keeps the seed's order.
+    """
+    failed = list(failed)
+    tried = {offer.id for offer in failed}
+    places = {offer.location for offer in failed if offer.location}
+    machines = {str(offer.machine_id) for offer in failed if offer.machine_id not in (None, "")}
+    left = [offer for offer in eligible if offer.id not in tried]
+    if not left:
+        return None
+
+    def distance(offer: Offer) -> int:
+        new_machine = offer.machine_id in (None, "") or str(offer.machine_id) not in machines
+        new_place = not offer.location or offer.location not in places
+        return 0 if new_machine and new_place else 1 if new_machine else 2
+
+    return min(left, key=distance)  # min() keeps the first of equals: the seed's order
+
+
 def _rejection(offer: Offer, wanted: Constraints) -> str:
     if not offer.available:
         return "not available"

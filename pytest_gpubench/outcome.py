@@ -21,7 +21,9 @@ def outcome_of(item: pytest.Item, current_stage: Stage) -> Outcome:
         if report is None:
             continue
         if report.skipped:
-            return Outcome("skipped", failure_reason="skipped", error_message=_skip_reason(report))
+            # The stage says where the cell stopped: inventory (no offer), model_pull (too large)...
+            return Outcome("skipped", failure_stage=str(current_stage), failure_reason="skipped",
+                           error_message=_skip_reason(report))
         if report.failed:
             return _failure(error, current_stage)
     if "call" in reports:

@@ -15,10 +15,21 @@ import pytest
 from . import fixtures
 from .collect import MatrixFile, cells_for_marker, describe_failure
 from .errors import MatrixError, UsageProblem
+from .lifecycle import RunLifecycle
 from .matrix import Cell, cell_selected
+from .resume import ResumePlan, plan_resume, still_to_run
 from .sandbox_process import SandboxProcess
 from .settings import OPTIONS, Settings, resolve
-from .stash import CELL_KEY, RECORD_KEY, REPORTS_KEY, RUN_CONTEXT_KEY, SANDBOX_KEY, SETTINGS_KEY, run_context
+from .stash import (
+    CELL_KEY,
+    RECORD_KEY,
+    REPORTS_KEY,
+    RESUME_KEY,
+    RUN_CONTEXT_KEY,
+    SANDBOX_KEY,
+    SETTINGS_KEY,
+    run_context,
+)
 from .terminal import TerminalHooks
 
 FILES_HELP = "glob patterns of matrix files to collect (default: gpubench_*.yaml)"
@@ -53,18 +64,35 @@ def pytest_configure(config: pytest.Config) -> None:
         settings = settings.model_copy(update={
             "run_id": workerinput["gpubench_run_id"], "api": workerinput["gpubench_api"],
         })
-    elif settings.sandbox and not config.option.collectonly:
-        sandbox = SandboxProcess.start(settings)
-        config.stash[SANDBOX_KEY] = sandbox
-        settings = settings.model_copy(update={"api": sandbox.url})
+        if workerinput.get("gpubench_resume"):
+            config.stash[RESUME_KEY] = ResumePlan.model_validate(workerinput["gpubench_resume"])
+    else:
+        if settings.resume:
+            settings = _resumed(config, settings)
+        if settings.sandbox and not config.option.collectonly:
+            sandbox = SandboxProcess.start(settings)
+            config.stash[SANDBOX_KEY] = sandbox
+            settings = settings.model_copy(update={"api": sandbox.url})
     config.stash[SETTINGS_KEY] = settings
     config.pluginmanager.register(fixtures, "gpubench-fixtures")
+    # Before the terminal hooks: theirs run first, so the API is checked before start-up cleanup.
+    config.pluginmanager.register(RunLifecycle(config), "gpubench-lifecycle")
     if workerinput is None:
         config.pluginmanager.register(TerminalHooks(config), "gpubench-terminal")
     if config.pluginmanager.hasplugin("xdist"):
         from ._xdist import XdistHooks
 
         config.pluginmanager.register(XdistHooks(), "gpubench-xdist")
+
+
+def _resumed(config: pytest.Config, settings: Settings) -> Settings:
+    """``--gpubench-resume``: record into that run; remember the cells it already finished."""
+    try:
+        plan = plan_resume(settings.manifest, settings.resume or "last")
+    except UsageProblem as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[RESUME_KEY] = plan
+    return settings.model_copy(update={"run_id": plan.run_id})
 
 
 def _settings(config: pytest.Config) -> Settings:
@@ -116,6 +144,12 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         config.hook.pytest_deselected(items=deselected)
         items[:] = selected
     _disambiguate_record_keys(items)
+    plan = config.stash.get(RESUME_KEY, None)
+    if plan is not None:  # --gpubench-resume: cells that already succeeded do not run again
+        runs = still_to_run([item.stash.get(RECORD_KEY, None) for item in items], plan)
+        if not all(runs):
+            config.hook.pytest_deselected(items=[item for item, run in zip(items, runs, strict=True) if not run])
+            items[:] = [item for item, run in zip(items, runs, strict=True) if run]
 
 
 def _disambiguate_record_keys(items: list[pytest.Item]) -> None:

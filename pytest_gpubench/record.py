@@ -60,6 +60,10 @@ class CellRecorder:
     session_ended: float | None = None
     session_status: str | None = None
     api_cost_usd: float | None = None
+    #: Offers tried (failover); the cost of the sessions before the current one.
+    attempts: int = 0
+    earlier_cost_usd: float = 0.0
+    earlier_api_cost_usd: float | None = None
     result: BenchmarkResult | None = None
     hardware: HardwareInfo | None = None
     pulled: PulledModel | None = None
@@ -83,6 +87,8 @@ class CellRecorder:
             run_id, record_key, gpu_type=cell.gpu, provider=cell.provider, model=cell.model,
             matrix_file=cell.source,
         )
+        # Run again in the same run (--gpubench-resume): the row starts clean, it is not duplicated.
+        manifest.restart_cell(recorder.row_id)
         manifest.update_cell(recorder.row_id, status="running", started_at=_now(), worker=worker,
                              progress_file=str(path))
         recorder.progress.status("STARTING", gpu=cell.gpu, provider=cell.provider, model=cell.model,
@@ -94,24 +100,45 @@ class CellRecorder:
         self.stage = stage
 
     def session_created(self, session_id: str, consumer_id: str, offer_id: str, price: float) -> None:
-        """Record ownership right away, before the session is used."""
+        """Record ownership right away, before the session is used.
+
+        A session of an earlier attempt (failover) adds its cost to the cell's.
+        """
+        earlier = self.cost_usd
+        if earlier is not None:
+            self.earlier_cost_usd = earlier
+        if self.api_cost_usd is not None:
+            self.earlier_api_cost_usd = (self.earlier_api_cost_usd or 0.0) + self.api_cost_usd
+        self.session_ended = self.session_status = self.api_cost_usd = None
         self.session_id, self.offer_id, self.price_per_hour = session_id, offer_id, price
         self.session_started = time.monotonic()
         self.manifest.record_session(self.row_id, session_id=session_id, consumer_id=consumer_id,
                                      offer_id=offer_id, price_per_hour=price)
 
     def session_released(self, status: str | None, api_cost: float | None) -> None:
+        """The cell's session is released; recorded at once, so that a crash before the
+        cell's outcome is written does not leave it looking alive to cleanup."""
         self.session_ended = time.monotonic()
         self.session_status = status
         self.api_cost_usd = api_cost
+        if status in ("stopped", "failed") and self.session_id:
+            self.manifest.record_release(self.row_id, self.session_id, session_status=status,
+                                         released_by="teardown")
 
     @property
     def cost_usd(self) -> float | None:
-        """Price x session lifetime: what this cell really cost."""
+        """Price x session lifetime, over every session the cell rented: what it really cost."""
         if self.price_per_hour is None or self.session_started is None:
             return None
         end = self.session_ended if self.session_ended is not None else time.monotonic()
-        return self.price_per_hour * (end - self.session_started) / 3600
+        return self.earlier_cost_usd + self.price_per_hour * (end - self.session_started) / 3600
+
+    @property
+    def total_api_cost_usd(self) -> float | None:
+        """The API's cost figures of every session, summed; None when it gave none."""
+        if self.api_cost_usd is None:
+            return self.earlier_api_cost_usd
+        return (self.earlier_api_cost_usd or 0.0) + self.api_cost_usd
 
     def finish(self, outcome: Outcome) -> dict[str, Any]:
         """Write the outcome everywhere once; return the report properties."""
@@ -140,7 +167,7 @@ class CellRecorder:
             "ttft_p50_ms": results.p50_ttft_ms if results else None,
             "cost_per_million_tokens": self._cost_per_million(),
             "cost_usd": cost,
-            "api_cost_usd": self.api_cost_usd,
+            "api_cost_usd": self.total_api_cost_usd,
             "session_status": self.session_status,
             "benchmark_id": benchmark_id,
         }
@@ -185,6 +212,7 @@ class CellRecorder:
             "gpubench_errors": results.total_errors if results else None,
             "gpubench_cost_per_million_tokens": _round(self._cost_per_million()),
             "gpubench_progress_file": str(self.progress.path),
+            "gpubench_attempts": self.attempts or None,
         }
         stats = self.details.get("run_statistics") if self.details else None
         if stats and stats.get("n", 0) > 1:

@@ -13,7 +13,9 @@ from .aio import run as run_async
 from .errors import ApiUnreachable
 from .manifest import Manifest
 from .matrix import Cell
+from .processes import ProcessIdentity
 from .providers.shopper import ShopperProvider
+from .remote.ssh import HostKeyPins
 from .settings import Settings
 from .shopper import ShopperClient
 
@@ -25,6 +27,10 @@ class RunContext:
     settings: Settings
     worker: str = "main"
     argv: list[str] = field(default_factory=list)
+    #: SSH host keys pinned at each session's first connection (refuses a changed one).
+    host_keys: HostKeyPins = field(default_factory=HostKeyPins, repr=False)
+    #: The process that owns the run (the xdist controller): cleanup checks it is alive.
+    owner: ProcessIdentity = field(default_factory=ProcessIdentity.current)
     _manifest: Manifest | None = None
     _provider: ShopperProvider | None = None
     _unreachable: ApiUnreachable | None = None
@@ -39,7 +45,8 @@ class RunContext:
         with self._lock:
             if self._manifest is None:
                 self._manifest = Manifest(self.settings.manifest)
-                self._manifest.start_run(self.run_id, argv=self.argv, matrix_files=[])
+                self._manifest.start_run(self.run_id, argv=self.argv, matrix_files=[], owner=self.owner,
+                                         api=self.settings.api, sandbox=self.settings.sandbox)
             return self._manifest
 
     @property
@@ -80,6 +87,8 @@ def apply_overrides(cell: Cell, settings: Settings) -> Cell:
         workload["progress_interval"] = settings.progress_interval
     if settings.telemetry_interval is not None:
         workload["telemetry_interval"] = settings.telemetry_interval
+    if settings.stall_timeout is not None:
+        workload["stall_timeout"] = settings.stall_timeout
     update: dict[str, object] = {}
     if workload:
         update["workload"] = cell.workload.model_copy(update=workload)

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import Stage, UsageProblem
 
@@ -43,6 +43,8 @@ SANDBOX_TIME_SCALE = 0.02
 #: However small the time scale, no wait is shorter than this: a loaded CI
 #: machine must not turn a scaled timeout into a flaky failure.
 MIN_SCALED_TIMEOUT = 15.0
+#: The same for the stall timeout (seconds without a token).
+MIN_STALL_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,15 @@ def _positive_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value) or value <= 0:
         raise ValueError("must be a positive number")
+    return value
+
+
+def _price_cap(text: str) -> float:
+    from .matrix_fields import MAX_PRICE_PER_HOUR  # the matrix's own bound on offer.max_price
+
+    value = _positive_float(text)
+    if value > MAX_PRICE_PER_HOUR:
+        raise ValueError(f"must be at most {MAX_PRICE_PER_HOUR:g} dollars per hour")
     return value
 
 
@@ -142,20 +153,36 @@ OPTIONS: tuple[Option, ...] = (
     Option("duration", "--gpubench-duration", "benchmark duration in seconds for every cell (overrides the matrix)",
            type=_duration, env="GPUBENCH_DURATION", metavar="SECONDS"),
     Option("max_price", "--gpubench-max-price", "never rent an offer above this $/hour",
-           type=_positive_float, env="GPUBENCH_MAX_PRICE", metavar="USD"),
+           type=_price_cap, env="GPUBENCH_MAX_PRICE", metavar="USD"),
     Option("progress_interval", "--gpubench-progress-interval",
            "seconds between benchmark PROGRESS lines (overrides the matrix; seed: 60)",
            type=_positive_float, env="GPUBENCH_PROGRESS_INTERVAL", metavar="SECONDS"),
     Option("ollama_install", "--gpubench-ollama-install", "shell command that installs Ollama on an instance",
            env="GPUBENCH_OLLAMA_INSTALL", metavar="CMD"),
+    Option("max_attempts", "--gpubench-max-attempts",
+           "offers a cell tries before it fails when provisioning or SSH never comes up "
+           "(overrides the matrix's offer.max_attempts; default 3)",
+           type=_whole_number(1, 10), env="GPUBENCH_MAX_ATTEMPTS", metavar="N"),
+    Option("budget", "--gpubench-budget",
+           "stop renting new sessions once this run's spent + committed cost would pass USD; "
+           "cells not started are skipped",
+           type=_positive_float, env="GPUBENCH_BUDGET", metavar="USD"),
     Option("fail_on_skip", "--gpubench-fail-on-skip", "fail, instead of skip, cells that find no eligible offer",
            type=_bool, default=False, env="GPUBENCH_FAIL_ON_SKIP", action="store_true"),
+    Option("resume", "--gpubench-resume",
+           "run again, into the same run id, only the cells of that run (RUN_ID, or last) with no "
+           "successful result; the others are deselected",
+           env="GPUBENCH_RESUME", ini=False, metavar="RUN_ID|last", const="last"),
     Option("run_id", "--gpubench-run-id", "run id for the manifest (default: a new one per run)",
            env="GPUBENCH_RUN_ID", ini=False, metavar="ID"),
     Option("workload_type", "--gpubench-workload-type", "workload_type sent when creating sessions",
            default="interactive", env="GPUBENCH_WORKLOAD_TYPE", metavar="TYPE"),
     Option("runs", "--gpubench-runs", "repeat each cell's measurement N times on its session (overrides the matrix)",
            type=_whole_number(1, 100), env="GPUBENCH_RUNS", metavar="N"),
+    Option("stall_timeout", "--gpubench-stall-timeout",
+           "seconds without a token before a request counts as stalled: it is aborted and counted as an "
+           "error, the run goes on (overrides the matrix; default 120, time-scaled in the sandbox)",
+           type=_duration, env="GPUBENCH_STALL_TIMEOUT", metavar="SECONDS"),
     Option("telemetry_interval", "--gpubench-telemetry-interval",
            "seconds between nvidia-smi samples during a benchmark (overrides the matrix; default 5)",
            type=_positive_float, env="GPUBENCH_TELEMETRY_INTERVAL", metavar="SECONDS"),
@@ -182,7 +209,8 @@ class Settings(BaseModel):
     provider: tuple[str, ...] = ()
     model: tuple[str, ...] = ()
     api: str = DEFAULT_API
-    api_token: str | None = None
+    # Only from the environment (argv is recorded in the manifest), and never in a repr.
+    api_token: str | None = Field(default=None, repr=False)
     sandbox: bool = False
     sandbox_catalog: str | None = None
     sandbox_ssh: str = "asyncssh"
@@ -193,11 +221,15 @@ class Settings(BaseModel):
     max_price: float | None = None
     progress_interval: float | None = None
     ollama_install: str | None = None
+    max_attempts: int | None = None
+    budget: float | None = None
     fail_on_skip: bool = False
+    resume: str | None = None
     run_id: str = ""
     workload_type: str = "interactive"
     live: bool = True
     runs: int | None = None
+    stall_timeout: float | None = None
     telemetry_interval: float | None = None
     compare: str | None = None
     compare_fail: str | None = None
@@ -226,6 +258,12 @@ class Settings(BaseModel):
     @property
     def poll_interval(self) -> float:
         return self.scaled(SEED_POLL_INTERVAL, 0.05)
+
+    def stall_seconds(self, stall_timeout: float) -> float:
+        """A stall timeout on this run's clock: scaled, yet never below
+        ``MIN_STALL_TIMEOUT`` unless the configured value itself is lower (tokens
+        stream at real speed in the sandbox too, and a busy machine delays them)."""
+        return max(stall_timeout * self.time_scale, min(stall_timeout, MIN_STALL_TIMEOUT))
 
 
 def new_run_id() -> str:
@@ -263,6 +301,8 @@ def resolve(
         values["manifest"] = Path(values.get("reports", "reports")) / "manifest.db"
     if "time_scale" not in values:
         values["time_scale"] = SANDBOX_TIME_SCALE if values.get("sandbox") else 1.0
+    if values.get("resume") and values.get("run_id"):
+        raise UsageProblem("--gpubench-resume and --gpubench-run-id both name the run: give only one")
     if not values.get("run_id"):
         values["run_id"] = new_run_id()
     _check_run_id(values["run_id"])

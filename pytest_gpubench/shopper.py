@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -90,6 +91,19 @@ class SessionRequest(BaseModel):
     idle_threshold_minutes: int | None = None
     disk_gb: int | None = None
     template_hash_id: str | None = None
+    #: The server's SSH verification timeout (1-30 minutes); None: its own default.
+    ssh_timeout_minutes: int | None = Field(default=None, ge=1, le=30)
+
+
+class Template(BaseModel):
+    """A provider template (``GET /api/v1/templates/{hash_id}``, Vast.ai only)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    hash_id: str
+    name: str = ""
+    image: str = ""
+    tag: str = ""
 
 
 class ShopperClient:
@@ -104,6 +118,8 @@ class ShopperClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        # The token lives in the client's headers only: no message or log line shows them.
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.AsyncClient(
             base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
@@ -113,21 +129,32 @@ class ShopperClient:
         await self._http.aclose()
 
     async def _request(self, stage: Stage, method: str, path: str, **kwargs: Any) -> Any:
+        """One call; every way it can go wrong is a ``StageError`` saying what the API did."""
+        call = f"{method} {path}"
         try:
             response = await self._http.request(method, path, **kwargs)
         except httpx.TimeoutException as exc:
-            raise StageError(stage, f"{method} {path} timed out ({type(exc).__name__})") from None
+            raise StageError(
+                stage, f"the GPU Shopper API at {self.base_url} did not answer {call} within "
+                f"{self.timeout:g} s ({type(exc).__name__})",
+                hint="the server is stuck or overloaded: check its /health and logs, then rerun the cell",
+            ) from None
         except httpx.TransportError as exc:
-            raise StageError(stage, f"{method} {path} failed: {exc or type(exc).__name__}") from None
+            raise StageError(
+                stage, f"{call} to the GPU Shopper API at {self.base_url} failed: {exc or type(exc).__name__}",
+                hint="check that the server is running and reachable, then rerun the cell",
+            ) from None
         if response.status_code >= 400:
-            raise _api_error(stage, response)
+            raise _api_error(stage, response, call)
         if not response.content:
             return None
         try:
             return response.json()
         except ValueError:
             raise StageError(
-                stage, f"{method} {path} answered {response.status_code} with invalid JSON"
+                stage, f"{call} answered {response.status_code} with invalid JSON: {_snippet(response)}",
+                hint=f"{self.base_url} does not answer like a GPU Shopper API (a proxy or a web page?): "
+                "check --gpubench-api / GPUBENCH_API_BASE",
             ) from None
 
     async def wait_ready(self, attempts: int = 10, interval: float = 1.0) -> None:
@@ -153,13 +180,23 @@ class ShopperClient:
         data = await self._request(Stage.INVENTORY, "GET", "/api/v1/inventory", params=params)
         return _parse_list(Stage.INVENTORY, data, "offers", Offer)
 
+    async def template(self, hash_id: str) -> Template:
+        """One template by hash id; a 404 (or a server without templates) is an ``ApiError``."""
+        path = f"/api/v1/templates/{quote(hash_id, safe='')}"
+        data = await self._request(Stage.PROVISION, "GET", path)
+        try:
+            return Template.model_validate(data)
+        except ValidationError as exc:
+            raise StageError(Stage.PROVISION, f"unexpected template answer: {_first(exc)}") from None
+
     async def create_session(self, request: SessionRequest) -> CreatedSession:
         body = request.model_dump(exclude_none=True)
         data = await self._request(Stage.PROVISION, "POST", "/api/v1/sessions", json=body)
         try:
             return CreatedSession.model_validate(data)
         except ValidationError as exc:
-            raise StageError(Stage.PROVISION, f"unexpected session answer: {_first(exc)}") from None
+            raise StageError(Stage.PROVISION, f"unexpected session answer: {_first(exc)}",
+                             hint=SHAPE_HINT) from None
 
     async def get_session(self, session_id: str, stage: Stage = Stage.SSH_WAIT) -> Session:
         data = await self._request(stage, "GET", f"/api/v1/sessions/{session_id}")
@@ -168,7 +205,8 @@ class ShopperClient:
         try:
             return Session.model_validate(data)
         except ValidationError as exc:
-            raise StageError(stage, f"unexpected session answer: {_first(exc)}") from None
+            raise StageError(stage, f"unexpected session answer: {_first(exc)}",
+                             hint=SHAPE_HINT) from None
 
     async def list_sessions(self, **filters: Any) -> list[Session]:
         params = {k: v for k, v in filters.items() if v is not None}
@@ -208,33 +246,63 @@ class ShopperClient:
         return await self._request(Stage.RESULTS, "POST", "/api/v1/benchmarks", json=result)
 
 
-def _api_error(stage: Stage, response: httpx.Response) -> ApiError:
+def _api_error(stage: Stage, response: httpx.Response, call: str = "") -> ApiError:
     try:
         body = response.json()
     except ValueError:
+        body = None
+    status = response.status_code
+    if isinstance(body, dict):
+        message = str(body.get("error") or response.reason_phrase or "error").strip()
+        if body.get("request_id"):
+            message += f" (request_id {body['request_id']})"
+    else:
+        # Not the server's own error shape: a proxy, a crash page, a load balancer.
+        message = f"{response.reason_phrase or 'error'}; the body is not the API's JSON: {_snippet(response)}"
         body = {}
-    if not isinstance(body, dict):
-        body = {}
-    message = str(body.get("error") or response.reason_phrase or "error").strip()
+    retry = bool(body.get("retry_suggested", False))
+    if status in (401, 403):
+        hint = "the server refused the credentials: set GPUBENCH_API_TOKEN to a valid token"
+    elif retry:
+        hint = "the server suggests retrying: rerun the cell"
+    elif status >= 500:
+        hint = "the GPU Shopper server failed: check its logs, then rerun the cell"
+    else:
+        hint = ""
     return ApiError(
         stage,
-        response.status_code,
+        status,
         message,
         error_type=str(body.get("error_type") or ""),
-        retry_suggested=bool(body.get("retry_suggested", False)),
+        retry_suggested=retry,
+        call=call,
+        hint=hint,
     )
+
+
+def _snippet(response: httpx.Response) -> str:
+    """The start of a body, on one line, for an error message."""
+    text = " ".join(response.text.split())
+    if not text:
+        return "(empty)"
+    return repr(text if len(text) <= 80 else text[:77] + "...")
+
+
+#: Said of any answer that does not have the shape the GPU Shopper server gives.
+SHAPE_HINT = "the API's answer does not have the GPU Shopper shape: check that --gpubench-api points at a " \
+    "compatible GPU Shopper server"
 
 
 def _parse_list(stage: Stage, data: Any, key: str, model: type[BaseModel]) -> list[Any]:
     items = data.get(key) if isinstance(data, dict) else None
     if not isinstance(items, list):
-        raise StageError(stage, f"unexpected answer: no '{key}' list")
+        raise StageError(stage, f"unexpected answer: no '{key}' list", hint=SHAPE_HINT)
     parsed = []
     for index, item in enumerate(items):
         try:
             parsed.append(model.model_validate(item))
         except ValidationError as exc:
-            raise StageError(stage, f"unexpected {key} entry: {index}.{_first(exc)}") from None
+            raise StageError(stage, f"unexpected {key} entry: {index}.{_first(exc)}", hint=SHAPE_HINT) from None
     return parsed
 
 

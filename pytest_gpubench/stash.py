@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from .matrix import Cell
+from .processes import ProcessIdentity
 from .run import RunContext
 from .settings import Settings
 
@@ -21,14 +22,20 @@ RECORDER_KEY = pytest.StashKey[Any]()
 REPORTS_KEY = pytest.StashKey[dict]()
 #: The sandbox process this (controller) process started, if any.
 SANDBOX_KEY = pytest.StashKey[Any]()
+#: ``--gpubench-resume``: the run resumed and its cells already successful (resume.ResumePlan).
+RESUME_KEY = pytest.StashKey[Any]()
 
 
 def run_context(config: pytest.Config) -> RunContext:
     """This process's ``RunContext``, created on first use."""
     context = config.stash.get(RUN_CONTEXT_KEY, None)
     if context is None:
-        worker = getattr(config, "workerinput", {}).get("workerid", "main")
+        workerinput = getattr(config, "workerinput", {})
+        worker = workerinput.get("workerid", "main")
+        # A worker's run is owned by its controller: that is the process cleanup checks.
+        owner = workerinput.get("gpubench_owner")
         context = RunContext(config.stash[SETTINGS_KEY], worker=worker,
-                             argv=list(config.invocation_params.args))
+                             argv=list(config.invocation_params.args),
+                             owner=ProcessIdentity.model_validate(owner) if owner else ProcessIdentity.current())
         config.stash[RUN_CONTEXT_KEY] = context
     return context

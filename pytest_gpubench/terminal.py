@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from .budget import skipped_by_budget, summary_line
 from .errors import ApiUnreachable
 from .live import LiveProgress
 from .stash import SANDBOX_KEY, SETTINGS_KEY, run_context
@@ -131,6 +132,11 @@ class TerminalHooks:
                     terminalreporter.write_line(
                         f"{row['gpubench_cell']}: not a valid GPU figure: {row['gpubench_invalid_because']}",
                         yellow=True)
+            if settings.budget is not None:
+                spent = sum(float(r.get("gpubench_cost_usd") or 0) for r in self.summary.rows)
+                cells = run_context(self.config).manifest.cells(settings.run_id)
+                skipped = sum(1 for c in cells if c["status"] == "skipped" and skipped_by_budget(c["error_message"]))
+                terminalreporter.write_line(summary_line(settings.budget, spent, skipped))
             terminalreporter.write_line(f"run {settings.run_id}; manifest {settings.manifest}; "
                                         f"progress files {settings.progress_dir / settings.run_id}")
         sandbox = self.config.stash.get(SANDBOX_KEY, None)

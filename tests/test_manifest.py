@@ -74,7 +74,8 @@ def test_schema(manifest, tmp_path):
     assert set(manifest.db.table_names()) >= {"runs", "benchmark_manifest", "benchmarks",
                                               "requests"}
     assert {c.name for c in manifest.db["runs"].columns} == {
-        "run_id", "started_at", "finished_at", "argv", "matrix_files", "host", "status"}
+        "run_id", "started_at", "finished_at", "argv", "matrix_files", "host", "status",
+        "pid", "pid_start", "api", "sandbox", "resumed_at"}
     benchmark_columns = {c.name for c in manifest.db["benchmarks"].columns}
     assert {"id", "manifest_id", "run_id", "gpu_name", "gpu_type", "tokens_per_second",
             "p95_latency_ms", "avg_ttft_ms", "cost_per_million_tokens",

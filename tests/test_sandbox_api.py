@@ -11,15 +11,14 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from polling import wait_for
 
 from pytest_gpubench.sandbox import CatalogError, SandboxThread, load_catalog
 from pytest_gpubench.sandbox.catalog import availability_confidence, offer_vram_gb
@@ -46,15 +45,6 @@ SEED_MATRIX = [
 ]
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def parse_time(text: str) -> datetime:

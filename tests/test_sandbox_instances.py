@@ -10,15 +10,14 @@ import asyncio
 import json
 import os
 import shutil
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import asyncssh
 import httpx
 import pytest
+from polling import wait_for
 
 TIME_SCALE = 0.01
 PLAIN_4090 = "vastai-18430202"  # Ollama not preinstalled
@@ -27,15 +26,6 @@ PLAIN_3090 = "vastai-18430101"
 INSTANCE_KEYS = {"session_id", "time_scale", "gpu", "host", "ollama", "models", "state_dir"}
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def start_session(api: httpx.Client, offer_id: str, **extra: Any) -> tuple[dict[str, Any], str]:

@@ -21,6 +21,8 @@ class OfferChoice:
     offer: Offer
     offers_found: int
     eligible: list[Offer]
+    #: The constraints it was chosen by: failover asks the inventory again with them.
+    wanted: Constraints | None = None
 
 
 def consumer_id(run_id: str, cell_id: str, attempt: int = 1) -> str:
@@ -56,14 +58,23 @@ class ShopperProvider:
         Price and VRAM are filtered here, not by the server, so that a cell
         without an eligible offer can say which constraint ruled each one out.
         """
-        offers = await asyncio.wait_for(
-            self.client.inventory(provider=wanted.provider),
-            self.settings.stage_timeout(Stage.INVENTORY),
-        )
+        timeout = self.settings.stage_timeout(Stage.INVENTORY)
+        try:
+            offers = await asyncio.wait_for(self.client.inventory(provider=wanted.provider), timeout)
+        except asyncio.TimeoutError:
+            raise StageError(
+                Stage.INVENTORY,
+                f"the GPU Shopper API at {self.client.base_url} did not answer GET /api/v1/inventory "
+                f"within the inventory stage's {timeout:g} s",
+                hint="the server is stuck or overloaded: check its /health and logs, then rerun the cell",
+            ) from None
         offer, eligible = select_offer(offers, wanted)
-        return OfferChoice(offer=offer, offers_found=len(offers), eligible=eligible)
+        return OfferChoice(offer=offer, offers_found=len(offers), eligible=eligible, wanted=wanted)
 
-    async def create(self, offer: Offer, consumer: str, hours: int) -> CreatedSession:
+    async def create(
+        self, offer: Offer, consumer: str, hours: int, *, template: str | None = None,
+        ssh_timeout_minutes: int | None = None,
+    ) -> CreatedSession:
         request = SessionRequest(
             consumer_id=consumer,
             offer_id=offer.id,
@@ -71,16 +82,32 @@ class ShopperProvider:
             reservation_hours=hours,
             # Idle sessions end server-side too: a dead pytest leaves no bill.
             idle_threshold_minutes=max(5, math.ceil(self.settings.scaled(1800) / 60)),
+            template_hash_id=template,
+            ssh_timeout_minutes=ssh_timeout_minutes,
         )
         return await self.client.create_session(request)
+
+    async def template_image(self, hash_id: str) -> str | None:
+        """The Docker image of a template, or None when the server cannot say."""
+        try:
+            return (await self.client.template(hash_id)).image or None
+        except StageError:
+            return None
 
     async def wait_running(
         self,
         session_id: str,
         on_poll: Callable[[Session, float], None] | None = None,
+        timeout: float | None = None,
     ) -> Session:
-        """Poll until ``running`` (ready for SSH) or fail at ``provision``/``ssh_wait``."""
-        timeout = self.settings.stage_timeout(Stage.PROVISION)
+        """Poll until ``running`` (ready for SSH), at most ``timeout`` seconds (default: the
+        ``ssh_wait`` stage timeout).
+
+        A session the server failed fails at ``ssh_wait`` when its error is about SSH
+        ("SSH verification timeout"), else at ``provision`` ("No available public IPs").
+        """
+        if timeout is None:
+            timeout = self.settings.stage_timeout(Stage.SSH_WAIT)
         start = time.monotonic()
         while True:
             session = await self.client.get_session(session_id, Stage.SSH_WAIT)
@@ -91,7 +118,8 @@ class ShopperProvider:
                 return session
             if session.status in ("failed", "stopped", "stopping"):
                 reason = session.error or f"session became {session.status}"
-                raise StageError(Stage.PROVISION, f"session {session_id} {session.status}: {reason}")
+                stage = Stage.SSH_WAIT if "ssh" in reason.lower() else Stage.PROVISION
+                raise StageError(stage, f"session {session_id} {session.status}: {reason}")
             if waited >= timeout:
                 raise StageError(
                     Stage.SSH_WAIT,
@@ -101,11 +129,24 @@ class ShopperProvider:
             await asyncio.sleep(min(self.settings.poll_interval, max(0.0, timeout - waited)))
 
     async def release(self, session_id: str) -> Session | None:
-        """End the session (``done``; ``DELETE`` if that fails) and return its last state."""
+        """End the session and return its last state.
+
+        ``done`` first (``DELETE`` if that fails). A ``failed`` session answers
+        ``done`` with 409 but may still hold an instance: ``DELETE`` ends it, and
+        the server then reports it ``stopped``.
+        """
         try:
-            await self.client.release(session_id)
+            stopped_now = await self.client.release(session_id)
         except (ApiError, StageError):
             await self.client.destroy(session_id)
+        else:
+            if not stopped_now:
+                try:
+                    current = await self.client.get_session(session_id, Stage.CLEANUP)
+                except StageError:
+                    current = None  # gone: nothing left to end
+                if current is not None and current.status == "failed":
+                    await self.client.destroy(session_id)
         try:
             return await self.client.get_session(session_id, Stage.CLEANUP)
         except StageError:

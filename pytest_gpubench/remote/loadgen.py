@@ -13,7 +13,9 @@ Config (one JSON argument): ``ollama_url``, ``model``, ``prompts`` (strings, or
 objects ``{"prompt": str, "expect": [str, ...]}``: any one substring matching,
 case-insensitive), ``max_tokens``, ``duration``, ``warmup_requests`` (sent first,
 one at a time, outside the run clock), ``progress_interval``, ``checkpoint_every``,
-``checkpoint_path``, ``request_timeout`` (seconds without data), and the load:
+``checkpoint_path``, ``request_timeout`` (the stall timeout: a request that receives
+nothing for that many seconds is aborted and recorded as an error, and the run goes
+on), and the load:
 
 * ``concurrency`` N (default 1): N requests in flight for the duration; a request
   is due the moment a slot frees;
@@ -39,7 +41,8 @@ final chunk not yet received) from the run's start to its deadline;
 output tokens of successful measured requests in ``cpu_seconds_per_1k_tokens``);
 ``unsent`` counts arrivals ``max_in_flight`` held back past the deadline,
 ``abandoned`` requests still in flight when a signal ended the run. Every record
-is also checkpointed to a JSON file on the instance (seed 001's format), so a
+is also checkpointed to a JSON file on the instance (seed 001's format, plus the
+generator's ``pid``), so a
 lost connection loses nothing measured: a reader that stalls or goes away never
 blocks the run, which keeps going to the end. SIGTERM and SIGINT end it as
 ``interrupted``; requests then still in flight are abandoned, not recorded.
@@ -202,8 +205,9 @@ class Checkpoint:
         if not self.path:
             return
         began = perf()
-        text = '{"status":%s,"model":%s,"timestamp":%s,"results":[%s],"summary":%s}' % (
-            json.dumps(status), json.dumps(self.model),
+        # The pid lets a reader that lost the stream tell a run still going from a dead one.
+        text = '{"status":%s,"model":%s,"pid":%d,"timestamp":%s,"results":[%s],"summary":%s}' % (
+            json.dumps(status), json.dumps(self.model), os.getpid(),
             json.dumps(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
             ",".join(self.records), json.dumps(summary),
         )
@@ -703,6 +707,9 @@ class Run:
         self.output = output
         self.prompts = [parse_prompt(p) for p in config["prompts"]]
         self.timeout = float(config.get("request_timeout", 120))
+        # How often in-flight requests are checked for a stall: often enough that
+        # one is noticed within a quarter of the timeout beyond it, at most each second.
+        self.scan_every = min(1.0, max(0.05, self.timeout / 4))
         self.checkpoint = Checkpoint(config.get("checkpoint_path"), config["model"],
                                      config.get("checkpoint_every", 10))
         self.selector = selectors.DefaultSelector()
@@ -813,7 +820,7 @@ class Run:
         """Run the event loop until ``pattern`` is done and nothing is in flight."""
         self.pattern = pattern
         self.next_progress = self.start + self.interval if measuring else None
-        self.next_scan = perf() + 1.0
+        self.next_scan = perf() + self.scan_every
         self.timer = self.next_scan if self.next_progress is None else min(self.next_scan, self.next_progress)
         select = self.selector.select
         while not self.stopping:
@@ -843,14 +850,14 @@ class Run:
             self.checkpoint.write("running", self.totals(now) if measuring else None)
         if now >= self.next_scan:
             self.expire(now)
-            self.next_scan = now + 1.0
+            self.next_scan = now + self.scan_every
         self.timer = min(t for t in (self.next_scan, self.next_progress, self.checkpoint.wake()) if t is not None)
 
     def expire(self, now):
         for exchange in list(self.open):
             quiet = now - exchange.last_io
             if exchange.active and quiet > self.timeout:
-                exchange.fail("timed out: no data for %g s" % self.timeout, now)
+                exchange.fail("stalled: no data for %g s (stall timeout)" % self.timeout, now)
             elif not exchange.active and quiet > 10:
                 exchange.close()  # a response that never finished draining
 

@@ -11,6 +11,7 @@ import asyncio
 import os
 import shlex
 import tempfile
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,9 @@ from ..errors import RemoteCommandError, Stage, StageError
 #: stage timeout (seed 001: "Connection lost - periodic heartbeat check").
 KEEPALIVE_INTERVAL = 15
 KEEPALIVE_COUNT_MAX = 4
+#: However small the time scale, keepalives go no faster than this: a busy
+#: machine must not mistake a slow answer for a dead instance (4 x 3 s = 12 s).
+MIN_KEEPALIVE_INTERVAL = 3.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,67 @@ class KeyFile:
                 pass
 
 
+class HostKeyChanged(StageError):
+    """A later connection to a session met another host key than its first one did."""
+
+    def __init__(self, host: str, port: int, pinned: str) -> None:
+        super().__init__(
+            Stage.SSH_CONNECT,
+            f"the SSH host key of {host}:{port} changed: this session's first connection saw {pinned}, "
+            "now the server presents another key; refusing to connect",
+            hint="the instance was replaced or someone is intercepting the connection; do not reuse it, "
+            "rerun the cell to rent a fresh session",
+        )
+        self.pinned = pinned
+
+
+class HostKeyPins:
+    """Trust on first use, per session: the host key of each session's first connection.
+
+    A rented instance's host key cannot be known in advance, so the first
+    connection to a session accepts whatever key the server shows and pins it;
+    every later connection to the same session (a reconnect, a reused session)
+    must meet the same key or is refused with :class:`HostKeyChanged`.
+    Thread-safe: sessions may be shared between cells of one process.
+    """
+
+    def __init__(self) -> None:
+        self._keys: dict[str, asyncssh.SSHKey] = {}
+        self._lock = threading.Lock()
+
+    def pinned(self, session_id: str) -> asyncssh.SSHKey | None:
+        """The pinned host key of ``session_id``, or None before its first connection."""
+        with self._lock:
+            return self._keys.get(session_id)
+
+    def fingerprint(self, session_id: str) -> str:
+        """``SHA256:...`` of the pinned key, or ``""``."""
+        key = self.pinned(session_id)
+        return key.get_fingerprint() if key is not None else ""
+
+    def forget(self, session_id: str) -> None:
+        """Drop the pin once the session is released (its id is never reused)."""
+        with self._lock:
+            self._keys.pop(session_id, None)
+
+    async def connect(
+        self, session_id: str, host: str, port: int, user: str, key_pem: str, *, timeout: float,
+        keepalive_interval: float = KEEPALIVE_INTERVAL,
+    ) -> Connection:
+        """Open SSH to ``session_id``'s instance, pinning its host key on the first connection."""
+        conn = await Connection.open(host, port, user, key_pem, timeout=timeout,
+                                     keepalive_interval=keepalive_interval, host_key=self.pinned(session_id))
+        presented = conn.host_key
+        if presented is not None:
+            with self._lock:
+                first = self._keys.setdefault(session_id, presented)
+            # Two first connections racing each other: the loser must still match.
+            if first.public_data != presented.public_data:
+                await conn.close()
+                raise HostKeyChanged(host, port, first.get_fingerprint())
+        return conn
+
+
 class Connection:
     """One SSH connection to one instance."""
 
@@ -69,9 +134,10 @@ class Connection:
         # Exit status and stderr tail of the last ``stream_lines`` command.
         self.last_exit_status: int | None = None
         self.last_stderr = ""
-        key = conn.get_server_host_key()
-        if key is not None:
-            self.host_key_fingerprint = key.get_fingerprint()
+        #: The server's host key (public), None with GSS key exchange.
+        self.host_key: asyncssh.SSHKey | None = conn.get_server_host_key()
+        if self.host_key is not None:
+            self.host_key_fingerprint = self.host_key.get_fingerprint()
 
     @classmethod
     async def open(
@@ -83,11 +149,19 @@ class Connection:
         *,
         timeout: float,
         keepalive_interval: float = KEEPALIVE_INTERVAL,
+        host_key: asyncssh.SSHKey | None = None,
     ) -> Connection:
-        """Connect with the session key; failures become ``ssh_connect`` errors."""
+        """Connect with the session key; failures become ``ssh_connect`` errors.
+
+        With ``host_key``, the server must present exactly that key: anything else
+        is refused during the key exchange, before the client authenticates.
+        Without it any host key is accepted (a fresh instance has no known one);
+        :class:`HostKeyPins` remembers the first one per session.
+        """
         try:
             key = asyncssh.import_private_key(key_pem)
         except (asyncssh.KeyImportError, ValueError) as exc:
+            # The exception text never quotes the key; keep it that way.
             raise StageError(Stage.SSH_CONNECT, f"the session's private key is unusable: {exc}") from None
         try:
             conn = await asyncio.wait_for(
@@ -96,7 +170,8 @@ class Connection:
                     port,
                     username=user,
                     client_keys=[key],
-                    known_hosts=None,  # fresh instances: no prior host key exists
+                    # (trusted host keys, trusted CA keys, revoked keys), or no check at all.
+                    known_hosts=None if host_key is None else ([host_key], [], []),
                     agent_path=None,
                     config=(),
                     keepalive_interval=keepalive_interval,
@@ -105,6 +180,11 @@ class Connection:
                 ),
                 timeout,
             )
+        except (asyncssh.HostKeyNotVerifiable, asyncssh.KeyExchangeFailed) as exc:
+            if host_key is None:
+                raise StageError(Stage.SSH_CONNECT, f"cannot open SSH to {user}@{host}:{port}: {exc}") from None
+            # A server without the pinned key's algorithm fails the key exchange instead.
+            raise HostKeyChanged(host, port, host_key.get_fingerprint()) from None
         except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
             reason = str(exc) or type(exc).__name__
             raise StageError(
@@ -169,6 +249,15 @@ class Connection:
     @property
     def closed(self) -> bool:
         return self._conn.is_closed()
+
+    def set_keepalive(self, interval: float, count_max: int = KEEPALIVE_COUNT_MAX) -> None:
+        """Probe the link after ``interval`` silent seconds; ``count_max`` unanswered probes close it."""
+        self._conn.set_keepalive(interval, count_max)
+
+    def abort(self) -> None:
+        """Drop the connection at once, without a goodbye: for an instance known to be gone,
+        whose silent link would make every later command wait for its timeout."""
+        self._conn.abort()
 
     async def close(self) -> None:
         self._conn.close()

@@ -30,6 +30,14 @@ async def probe_system(conn: Connection, expected_gpu: str, timeout: float) -> H
         f"nvidia-smi --query-gpu={GPU_FIELDS} --format=csv,noheader,nounits",
         stage=Stage.SSH_CONNECT, what="nvidia-smi", timeout=timeout, check=False,
     )
+    if query.exit_status == 127 or "command not found" in query.stderr:
+        # The shell's own "command not found": no NVIDIA driver at all, so no GPU to benchmark.
+        raise StageError(
+            Stage.SSH_CONNECT,
+            f"nvidia-smi is not installed on the instance: not a GPU machine (expected a {expected_gpu})",
+            hint="the offer did not deliver an NVIDIA GPU, or its image lacks the driver; the session is "
+            "released: rerun the cell, and report the offer to its provider if it happens again",
+        )
     if not query.ok:
         raise StageError(
             Stage.SSH_CONNECT,

@@ -17,13 +17,17 @@ from typing import Any
 
 import httpx
 
-from ..errors import Stage, StageError
+from ..errors import RemoteCommandError, Stage, StageError
 from ..remote.ssh import Connection
 
 #: Ollama model references: name[:tag], optionally namespaced. Nothing a shell
 #: or a URL would treat specially.
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*(:[A-Za-z0-9._-]+)?$")
 DEFAULT_PORT = 11434
+#: Download tools an install command may need; a missing one is named in the error.
+DOWNLOADERS = ("curl", "wget")
+#: Ollama's documented Linux install (settings.DEFAULT_OLLAMA_INSTALL is the same command).
+DEFAULT_INSTALL = "curl -fsSL https://ollama.com/install.sh | sh"
 SERVE_LOG = "$HOME/.gpubench/ollama-serve.log"
 
 
@@ -67,6 +71,10 @@ class OllamaRuntime:
     num_parallel: int | None = None
     started_here: bool = False
     cold_first_token_ms: float | None = None
+    #: OLLAMA_NUM_PARALLEL asked for: what a restarted server gets.
+    wanted_parallel: int = 1
+    #: Restarts after a failed health check (at most one per runtime).
+    restarts: int = 0
 
     @property
     def url(self) -> str:
@@ -97,17 +105,41 @@ class OllamaRuntime:
         deadline = time.monotonic() + timeout
         if await self.installed_version(timeout) is not None:
             return False
-        await self.conn.run(
-            install_command, stage=Stage.OLLAMA_INSTALL, what="the Ollama install command",
-            timeout=max(1.0, deadline - time.monotonic()),
-        )
+        try:
+            await self.conn.run(
+                install_command, stage=Stage.OLLAMA_INSTALL, what="the Ollama install command",
+                timeout=max(1.0, deadline - time.monotonic()),
+            )
+        except RemoteCommandError:
+            await self._explain_missing_downloader(install_command)
+            raise
         if await self.installed_version(max(1.0, deadline - time.monotonic())) is None:
+            # `curl ... | sh` without curl "succeeds": sh reads an empty script.
+            await self._explain_missing_downloader(install_command)
             raise StageError(
                 Stage.OLLAMA_INSTALL,
                 "the install command succeeded but `ollama --version` still fails",
                 hint="check the command given by runtime.ollama_install or --gpubench-ollama-install",
             )
         return True
+
+    async def _explain_missing_downloader(self, install_command: str) -> None:
+        """Raise a clear error when the install command needs curl or wget and the instance lacks it."""
+        for tool in DOWNLOADERS:
+            if not re.search(rf"(?:^|[\s|;&(]){tool}(?:\s|$)", install_command):
+                continue
+            found = await self.conn.run(f"command -v {tool}", stage=Stage.OLLAMA_INSTALL,
+                                        what=f"looking for {tool}", timeout=30, check=False)
+            if not found.ok:
+                then = DEFAULT_INSTALL if tool == "curl" else "<your install command>"
+                raise StageError(
+                    Stage.OLLAMA_INSTALL,
+                    f"{tool} is not installed on the instance, and the Ollama install command uses it "
+                    "to download the installer",
+                    hint=f"use an image with {tool} or with Ollama preinstalled, or set runtime.ollama_install "
+                    f"(or --gpubench-ollama-install) to a command that installs {tool} first, such as "
+                    f"`apt-get update && apt-get install -y {tool} && {then}`",
+                )
 
     async def locate(self, timeout: float) -> None:
         """Read the instance's OLLAMA_HOST and forward a local port to it."""
@@ -124,20 +156,50 @@ class OllamaRuntime:
         Ollama serves one request at a time per model unless started with
         ``OLLAMA_NUM_PARALLEL``: a server started here gets ``num_parallel``.
         """
+        self.wanted_parallel = max(1, int(num_parallel))
         version = await self._version()
         if version is None:
-            parallel = max(1, int(num_parallel))
-            # Two statements: "a && b &" would background a subshell that keeps
-            # the SSH channel's stdout open for as long as the server runs.
-            command = (
-                f'mkdir -p "$HOME/.gpubench"; OLLAMA_NUM_PARALLEL={parallel} '
-                f'nohup ollama serve > "{SERVE_LOG}" 2>&1 < /dev/null &'
-            )
-            await self.conn.run(command, stage=Stage.OLLAMA_INSTALL, what="starting ollama serve", timeout=timeout)
-            version = await self._wait_version(timeout)
-            self.num_parallel, self.started_here = parallel, True
+            version = await self._serve(self.wanted_parallel, timeout, Stage.OLLAMA_INSTALL)
         self.version = version
         return version
+
+    async def _serve(self, parallel: int, timeout: float, stage: Stage) -> str:
+        """Start ``ollama serve`` in the background and wait until it answers."""
+        # Two statements: "a && b &" would background a subshell that keeps
+        # the SSH channel's stdout open for as long as the server runs.
+        command = (
+            f'mkdir -p "$HOME/.gpubench"; OLLAMA_NUM_PARALLEL={int(parallel)} '
+            f'nohup ollama serve > "{SERVE_LOG}" 2>&1 < /dev/null &'
+        )
+        await self.conn.run(command, stage=stage, what="starting ollama serve", timeout=timeout)
+        version = await self._wait_version(timeout, stage)
+        self.num_parallel, self.started_here = int(parallel), True
+        return version
+
+    async def ensure_healthy(
+        self, timeout: float, stage: Stage = Stage.BENCHMARK, on_restart: Callable[[str], None] | None = None,
+    ) -> bool:
+        """Health check: ``/api/version`` must answer. Returns True if Ollama had to be restarted.
+
+        An Ollama that does not answer (crashed, killed) is started again, once per
+        runtime, and ``on_restart`` is told why first. Raises ``StageError`` at
+        ``stage`` when it does not come back, or stops answering a second time.
+        """
+        if await self._version() is not None:
+            return False
+        where = f"Ollama at {self.remote_url} on the instance"
+        if self.restarts:
+            raise StageError(stage, f"{where} stopped answering again after its one restart",
+                             hint=f"its log is {SERVE_LOG} on the instance")
+        self.restarts += 1
+        reason = f"{where} did not answer /api/version"
+        if on_restart is not None:
+            on_restart(reason)
+        try:
+            self.version = await self._serve(self.num_parallel or self.wanted_parallel, timeout, stage)
+        except StageError as exc:
+            raise StageError(stage, f"{reason} and did not come back after one restart: {exc.message}") from None
+        return True
 
     async def residency(self, model: str) -> dict[str, Any] | None:
         """What ``/api/ps`` says of ``model``: size, size_vram and whether it is fully on the GPU.
@@ -168,7 +230,7 @@ class OllamaRuntime:
             return None
         return None
 
-    async def _wait_version(self, timeout: float) -> str:
+    async def _wait_version(self, timeout: float, stage: Stage = Stage.OLLAMA_INSTALL) -> str:
         deadline = time.monotonic() + timeout
         delay = 0.05
         while time.monotonic() < deadline:
@@ -178,11 +240,11 @@ class OllamaRuntime:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
         log = await self.conn.run(
-            f'tail -c 600 "{SERVE_LOG}" 2>/dev/null', stage=Stage.OLLAMA_INSTALL,
+            f'tail -c 600 "{SERVE_LOG}" 2>/dev/null', stage=stage,
             what="reading the serve log", timeout=10, check=False,
         )
         raise StageError(
-            Stage.OLLAMA_INSTALL,
+            stage,
             f"Ollama did not answer /api/version within {timeout:.0f} s after `ollama serve`"
             + (f"; its log ends: {log.stdout.strip()}" if log.stdout.strip() else ""),
         )
@@ -229,11 +291,12 @@ class OllamaRuntime:
                 )
         raise StageError(Stage.MODEL_PULL, f"{model} was pulled but /api/tags does not list it")
 
-    async def warm_up(self, model: str, timeout: float) -> float:
+    async def warm_up(self, model: str, timeout: float, *, cold_start: bool = True) -> float:
         """Load the model with one short request; return its load time in seconds.
 
         A model that cannot load (too large for the GPU) fails here, before
-        the benchmark starts.
+        the benchmark starts. With ``cold_start`` (the first load) its load time and
+        first-token time are kept as the cell's cold-start figures.
         """
         body = {"model": model, "prompt": "Hello", "stream": False, "options": {"num_predict": 1}}
         try:
@@ -244,10 +307,12 @@ class OllamaRuntime:
         if response.status_code != 200:
             raise StageError(Stage.MODEL_PULL, f"{model} could not be loaded: {_error_text(response)}")
         answer = response.json()
-        self.warmup_load_seconds = int(answer.get("load_duration") or 0) / 1e9
-        # A one-token request on a cold model: its total time is the cold TTFT.
-        self.cold_first_token_ms = int(answer.get("total_duration") or 0) / 1e6
-        return self.warmup_load_seconds
+        load_seconds = int(answer.get("load_duration") or 0) / 1e9
+        if cold_start:
+            self.warmup_load_seconds = load_seconds
+            # A one-token request on a cold model: its total time is the cold TTFT.
+            self.cold_first_token_ms = int(answer.get("total_duration") or 0) / 1e6
+        return load_seconds
 
 
 def parse_ollama_host(value: str) -> tuple[str, int]:

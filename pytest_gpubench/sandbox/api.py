@@ -9,7 +9,9 @@ Sandbox-only routes (not part of the real API):
 
 ``GET /sandbox/state``
     every session with its final status and sandbox details (offer, instance
-    directory, Ollama address, cost), counts by status, armed faults, clock.
+    directory, Ollama address, cost), counts by status, armed faults, clock, and
+    ``bearer_sha256``: how many API requests came with each bearer token, by the
+    token's SHA-256 hex digest (``""`` for none; the tokens themselves are not kept).
 ``POST /sandbox/faults`` / ``GET`` / ``DELETE``
     arm, list, clear faults (see :mod:`.faults`).
 ``POST /sandbox/clock`` ``{"advance_seconds": s}``
@@ -20,6 +22,7 @@ Sandbox-only routes (not part of the real API):
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import math
@@ -35,7 +38,7 @@ from pydantic import ValidationError
 from .billing import month_bounds
 from .catalog import format_time, offer_json
 from .cloud import EmulatedCloud
-from .faults import OFFER_FAULTS, FaultRequest
+from .faults import OFFER_FAULTS, SESSION_FAULTS, FaultRequest
 from .inventory import OfferFilter
 from .schemas import (
     CREATE_SESSION_FIELDS,
@@ -66,6 +69,8 @@ def _json(body: Any, status: int = 200) -> web.Response:
 async def _request_id_and_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     wanted = request.headers.get("X-Request-ID", "")
     request_id = wanted if _REQUEST_ID.match(wanted) else str(uuid.uuid4())
+    if request.path.startswith("/api/"):
+        _count_bearer(request)
     try:
         response = await handler(request)
     except ApiFailure as failure:
@@ -79,6 +84,13 @@ async def _request_id_and_errors(request: web.Request, handler: Handler) -> web.
         response = _json({"error": "internal server error", "request_id": request_id}, 500)
     response.headers["X-Request-ID"] = request_id
     return response
+
+
+def _count_bearer(request: web.Request) -> None:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    digest = hashlib.sha256(token.strip().encode()).hexdigest() if scheme.lower() == "bearer" else ""
+    counts = request.app[CLOUD].bearer_digests
+    counts[digest] = counts.get(digest, 0) + 1
 
 
 def make_app(cloud: EmulatedCloud) -> web.Application:
@@ -100,6 +112,7 @@ def make_app(cloud: EmulatedCloud) -> web.Application:
     app.router.add_get("/api/v1/benchmarks", list_benchmarks)
     app.router.add_post("/api/v1/benchmarks", create_benchmark)
     app.router.add_get("/api/v1/benchmarks/{id}", get_benchmark)
+    app.router.add_get("/api/v1/templates/{hash_id}", get_template)
     app.router.add_get("/sandbox/state", sandbox_state)
     app.router.add_get("/sandbox/faults", list_faults)
     app.router.add_post("/sandbox/faults", add_fault)
@@ -340,6 +353,20 @@ async def get_benchmark(request: web.Request) -> web.Response:
     return _json({"benchmark": benchmark_json(result), "cost_analysis": cost_analysis(result)})
 
 
+async def get_template(request: web.Request) -> web.Response:
+    """The server's ``VastTemplate`` for a catalog template (what its SSH timeout rule reads)."""
+    hash_id = request.match_info["hash_id"]
+    template = request.app[CLOUD].catalog.template(hash_id)
+    if template is None:
+        raise ApiFailure(404, "template not found")
+    image, sep, tag = template.image.rpartition(":")
+    if not sep or "/" in tag:  # no tag (a registry port is not one)
+        image, tag = template.image, ""
+    return _json({"id": 0, "hash_id": template.hash_id, "name": template.name, "image": image,
+                  "tag": tag or "latest", "runtype": "ssh", "use_ssh": True, "ssh_direct": True,
+                  "recommended": True})
+
+
 # -- sandbox only -------------------------------------------------------------------
 
 
@@ -354,6 +381,7 @@ async def sandbox_state(request: web.Request) -> web.Response:
             "clock_offset_seconds": cloud.clock.offset,
             "faults": [f.model_dump() for f in cloud.faults.list()],
             "benchmarks": len(cloud.benchmarks),
+            "bearer_sha256": dict(cloud.bearer_digests),
         }
     )
 
@@ -377,8 +405,10 @@ async def add_fault(request: web.Request) -> web.Response:
         return _json({"fault": cloud.faults.add(fault).model_dump()}, 201)
     if fault.fault == "kill_instance":
         assert fault.session_id is not None
-        record = await cloud.kill_instance(fault.session_id)
+        record = await cloud.kill_instance(fault.session_id, silent=fault.silent)
         return _json({"session": record.response()})
+    if fault.fault in SESSION_FAULTS:
+        return _json(await cloud.instance_fault(fault))
     cloud.not_ready_until = asyncio.get_running_loop().time() + fault.seconds
     return _json({"not_ready_seconds": fault.seconds})
 
@@ -386,7 +416,7 @@ async def add_fault(request: web.Request) -> web.Response:
 async def clear_faults(request: web.Request) -> web.Response:
     cloud = request.app[CLOUD]
     cloud.not_ready_until = 0.0
-    return _json({"cleared": cloud.faults.clear()})
+    return _json({"cleared": cloud.faults.clear() + cloud.clear_stream_faults()})
 
 
 async def advance_clock(request: web.Request) -> web.Response:

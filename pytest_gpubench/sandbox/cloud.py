@@ -21,6 +21,7 @@ Behaviour follows the server's provisioner and lifecycle manager:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import uuid
@@ -33,11 +34,12 @@ import asyncssh
 from . import sshd
 from .billing import Clock, Ledger
 from .catalog import Catalog, OfferSpec
-from .faults import FaultBook
-from .instances import SSH_SERVERS, Instance, free_port, instance_document
+from .faults import FaultBook, FaultRequest
+from .instances import SSH_SERVERS, Instance, UnsupportedFault, free_port, instance_document
 from .inventory import Inventory
 from .schemas import RETRY_SCOPES, WORKLOAD_TYPES
 from .sessions import ApiFailure, SessionRecord, SessionTerminal
+from .standin_state import StreamFault
 
 log = logging.getLogger("pytest_gpubench.sandbox")
 
@@ -76,9 +78,13 @@ class EmulatedCloud:
         self.sessions: dict[str, SessionRecord] = {}
         self.benchmarks: list[Any] = []
         self.not_ready_until = 0.0
+        #: Requests by the SHA-256 of their bearer token ("" for none): proves a client
+        #: sends its token without the sandbox ever keeping the token itself.
+        self.bearer_digests: dict[str, int] = {}
         self.inventory = Inventory(catalog, time_scale)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._lifecycle: asyncio.Task[Any] | None = None
+        self._stream_fault_ids = itertools.count(1)
 
     # -- helpers --------------------------------------------------------------------
 
@@ -197,11 +203,15 @@ class EmulatedCloud:
             self._fail(record, fault.message)
             return
         no_ssh = self.faults.take("no_ssh", offer.id) is not None
+        missing = self.faults.take("missing_tools", offer.id)
         template = self.catalog.template(record.template_hash_id) if record.template_hash_id else None
         used = {s.ollama_port for s in self.sessions.values() if s.active}
         record.ollama_port = free_port(used)
         root = self.workdir / "instances" / record.id
         document = instance_document(self.catalog, offer, record.id, self.time_scale, root / "state")
+        memory = self.faults.take("gpu_memory", offer.id)
+        if memory is not None and memory.memory_mib:
+            document["gpu"]["memory_mib"] = memory.memory_mib  # a mislisted machine
         instance = Instance(
             root,
             document,
@@ -209,6 +219,7 @@ class EmulatedCloud:
             ollama_port=record.ollama_port,
             ollama_preinstalled=offer.ollama_preinstalled or bool(template and template.ollama_preinstalled),
             ssh_server=self.ssh_server,
+            missing_tools=frozenset(missing.tools) if missing else frozenset(),
         )
         record.instance = instance
         instance.build()
@@ -326,17 +337,63 @@ class EmulatedCloud:
         record.reservation_hours += hours
         return record
 
-    async def kill_instance(self, session_id: str) -> SessionRecord:
-        """Fault: the provider lost the instance; reconciliation stops the session."""
+    async def kill_instance(self, session_id: str, *, silent: bool = False) -> SessionRecord:
+        """Fault: the provider lost the instance; reconciliation stops the session.
+
+        ``silent``: its SSH connections go quiet instead of closing (a host gone from
+        the network), so that only the API tells.
+        """
         record = self.get_session(session_id)
         async with record.lock:
             if record.status not in ("running", "provisioning"):
                 raise ApiFailure(409, f"session {session_id} has no live instance (status: {record.status})")
-            await self._release(record)
+            if silent and record.instance is not None:
+                task = record.boot_task
+                if task is not None and not task.done():
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+                try:
+                    await record.instance.stop(silent=True)
+                except UnsupportedFault as exc:
+                    raise ApiFailure(400, str(exc)) from None
+            else:
+                await self._release(record)
             record.status, record.error = "stopped", GHOST_ERROR
             record.stopped_at = self.clock.now()
         log.info("session %s: instance killed by fault", record.id)
         return record
+
+    def running_instance(self, session_id: str) -> Instance:
+        """The live instance of a running session, for faults that act on it."""
+        record = self.get_session(session_id)
+        if record.status != "running" or record.instance is None or record.instance.stopped:
+            raise ApiFailure(409, f"session {session_id} has no running instance (status: {record.status})")
+        return record.instance
+
+    async def instance_fault(self, request: FaultRequest) -> dict[str, Any]:
+        """Faults on a running instance: ``drop_ssh``, ``stop_ollama``, ``stall_stream``, ``empty_output``."""
+        assert request.session_id is not None
+        instance = self.running_instance(request.session_id)
+        if request.fault == "drop_ssh":
+            try:
+                return {"dropped_connections": instance.drop_ssh()}
+            except UnsupportedFault as exc:
+                raise ApiFailure(400, str(exc)) from None
+        if request.fault == "stop_ollama":
+            pid = await instance.stop_ollama()
+            if pid is None:
+                raise ApiFailure(409, f"session {request.session_id}: ollama serve is not running")
+            return {"stopped_pid": pid}
+        stall = request.fault == "stall_stream"
+        fault = StreamFault(id=next(self._stream_fault_ids), kind="stall" if stall else "empty",
+                            after_tokens=request.after_tokens if stall else 0, times=request.times)
+        instance.arm_stream_fault(fault)
+        return {"stream_fault": fault.model_dump()}
+
+    def clear_stream_faults(self) -> int:
+        """Disarm the stream faults of every live instance; returns how many there were."""
+        return sum(r.instance.clear_stream_faults() for r in self.sessions.values()
+                   if r.instance is not None and not r.instance.stopped)
 
     # -- lifecycle ------------------------------------------------------------------
 

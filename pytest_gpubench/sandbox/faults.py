@@ -17,12 +17,35 @@ fires ``times`` times (default: until cleared with ``DELETE /sandbox/faults``):
     session stays ``provisioning`` until the server's SSH check gives up
     (``ssh_timeout_minutes`` of the create, default 8 minutes, time-scaled), then
     ``failed`` with "SSH verification timeout".
+``missing_tools`` (``offer_id``, ``tools``)
+    the instance boots without some of the programs a rented box usually has:
+    any of ``nvidia-smi`` (a machine without an NVIDIA driver), ``python3`` (the
+    load generator must then run on the client) and ``curl`` (the default Ollama
+    install cannot download). Neither the stand-in nor the host's own copy is on
+    the instance's ``PATH``.
+``gpu_memory`` (``offer_id``, ``memory_mib``)
+    the instance's GPU has ``memory_mib`` MiB, whatever the offer listed (a
+    mislisted machine): ``nvidia-smi`` and Ollama's memory check go by it.
 
 Faults that act at once:
 
-``kill_instance`` (``session_id``)
+``kill_instance`` (``session_id``, ``silent``)
     the instance dies: its processes are killed, SSH closes, and the session is
     ``stopped`` with "Instance not found on provider during reconciliation".
+    With ``silent: true`` it vanishes as a host dropped from the network does:
+    its SSH connections stay open but carry nothing more, so only the API (or a
+    keepalive) can tell (asyncssh SSH server only).
+``drop_ssh`` (``session_id``)
+    the network cuts the instance's open SSH connections; the instance and every
+    command on it keep running, and new connections are accepted (asyncssh SSH
+    server only).
+``stop_ollama`` (``session_id``)
+    the instance's ``ollama serve`` crashes (SIGKILL); nothing restarts it.
+``stall_stream`` (``session_id``, ``after_tokens``, ``times``)
+    the next ``times`` generations (default: every one, until cleared) stop after
+    ``after_tokens`` tokens and stay silent until the client gives up.
+``empty_output`` (``session_id``, ``times``)
+    the next ``times`` generations end at once, done with no token at all.
 ``not_ready`` (``seconds``)
     ``/health`` and ``/ready`` answer 503 for that many (real) seconds, like the
     server's start-up sweep.
@@ -35,8 +58,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-OFFER_FAULTS = frozenset({"provision_error", "stale_inventory", "no_ssh"})
-FaultKind = Literal["provision_error", "stale_inventory", "no_ssh", "kill_instance", "not_ready"]
+OFFER_FAULTS = frozenset({"provision_error", "stale_inventory", "no_ssh", "missing_tools", "gpu_memory"})
+#: Faults that act on a running session's instance at once.
+SESSION_FAULTS = frozenset({"kill_instance", "drop_ssh", "stop_ollama", "stall_stream", "empty_output"})
+FaultKind = Literal["provision_error", "stale_inventory", "no_ssh", "missing_tools", "gpu_memory", "kill_instance",
+                    "drop_ssh", "stop_ollama", "stall_stream", "empty_output", "not_ready"]
+#: What ``missing_tools`` can leave out of an instance.
+OMITTABLE_TOOLS = ("nvidia-smi", "python3", "curl")
+Tool = Literal["nvidia-smi", "python3", "curl"]
 
 
 class FaultRequest(BaseModel):
@@ -51,13 +80,21 @@ class FaultRequest(BaseModel):
     when: Literal["boot", "create"] = "boot"
     times: int | None = Field(default=None, ge=1)
     seconds: float = Field(default=5.0, ge=0)
+    tools: list[Tool] = Field(default_factory=list)
+    memory_mib: int | None = Field(default=None, ge=1)
+    after_tokens: int = Field(default=3, ge=0)
+    silent: bool = False
 
     @model_validator(mode="after")
     def _check_target(self) -> FaultRequest:
         if self.fault in OFFER_FAULTS and not self.offer_id:
             raise ValueError(f"fault {self.fault} needs offer_id")
-        if self.fault == "kill_instance" and not self.session_id:
-            raise ValueError("fault kill_instance needs session_id")
+        if self.fault in SESSION_FAULTS and not self.session_id:
+            raise ValueError(f"fault {self.fault} needs session_id")
+        if self.fault == "gpu_memory" and self.memory_mib is None:
+            raise ValueError("fault gpu_memory needs memory_mib")
+        if self.fault == "missing_tools" and not self.tools:
+            raise ValueError(f"fault missing_tools needs tools: a list of {', '.join(OMITTABLE_TOOLS)}")
         return self
 
 
@@ -71,6 +108,8 @@ class Fault(BaseModel):
     when: Literal["boot", "create"]
     remaining: int | None
     fired: int = 0
+    tools: list[str] = Field(default_factory=list)
+    memory_mib: int | None = None
 
 
 class FaultBook:
@@ -90,6 +129,8 @@ class FaultBook:
             message=request.message,
             when=request.when,
             remaining=request.times,
+            tools=list(dict.fromkeys(request.tools)),
+            memory_mib=request.memory_mib,
         )
         self._faults.append(fault)
         return fault

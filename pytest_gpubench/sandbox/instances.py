@@ -4,6 +4,7 @@ Layout of an instance (``<sandbox workdir>/instances/<session id>/``)::
 
     instance.json   the contract with the stand-ins (see :func:`instance_document`)
     bin/            nvidia-smi, python3, curl and, when preinstalled, ollama
+    sysbin/         only with missing tools: links to the host's programs, minus those
     home/           $HOME and the working directory of every command
     state/          the stand-ins' shared state (pulled models, loaded models)
     tmp/            $TMPDIR
@@ -14,7 +15,10 @@ The SSH server is asyncssh in this process (:mod:`.sshd`, the default) or OpenSS
 
 Every command runs with ``PATH=<bin>:<system PATH>``, ``HOME``, ``TMPDIR``,
 ``OLLAMA_HOST=127.0.0.1:<port of this instance>`` and
-``GPUBENCH_SANDBOX_INSTANCE=<instance.json>``. Instances share the host's file
+``GPUBENCH_SANDBOX_INSTANCE=<instance.json>``. An instance built with
+``missing_tools`` (the ``missing_tools`` fault) has ``PATH=<bin>:<sysbin>`` instead,
+so that neither a stand-in nor the host's own copy of those tools is found.
+Instances share the host's file
 system: a script that writes a literal ``/tmp/x`` path shares it with every other
 instance; ``$HOME`` and ``$TMPDIR`` are private.
 
@@ -41,11 +45,19 @@ import asyncssh
 
 from . import openssh, shims, sshd
 from .catalog import Catalog, OfferSpec
+from .standin_state import StateStore, StreamFault
 
 log = logging.getLogger("pytest_gpubench.sandbox")
 INSTANCE_ENV = shims.INSTANCE_ENV
 SSH_SERVERS = ("asyncssh", "openssh")
 _KILL_GRACE = 1.0
+#: How long a silently vanished instance keeps its frozen SSH connections open
+#: (real seconds) before the sandbox lets them close.
+SILENT_HOLD_SECONDS = 600.0
+
+
+class UnsupportedFault(ValueError):
+    """A fault this instance's SSH server cannot emulate."""
 
 
 class SshEndpoint(Protocol):
@@ -107,6 +119,30 @@ def instance_document(
     }
 
 
+def link_system_programs(target: Path, search_path: str, hidden: frozenset[str]) -> int:
+    """Fill ``target`` with links to the programs on ``search_path``, except ``hidden`` ones.
+
+    The first of a name wins, as in a ``PATH`` lookup. A hidden tool hides its
+    versioned names too (``python3`` hides ``python3.11``). Returns how many were linked.
+    """
+    target.mkdir(parents=True, exist_ok=True)
+    linked = 0
+    for directory in search_path.split(os.pathsep):
+        try:
+            names = os.listdir(directory or ".")
+        except OSError:
+            continue
+        for name in names:
+            if any(name == tool or name.startswith(tool + ".") for tool in hidden):
+                continue
+            source, link = os.path.join(directory, name), target / name
+            if link.is_symlink() or link.exists() or not os.path.isfile(source) or not os.access(source, os.X_OK):
+                continue
+            link.symlink_to(os.path.abspath(source))
+            linked += 1
+    return linked
+
+
 def free_port(avoid: set[int] | None = None) -> int:
     """A loopback TCP port nobody listens on now (and not in ``avoid``)."""
     for _ in range(50):
@@ -130,8 +166,11 @@ class Instance:
         ollama_port: int,
         ollama_preinstalled: bool,
         ssh_server: str = "asyncssh",
+        missing_tools: frozenset[str] = frozenset(),
     ) -> None:
         self.root = root
+        self.missing_tools = frozenset(missing_tools)
+        self.sysbin_dir = root / "sysbin"
         self.document = document
         self.ollama_port = ollama_port
         self.ollama_preinstalled = ollama_preinstalled
@@ -145,6 +184,8 @@ class Instance:
         self._background: set[asyncio.Task[Any]] = set()
         self._ssh = self._endpoint(ssh_server, authorized_key)
         self.stopped = False
+        #: Set while a silent stop holds the SSH connections frozen.
+        self._frozen_until: asyncio.Task[None] | None = None
 
     def _endpoint(self, ssh_server: str, authorized_key: asyncssh.SSHKey) -> SshEndpoint:
         if ssh_server == "openssh":
@@ -172,13 +213,18 @@ class Instance:
         for path in (self.bin_dir, self.home, self.state_dir, self.tmp_dir):
             path.mkdir(parents=True, exist_ok=True)
         self.spec_path.write_text(json.dumps(self.document, indent=2) + "\n", encoding="utf-8")
-        shims.write_executable(self.bin_dir / "nvidia-smi", shims.nvidia_smi_wrapper())
-        shims.write_executable(self.bin_dir / "curl", shims.curl_wrapper(self.bin_dir))
+        missing = self.missing_tools
+        if "nvidia-smi" not in missing:
+            shims.write_executable(self.bin_dir / "nvidia-smi", shims.nvidia_smi_wrapper())
+        if "curl" not in missing:
+            shims.write_executable(self.bin_dir / "curl", shims.curl_wrapper(self.bin_dir))
         if self.ollama_preinstalled:
             shims.write_executable(self.bin_dir / "ollama", shims.ollama_wrapper())
         python3 = self.bin_dir / "python3"
-        if not python3.exists():
+        if "python3" not in missing and not python3.exists():
             python3.symlink_to(sys.executable)
+        if missing:
+            link_system_programs(self.sysbin_dir, os.environ.get("PATH", "/usr/bin:/bin"), missing)
 
     async def start_ssh(self) -> int:
         """Start the SSH server; returns its port once it accepts connections."""
@@ -187,8 +233,9 @@ class Instance:
 
     def environment(self) -> dict[str, str]:
         """The environment of every command on this instance."""
+        system_path = str(self.sysbin_dir) if self.missing_tools else os.environ.get("PATH", "/usr/bin:/bin")
         env = {
-            "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "PATH": f"{self.bin_dir}{os.pathsep}{system_path}",
             "HOME": str(self.home),
             "USER": "root",
             "LOGNAME": "root",
@@ -222,14 +269,28 @@ class Instance:
         self._groups.add(child.pid)
         await child.wait()
 
-    async def stop(self, *, remove: bool = True) -> None:
-        """Kill every process of the instance, close SSH, remove its directory."""
+    async def stop(self, *, remove: bool = True, silent: bool = False) -> None:
+        """Kill every process of the instance, close SSH, remove its directory.
+
+        ``silent``: the instance vanishes as a host dropped from the network does: its
+        SSH connections stay open but carry nothing, until ``SILENT_HOLD_SECONDS``
+        pass or ``stop`` is called again (asyncssh SSH server only).
+        """
         if self.stopped:
+            if self._frozen_until is not None:
+                self._frozen_until.cancel()
+                self._frozen_until = None
+                await self._ssh.finish()
             return
+        if silent:
+            self._asyncssh("a silent kill").freeze()
         self.stopped = True
         ssh_groups = await self._ssh.stop_accepting()
         await kill_instance_processes(self._groups | ssh_groups, str(self.spec_path))
-        await self._ssh.finish()
+        if silent:
+            self._frozen_until = asyncio.create_task(self._thaw_later())
+        else:
+            await self._ssh.finish()
         pending = [t for t in self._background if not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=2.0)
@@ -237,6 +298,48 @@ class Instance:
             task.cancel()
         if remove:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+    async def _thaw_later(self) -> None:
+        await asyncio.sleep(SILENT_HOLD_SECONDS)
+        self._frozen_until = None
+        await self._ssh.finish()
+
+    def _asyncssh(self, what: str) -> sshd.AsyncsshEndpoint:
+        if not isinstance(self._ssh, sshd.AsyncsshEndpoint):
+            raise UnsupportedFault(f"{what} needs the asyncssh SSH server (the default), not openssh")
+        return self._ssh
+
+    # -- faults ---------------------------------------------------------------------
+
+    def drop_ssh(self) -> int:
+        """Cut the open SSH connections (commands keep running); returns how many."""
+        return self._asyncssh("drop_ssh").drop_connections()
+
+    async def stop_ollama(self) -> int | None:
+        """Crash the instance's ``ollama serve`` (SIGKILL); returns its pid, or None if none ran."""
+        pid = StateStore(self.state_dir).read_pid()
+        marker = f"{INSTANCE_ENV}={self.spec_path}".encode()
+        if pid is None or pid not in _marked_processes(marker):
+            return None  # only a process of this instance, never a recycled pid
+        _signal(os.kill, pid, signal.SIGKILL)
+        deadline = asyncio.get_running_loop().time() + 5.0
+        while pid in _marked_processes(marker) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        return pid
+
+    def arm_stream_fault(self, fault: StreamFault) -> None:
+        """Add a stream fault for the instance's Ollama stand-in to apply."""
+        store = StateStore(self.state_dir)
+        store.write_stream_faults([*store.read_stream_faults(), fault])
+
+    def clear_stream_faults(self) -> int:
+        """Disarm the instance's stream faults; returns how many there were."""
+        store = StateStore(self.state_dir)
+        count = len(store.read_stream_faults())
+        if count:
+            store.write_stream_faults([])
+        return count
 
 
 async def kill_instance_processes(groups: set[int], marker_value: str) -> int:

@@ -33,7 +33,7 @@ from .instance_spec import BASELINE_MIB, MIB, InstanceSpec, ModelSpec, normalize
 from .ollama_common import DEFAULT_KEEP_ALIVE_S, FOREVER, human_bytes_binary, parse_keep_alive
 from .ollama_schedule import FifoSlots, Generation, Job, LagStats
 from .ollama_text import plan_output
-from .standin_state import LoadedModel, PulledModel, RuntimeState, StateStore
+from .standin_state import LoadedModel, PulledModel, RuntimeState, StateStore, StreamFault
 
 log = logging.getLogger("ollama_standin")
 
@@ -128,6 +128,10 @@ class Engine:
         self._flush_pending = False
         self._requests = 0
         self.lag = LagStats()
+        # Stream faults armed by the sandbox: re-read when their file changes.
+        self._fault_stamp: tuple[int, int] | None = None
+        self._stream_faults: list[StreamFault] = []
+        self._fault_fired: dict[int, int] = {}
 
     # -- the model store ------------------------------------------------------
 
@@ -304,12 +308,33 @@ class Engine:
                 # from here: the handler's own work (parsing, planning) is inside
                 # the TTFT a client sees from a real server too.
                 start = max(job.arrived, runner.loaded_at, granted or 0.0)
-                yield Generation(job, plan, start, ttft, intervals, load, self.lag)
+                yield Generation(job, plan, start, ttft, intervals, load, self.lag, fault=self.next_stream_fault())
             finally:
                 runner.slots.release()
                 self._set_active(-1)
         finally:
             self._release_runner(runner)
+
+    def next_stream_fault(self) -> StreamFault | None:
+        """The armed stream fault the generation starting now meets, counted as fired; or None.
+
+        One ``stat`` per generation: the file is read again only when it changed.
+        """
+        try:
+            info = os.stat(self.store.stream_faults_path)
+            stamp: tuple[int, int] | None = (info.st_mtime_ns, info.st_ino)
+        except OSError:
+            stamp = None
+        if stamp != self._fault_stamp:
+            self._fault_stamp = stamp
+            self._stream_faults = self.store.read_stream_faults() if stamp is not None else []
+        for fault in self._stream_faults:
+            fired = self._fault_fired.get(fault.id, 0)
+            if fault.times is None or fired < fault.times:
+                self._fault_fired[fault.id] = fired + 1
+                log.info("stream fault %d (%s) on this generation", fault.id, fault.kind)
+                return fault
+        return None
 
     def _set_active(self, delta: int) -> None:
         before = self.active

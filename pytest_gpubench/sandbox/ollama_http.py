@@ -91,12 +91,16 @@ async def serve_generation(request: web.Request, job: Job, fmt: ResponseFormat, 
     response: web.StreamResponse | None = None
     try:
         async with engine.generation(job) as gen:
+            def client_gone() -> bool:
+                transport = request.transport
+                return transport is None or transport.is_closing()
+
             if not stream:
-                text = "".join([token async for token in gen.tokens()])
+                text = "".join([token async for token in gen.tokens(client_gone)])
                 return json_response(fmt.whole(text, gen, loop.time()))
             response = web.StreamResponse(headers={"Content-Type": fmt.content_type})
             await response.prepare(request)
-            async for token in gen.tokens():
+            async for token in gen.tokens(client_gone):
                 await response.write(fmt.token(token))
             await response.write(fmt.done(gen, loop.time()))
             await response.write_eof()

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from .ollama_text import OutputPlan
+from .standin_state import StreamFault
 
 WAKE_LEARNING_RATE = 0.05  # weight of the newest sleep in LagStats.wake_latency_s
+STALL_POLL_SECONDS = 0.05  # how often a stalled stream looks whether its client left
 
 
 class FifoSlots:
@@ -111,8 +113,10 @@ class Generation:
         intervals: list[float],
         load: float,
         lag: LagStats | None = None,
+        fault: StreamFault | None = None,
     ):
         self.lag = lag or LagStats()
+        self.fault = fault
         self.job = job
         self.plan = plan
         self.start = start
@@ -121,12 +125,27 @@ class Generation:
         self.load_duration = load
         self.emitted = 0
 
-    async def tokens(self) -> AsyncIterator[str]:
+    async def tokens(self, client_gone: Callable[[], bool] | None = None) -> AsyncIterator[str]:
         """Yield each token at ``start + ttft + sum(previous intervals)``, then wait
-        until the end-of-sequence step so that ``eval_duration`` is honest."""
+        until the end-of-sequence step so that ``eval_duration`` is honest.
+
+        A stream fault cuts in after its ``after_tokens``: ``empty`` ends the answer
+        there; ``stall`` goes silent until ``client_gone()`` (then nothing more is
+        sent) or its ``stall_seconds`` pass (then the rest follows, that much later).
+        """
         loop = asyncio.get_running_loop()
         due = self.start + self.ttft
-        for token, interval in zip(self.plan.tokens, self.intervals, strict=True):
+        fault = self.fault
+        for index, (token, interval) in enumerate(zip(self.plan.tokens, self.intervals, strict=True)):
+            if fault is not None and index == fault.after_tokens:
+                if fault.kind == "empty":
+                    break
+                stalled = loop.time()
+                while loop.time() - stalled < fault.stall_seconds:
+                    if client_gone is not None and client_gone():
+                        return
+                    await asyncio.sleep(STALL_POLL_SECONDS)
+                due += loop.time() - stalled
             wake = due - self.lag.wake_latency_s
             delay = wake - loop.time()
             if delay > 0:

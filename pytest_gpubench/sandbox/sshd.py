@@ -141,6 +141,27 @@ class AsyncsshEndpoint:
             self._acceptor.close()
         return set()
 
+    def drop_connections(self) -> int:
+        """Cut every open connection, as a network failure does; commands keep running
+        (like sshd without a terminal) and new connections are still accepted."""
+        dropped = list(self._hooks.connections)
+        for conn in dropped:
+            conn.abort()
+        return len(dropped)
+
+    def freeze(self) -> None:
+        """Make every open connection silent, as when a host vanishes from the network:
+        nothing more is read or written, and the client is not told. Only a
+        keepalive or another channel (the API) can notice. ``finish`` ends them."""
+        for conn in self._hooks.connections:
+            # asyncssh has no public way to stop a connection without closing it: pause
+            # the transport's reading, and swallow what it would still write.
+            transport = conn._transport  # type: ignore[attr-defined]
+            if transport is None:
+                continue
+            transport.pause_reading()
+            transport.write = lambda data: None
+
     async def finish(self) -> None:
         """Close the connections left, once the instance's processes are dead."""
         for conn in list(self._hooks.connections):

@@ -12,6 +12,9 @@ reader never sees half of one:
 ``ollama.pid``
     the serving process; a runtime file whose server is dead is ignored, so a
     killed server frees its emulated GPU memory.
+``ollama_faults.json``
+    stream faults armed by the sandbox (``stall_stream``, ``empty_output``): the
+    server applies each to the generations it starts next.
 """
 
 from __future__ import annotations
@@ -21,13 +24,14 @@ import os
 import tempfile
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 MODELS_FILE = "ollama_models.json"
 RUNTIME_FILE = "ollama_runtime.json"
 PID_FILE = "ollama.pid"
+STREAM_FAULTS_FILE = "ollama_faults.json"
 
 
 class PulledModel(BaseModel):
@@ -51,6 +55,23 @@ class LoadedModel(BaseModel):
     size_vram: int
     digest: str
     expires_at: datetime | None = None
+
+
+class StreamFault(BaseModel):
+    """A fault the Ollama stand-in applies to its next generations.
+
+    ``stall``: after ``after_tokens`` tokens the stream goes silent until the
+    client gives up (or ``stall_seconds`` pass). ``empty``: the answer ends at once,
+    done with no token. Each fires for ``times`` generations (None: every one).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    kind: Literal["stall", "empty"]
+    after_tokens: int = 0
+    times: int | None = None
+    stall_seconds: float = 3600.0
 
 
 class RuntimeState(BaseModel):
@@ -143,6 +164,23 @@ class StateStore:
     def read_pid(self) -> int | None:
         value = _read_json(self.pid_path)
         return value if isinstance(value, int) else None
+
+    @property
+    def stream_faults_path(self) -> Path:
+        return self.state_dir / STREAM_FAULTS_FILE
+
+    def read_stream_faults(self) -> list[StreamFault]:
+        data = _read_json(self.stream_faults_path) or {}
+        faults = []
+        for entry in data.get("faults", []):
+            try:
+                faults.append(StreamFault.model_validate(entry))
+            except ValueError:
+                continue
+        return faults
+
+    def write_stream_faults(self, faults: list[StreamFault]) -> None:
+        atomic_write_json(self.stream_faults_path, {"faults": [f.model_dump(mode="json") for f in faults]})
 
     def remove_pid(self, pid: int) -> None:
         """Remove the pid file if it is still ours (a newer server may have replaced it)."""
