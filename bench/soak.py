@@ -176,14 +176,12 @@ def report(work: Path, url: str, cells: int, workers: int, injector: FaultInject
     state = httpx.get(f"{url}/sandbox/state", timeout=30).json()
     sessions = state["sessions"]
     left_running = [s["id"] for s in sessions if s["status"] in ("provisioning", "running", "stopping")]
-    # What the cells cost (price x session lifetime, as the manifest keeps it), and the
-    # share of it spent on cells that ended without a measurement.
+    # What the cells cost (price x lifetime of every session a cell rented, failed
+    # provisioning attempts included), and what of it bought no measurement.
     spent = sum(r["cost_usd"] or 0.0 for r in rows)
     wasted = sum(r["cost_usd"] or 0.0 for r in rows if not r["benchmark_id"])
-    if "attempts" in db.table_names():  # failed provisioning attempts before a cell's last one
-        attempt_costs = [(a.get("cost_usd") or 0.0) for a in db["attempts"].rows if a.get("error")]
-        spent += sum(attempt_costs)
-        wasted += sum(attempt_costs)
+    attempts = list(db["attempts"].rows) if "attempts" in db.table_names() else []
+    failed_attempts = [a for a in attempts if a["status"] == "failed"]
     print(f"cells: {cells} in the matrix, run in {wall:.0f} s with -n {workers}")
     print(f"faults injected: {sum(injector.injected.values())} "
           f"({', '.join(f'{k} {v}' for k, v in sorted(injector.injected.items()))})")
@@ -194,6 +192,8 @@ def report(work: Path, url: str, cells: int, workers: int, injector: FaultInject
     verdict = "OK" if not left_running else "LEFT RUNNING: " + ", ".join(left_running)
     print(f"sessions created: {len(sessions)} ({len(sessions) / max(1, cells):.2f} per cell); "
           f"left running: {len(left_running)} {verdict}")
+    print(f"provisioning attempts: {len(attempts)}, failed {len(failed_attempts)} "
+          f"(${sum(a['cost_usd'] or 0.0 for a in failed_attempts):.4f})")
     print(f"gpubench cleanup: {cleanup_line}")
     print(f"money spent: ${spent:.4f} in all (catalog prices x time-scaled session lifetimes); "
           f"on cells that produced no data: ${wasted:.4f} ({wasted / spent * 100 if spent else 0:.1f}%)")
