@@ -62,7 +62,7 @@ CATALOG = {
 }
 
 
-def write_instance(directory: Path, memory_mib: int = 24564) -> Path:
+def write_instance(directory: Path, memory_mib: int = 24564, ram_gib: float = 64) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     spec = {
         "session_id": f"test-{directory.name}",
@@ -77,7 +77,7 @@ def write_instance(directory: Path, memory_mib: int = 24564) -> Path:
             "power_limit_w": 450,
             "compute_capability": "8.9",
         },
-        "host": {"cpu_model": "AMD EPYC 7543 32-Core Processor", "cpu_cores": 16, "ram_gib": 64},
+        "host": {"cpu_model": "AMD EPYC 7543 32-Core Processor", "cpu_cores": 16, "ram_gib": ram_gib},
         "ollama": {"version": "0.5.7", "pull_mb_per_s": 250.0, "install_seconds": 30.0},
         "models": CATALOG,
         "state_dir": str(directory / "state"),

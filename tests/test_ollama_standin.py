@@ -344,8 +344,25 @@ def test_nvidia_smi_sees_the_loaded_model_and_the_busy_gpu(server: Server) -> No
     assert generate(server, "still serving", num_predict=2)["eval_count"] >= 1
 
 
+def test_a_model_bigger_than_the_card_is_offloaded_and_slower(tmp_path: Path) -> None:
+    # qwen2:7b needs ~4.6 GiB; a 4 GiB card holds 3.7 GiB of it, the rest runs from RAM.
+    small = Server(write_instance(tmp_path / "small-gpu", memory_mib=4096))
+    try:
+        small.pull("qwen2:7b")
+        answer = generate(small, "hi", num_predict=8)
+        (loaded,) = small.http.get("/api/ps").json()["models"]
+        assert 0 < loaded["size_vram"] < loaded["size"]  # what validity checks read as a CPU spill
+        offloaded = (loaded["size"] - loaded["size_vram"]) / loaded["size"]
+        slowdown = (1 - offloaded) + offloaded / 0.12  # the default offload_penalty
+        rate = answer["eval_count"] / (answer["eval_duration"] / 1e9)
+        assert rate == pytest.approx(RATE / slowdown, rel=0.02)
+    finally:
+        small.stop()
+
+
 def test_oversized_model_is_refused_and_pulls_survive_a_restart(tmp_path: Path) -> None:
-    instance = write_instance(tmp_path / "small-gpu", memory_mib=4096)
+    # Too big for the card and the system memory together: refused in Ollama's words.
+    instance = write_instance(tmp_path / "small-gpu", memory_mib=4096, ram_gib=1.5)
     small = Server(instance)
     try:
         small.pull("qwen2:7b")
@@ -353,7 +370,7 @@ def test_oversized_model_is_refused_and_pulls_survive_a_restart(tmp_path: Path) 
             response = small.http.post("/api/generate", json={"model": "qwen2:7b", "prompt": "hi", "stream": stream})
             assert response.status_code == 500
             error = response.json()["error"]
-            assert error.startswith("model requires more system memory (") and "than is available (3.7 GiB)" in error
+            assert error.startswith("model requires more system memory (") and "than is available (512.0 MiB)" in error
         assert small.http.get("/api/ps").json()["models"] == []
         assert (tmp_path / "small-gpu" / "state" / "ollama.pid").exists()
     finally:

@@ -24,6 +24,8 @@ MIB = 1024 * 1024
 # What each emulated card holds before any model (driver and CUDA context): the
 # engine keeps it free when fitting models and nvidia-smi reports it as used.
 BASELINE_MIB = 300
+#: System memory the operating system and the runtime keep for themselves.
+BASELINE_RAM_MIB = 1024
 
 
 class _Value(BaseModel):
@@ -94,6 +96,9 @@ class InstanceSpec(_Value):
     ollama: OllamaSpec
     models: dict[str, ModelSpec] = Field(default_factory=dict)
     state_dir: Path
+    #: Speed of the part of a model that runs from system memory, against the GPU's
+    #: (the catalog's ``offload_penalty``): a layer on the CPU decodes ~8x slower.
+    offload_penalty: float = Field(default=0.12, gt=0, le=1)
 
     def find_model(self, name: str) -> tuple[str, ModelSpec] | None:
         """The catalog entry for ``name`` (tag defaulting to ``latest``), or None."""

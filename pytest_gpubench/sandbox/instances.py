@@ -116,6 +116,7 @@ def instance_document(
         },
         "models": models,
         "state_dir": str(state_dir),
+        "offload_penalty": catalog.offload_penalty,
     }
 
 

@@ -29,7 +29,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from .instance_spec import BASELINE_MIB, MIB, InstanceSpec, ModelSpec, normalize_model_name
+from .instance_spec import BASELINE_MIB, BASELINE_RAM_MIB, MIB, InstanceSpec, ModelSpec, normalize_model_name
 from .ollama_common import DEFAULT_KEEP_ALIVE_S, FOREVER, human_bytes_binary, parse_keep_alive
 from .ollama_schedule import FifoSlots, Generation, Job, LagStats
 from .ollama_text import plan_output
@@ -100,9 +100,10 @@ class Runner:
 
     name: str
     spec: ModelSpec
-    vram: int
+    vram: int  # the part on the GPU
     slots: FifoSlots
     keep_alive: float
+    size: int = 0  # the whole model, weights, KV cache and graph; more than vram when offloaded
     loaded_at: float = 0.0  # loop time the load finished
     refs: int = 0
     evicting: bool = False
@@ -173,6 +174,9 @@ class Engine:
         gpu = self.spec.gpu
         return gpu.total_memory_bytes - BASELINE_MIB * MIB * gpu.count
 
+    def available_ram(self) -> int:
+        return int(self.spec.host.ram_gib * 1024 * MIB) - BASELINE_RAM_MIB * MIB
+
     # -- loading ---------------------------------------------------------------
 
     async def _acquire_runner(self, name: str, keep_alive: float) -> tuple[Runner, float]:
@@ -200,12 +204,15 @@ class Engine:
         return runner, loop.time() - started
 
     async def _load(self, key: str, model: ModelSpec) -> Runner:
+        # As Ollama does: what does not fit on the card is offloaded to system memory
+        # (and decodes slowly, see _timing); only a model too big for both is refused.
         needed = self.vram_bytes(model)
-        available = self.available_vram()
-        if needed > available:
+        on_gpu = min(needed, max(0, self.available_vram()))
+        in_ram, ram = needed - on_gpu, max(0, self.available_ram())
+        if in_ram > ram:
             raise ModelTooLarge(
-                f"model requires more system memory ({human_bytes_binary(needed)}) "
-                f"than is available ({human_bytes_binary(max(0, available))})"
+                f"model requires more system memory ({human_bytes_binary(in_ram)}) "
+                f"than is available ({human_bytes_binary(ram)})"
             )
         for other in list(self.runners.values()):
             # One model at a time: wait for the other's requests to finish, then
@@ -214,12 +221,15 @@ class Engine:
             if other.refs:
                 await other.idle.wait()
             self._unload(other)
+        if in_ram:
+            log.info("offloading %.0f MiB of model %s to system memory", in_ram / MIB, key)
         log.info("loading model %s (%.0f MiB)", key, needed / MIB)
         await asyncio.sleep(self.spec.scaled(model.load_seconds))
         runner = Runner(
             name=key,
             spec=model,
-            vram=needed,
+            vram=on_gpu,
+            size=needed,
             slots=FifoSlots(self.settings.num_parallel),
             keep_alive=self.settings.default_keep_alive,
             loaded_at=asyncio.get_running_loop().time(),
@@ -275,9 +285,18 @@ class Engine:
 
     # -- generation ------------------------------------------------------------
 
-    def _timing(self, job: Job, model: ModelSpec, count: int) -> tuple[float, list[float]]:
-        ttft = (self.settings.ttft_ms if self.settings.ttft_ms is not None else model.ttft_ms) / 1000
-        rate = self.settings.tokens_per_second or model.tokens_per_second
+    def _slowdown(self, runner: Runner) -> float:
+        """How much longer each step takes with part of the model in system memory:
+        the GPU's share at full speed plus the rest at ``offload_penalty`` of it."""
+        if not runner.size or runner.vram >= runner.size:
+            return 1.0
+        offloaded = (runner.size - runner.vram) / runner.size
+        return (1 - offloaded) + offloaded / self.spec.offload_penalty
+
+    def _timing(self, job: Job, runner: Runner, count: int) -> tuple[float, list[float]]:
+        model, slowdown = runner.spec, self._slowdown(runner)
+        ttft = (self.settings.ttft_ms if self.settings.ttft_ms is not None else model.ttft_ms) / 1000 * slowdown
+        rate = (self.settings.tokens_per_second or model.tokens_per_second) / slowdown
         jitter = self.settings.jitter
         if not jitter:
             return ttft, [1.0 / rate] * count
@@ -303,7 +322,7 @@ class Engine:
             try:
                 self._set_active(+1)
                 plan = plan_output(job.prompt, job.num_predict, model=runner.name)
-                ttft, intervals = self._timing(job, runner.spec, len(plan.tokens))
+                ttft, intervals = self._timing(job, runner, len(plan.tokens))
                 # The TTFT clock runs from the moment the request could start, not
                 # from here: the handler's own work (parsing, planning) is inside
                 # the TTFT a client sees from a real server too.
@@ -357,7 +376,7 @@ class Engine:
             models.append(
                 LoadedModel(
                     name=runner.name,
-                    size=runner.vram,
+                    size=runner.size or runner.vram,
                     size_vram=runner.vram,
                     digest=runner.spec.digest_hex,
                     expires_at=expires,
