@@ -9,6 +9,7 @@ happened; ``pytest --fixtures`` documents them.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -230,17 +231,28 @@ def ollama_runtime(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recor
     runtime = OllamaRuntime(gpu_ssh)
     timeout = settings.stage_timeout(Stage.OLLAMA_INSTALL)
     install = cell.ollama_install or DEFAULT_OLLAMA_INSTALL
-    installed = run_async(runtime.ensure_installed(install, timeout), timeout + BRIDGE_SLACK)
-    run_async(runtime.locate(timeout), timeout + BRIDGE_SLACK)
-    version = run_async(runtime.ensure_serving(timeout, num_parallel=ollama_parallelism(cell)), timeout + BRIDGE_SLACK)
+
+    async def install_and_serve() -> tuple[bool, str]:
+        installed = await runtime.ensure_installed(install, timeout)
+        await runtime.locate(timeout)
+        return installed, await runtime.ensure_serving(timeout, num_parallel=ollama_parallelism(cell))
+
+    # Watched like the pull: an instance killed mid-install is named as the cause,
+    # not the broken SSH channel it leaves behind.
+    installed, version = run_async(_watched(gpubench_run, gpu_session, Stage.OLLAMA_INSTALL,
+                                            lambda _: install_and_serve()), 3 * timeout + BRIDGE_SLACK)
     recorder.progress.status("OLLAMA_INSTALLED", version=version, installed_now=installed)
 
     recorder.enter(Stage.MODEL_PULL)
     timeout = settings.stage_timeout(Stage.MODEL_PULL)
-    run_async(_watched(gpubench_run, gpu_session, Stage.MODEL_PULL,
-                       lambda _: runtime.pull(cell.model, timeout, _pull_reporter(recorder))), timeout + BRIDGE_SLACK)
-    recorder.pulled = run_async(runtime.model_info(cell.model), 30 + BRIDGE_SLACK)
-    load = run_async(runtime.warm_up(cell.model, timeout), timeout + BRIDGE_SLACK)
+
+    async def pull_and_warm_up() -> float:
+        await runtime.pull(cell.model, timeout, _pull_reporter(recorder))
+        recorder.pulled = await asyncio.wait_for(runtime.model_info(cell.model), 30)
+        return await runtime.warm_up(cell.model, timeout)
+
+    load = run_async(_watched(gpubench_run, gpu_session, Stage.MODEL_PULL, lambda _: pull_and_warm_up()),
+                     2 * timeout + 30 + BRIDGE_SLACK)
     recorder.progress.status("MODEL_READY", model=cell.model, load_s=round(load, 2))
     return runtime
 

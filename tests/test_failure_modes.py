@@ -477,3 +477,33 @@ def test_ollama_restarted_once_and_invalid_results_kept_raw(tmp_path, standalone
     assert raw["problems"] == [invalid["error_message"].split("validation: ", 1)[1].split("; kept raw")[0]]
     assert raw["result"]["results"]["total_tokens"] == 0 and raw["records"]
     assert 'ERROR: stage=results message="the result failed validation: no output tokens in' in done.stdout
+
+
+@pytest.mark.slow
+def test_instance_killed_during_the_install_is_named_as_the_cause(tmp_path, standalone_sandbox):  # noqa: F811
+    url = standalone_sandbox
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
+    # The cheapest RTX 3090 has no Ollama: the (slow) install command runs, and the
+    # instance dies under it.
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pytest", str(QUICK), "-p", "no:cacheprovider", "-k", "3090",
+         "--gpubench-api", url, "--gpubench-time-scale", "0.02", "--gpubench-ollama-install", "sleep 300",
+         "--gpubench-reports", str(tmp_path / "reports"),
+         "--gpubench-manifest", str(tmp_path / "reports" / "manifest.db")],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: any("SYSTEM_INFO" in p.read_text() for p in (tmp_path / "reports").rglob("*.log")),
+                 120, "the cell to reach the install")
+        (session,) = [s for s in httpx.get(f"{url}/sandbox/state").json()["sessions"] if s["status"] == "running"]
+        httpx.post(f"{url}/sandbox/faults", json={"fault": "kill_instance", "session_id": session["id"]}
+                   ).raise_for_status()
+        output = finish(run, timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 1, output[-3000:]
+    assert f"[ollama_install] the instance is gone: the API reports session {session['id']} stopped" in output, \
+        output[-3000:]
+    (row,) = manifest_rows(tmp_path)
+    assert (row["status"], row["failure_stage"]) == ("failed", "ollama_install")
+    assert GHOST_ERROR in row["error_message"]
