@@ -32,7 +32,7 @@ from pytest_gpubench.matrix import SEED_PROMPTS
 from pytest_gpubench.remote.ssh import Connection
 from pytest_gpubench.result_checks import result_problems
 from pytest_gpubench.results import BenchmarkResult, GPUStats, HardwareInfo, RequestRecord, summarize
-from pytest_gpubench.runtimes.ollama import OllamaRuntime
+from pytest_gpubench.runtimes.ollama import SERVE_PID, OllamaRuntime
 from pytest_gpubench.sandbox.standin_state import StateStore, StreamFault
 from pytest_gpubench.settings import DEFAULT_OLLAMA_INSTALL, Settings
 from pytest_gpubench.shopper import ShopperClient
@@ -251,6 +251,29 @@ def test_ollama_that_crashed_is_restarted_once_then_the_cell_fails(sandbox, api)
     assert len(reasons) == 1 and reasons[0].endswith("did not answer /api/version")
     assert second.stage is Stage.BENCHMARK
     assert "stopped answering again after its one restart" in str(second)
+
+
+def test_a_hung_ollama_is_ended_and_restarted(sandbox, api):
+    session, key = new_session(api)
+    reasons: list[str] = []
+
+    async def scenario() -> tuple[bool, int, int]:
+        conn = await connect(session, key)
+        try:
+            runtime = await ready_runtime(conn)
+            hung = (await asyncio.to_thread(fault, api, fault="stop_ollama", session_id=session["id"], hang=True))
+            restarted = await runtime.ensure_healthy(30, on_restart=reasons.append)
+            await runtime.warm_up(MODEL, 60, cold_start=False)  # the new server serves the model
+            serving = int((await conn.run(f"cat {SERVE_PID}", stage=Stage.BENCHMARK, what="pid", timeout=30)).stdout)
+            return restarted, hung["stopped_pid"], serving
+        finally:
+            await conn.close()
+
+    restarted, hung_pid, serving_pid = asyncio.run(scenario())
+    assert restarted and len(reasons) == 1
+    assert serving_pid != hung_pid
+    # The hung server was ended, not left holding the port.
+    assert not Path(f"/proc/{hung_pid}").exists() or "Z" in Path(f"/proc/{hung_pid}/stat").read_text().split()[2]
 
 
 def test_a_lost_connection_keeps_every_record_through_the_checkpoint(sandbox, api):

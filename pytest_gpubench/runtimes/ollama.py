@@ -29,6 +29,8 @@ DOWNLOADERS = ("curl", "wget")
 #: Ollama's documented Linux install (settings.DEFAULT_OLLAMA_INSTALL is the same command).
 DEFAULT_INSTALL = "curl -fsSL https://ollama.com/install.sh | sh"
 SERVE_LOG = "$HOME/.gpubench/ollama-serve.log"
+#: The pid of the ``ollama serve`` this runtime started, so that a hung one can be ended.
+SERVE_PID = "$HOME/.gpubench/ollama-serve.pid"
 
 
 def check_model_name(model: str) -> str:
@@ -169,7 +171,7 @@ class OllamaRuntime:
         # the SSH channel's stdout open for as long as the server runs.
         command = (
             f'mkdir -p "$HOME/.gpubench"; OLLAMA_NUM_PARALLEL={int(parallel)} '
-            f'nohup ollama serve > "{SERVE_LOG}" 2>&1 < /dev/null &'
+            f'nohup ollama serve > "{SERVE_LOG}" 2>&1 < /dev/null & echo $! > "{SERVE_PID}"'
         )
         await self.conn.run(command, stage=stage, what="starting ollama serve", timeout=timeout)
         version = await self._wait_version(timeout, stage)
@@ -181,8 +183,10 @@ class OllamaRuntime:
     ) -> bool:
         """Health check: ``/api/version`` must answer. Returns True if Ollama had to be restarted.
 
-        An Ollama that does not answer (crashed, killed) is started again, once per
-        runtime, and ``on_restart`` is told why first. Raises ``StageError`` at
+        An Ollama that does not answer (crashed, killed, hung) is started again, once
+        per runtime, and ``on_restart`` is told why first; a hung server this runtime
+        started is killed first so that it frees the port (one it found running, it
+        cannot tell from another process, and leaves alone). Raises ``StageError`` at
         ``stage`` when it does not come back, or stops answering a second time.
         """
         if await self._version() is not None:
@@ -195,6 +199,10 @@ class OllamaRuntime:
         reason = f"{where} did not answer /api/version"
         if on_restart is not None:
             on_restart(reason)
+        if self.started_here:
+            # A hung server (alive, not answering) would keep the port: end the one we started.
+            await self.conn.run(f'pid=$(cat "{SERVE_PID}" 2>/dev/null) && [ -n "$pid" ] && kill -9 "$pid"; true',
+                                stage=stage, what="ending the unresponsive ollama serve", timeout=timeout)
         try:
             self.version = await self._serve(self.num_parallel or self.wanted_parallel, timeout, stage)
         except StageError as exc:

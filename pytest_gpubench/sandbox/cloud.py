@@ -380,7 +380,7 @@ class EmulatedCloud:
             except UnsupportedFault as exc:
                 raise ApiFailure(400, str(exc)) from None
         if request.fault == "stop_ollama":
-            pid = await instance.stop_ollama()
+            pid = await instance.stop_ollama(hang=request.hang)
             if pid is None:
                 raise ApiFailure(409, f"session {request.session_id}: ollama serve is not running")
             return {"stopped_pid": pid}

@@ -39,8 +39,9 @@ Faults that act at once:
     the network cuts the instance's open SSH connections; the instance and every
     command on it keep running, and new connections are accepted (asyncssh SSH
     server only).
-``stop_ollama`` (``session_id``)
-    the instance's ``ollama serve`` crashes (SIGKILL); nothing restarts it.
+``stop_ollama`` (``session_id``, ``hang``)
+    the instance's ``ollama serve`` crashes (SIGKILL); nothing restarts it. With
+    ``hang: true`` it hangs instead (SIGSTOP): alive, holding its port, silent.
 ``stall_stream`` (``session_id``, ``after_tokens``, ``times``)
     the next ``times`` generations (default: every one, until cleared) stop after
     ``after_tokens`` tokens and stay silent until the client gives up.
@@ -84,6 +85,7 @@ class FaultRequest(BaseModel):
     memory_mib: int | None = Field(default=None, ge=1)
     after_tokens: int = Field(default=3, ge=0)
     silent: bool = False
+    hang: bool = False
 
     @model_validator(mode="after")
     def _check_target(self) -> FaultRequest:

@@ -317,12 +317,16 @@ class Instance:
         """Cut the open SSH connections (commands keep running); returns how many."""
         return self._asyncssh("drop_ssh").drop_connections()
 
-    async def stop_ollama(self) -> int | None:
-        """Crash the instance's ``ollama serve`` (SIGKILL); returns its pid, or None if none ran."""
+    async def stop_ollama(self, hang: bool = False) -> int | None:
+        """Crash the instance's ``ollama serve`` (SIGKILL), or with ``hang`` freeze it
+        (SIGSTOP: it keeps its port and answers nothing); returns its pid, or None if none ran."""
         pid = StateStore(self.state_dir).read_pid()
         marker = f"{INSTANCE_ENV}={self.spec_path}".encode()
         if pid is None or pid not in _marked_processes(marker):
             return None  # only a process of this instance, never a recycled pid
+        if hang:
+            _signal(os.kill, pid, signal.SIGSTOP)
+            return pid
         _signal(os.kill, pid, signal.SIGKILL)
         deadline = asyncio.get_running_loop().time() + 5.0
         while pid in _marked_processes(marker) and asyncio.get_running_loop().time() < deadline:
