@@ -66,20 +66,27 @@ class SessionWatch:
         self.polls = 0
         self.failed_polls = 0
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
 
     async def __aenter__(self) -> SessionWatch:
         self._task = asyncio.ensure_future(self._poll())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self._closing = True
         if self._task is not None:
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            # Never wait on the cancellation alone: before Python 3.12, asyncio.wait_for
+            # can swallow a cancel that meets its inner result (cpython gh-86296), and the
+            # poll would then go on, and this exit wait for it, forever (seen in the soak
+            # run). The flag ends the loop at its next turn; the wait is bounded.
+            await asyncio.wait({self._task}, timeout=self.interval + 1)
 
     async def _poll(self) -> None:
-        while not self.lost.is_set():
+        while not self.lost.is_set() and not self._closing:
             await asyncio.sleep(self.interval)
-            await self.check()
+            if not self._closing:
+                await self.check()
 
     async def check(self) -> bool:
         """Ask the API once; True (and ``lost`` set) if the instance is gone."""

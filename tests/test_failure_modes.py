@@ -215,6 +215,30 @@ def test_session_watch_names_the_reason_of_an_instance_that_vanished_silently(sa
     assert noticed < 10  # polled every 0.2 s; generous for a busy machine
 
 
+def test_session_watch_ends_even_when_a_poll_swallows_its_cancellation():
+    class Swallowing(SessionWatch):
+        """A poll that loses the cancel, as asyncio.wait_for can before Python 3.12."""
+
+        async def check(self) -> bool:
+            try:
+                await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                pass
+            return False
+
+    async def scenario() -> bool:
+        async def watched() -> None:
+            async with Swallowing(None, "some-session", interval=0.005):
+                await asyncio.sleep(0.1)  # several polls, then the exit cancels one mid-call
+
+        task = asyncio.ensure_future(watched())
+        done, _ = await asyncio.wait({task}, timeout=10)
+        task.cancel()
+        return bool(done)
+
+    assert asyncio.run(scenario()), "the watch never ended"
+
+
 def test_session_watch_rides_out_an_api_that_does_not_answer():
     async def scenario() -> tuple[bool, int, bool]:
         client = ShopperClient("http://127.0.0.1:9")  # nothing listens on the discard port
