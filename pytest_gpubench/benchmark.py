@@ -145,7 +145,7 @@ async def run_benchmark(
         outcome.status, outcome.message = "interrupted", f"benchmark exceeded its {timeout:.0f} s budget"
     except (OSError, StageError, Exception) as exc:  # noqa: BLE001 - any break keeps what was measured
         outcome.status, outcome.message = "interrupted", f"stream broke off: {exc or type(exc).__name__}"
-    if outcome.status != "completed" and watch is not None and not gone and await watch.check():
+    if outcome.status != "completed" and watch is not None and not gone and await watch.confirm():
         gone = True  # the stream ended quietly, and the API says why
         outcome.message = watch.reason
     if outcome.status != "completed" and not outcome.message:

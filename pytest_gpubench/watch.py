@@ -32,6 +32,8 @@ T = TypeVar("T")
 WATCH_INTERVAL = 5.0
 #: However small the time scale, polls are at least this far apart.
 MIN_WATCH_INTERVAL = 0.5
+#: Polls after a failure before it is blamed on something other than a lost instance.
+CONFIRM_CHECKS = 3
 #: What a lost instance tells the user to do.
 LOST_HINT = "the provider stopped the instance; rerun the cell to rent another one"
 
@@ -112,6 +114,17 @@ class SessionWatch:
         return self._gone(f"the instance is gone: the API reports session {self.session_id} "
                           f"{session.status}{detail}")
 
+    async def confirm(self, checks: int = CONFIRM_CHECKS) -> bool:
+        """After the work failed: whether the instance is gone, asking up to ``checks``
+        times one poll interval apart, since a provider may report a death a moment
+        after the connection felt it."""
+        for attempt in range(checks):
+            if await self.check():
+                return True
+            if attempt < checks - 1:
+                await asyncio.sleep(self.interval)
+        return False
+
     def _gone(self, reason: str) -> bool:
         self.reason = reason
         self.lost.set()
@@ -138,7 +151,7 @@ class SessionWatch:
                 await asyncio.gather(task, return_exceptions=True)
         if task.cancelled():
             raise self.error(stage)
-        if task.exception() is not None and await self.check():
+        if task.exception() is not None and await self.confirm():
             raise self.error(stage) from None
         return task.result()
 

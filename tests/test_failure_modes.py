@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -237,6 +238,31 @@ def test_session_watch_ends_even_when_a_poll_swallows_its_cancellation():
         return bool(done)
 
     assert asyncio.run(scenario()), "the watch never ended"
+
+
+def test_a_failure_is_blamed_on_a_lost_instance_the_api_reports_a_moment_later():
+    class LateApi:
+        """Reports the instance stopped from the third status poll on."""
+
+        def __init__(self) -> None:
+            self.polls = 0
+
+        async def get_session(self, session_id, stage):
+            self.polls += 1
+            status = "stopped" if self.polls >= 3 else "running"
+            return SimpleNamespace(status=status, error="Instance not found on provider during reconciliation")
+
+    async def broken_link() -> None:
+        raise OSError("SSH connection lost")
+
+    async def scenario() -> StageError:
+        watch = SessionWatch(LateApi(), "some-session", interval=0.01)
+        with pytest.raises(StageError) as lost:
+            await watch.guard(broken_link(), Stage.OLLAMA_INSTALL)
+        return lost.value
+
+    error = asyncio.run(scenario())
+    assert error.stage is Stage.OLLAMA_INSTALL and "reports session some-session stopped" in str(error)
 
 
 def test_session_watch_rides_out_an_api_that_does_not_answer():
