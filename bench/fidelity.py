@@ -74,6 +74,7 @@ class StandIn(Server):
 
     def __init__(self, instance: Path, parallel: int) -> None:
         super().__init__(instance, OLLAMA_NUM_PARALLEL=str(parallel), GPUBENCH_SANDBOX_TTFT_MS=str(TTFT_MS),
+                         GPUBENCH_SANDBOX_FINE_TIMERS="1",
                          GPUBENCH_SANDBOX_TOKENS_PER_SECOND=str(TOKENS_PER_SECOND), GPUBENCH_SANDBOX_JITTER="0")
         self.pull(MODEL)
         self.cpu_before = self.cpu_seconds()

@@ -350,6 +350,12 @@ def run_with_fine_timers(main: Coroutine[Any, Any, int]) -> int:
     read ~0.5 ms long; ``select()`` takes microseconds. Its limit of 1,024 file
     descriptors is far beyond what one stand-in serves. Python 3.10 has no loop
     factory for ``asyncio.run`` and keeps the default loop.
+
+    Only with ``GPUBENCH_SANDBOX_FINE_TIMERS=1`` (``bench/fidelity.py`` sets it): a
+    stand-in died mid-stream once in CI while running on this loop, cause unknown
+    (``select()``, unlike epoll, fails the whole loop on a descriptor closed while
+    registered), so the sandbox keeps the default loop, whose lateness the
+    generation's learned wake-up latency compensates anyway.
     """
     if sys.version_info < (3, 11):
         return asyncio.run(main)
