@@ -10,7 +10,11 @@ Metrics (``METRICS``):
 ========== ============================ ==========================================
 rule name  figure                       a regression is
 ========== ============================ ==========================================
-tps        tokens_per_second            a drop, in percent of the baseline
+tps        p50_tokens_per_second        a drop, in percent of the baseline (the
+                                        median per-request rate: one stream that
+                                        stalled and then burst cannot move it as
+                                        it moves the mean; rows without it fall
+                                        back to tokens_per_second)
 ttft       ttft_p50_ms                  a rise, in percent of the baseline
 cost       cost_per_million_tokens      a rise, in percent of the baseline
 error_rate error_rate (0-1)             a rise, in percentage points: relative
@@ -56,6 +60,7 @@ class Metric(_Value):
 
     name: str  # the rule name: tps, ttft, cost, error_rate
     column: str  # the manifest / benchmarks column
+    fallback: str = ""  # the column read where ``column`` is missing (older rows)
     label: str  # how a line names it
     higher_is_better: bool
     in_points: bool = False  # regressions in percentage points rather than percent
@@ -64,7 +69,8 @@ class Metric(_Value):
 METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
-        Metric(name="tps", column="tokens_per_second", label="tps", higher_is_better=True),
+        Metric(name="tps", column="p50_tokens_per_second", fallback="tokens_per_second", label="tps",
+               higher_is_better=True),
         Metric(name="ttft", column="ttft_p50_ms", label="ttft p50", higher_is_better=False),
         Metric(name="cost", column="cost_per_million_tokens", label="cost/Mtok", higher_is_better=False),
         Metric(name="error_rate", column="error_rate", label="errors", higher_is_better=False,
@@ -197,6 +203,7 @@ def figures_of(result: BenchmarkResult, run_id: str = "") -> dict[str, Any]:
     """The comparable figures of a result, as :func:`compare` reads them."""
     return {
         "run_id": run_id,
+        "p50_tokens_per_second": result.results.p50_tokens_per_second,
         "tokens_per_second": result.results.avg_tokens_per_second,
         "ttft_p50_ms": result.results.p50_ttft_ms or None,  # 0 means "not measured"
         "cost_per_million_tokens": result.cost_analysis().cost_per_million_tokens,
@@ -221,6 +228,8 @@ def _lookup(figures: Mapping[str, Any], metric: Metric) -> float | None:
             return _number(figures_of(BenchmarkResult.model_validate(figures))[metric.column])
         except ValueError:
             return None
+    if metric.fallback:
+        return _lookup(figures, metric.model_copy(update={"column": metric.fallback, "fallback": ""}))
     if metric.name == "error_rate":  # a manifest row alone: errors / requests
         requests, errors = _number(figures.get("total_requests")), _number(figures.get("error_count"))
         if requests and errors is not None:

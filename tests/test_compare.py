@@ -132,6 +132,10 @@ def test_baseline_answers_and_results_are_read_alike():
     assert from_figures.changes == from_dump.changes
     assert from_figures.change("error_rate").baseline == 0.1
     assert from_figures.change("cost").current == pytest.approx(0.36 / (190 * 3600) * 1e6)
+    # tps compares the median per-request rate where both sides have it.
+    with_median = compare({**figures_of(result, "r2"), "p50_tokens_per_second": 150.0},
+                          {**baseline, "benchmark": {"p50_tokens_per_second": 300.0}}, [])
+    assert (with_median.change("tps").baseline, with_median.change("tps").current) == (300.0, 150.0)
     legacy = {"run_id": "r0", "tokens_per_second": 200.0, "total_requests": 20, "error_count": 2}
     assert compare(figures_of(result), legacy, []).change("error_rate").baseline == pytest.approx(0.1)
 
