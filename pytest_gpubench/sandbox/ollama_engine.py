@@ -101,9 +101,9 @@ class Runner:
     name: str
     spec: ModelSpec
     vram: int  # the part on the GPU
+    size: int  # the whole model, weights, KV cache and graph; more than vram when offloaded
     slots: FifoSlots
     keep_alive: float
-    size: int = 0  # the whole model, weights, KV cache and graph; more than vram when offloaded
     loaded_at: float = 0.0  # loop time the load finished
     refs: int = 0
     evicting: bool = False
@@ -288,7 +288,7 @@ class Engine:
     def _slowdown(self, runner: Runner) -> float:
         """How much longer each step takes with part of the model in system memory:
         the GPU's share at full speed plus the rest at ``offload_penalty`` of it."""
-        if not runner.size or runner.vram >= runner.size:
+        if runner.vram >= runner.size:
             return 1.0
         offloaded = (runner.size - runner.vram) / runner.size
         return (1 - offloaded) + offloaded / self.spec.offload_penalty
@@ -376,7 +376,7 @@ class Engine:
             models.append(
                 LoadedModel(
                     name=runner.name,
-                    size=runner.size or runner.vram,
+                    size=runner.size,
                     size_vram=runner.vram,
                     digest=runner.spec.digest_hex,
                     expires_at=expires,
