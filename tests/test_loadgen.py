@@ -117,8 +117,9 @@ def test_fixed_concurrency_keeps_n_in_flight_at_the_true_rate(ollama, tmp_path):
     assert itl["mean"] == pytest.approx(1000 / RATE, rel=0.1)
     assert 0 < itl["p50"] <= itl["p90"] <= itl["p95"] <= itl["p99"] <= itl["max"]
     assert 0 < finish["cpu_seconds"] < finish["duration_seconds"]
+    # Both figures are rounded to 4 decimals: 1% still catches a wrong formula.
     assert finish["cpu_seconds_per_1k_tokens"] == pytest.approx(
-        finish["cpu_seconds"] / (sum(r.output_tokens for r in records) / 1000), rel=1e-3)
+        finish["cpu_seconds"] / (sum(r.output_tokens for r in records) / 1000), rel=1e-2)
     lag = finish["send_lag_ms"]
     assert 0 <= lag["p50"] <= lag["p99"] <= lag["max"] < 1000
     assert finish["unsent"] == 0 and finish["abandoned"] == 0
