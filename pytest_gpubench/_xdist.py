@@ -20,6 +20,9 @@ class XdistHooks:
         node.workerinput["gpubench_api"] = settings.api
         # The controller owns the run: cleanup elsewhere checks that it is alive.
         node.workerinput["gpubench_owner"] = ProcessIdentity.current().model_dump()
+        # Workers parse the command line again, so a --dist loadgroup chosen for them
+        # (reuse_order.prefer_loadgroup) must be passed on.
+        node.workerinput["gpubench_loadgroup"] = node.config.getoption("dist", None) == "loadgroup"
         plan = node.config.stash.get(RESUME_KEY, None)
         if plan is not None:
             node.workerinput["gpubench_resume"] = plan.model_dump(mode="json")

@@ -38,9 +38,18 @@ from .result_checks import keep_raw, result_problems
 from .results import BenchmarkResult, HardwareInfo, ModelInfo, TestConfig, summarize
 from .run import RunContext
 from .runtimes.ollama import OllamaRuntime
+from .session_pool import Lease, SessionPool, make_room, note_model
 from .settings import DEFAULT_OLLAMA_INSTALL
 from .shopper import Session
-from .stash import CELL_KEY, RECORD_KEY, RECORDER_KEY, run_context
+from .stash import (
+    CELL_KEY,
+    LEASE_KEY,
+    NEXT_GROUP_KEY,
+    RECORD_KEY,
+    RECORDER_KEY,
+    REUSE_GROUPS_KEY,
+    run_context,
+)
 from .telemetry import summarize_gpu
 from .thresholds import check_thresholds, describe_violations
 from .vram import vram_shortfall
@@ -57,6 +66,19 @@ T = TypeVar("T")
 def gpubench_run(pytestconfig: pytest.Config) -> RunContext:
     """This process's run: settings, run id, manifest and GPU Shopper API."""
     return run_context(pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def gpubench_pool(pytestconfig: pytest.Config, gpubench_run: RunContext) -> Iterator[SessionPool]:
+    """Sessions kept for the next cell of their reuse group (pay once per GPU).
+
+    Cells of one GPU and provider run one after another on one session unless the
+    matrix says ``reuse: cell``; whatever is still held at the end of the run is
+    released then.
+    """
+    pool = SessionPool(gpubench_run, pytestconfig.stash.get(REUSE_GROUPS_KEY, {}))
+    yield pool
+    pool.close()
 
 
 @pytest.fixture
@@ -94,14 +116,24 @@ def gpubench_recorder(
 
 
 @pytest.fixture
-def gpu_offer(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: CellRecorder) -> OfferChoice:
+def gpu_offer(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_cell: Cell,
+              gpubench_recorder: CellRecorder, gpubench_pool: SessionPool) -> OfferChoice:
     """Stage ``inventory``: the cheapest eligible offer (seed 000's rule).
 
-    No eligible offer skips the cell with the reason (``--gpubench-fail-on-skip``
-    fails it instead); so does a ``--gpubench-budget`` already used up.
+    A session an earlier cell of the reuse group rented, still running and
+    eligible for this cell, is taken instead of a new offer. No eligible offer
+    skips the cell with the reason (``--gpubench-fail-on-skip`` fails it instead);
+    so does a ``--gpubench-budget`` already used up.
     """
     recorder, cell = gpubench_recorder, gpubench_cell
     recorder.enter(Stage.INVENTORY)
+    lease = gpubench_pool.lease_for(cell, _constraints(cell), recorder)
+    if lease is not None:
+        request.node.stash[LEASE_KEY] = lease
+        choice = lease.gpu_session.offer
+        recorder.progress.status("INVENTORY_QUERY", selected_offer_id=choice.offer.id,
+                                 price=choice.offer.price_per_hour, reused_session=lease.session_id)
+        return choice
     budget = gpubench_run.settings.budget
     if budget is not None:  # nothing left: no need to ask the inventory (the decisive check is at provision)
         used_up = exhausted(budget, spend_of(gpubench_run.manifest.attempts(gpubench_run.run_id),
@@ -136,7 +168,8 @@ class GpuSession:
 
 @pytest.fixture
 def gpu_session(
-    gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: CellRecorder, gpu_offer: OfferChoice
+    request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_cell: Cell,
+    gpubench_recorder: CellRecorder, gpu_offer: OfferChoice, gpubench_pool: SessionPool,
 ) -> Iterator[GpuSession]:
     """Stages ``provision`` and ``ssh_wait``: a session that is ``running``.
 
@@ -145,25 +178,53 @@ def gpu_session(
     offers (:mod:`pytest_gpubench.provisioning`). A ``--gpubench-budget`` that has
     no room for the session skips the cell. Every attempt's session is released
     in teardown whatever happened, also when creation itself broke off after the
-    server made the session (found by consumer_id).
+    server made the session (found by consumer_id); a session rented for the
+    cell's reuse group is kept instead when the next cell here belongs to the
+    group and the session is still well (:mod:`pytest_gpubench.session_pool`).
     """
-    wanted = gpu_offer.wanted or _constraints(gpubench_cell)
-    provisioning = Provisioning(gpubench_run, gpubench_recorder, gpubench_cell, gpu_offer, wanted)
+    recorder, cell, node = gpubench_recorder, gpubench_cell, request.node
+    lease: Lease | None = node.stash.get(LEASE_KEY, None)
+    if lease is not None:  # an earlier cell of the group rented it
+        gpubench_pool.adopt(lease, recorder)
+        try:
+            yield lease.gpu_session
+        finally:
+            _hand_back(gpubench_pool, lease, node, recorder)
+        return
+    wanted = gpu_offer.wanted or _constraints(cell)
+    planned = gpubench_pool.remaining(recorder.record_key, cell) if cell.session_group else [cell]
+    provisioning = Provisioning(gpubench_run, recorder, cell, gpu_offer, wanted, planned=planned)
     key_file: KeyFile | None = None
     try:
         try:
             ready = provisioning.run_until_ready()
         except BudgetRefused as exc:
-            gpubench_recorder.skip_reason = exc.message
+            recorder.skip_reason = exc.message
             pytest.skip(f"[provision] {exc.message}")
         key_file = KeyFile(ready.created.ssh_private_key, name=ready.session.id)
         # The offer that came up, which after a failover is not the one first chosen.
-        yield GpuSession(ready.session, ready.created.ssh_private_key, key_file,
-                         replace(gpu_offer, offer=ready.attempt.offer))
+        session = GpuSession(ready.session, ready.created.ssh_private_key, key_file,
+                             replace(gpu_offer, offer=ready.attempt.offer))
+        if provisioning.shared:
+            lease = node.stash[LEASE_KEY] = gpubench_pool.open(cell, provisioning, session)
+            recorder.manifest.update_cell(recorder.row_id, reuse_group=cell.session_group, session_turn=1,
+                                          session_owner=recorder.record_key)
+        yield session
     finally:
-        _release(provisioning)
-        if key_file is not None:
-            key_file.remove()
+        if lease is not None:
+            _hand_back(gpubench_pool, lease, node, recorder)
+        else:
+            _release(provisioning)
+            if key_file is not None:
+                key_file.remove()
+
+
+def _hand_back(pool: SessionPool, lease: Lease, node: pytest.Item, recorder: CellRecorder) -> None:
+    """Keep the group's session for the next cell, or release it (never raises)."""
+    try:
+        pool.hand_back(lease, recorder, outcome_of(node, recorder.stage), node.stash.get(NEXT_GROUP_KEY, None))
+    except Exception as exc:  # noqa: BLE001 - whatever broke, the session must not be left behind
+        pool.release(lease, recorder, f"handing it back failed: {exc}")
 
 
 def _constraints(cell: Cell) -> Constraints:
@@ -208,8 +269,8 @@ def gpu_ssh(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: Ce
 
 
 @pytest.fixture
-def ollama_runtime(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: CellRecorder,
-                   gpu_session: GpuSession, gpu_ssh: Connection) -> OllamaRuntime:
+def ollama_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_cell: Cell,
+                   gpubench_recorder: CellRecorder, gpu_session: GpuSession, gpu_ssh: Connection) -> OllamaRuntime:
     """Stages ``ollama_install`` and ``model_pull``: Ollama serving the cell's model, warm.
 
     A model larger than the GPU memory ``nvidia-smi`` reports on the instance skips
@@ -229,6 +290,9 @@ def ollama_runtime(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recor
         pytest.skip(f"[model_pull] {shortfall}")
     recorder.enter(Stage.OLLAMA_INSTALL)
     runtime = OllamaRuntime(gpu_ssh)
+    lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
+    if lease is not None and lease.ollama_started_here:  # an earlier cell of the group started it
+        runtime.started_here, runtime.num_parallel = True, lease.ollama_parallel
     timeout = settings.stage_timeout(Stage.OLLAMA_INSTALL)
     install = cell.ollama_install or DEFAULT_OLLAMA_INSTALL
 
@@ -247,12 +311,17 @@ def ollama_runtime(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recor
     timeout = settings.stage_timeout(Stage.MODEL_PULL)
 
     async def pull_and_warm_up() -> float:
+        if lease is not None and lease.models:  # a reused session: earlier cells' models are there
+            await make_room(runtime, lease, cell, recorder.progress, min(timeout, 60.0))
         await runtime.pull(cell.model, timeout, _pull_reporter(recorder))
         recorder.pulled = await asyncio.wait_for(runtime.model_info(cell.model), 30)
-        return await runtime.warm_up(cell.model, timeout)
+        # The model the previous cell ran is still loaded: its load is no cold start.
+        return await runtime.warm_up(cell.model, timeout, cold_start=lease is None or lease.last_model != cell.model)
 
     load = run_async(_watched(gpubench_run, gpu_session, Stage.MODEL_PULL, lambda _: pull_and_warm_up()),
-                     2 * timeout + 30 + BRIDGE_SLACK)
+                     3 * timeout + 30 + BRIDGE_SLACK)
+    if lease is not None:
+        note_model(lease, runtime, cell.model)
     recorder.progress.status("MODEL_READY", model=cell.model, load_s=round(load, 2))
     return runtime
 

@@ -358,6 +358,23 @@ class Manifest(ResultsMixin, AttemptsMixin, ManifestStore):
             except KeyError:
                 pass  # the attempt was never recorded: the cell row says it all
 
+    def end_shared_session(self, session_id: str, *, session_status: str, released_by: str) -> int:
+        """A session several cells ran on (session reuse) is released: every row that used
+        it and does not know yet says so. Returns how many rows changed."""
+        fields = self._check_cell_fields({"session_status": session_status, "released_by": released_by,
+                                          "session_released_at": utc_now()})
+        gone = ", ".join("?" * len(_GONE_SESSION_STATUSES))
+
+        def record() -> int:
+            cursor = self.db.execute(
+                f"UPDATE benchmark_manifest SET session_status = ?, released_by = ?, session_released_at = ? "
+                f"WHERE session_id = ? AND (session_status IS NULL OR session_status NOT IN ({gone}))",
+                [fields["session_status"], fields["released_by"], fields["session_released_at"], session_id,
+                 *_GONE_SESSION_STATUSES])
+            return cursor.rowcount
+
+        return self._write(record)
+
     def successful_cells(self, run_id: str) -> list[str]:
         """The cell ids of ``run_id`` that ended ``success``, in the order they were added."""
         return [row["cell_id"] for row in self.cells(run_id) if row["status"] == "success"]

@@ -79,6 +79,11 @@ MANIFEST_COLUMNS: dict[str, type] = {
     # Who released the session when the cell itself could not (cleanup.py), and when
     "released_by": str,
     "session_released_at": str,
+    # Session reuse: the group whose session the cell ran on, its turn on it (1: it
+    # rented the session) and the cell that rented it (whose attempts carry the bill).
+    "reuse_group": str,
+    "session_turn": int,
+    "session_owner": str,
 }
 _MANIFEST_NOT_NULL = {"id", "run_id", "created_at", "gpu_type", "provider", "model", "status"}
 # Set once by add_cell; everything else may change.

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
@@ -84,6 +84,8 @@ DEFAULT_MIN_AVAILABILITY_CONFIDENCE = 0.5
 DEFAULT_MAX_ATTEMPTS = 3
 """Offers a cell tries when provisioning fails (seed 001: "retry with different location")."""
 _TEMPLATE_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")
+Reuse = Literal["group", "cell"]
+"""``group``: cells of one GPU and provider share a rented session; ``cell``: one session each."""
 
 
 # ---------------------------------------------------------------------------- schema
@@ -160,6 +162,7 @@ class RowSpec(_Strict):
     offer: OfferSpec | None = None
     slo: Slo | None = None
     thresholds: Thresholds | None = None
+    reuse: Reuse | None = None
 
     @model_validator(mode="after")
     def _one_of_each(self) -> RowSpec:
@@ -198,6 +201,7 @@ class MatrixSpec(_Strict):
     matrix: list[RowSpec]
     slo: Slo = Slo()
     thresholds: Thresholds = Thresholds()
+    reuse: Reuse = "group"
 
     @field_validator("name", mode="before")
     @classmethod
@@ -248,6 +252,7 @@ class Matrix(BaseModel):
     vram_overrides: dict[str, int] = {}
     slo: Slo = Slo()
     thresholds: Thresholds = Thresholds()
+    reuse: Reuse = "group"
     rows: tuple[RowSpec, ...]
     row_lines: tuple[int | None, ...] = ()
 
@@ -272,6 +277,7 @@ class Cell(BaseModel):
     rate: float | None = None
     slo: Slo = Slo()
     thresholds: Thresholds = Thresholds()
+    reuse: Reuse = "group"
 
     @property
     def cell_id(self) -> str:
@@ -291,8 +297,18 @@ class Cell(BaseModel):
 
     @property
     def reuse_group(self) -> str:
-        """Cells in one group can share a rented session: ``RTX_4090-vastai``."""
-        return f"{id_part(self.gpu)}-{self.provider}"
+        """Cells in one group can share a rented session: ``RTX_4090-vastai``.
+
+        A provider template names the instance's image, so cells asking for different
+        ones cannot share: the template's first characters join the name then.
+        """
+        group = f"{id_part(self.gpu)}-{self.provider}"
+        return f"{group}-t{self.offer.template[:12]}" if self.offer.template else group
+
+    @property
+    def session_group(self) -> str | None:
+        """The reuse group whose session this cell runs on; None with ``reuse: cell``."""
+        return self.reuse_group if self.reuse == "group" else None
 
     @property
     def keywords(self) -> frozenset[str]:
@@ -354,6 +370,7 @@ def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -
         vram_overrides={model_ref(k).lower(): v.vram_gb for k, v in spec.models.items()},
         slo=spec.slo,
         thresholds=spec.thresholds,
+        reuse=spec.reuse,
         rows=tuple(spec.matrix),
         row_lines=tuple(node_line(root, ("matrix", i)) for i in range(len(spec.matrix))),
     )
@@ -407,7 +424,7 @@ def expand(matrix: Matrix) -> list[Cell]:
                                     "rate": None if rate is None else (rate,)}),
                                 ollama_install=matrix.ollama_install, matrix_name=matrix.name,
                                 source=matrix.source, row=r, concurrency=concurrency, rate=rate,
-                                slo=slo, thresholds=thresholds)
+                                slo=slo, thresholds=thresholds, reuse=row.reuse or matrix.reuse)
                     key = (normalize_gpu(row.gpu), provider, cell.model_ref.lower(), concurrency, rate)
                     first = seen.get(key, ids.get(cell.cell_id.lower()))
                     if first is not None:

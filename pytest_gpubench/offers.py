@@ -42,7 +42,7 @@ def select_offer(offers: Iterable[Offer], wanted: Constraints) -> tuple[Offer, l
     eligible: list[Offer] = []
     rejected: dict[str, list[Offer]] = {}
     for offer in candidates:
-        reason = _rejection(offer, wanted)
+        reason = rejection(offer, wanted)
         if reason:
             rejected.setdefault(reason, []).append(offer)
         else:
@@ -78,7 +78,8 @@ def next_offer(eligible: Iterable[Offer], failed: Iterable[Offer]) -> Offer | No
     return min(left, key=distance)  # min() keeps the first of equals: the seed's order
 
 
-def _rejection(offer: Offer, wanted: Constraints) -> str:
+def rejection(offer: Offer, wanted: Constraints) -> str:
+    """Why ``offer`` is not eligible for ``wanted``; empty when it is."""
     if not offer.available:
         return "not available"
     if offer.availability_confidence <= wanted.min_confidence:

@@ -18,10 +18,13 @@ from .errors import MatrixError, UsageProblem
 from .lifecycle import RunLifecycle
 from .matrix import Cell, cell_selected
 from .resume import ResumePlan, plan_resume, still_to_run
+from .reuse_order import arrange_reuse_groups, prefer_loadgroup
 from .sandbox_process import SandboxProcess
 from .settings import OPTIONS, Settings, resolve
 from .stash import (
     CELL_KEY,
+    GROUP_KEY,
+    NEXT_GROUP_KEY,
     RECORD_KEY,
     REPORTS_KEY,
     RESUME_KEY,
@@ -64,6 +67,8 @@ def pytest_configure(config: pytest.Config) -> None:
         settings = settings.model_copy(update={
             "run_id": workerinput["gpubench_run_id"], "api": workerinput["gpubench_api"],
         })
+        if workerinput.get("gpubench_loadgroup"):
+            config.option.loadgroup = True  # xdist then names grouped items after their group
         if workerinput.get("gpubench_resume"):
             config.stash[RESUME_KEY] = ResumePlan.model_validate(workerinput["gpubench_resume"])
     else:
@@ -83,6 +88,8 @@ def pytest_configure(config: pytest.Config) -> None:
         from ._xdist import XdistHooks
 
         config.pluginmanager.register(XdistHooks(), "gpubench-xdist")
+        if workerinput is None:
+            prefer_loadgroup(config)
 
 
 def _resumed(config: pytest.Config, settings: Settings) -> Settings:
@@ -128,6 +135,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("gpubench_cell", cells, ids=[c.cell_id for c in cells], indirect=True)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which names loadgroup items after their xdist_group
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     settings = config.stash[SETTINGS_KEY]
     selected, deselected = [], []
@@ -150,6 +158,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         if not all(runs):
             config.hook.pytest_deselected(items=[item for item, run in zip(items, runs, strict=True) if not run])
             items[:] = [item for item, run in zip(items, runs, strict=True) if run]
+    arrange_reuse_groups(config, items)
 
 
 def _disambiguate_record_keys(items: list[pytest.Item]) -> None:
@@ -186,6 +195,12 @@ def _cell_of(item: pytest.Item) -> Cell | None:
             item.stash[CELL_KEY] = cell
             item.stash[RECORD_KEY] = f"{cell.cell_id}@{getattr(item, 'originalname', item.name)}"
     return cell if isinstance(cell, Cell) else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before the fixtures' teardown: a kept session needs to know
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if CELL_KEY in item.stash:
+        item.stash[NEXT_GROUP_KEY] = nextitem.stash.get(GROUP_KEY, None) if nextitem is not None else None
 
 
 @pytest.hookimpl(wrapper=True)

@@ -27,9 +27,11 @@ from .budget import admission, expected_session_seconds
 from .errors import ApiError, NoEligibleOffer, Stage, StageError
 from .matrix import Cell
 from .offers import Constraints, next_offer
+from .progress import ProgressWriter
 from .providers.shopper import OfferChoice, consumer_id, reservation_hours
 from .record import CellRecorder
 from .run import RunContext
+from .session_pool import disk_gb_for, estimated_cell_seconds, reservation_seconds
 from .settings import MIN_SCALED_TIMEOUT
 from .shopper import CreatedSession, Offer, Session
 from .ssh_wait import SshWait, ssh_wait_for
@@ -96,9 +98,20 @@ class Provisioning:
     cell: Cell
     choice: OfferChoice
     wanted: Constraints
+    #: The cells the session is for, this one first: its reuse group's cells still to
+    #: run here (session reuse), or just this one. Sizes its reservation, disk and budget.
+    planned: list[Cell] = field(default_factory=list)
     attempts: list[Attempt] = field(default_factory=list)
     #: For tests: the clock the budget reads.
     clock: Callable[[], datetime] = field(default=lambda: datetime.now(timezone.utc))
+
+    def __post_init__(self) -> None:
+        self.planned = self.planned or [self.cell]
+
+    @property
+    def shared(self) -> bool:
+        """Whether the session is rented for more than this cell."""
+        return len(self.planned) > 1
 
     @property
     def max_attempts(self) -> int:
@@ -106,10 +119,12 @@ class Provisioning:
 
     @property
     def expected_seconds(self) -> float:
-        """The session lifetime the budget reserves for this cell."""
+        """The session lifetime the budget reserves: this cell's, plus the later cells' of its group."""
         settings, runs = self.run.settings, self.cell.runs
         count = settings.runs or runs.count or runs.max
-        return expected_session_seconds(self.cell.workload.duration, count, settings.time_scale)
+        first = expected_session_seconds(self.cell.workload.duration, count, settings.time_scale)
+        return first + sum(estimated_cell_seconds(cell, settings.runs, settings.time_scale)
+                           for cell in self.planned[1:])
 
     def run_until_ready(self) -> Ready:
         """Try offers until a session is ``running``; raise the reason when none is.
@@ -161,28 +176,35 @@ class Provisioning:
 
     def _start(self, attempt: Attempt) -> str | None:
         """Reserve the attempt in the manifest (and the budget); the refusal reason, if any."""
+        refused = self._reserve(attempt)
+        if refused and self.shared and not self.attempts:
+            # No room for the whole group's session: rent one for this cell alone.
+            self.planned = [self.cell]
+            refused = self._reserve(attempt)
+        if not refused:
+            self.recorder.attempts = len(self.attempts) + 1
+        return refused
+
+    def _reserve(self, attempt: Attempt) -> str | None:
         settings, offer = self.run.settings, attempt.offer
         expected = self.expected_seconds
-        tries = len(self.attempts) + 1
-        refused = self.recorder.manifest.start_attempt(
-            self.recorder.row_id, attempt.number, counted_as=tries,
+        return self.recorder.manifest.start_attempt(
+            self.recorder.row_id, attempt.number, counted_as=len(self.attempts) + 1,
             admit=admission(settings.budget, offer.price_per_hour, expected, self.clock),
             offer_id=offer.id, provider=offer.provider, gpu_type=offer.gpu_type, location=offer.location,
             machine_id=offer.machine_id, price_per_hour=offer.price_per_hour, consumer_id=attempt.consumer_id,
             expected_seconds=expected, worker=self.recorder.worker,
         )
-        if not refused:
-            self.recorder.attempts = tries
-        return refused
 
     def _try(self, attempt: Attempt, wait: SshWait) -> Ready:
         recorder, settings, provider = self.recorder, self.run.settings, self.run.provider
         offer = attempt.offer
         recorder.enter(Stage.PROVISION)
         timeout = settings.stage_timeout(Stage.PROVISION)
-        hours = reservation_hours(settings, self.cell.workload.duration)
+        hours = reservation_hours(settings, reservation_seconds(self.planned, settings.runs))
         created = self._bridge(provider.create(offer, attempt.consumer_id, hours, template=self.cell.offer.template,
-                                               ssh_timeout_minutes=wait.server_minutes),
+                                               ssh_timeout_minutes=wait.server_minutes,
+                                               disk_gb=disk_gb_for(self.planned)),
                                timeout, Stage.PROVISION, "creating the session")
         session = created.session
         attempt.session_id = session.id
@@ -245,14 +267,19 @@ class Provisioning:
 
     # ------------------------------------------------------------------ releasing
 
-    def release_all(self) -> None:
-        """Stage ``cleanup``: release every attempt's session not released yet (never raises)."""
+    def release_all(self, progress: ProgressWriter | None = None) -> None:
+        """Stage ``cleanup``: release every attempt's session not released yet (never raises).
+
+        ``progress`` is where to say so, when another cell than the one that rented
+        the session releases it (session reuse).
+        """
         for attempt in self.attempts:
             if not attempt.released:
-                self._release(attempt)
+                self._release(attempt, progress)
 
-    def _release(self, attempt: Attempt) -> None:
+    def _release(self, attempt: Attempt, progress: ProgressWriter | None = None) -> None:
         recorder, provider = self.recorder, None
+        progress = progress or recorder.progress
         timeout = self.run.settings.stage_timeout(Stage.CLEANUP) + BRIDGE_SLACK
         try:
             provider = self.run.provider
@@ -266,13 +293,13 @@ class Provisioning:
                 cost = run_async(provider.client.session_cost(session_id), timeout)
                 status = final.status if final else None
                 api_cost = (api_cost or 0.0) + cost if cost is not None else api_cost
-                recorder.progress.status("CLEANUP", session_id=session_id, attempt=attempt.number,
-                                         status=status or "unknown")
+                progress.status("CLEANUP", session_id=session_id, attempt=attempt.number,
+                                status=status or "unknown")
             if attempt.session_id and attempt.session_id == recorder.session_id:
                 recorder.session_released(status, api_cost)  # the cell's current session
             recorder.manifest.end_attempt(recorder.row_id, attempt.number, session_status=status,
                                           api_cost_usd=api_cost)
             attempt.released = True
         except Exception as exc:  # noqa: BLE001 - cleanup reports, it does not mask the cell's error
-            recorder.progress.error(Stage.CLEANUP, f"releasing attempt {attempt.number}'s session failed: {exc}")
+            progress.error(Stage.CLEANUP, f"releasing attempt {attempt.number}'s session failed: {exc}")
             recorder.cleanup_error = str(exc)

@@ -115,6 +115,24 @@ class CellRecorder:
         self.manifest.record_session(self.row_id, session_id=session_id, consumer_id=consumer_id,
                                      offer_id=offer_id, price_per_hour=price)
 
+    def session_adopted(self, owner: str, session: Any, offer: Any, *, consumer: str, turn: int) -> None:
+        """The cell runs on a session another cell of its reuse group rented.
+
+        Recorded at once, like a session of its own, so that cleanup finds the session
+        through this row too; the cell's cost is its share: from now to the hand-back.
+        """
+        self.session_id, self.offer_id, self.price_per_hour = session.id, offer.id, offer.price_per_hour
+        self.session_started, self.session_ended = time.monotonic(), None
+        self.manifest.record_session(self.row_id, session_id=session.id, consumer_id=consumer, offer_id=offer.id,
+                                     price_per_hour=offer.price_per_hour, instance_ip=session.ssh_host,
+                                     ssh_port=session.ssh_port, reuse_group=self.cell.session_group,
+                                     session_turn=turn, session_owner=owner)
+        self.progress.status("SESSION_REUSED", session_id=session.id, rented_by=owner, turn=turn)
+
+    def session_handed_back(self) -> None:
+        """The cell is done with a session that stays up for the next cell of its group."""
+        self.session_ended = time.monotonic()
+
     def session_released(self, status: str | None, api_cost: float | None) -> None:
         """The cell's session is released; recorded at once, so that a crash before the
         cell's outcome is written does not leave it looking alive to cleanup."""

@@ -177,6 +177,10 @@ OPTIONS: tuple[Option, ...] = (
            env="GPUBENCH_RUN_ID", ini=False, metavar="ID"),
     Option("workload_type", "--gpubench-workload-type", "workload_type sent when creating sessions",
            default="interactive", env="GPUBENCH_WORKLOAD_TYPE", metavar="TYPE"),
+    Option("reuse", "--gpubench-reuse",
+           "group: cells of one GPU and provider share one rented session (default, as the matrix says); "
+           "cell: every cell rents its own (overrides the matrix's `reuse`)",
+           type=_choice("group", "cell"), env="GPUBENCH_REUSE", metavar="group|cell"),
     Option("runs", "--gpubench-runs", "repeat each cell's measurement N times on its session (overrides the matrix)",
            type=_whole_number(1, 100), env="GPUBENCH_RUNS", metavar="N"),
     Option("stall_timeout", "--gpubench-stall-timeout",
@@ -227,6 +231,7 @@ class Settings(BaseModel):
     resume: str | None = None
     run_id: str = ""
     workload_type: str = "interactive"
+    reuse: str | None = None
     live: bool = True
     runs: int | None = None
     stall_timeout: float | None = None

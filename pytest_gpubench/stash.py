@@ -24,6 +24,13 @@ REPORTS_KEY = pytest.StashKey[dict]()
 SANDBOX_KEY = pytest.StashKey[Any]()
 #: ``--gpubench-resume``: the run resumed and its cells already successful (resume.ResumePlan).
 RESUME_KEY = pytest.StashKey[Any]()
+#: Session reuse: an item's reuse group (None: a session of its own), the group of the
+#: item that runs after it on this process, and the session lease it runs on.
+GROUP_KEY = pytest.StashKey[Any]()
+NEXT_GROUP_KEY = pytest.StashKey[Any]()
+LEASE_KEY = pytest.StashKey[Any]()
+#: ``{group: [(record key, cell), ...]}`` in run order, from collection.
+REUSE_GROUPS_KEY = pytest.StashKey[dict]()
 
 
 def run_context(config: pytest.Config) -> RunContext:

@@ -38,12 +38,14 @@ def project(pytester, closed_port, monkeypatch):
 
 def test_one_item_per_cell_with_readable_ids(project):
     result = project.runpytest("--collect-only", "-q")
+    # In run order: each reuse group (GPU + provider) together, the longest first
+    # (the 32B model's pull outweighs the others' second benchmark of 5 s).
     result.stdout.fnmatch_lines([
+        "gpubench_demo.yaml::A100_80GB-vastai-deepseek-r1:32b",
         "gpubench_demo.yaml::RTX_4090-vastai-qwen2:7b",
         "gpubench_demo.yaml::RTX_4090-vastai-deepseek-r1:14b",
         "gpubench_demo.yaml::RTX_4090-tensordock-qwen2:7b",
         "gpubench_demo.yaml::RTX_4090-tensordock-deepseek-r1:14b",
-        "gpubench_demo.yaml::A100_80GB-vastai-deepseek-r1:32b",
         "5 tests collected*",
     ])
     assert result.ret == 0

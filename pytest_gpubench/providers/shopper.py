@@ -73,7 +73,7 @@ class ShopperProvider:
 
     async def create(
         self, offer: Offer, consumer: str, hours: int, *, template: str | None = None,
-        ssh_timeout_minutes: int | None = None,
+        ssh_timeout_minutes: int | None = None, disk_gb: int | None = None,
     ) -> CreatedSession:
         request = SessionRequest(
             consumer_id=consumer,
@@ -84,6 +84,7 @@ class ShopperProvider:
             idle_threshold_minutes=max(5, math.ceil(self.settings.scaled(1800) / 60)),
             template_hash_id=template,
             ssh_timeout_minutes=ssh_timeout_minutes,
+            disk_gb=disk_gb,
         )
         return await self.client.create_session(request)
 

@@ -72,3 +72,24 @@ async def probe_system(conn: Connection, expected_gpu: str, timeout: float) -> H
         cpu_cores=int(cores) if cores.strip().isdigit() else 0,
         ram_gib=int(mem_kib) // (1024 * 1024) if mem_kib.strip().isdigit() else 0,
     )
+
+
+#: Free space where Ollama keeps its models (OLLAMA_MODELS, else ~/.ollama, else home).
+FREE_DISK_PROBE = (
+    'd="${OLLAMA_MODELS:-$HOME/.ollama}"; [ -d "$d" ] || d="$HOME"; df -Pk "$d" | tail -n 1'
+)
+
+
+def parse_df_available(text: str) -> int | None:
+    """Bytes available from the last line of ``df -Pk`` (its fourth column, in KiB)."""
+    fields = text.strip().splitlines()[-1].split() if text.strip() else []
+    if len(fields) < 6 or not fields[3].isdigit():
+        return None
+    return int(fields[3]) * 1024
+
+
+async def free_disk_bytes(conn: Connection, timeout: float) -> int | None:
+    """Free bytes on the disk that holds Ollama's models; None when ``df`` cannot say."""
+    result = await conn.run(FREE_DISK_PROBE, stage=Stage.MODEL_PULL, what="df (free disk)", timeout=timeout,
+                            check=False)
+    return parse_df_available(result.stdout) if result.ok else None

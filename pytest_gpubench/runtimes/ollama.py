@@ -160,10 +160,23 @@ class OllamaRuntime:
         """
         self.wanted_parallel = max(1, int(num_parallel))
         version = await self._version()
+        if version is not None and self.started_here and self.num_parallel not in (None, self.wanted_parallel):
+            # A server an earlier cell started on this session (session reuse) with another
+            # OLLAMA_NUM_PARALLEL: this cell's concurrency needs its own setting.
+            await self._end_server(timeout, Stage.OLLAMA_INSTALL)
+            version = None
         if version is None:
             version = await self._serve(self.wanted_parallel, timeout, Stage.OLLAMA_INSTALL)
         self.version = version
         return version
+
+    async def _end_server(self, timeout: float, stage: Stage) -> None:
+        """Kill the ``ollama serve`` this runtime (or an earlier one on the session) started."""
+        await self.conn.run(f'pid=$(cat "{SERVE_PID}" 2>/dev/null) && [ -n "$pid" ] && kill -9 "$pid"; true',
+                            stage=stage, what="ending the ollama serve started earlier", timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while await self._version() is not None and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
 
     async def _serve(self, parallel: int, timeout: float, stage: Stage) -> str:
         """Start ``ollama serve`` in the background and wait until it answers."""
@@ -201,8 +214,7 @@ class OllamaRuntime:
             on_restart(reason)
         if self.started_here:
             # A hung server (alive, not answering) would keep the port: end the one we started.
-            await self.conn.run(f'pid=$(cat "{SERVE_PID}" 2>/dev/null) && [ -n "$pid" ] && kill -9 "$pid"; true',
-                                stage=stage, what="ending the unresponsive ollama serve", timeout=timeout)
+            await self._end_server(timeout, stage)
         try:
             self.version = await self._serve(self.num_parallel or self.wanted_parallel, timeout, stage)
         except StageError as exc:
@@ -282,6 +294,29 @@ class OllamaRuntime:
         except httpx.HTTPError as exc:
             raise StageError(Stage.MODEL_PULL, f"pull of {model} broke off: {exc or type(exc).__name__}") from None
         raise StageError(Stage.MODEL_PULL, f"pull of {model} ended without success")
+
+    async def loaded_models(self) -> list[str]:
+        """Names of the models in GPU memory now (``/api/ps``); empty when it cannot say."""
+        try:
+            async with httpx.AsyncClient(base_url=self.url, timeout=30) as http:
+                entries = (await http.get("/api/ps")).json().get("models", [])
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return []
+        return [str(entry.get("name") or entry.get("model") or "") for entry in entries]
+
+    async def unload(self, model: str) -> None:
+        """Free ``model``'s GPU memory now (``keep_alive: 0``), as ``ollama stop`` does."""
+        body = {"model": check_model_name(model), "keep_alive": 0}
+        async with httpx.AsyncClient(base_url=self.url, timeout=60) as http:
+            await http.post("/api/generate", json=body)
+
+    async def remove(self, model: str) -> None:
+        """Delete ``model`` from the instance's disk, as ``ollama rm`` does."""
+        async with httpx.AsyncClient(base_url=self.url, timeout=60) as http:
+            response = await http.request("DELETE", "/api/delete", json={"model": check_model_name(model)})
+        if response.status_code not in (200, 404):
+            raise StageError(Stage.MODEL_PULL, f"removing {model} answered {response.status_code}: "
+                                               f"{_error_text(response)}")
 
     async def model_info(self, model: str) -> ModelInfo:
         """Verify ``model`` is listed by ``/api/tags`` and describe it."""

@@ -1,0 +1,61 @@
+"""Collection-time side of session reuse: run order, xdist groups, ``--dist loadgroup``.
+
+Kept out of ``plugin.py`` so the hooks stay thin; the rules themselves (which cells
+share, which group is longest) are in :mod:`pytest_gpubench.session_pool`.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+import pytest
+
+from .run import apply_overrides
+from .session_pool import order_for_reuse
+from .stash import CELL_KEY, GROUP_KEY, RECORD_KEY, REUSE_GROUPS_KEY, SETTINGS_KEY
+
+
+def arrange_reuse_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put each reuse group's cells together, longest group first, and mark them.
+
+    Only the positions matrix cells hold are reordered (other tests stay where
+    they are). Each grouped cell gets ``xdist_group(<group>)`` so that
+    ``--dist loadgroup`` keeps its group on one worker, and the groups' members go
+    to ``config.stash`` for the session pool, which sizes a session for them.
+    """
+    settings = config.stash[SETTINGS_KEY]
+    slots = [i for i, item in enumerate(items) if CELL_KEY in item.stash]
+    cells = [apply_overrides(items[i].stash[CELL_KEY], settings) for i in slots]
+    order = order_for_reuse(cells, settings.runs)
+    arranged = [items[slots[i]] for i in order]
+    members: dict[str, list] = {}
+    for slot, item, cell in zip(slots, arranged, [cells[i] for i in order], strict=True):
+        items[slot] = item
+        group = cell.session_group
+        item.stash[GROUP_KEY] = group
+        if group is not None:
+            members.setdefault(group, []).append((item.stash[RECORD_KEY], cell))
+    for item in arranged:
+        group = item.stash[GROUP_KEY]
+        if group is not None and len(members[group]) > 1:
+            item.add_marker(pytest.mark.xdist_group(group))
+    config.stash[REUSE_GROUPS_KEY] = members
+
+
+def prefer_loadgroup(config: pytest.Config) -> None:
+    """``-n N`` alone distributes with ``--dist load``, which would split reuse groups
+    over workers (each renting its own session): use ``loadgroup`` unless the user
+    chose a distribution mode."""
+    if config.getoption("dist", None) == "load" and not _dist_given(config):
+        config.option.dist = "loadgroup"
+
+
+def _dist_given(config: pytest.Config) -> bool:
+    args = [str(a) for a in config.invocation_params.args]
+    args += shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))
+    try:
+        args += [str(a) for a in config.getini("addopts")]
+    except ValueError:
+        pass
+    return any(a in ("--dist", "-d") or a.startswith("--dist=") or a == "--distload" for a in args)

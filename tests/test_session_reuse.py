@@ -1,0 +1,239 @@
+"""Pay once per GPU: cells of one GPU and provider share a session (session_pool.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import httpx
+import pytest
+import sqlite_utils
+from polling import wait_for
+from test_e2e_sandbox import REPO, run_pytest, standalone_sandbox  # noqa: F401 - fixture reuse
+from test_failover_budget import assert_every_session_released, sandbox_sessions
+
+from pytest_gpubench.errors import MatrixError
+from pytest_gpubench.matrix import expand, parse_matrix
+from pytest_gpubench.progress import read_progress
+from pytest_gpubench.remote.system import parse_df_available
+from pytest_gpubench.session_pool import disk_gb_for, estimated_cell_seconds, order_for_reuse
+
+ORDER_MATRIX = """
+workload: {duration: 60}
+matrix:
+  - {gpu: RTX 3090, provider: vastai, models: [qwen2:7b]}
+  - {gpu: RTX 4090, provider: vastai, models: [qwen2:7b, qwen2:1.5b]}
+  - {gpu: RTX 3090, provider: tensordock, models: [qwen2:7b], reuse: cell}
+  - {gpu: RTX 3090, provider: vastai, models: [deepseek-r1:14b]}
+  - {gpu: H100, provider: vastai, models: [qwen2:7b], workload: {duration: 600}}
+"""
+
+
+def test_matrix_reuse_key_defaults_to_group_and_rows_may_opt_out():
+    cells = {c.cell_id: c for c in expand(parse_matrix(ORDER_MATRIX, "gpubench_o.yaml"))}
+    assert cells["RTX_4090-vastai-qwen2:7b"].session_group == "RTX_4090-vastai"
+    assert cells["RTX_3090-tensordock-qwen2:7b"].session_group is None  # reuse: cell
+    whole = expand(parse_matrix("reuse: cell\n" + ORDER_MATRIX, "gpubench_o.yaml"))
+    assert {c.session_group for c in whole} == {None}
+    with pytest.raises(MatrixError) as bad:
+        parse_matrix("reuse: always\n" + ORDER_MATRIX, "gpubench_o.yaml")
+    assert "reuse" in str(bad.value) and "'group'" in str(bad.value) and "'cell'" in str(bad.value)
+
+
+def test_order_puts_each_group_together_longest_first_and_singles_stay_alone():
+    cells = expand(parse_matrix(ORDER_MATRIX, "gpubench_o.yaml"))
+    order = [cells[i].cell_id for i in order_for_reuse(cells)]
+    assert order == [
+        "H100-vastai-qwen2:7b",  # 600 s: the longest group starts first
+        "RTX_3090-vastai-qwen2:7b", "RTX_3090-vastai-deepseek-r1:14b",  # 2 x 60 s + pulls, together
+        "RTX_4090-vastai-qwen2:7b", "RTX_4090-vastai-qwen2:1.5b",
+        "RTX_3090-tensordock-qwen2:7b",  # reuse: cell, one of its own
+    ]
+    # Stable: the same input gives the same order (every xdist worker must agree).
+    assert order_for_reuse(cells) == order_for_reuse(list(cells))
+    assert order_for_reuse([None, cells[0], None]) == [1, 0, 2]
+    assert estimated_cell_seconds(cells[0], runs=3) == pytest.approx(8.0 * 8 + 180)
+
+
+def test_disk_is_sized_for_the_largest_model_and_df_is_parsed():
+    cells = expand(parse_matrix("""
+matrix: [{gpu: H100, provider: vastai, models: [qwen2:7b, deepseek-r1:70b]}]
+""", "gpubench_d.yaml"))
+    assert disk_gb_for(cells[:1]) == 50  # the provider default is already enough
+    assert disk_gb_for(cells) == 15 + 48 + 5
+    df = ("Filesystem     1024-blocks     Used Available Capacity Mounted on\n"
+          "overlay           52428800 15728640  36700160      30% /\n")
+    assert parse_df_available(df) == 36700160 * 1024
+    assert parse_df_available("") is None and parse_df_available("df: /x: No such file or directory") is None
+
+
+# ------------------------------------------------------------------ end to end
+
+GROUP_MATRIX = """
+workload: {duration: 2s, max_tokens: 32, warmup_requests: 1, progress_interval: 1s}
+matrix:
+  - {gpu: RTX 4090, provider: vastai, models: [qwen2:1.5b, qwen2:7b, deepseek-r1:14b]}
+  - {gpu: RTX 3090, provider: vastai, models: [qwen2:1.5b]}
+"""
+
+
+def run_matrix(tmp_path, url: str, text: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    matrix = tmp_path / "gpubench_reuse.yaml"
+    matrix.write_text(text)
+    return run_pytest(tmp_path, str(matrix), "--gpubench-api", url, "--gpubench-time-scale", "0.02",
+                      "--rootdir", str(tmp_path), "-rs", *extra)
+
+
+def rows_by_cell(tmp_path) -> dict[str, dict]:
+    db = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")
+    return {row["cell_id"]: row for row in db["benchmark_manifest"].rows}
+
+
+def attempts_of(tmp_path) -> list[dict]:
+    return list(sqlite_utils.Database(tmp_path / "reports" / "manifest.db")["attempts"].rows)
+
+
+def statuses(row: dict) -> list[str]:
+    """The STATUS words of a cell's progress file, in order."""
+    return [line.label for line in read_progress(row["progress_file"]) if line.kind == "STATUS"]
+
+
+@pytest.mark.slow
+def test_one_session_serves_every_model_of_its_group(tmp_path, standalone_sandbox):  # noqa: F811
+    url = standalone_sandbox
+    done = run_matrix(tmp_path, url, GROUP_MATRIX)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "4 passed" in done.stdout
+    rows = rows_by_cell(tmp_path)
+    group = [rows[f"RTX_4090-vastai-{m}"] for m in ("qwen2:1.5b", "qwen2:7b", "deepseek-r1:14b")]
+    assert len({row["session_id"] for row in group}) == 1
+    assert [row["session_turn"] for row in group] == [1, 2, 3]
+    assert {row["session_owner"] for row in group} == {"RTX_4090-vastai-qwen2:1.5b"}
+    assert all(row["status"] == "success" and row["session_status"] == "stopped" for row in group)
+    # Two sessions in all (one per GPU), both released; the 4090's was asked for 50 GB of disk.
+    sessions = sandbox_sessions(url)
+    assert sorted(s["gpu_type"] for s in sessions) == ["RTX 3090", "RTX 4090"]
+    assert_every_session_released(url)
+    # The bill: one attempt for the group, and the cells' shares add up to it.
+    (attempt,) = [a for a in attempts_of(tmp_path) if a["session_id"] == group[0]["session_id"]]
+    shares = sum(row["cost_usd"] for row in group)
+    assert shares == pytest.approx(attempt["cost_usd"], rel=0.1)
+    # Later cells neither rented nor installed anything: they found Ollama and pulled their model.
+    later = statuses(group[1])
+    assert "SESSION_REUSED" in later and "SESSION_KEPT" in later and "PROVISIONING" not in later
+    assert "installed_now=false" in "\n".join(line.raw for line in read_progress(group[1]["progress_file"]))
+    assert "SESSION_RELEASE" in statuses(group[2]) and "SESSION_RELEASE" not in statuses(group[0])
+
+
+@pytest.mark.slow
+def test_reuse_cell_rents_one_session_per_cell(tmp_path, standalone_sandbox):  # noqa: F811
+    url = standalone_sandbox
+    done = run_matrix(tmp_path, url, GROUP_MATRIX, "-k", "4090 and qwen2", "--gpubench-reuse", "cell")
+    assert done.returncode == 0, done.stdout[-3000:]
+    rows = rows_by_cell(tmp_path)
+    assert len({row["session_id"] for row in rows.values()}) == 2 == len(sandbox_sessions(url))
+    assert all(row["session_turn"] is None for row in rows.values())
+    assert_every_session_released(url)
+
+
+FAILING_MIDDLE = """
+workload: {duration: 2s, max_tokens: 32, warmup_requests: 1, progress_interval: 1s}
+models:
+  nosuchmodel:7b: {vram_gb: 6}
+matrix:
+  - {gpu: RTX 4090, provider: vastai, models: [qwen2:1.5b, nosuchmodel:7b, qwen2:7b]}
+"""
+
+
+@pytest.mark.slow
+def test_a_cell_failing_on_its_own_leaves_the_session_to_the_rest_of_its_group(
+        tmp_path, standalone_sandbox):  # noqa: F811
+    url = standalone_sandbox
+    done = run_matrix(tmp_path, url, FAILING_MIDDLE)
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "2 passed" in done.stdout and "1 failed" in done.stdout
+    rows = rows_by_cell(tmp_path)
+    bad = rows["RTX_4090-vastai-nosuchmodel:7b"]
+    assert (bad["status"], bad["failure_stage"]) == ("failed", "model_pull")
+    assert rows["RTX_4090-vastai-qwen2:7b"]["status"] == "success"
+    assert len({row["session_id"] for row in rows.values()}) == 1 == len(sandbox_sessions(url))
+    assert rows["RTX_4090-vastai-qwen2:7b"]["session_turn"] == 3
+    assert_every_session_released(url)
+
+
+@pytest.mark.slow
+def test_an_instance_lost_mid_group_ends_only_its_cell_and_the_rest_rent_anew(
+        tmp_path, standalone_sandbox):  # noqa: F811
+    url = standalone_sandbox
+    matrix = tmp_path / "gpubench_reuse.yaml"
+    matrix.write_text(GROUP_MATRIX.replace("duration: 2s", "duration: 4s"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pytest", str(matrix), "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+         "-k", "4090", "--gpubench-api", url, "--gpubench-time-scale", "0.02",
+         "--gpubench-reports", str(tmp_path / "reports"),
+         "--gpubench-manifest", str(tmp_path / "reports" / "manifest.db")],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        # Kill the instance while the group's second cell measures.
+        second = tmp_path / "reports" / "progress"
+
+        def second_cell_measuring():
+            logs = [p for p in second.rglob("*qwen2_7b.log") if "PROGRESS: requests=" in p.read_text()]
+            return logs and [s for s in sandbox_sessions(url) if s["status"] == "running"]
+
+        (session,) = wait_for(second_cell_measuring, 180, "the second cell's benchmark")
+        httpx.post(f"{url}/sandbox/faults", json={"fault": "kill_instance", "session_id": session["id"]}
+                   ).raise_for_status()
+        output, _ = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    rows = rows_by_cell(tmp_path)
+    first, second_row, third = (rows[f"RTX_4090-vastai-{m}"] for m in ("qwen2:1.5b", "qwen2:7b", "deepseek-r1:14b"))
+    assert first["status"] == "success", output[-3000:]
+    assert second_row["status"] in ("partial", "failed") and second_row["failure_stage"] == "benchmark"
+    assert "the API reports session" in second_row["error_message"]
+    # The third cell rented a new session and ran.
+    assert third["status"] == "success" and third["session_id"] != session["id"], output[-3000:]
+    assert third["session_turn"] is None or third["session_turn"] == 1
+    assert len(sandbox_sessions(url)) == 2
+    assert_every_session_released(url)
+
+
+SWEEP_MATRIX = """
+workload: {duration: 2s, max_tokens: 32, warmup_requests: 1, progress_interval: 1s, concurrency: [1, 4]}
+matrix:
+  - {gpu: RTX 4090, provider: vastai, models: [qwen2:1.5b]}
+"""
+
+
+@pytest.mark.slow
+def test_a_concurrency_sweep_shares_the_session_and_restarts_ollama_for_its_parallelism(
+        tmp_path, standalone_sandbox):  # noqa: F811
+    url = standalone_sandbox
+    done = run_matrix(tmp_path, url, SWEEP_MATRIX)
+    assert done.returncode == 0, done.stdout[-3000:]
+    rows = rows_by_cell(tmp_path)
+    assert len({row["session_id"] for row in rows.values()}) == 1 == len(sandbox_sessions(url))
+    db = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")
+    c4 = rows["RTX_4090-vastai-qwen2:1.5b-c4"]
+    details = json.loads(db.execute("select details_json from benchmarks where id = ?",
+                                    [c4["benchmark_id"]]).fetchone()[0])
+    assert details["runtime"]["num_parallel"] == 4  # restarted for this cell's concurrency
+
+
+@pytest.mark.slow
+def test_groups_stay_on_one_worker_under_xdist(tmp_path, standalone_sandbox):  # noqa: F811
+    url = standalone_sandbox
+    done = run_matrix(tmp_path, url, GROUP_MATRIX, "-n", "2")
+    assert done.returncode == 0, done.stdout[-3000:]
+    rows = rows_by_cell(tmp_path)
+    group = [row for cell_id, row in rows.items() if cell_id.startswith("RTX_4090")]
+    assert len({row["worker"] for row in group}) == 1
+    assert len({row["session_id"] for row in group}) == 1
+    assert len(sandbox_sessions(url)) == 2
+    assert_every_session_released(url)
