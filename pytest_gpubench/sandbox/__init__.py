@@ -7,7 +7,8 @@ dry-run matrices for free; the project's end-to-end tests run on it. Its parts:
 - ``api.py``: the REST API (and the sandbox-only ``/sandbox/`` calls);
 - ``cloud.py``, ``sessions.py``, ``billing.py``, ``faults.py``: server-side state;
 - ``instances.py``, ``sshd.py``, ``shims.py``: the emulated machines;
-- ``ollama_standin.py``, ``nvidia_smi_standin.py``: the programs on them;
+- ``ollama_standin.py``, ``nvidia_smi_standin.py``, ``df_standin.py``: the programs
+  on them (``disk.py``: the emulated disk that ``df`` and Ollama's pulls share);
 - ``server.py``: :class:`Sandbox`, :class:`SandboxThread`, :func:`serve`, :func:`main`.
 
 Exports are resolved lazily: the stand-ins import this package on every command run

@@ -116,11 +116,15 @@ class TemplateSpec(_Entry):
 
 
 class ProviderTimings(_Entry):
-    """Emulated seconds for one provider (multiplied by the time scale)."""
+    """One provider's delays (emulated seconds, multiplied by the time scale) and disk."""
 
     provisioning_seconds: float = Field(ge=0)
     pull_mb_per_s: float = Field(gt=0)
     cache_ttl_seconds: float = Field(default=60.0, ge=0)
+    #: Disk (GB) of an instance whose session asked for none (``disk_gb`` 0 or absent).
+    disk_gb: int = Field(default=50, gt=0)
+    #: The provider gives every instance ``disk_gb``, whatever the session asked for.
+    disk_gb_fixed: bool = False
 
 
 class Timings(_Entry):
@@ -159,6 +163,8 @@ class Catalog(_Entry):
 
     ollama_version: str
     offload_penalty: float = Field(default=0.12, gt=0, le=1)
+    #: Disk (GB) the image and the operating system use on every instance.
+    system_disk_gb: float = Field(default=15.0, ge=0)
     timings: Timings = Timings()
     providers: dict[str, ProviderTimings]
     gpus: dict[str, GpuSpec]
@@ -234,6 +240,13 @@ class Catalog(_Entry):
         if offer.provisioning_seconds is not None:
             return offer.provisioning_seconds
         return self.providers[offer.provider].provisioning_seconds
+
+    def disk_gb(self, offer: OfferSpec, requested: int = 0) -> int:
+        """The disk an instance of this offer gets when its session asked for ``requested`` GB."""
+        provider = self.providers[offer.provider]
+        if requested > 0 and not provider.disk_gb_fixed:
+            return requested
+        return provider.disk_gb
 
     def pull_mb_per_s(self, offer: OfferSpec) -> float:
         """Registry bandwidth seen from this offer's host."""

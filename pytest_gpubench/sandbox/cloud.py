@@ -208,7 +208,9 @@ class EmulatedCloud:
         used = {s.ollama_port for s in self.sessions.values() if s.active}
         record.ollama_port = free_port(used)
         root = self.workdir / "instances" / record.id
-        document = instance_document(self.catalog, offer, record.id, self.time_scale, root / "state")
+        document = instance_document(
+            self.catalog, offer, record.id, self.time_scale, root / "state", disk_gb=record.disk_gb
+        )
         memory = self.faults.take("gpu_memory", offer.id)
         if memory is not None and memory.memory_mib:
             document["gpu"]["memory_mib"] = memory.memory_mib  # a mislisted machine

@@ -1,9 +1,9 @@
 """What one emulated instance is: the JSON file named by ``GPUBENCH_SANDBOX_INSTANCE``.
 
 The sandbox API writes this file when it creates an instance; the programs that run
-on the instance (the ``ollama`` and ``nvidia-smi`` stand-ins) read it to know which
-GPU they pretend to be, which models can be pulled and how fast they run, and where
-to keep their shared state.
+on the instance (the ``ollama``, ``nvidia-smi`` and ``df`` stand-ins) read it to know
+which GPU they pretend to be, which models can be pulled and how fast they run, how
+big the disk is, and where to keep their shared state.
 
 ``time_scale`` shrinks emulated *waits* (pull time, model load time) so that a
 sandbox run takes seconds. It never touches token rate or time to first token: those
@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 INSTANCE_ENV = "GPUBENCH_SANDBOX_INSTANCE"
 
 MIB = 1024 * 1024
+GIB = 1024 * MIB
 # What each emulated card holds before any model (driver and CUDA context): the
 # engine keeps it free when fitting models and nvidia-smi reports it as used.
 BASELINE_MIB = 300
@@ -68,6 +69,30 @@ class OllamaSpec(_Value):
     install_seconds: float = Field(default=0.0, ge=0)
 
 
+class DiskSpec(_Value):
+    """The instance's disk: one filesystem on ``/`` that Ollama's models fill.
+
+    Sizes are GiB (``df -h`` shows a 50 GB disk as ``50G``). ``system_gb`` is what
+    the image and the operating system already use before any model. The defaults
+    are a Vast.ai session that asked for no ``disk_gb`` (an instance file written
+    before disks were emulated reads as one).
+    """
+
+    size_gb: float = Field(default=50, gt=0)
+    system_gb: float = Field(default=15, ge=0)
+    filesystem: str = "overlay"
+
+    @property
+    def size_bytes(self) -> int:
+        """The whole disk, in bytes."""
+        return int(self.size_gb * GIB)
+
+    @property
+    def system_bytes(self) -> int:
+        """What the system uses, in bytes (never more than the disk)."""
+        return min(int(self.system_gb * GIB), self.size_bytes)
+
+
 class ModelSpec(_Value):
     """One model of the emulated registry, with the truths the benchmark should find."""
 
@@ -99,6 +124,7 @@ class InstanceSpec(_Value):
     #: Speed of the part of a model that runs from system memory, against the GPU's
     #: (the catalog's ``offload_penalty``): a layer on the CPU decodes ~8x slower.
     offload_penalty: float = Field(default=0.12, gt=0, le=1)
+    disk: DiskSpec = Field(default_factory=DiskSpec)
 
     def find_model(self, name: str) -> tuple[str, ModelSpec] | None:
         """The catalog entry for ``name`` (tag defaulting to ``latest``), or None."""

@@ -3,7 +3,7 @@
 Layout of an instance (``<sandbox workdir>/instances/<session id>/``)::
 
     instance.json   the contract with the stand-ins (see :func:`instance_document`)
-    bin/            nvidia-smi, python3, curl and, when preinstalled, ollama
+    bin/            nvidia-smi, python3, curl, df and, when preinstalled, ollama
     sysbin/         only with missing tools: links to the host's programs, minus those
     home/           $HOME and the working directory of every command
     state/          the stand-ins' shared state (pulled models, loaded models)
@@ -74,12 +74,13 @@ class SshEndpoint(Protocol):
 
 
 def instance_document(
-    catalog: Catalog, offer: OfferSpec, session_id: str, time_scale: float, state_dir: Path
+    catalog: Catalog, offer: OfferSpec, session_id: str, time_scale: float, state_dir: Path, disk_gb: int = 0
 ) -> dict[str, Any]:
     """The ``instance.json`` contract: exactly the keys the stand-ins read.
 
     Durations in it (``install_seconds``, ``load_seconds``) are emulated seconds:
-    the reader multiplies them by ``time_scale``. Rates are never scaled.
+    the reader multiplies them by ``time_scale``. Rates are never scaled. ``disk_gb``
+    is what the session asked for (0: nothing, the provider's default applies).
     """
     gpu = catalog.gpus[offer.gpu_type]
     models = {}
@@ -117,6 +118,7 @@ def instance_document(
         "models": models,
         "state_dir": str(state_dir),
         "offload_penalty": catalog.offload_penalty,
+        "disk": {"size_gb": catalog.disk_gb(offer, disk_gb), "system_gb": catalog.system_disk_gb},
     }
 
 
@@ -219,6 +221,8 @@ class Instance:
             shims.write_executable(self.bin_dir / "nvidia-smi", shims.nvidia_smi_wrapper())
         if "curl" not in missing:
             shims.write_executable(self.bin_dir / "curl", shims.curl_wrapper(self.bin_dir))
+        # Always there, as on any Linux box: it reports the emulated disk, not the host's.
+        shims.write_executable(self.bin_dir / "df", shims.df_wrapper())
         if self.ollama_preinstalled:
             shims.write_executable(self.bin_dir / "ollama", shims.ollama_wrapper())
         python3 = self.bin_dir / "python3"

@@ -29,6 +29,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
+from .disk import DiskUsage, Downloads, default_models_dir, disk_usage
 from .instance_spec import BASELINE_MIB, BASELINE_RAM_MIB, MIB, InstanceSpec, ModelSpec, normalize_model_name
 from .ollama_common import DEFAULT_KEEP_ALIVE_S, FOREVER, human_bytes_binary, parse_keep_alive
 from .ollama_schedule import FifoSlots, Generation, Job, LagStats
@@ -72,12 +73,17 @@ class EngineSettings:
     ttft_ms: float | None = None
     tokens_per_second: float | None = None
     jitter: float = 0.0
+    #: Where pulled blobs go; only named in errors (the disk itself is emulated).
+    models_dir: str = "/root/.ollama/models"
+    #: Drop unfinished downloads at start, as Ollama does unless ``OLLAMA_NOPRUNE``.
+    prune: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> EngineSettings:
         """``OLLAMA_NUM_PARALLEL``, ``OLLAMA_MAX_QUEUE``, ``OLLAMA_KEEP_ALIVE`` and the
         sandbox's truth knobs ``GPUBENCH_SANDBOX_TTFT_MS``,
-        ``GPUBENCH_SANDBOX_TOKENS_PER_SECOND`` and ``GPUBENCH_SANDBOX_JITTER``."""
+        ``GPUBENCH_SANDBOX_TOKENS_PER_SECOND`` and ``GPUBENCH_SANDBOX_JITTER``; where
+        models go (``OLLAMA_MODELS``, else ``$HOME/.ollama/models``) and ``OLLAMA_NOPRUNE``."""
         env = os.environ if env is None else env
 
         def number(name: str, kind: type = float) -> float | int | None:
@@ -91,6 +97,8 @@ class EngineSettings:
             ttft_ms=number("GPUBENCH_SANDBOX_TTFT_MS"),
             tokens_per_second=number("GPUBENCH_SANDBOX_TOKENS_PER_SECOND"),
             jitter=max(0.0, min(0.9, number("GPUBENCH_SANDBOX_JITTER") or 0.0)),
+            models_dir=default_models_dir(env),
+            prune=env.get("OLLAMA_NOPRUNE", "").strip().lower() in ("", "0", "f", "false"),
         )
 
 
@@ -120,6 +128,7 @@ class Engine:
         self.store = store
         self.settings = settings
         self.pulled: dict[str, PulledModel] = store.read_pulled()
+        self.downloads = Downloads(store)
         self.runners: dict[str, Runner] = {}
         self.load_lock = asyncio.Lock()
         self.active = 0
@@ -159,6 +168,10 @@ class Engine:
         self.pulled = {k: v for k, v in self.pulled.items() if k != key}
         self.store.write_pulled(self.pulled)
         return True
+
+    def disk_usage(self) -> DiskUsage:
+        """The instance's disk with the pulled models and unfinished downloads on it."""
+        return disk_usage(self.spec.disk, (m.size for m in self.pulled.values()), self.downloads.written)
 
     # -- memory -----------------------------------------------------------------
 

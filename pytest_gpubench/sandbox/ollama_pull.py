@@ -5,6 +5,12 @@ The emulated registry is the instance file's model catalog. A download takes
 the way Ollama does: ``pulling manifest``, then one ``pulling <digest12>`` status
 per layer with ``digest``, ``total`` and a rising ``completed``, then
 ``verifying sha256 digest``, ``writing manifest`` and ``success``.
+
+Every layer's bytes land on the instance's emulated disk as they arrive (see
+:mod:`.disk`). Like Ollama, the pull does not check for room first: it stops when
+the disk is full, with ``write <models>/blobs/sha256-<hex>-partial: no space left
+on device``, and adds nothing to the model list; what it wrote stays on the disk
+and the next pull of that model resumes from there.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from .disk import no_space_error
 from .instance_spec import ModelSpec, normalize_model_name
 from .ollama_engine import Engine
 
@@ -52,6 +59,14 @@ def model_layers(model: ModelSpec) -> list[Layer]:
     return [weights, *small]
 
 
+def _write(engine: Engine, layer: Layer, completed: int) -> int:
+    """Put ``layer`` on disk up to ``completed`` bytes; returns how far it got before the disk filled."""
+    before = engine.downloads.get(layer.digest)
+    reached = min(completed, before + engine.disk_usage().available)
+    engine.downloads.set(layer.digest, reached)
+    return max(before, reached)
+
+
 async def pull_progress(engine: Engine, name: str) -> AsyncIterator[dict[str, Any]]:
     """Yield the progress objects of pulling ``name``; raise ``PullError`` on failure."""
     yield {"status": "pulling manifest"}
@@ -62,27 +77,39 @@ async def pull_progress(engine: Engine, name: str) -> AsyncIterator[dict[str, An
     already = engine.find_pulled(key) is not None
     loop = asyncio.get_running_loop()
     bytes_per_s = engine.spec.ollama.pull_mb_per_s * 1e6
-    for layer in model_layers(model):
+    layers = model_layers(model)
+    for layer in layers:
         base = {"status": layer.status, "digest": layer.digest, "total": layer.size}
-        duration = 0.0 if already else engine.spec.scaled(layer.size / bytes_per_s)
-        if duration <= 0:
+        if already:
             yield {**base, "completed": layer.size}
             continue
-        # Like Ollama, the first report of a layer has no "completed" yet.
-        yield base
-        interval = min(MAX_UPDATE_INTERVAL_S, duration / MIN_UPDATES)
-        start = loop.time()
-        end = start + duration
-        due = start
-        while True:
-            due += interval
-            await asyncio.sleep(max(0.0, min(due, end) - loop.time()))
-            now = loop.time()
-            if now >= end:
-                break
-            yield {**base, "completed": int(layer.size * (now - start) / duration)}
+        resumed = engine.downloads.get(layer.digest)
+        duration = engine.spec.scaled((layer.size - resumed) / bytes_per_s)
+        if duration > 0:
+            # Like Ollama, the first report of a layer has no "completed" yet.
+            yield base
+            interval = min(MAX_UPDATE_INTERVAL_S, duration / MIN_UPDATES)
+            start = loop.time()
+            end = start + duration
+            due = start
+            while True:
+                due += interval
+                await asyncio.sleep(max(0.0, min(due, end) - loop.time()))
+                now = loop.time()
+                if now >= end:
+                    break
+                wanted = resumed + int((layer.size - resumed) * (now - start) / duration)
+                reached = _write(engine, layer, wanted)
+                yield {**base, "completed": reached}
+                if reached < wanted:
+                    raise PullError(no_space_error(engine.settings.models_dir, layer.digest))
+        if _write(engine, layer, layer.size) < layer.size:
+            yield {**base, "completed": engine.downloads.get(layer.digest)}
+            raise PullError(no_space_error(engine.settings.models_dir, layer.digest))
         yield {**base, "completed": layer.size}
     yield {"status": "verifying sha256 digest"}
     yield {"status": "writing manifest"}
     engine.record_pull(normalize_model_name(key), model)
+    # The blobs now count as the model's size.
+    engine.downloads.drop(layer.digest for layer in layers)
     yield {"status": "success"}

@@ -381,6 +381,9 @@ async def serve(spec: InstanceSpec, host: OllamaHost, settings: EngineSettings) 
         return 1
     pid = os.getpid()
     store.write_pid(pid)
+    # After the bind, as Ollama: a second `ollama serve` that cannot listen prunes nothing.
+    if settings.prune and engine.downloads.prune():
+        log.info("pruned unfinished downloads")
     engine.flush()
     log.info("Listening on %s:%d (version %s)", address, host.port, spec.ollama.version)
     log.info(

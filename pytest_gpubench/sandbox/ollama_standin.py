@@ -16,7 +16,8 @@ can see:
     ``POST /api/show``, ``DELETE /api/delete``, ``POST /api/generate``,
     ``POST /api/chat``, ``POST /v1/chat/completions``, ``POST /v1/completions``,
     ``GET /v1/models``. Environment at start: ``OLLAMA_NUM_PARALLEL`` (default 1),
-    ``OLLAMA_MAX_QUEUE`` (512), ``OLLAMA_KEEP_ALIVE`` (5m), and the sandbox truth
+    ``OLLAMA_MAX_QUEUE`` (512), ``OLLAMA_KEEP_ALIVE`` (5m), ``OLLAMA_MODELS`` (named
+    in disk errors), ``OLLAMA_NOPRUNE`` (keep unfinished downloads), and the sandbox truth
     knobs ``GPUBENCH_SANDBOX_TTFT_MS``, ``GPUBENCH_SANDBOX_TOKENS_PER_SECOND``,
     ``GPUBENCH_SANDBOX_JITTER`` (relative, default 0) that override the instance
     file's per-model values.
@@ -27,6 +28,8 @@ can see:
 Error wordings taken from Ollama: ``model "x" not found, try pulling it first``
 (404, generate/chat), ``model 'x' not found`` (404, show/delete),
 ``pull model manifest: file does not exist`` (pull of an unknown model),
+``write <models>/blobs/sha256-<hex>-partial: no space left on device`` (a pull
+that fills the instance's emulated disk),
 ``model requires more system memory (A GiB) than is available (B GiB)`` (500, a
 model that does not fit), ``server busy, please try again.  maximum pending
 requests exceeded`` (503).

@@ -1,6 +1,6 @@
 """The small programs in a sandbox instance's ``bin/``, and the ``curl`` shim itself.
 
-Each stand-in (``nvidia-smi``, ``ollama``) is a two-line ``sh`` wrapper that runs a
+Each stand-in (``nvidia-smi``, ``ollama``, ``df``) is a two-line ``sh`` wrapper that runs a
 module of this package with the sandbox's own Python, so the instance needs nothing
 installed. ``curl`` is a wrapper too: for exactly ``https://ollama.com/install.sh``
 it answers an install script that, piped to ``sh``, takes the (time-scaled) install
@@ -48,6 +48,11 @@ def ollama_wrapper() -> str:
 def nvidia_smi_wrapper() -> str:
     """The ``nvidia-smi`` command."""
     return module_wrapper("pytest_gpubench.sandbox.nvidia_smi_standin")
+
+
+def df_wrapper() -> str:
+    """The ``df`` command: the instance's emulated disk."""
+    return module_wrapper("pytest_gpubench.sandbox.df_standin")
 
 
 def curl_wrapper(bin_dir: Path) -> str:

@@ -1,7 +1,7 @@
 """State the stand-ins share on one instance, as JSON files in its ``state_dir``.
 
-Three files, each written whole and atomically (temporary file, then rename) so a
-reader never sees half of one:
+Files, each written whole and atomically (temporary file, then rename) so a reader
+never sees half of one:
 
 ``ollama_models.json``
     the pulled models; survives server restarts, like Ollama's model directory.
@@ -15,6 +15,10 @@ reader never sees half of one:
 ``ollama_faults.json``
     stream faults armed by the sandbox (``stall_stream``, ``empty_output``): the
     server applies each to the generations it starts next.
+``ollama_downloads.json``
+    bytes on disk of each blob of a pull not finished (in progress, or stopped by a
+    full disk): ``df`` counts them, a new pull resumes them, a restarted server
+    prunes them, as Ollama does with its ``-partial`` files.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ MODELS_FILE = "ollama_models.json"
 RUNTIME_FILE = "ollama_runtime.json"
 PID_FILE = "ollama.pid"
 STREAM_FAULTS_FILE = "ollama_faults.json"
+DOWNLOADS_FILE = "ollama_downloads.json"
 
 
 class PulledModel(BaseModel):
@@ -181,6 +186,17 @@ class StateStore:
 
     def write_stream_faults(self, faults: list[StreamFault]) -> None:
         atomic_write_json(self.stream_faults_path, {"faults": [f.model_dump(mode="json") for f in faults]})
+
+    def read_downloads(self) -> dict[str, int]:
+        """Bytes written so far by blob digest, for blobs of pulls not finished."""
+        data = _read_json(self.state_dir / DOWNLOADS_FILE) or {}
+        blobs = data.get("blobs") if isinstance(data, dict) else None
+        if not isinstance(blobs, dict):
+            return {}
+        return {str(k): v for k, v in blobs.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+
+    def write_downloads(self, blobs: dict[str, int]) -> None:
+        atomic_write_json(self.state_dir / DOWNLOADS_FILE, {"blobs": blobs})
 
     def remove_pid(self, pid: int) -> None:
         """Remove the pid file if it is still ours (a newer server may have replaced it)."""
