@@ -154,3 +154,15 @@ def gpu_name_matches(expected_gpu_type: str, product_name: str) -> bool:
     if not expected_tokens or expected_tokens != actual_tokens:
         return False
     return not (expected_memory and actual_memory) or expected_memory == actual_memory
+
+
+def gpu_type_of(product_name: str) -> str:
+    """The inventory-style name of nvidia-smi's ``product_name``, for results that only have the latter.
+
+    The words :func:`gpu_name_matches` ignores (vendor, brand line, form factor, memory
+    type) are dropped and ``-`` becomes a space: "NVIDIA GeForce RTX 4090" -> "RTX 4090",
+    "NVIDIA A100-SXM4-80GB" -> "A100 80GB", "NVIDIA H100 80GB HBM3" -> "H100 80GB".
+    So ``gpu_name_matches(gpu_type_of(name), name)`` holds. Empty for an empty name.
+    """
+    words = re.sub(r"(?i)pci-e", "PCIe", product_name).replace("-", " ").split()
+    return " ".join(word for word in words if word.lower() not in _IGNORED_WORDS)

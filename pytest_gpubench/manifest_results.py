@@ -23,18 +23,23 @@ class ResultsMixin(ManifestStore):
     # ---------------------------------------------------------------- benchmarks
 
     def add_benchmark(
-        self, row_id: str, result: BenchmarkResult, requests: Iterable[RequestRecord] = ()
+        self, row_id: str, result: BenchmarkResult, requests: Iterable[RequestRecord] = (),
+        *, unpriced: bool = False,
     ) -> str:
         """Store ``result`` and its ``requests`` for cell ``row_id``; returns the benchmark id.
 
         The id is ``result.id`` when set, else a new UUID (written into
         ``result_json`` too). The manifest row gets the id and the headline figures in
         the same transaction. Storing a result with the same id again replaces it.
+        ``unpriced``: its price is not known (an imported file states none), so its
+        cost per token is unknown (NULL), not the 0 a price of 0 would give.
         """
         benchmark_id = result.id or str(uuid.uuid4())
         result = result.model_copy(update={"id": benchmark_id})
         figures = result.results
         cost = result.cost_analysis()
+        if unpriced:
+            cost = cost.model_copy(update={"cost_per_million_tokens": None})
         benchmark_row = {
             "id": benchmark_id,
             "manifest_id": row_id,
@@ -110,6 +115,16 @@ class ResultsMixin(ManifestStore):
             lambda: list(self.db.table("benchmarks").rows_where("id = ?", [benchmark_id]))
         )
         return rows[0] if rows else None
+
+    def known_result(self, identity: str) -> dict[str, Any] | None:
+        """The benchmarks row stored as ``identity`` or uploaded as it (``remote_id``), or ``None``.
+
+        What ``gpubench import`` checks so a result already here, measured or
+        imported, is never stored twice.
+        """
+        sql = "SELECT id FROM benchmarks WHERE id = ? OR remote_id = ? ORDER BY id != ? LIMIT 1"
+        found = self._retry(lambda: self.db.execute(sql, [identity, identity, identity]).fetchone())
+        return self.benchmark(found[0]) if found else None
 
     def _benchmark_or_raise(self, benchmark_id: str) -> None:
         found = self.db.execute("SELECT 1 FROM benchmarks WHERE id = ?", [benchmark_id]).fetchone()
