@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .errors import NoEligibleOffer
-from .matrix import gpu_matches
+from .matrix import Cell, gpu_matches
 from .shopper import Offer
 
 #: Vast.ai reports vram_gb as MiB / 1024 rounded down (an RTX 4090 shows 23),
@@ -27,6 +27,12 @@ class Constraints:
     vram_gb: float
     min_confidence: float = 0.5
     max_price: float | None = None
+
+    @classmethod
+    def for_cell(cls, cell: Cell) -> Constraints:
+        """What ``cell``'s matrix entry asks of an offer."""
+        return cls(gpu=cell.gpu, provider=cell.provider, vram_gb=cell.vram_gb,
+                   min_confidence=cell.offer.min_availability_confidence, max_price=cell.offer.max_price)
 
 
 def select_offer(offers: Iterable[Offer], wanted: Constraints) -> tuple[Offer, list[Offer]]:
@@ -76,6 +82,14 @@ def next_offer(eligible: Iterable[Offer], failed: Iterable[Offer]) -> Offer | No
         return 0 if new_machine and new_place else 1 if new_machine else 2
 
     return min(left, key=distance)  # min() keeps the first of equals: the seed's order
+
+
+def unfit(offer: Offer, wanted: Constraints) -> str | None:
+    """Why a session already rented on ``offer`` cannot serve a cell wanting ``wanted``
+    (another provider, or an offer the cell's own rule rejects); None when it can."""
+    if offer.provider.lower() != wanted.provider.lower():
+        return f"it is on {offer.provider}"
+    return rejection(offer, wanted) or None
 
 
 def rejection(offer: Offer, wanted: Constraints) -> str:

@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING
 from .aio import run as run_async
 from .errors import Stage
 from .matrix import Cell
-from .offers import Constraints, rejection
+from .offers import Constraints, unfit
 from .progress import ProgressWriter
 from .record import CellRecorder, Outcome
 from .remote.system import free_disk_bytes
+from .results import HardwareInfo
 from .runtimes.ollama import OllamaRuntime, with_tag
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -113,6 +114,8 @@ class Lease:
     #: OLLAMA_NUM_PARALLEL of a server a cell started (None: found running, unknown).
     ollama_parallel: int | None = None
     ollama_started_here: bool = False
+    #: What nvidia-smi and the host said at the first connection (the machine stays the same).
+    hardware: HardwareInfo | None = None
     released: bool = False
 
     @property
@@ -121,10 +124,7 @@ class Lease:
 
     def unfit_for(self, wanted: Constraints) -> str | None:
         """Why the session's offer does not satisfy another cell's constraints; None if it does."""
-        offer = self.gpu_session.offer.offer
-        if offer.provider.lower() != wanted.provider.lower():
-            return f"it is on {offer.provider}"
-        return rejection(offer, wanted) or None
+        return unfit(self.gpu_session.offer.offer, wanted)
 
 
 class SessionPool:
