@@ -10,6 +10,19 @@ sessions that dead runs of the manifest left running (see ``cleanup.py``).
 writes stored results; ``gpubench upload [--run RUN|last] [--manifest PATH] [--api URL]``
 POSTs results to GPU Shopper's ``/api/v1/benchmarks``.
 
+``gpubench report [--run RUN|last ...] [--manifest PATH] [--output-dir DIR]`` writes
+``BENCHMARK_REPORT.md`` and ``index.html`` from the manifest (see ``report.py``).
+
+``gpubench browse [--manifest PATH] [--port N] [--host H] [--no-open] [-- DATASETTE_ARGS]``
+serves the manifest read-only in Datasette (the ``[browse]`` extra; see ``browse.py``).
+
+``gpubench import FILE_OR_DIR... [--manifest PATH] [--dry-run] [--gpu/--provider/--price/--location]``
+brings result files (seed-000 results, seed-001 checkpoints, GPU Shopper BenchmarkResult
+JSON) into the manifest, each result once (see ``importer.py``).
+
+``gpubench plan PATH... [--gpu/--provider/--model X] [-k EXPR] [--api URL | --sandbox] [-n N] [--json]``
+prices the cells pytest would run against the live inventory, renting nothing (see ``plan.py``).
+
 Exit status: 0 done, 1 the work failed (an upload did not go through), 2 a usage
 problem (bad arguments, no manifest, unknown run). Problems are one line on
 stderr, never a traceback.
@@ -169,6 +182,90 @@ def _cleanup(args: argparse.Namespace) -> int:
     return EXIT_FAILED if report.failed else EXIT_OK
 
 
+def _browse(args: argparse.Namespace) -> int:
+    from .browse import BrowseProblem, serve
+
+    extra = list(args.datasette_args)
+    if extra and extra[0] != "--":
+        raise CommandError(f"unexpected argument {extra[0]!r}: give Datasette's own options after --")
+    try:
+        return serve(Path(args.manifest) if args.manifest else default_manifest(), host=args.host, port=args.port,
+                     open_browser=not args.no_open, extra_args=extra[1:])
+    except BrowseProblem as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _import(args: argparse.Namespace) -> int:
+    from .importer import Assumed, ImportUsageError, expand_paths, import_files
+    from .manifest import Manifest
+
+    if args.price is not None and args.price < 0:
+        raise CommandError(f"--price must not be negative, got {args.price}")
+    try:
+        expand_paths(args.paths)  # a path that is not there: before the manifest is created
+    except ImportUsageError as exc:
+        raise CommandError(str(exc)) from None
+    where = Path(args.manifest) if args.manifest else default_manifest()
+    assumed = Assumed(gpu=args.gpu, provider=args.provider, price_per_hour=args.price, location=args.location)
+    # A dry run never creates the manifest; a real import does, like a first pytest run.
+    manifest = None
+    if where.is_file() or not args.dry_run:
+        try:
+            manifest = Manifest(where, busy_timeout=5, retry_seconds=10)
+        except Exception as exc:  # noqa: BLE001 - a corrupt or foreign file: say so in one line
+            raise CommandError(f"cannot open the manifest {where}: {exc}") from None
+    options = [f"--{name}={value}" for name, value in (("gpu", args.gpu), ("provider", args.provider),
+                                                        ("price", args.price), ("location", args.location))
+               if value is not None]
+    try:
+        report = import_files(args.paths, manifest, assumed=assumed, dry_run=args.dry_run,
+                              argv=["gpubench", "import", *options, *args.paths])
+    finally:
+        if manifest is not None:
+            manifest.close()
+    for outcome in report.files:
+        print(outcome.line(args.dry_run), file=sys.stdout if outcome.problem is None else sys.stderr)
+    print(f"gpubench import: {report.summary()}" + (f" (manifest {where})" if not args.dry_run else ""))
+    return EXIT_FAILED if report.failed else EXIT_OK
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .report import build_report, write_reports
+
+    directory = Path(args.output_dir or os.environ.get("GPUBENCH_REPORTS") or "reports")
+    with _open_manifest(args.manifest) as manifest:
+        if not manifest.run_ids():
+            raise CommandError(f"the manifest {manifest.path} has no runs yet: nothing to report")
+        runs = list(dict.fromkeys(_resolve_run(manifest, run) for run in args.run or []))
+        report = build_report(manifest, runs or None)
+    try:
+        markdown, html = write_reports(report, directory)
+    except OSError as exc:
+        raise CommandError(f"cannot write the report to {directory}: {exc.strerror or exc}", EXIT_FAILED) from None
+    print(f"gpubench report: {report.describe()}; wrote {markdown} and {html}")
+    return EXIT_OK
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from .plan import PlanProblem, make_plan
+    from .plan_render import render
+
+    try:
+        plan = make_plan(args.paths, keyword=args.keyword, gpus=args.gpu, providers=args.provider, models=args.model,
+                         api=args.api, sandbox=args.sandbox, workers=args.workers,
+                         manifest=Path(args.manifest) if args.manifest else None)
+    except PlanProblem as exc:
+        raise CommandError(str(exc), exc.status) from None
+    print(plan.model_dump_json(indent=2) if args.json else "\n".join(render(plan)))
+    return EXIT_OK
+
+
+def _workers(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of workers, 1 or more; got {text!r}")
+    return int(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpubench",
@@ -211,6 +308,76 @@ def _parser() -> argparse.ArgumentParser:
                               f"{DEFAULT_API})")
     cleanup.add_argument("--dry-run", action="store_true", help="say what would be released; change nothing")
     cleanup.set_defaults(handler=_cleanup)
+
+    report = commands.add_parser(
+        "report", help="write BENCHMARK_REPORT.md and index.html from the manifest",
+        description="Write BENCHMARK_REPORT.md and index.html (one self-contained page with charts and sortable "
+                    "tables): headline findings, tokens/s and $/M tokens leaderboards, a table per model, "
+                    "provider head-to-head, failures by stage and spend. Several runs of one cell: its latest "
+                    "successful result is shown. See docs/report.md.")
+    report.add_argument("--run", action="append", metavar="RUN|last",
+                        help="only this run; repeat for several (default: every run)")
+    report.add_argument("--manifest", metavar="PATH", help=manifest_help)
+    report.add_argument("--output-dir", metavar="DIR",
+                        help="where to write the two files (default $GPUBENCH_REPORTS or reports)")
+    report.set_defaults(handler=_report)
+
+    browse = commands.add_parser(
+        "browse", help="explore the manifest in Datasette (pip install 'pytest-gpubench[browse]')",
+        description="Serve the manifest read-only with Datasette, every table and column described, with "
+                    "facets and canned queries (leaderboard, failures by stage, spend per run). Safe while a "
+                    "run writes to it. Datasette's own options go after --, e.g. -- --setting "
+                    "sql_time_limit_ms 5000.")
+    browse.add_argument("--manifest", metavar="PATH", help=manifest_help)
+    browse.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this "
+                        "machine only)")
+    browse.add_argument("--port", type=int, default=8001, metavar="N", help="port (default 8001; 0 picks a free one)")
+    browse.add_argument("--no-open", action="store_true", help="do not open a web browser")
+    browse.add_argument("datasette_args", nargs=argparse.REMAINDER, metavar="-- DATASETTE_ARGS",
+                        help="options for `datasette serve`")
+    browse.set_defaults(handler=_browse)
+
+    importing = commands.add_parser(
+        "import", help="bring existing result files into the manifest (each result once)",
+        description="Import result files into the manifest, so export, report and --gpubench-compare see "
+                    "them: seed-000 result JSON, seed-001 checkpoints (unfinished ones as partial), GPU Shopper "
+                    "BenchmarkResult JSON (one, a list, `gpubench export --format json` output, the API's "
+                    "answer). The format is told from the content. A directory imports its *.json files. A "
+                    "result already in the manifest (same id, or same content) is skipped. --gpu, --provider, "
+                    "--price and --location fill in what a file does not say. See docs/import.md.")
+    importing.add_argument("paths", nargs="+", metavar="FILE_OR_DIR", help="JSON files, or directories of them")
+    importing.add_argument("--manifest", metavar="PATH", help=manifest_help + "; created if missing")
+    importing.add_argument("--dry-run", action="store_true", help="read and check everything; write nothing")
+    importing.add_argument("--gpu", metavar="NAME", help="GPU of results whose file names none, e.g. 'RTX 4090'")
+    importing.add_argument("--provider", metavar="NAME", help="provider of results whose file names none, e.g. vastai")
+    importing.add_argument("--price", type=float, metavar="USD_PER_HOUR",
+                           help="price per hour of results whose file states none (gives $/M tokens)")
+    importing.add_argument("--location", metavar="WHERE", help="location of results whose file names none")
+    importing.set_defaults(handler=_import)
+
+    plan = commands.add_parser(
+        "plan", help="what a run would rent, for how long and at what cost (rents nothing)",
+        description="For each cell pytest would run (the same paths, -k and filters), the offer it would take "
+                    "from the live inventory, its price, expected time and cost; sessions to create (reuse "
+                    "groups pay setup once), totals and wall time. Cells without an eligible offer are flagged "
+                    "with the reason. Only GET /health and GET /api/v1/inventory are called. See docs/plan.md.")
+    plan.add_argument("paths", nargs="+", metavar="PATH", help="matrix files or directories, as for pytest")
+    plan.add_argument("--gpu", action="append", metavar="GPU", help="only cells on this GPU; repeatable")
+    plan.add_argument("--provider", action="append", metavar="NAME", help="only cells on this provider; repeatable")
+    plan.add_argument("--model", action="append", metavar="MODEL", help="only cells of this model; repeatable")
+    plan.add_argument("-k", dest="keyword", metavar="EXPR", help="pytest's -k expression")
+    plan.add_argument("--api", metavar="URL",
+                      help=f"API base URL (default --gpubench-api's: $GPUBENCH_API_BASE, ini, or {DEFAULT_API})")
+    plan.add_argument("--sandbox", action="store_true",
+                      help="start the sandbox cloud for the listing (and stop it after); plan as for "
+                           "pytest --gpubench-sandbox")
+    plan.add_argument("--manifest", metavar="PATH",
+                      help="manifest whose finished cells give the stage times (default the run's: "
+                           "$GPUBENCH_MANIFEST or reports/manifest.db)")
+    plan.add_argument("-n", dest="workers", type=_workers, metavar="N",
+                      help="also estimate the wall time with pytest -n N")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.set_defaults(handler=_plan)
     return parser
 
 
