@@ -127,7 +127,7 @@ def gpu_offer(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench
     """
     recorder, cell = gpubench_recorder, gpubench_cell
     recorder.enter(Stage.INVENTORY)
-    lease = gpubench_pool.lease_for(cell, _constraints(cell), recorder)
+    lease = gpubench_pool.lease_for(cell, Constraints.for_cell(cell), recorder)
     if lease is not None:
         request.node.stash[LEASE_KEY] = lease
         choice = lease.gpu_session.offer
@@ -141,7 +141,7 @@ def gpu_offer(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench
         if used_up:
             recorder.skip_reason = used_up
             pytest.skip(f"[inventory] {used_up}")
-    wanted = _constraints(cell)
+    wanted = Constraints.for_cell(cell)
     provider = gpubench_run.provider
     try:
         choice = run_async(provider.choose_offer(wanted),
@@ -191,7 +191,7 @@ def gpu_session(
         finally:
             _hand_back(gpubench_pool, lease, node, recorder)
         return
-    wanted = gpu_offer.wanted or _constraints(cell)
+    wanted = gpu_offer.wanted or Constraints.for_cell(cell)
     planned = gpubench_pool.remaining(recorder.record_key, cell) if cell.session_group else [cell]
     provisioning = Provisioning(gpubench_run, recorder, cell, gpu_offer, wanted, planned=planned)
     key_file: KeyFile | None = None
@@ -221,29 +221,28 @@ def gpu_session(
 
 def _hand_back(pool: SessionPool, lease: Lease, node: pytest.Item, recorder: CellRecorder) -> None:
     """Keep the group's session for the next cell, or release it (never raises)."""
+    recorder.time_as(str(Stage.CLEANUP))
     try:
         pool.hand_back(lease, recorder, outcome_of(node, recorder.stage), node.stash.get(NEXT_GROUP_KEY, None))
     except Exception as exc:  # noqa: BLE001 - whatever broke, the session must not be left behind
         pool.release(lease, recorder, f"handing it back failed: {exc}")
 
 
-def _constraints(cell: Cell) -> Constraints:
-    return Constraints(gpu=cell.gpu, provider=cell.provider, vram_gb=cell.vram_gb,
-                       min_confidence=cell.offer.min_availability_confidence, max_price=cell.offer.max_price)
-
 
 def _release(provisioning: Provisioning) -> None:
     """Stage ``cleanup``: end every session this cell owns (every attempt's); never raises."""
+    provisioning.recorder.time_as(str(Stage.CLEANUP))
     provisioning.release_all()
 
 
 @pytest.fixture
-def gpu_ssh(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: CellRecorder,
-            gpu_session: GpuSession) -> Iterator[Connection]:
+def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_cell: Cell,
+            gpubench_recorder: CellRecorder, gpu_session: GpuSession) -> Iterator[Connection]:
     """Stage ``ssh_connect``: an SSH connection, checked, to the expected GPU.
 
     ``nvidia-smi`` must report the GPU the offer promised; its system info is
-    kept for the result's ``hardware`` section.
+    kept for the result's ``hardware`` section (on a reused session, the first
+    cell's is kept: the machine is the same, its host key pinned).
     """
     settings, recorder = gpubench_run.settings, gpubench_recorder
     recorder.enter(Stage.SSH_CONNECT)
@@ -259,7 +258,14 @@ def gpu_ssh(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: Ce
                                    what="the SSH connectivity check", timeout=timeout), timeout + BRIDGE_SLACK)
         if "gpubench-ssh-ok" not in check.stdout:
             raise StageError(Stage.SSH_CONNECT, "the SSH connectivity check printed nothing")
-        recorder.hardware = run_async(probe_system(conn, gpubench_cell.gpu, timeout), timeout * 3 + BRIDGE_SLACK)
+        lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
+        if lease is not None and lease.hardware is not None:
+            recorder.hardware = lease.hardware
+        else:
+            recorder.hardware = run_async(probe_system(conn, gpubench_cell.gpu, timeout),
+                                          timeout * 3 + BRIDGE_SLACK)
+            if lease is not None:
+                lease.hardware = recorder.hardware
         recorder.progress.status("SYSTEM_INFO", gpu=recorder.hardware.gpu_name,
                                  memory_mib=recorder.hardware.gpu_memory_mib,
                                  driver=recorder.hardware.driver_version, cuda=recorder.hardware.cuda_version)
@@ -297,7 +303,9 @@ def ollama_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpu
     install = cell.ollama_install or DEFAULT_OLLAMA_INSTALL
 
     async def install_and_serve() -> tuple[bool, str]:
-        installed = await runtime.ensure_installed(install, timeout)
+        # On a reused session an earlier cell installed it: serving is what is checked.
+        known = lease is not None and lease.ollama_started_here
+        installed = False if known else await runtime.ensure_installed(install, timeout)
         await runtime.locate(timeout)
         return installed, await runtime.ensure_serving(timeout, num_parallel=ollama_parallelism(cell))
 

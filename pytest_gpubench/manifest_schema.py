@@ -84,6 +84,10 @@ MANIFEST_COLUMNS: dict[str, type] = {
     "reuse_group": str,
     "session_turn": int,
     "session_owner": str,
+    # gpubench import: the file (and place in it) and format the row's result came from
+    "imported_from": str,
+    # JSON {stage: seconds}: where the cell's time went, stage by stage (cleanup included)
+    "stage_seconds": str,
 }
 _MANIFEST_NOT_NULL = {"id", "run_id", "created_at", "gpu_type", "provider", "model", "status"}
 # Set once by add_cell; everything else may change.

@@ -7,6 +7,7 @@ manifest outcome, an ``ERROR:`` or ``COMPLETED`` line, and JUnit properties.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -76,6 +77,10 @@ class CellRecorder:
     upload: Callable[[str], None] | None = None
     records: list[RequestRecord] = field(default_factory=list)
     finished: bool = False
+    #: Seconds spent in each stage so far (``enter`` moves the clock on).
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    _stage_since: float = field(default_factory=time.monotonic, repr=False)
+    _timed: str = str(Stage.INVENTORY)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -96,8 +101,17 @@ class CellRecorder:
         return recorder
 
     def enter(self, stage: Stage) -> None:
-        """Note the stage the cell is in: an error from here on is blamed on it."""
+        """Note the stage the cell is in: an error from here on is blamed on it, and the
+        time from now on counts as its (``stage_seconds``)."""
         self.stage = stage
+        self.time_as(str(stage))
+
+    def time_as(self, label: str) -> None:
+        """From now on the cell's time counts as ``label``'s in ``stage_seconds`` (teardown
+        counts as ``cleanup`` without the cell's errors being blamed on it)."""
+        now = time.monotonic()
+        self.stage_seconds[self._timed] = self.stage_seconds.get(self._timed, 0.0) + (now - self._stage_since)
+        self._timed, self._stage_since = label, now
 
     def session_created(self, session_id: str, consumer_id: str, offer_id: str, price: float) -> None:
         """Record ownership right away, before the session is used.
@@ -178,7 +192,9 @@ class CellRecorder:
                 self.upload(benchmark_id)
         results = self.result.results if self.result else None
         cost = self.cost_usd
+        self.time_as(self._timed)
         measured = {
+            "stage_seconds": json.dumps({k: round(v, 3) for k, v in self.stage_seconds.items()}),
             "tokens_per_second": results.avg_tokens_per_second if results else None,
             "total_requests": results.total_requests if results else None,
             "error_count": results.total_errors if results else None,

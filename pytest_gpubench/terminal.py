@@ -7,12 +7,13 @@ the single pytest process).
 from __future__ import annotations
 
 import fnmatch
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .budget import skipped_by_budget, summary_line
+from .budget import skipped_by_budget, spend_of, summary_line
 from .errors import ApiUnreachable
 from .live import LiveProgress
 from .stash import SANDBOX_KEY, SETTINGS_KEY, run_context
@@ -30,7 +31,9 @@ class SummaryTable:
         if "gpubench_status" in properties:
             self.rows.append(properties)
 
-    def render(self) -> list[str]:
+    def render(self, billed: float | None = None) -> list[str]:
+        """The table and a count line; ``billed`` is the run's bill from its sessions
+        (a shared session once), else the cells' costs are summed."""
         table = [COLUMNS] + [
             (
                 str(row.get("gpubench_cell", "")),
@@ -45,7 +48,7 @@ class SummaryTable:
         widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
         lines = ["  ".join(cell.ljust(widths[i]) if i < 2 else cell.rjust(widths[i])
                            for i, cell in enumerate(line)) for line in table]
-        total = sum(float(r.get("gpubench_cost_usd") or 0) for r in self.rows)
+        total = billed if billed is not None else sum(float(r.get("gpubench_cost_usd") or 0) for r in self.rows)
         counts: dict[str, int] = {}
         for row in self.rows:
             counts[row["gpubench_status"]] = counts.get(row["gpubench_status"], 0) + 1
@@ -119,11 +122,21 @@ class TerminalHooks:
             context = run_context(self.config)
             context.manifest.finish_run(context.run_id, status)
 
+    def _billed(self, run_id: str) -> float | None:
+        """What the run's sessions cost (the attempts table, where a shared session is one
+        row), or None when it has none (cells that never rented)."""
+        try:
+            attempts = run_context(self.config).manifest.attempts(run_id)
+        except Exception:  # noqa: BLE001 - the summary falls back to the cells' own figures
+            return None
+        return spend_of(attempts, datetime.now(timezone.utc)).spent if attempts else None
+
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         settings = self.config.stash[SETTINGS_KEY]
         if self.summary.rows:
             terminalreporter.write_sep("=", "gpubench summary")
-            for line in self.summary.render():
+            billed = self._billed(settings.run_id)
+            for line in self.summary.render(billed):
                 terminalreporter.write_line(line)
             for row in sorted(self.summary.rows, key=lambda r: str(r.get("gpubench_cell", ""))):
                 if row.get("gpubench_comparison"):
@@ -133,7 +146,8 @@ class TerminalHooks:
                         f"{row['gpubench_cell']}: not a valid GPU figure: {row['gpubench_invalid_because']}",
                         yellow=True)
             if settings.budget is not None:
-                spent = sum(float(r.get("gpubench_cost_usd") or 0) for r in self.summary.rows)
+                spent = billed if billed is not None else sum(
+                    float(r.get("gpubench_cost_usd") or 0) for r in self.summary.rows)
                 cells = run_context(self.config).manifest.cells(settings.run_id)
                 skipped = sum(1 for c in cells if c["status"] == "skipped" and skipped_by_budget(c["error_message"]))
                 terminalreporter.write_line(summary_line(settings.budget, spent, skipped))
