@@ -41,6 +41,8 @@ import sqlite_utils
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench_common import start_sandbox  # noqa: E402 - bench/ is on sys.path: the script's own directory
+
 from pytest_gpubench.sandbox.catalog import load_catalog  # noqa: E402
 
 FAULT_KINDS = ("provision_error_boot", "provision_error_create", "stale_inventory", "no_ssh", "kill_instance")
@@ -135,18 +137,6 @@ class FaultInjector(threading.Thread):
 
 
 # ------------------------------------------------------------------- the run
-
-
-def start_sandbox(time_scale: float) -> tuple[subprocess.Popen[str], str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pytest_gpubench.cli", "sandbox", "--port", "0", "--time-scale", str(time_scale),
-         "--exit-with-stdin"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
-    )
-    line = process.stdout.readline()
-    if not line.startswith("GPUBENCH_SANDBOX_URL="):
-        raise SystemExit(f"the sandbox did not start: {line!r}")
-    return process, line.split("=", 1)[1].strip()
 
 
 def run_pytest(matrix: Path, url: str, work: Path, args: argparse.Namespace) -> subprocess.CompletedProcess[str]:

@@ -9,11 +9,41 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from xdist.scheduler import LoadGroupScheduling
+
 from .processes import ProcessIdentity
 from .stash import RESUME_KEY, SETTINGS_KEY
 
 
+class CellGroupScheduling(LoadGroupScheduling):
+    """``--dist loadgroup`` that never runs a crashed cell twice.
+
+    xdist's scope schedulers put a crashed worker's whole work unit back in the
+    queue, the item that crashed included: it is reported as crashed and then run
+    again (for a cell: a second session rented, minutes more, the manifest row
+    overwritten). Here the crashed item counts as done before the rest of its unit
+    (its reuse group's later cells) goes back to the queue.
+    """
+
+    def remove_node(self, node: Any) -> str | None:
+        crashed = None
+        for unit in self.assigned_work.get(node, {}).values():
+            crashed = next((nodeid for nodeid, done in unit.items() if not done), None)
+            if crashed is not None:
+                unit[crashed] = True
+                break
+        super().remove_node(node)
+        return crashed
+
+
 class XdistHooks:
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(self, config: Any, log: Any) -> Any:
+        if config.getvalue("dist") == "loadgroup":
+            return CellGroupScheduling(config, log)
+        return None
+
     def pytest_configure_node(self, node: Any) -> None:
         settings = node.config.stash[SETTINGS_KEY]
         node.workerinput["gpubench_run_id"] = settings.run_id

@@ -10,37 +10,28 @@ happened; ``pytest --fixtures`` documents them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import replace
 from datetime import datetime, timezone
-from pathlib import Path
-from typing import TypeVar
 
 import pytest
-from pydantic import ValidationError
 
 from .aio import run as run_async
-from .benchmark import BenchmarkPlan
 from .budget import exhausted, spend_of
-from .compare import compare, figures_of, parse_compare_fail
-from .errors import BenchmarkInterrupted, NoEligibleOffer, Stage, StageError
-from .export import upload_result
+from .cell_benchmark import BRIDGE_SLACK, Bench, GpuSession, upload_now, watched
+from .errors import NoEligibleOffer, Stage, StageError
 from .matrix import Cell
-from .measure import Measurement, details_of, enough_runs, measure_once
 from .offers import Constraints
 from .outcome import outcome_of
 from .providers.shopper import OfferChoice
 from .provisioning import BudgetRefused, Provisioning
-from .record import CellRecorder, progress_path
+from .record import CellRecorder
 from .remote.ssh import KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL, Connection, KeyFile
-from .remote.system import compute_capability, probe_system
-from .result_checks import keep_raw, result_problems
-from .results import BenchmarkResult, HardwareInfo, ModelInfo, TestConfig, summarize
+from .remote.system import probe_system
 from .run import RunContext
 from .runtimes.ollama import OllamaRuntime
 from .session_pool import Lease, SessionPool, make_room, note_model
 from .settings import DEFAULT_OLLAMA_INSTALL
-from .shopper import Session
 from .stash import (
     CELL_KEY,
     LEASE_KEY,
@@ -50,16 +41,7 @@ from .stash import (
     REUSE_GROUPS_KEY,
     run_context,
 )
-from .telemetry import summarize_gpu
-from .thresholds import check_thresholds, describe_violations
 from .vram import vram_shortfall
-from .watch import SessionWatch, watch_interval
-
-#: Seconds of slack on top of a stage timeout for the bridge into the loop.
-BRIDGE_SLACK = 10.0
-#: Seconds the benchmark may take beyond its timeout to read the instance's checkpoint.
-CHECKPOINT_SLACK = 90.0
-T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
@@ -156,16 +138,6 @@ def gpu_offer(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench
     return choice
 
 
-@dataclass
-class GpuSession:
-    """A running GPU session and its key file."""
-
-    session: Session
-    key_pem: str = field(repr=False)
-    key_file: KeyFile = field(repr=False)
-    offer: OfferChoice = field(repr=False)
-
-
 @pytest.fixture
 def gpu_session(
     request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_cell: Cell,
@@ -226,7 +198,6 @@ def _hand_back(pool: SessionPool, lease: Lease, node: pytest.Item, recorder: Cel
         pool.hand_back(lease, recorder, outcome_of(node, recorder.stage), node.stash.get(NEXT_GROUP_KEY, None))
     except Exception as exc:  # noqa: BLE001 - whatever broke, the session must not be left behind
         pool.release(lease, recorder, f"handing it back failed: {exc}")
-
 
 
 def _release(provisioning: Provisioning) -> None:
@@ -311,7 +282,7 @@ def ollama_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpu
 
     # Watched like the pull: an instance killed mid-install is named as the cause,
     # not the broken SSH channel it leaves behind.
-    installed, version = run_async(_watched(gpubench_run, gpu_session, Stage.OLLAMA_INSTALL,
+    installed, version = run_async(watched(gpubench_run, gpu_session, Stage.OLLAMA_INSTALL,
                                             lambda _: install_and_serve()), 3 * timeout + BRIDGE_SLACK)
     recorder.progress.status("OLLAMA_INSTALLED", version=version, installed_now=installed)
 
@@ -326,24 +297,12 @@ def ollama_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpu
         # The model the previous cell ran is still loaded: its load is no cold start.
         return await runtime.warm_up(cell.model, timeout, cold_start=lease is None or lease.last_model != cell.model)
 
-    load = run_async(_watched(gpubench_run, gpu_session, Stage.MODEL_PULL, lambda _: pull_and_warm_up()),
+    load = run_async(watched(gpubench_run, gpu_session, Stage.MODEL_PULL, lambda _: pull_and_warm_up()),
                      3 * timeout + 30 + BRIDGE_SLACK)
     if lease is not None:
         note_model(lease, runtime, cell.model)
     recorder.progress.status("MODEL_READY", model=cell.model, load_s=round(load, 2))
     return runtime
-
-
-async def _watched(run: RunContext, session: GpuSession, stage: Stage,
-                   work: Callable[[SessionWatch], Awaitable[T]], *, guard: bool = True) -> T:
-    """Await ``work(watch)`` while the API is asked every few seconds whether the instance still runs.
-
-    With ``guard``, a lost instance cancels the work and raises ``InstanceLost``;
-    without, the work itself reacts to ``watch`` (the benchmark keeps what it measured).
-    """
-    async with SessionWatch(run.provider.client, session.session.id, watch_interval(run.settings), stage) as watch:
-        job = work(watch)
-        return await (watch.guard(job, stage) if guard else job)
 
 
 #: OLLAMA_NUM_PARALLEL for a request-rate cell, whose in-flight count is not fixed.
@@ -372,216 +331,6 @@ def _pull_reporter(recorder: CellRecorder):
     return report
 
 
-class ThresholdMissed(StageError):
-    """The benchmark ran but missed a threshold or regressed against its baseline."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(Stage.RESULTS, message)
-
-
-class ResultsInvalid(StageError):
-    """The measured figures cannot be right: kept raw for inspection, not recorded as a result."""
-
-    def __init__(self, message: str, kept: Path) -> None:
-        super().__init__(Stage.RESULTS, f"{message}; kept raw in {kept}",
-                         hint="nothing from this cell was stored as a measurement")
-        self.kept = kept
-
-
-class Bench:
-    """Runs the cell's benchmark on a ready runtime; ``run()`` returns the result."""
-
-    def __init__(self, run: RunContext, cell: Cell, recorder: CellRecorder, runtime: OllamaRuntime,
-                 session: GpuSession) -> None:
-        self._run, self.cell, self.recorder, self.runtime, self.session = run, cell, recorder, runtime, session
-        self.result: BenchmarkResult | None = None
-        self.measurement = Measurement()
-        self.details: dict = {}
-        self.comparison_line = ""
-
-    def plan(self, run_index: int = 0) -> BenchmarkPlan:
-        workload = self.cell.workload
-        # Relative to the SSH login directory on the instance.
-        checkpoint = progress_path(Path(".gpubench"), self._run.run_id, self.recorder.record_key)
-        checkpoint = checkpoint.with_name(f"{checkpoint.stem}.run{run_index}.checkpoint.json")
-        return BenchmarkPlan(
-            model=self.cell.model, duration=workload.duration, max_tokens=workload.max_tokens,
-            prompts=workload.prompt_payload(), warmup_requests=workload.warmup_requests if run_index == 0 else 0,
-            progress_interval=workload.progress_interval, checkpoint_every=workload.checkpoint_every,
-            checkpoint_path=str(checkpoint), concurrency=self.cell.concurrency, rate=self.cell.rate,
-            seed=run_index, request_timeout=self._run.settings.stall_seconds(workload.stall_timeout),
-        )
-
-    def run(self) -> BenchmarkResult:
-        """Stages ``benchmark`` then ``results``: measure (every run), summarise, judge, record."""
-        recorder, settings, cell = self.recorder, self._run.settings, self.cell
-        recorder.enter(Stage.BENCHMARK)
-        interval = settings.telemetry_interval or cell.workload.telemetry_interval
-        run_index = 0
-        while True:
-            plan = self.plan(run_index)
-            self._ensure_ollama()
-            timeout = settings.stage_timeout(Stage.BENCHMARK, plan.duration)
-            try:
-                outcome, samples = run_async(
-                    _watched(self._run, self.session, Stage.BENCHMARK, lambda watch, plan=plan, timeout=timeout:
-                             measure_once(self.runtime, plan, timeout=timeout, telemetry_interval=interval,
-                                          on_event=self._on_event, watch=watch, reconnect=self._reconnect),
-                             guard=False),
-                    # After a stream cut at the deadline, reading the checkpoint still takes a moment.
-                    timeout + CHECKPOINT_SLACK + BRIDGE_SLACK,
-                )
-            except BenchmarkInterrupted as exc:
-                self.measurement.add(exc.partial, getattr(exc, "samples", []), run_index)
-                self._keep()
-                raise
-            self.measurement.add(outcome, samples, run_index)
-            run_index += 1
-            values = [r["tokens_per_second"] for r in self.measurement.runs]
-            if enough_runs(cell, settings.runs, values):
-                break
-            recorder.progress.status("RUN_COMPLETE", run=run_index, tps=values[-1])
-        recorder.enter(Stage.RESULTS)
-        result = self._keep()
-        recorder.progress.status("BENCHMARK_COMPLETE", tps=result.results.avg_tokens_per_second,
-                                 requests=result.results.total_requests, tokens=result.results.total_tokens,
-                                 runs=len(self.measurement.runs))
-        recorder.progress.status("RESULTS_COLLECTED")
-        recorder.progress.results(result)
-        self._judge(result)
-        return result
-
-    def _ensure_ollama(self) -> None:
-        """Seed 001's health check before each run: an Ollama that stopped answering is
-        restarted once (and the model loaded again) before the cell fails."""
-        settings, recorder, runtime = self._run.settings, self.recorder, self.runtime
-        timeout = settings.stage_timeout(Stage.OLLAMA_INSTALL)
-
-        def restarting(reason: str) -> None:
-            recorder.progress.status("OLLAMA_RESTART", reason=reason)
-
-        # A restart is a start command, then a wait for /api/version, then maybe the serve log.
-        if run_async(runtime.ensure_healthy(timeout, Stage.BENCHMARK, restarting), timeout * 2 + 30 + BRIDGE_SLACK):
-            load_timeout = settings.stage_timeout(Stage.MODEL_PULL)
-            load = run_async(runtime.warm_up(self.cell.model, load_timeout, cold_start=False),
-                             load_timeout + BRIDGE_SLACK)
-            recorder.progress.status("OLLAMA_RESTARTED", version=runtime.version, load_s=round(load, 2))
-
-    def _reconnect(self) -> Awaitable[Connection]:
-        """A new SSH connection to this cell's session (its host key must not have changed)."""
-        session, timeout = self.session.session, min(self._run.settings.stage_timeout(Stage.SSH_CONNECT), 60.0)
-        return self._run.host_keys.connect(session.id, session.ssh_host, session.ssh_port, session.ssh_user or "root",
-                                           self.session.key_pem, timeout=timeout)
-
-    def _on_event(self, event: dict) -> None:
-        if event["event"] == "progress":
-            self.recorder.progress.progress(requests=event.get("requests"), tokens=event.get("tokens"),
-                                            tps=event.get("tps"), errors=event.get("errors"))
-
-    def _keep(self) -> BenchmarkResult:
-        """Build the result and details of what was measured so far and hand them to the recorder."""
-        measurement, runtime = self.measurement, self.runtime
-        residency = run_async(runtime.residency(self.cell.model), 30 + BRIDGE_SLACK)
-        capability = ""
-        if not runtime.conn.closed:
-            capability = run_async(compute_capability(runtime.conn, 30), 30 + BRIDGE_SLACK)
-        try:
-            result = build_result(self.cell, self.recorder, runtime, self.session, measurement)
-        except ValidationError as exc:
-            raise self._invalid([str(exc).replace("\n", " ")], None) from None
-        problems = result_problems(result)
-        if problems:
-            raise self._invalid(problems, result)
-        self.details = details_of(self.cell, measurement, runtime, residency=residency,
-                                  compute_capability=capability)
-        recorder = self.recorder
-        pulled = recorder.pulled
-        self.details["model"] = {"digest": pulled.digest if pulled else "",
-                                 "quantization": pulled.quantization if pulled else ""}
-        # The headline $/M tokens is the machine's (output throughput); the per-stream
-        # figure the GPU Shopper server would compute is kept beside it.
-        self.details["cost_analysis"] = {
-            "per_stream": result.per_stream_cost_analysis().model_dump(mode="json"),
-            "machine": result.cost_analysis().model_dump(mode="json"),
-        }
-        recorder.result, recorder.records, recorder.samples = result, list(measurement.records), measurement.samples
-        recorder.runs, recorder.details, self.result = measurement.runs, self.details, result
-        return result
-
-    def _invalid(self, problems: list[str], result: BenchmarkResult | None) -> ResultsInvalid:
-        """Keep an invalid result raw under ``<reports>/invalid/`` and say so; nothing is recorded as measured."""
-        recorder, run = self.recorder, self._run
-        path = progress_path(run.settings.reports / "invalid", run.run_id, recorder.record_key).with_suffix(".json")
-        keep_raw(path, {
-            "cell": recorder.record_key, "run_id": run.run_id, "problems": problems,
-            "result": result.model_dump(mode="python") if result is not None else None,
-            "runs": self.measurement.runs,
-            "records": [r.model_dump(mode="python") for r in self.measurement.records],
-        })
-        recorder.progress.status("RESULTS_INVALID", kept=str(path))
-        return ResultsInvalid(f"the result failed validation: {'; '.join(problems)}", path)
-
-    def _judge(self, result: BenchmarkResult) -> None:
-        """Thresholds, then the baseline comparison: a miss fails the cell with the figures first."""
-        cell, settings, recorder = self.cell, self._run.settings, self.recorder
-        figures = result.results
-        metrics = self.details["metrics"]
-        violations = check_thresholds(
-            cell.thresholds, tps=figures.avg_tokens_per_second,
-            ttft_ms_by_percentile={50: metrics.get("ttft_p50_ms"), 90: metrics.get("ttft_p90_ms"),
-                                   95: metrics.get("ttft_p95_ms"), 99: metrics.get("ttft_p99_ms")},
-            error_rate=figures.error_rate,
-            match_rate=figures.match_rate if figures.prompts_with_expected else None,
-        )
-        if settings.compare or settings.compare_fail:
-            manifest = self._run.manifest
-            baseline = manifest.baseline(recorder.record_key, settings.compare or "last",
-                                         exclude_run=self._run.run_id)
-            if baseline is not None:
-                comparison = compare(figures_of(result, self._run.run_id), baseline,
-                                     parse_compare_fail(settings.compare_fail or ""))
-                self.comparison_line = comparison.line()
-                self.details["comparison"] = self.comparison_line
-                recorder.progress.status("COMPARED", line=self.comparison_line)
-                if comparison.failed:
-                    raise ThresholdMissed(comparison.failure())
-            else:
-                recorder.progress.status("COMPARED", line="no baseline for this cell")
-        if violations:
-            raise ThresholdMissed(describe_violations(violations))
-
-
-def build_result(cell: Cell, recorder: CellRecorder, runtime: OllamaRuntime, session: GpuSession,
-                 measurement: Measurement) -> BenchmarkResult:
-    """The GPU Shopper BenchmarkResult of everything measured (possibly cut short)."""
-    pulled = recorder.pulled
-    workload = cell.workload
-    return BenchmarkResult(
-        hardware=recorder.hardware or HardwareInfo(),
-        model=ModelInfo(
-            name=cell.model,
-            family=pulled.family if pulled else "",
-            parameter_count=pulled.parameter_size if pulled else "",
-            quantization=pulled.quantization if pulled else "",
-            size_gb=round(pulled.size_bytes / 1e9, 2) if pulled else 0.0,
-            runtime="ollama",
-            runtime_version=runtime.version,
-        ),
-        test_config=TestConfig(
-            duration_minutes=round(workload.duration / 60),
-            max_tokens=workload.max_tokens,
-            prompt_types=[workload.prompt_set or "custom"],
-            concurrent_reqs=cell.concurrency,
-            warmup_requests=workload.warmup_requests,
-        ),
-        results=summarize(measurement.records, measurement.duration_seconds or workload.duration),
-        gpu_stats=summarize_gpu(measurement.samples),
-        provider=cell.provider,
-        location=session.offer.offer.location,
-        price_per_hour=session.offer.offer.price_per_hour,
-    )
-
-
 @pytest.fixture
 def gpubench(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: CellRecorder,
              ollama_runtime: OllamaRuntime, gpu_session: GpuSession) -> Bench:
@@ -591,14 +340,5 @@ def gpubench(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: C
     fixtures it depends on, and released in their teardown.
     """
     if gpubench_run.settings.upload:
-        gpubench_recorder.upload = lambda benchmark_id: _upload(gpubench_run, gpubench_recorder, benchmark_id)
+        gpubench_recorder.upload = lambda benchmark_id: upload_now(gpubench_run, gpubench_recorder, benchmark_id)
     return Bench(gpubench_run, gpubench_cell, gpubench_recorder, ollama_runtime, gpu_session)
-
-
-def _upload(run: RunContext, recorder: CellRecorder, benchmark_id: str) -> None:
-    error = run_async(upload_result(run.manifest, run.provider.client, benchmark_id), 60 + BRIDGE_SLACK)
-    if error:
-        recorder.progress.error(Stage.RESULTS, f"upload failed (kept; retry with gpubench upload): {error}")
-    else:
-        recorder.progress.status("IMPORTED", benchmark_id=benchmark_id)
-

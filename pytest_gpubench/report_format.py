@@ -275,4 +275,4 @@ NO_HEAD_TO_HEAD = "No GPU and model was measured on more than one provider."
 FAILURES_INTRO = "Failed and partial cells, grouped by stage and message (Count: cells with that message)."
 NO_FAILURES = "No cell failed."
 SPEND_INTRO = ("Billed session time (price x lifetime, each session once). \"Cells' cost\" sums the cells' own "
-               "cost_usd, what each run's terminal summary printed as spent.")
+               "cost_usd: each cell's share of its session (the time it held it).")

@@ -3,7 +3,7 @@
 Money is read from the manifest's ``attempts`` table: every rented session is one
 row there (the renting attempt of a shared session carries its whole bill), so the
 sum counts each session once, as the spend cap (:mod:`.budget`) does. The cells'
-own ``cost_usd`` (what the run's terminal summary printed) is kept beside it; a
+own ``cost_usd`` (each one's share of its session) is kept beside it; a
 run without attempt rows (imported, or older) has only that.
 """
 
@@ -34,7 +34,7 @@ class RunSpend(BaseModel):
     sessions: int
     #: Billed session time (price x lifetime), each session once; see the module docstring.
     spent_usd: float
-    #: The cells' ``cost_usd`` summed: what the run's terminal summary printed as spent.
+    #: The cells' ``cost_usd`` summed: their shares of the sessions they ran on.
     cells_cost_usd: float
     #: ``attempts`` or ``cells`` (a run without attempt rows, such as an imported one).
     spent_from: str

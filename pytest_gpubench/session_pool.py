@@ -37,7 +37,7 @@ from .results import HardwareInfo
 from .runtimes.ollama import OllamaRuntime, with_tag
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
-    from .fixtures import GpuSession
+    from .cell_benchmark import GpuSession
     from .provisioning import Provisioning
     from .run import RunContext
 

@@ -400,6 +400,7 @@ class MisbehavingProxy:
 
 
 E2E_MATRIX = """
+reuse: cell                  # each cell meets its own fault on its own session
 workload:
   duration: 2s
   max_tokens: 24

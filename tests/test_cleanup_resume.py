@@ -418,7 +418,10 @@ def test_ctrl_c_releases_the_session_in_teardown(tmp_path, sandbox_url):
 
 @pytest.mark.slow
 def test_sigterm_to_the_xdist_controller_releases_every_session(tmp_path, sandbox_url):
-    run = PytestRun(tmp_path, sandbox_url, "-k", "4090", "-n", "2", "--gpubench-duration", "300")
+    # One session per cell, so that both workers measure at once (reuse would queue the
+    # two RTX 4090 cells on one worker).
+    run = PytestRun(tmp_path, sandbox_url, "-k", "4090", "-n", "2", "--gpubench-duration", "300",
+                    "--gpubench-reuse", "cell")
     run.measuring(cells=2)
     assert len(active_sessions(sandbox_url)) == 2
     os.kill(run.process.pid, signal.SIGTERM)  # the controller only, as `kill` or a CI cancel sends it
@@ -548,3 +551,29 @@ def test_resume_reruns_only_the_failed_cell_into_the_same_run(tmp_path, sandbox_
     assert rerun["completed_at"] > before["RTX_3090-vastai-qwen2:7b"]["completed_at"]
     (run_row,) = list(sqlite_utils.Database(again.manifest)["runs"].rows)
     assert run_row["status"] == "passed" and run_row["resumed_at"] and run_row["pid"] == again.process.pid
+
+
+CRASH_GROUP_MATRIX = """
+workload: {duration: 2s, max_tokens: 32, progress_interval: 1s}
+matrix:
+  - {gpu: RTX 4090, provider: vastai, model: qwen2:7b, workload: {duration: 300s}}
+  - {gpu: RTX 4090, provider: vastai, model: qwen2:1.5b}
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_group_fails_its_cell_once_and_the_group_goes_on(tmp_path, sandbox_url):
+    matrix = tmp_path / "gpubench_crash.yaml"
+    matrix.write_text(CRASH_GROUP_MATRIX)
+    run = PytestRun(tmp_path, sandbox_url, "--rootdir", str(tmp_path), "-n", "2", target=matrix)
+    (log,) = run.measuring()
+    os.kill(worker_holding(run.process.pid, log), signal.SIGKILL)
+    output = run.finish(timeout=240)  # a rerun of the crashed 300 s cell would not end in time
+    assert run.process.returncode == pytest.ExitCode.TESTS_FAILED, output[-3000:]
+    rows = {row["cell_id"]: row for row in run.rows()}
+    crashed, rest = rows["RTX_4090-vastai-qwen2:7b"], rows["RTX_4090-vastai-qwen2:1.5b"]
+    assert crashed["status"] == "failed" and "died" in crashed["error_message"], crashed
+    assert rest["status"] == "success" and rest["session_id"] != crashed["session_id"]  # a new worker, a new session
+    assert output.count("crashed") >= 1 and "1 failed, 1 passed" in output, output[-3000:]
+    assert active_sessions(sandbox_url) == []
+    cleanup_finds_nothing(run)

@@ -237,3 +237,29 @@ def test_groups_stay_on_one_worker_under_xdist(tmp_path, standalone_sandbox):  #
     assert len({row["session_id"] for row in group}) == 1
     assert len(sandbox_sessions(url)) == 2
     assert_every_session_released(url)
+
+
+DISK_MATRIX = """
+workload: {duration: 1s, max_tokens: 16, warmup_requests: 0, progress_interval: 1s}
+matrix:
+  - {gpu: RTX 3090, provider: vastai, models: [qwen2:7b, deepseek-r1:14b, deepseek-r1:32b, llama3:8b]}
+"""
+
+
+@pytest.mark.slow
+def test_earlier_models_are_removed_when_the_next_would_not_fit_the_disk(tmp_path, standalone_sandbox):  # noqa: F811
+    # A 50 GB disk (15 + 24 + 5 is less) with 15 GB of system holds the first three
+    # models (33 GB) but then has about 4 GB free: llama3:8b (8 GB) needs the oldest gone.
+    url = standalone_sandbox
+    done = run_matrix(tmp_path, url, DISK_MATRIX)
+    assert done.returncode == 0, done.stdout[-3000:]
+    rows = rows_by_cell(tmp_path)
+    assert all(row["status"] == "success" for row in rows.values()), done.stdout[-3000:]
+    order = ["qwen2:7b", "deepseek-r1:14b", "deepseek-r1:32b", "llama3:8b"]
+    removed = [line.fields for model in order for line in read_progress(rows[f"RTX_3090-vastai-{model}"]
+                                                                          ["progress_file"])
+               if line.label == "MODEL_REMOVED"]
+    assert removed and removed[0]["model"] == "qwen2:7b", removed  # oldest first
+    assert all(float(r["free_gb"]) < float(r["needed_gb"]) for r in removed)
+    assert "llama3:8b" not in [r["model"] for r in removed]
+    assert len({row["session_id"] for row in rows.values()}) == 1 == len(sandbox_sessions(url))
