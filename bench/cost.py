@@ -19,8 +19,9 @@ For each mode it prints, from the manifest and the sandbox:
   workload's own time: the duration, the warm-up request, the last request's
   tail; from the manifest's ``stage_seconds``); everything else (later downloads,
   SSH, checks, releases) counts against the plugin;
-* their ratio, and the run's wall time against its longest group (the ideal of
-  that group: with enough workers nothing can end sooner).
+* their ratio, and the run's wall time against its longest group (with enough
+  workers nothing can end sooner) and against the ideal for ``-n`` workers (the
+  groups' bounds dealt longest first to the least loaded worker).
 
 Figures are printed in the sandbox's seconds and as real hours (divided by the
 time scale). Targets (issue 5): billed <= 1.15 x the lower bound with reuse, and
@@ -138,6 +139,15 @@ def _groups(matrix: Path) -> dict[str, list]:
     return dict(groups)
 
 
+def makespan(groups: list[float], workers: int) -> float:
+    """The run's ideal wall time: groups dealt longest first to the least loaded of ``workers``
+    (what --dist loadgroup does), never less than the longest group."""
+    loads = [0.0] * max(workers, 1)
+    for seconds in sorted(groups, reverse=True):
+        loads[loads.index(min(loads))] += seconds
+    return max(loads)
+
+
 def measure(work: Path, url: str) -> dict[str, float]:
     """Sessions, billed seconds and cells from the manifest, checked against the sandbox."""
     db = sqlite_utils.Database(work / "reports" / "manifest.db")
@@ -190,14 +200,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"work directory kept: {work_root}")
     print()
     print(f"{'reuse':<7}{'sessions':>9}{'per ok cell':>12}{'billed s':>10}{'real GPU-h':>11}{'bound s':>9}"
-          f"{'x bound':>9}{'wall s':>8}{'longest':>8}{'x longest':>10}{'ok cells':>9}{'left':>5}")
+          f"{'x bound':>9}{'wall s':>8}{'longest':>8}{'x longest':>10}{'ideal':>7}{'x ideal':>8}"
+          f"{'ok cells':>9}{'left':>5}")
     for reuse, r in results.items():
         bounds = lower_bound(matrix, setups, r["benchmark_s"])
         r["bound_s"], r["longest_s"] = sum(bounds.values()), max(bounds.values())
+        r["makespan_s"] = makespan(list(bounds.values()), args.workers)
         per_cell = r["sessions"] / r["success"] if r["success"] else float("inf")
         print(f"{reuse:<7}{r['sessions']:>9}{per_cell:>12.2f}{r['billed_s']:>10.1f}"
               f"{r['billed_s'] / scale / 3600:>11.2f}{r['bound_s']:>9.1f}{r['billed_s'] / r['bound_s']:>9.3f}"
               f"{r['wall_s']:>8.1f}{r['longest_s']:>8.1f}{r['wall_s'] / r['longest_s']:>10.2f}"
+              f"{r['makespan_s']:>7.1f}{r['wall_s'] / r['makespan_s']:>8.2f}"
               f"{r['success']:>9}{r['left_running']:>5}")
     on, off = results["group"], results["cell"]
     print()
