@@ -7,13 +7,39 @@ worker dies, the controller releases the sessions it left behind.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from xdist.scheduler import LoadGroupScheduling
 
+from .matrix import load_cells
 from .processes import ProcessIdentity
+from .run import apply_overrides
 from .stash import RESUME_KEY, SETTINGS_KEY
+
+
+class MatrixGroups:
+    """The reuse group of a matrix item, from its node id (``path::cell_id``), for the controller,
+    which collects nothing itself."""
+
+    def __init__(self, config: Any) -> None:
+        self.root = Path(config.rootpath)
+        self.settings = config.stash[SETTINGS_KEY]
+        self._files: dict[str, dict[str, str | None]] = {}
+
+    def group_of(self, nodeid: str) -> str | None:
+        path, _, name = nodeid.partition("::")
+        if not name or not path.endswith((".yaml", ".yml")):
+            return None
+        if path not in self._files:
+            try:
+                cells = load_cells(self.root / path)
+            except Exception:  # noqa: BLE001 - the workers report a bad file; here it is just not grouped
+                cells = []
+            self._files[path] = {cell.cell_id: apply_overrides(cell, self.settings).session_group for cell in cells}
+        group = self._files[path].get(name)
+        return f"reuse:{group}" if group else None
 
 
 class CellGroupScheduling(LoadGroupScheduling):
@@ -25,6 +51,20 @@ class CellGroupScheduling(LoadGroupScheduling):
     overwritten). Here the crashed item counts as done before the rest of its unit
     (its reuse group's later cells) goes back to the queue.
     """
+
+    def __init__(self, config: Any, log: Any = None) -> None:
+        super().__init__(config, log)
+        self._groups = MatrixGroups(config)
+
+    def _split_scope(self, nodeid: str) -> str:
+        # xdist names a grouped item `nodeid@group` on the worker, but from pytest 9.2
+        # on that renaming no longer takes (nodes keep their id in `_id`): the group is
+        # then found from the matrix file and the cell id, as the workers found it.
+        if "@" not in nodeid.rsplit("::", 1)[-1]:
+            group = self._groups.group_of(nodeid)
+            if group is not None:
+                return group
+        return super()._split_scope(nodeid)
 
     def remove_node(self, node: Any) -> str | None:
         crashed = None

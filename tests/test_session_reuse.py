@@ -263,3 +263,22 @@ def test_earlier_models_are_removed_when_the_next_would_not_fit_the_disk(tmp_pat
     assert all(float(r["free_gb"]) < float(r["needed_gb"]) for r in removed)
     assert "llama3:8b" not in [r["model"] for r in removed]
     assert len({row["session_id"] for row in rows.values()}) == 1 == len(sandbox_sessions(url))
+
+
+def test_the_controller_finds_a_cell_s_group_from_its_node_id(tmp_path):
+    # pytest 9.2 ignores xdist's `nodeid@group` renaming: the scheduler reads the matrix instead.
+    from types import SimpleNamespace
+
+    from pytest_gpubench._xdist import MatrixGroups
+    from pytest_gpubench.settings import Settings
+    from pytest_gpubench.stash import SETTINGS_KEY
+
+    (tmp_path / "gpubench_o.yaml").write_text(ORDER_MATRIX)
+    config = SimpleNamespace(rootpath=tmp_path, stash={SETTINGS_KEY: Settings()})
+    groups = MatrixGroups(config)
+    assert groups.group_of("gpubench_o.yaml::RTX_4090-vastai-qwen2:1.5b") == "reuse:RTX_4090-vastai"
+    assert groups.group_of("gpubench_o.yaml::RTX_3090-tensordock-qwen2:7b") is None  # reuse: cell
+    assert groups.group_of("gpubench_o.yaml::no-such-cell") is None
+    assert groups.group_of("tests/test_x.py::test_y") is None
+    config.stash[SETTINGS_KEY] = Settings(reuse="cell")
+    assert MatrixGroups(config).group_of("gpubench_o.yaml::RTX_4090-vastai-qwen2:1.5b") is None
