@@ -115,7 +115,9 @@ def test_pull_streams_rising_progress_then_success(server: Server) -> None:
     assert statuses[0] == "pulling manifest"
     assert statuses[-3:] == ["verifying sha256 digest", "writing manifest", "success"]
     weights = [(t, c) for t, c in chunks if c.get("digest") and c["total"] > 1e9]
-    assert len(weights) >= 5
+    # The first report (no "completed" yet) and at least the last; how many come between
+    # depends on how fast this machine runs the 87 ms download (a loaded CI host: 3).
+    assert len(weights) >= 2
     digest = weights[0][1]["digest"]
     assert weights[0][1]["status"] == f"pulling {digest[7:19]}"
     completed = [c.get("completed", 0) for _, c in weights]
