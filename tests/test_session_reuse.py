@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import httpx
 import pytest
 import sqlite_utils
 from polling import wait_for
+from test_cleanup_resume import PytestRun
 from test_e2e_sandbox import REPO, run_pytest, standalone_sandbox  # noqa: F401 - fixture reuse
 from test_failover_budget import assert_every_session_released, sandbox_sessions
 
@@ -169,29 +168,18 @@ def test_an_instance_lost_mid_group_ends_only_its_cell_and_the_rest_rent_anew(
     url = standalone_sandbox
     matrix = tmp_path / "gpubench_reuse.yaml"
     matrix.write_text(GROUP_MATRIX.replace("duration: 2s", "duration: 4s"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
-    run = subprocess.Popen(
-        [sys.executable, "-m", "pytest", str(matrix), "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
-         "-k", "4090", "--gpubench-api", url, "--gpubench-time-scale", "0.02",
-         "--gpubench-reports", str(tmp_path / "reports"),
-         "--gpubench-manifest", str(tmp_path / "reports" / "manifest.db")],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        # Kill the instance while the group's second cell measures.
-        second = tmp_path / "reports" / "progress"
+    run = PytestRun(tmp_path, url, "--rootdir", str(tmp_path), "-k", "4090", target=matrix)
+    # Kill the instance while the group's second cell measures.
+    progress = tmp_path / "reports" / "progress"
 
-        def second_cell_measuring():
-            logs = [p for p in second.rglob("*qwen2_7b.log") if "PROGRESS: requests=" in p.read_text()]
-            return logs and [s for s in sandbox_sessions(url) if s["status"] == "running"]
+    def second_cell_measuring():
+        logs = [p for p in progress.rglob("*qwen2_7b.log") if "PROGRESS: requests=" in p.read_text()]
+        return logs and [s for s in sandbox_sessions(url) if s["status"] == "running"]
 
-        (session,) = wait_for(second_cell_measuring, 180, "the second cell's benchmark")
-        httpx.post(f"{url}/sandbox/faults", json={"fault": "kill_instance", "session_id": session["id"]}
-                   ).raise_for_status()
-        output, _ = run.communicate(timeout=300)
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.communicate()
+    (session,) = wait_for(second_cell_measuring, 180, "the second cell's benchmark")
+    httpx.post(f"{url}/sandbox/faults", json={"fault": "kill_instance", "session_id": session["id"]}
+               ).raise_for_status()
+    output = run.finish()
     rows = rows_by_cell(tmp_path)
     first, second_row, third = (rows[f"RTX_4090-vastai-{m}"] for m in ("qwen2:1.5b", "qwen2:7b", "deepseek-r1:14b"))
     assert first["status"] == "success", output[-3000:]
