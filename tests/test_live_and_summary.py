@@ -1,6 +1,6 @@
 from pytest_gpubench.live import LiveProgress
 from pytest_gpubench.progress import ProgressWriter
-from pytest_gpubench.terminal import SummaryTable
+from pytest_gpubench.summary_table import SummaryTable
 
 
 def test_live_progress_prints_only_new_complete_lines(tmp_path):
