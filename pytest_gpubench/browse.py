@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 from .errors import Stage
 from .manifest_docs import TABLES, schema_of
+from .manifest_migrate import SCHEMA_VERSION
 
 INSTALL_HINT = "pip install 'pytest-gpubench[browse]'"
 DEFAULT_PORT = 8001  # Datasette's own default
@@ -32,6 +33,19 @@ DEFAULT_PORT = 8001  # Datasette's own default
 
 class BrowseProblem(Exception):
     """Something to report in one line instead of serving."""
+
+
+def _migrated(path: Path) -> dict[str, list[str]]:
+    """Bring a manifest written by an older version up to date (its columns renamed,
+    docs/metrics.md), once, before serving it read-only."""
+    from .manifest import Manifest
+
+    try:
+        with Manifest(path, busy_timeout=5, retry_seconds=10) as manifest:
+            return schema_of(manifest.db.conn)
+    except sqlite3.Error as exc:
+        raise BrowseProblem(f"the manifest {path} was written by an older pytest-gpubench and could not be "
+                            f"migrated: {exc}") from None
 
 
 def read_schema(path: Path) -> dict[str, list[str]]:
@@ -45,10 +59,13 @@ def read_schema(path: Path) -> dict[str, list[str]]:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
         try:
             schema = schema_of(conn)
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
         finally:
             conn.close()
     except sqlite3.Error as exc:
         raise BrowseProblem(f"cannot read the manifest {path}: {exc}") from None
+    if "benchmark_manifest" in schema and version < SCHEMA_VERSION:
+        schema = _migrated(path)
     if "benchmark_manifest" not in schema:
         raise BrowseProblem(f"{path} is not a pytest-gpubench manifest (it has no benchmark_manifest table)")
     return schema
@@ -65,22 +82,25 @@ def _stage_order(column: str) -> str:
 #: name -> (the tables it reads, its Datasette canned query).
 _QUERIES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "leaderboard": (("benchmarks",), {
-        "title": "Leaderboard: tokens/s per model, GPU and provider",
+        "title": "Leaderboard: output tokens/s per model, GPU and provider",
         "description": (
             "Every stored result grouped by model, GPU type and provider, fastest first within each model. "
-            "tokens/s is the mean per-request decode rate; USD per million output tokens at the offer's price."
+            "output_tokens_per_second is output throughput (output tokens / measured duration), "
+            "decode_tokens_per_second the per-request mean decode rate; USD per million output tokens at the "
+            "offer's price."
         ),
         "sql": (
             "SELECT model, gpu_type, provider, count(*) AS results,\n"
-            "  round(avg(tokens_per_second), 1) AS avg_tokens_per_second,\n"
-            "  round(max(tokens_per_second), 1) AS best_tokens_per_second,\n"
+            "  round(avg(output_tokens_per_second), 1) AS avg_output_tokens_per_second,\n"
+            "  round(max(output_tokens_per_second), 1) AS best_output_tokens_per_second,\n"
+            "  round(avg(decode_tokens_per_second), 1) AS avg_decode_tokens_per_second,\n"
             "  round(avg(p50_ttft_ms), 1) AS avg_ttft_p50_ms,\n"
             "  round(min(cost_per_million_tokens), 4) AS best_usd_per_million_tokens,\n"
             "  round(avg(price_per_hour), 4) AS avg_price_per_hour\n"
             "FROM benchmarks\n"
-            "WHERE tokens_per_second IS NOT NULL\n"
+            "WHERE output_tokens_per_second IS NOT NULL OR decode_tokens_per_second IS NOT NULL\n"
             "GROUP BY model, gpu_type, provider\n"
-            "ORDER BY model, avg_tokens_per_second DESC"
+            "ORDER BY model, avg_output_tokens_per_second DESC, avg_decode_tokens_per_second DESC"
         ),
     }),
     "failures_by_stage": (("benchmark_manifest",), {

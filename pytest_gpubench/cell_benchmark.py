@@ -130,13 +130,17 @@ class Bench:
                 raise
             self.measurement.add(outcome, samples, run_index)
             run_index += 1
-            values = [r["tokens_per_second"] for r in self.measurement.runs]
+            values = [r["decode_tokens_per_second"] for r in self.measurement.runs]
             if enough_runs(cell, settings.runs, values):
                 break
-            recorder.progress.status("RUN_COMPLETE", run=run_index, tps=values[-1])
+            last = self.measurement.runs[-1]
+            recorder.progress.status("RUN_COMPLETE", run=run_index,
+                                     output_tokens_per_second=last["output_tokens_per_second"],
+                                     decode_tokens_per_second=last["decode_tokens_per_second"])
         recorder.enter(Stage.RESULTS)
         result = self._keep()
-        recorder.progress.status("BENCHMARK_COMPLETE", tps=result.results.avg_tokens_per_second,
+        recorder.progress.status("BENCHMARK_COMPLETE", output_tokens_per_second=result.output_tokens_per_second,
+                                 decode_tokens_per_second=result.results.avg_tokens_per_second,
                                  requests=result.results.total_requests, tokens=result.results.total_tokens,
                                  runs=len(self.measurement.runs))
         recorder.progress.status("RESULTS_COLLECTED")
@@ -168,8 +172,9 @@ class Bench:
 
     def _on_event(self, event: dict) -> None:
         if event["event"] == "progress":
+            # The load generator's "tps" is its tokens so far / time so far: output throughput.
             self.recorder.progress.progress(requests=event.get("requests"), tokens=event.get("tokens"),
-                                            tps=event.get("tps"), errors=event.get("errors"))
+                                            output_tokens_per_second=event.get("tps"), errors=event.get("errors"))
 
     def _keep(self) -> BenchmarkResult:
         """Build the result and details of what was measured so far and hand them to the recorder."""

@@ -14,7 +14,7 @@ tps        p50_tokens_per_second        a drop, in percent of the baseline (the
                                         median per-request rate: one stream that
                                         stalled and then burst cannot move it as
                                         it moves the mean; rows without it fall
-                                        back to tokens_per_second)
+                                        back to decode_tokens_per_second)
 ttft       ttft_p50_ms                  a rise, in percent of the baseline
 cost       cost_per_million_tokens      a rise, in percent of the baseline
 error_rate error_rate (0-1)             a rise, in percentage points: relative
@@ -69,7 +69,7 @@ class Metric(_Value):
 METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
-        Metric(name="tps", column="p50_tokens_per_second", fallback="tokens_per_second", label="tps",
+        Metric(name="tps", column="p50_tokens_per_second", fallback="decode_tokens_per_second", label="tps",
                higher_is_better=True),
         Metric(name="ttft", column="ttft_p50_ms", label="ttft p50", higher_is_better=False),
         Metric(name="cost", column="cost_per_million_tokens", label="cost/Mtok", higher_is_better=False),
@@ -204,7 +204,7 @@ def figures_of(result: BenchmarkResult, run_id: str = "") -> dict[str, Any]:
     return {
         "run_id": run_id,
         "p50_tokens_per_second": result.results.p50_tokens_per_second,
-        "tokens_per_second": result.results.avg_tokens_per_second,
+        "decode_tokens_per_second": result.results.avg_tokens_per_second,
         "ttft_p50_ms": result.results.p50_ttft_ms or None,  # 0 means "not measured"
         "cost_per_million_tokens": result.cost_analysis().cost_per_million_tokens,
         "error_rate": result.results.error_rate,

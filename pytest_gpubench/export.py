@@ -2,8 +2,10 @@
 
 * :func:`export_results` writes the stored results of a run (or all runs) as a JSON
   list of BenchmarkResult objects, exactly as stored (``result_json``), or as CSV with
-  one flattened row per result (``hardware.gpu_name``, ``results.p95_latency_ms``,
-  ..., ``cost_per_million_tokens``) for spreadsheets and pandas.
+  one flattened row per result for spreadsheets and pandas: every registered figure
+  (``output_tokens_per_second``, ``decode_tokens_per_second``, ``ttft_p99_ms``,
+  ``goodput_share``, ... as docs/metrics.md names them), then the result's own fields
+  (``hardware.gpu_name``, ``results.p95_latency_ms``, ...).
 * :func:`upload_pending` POSTs every result whose upload was asked for and has not
   succeeded yet to ``/api/v1/benchmarks``, and records each outcome in the manifest
   (``uploaded`` with the server's id, or ``failed`` with the error), so a failed
@@ -21,6 +23,7 @@ from typing import IO, Any, NamedTuple
 from pydantic import BaseModel
 
 from .errors import ApiError, GpubenchError
+from .figures import FIGURES, FigureSource, figure_values
 from .manifest import Manifest
 from .results import BenchmarkResult
 from .shopper import ShopperClient
@@ -34,12 +37,15 @@ _NESTED = ("hardware", "model", "test_config", "results", "gpu_stats")
 
 
 def csv_columns() -> list[str]:
-    """The CSV header: identity, the nested groups flattened with dots, then price and cost."""
+    """The CSV header: identity, the registered figures (:mod:`.figures`, one column each,
+    named as everywhere else), the BenchmarkResult's nested groups flattened with dots,
+    then provider, location and price."""
     columns = ["id", "run_id", "timestamp"]
+    columns += [name for name in FIGURES if name not in columns]
     for group in _NESTED:
         model: type[BaseModel] = BenchmarkResult.model_fields[group].annotation  # type: ignore[assignment]
         columns += [f"{group}.{name}" for name in model.model_fields]
-    return columns + ["provider", "location", "price_per_hour", "cost_per_million_tokens"]
+    return columns + ["provider", "location", "price_per_hour"]
 
 
 def _csv_value(value: Any) -> Any:
@@ -62,8 +68,20 @@ def _flatten(row: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
             flat[f"{group}.{key}"] = value
     for key in ("provider", "location", "price_per_hour"):
         flat[key] = result.get(key)
+    details = _details(row)
+    for name, value in figure_values(FigureSource(result, details, row.get("run_id") or "")).items():
+        flat.setdefault(name, value)
+    # The stored figure: NULL for an imported result whose price is unknown.
     flat["cost_per_million_tokens"] = row.get("cost_per_million_tokens")
     return flat
+
+
+def _details(row: dict[str, Any]) -> dict[str, Any]:
+    try:
+        details = json.loads(row.get("details_json") or "null")
+    except ValueError:
+        return {}
+    return details if isinstance(details, dict) else {}
 
 
 def _stored_results(manifest: Manifest, run_id: str | None) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:

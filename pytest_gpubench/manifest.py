@@ -382,7 +382,8 @@ class Manifest(ResultsMixin, AttemptsMixin, ManifestStore):
     #: What a cell's earlier attempt leaves in its row and a new attempt must not inherit.
     _ATTEMPT_FIELDS = (
         "session_id", "instance_ip", "ssh_port", "started_at", "completed_at", "benchmark_id",
-        "tokens_per_second", "total_requests", "error_count", "failure_reason", "failure_stage",
+        "decode_tokens_per_second", "output_tokens_per_second", "total_requests", "error_count",
+        "failure_reason", "failure_stage",
         "error_message", "offer_id", "price_per_hour", "cost_usd", "api_cost_usd", "session_status",
         "session_started_at", "consumer_id", "worker", "ttft_p50_ms", "cost_per_million_tokens",
         "host_key_fingerprint", "attempts", "released_by", "session_released_at",

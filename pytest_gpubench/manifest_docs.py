@@ -80,9 +80,9 @@ BENCHMARK_MANIFEST = TableDoc(
         "started_at": "When the cell started running.",
         "completed_at": "When the cell reached its final status.",
         "benchmark_id": "The cell's stored result (benchmarks.id); empty when it produced none.",
-        "tokens_per_second": (
-            "Headline decode speed, tokens/s: the mean over requests of each stream's client-measured decode "
-            "rate (benchmarks.avg_tokens_per_second)."
+        "decode_tokens_per_second": (
+            "Per-request mean decode rate, tokens/s: the mean over requests of each stream's decode rate "
+            "(benchmarks.avg_tokens_per_second). Seed 001's tokens_per_second, renamed by schema version 1."
         ),
         "total_requests": "Measured requests of the benchmark (warm-up excluded).",
         "error_count": "Measured requests that failed.",
@@ -126,6 +126,10 @@ BENCHMARK_MANIFEST = TableDoc(
         "imported_from": (
             "gpubench import: the file the result came from, its place in the file and its format "
             "(e.g. results.json[2] (GPU Shopper BenchmarkResult)); empty for measured cells."
+        ),
+        "output_tokens_per_second": (
+            "Output throughput, tokens/s: the result's total output tokens / its measured duration "
+            "(benchmarks.output_tokens_per_second)."
         ),
     },
 )
@@ -175,7 +179,7 @@ BENCHMARKS = TableDoc(
         "figures, the full result JSON, the figures beyond it (details_json) and its upload bookkeeping. "
         "Percentiles interpolate linearly; figures cover measured requests only (warm-up dropped)."
     ),
-    sort_desc="tokens_per_second",
+    sort_desc="output_tokens_per_second",
     facets=("gpu_type", "provider", "model", "upload_status", "run_id"),
     columns={
         "id": "Result id (a UUID, or the result's own id).",
@@ -188,7 +192,10 @@ BENCHMARKS = TableDoc(
         "location": "Where the instance was (the offer's location).",
         "model": "Model benchmarked.",
         "price_per_hour": "Price of the GPU, USD per hour.",
-        "tokens_per_second": "Headline decode speed, tokens/s (= avg_tokens_per_second).",
+        "decode_tokens_per_second": "Per-request mean decode rate, tokens/s (= avg_tokens_per_second).",
+        "output_tokens_per_second": (
+            "Output throughput, tokens/s: total_tokens / duration_seconds, the machine's rate at this load."
+        ),
         **_RESULTS,
         "cost_per_million_tokens": (
             "USD per million output tokens: price_per_hour / (output throughput in tokens/s x 3600) x 1e6."
@@ -259,7 +266,10 @@ BENCHMARK_RUNS = TableDoc(
     columns={
         "benchmark_id": "The result the run belongs to (benchmarks.id).",
         "run_index": "Position of the run, from 0 (run 0 is the first, cold one, with the warm-up requests).",
-        "tokens_per_second": "The run's decode speed, tokens/s.",
+        "decode_tokens_per_second": "The run's per-request mean decode rate, tokens/s.",
+        "output_tokens_per_second": (
+            "The run's output throughput, tokens/s (empty for runs stored before schema version 1)."
+        ),
         "ttft_p50_ms": "The run's median time to first token, milliseconds.",
         "requests": "Measured requests of the run.",
         "duration_seconds": "Length of the run's measured phase, seconds.",

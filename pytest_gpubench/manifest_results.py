@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlite_utils.db import NotFoundError
 
+from .figures import output_tokens_per_second
 from .manifest_schema import BENCHMARK_RUN_COLUMNS, GPU_SAMPLE_COLUMNS, UPLOAD_COLUMNS, UPLOAD_STATUSES
 from .manifest_store import SECRET_MARKERS, ManifestStore, plain, refuse_secrets, utc_now
 from .results import BenchmarkResult, RequestRecord
@@ -46,7 +47,8 @@ class ResultsMixin(ManifestStore):
             "gpu_name": result.hardware.gpu_name,
             "location": result.location,
             "price_per_hour": result.price_per_hour,
-            "tokens_per_second": figures.avg_tokens_per_second,
+            "decode_tokens_per_second": figures.avg_tokens_per_second or None,
+            "output_tokens_per_second": output_tokens_per_second(figures.model_dump()),
             **figures.model_dump(),
             "cost_per_million_tokens": cost.cost_per_million_tokens,
             "result_json": result.model_dump_json(),
@@ -82,7 +84,8 @@ class ResultsMixin(ManifestStore):
                 self.db.table("requests").insert_all(request_rows)
             summary = {
                 "benchmark_id": benchmark_id,
-                "tokens_per_second": figures.avg_tokens_per_second,
+                "decode_tokens_per_second": benchmark_row["decode_tokens_per_second"],
+                "output_tokens_per_second": benchmark_row["output_tokens_per_second"],
                 "total_requests": figures.total_requests,
                 "error_count": figures.total_errors,
                 "ttft_p50_ms": figures.p50_ttft_ms,
@@ -137,8 +140,9 @@ class ResultsMixin(ManifestStore):
         """Store the repeated measurements behind benchmark ``benchmark_id``; returns how many.
 
         Each run is a mapping or an object (a pydantic model, a dataclass) with
-        ``tokens_per_second``, ``ttft_p50_ms``, ``requests``, ``duration_seconds``,
-        ``outlier`` and optionally ``run_index`` (default: its position). The runs
+        ``decode_tokens_per_second``, ``output_tokens_per_second``, ``ttft_p50_ms``,
+        ``requests``, ``duration_seconds``, ``outlier`` and optionally ``run_index``
+        (default: its position). The runs
         stored before for that benchmark are replaced. An unknown benchmark is a
         ``KeyError``.
         """
@@ -312,7 +316,8 @@ class ResultsMixin(ManifestStore):
         where = [
             "m.cell_id = ?",
             f"m.status IN ({statuses})",
-            "(m.benchmark_id IS NOT NULL OR m.tokens_per_second IS NOT NULL)",
+            "(m.benchmark_id IS NOT NULL OR m.decode_tokens_per_second IS NOT NULL"
+            " OR m.output_tokens_per_second IS NOT NULL)",
         ]
         params: list[Any] = [record_key, *_BASELINE_STATUSES]
         if run_id not in (None, "last"):

@@ -1,10 +1,13 @@
 """The manifest's tables: their columns, and creating or upgrading them.
 
-``benchmark_manifest`` keeps seed 001's columns exactly; the other tables hold
+``benchmark_manifest`` keeps seed 001's columns in their order (its
+``tokens_per_second`` is named ``decode_tokens_per_second`` since version 1); the
+other tables hold
 results (``benchmarks``, the flattened ``PerformanceResults`` plus the full JSON),
 their ``requests``, ``gpu_samples`` and repeated ``benchmark_runs``, and each cell's
 provisioning ``attempts`` (one row per offer tried). A file made by
-an older version gains the columns added since when it is opened.
+an older version is migrated when it is opened (:mod:`.manifest_migrate`): its
+schema version is in ``PRAGMA user_version``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 import sqlite_utils
 from pydantic import BaseModel
 
+from .manifest_migrate import fill_in, rename_columns, set_version
 from .results import PerformanceResults, RequestRecord
 
 CELL_STATUSES = ("pending", "running", "success", "partial", "failed", "skipped")
@@ -52,7 +56,8 @@ MANIFEST_COLUMNS: dict[str, type] = {
     "started_at": str,
     "completed_at": str,
     "benchmark_id": str,
-    "tokens_per_second": float,
+    # seed 001's tokens_per_second, renamed by schema version 1 (see migrate)
+    "decode_tokens_per_second": float,
     "total_requests": int,
     "error_count": int,
     "failure_reason": str,
@@ -88,6 +93,8 @@ MANIFEST_COLUMNS: dict[str, type] = {
     "imported_from": str,
     # JSON {stage: seconds}: where the cell's time went, stage by stage (cleanup included)
     "stage_seconds": str,
+    # output throughput: total output tokens / measured duration (schema version 1)
+    "output_tokens_per_second": float,
 }
 _MANIFEST_NOT_NULL = {"id", "run_id", "created_at", "gpu_type", "provider", "model", "status"}
 # Set once by add_cell; everything else may change.
@@ -126,7 +133,8 @@ BENCHMARK_COLUMNS: dict[str, type] = {
     "location": str,
     "model": str,
     "price_per_hour": float,
-    "tokens_per_second": float,
+    "decode_tokens_per_second": float,  # = avg_tokens_per_second, the per-request mean decode rate
+    "output_tokens_per_second": float,  # total_tokens / duration_seconds
     **_model_columns(PerformanceResults),
     "cost_per_million_tokens": float,
     "result_json": str,
@@ -156,7 +164,8 @@ GPU_SAMPLE_COLUMNS: dict[str, type] = {
 BENCHMARK_RUN_COLUMNS: dict[str, type] = {
     "benchmark_id": str,
     "run_index": int,
-    "tokens_per_second": float,
+    "decode_tokens_per_second": float,
+    "output_tokens_per_second": float,
     "ttft_p50_ms": float,
     "requests": int,
     "duration_seconds": float,
@@ -191,8 +200,10 @@ ATTEMPT_COLUMNS: dict[str, type] = {
 }
 
 
-def create_schema(db: sqlite_utils.Database) -> None:
-    """Create the tables and indexes that are missing, and add columns a newer version needs."""
+def create_schema(db: sqlite_utils.Database, path: object = "") -> None:
+    """Create the tables and indexes that are missing, and bring an older file up to
+    :data:`~.manifest_migrate.SCHEMA_VERSION`: columns renamed, added, filled in."""
+    version = rename_columns(db, path)
     db["runs"].create(RUN_COLUMNS, pk="run_id", not_null={"run_id"}, if_not_exists=True)
     db["benchmark_manifest"].create(
         MANIFEST_COLUMNS, pk="id", not_null=_MANIFEST_NOT_NULL, if_not_exists=True
@@ -263,3 +274,5 @@ def create_schema(db: sqlite_utils.Database) -> None:
         db.table(name).create_index(
             [column], index_name=f"idx_{name}_{column}", if_not_exists=True
         )
+    fill_in(db, version)
+    set_version(db)

@@ -83,7 +83,7 @@ class ManifestStore:
         # In WAL mode NORMAL is still crash-safe for the database; it only skips
         # an fsync per commit.
         self.db.execute("PRAGMA synchronous = NORMAL")
-        self._write(lambda: create_schema(self.db))
+        self._write(lambda: create_schema(self.db, self.path))
 
     # ------------------------------------------------------------------ plumbing
 

@@ -2,7 +2,7 @@
 
 One *run* is one load-generator session (warm-up requests only in the first).
 ``runs: N`` repeats it N times on the same rented session; ``runs: {until_cv}``
-repeats until the runs' tokens/s agree. GPU telemetry is sampled over SSH while
+repeats until the runs' decode_tokens_per_second agree. GPU telemetry is sampled over SSH while
 each run streams. What the BenchmarkResult shape cannot hold (detailed metrics,
 validity, cold start, run statistics, the load generator's health) goes into
 ``details``.
@@ -17,6 +17,7 @@ from typing import Any
 
 from .benchmark import BenchmarkOutcome, BenchmarkPlan, run_benchmark
 from .errors import BenchmarkInterrupted
+from .figures import output_tokens_per_second
 from .matrix import Cell
 from .metrics import detailed_metrics
 from .remote.ssh import Connection
@@ -53,7 +54,8 @@ class Measurement:
         figures = summarize(records, outcome.duration_seconds or 0.0)
         self.runs.append({
             "run_index": run_index,
-            "tokens_per_second": figures.avg_tokens_per_second,
+            "decode_tokens_per_second": figures.avg_tokens_per_second,
+            "output_tokens_per_second": output_tokens_per_second(figures.model_dump()),
             "ttft_p50_ms": figures.p50_ttft_ms,
             "requests": figures.total_requests,
             "duration_seconds": outcome.duration_seconds,
@@ -61,7 +63,7 @@ class Measurement:
         })
 
     def statistics(self) -> RunStatistics | None:
-        values = [run["tokens_per_second"] for run in self.runs]
+        values = [run["decode_tokens_per_second"] for run in self.runs]
         if not values:
             return None
         stats = RunStatistics.from_values(values)

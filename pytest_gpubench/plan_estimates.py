@@ -147,10 +147,10 @@ class StageHistory:
                 stages = stage_seconds(read_progress(progress))
             except OSError:
                 continue
-            if stages or row.get("tokens_per_second"):
+            if stages or row.get("decode_tokens_per_second"):
                 history.samples.append(_Sample(normalize_provider(row["provider"]), normalize_gpu(row["gpu_type"]),
                                                model_ref(row["model"]).lower(), stages,
-                                               row.get("tokens_per_second") or None))
+                                               row.get("decode_tokens_per_second") or None))
         kind = "sandbox" if sandbox else "real-cloud"
         history.description = f"{len(history.samples)} finished {kind} cell(s) in {path}"
         return history

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import Stage
+from .figures import FIGURES, FigureSource, figure_values
 from .manifest import Manifest
 from .matrix import Cell
 from .progress import ProgressWriter
@@ -191,11 +192,13 @@ class CellRecorder:
             if self.upload is not None:
                 self.upload(benchmark_id)
         results = self.result.results if self.result else None
+        figures = self.figures()
         cost = self.cost_usd
         self.time_as(self._timed)
         measured = {
             "stage_seconds": json.dumps({k: round(v, 3) for k, v in self.stage_seconds.items()}),
-            "tokens_per_second": results.avg_tokens_per_second if results else None,
+            "output_tokens_per_second": figures.get("output_tokens_per_second"),
+            "decode_tokens_per_second": figures.get("decode_tokens_per_second"),
             "total_requests": results.total_requests if results else None,
             "error_count": results.total_errors if results else None,
             "ttft_p50_ms": results.p50_ttft_ms if results else None,
@@ -216,7 +219,8 @@ class CellRecorder:
         )
         self.progress.status(
             "COMPLETED" if outcome.status == "success" else outcome.status.upper(),
-            tps=results.avg_tokens_per_second if results else None,
+            output_tokens_per_second=figures.get("output_tokens_per_second"),
+            decode_tokens_per_second=figures.get("decode_tokens_per_second"),
             cost=round(cost, 4) if cost is not None else None,
         )
         return self.properties(outcome)
@@ -226,9 +230,19 @@ class CellRecorder:
             return None
         return self.result.cost_analysis().cost_per_million_tokens
 
+    def figures(self) -> dict[str, Any]:
+        """The registered figures (:mod:`.figures`) of the cell's result; empty without one."""
+        if self.result is None:
+            return {}
+        source = FigureSource(self.result.model_dump(mode="json"), self.details or {}, self.run_id)
+        return {name: value for name, value in figure_values(source).items() if value is not None}
+
     def properties(self, outcome: Outcome) -> dict[str, Any]:
-        """Plain JSON values only: they cross the xdist channel into JUnit XML."""
-        results = self.result.results if self.result else None
+        """Plain JSON values only: they cross the xdist channel into JUnit XML.
+
+        The cell's identity and outcome, then every registered figure of its result
+        as ``gpubench_<name>`` (docs/metrics.md defines each).
+        """
         props: dict[str, Any] = {
             "gpubench_cell": self.record_key,
             "gpubench_status": outcome.status,
@@ -240,18 +254,12 @@ class CellRecorder:
             "gpubench_offer_id": self.offer_id or "",
             "gpubench_price_per_hour": self.price_per_hour,
             "gpubench_cost_usd": round(self.cost_usd, 6) if self.cost_usd is not None else None,
-            "gpubench_tokens_per_second": round(results.avg_tokens_per_second, 3) if results else None,
-            "gpubench_ttft_p50_ms": round(results.p50_ttft_ms, 3) if results else None,
-            "gpubench_requests": results.total_requests if results else None,
-            "gpubench_errors": results.total_errors if results else None,
-            "gpubench_cost_per_million_tokens": _round(self._cost_per_million()),
             "gpubench_progress_file": str(self.progress.path),
             "gpubench_attempts": self.attempts or None,
         }
-        stats = self.details.get("run_statistics") if self.details else None
-        if stats and stats.get("n", 0) > 1:
-            props["gpubench_runs"] = stats["n"]
-            props["gpubench_tokens_per_second_std"] = round(stats["std"], 3)
+        for name, value in self.figures().items():
+            digits = FIGURES[name].digits
+            props[f"gpubench_{name}"] = round(value, digits) if isinstance(value, float) else value
         validity = self.details.get("validity") if self.details else None
         if validity is not None:
             props["gpubench_valid"] = bool(validity.get("valid"))
@@ -260,10 +268,6 @@ class CellRecorder:
         if self.details.get("comparison"):
             props["gpubench_comparison"] = self.details["comparison"]
         return {k: v for k, v in props.items() if v is not None}
-
-
-def _round(value: float | None) -> float | None:
-    return round(value, 4) if value is not None else None
 
 
 def _now() -> str:

@@ -116,6 +116,12 @@ def _compare_rules(text: str) -> str:
     return text
 
 
+def _summary_columns(text: str) -> tuple[str, ...]:
+    from .summary_table import parse_columns  # the column set lives with the table
+
+    return parse_columns(text)
+
+
 def _bool(text: str | bool) -> bool:
     if isinstance(text, bool):
         return text
@@ -200,6 +206,11 @@ OPTIONS: tuple[Option, ...] = (
            type=_bool, default=False, env="GPUBENCH_UPLOAD", action="store_true"),
     Option("live", "--gpubench-live", "show live progress of running cells in the terminal (default true)",
            type=_bool, default=True, env="GPUBENCH_LIVE", metavar="BOOL"),
+    Option("columns", "--gpubench-columns",
+           "comma-separated columns of the gpubench summary table (default status, output_tokens_per_second, "
+           "decode_tokens_per_second, ttft_p50_ms, cost_per_million_tokens, cost_usd; every name is in "
+           "docs/metrics.md)",
+           type=_summary_columns, env="GPUBENCH_COLUMNS", metavar="NAMES"),
 )
 OPTIONS_BY_DEST = {opt.dest: opt for opt in OPTIONS}
 
@@ -239,6 +250,7 @@ class Settings(BaseModel):
     compare: str | None = None
     compare_fail: str | None = None
     upload: bool = False
+    columns: tuple[str, ...] | None = None  # --gpubench-columns; None: the summary table's default
 
     @property
     def progress_dir(self) -> Path:

@@ -80,6 +80,8 @@ class TerminalHooks:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         settings = self.config.stash[SETTINGS_KEY]
         if self.summary.rows:
+            if settings.columns:
+                self.summary.columns = settings.columns
             terminalreporter.write_sep("=", "gpubench summary")
             billed = self._billed(settings.run_id)
             for line in self.summary.render(billed):

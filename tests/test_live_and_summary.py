@@ -28,11 +28,14 @@ def test_summary_table_rows_totals_and_dashes():
     table = SummaryTable()
     table.add({"gpubench_cell": "b-cell", "gpubench_status": "failed", "gpubench_failure_stage": "ssh_wait",
                "gpubench_cost_usd": 0.01})
-    table.add({"gpubench_cell": "a-cell", "gpubench_status": "success", "gpubench_tokens_per_second": 130.25,
-               "gpubench_ttft_p50_ms": 61.2, "gpubench_cost_per_million_tokens": 0.8541, "gpubench_cost_usd": 0.002})
+    table.add({"gpubench_cell": "a-cell", "gpubench_status": "success", "gpubench_output_tokens_per_second": 650.5,
+               "gpubench_decode_tokens_per_second": 178.94, "gpubench_ttft_p50_ms": 61.2,
+               "gpubench_cost_per_million_tokens": 0.8541, "gpubench_cost_usd": 0.002})
     table.add({"unrelated": 1})
     lines = table.render()
-    assert lines[0].split() == ["cell", "status", "tokens/s", "TTFT", "p50", "ms", "$/M", "tokens", "cost", "$"]
-    assert lines[1].split() == ["a-cell", "success", "130.2", "61", "0.85", "0.0020"]
-    assert lines[2].split() == ["b-cell", "failed", "(ssh_wait)", "-", "-", "-", "0.0100"]
+    # Both tokens/s figures, each named for what it is (docs/metrics.md).
+    assert lines[0].split() == ["cell", "status", "output", "tok/s", "decode", "tok/s", "TTFT", "p50", "ms", "$/M",
+                                "tokens", "cost", "$"]
+    assert lines[1].split() == ["a-cell", "success", "650.5", "178.9", "61", "0.85", "0.0020"]
+    assert lines[2].split() == ["b-cell", "failed", "(ssh_wait)", "-", "-", "-", "-", "0.0100"]
     assert lines[-1] == "1 failed, 1 success; spent $0.0120"

@@ -19,10 +19,13 @@ SEED_001_COLUMNS = [
     "tokens_per_second", "total_requests", "error_count", "failure_reason", "failure_stage",
     "error_message", "notes",
 ]
+#: Seed 001's columns in a manifest of schema version 1: its tokens_per_second renamed for what
+#: this project stores there, the per-request mean decode rate (docs/metrics.md).
+SEED_001_COLUMNS_V1 = ["decode_tokens_per_second" if c == "tokens_per_second" else c for c in SEED_001_COLUMNS]
 ADDED_COLUMNS = [
     "cell_id", "matrix_file", "offer_id", "price_per_hour", "cost_usd", "api_cost_usd",
     "session_status", "consumer_id", "worker", "ttft_p50_ms", "cost_per_million_tokens",
-    "progress_file",
+    "progress_file", "output_tokens_per_second",
 ]
 KEY = "-----BEGIN " "OPENSSH PRIVATE KEY-----\nAAAA\n-----END OPENSSH PRIVATE KEY-----"
 
@@ -67,7 +70,7 @@ def result(**fields) -> BenchmarkResult:
 
 def test_schema(manifest, tmp_path):
     columns = [c.name for c in manifest.db["benchmark_manifest"].columns]
-    assert columns[: len(SEED_001_COLUMNS)] == SEED_001_COLUMNS
+    assert columns[: len(SEED_001_COLUMNS_V1)] == SEED_001_COLUMNS_V1
     assert set(ADDED_COLUMNS) <= set(columns)
     indexed = {tuple(i.columns) for i in manifest.db["benchmark_manifest"].indexes}
     assert {("run_id",), ("status",), ("session_id",)} <= indexed
@@ -77,7 +80,8 @@ def test_schema(manifest, tmp_path):
         "run_id", "started_at", "finished_at", "argv", "matrix_files", "host", "status",
         "pid", "pid_start", "api", "sandbox", "resumed_at"}
     benchmark_columns = {c.name for c in manifest.db["benchmarks"].columns}
-    assert {"id", "manifest_id", "run_id", "gpu_name", "gpu_type", "tokens_per_second",
+    assert {"id", "manifest_id", "run_id", "gpu_name", "gpu_type", "decode_tokens_per_second",
+            "output_tokens_per_second",
             "p95_latency_ms", "avg_ttft_ms", "cost_per_million_tokens",
             "result_json"} <= benchmark_columns
     request_columns = {c.name for c in manifest.db["requests"].columns}
@@ -254,7 +258,8 @@ def test_add_benchmark(manifest):
     assert row["id"] == benchmark_id and row["manifest_id"] == row_id
     assert row["gpu_name"] == "NVIDIA GeForce RTX 4090" and row["gpu_type"] == "RTX 4090"
     assert row["model"] == "qwen2:7b" and row["provider"] == "vastai" and row["location"] == "US"
-    assert row["tokens_per_second"] == pytest.approx(102.5)
+    assert row["decode_tokens_per_second"] == pytest.approx(102.5)
+    assert row["output_tokens_per_second"] == pytest.approx(404 / 60)
     assert row["total_requests"] == 5 and row["total_errors"] == 1
     assert row["total_tokens"] == 404
     assert row["p50_ttft_ms"] == pytest.approx(250.0)
@@ -269,7 +274,8 @@ def test_add_benchmark(manifest):
 
     cell = manifest.cell(row_id)
     assert cell["benchmark_id"] == benchmark_id
-    assert cell["tokens_per_second"] == pytest.approx(102.5)
+    assert cell["decode_tokens_per_second"] == pytest.approx(102.5)
+    assert cell["output_tokens_per_second"] == pytest.approx(404 / 60)
     assert cell["total_requests"] == 5 and cell["error_count"] == 1
     assert cell["ttft_p50_ms"] == pytest.approx(250.0)
     assert cell["price_per_hour"] == 0.4
@@ -369,7 +375,8 @@ def test_new_tables_and_columns(manifest):
         "benchmark_id", "manifest_id", "t", "gpu", "utilization_pct", "memory_used_mib", "temperature_c",
         "power_draw_w"}
     assert {c.name for c in manifest.db["benchmark_runs"].columns} == {
-        "benchmark_id", "run_index", "tokens_per_second", "ttft_p50_ms", "requests", "duration_seconds", "outlier"}
+        "benchmark_id", "run_index", "decode_tokens_per_second", "output_tokens_per_second", "ttft_p50_ms",
+        "requests", "duration_seconds", "outlier"}
     assert {"upload_status", "upload_error", "remote_id", "uploaded_at"} <= {
         c.name for c in manifest.db["benchmarks"].columns}
 
@@ -389,7 +396,7 @@ def test_an_older_benchmarks_table_gains_upload_and_request_columns(tmp_path):
     with Manifest(path) as m:
         assert {"upload_status", "remote_id", "p95_latency_ms"} <= {c.name for c in m.db["benchmarks"].columns}
         assert {"ttft_ms", "itl_mean_ms", "done_reason"} <= {c.name for c in m.db["requests"].columns}
-        assert m.benchmark("b-old")["tokens_per_second"] == 99.0
+        assert m.benchmark("b-old")["decode_tokens_per_second"] == 99.0
         assert m.benchmark("b-old")["upload_status"] is None
         m.mark_upload("b-old", status="pending")
         assert [r["id"] for r in m.pending_uploads()] == ["b-old"]
@@ -440,17 +447,17 @@ def test_benchmark_runs(manifest):
 
     class Run:  # any object with the fields, e.g. the results helper's model
         def __init__(self, tps, outlier=False):
-            self.tokens_per_second, self.ttft_p50_ms, self.requests = tps, 40.0, 10
+            self.decode_tokens_per_second, self.ttft_p50_ms, self.requests = tps, 40.0, 10
             self.duration_seconds, self.outlier = 30.0, outlier
 
     assert manifest.add_benchmark_runs(benchmark_id, [Run(100.0), Run(101.0), Run(60.0, outlier=True)]) == 3
     runs = manifest.benchmark_runs(benchmark_id)
-    assert [(r["run_index"], r["tokens_per_second"], r["outlier"]) for r in runs] == [
+    assert [(r["run_index"], r["decode_tokens_per_second"], r["outlier"]) for r in runs] == [
         (0, 100.0, False), (1, 101.0, False), (2, 60.0, True)]
     assert runs[0]["requests"] == 10 and runs[0]["duration_seconds"] == 30.0
     # Storing again replaces; mappings with their own run_index work too.
-    manifest.add_benchmark_runs(benchmark_id, [{"run_index": 5, "tokens_per_second": 99.0, "outlier": 0}])
-    assert [(r["run_index"], r["tokens_per_second"], r["ttft_p50_ms"]) for r in
+    manifest.add_benchmark_runs(benchmark_id, [{"run_index": 5, "decode_tokens_per_second": 99.0, "outlier": 0}])
+    assert [(r["run_index"], r["decode_tokens_per_second"], r["ttft_p50_ms"]) for r in
             manifest.benchmark_runs(benchmark_id)] == [(5, 99.0, None)]
     # Storing the benchmark again keeps its runs.
     manifest.add_benchmark(manifest.cell("run-1/rtx4090-vastai-qwen2_7b")["id"], result(id="b-1"), records())
@@ -500,11 +507,11 @@ def test_baseline_is_the_latest_earlier_run_with_that_cell_done(tmp_path):
 
         found = m.baseline("cell", "last", exclude_run="r4")
         assert found["run_id"] == "r2" and found["status"] == "partial"
-        assert found["tokens_per_second"] == 90.0
+        assert found["decode_tokens_per_second"] == 90.0
         assert found["benchmark"]["id"] == found["benchmark_id"] and found["benchmark"]["error_rate"] == 0.2
         assert m.baseline("cell")["run_id"] == "r4"  # nothing excluded
         assert m.baseline("cell", None, exclude_run="r4")["run_id"] == "r2"
-        assert m.baseline("cell", "r1")["tokens_per_second"] == 100.0
+        assert m.baseline("cell", "r1")["decode_tokens_per_second"] == 100.0
         assert m.baseline("cell", "r3") is None  # failed there
         assert m.baseline("cell", "nope") is None
         assert m.baseline("missing-cell") is None
@@ -516,7 +523,7 @@ def test_baseline_from_a_manifest_without_benchmarks_rows(tmp_path):
     with Manifest(tmp_path / "m.db") as m:
         row_id = m.add_cell("seed", "cell", gpu_type="RTX 4090", provider="vastai", model="qwen2:7b",
                             matrix_file="m")
-        m.finish_cell(row_id, status="success", tokens_per_second=77.0)
+        m.finish_cell(row_id, status="success", decode_tokens_per_second=77.0)
         found = m.baseline("cell", exclude_run="now")
-        assert found["run_id"] == "seed" and found["tokens_per_second"] == 77.0 and found["benchmark"] is None
+        assert found["run_id"] == "seed" and found["decode_tokens_per_second"] == 77.0 and found["benchmark"] is None
         assert m.run_ids() == ["seed"]
