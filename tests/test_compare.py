@@ -7,7 +7,7 @@ import pytest
 from pytest_gpubench.compare import METRICS, Rule, compare, figures_of, parse_compare_fail
 from pytest_gpubench.results import BenchmarkResult, PerformanceResults
 
-BASE = {"run_id": "20261122T0300Z-abc", "tokens_per_second": 195.3, "ttft_p50_ms": 42.0,
+BASE = {"run_id": "20261122T0300Z-abc", "decode_tokens_per_second": 195.3, "ttft_p50_ms": 42.0,
         "cost_per_million_tokens": 0.569, "error_rate": 0.0}
 
 
@@ -62,7 +62,7 @@ def test_settings_validate_the_rules_with_this_grammar():
 
 
 def test_the_line_shows_tps_and_ttft_changes():
-    comparison = compare(current(tokens_per_second=180.1, ttft_p50_ms=45.0), BASE, [])
+    comparison = compare(current(decode_tokens_per_second=180.1, ttft_p50_ms=45.0), BASE, [])
     assert comparison.line() == "vs run 20261122T0300Z-abc: tps 195.3 -> 180.1 (-7.8%), ttft p50 42 -> 45 ms (+7.1%)"
     assert not comparison.failed and comparison.failure() == ""
     tps = comparison.change("tps")
@@ -73,7 +73,7 @@ def test_the_line_shows_tps_and_ttft_changes():
 
 def test_regressions_beyond_the_bounds_fail_with_metric_bound_and_change():
     rules = parse_compare_fail("tps:5%,ttft:20%,cost:5%")
-    comparison = compare(current(tokens_per_second=180.1, ttft_p50_ms=45.0, cost_per_million_tokens=0.617),
+    comparison = compare(current(decode_tokens_per_second=180.1, ttft_p50_ms=45.0, cost_per_million_tokens=0.617),
                          BASE, rules)
     assert comparison.failed
     assert [v.rule.metric for v in comparison.violations] == ["tps", "cost"]
@@ -86,13 +86,13 @@ def test_regressions_beyond_the_bounds_fail_with_metric_bound_and_change():
 
 def test_improvements_never_fail():
     rules = parse_compare_fail("tps:0%,ttft:0%,cost:0%,error_rate:0%")
-    comparison = compare(current(tokens_per_second=250.0, ttft_p50_ms=30.0, cost_per_million_tokens=0.4), BASE, rules)
+    comparison = compare(current(decode_tokens_per_second=250.0, ttft_p50_ms=30.0, cost_per_million_tokens=0.4), BASE, rules)
     assert not comparison.failed
     assert comparison.change("tps").worse_by < 0 and comparison.change("ttft").worse_by < 0
 
 
 def test_a_change_exactly_at_the_bound_passes():
-    comparison = compare(current(tokens_per_second=100.0), {**BASE, "tokens_per_second": 200.0},
+    comparison = compare(current(decode_tokens_per_second=100.0), {**BASE, "decode_tokens_per_second": 200.0},
                          parse_compare_fail("tps:50%"))
     assert not comparison.failed
 
@@ -116,13 +116,13 @@ def test_unknown_figures_break_no_rule_and_show_as_unknown():
 
 
 def test_a_cell_that_produced_nothing_regresses_fully():
-    comparison = compare(current(tokens_per_second=0.0), BASE, parse_compare_fail("tps:50%"))
+    comparison = compare(current(decode_tokens_per_second=0.0), BASE, parse_compare_fail("tps:50%"))
     assert comparison.failed and comparison.change("tps").worse_by == pytest.approx(100)
 
 
 def test_baseline_answers_and_results_are_read_alike():
     """A Manifest.baseline answer (manifest row + benchmarks row) and a result both work."""
-    baseline = {"run_id": "r1", "tokens_per_second": 200.0, "ttft_p50_ms": 40.0, "cost_per_million_tokens": 0.5,
+    baseline = {"run_id": "r1", "decode_tokens_per_second": 200.0, "ttft_p50_ms": 40.0, "cost_per_million_tokens": 0.5,
                 "total_requests": 10, "error_count": 1, "benchmark": {"error_rate": 0.1}}
     result = BenchmarkResult(price_per_hour=0.36, results=PerformanceResults(
         avg_tokens_per_second=190.0, p50_ttft_ms=44.0, error_rate=0.0, total_requests=10,
@@ -136,7 +136,7 @@ def test_baseline_answers_and_results_are_read_alike():
     with_median = compare({**figures_of(result, "r2"), "p50_tokens_per_second": 150.0},
                           {**baseline, "benchmark": {"p50_tokens_per_second": 300.0}}, [])
     assert (with_median.change("tps").baseline, with_median.change("tps").current) == (300.0, 150.0)
-    legacy = {"run_id": "r0", "tokens_per_second": 200.0, "total_requests": 20, "error_count": 2}
+    legacy = {"run_id": "r0", "decode_tokens_per_second": 200.0, "total_requests": 20, "error_count": 2}
     assert compare(figures_of(result), legacy, []).change("error_rate").baseline == pytest.approx(0.1)
 
 

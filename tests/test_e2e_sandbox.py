@@ -75,7 +75,7 @@ def test_quick_matrix_with_xdist_records_everything(tmp_path):
     for case in cases.values():
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
         assert props["gpubench_status"] == "success"
-        for name in ("gpubench_tokens_per_second", "gpubench_ttft_p50_ms", "gpubench_requests",
+        for name in ("gpubench_output_tokens_per_second", "gpubench_decode_tokens_per_second", "gpubench_ttft_p50_ms", "gpubench_requests",
                      "gpubench_errors", "gpubench_price_per_hour", "gpubench_cost_usd",
                      "gpubench_session_id", "gpubench_offer_id"):
             assert props.get(name), (name, props)
@@ -91,7 +91,7 @@ def test_quick_matrix_with_xdist_records_everything(tmp_path):
         assert ("SSH_READY" in labels) == rented
         assert ("CLEANUP" in labels) != ("SESSION_KEPT" in labels), labels
         assert any(line.kind == "RESULTS" for line in lines)
-        assert any(line.kind == "PROGRESS" and "tps" in line.fields for line in lines)
+        assert any(line.kind == "PROGRESS" and "output_tokens_per_second" in line.fields for line in lines)
     assert sorted(row["session_turn"] for row in rows if row["session_turn"]) == [1, 2]
     assert len({row["session_id"] for row in rows}) == 3
 
@@ -232,7 +232,7 @@ def test_instance_lost_mid_benchmark_records_partial(tmp_path, standalone_sandbo
     assert "[benchmark] benchmark interrupted after" in output
     (row,) = manifest_rows(tmp_path)
     assert row["status"] == "partial" and row["failure_stage"] == "benchmark"
-    assert row["total_requests"] > 0 and row["tokens_per_second"] > 0  # what it measured is kept
+    assert row["total_requests"] > 0 and row["decode_tokens_per_second"] > 0  # what it measured is kept
     assert row["benchmark_id"]
 
 
@@ -257,4 +257,4 @@ def test_python_test_asserts_on_the_result(tmp_path, standalone_sandbox):
     assert rows["RTX_4090-vastai-qwen2:1.5b@test_fast"]["status"] == "success"
     failed = rows["RTX_4090-vastai-qwen2:1.5b@test_impossible"]
     assert failed["status"] == "failed" and failed["failure_reason"] == "AssertionError"
-    assert failed["tokens_per_second"] > 100  # measured, then judged by the user's assertion
+    assert failed["decode_tokens_per_second"] > 100  # measured, then judged by the user's assertion

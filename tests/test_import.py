@@ -127,7 +127,7 @@ def test_seed000_result_figures(tmp_path):
     assert result.timestamp == datetime(2026, 2, 7, 10, 13, tzinfo=timezone.utc)
     assert (row["gpu_type"], row["provider"], row["model"]) == ("H100 80GB", "unknown", "llama3:70b")
     assert row["cell_id"] == "H100_80GB-unknown-llama3:70b"
-    assert row["tokens_per_second"] == 41.6 and row["total_requests"] == 49 and row["error_count"] == 1
+    assert row["decode_tokens_per_second"] == 41.6 and row["total_requests"] == 49 and row["error_count"] == 1
     assert row["started_at"].startswith("2026-02-07T10:08:00") and row["completed_at"].startswith("2026-02-07T10:13:00")
     # No price in the file: the cost per token is unknown, not free.
     assert row["price_per_hour"] is None and row["cost_per_million_tokens"] is None
@@ -190,7 +190,7 @@ def test_a_checkpoint_of_the_plugins_load_generator_is_summarized_like_a_measure
     with Manifest(tmp_path / "m.db") as m:
         assert [RequestRecord.model_validate(r) for r in m.requests(bench["id"])] == records
     assert row["status"] == "partial" and "status interrupted" in row["error_message"]
-    assert row["tokens_per_second"] == result.results.avg_tokens_per_second
+    assert row["decode_tokens_per_second"] == result.results.avg_tokens_per_second
 
 
 def test_gpu_shopper_results_are_stored_as_they_are(tmp_path):
@@ -206,7 +206,7 @@ def test_gpu_shopper_results_are_stored_as_they_are(tmp_path):
     assert stored[0]["cost_per_million_tokens"] == pytest.approx(
         cost_analysis(0.35, 36850 / 300.42).cost_per_million_tokens)
     assert rows[0]["cost_per_million_tokens"] == stored[0]["cost_per_million_tokens"]
-    assert rows[0]["tokens_per_second"] == 131.27  # the plugin's figure: the per-request average
+    assert rows[0]["decode_tokens_per_second"] == 131.27  # the plugin's figure: the per-request average
     # The server's ids are kept as the benchmark ids.
     listing = json.loads(SHOPPER_LIST_FILE.read_text())["benchmarks"]
     assert [b["id"] for b in stored[1:]] == [item["id"] for item in listing]
@@ -311,7 +311,7 @@ def test_export_then_import_round_trip(tmp_path, capsys):
     [row] = cells(tmp_path / "other.db")
     assert row["cell_id"] == "RTX_4090-vastai-qwen2:7b" and row["status"] == "success"
     assert row["cost_per_million_tokens"] == pytest.approx(original["cost_per_million_tokens"])
-    assert row["tokens_per_second"] == 195.3
+    assert row["decode_tokens_per_second"] == 195.3
     # ... and it exports as it was exported.
     with Manifest(tmp_path / "other.db") as m:
         out_again = io.StringIO()
@@ -332,7 +332,7 @@ def test_imported_results_are_a_baseline_for_compare(tmp_path):
     run_import(tmp_path / "m.db", SHOPPER_RESULT_FILE)
     with Manifest(tmp_path / "m.db") as m:
         baseline = m.baseline("RTX_4090-vastai-qwen2:7b", "last", exclude_run="a-later-run")
-    assert baseline is not None and baseline["benchmark"]["tokens_per_second"] == 131.27
+    assert baseline is not None and baseline["benchmark"]["decode_tokens_per_second"] == 131.27
 
 
 def test_two_results_of_one_cell_in_one_import_get_their_own_rows(tmp_path):

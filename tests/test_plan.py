@@ -260,7 +260,7 @@ def add_cell(manifest: Manifest, run: str, tmp_path: Path, cell: str, gpu: str, 
     write_progress(progress, steps)
     manifest.update_cell(row, status="running", progress_file=str(progress))
     if status != "running":
-        manifest.finish_cell(row, status=status, tokens_per_second=tps)
+        manifest.finish_cell(row, status=status, decode_tokens_per_second=tps)
 
 
 def rented(ssh_wait: float, pull: float) -> list[tuple[str, float]]:
