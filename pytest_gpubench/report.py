@@ -7,9 +7,10 @@ stage and the money spent. :func:`write_reports` renders it as
 ``BENCHMARK_REPORT.md`` (:mod:`.report_markdown`) and ``index.html``
 (:mod:`.report_html`).
 
-The figures are the project's headline ones (docs/metrics.md): ``tokens/s`` is the
-machine's **output throughput** (total output tokens / measured duration) and
-``$/M tokens`` the ``cost_per_million_tokens`` computed from it. Several runs may
+The figures are the project's headline ones (docs/metrics.md): ``output tok/s`` is
+the machine's **output throughput** (total output tokens / measured duration),
+``decode tok/s`` the per-request mean decode rate, and ``$/M tokens`` the
+``cost_per_million_tokens`` computed from output throughput. Several runs may
 measure the same cell; the latest successful result of each (GPU, provider, model,
 load) is the one shown, so a report over all runs reads as "what we know now".
 Money comes from the ``attempts`` table, where every rented session is one row
@@ -29,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from .errors import Stage
+from .figures import FigureSource, figure_values
 from .manifest import Manifest
 from .report_spend import RunSpend, run_spend
 
@@ -67,10 +69,10 @@ class ResultRow(_Frozen):
     concurrency: int | None = None
     rate: float | None = None
     status: str
-    #: The headline figure: output throughput, or the per-stream rate when a result
-    #: (an imported one) has no token total or duration (``per_stream_only``).
-    tokens_per_second: float | None
-    per_stream_tokens_per_second: float | None
+    #: The headline figure: output throughput, or the per-request decode rate when a
+    #: result (an imported one) has no token total or duration (``per_stream_only``).
+    output_tokens_per_second: float | None
+    decode_tokens_per_second: float | None
     per_stream_only: bool = False
     ttft_p50_ms: float | None
     price_per_hour: float | None
@@ -82,6 +84,8 @@ class ResultRow(_Frozen):
     valid: bool | None = None
     invalid_because: str = ""
     finished_at: str = ""
+    #: Every registered figure of the result (:mod:`.figures`), by name; None where not measured.
+    figures: dict[str, Any] = {}
 
     @property
     def load(self) -> str:
@@ -212,7 +216,7 @@ def build_report(manifest: Manifest, run_ids: Sequence[str] | None = None, *,
     benchmarks = {row["id"]: row for run_id in runs for row in manifest.benchmarks(run_id)}
     candidates = [row for row in (_result_row(cell, benchmarks) for cell in cells) if row is not None]
     results = _latest(candidates, order)
-    by_tokens = sorted(results, key=lambda r: (-(r.tokens_per_second or 0.0), _tie(r)))
+    by_tokens = sorted(results, key=lambda r: (-(r.output_tokens_per_second or 0.0), _tie(r)))
     by_cost = sorted((r for r in results if r.cost_per_million_tokens is not None),
                      key=lambda r: (r.cost_per_million_tokens, _tie(r)))
     models = _model_tables(by_tokens)
@@ -284,7 +288,7 @@ def _result_row(cell: dict[str, Any], benchmarks: dict[str, dict[str, Any]]) -> 
         run_id=cell["run_id"], cell_id=cell["cell_id"] or cell["id"], benchmark_id=bench["id"],
         gpu=cell["gpu_type"], provider=cell["provider"], model=cell["model"],
         concurrency=int(concurrency) if concurrency else None, rate=load.get("rate"),
-        status=cell["status"], tokens_per_second=headline, per_stream_tokens_per_second=per_stream,
+        status=cell["status"], output_tokens_per_second=headline, decode_tokens_per_second=per_stream,
         per_stream_only=output is None and per_stream is not None,
         ttft_p50_ms=bench.get("p50_ttft_ms") or None,  # the Go shape writes 0 for "unknown"
         price_per_hour=price, cost_per_million_tokens=cost,
@@ -292,6 +296,7 @@ def _result_row(cell: dict[str, Any], benchmarks: dict[str, dict[str, Any]]) -> 
         location=bench.get("location") or "",
         valid=validity.get("valid"), invalid_because="; ".join(validity.get("reasons") or []),
         finished_at=cell["completed_at"] or bench.get("created_at") or "",
+        figures=figure_values(FigureSource(result, details, cell["run_id"])),
     )
 
 
@@ -344,7 +349,7 @@ def _matchups(results: list[ResultRow]) -> list[Matchup]:
         if len({row.provider for row in rows}) < 2:
             continue
         rows = sorted(rows, key=lambda r: r.provider)
-        faster = min(rows, key=lambda r: (-(r.tokens_per_second or 0.0), r.provider))
+        faster = min(rows, key=lambda r: (-(r.output_tokens_per_second or 0.0), r.provider))
         priced = [r for r in rows if r.cost_per_million_tokens is not None]
         cheaper = min(priced, key=lambda r: (r.cost_per_million_tokens, r.provider)) if priced else None
         matchups.append(Matchup(gpu=gpu, model=model, load=load, entries=rows, faster=faster.provider,

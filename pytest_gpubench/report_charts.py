@@ -3,28 +3,54 @@ so the page works offline and looks the same in every browser.
 
 * :func:`bar_chart`: horizontal bars, one per GPU and provider (tokens/s of a model);
 * :func:`scatter_chart`: one point per result ($/M tokens against tokens/s), a colour
-  per model, with a legend. Costs spread over orders of magnitude (a 1.5B model on
-  a cheap card against a 70B one on an H200), so the y axis turns logarithmic when
-  the largest value is more than :data:`LOG_SPREAD` times the smallest.
+  per series (a provider), each point labelled (GPU, provider, model), with a legend.
+  Costs spread over orders of magnitude (a 1.5B model on a cheap card against a 70B
+  one on an H200), so the y axis turns logarithmic when the largest value is more
+  than :data:`LOG_SPREAD` times the smallest;
+* :func:`line_chart`: a latency-against-throughput curve per series over a load sweep
+  (:mod:`.report_sweep`).
 
-Every label is escaped; each bar and point carries a ``<title>`` (the browser's own
-tooltip) with its figures.
+A provider has the same colour in every chart of every report
+(:func:`provider_color`). Axis titles sit outside the tick labels, however wide they
+are. Every label is escaped; each bar and point carries a ``<title>`` (the
+browser's own tooltip) with its figures.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
-__all__ = ["PALETTE", "Bar", "Point", "bar_chart", "nice_ticks", "scatter_chart"]
+__all__ = ["PALETTE", "PROVIDER_COLORS", "Bar", "Point", "bar_chart", "line_chart", "nice_ticks", "provider_color",
+           "scatter_chart"]
 
 #: Okabe-Ito's colour-blind safe palette, then a few more distinct ones.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000",
            "#8C564B", "#7F7F7F")
 LOG_SPREAD = 20.0
 _WIDTH, _LABEL_W, _VALUE_W, _ROW_H = 760, 240, 110, 24
+#: Chart text is 12px; a character of a tick label is at most this wide (digits, '.', 'e').
+_CHAR_W = 7.5
+_TICK_GAP, _TITLE_GAP = 6, 10
+
+#: The providers GPU Shopper rents from (internal/provider), each always in its colour.
+PROVIDER_COLORS = {"vastai": "#0072B2", "tensordock": "#E69F00", "bluelobster": "#009E73",
+                   "runpod": "#D55E00", "lambdalabs": "#CC79A7", "lambda": "#CC79A7"}
+#: Colours for any other provider, chosen by a hash of its name (never one of the above).
+_FALLBACK = ("#56B4E9", "#8C564B", "#7F7F7F", "#000000", "#B8860B", "#6A3D9A", "#1B9E77", "#E7298A")
+
+
+def provider_color(provider: str) -> str:
+    """The colour of ``provider`` in every report: fixed for the known ones, else by a
+    stable hash of its normalised name (the same on every machine and run)."""
+    key = re.sub(r"[^a-z0-9]", "", provider.lower())
+    if key in PROVIDER_COLORS:
+        return PROVIDER_COLORS[key]
+    return _FALLBACK[int(hashlib.sha256(key.encode()).hexdigest(), 16) % len(_FALLBACK)]
 
 
 @dataclass(frozen=True)
@@ -43,6 +69,8 @@ class Point:
     y: float
     series: str
     title: str
+    label: str = ""  # drawn next to the point
+    color: str = ""  # default: the chart's colour of its series
 
 
 def nice_ticks(high: float, count: int = 5) -> list[float]:
@@ -85,10 +113,16 @@ def _short(text: str, limit: int = 34) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _text_width(text: str) -> float:
+    return len(text) * _CHAR_W
+
+
 def bar_chart(bars: Sequence[Bar], *, name: str, unit: str) -> str:
     """Horizontal bars, longest first as given; ``name`` labels the chart for readers and tests."""
-    top, axis_h = 6, 28
-    height = top + _ROW_H * len(bars) + axis_h
+    top = 6
+    tick_y = 16  # tick labels' baseline below the plot
+    title_y = tick_y + _TITLE_GAP + 12  # the axis title's baseline: a whole line below the ticks
+    height = top + _ROW_H * len(bars) + title_y + 6
     plot_w = _WIDTH - _LABEL_W - _VALUE_W
     ticks = nice_ticks(max((b.value for b in bars), default=0.0))
     scale = plot_w / ticks[-1]
@@ -99,9 +133,10 @@ def bar_chart(bars: Sequence[Bar], *, name: str, unit: str) -> str:
     for tick in ticks:
         x = _LABEL_W + tick * scale
         parts.append(f'<line class="grid" x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{base}"/>')
-        parts.append(f'<text class="tick" x="{x:.1f}" y="{base + 16}" text-anchor="middle">{_number(tick)}</text>')
-    parts.append(f'<text class="axis-label" x="{_LABEL_W + plot_w:.1f}" y="{base + 27}" '
-                 f'text-anchor="end">{escape(unit)}</text>')
+        parts.append(f'<text class="tick" x="{x:.1f}" y="{base + tick_y}" text-anchor="middle">'
+                     f'{_number(tick)}</text>')
+    parts.append(f'<text class="axis-label" x="{_LABEL_W + plot_w / 2:.1f}" y="{base + title_y}" '
+                 f'text-anchor="middle">{escape(unit)}</text>')
     for index, bar in enumerate(bars):
         y = top + index * _ROW_H
         width = max(bar.value * scale, 1.0)
@@ -117,58 +152,154 @@ def bar_chart(bars: Sequence[Bar], *, name: str, unit: str) -> str:
     return "".join(parts)
 
 
-def scatter_chart(points: Sequence[Point], *, name: str, x_label: str, y_label: str) -> str:
-    """Points coloured by series (sorted names), a legend on the right."""
-    left, right, top, bottom = 70, 190, 16, 52
-    width, height = _WIDTH, 420
-    plot_w, plot_h = width - left - right, height - top - bottom
-    series = sorted({p.series for p in points})
-    colors = {s: PALETTE[i % len(PALETTE)] for i, s in enumerate(series)}
-    x_ticks = nice_ticks(max((p.x for p in points), default=0.0))
-    ys = [p.y for p in points if p.y > 0]
-    log = bool(ys) and min(ys) > 0 and max(ys) / min(ys) > LOG_SPREAD
-    if log:
-        y_ticks = _log_ticks(min(ys), max(ys))
-        low, high = math.log10(y_ticks[0]), math.log10(y_ticks[-1])
+class _Axes:
+    """The plot area of an x-y chart and its scales; the left margin fits the widest y tick
+    label with the rotated y title left of it, the x title sits a line below the x ticks."""
 
-        def y_of(value: float) -> float:
+    def __init__(self, xs: Sequence[float], ys: Sequence[float], *, height: int, right: int,
+                 log_y: bool | None = None) -> None:
+        self.x_ticks = nice_ticks(max(xs, default=0.0))
+        positive = [y for y in ys if y > 0]
+        self.log = bool(positive) and (max(positive) / min(positive) > LOG_SPREAD if log_y is None else log_y)
+        self.y_ticks = _log_ticks(min(positive), max(positive)) if self.log else nice_ticks(max(ys, default=0.0))
+        widest = max((_text_width(_number(t)) for t in self.y_ticks), default=0.0)
+        self.title_x = 14  # the rotated y title's centre line
+        self.left = int(self.title_x + 8 + _TITLE_GAP + widest + _TICK_GAP)
+        self.top, self.width, self.height = 16, _WIDTH, height
+        self.tick_y, self.title_y = 16, 16 + _TITLE_GAP + 14
+        self.plot_w = self.width - self.left - right
+        self.plot_h = height - self.top - self.title_y - 8
+
+    def x(self, value: float) -> float:
+        return self.left + value / self.x_ticks[-1] * self.plot_w
+
+    def y(self, value: float) -> float:
+        if self.log:
+            low, high = math.log10(self.y_ticks[0]), math.log10(self.y_ticks[-1])
             share = (math.log10(value) - low) / (high - low) if high > low else 0.5
-            return top + plot_h - share * plot_h
-    else:
-        y_ticks = nice_ticks(max(ys, default=0.0))
+        else:
+            share = value / self.y_ticks[-1]
+        return self.top + self.plot_h - share * self.plot_h
 
-        def y_of(value: float) -> float:
-            return top + plot_h - value / y_ticks[-1] * plot_h
+    def draw(self, x_label: str, y_label: str) -> list[str]:
+        bottom = self.top + self.plot_h
+        parts = []
+        for tick in self.x_ticks:
+            x = self.x(tick)
+            parts.append(f'<line class="grid" x1="{x:.1f}" y1="{self.top}" x2="{x:.1f}" y2="{bottom}"/>')
+            parts.append(f'<text class="tick x-tick" x="{x:.1f}" y="{bottom + self.tick_y}" '
+                         f'text-anchor="middle">{_number(tick)}</text>')
+        for tick in self.y_ticks:
+            y = self.y(tick)
+            parts.append(f'<line class="grid" x1="{self.left}" y1="{y:.1f}" x2="{self.left + self.plot_w}" '
+                         f'y2="{y:.1f}"/>')
+            parts.append(f'<text class="tick y-tick" x="{self.left - _TICK_GAP}" y="{y + 4:.1f}" '
+                         f'text-anchor="end">{_number(tick)}</text>')
+        parts.append(f'<text class="axis-label x-title" x="{self.left + self.plot_w / 2:.1f}" '
+                     f'y="{bottom + self.title_y}" text-anchor="middle">{escape(x_label)}</text>')
+        parts.append(f'<text class="axis-label y-title" transform="translate({self.title_x} '
+                     f'{self.top + self.plot_h / 2:.1f}) rotate(-90)" text-anchor="middle" '
+                     f'dominant-baseline="central">{escape(y_label + (" (log scale)" if self.log else ""))}</text>')
+        return parts
 
-    def x_of(value: float) -> float:
-        return left + value / x_ticks[-1] * plot_w
 
-    parts = [f'<svg class="chart scatter-chart" data-chart="{_attr(name)}" data-log-y="{str(log).lower()}" '
-             f'role="img" aria-label="{_attr(name)}" viewBox="0 0 {width} {height}" width="{width}" '
-             f'height="{height}" xmlns="http://www.w3.org/2000/svg">']
-    for tick in x_ticks:
-        x = x_of(tick)
-        parts.append(f'<line class="grid" x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}"/>')
-        parts.append(f'<text class="tick" x="{x:.1f}" y="{top + plot_h + 16}" '
-                     f'text-anchor="middle">{_number(tick)}</text>')
-    for tick in y_ticks:
-        y = y_of(tick)
-        parts.append(f'<line class="grid" x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}"/>')
-        parts.append(f'<text class="tick" x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_number(tick)}</text>')
-    parts.append(f'<text class="axis-label" x="{left + plot_w / 2:.1f}" y="{height - 10}" '
-                 f'text-anchor="middle">{escape(x_label)}</text>')
-    parts.append(f'<text class="axis-label" transform="translate(16 {top + plot_h / 2:.1f}) rotate(-90)" '
-                 f'text-anchor="middle">{escape(y_label + (" (log scale)" if log else ""))}</text>')
-    for point in points:
-        if point.y <= 0:
-            continue
-        parts.append(f'<circle class="point" cx="{x_of(point.x):.1f}" cy="{y_of(point.y):.1f}" r="5.5" '
-                     f'fill="{colors[point.series]}" data-series="{_attr(point.series)}">'
-                     f'<title>{escape(point.title)}</title></circle>')
-    for index, name_ in enumerate(series):
+def _legend(series: Sequence[str], colors: dict[str, str], x: float, top: float) -> list[str]:
+    parts = []
+    for index, name in enumerate(series):
         y = top + 10 + index * 20
-        parts.append(f'<g class="legend-item"><circle cx="{left + plot_w + 20}" cy="{y}" r="5.5" '
-                     f'fill="{colors[name_]}"/><text x="{left + plot_w + 32}" y="{y + 4}">'
-                     f'{escape(_short(name_, 22))}</text></g>')
+        parts.append(f'<g class="legend-item"><circle cx="{x + 20}" cy="{y}" r="5.5" fill="{colors[name]}"/>'
+                     f'<text x="{x + 32}" y="{y + 4}">{escape(_short(name, 22))}</text></g>')
+    return parts
+
+
+def _place_labels(points: Sequence[tuple[float, float, str]], bounds: tuple[float, float, float, float],
+                  ) -> list[tuple[float, float, str]]:
+    """A spot (x, y, anchor) for each point's label that overlaps no other label and no point
+    when one of a few candidates allows it (else the first); greedy, in the given order."""
+    left, top, right, bottom = bounds
+    placed: list[tuple[float, float, float, float]] = []
+    dots = [(px - 6, py - 6, px + 6, py + 6) for px, py, _ in points]
+    spots = []
+    for px, py, text in points:
+        width, height = _text_width(text) * 0.85, 12.0  # labels are 10px text
+        candidates = [(px + 8, py + 4, "start"), (px + 8, py - 8, "start"), (px + 8, py + 16, "start"),
+                      (px - 8, py + 4, "end"), (px - 8, py - 8, "end"), (px - 8, py + 16, "end"),
+                      (px, py - 12, "middle"), (px, py + 20, "middle")]
+        chosen = candidates[0]
+        for x, y, anchor in candidates:
+            x0 = x if anchor == "start" else x - width if anchor == "end" else x - width / 2
+            box = (x0, y - height + 2, x0 + width, y + 2)
+            inside = box[0] >= left and box[2] <= right and box[1] >= top and box[3] <= bottom
+            if inside and not any(_overlap(box, other) for other in placed + dots):
+                chosen = (x, y, anchor)
+                placed.append(box)
+                break
+        else:
+            x, y, anchor = chosen
+            x0 = x if anchor == "start" else x - width
+            placed.append((x0, y - height + 2, x0 + width, y + 2))
+        spots.append(chosen)
+    return spots
+
+
+def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def scatter_chart(points: Sequence[Point], *, name: str, x_label: str, y_label: str,
+                  colors: dict[str, str] | None = None) -> str:
+    """Points coloured by series (``colors``, else the palette in sorted order), each with its
+    label beside it, a legend of the series on the right."""
+    right, height = 190, 440
+    series = sorted({p.series for p in points})
+    colors = colors or {s: PALETTE[i % len(PALETTE)] for i, s in enumerate(series)}
+    axes = _Axes([p.x for p in points], [p.y for p in points], height=height, right=right)
+    parts = [f'<svg class="chart scatter-chart" data-chart="{_attr(name)}" data-log-y="{str(axes.log).lower()}" '
+             f'role="img" aria-label="{_attr(name)}" viewBox="0 0 {axes.width} {height}" width="{axes.width}" '
+             f'height="{height}" xmlns="http://www.w3.org/2000/svg">']
+    parts += axes.draw(x_label, y_label)
+    shown = [p for p in points if p.y > 0]
+    located = [(axes.x(p.x), axes.y(p.y), p.label) for p in shown]
+    spots = _place_labels(located, (axes.left, axes.top, axes.left + axes.plot_w + right - 10,
+                                    axes.top + axes.plot_h))
+    for point, (px, py, _), (lx, ly, anchor) in zip(shown, located, spots, strict=True):
+        color = point.color or colors[point.series]
+        parts.append(f'<circle class="point" cx="{px:.1f}" cy="{py:.1f}" r="5.5" fill="{_attr(color)}" '
+                     f'data-series="{_attr(point.series)}"><title>{escape(point.title)}</title></circle>')
+        if point.label:
+            parts.append(f'<text class="point-label" x="{lx:.1f}" y="{ly:.1f}" text-anchor="{anchor}">'
+                         f'{escape(point.label)}</text>')
+    parts += _legend(series, colors, axes.left + axes.plot_w, axes.top)
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def line_chart(lines: dict[str, Sequence[Point]], *, name: str, x_label: str, y_label: str,
+               colors: dict[str, str]) -> str:
+    """One polyline per series through its points in the given order (a load sweep: c1, c2,
+    c4 ...), each point labelled (its load), a legend on the right; linear axes from 0."""
+    right, height = 170, 360
+    everything = [p for points in lines.values() for p in points]
+    axes = _Axes([p.x for p in everything], [p.y for p in everything], height=height, right=right, log_y=False)
+    parts = [f'<svg class="chart line-chart" data-chart="{_attr(name)}" role="img" aria-label="{_attr(name)}" '
+             f'viewBox="0 0 {axes.width} {height}" width="{axes.width}" height="{height}" '
+             f'xmlns="http://www.w3.org/2000/svg">']
+    parts += axes.draw(x_label, y_label)
+    located_all = []
+    for series, points in lines.items():
+        located = [(axes.x(p.x), axes.y(p.y)) for p in points]
+        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in located)
+        parts.append(f'<polyline class="line" points="{path}" fill="none" stroke="{_attr(colors[series])}" '
+                     f'stroke-width="2" data-series="{_attr(series)}"/>')
+        located_all += [(x, y, p) for (x, y), p in zip(located, points, strict=True)]
+    spots = _place_labels([(x, y, p.label) for x, y, p in located_all],
+                          (axes.left, axes.top, axes.left + axes.plot_w, axes.top + axes.plot_h))
+    for (x, y, point), (lx, ly, anchor) in zip(located_all, spots, strict=True):
+        parts.append(f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="4.5" fill="{_attr(colors[point.series])}" '
+                     f'data-series="{_attr(point.series)}"><title>{escape(point.title)}</title></circle>')
+        if point.label:
+            parts.append(f'<text class="point-label" x="{lx:.1f}" y="{ly:.1f}" text-anchor="{anchor}">'
+                         f'{escape(point.label)}</text>')
+    parts += _legend(list(lines), colors, axes.left + axes.plot_w, axes.top)
     parts.append("</svg>")
     return "".join(parts)

@@ -18,14 +18,16 @@ __all__ = [
 
 #: What each column is (docs/report.md, docs/metrics.md): shown under the tables.
 FIGURES = (
-    ("tok/s", "output throughput: output tokens of the successful measured requests / the measured "
-              "duration, for the whole machine (docs/metrics.md); the ranking figure"),
-    ("tok/s per stream", "the mean per-request decode rate (the GPU Shopper result's avg_tokens_per_second, "
-                         "what the terminal summary shows); at concurrency N output throughput is up to N "
-                         "times higher"),
+    ("output tok/s", "output_tokens_per_second, output throughput: output tokens of the successful measured "
+                     "requests / the measured duration, for the whole machine (docs/metrics.md); the ranking figure"),
+    ("decode tok/s", "decode_tokens_per_second, the per-request mean decode rate: one stream's speed (the GPU "
+                     "Shopper result's avg_tokens_per_second); at concurrency N output throughput is up to N "
+                     "times higher"),
     ("$/M tokens", "the headline cost_per_million_tokens: $/h / (output tok/s x 3600) x 1e6"),
     ("$/h", "the offer's price per hour when the session was rented"),
     ("TTFT p50", "median time to first token, in ms, of the successful measured requests"),
+    ("TTFT, TPOT, ITL, e2e p50/p95/p99", "the latency percentiles of each cell, in ms: time to first token, "
+                                         "time per output token, inter-token latency, end-to-end request latency"),
     ("requests, errors", "measured requests (warm-up excluded) and the failed ones among them"),
     ("spend", "price x session lifetime of every session rented, each once (the attempts table); "
               "with session reuse a session is billed once however many cells ran on it"),
@@ -45,7 +47,8 @@ def tps(value: float | None) -> str:
 
 def tps_marked(row: ResultRow) -> str:
     """The ranking figure, with ``!`` (not a valid GPU figure) and ``†`` (per-stream stand-in)."""
-    return tps(row.tokens_per_second) + (" !" if row.valid is False else "") + (" †" if row.per_stream_only else "")
+    return (tps(row.output_tokens_per_second) + (" !" if row.valid is False else "")
+            + (" †" if row.per_stream_only else ""))
 
 
 def ms(value: float | None) -> str:
@@ -110,9 +113,10 @@ def _fig(text: str, value: float | None) -> Figure:
 def tokens_leaderboard(report: Report) -> Table:
     loads = has_loads(report.results)
     return Table(
-        ("Rank", "GPU", "Model", "Provider", *(["Load"] if loads else []), "tok/s", "$/h", "$/M tokens", "Location"),
+        ("Rank", "GPU", "Model", "Provider", *(["Load"] if loads else []), "output tok/s", "$/h", "$/M tokens",
+         "Location"),
         [(_fig(str(rank), rank), gpu_label(r), r.model, r.provider, *([r.load] if loads else []),
-          _fig(tps_marked(r), r.tokens_per_second), _fig(price(r.price_per_hour), r.price_per_hour),
+          _fig(tps_marked(r), r.output_tokens_per_second), _fig(price(r.price_per_hour), r.price_per_hour),
           _fig(per_million(r.cost_per_million_tokens), r.cost_per_million_tokens), r.location or "-")
          for rank, r in enumerate(report.by_tokens, 1)])
 
@@ -120,10 +124,11 @@ def tokens_leaderboard(report: Report) -> Table:
 def cost_leaderboard(report: Report) -> Table:
     loads = has_loads(report.results)
     return Table(
-        ("Rank", "GPU", "Model", "Provider", *(["Load"] if loads else []), "$/M tokens", "tok/s", "$/h", "Location"),
+        ("Rank", "GPU", "Model", "Provider", *(["Load"] if loads else []), "$/M tokens", "output tok/s", "$/h",
+         "Location"),
         [(_fig(str(rank), rank), gpu_label(r), r.model, r.provider, *([r.load] if loads else []),
           _fig(per_million(r.cost_per_million_tokens), r.cost_per_million_tokens),
-          _fig(tps_marked(r), r.tokens_per_second), _fig(price(r.price_per_hour), r.price_per_hour),
+          _fig(tps_marked(r), r.output_tokens_per_second), _fig(price(r.price_per_hour), r.price_per_hour),
           r.location or "-")
          for rank, r in enumerate(report.by_cost, 1)])
 
@@ -131,10 +136,10 @@ def cost_leaderboard(report: Report) -> Table:
 def model_table(table: ModelTable) -> Table:
     loads = has_loads(table.rows)
     return Table(
-        ("GPU", "Provider", *(["Load"] if loads else []), "tok/s", "tok/s per stream", "TTFT p50 ms", "$/h",
+        ("GPU", "Provider", *(["Load"] if loads else []), "output tok/s", "decode tok/s", "TTFT p50 ms", "$/h",
          "$/M tokens", "Requests", "Errors"),
-        [(gpu_label(r), r.provider, *([r.load] if loads else []), _fig(tps_marked(r), r.tokens_per_second),
-          _fig(tps(r.per_stream_tokens_per_second), r.per_stream_tokens_per_second),
+        [(gpu_label(r), r.provider, *([r.load] if loads else []), _fig(tps_marked(r), r.output_tokens_per_second),
+          _fig(tps(r.decode_tokens_per_second), r.decode_tokens_per_second),
           _fig(ms(r.ttft_p50_ms), r.ttft_p50_ms), _fig(price(r.price_per_hour), r.price_per_hour),
           _fig(per_million(r.cost_per_million_tokens), r.cost_per_million_tokens),
           _fig(str(r.requests), r.requests), _fig(str(r.errors), r.errors))
@@ -144,7 +149,7 @@ def model_table(table: ModelTable) -> Table:
 def head_to_head_table(report: Report) -> Table:
     loads = any(m.load != "c1" for m in report.matchups)
     return Table(
-        ("GPU", "Model", *(["Load"] if loads else []), "tok/s by provider", "$/h by provider",
+        ("GPU", "Model", *(["Load"] if loads else []), "output tok/s by provider", "$/h by provider",
          "$/M tokens by provider", "Faster", "Cheaper"),
         [(m.gpu, m.model, *([m.load] if loads else []),
           ", ".join(f"{r.provider} {tps_marked(r)}" for r in m.entries),
@@ -216,7 +221,7 @@ def headlines(report: Report) -> list[tuple[str, str]]:
     """The headline findings: (bold lead, plain text)."""
     lines = []
     for table in report.models:
-        text = f"fastest {where(table.fastest)} ({tps_marked(table.fastest)} tok/s)"
+        text = f"fastest {where(table.fastest)} ({tps_marked(table.fastest)} output tok/s)"
         if table.cheapest is not None:
             text += (f"; cheapest {where(table.cheapest)} "
                      f"({per_million(table.cheapest.cost_per_million_tokens)}/M tokens)")
@@ -248,7 +253,7 @@ def invalid_notes(table: ModelTable) -> list[str]:
 
 
 def picks(table: ModelTable) -> list[tuple[str, str]]:
-    found = [("Fastest", f"{where(table.fastest)} ({tps_marked(table.fastest)} tok/s)")]
+    found = [("Fastest", f"{where(table.fastest)} ({tps_marked(table.fastest)} output tok/s)")]
     if table.cheapest is not None:
         found.append(("Cheapest", f"{where(table.cheapest)} "
                                   f"({per_million(table.cheapest.cost_per_million_tokens)}/M tokens)"))
@@ -268,7 +273,7 @@ def spend_notes(report: Report) -> list[str]:
 
 
 #: Section texts both reports show under their headings.
-TOKENS_INTRO = "Ranked by output throughput (tok/s); ties by GPU, provider, model."
+TOKENS_INTRO = "Ranked by output throughput (output tok/s); ties by GPU, provider, model."
 COST_INTRO = "Ranked by $/M tokens, cheapest first; results without a price are left out."
 HEAD_TO_HEAD_INTRO = "The same GPU and model (and load) measured on more than one provider."
 NO_HEAD_TO_HEAD = "No GPU and model was measured on more than one provider."

@@ -12,7 +12,8 @@ from html import escape
 
 from . import report_format as fmt
 from .report import Report, ResultRow
-from .report_charts import PALETTE, Bar, Point, bar_chart, scatter_chart
+from .report_charts import Bar, Point, bar_chart, line_chart, provider_color, scatter_chart
+from .report_sweep import percentile_table, sweep_table, sweeps
 
 __all__ = ["render_html"]
 
@@ -35,6 +36,7 @@ tr.partial td{color:#6e7781;font-style:italic}
 .chart{display:block;max-width:100%;height:auto;margin:4px 0 12px}
 .chart text{font:12px system-ui,sans-serif;fill:#1b1f24}.chart .tick{fill:#57606a}
 .chart .grid{stroke:#eaeef2}.chart .axis-label{fill:#57606a}
+.chart .point-label{font-size:10px;fill:#424a53}
 .chart .bar.muted{opacity:.45}.chart .bar-row:hover .bar,.chart .point:hover{stroke:#1b1f24;stroke-width:1.5}
 .note{color:#57606a}ul.notes{margin:4px 0}
 """
@@ -114,35 +116,79 @@ def _partial(rows: list[ResultRow]) -> list[bool]:
     return [row.status == "partial" for row in rows]
 
 
-def _bars(rows: list[ResultRow], colors: dict[str, str]) -> list[Bar]:
-    return [Bar(label=row.label + (" (partial)" if row.status == "partial" else ""), color=colors[row.provider],
-                value=row.tokens_per_second or 0.0, text=fmt.tps_marked(row),
-                title=f"{row.model} on {fmt.where(row)}: {fmt.tps_marked(row)} tok/s, "
+def _bars(rows: list[ResultRow]) -> list[Bar]:
+    return [Bar(label=row.label + (" (partial)" if row.status == "partial" else ""),
+                color=provider_color(row.provider), value=row.output_tokens_per_second or 0.0,
+                text=fmt.tps_marked(row),
+                title=f"{row.model} on {fmt.where(row)}: {fmt.tps_marked(row)} output tok/s, "
                       f"{fmt.per_million(row.cost_per_million_tokens)}/M tokens, {fmt.price(row.price_per_hour)}/h",
                 muted=row.status == "partial" or row.valid is False)
             for row in rows]
 
 
+def _point_label(row: ResultRow) -> str:
+    """``RTX 4090 / vastai / qwen2:7b``, with the load when it is not concurrency 1."""
+    return f"{row.gpu} / {row.provider} / {row.model}" + ("" if row.load == "c1" else f" ({row.load})")
+
+
 def _charts(report: Report) -> list[str]:
-    parts = ["<h2>Charts</h2>", "<h3>Tokens/s per GPU</h3>",
+    parts = ["<h2>Charts</h2>", "<h3>Output tokens/s per GPU</h3>",
              '<p class="note">Output throughput per GPU and provider, one chart per model, a colour per '
-             "provider; light bars are partial or not valid GPU figures. Hover for the figures.</p>"]
-    colors = {provider: PALETTE[i % len(PALETTE)] for i, provider in enumerate(report.providers)}
+             "provider (the same in every report); light bars are partial or not valid GPU figures. Hover for the "
+             "figures.</p>"]
     for table in report.models:
         parts.append(f"<h4>{_e(table.model)}</h4>")
-        parts.append(bar_chart(_bars(table.rows, colors), name=f"tokens/s {table.model}", unit="output tok/s"))
-    points = [Point(x=row.tokens_per_second or 0.0, y=row.cost_per_million_tokens or 0.0, series=row.model,
-                    title=f"{row.model} on {fmt.where(row)}: {fmt.tps_marked(row)} tok/s, "
+        parts.append(bar_chart(_bars(table.rows), name=f"tokens/s {table.model}", unit="output tok/s"))
+    points = [Point(x=row.output_tokens_per_second or 0.0, y=row.cost_per_million_tokens or 0.0,
+                    series=row.provider, label=_point_label(row),
+                    title=f"{row.model} on {fmt.where(row)}: {fmt.tps_marked(row)} output tok/s, "
                           f"{fmt.per_million(row.cost_per_million_tokens)}/M tokens")
               for row in report.by_cost]
-    parts.append("<h3>$/M tokens against tokens/s</h3>")
-    parts.append('<p class="note">One point per result, a colour per model: down and to the right is '
-                 "cheaper and faster.</p>")
+    parts.append("<h3>$/M tokens against output tokens/s</h3>")
+    parts.append('<p class="note">One point per result, labelled GPU / provider / model, a colour per provider: '
+                 "down and to the right is cheaper and faster.</p>")
     if points:
-        parts.append(scatter_chart(points, name="cost against tokens/s", x_label="output tok/s",
-                                   y_label="$ per million tokens"))
+        parts.append(scatter_chart(points, name="cost against tokens/s", x_label="output tokens/s",
+                                   y_label="$ per million output tokens",
+                                   colors={p.series: provider_color(p.series) for p in points}))
     else:
         parts.append("<p>No priced results.</p>")
+    return parts
+
+
+def _sweeps(report: Report) -> list[str]:
+    found = sweeps(report)
+    if not found:
+        return []
+    parts = ["<h2>Load sweeps</h2>",
+             '<p class="note">Each GPU and model measured at several loads: median end-to-end latency against '
+             "output throughput, one line per provider through its loads (labelled c1, c4 ... or r2/s). Up and "
+             "to the right: more throughput, paid for in latency.</p>"]
+    for sweep in found:
+        lines = {series: [Point(x=r.output_tokens_per_second or 0.0, y=r.figures.get("e2e_p50_ms") or 0.0,
+                                series=series, label=r.load,
+                                title=f"{fmt.where(r)}: {fmt.tps_marked(r)} output tok/s, e2e p50 "
+                                      f"{fmt.ms(r.figures.get('e2e_p50_ms'))} ms, p99 "
+                                      f"{fmt.ms(r.figures.get('e2e_p99_ms'))} ms")
+                          for r in rows]
+                 for series, rows in sweep.lines.items()}
+        colors = {series: provider_color(rows[0].provider) for series, rows in sweep.lines.items()}
+        parts += [f"<h3>{_e(sweep.name)}</h3>",
+                  line_chart(lines, name=f"latency against throughput {sweep.name}", x_label="output tokens/s",
+                             y_label="e2e latency p50 (ms)", colors=colors),
+                  _table(sweep_table(sweep), f"sweep {sweep.name}")]
+    return parts
+
+
+def _percentiles(report: Report) -> list[str]:
+    parts = ["<h2>Latency percentiles</h2>",
+             '<p class="note">Per cell, in ms: time to first token, time per output token, inter-token latency '
+             "and end-to-end request latency (docs/metrics.md).</p>"]
+    for table in report.models:
+        parts.append(f"<h3>{_e(table.model)}</h3>")
+        for row in table.rows:
+            parts += [f"<h4>{_e(fmt.where(row))}</h4>",
+                      _table(percentile_table(row), f"percentiles {row.model} {row.label}")]
     return parts
 
 
@@ -169,6 +215,8 @@ def render_html(report: Report) -> str:
         invalid = fmt.invalid_notes(table)
         if invalid:
             parts.append('<ul class="notes">' + "".join(f"<li>! {_e(note)}</li>" for note in invalid) + "</ul>")
+    parts += _sweeps(report)
+    parts += _percentiles(report)
     parts.append("<h2>Provider head-to-head</h2>")
     if report.matchups:
         parts += [f"<p>{_e(fmt.HEAD_TO_HEAD_INTRO)}</p>", _table(fmt.head_to_head_table(report), "head-to-head"),

@@ -10,8 +10,14 @@ from __future__ import annotations
 
 from . import report_format as fmt
 from .report import Report
+from .report_sweep import percentile_table, sweep_table, sweeps
 
 __all__ = ["cell", "render_markdown"]
+
+SWEEP_INTRO = ("Each GPU and model measured at several loads, per provider, lowest load first: what more load "
+               "buys in output throughput and costs in latency (the HTML report draws it).")
+PERCENTILES_INTRO = ("Per cell, in ms: time to first token, time per output token, inter-token latency and "
+                     "end-to-end request latency (docs/metrics.md).")
 
 
 def cell(text: object) -> str:
@@ -45,6 +51,16 @@ def render_markdown(report: Report) -> str:
         lines += [" ".join(f"**{lead}**: {cell(text)}." for lead, text in fmt.picks(table)), ""]
         invalid = fmt.invalid_notes(table)
         lines += [f"- ! {cell(note)}" for note in invalid] + ([""] if invalid else [])
+    found = sweeps(report)
+    if found:
+        lines += ["## Load sweeps", "", SWEEP_INTRO, ""]
+        for sweep in found:
+            lines += [f"### {cell(sweep.name)}", "", *_table(sweep_table(sweep))]
+    lines += ["## Latency percentiles", "", PERCENTILES_INTRO, ""]
+    for table in report.models:
+        lines += [f"### {cell(table.model)}", ""]
+        for row in table.rows:
+            lines += [f"#### {cell(fmt.where(row))}", "", *_table(percentile_table(row))]
     lines += ["## Provider head-to-head", ""]
     if report.matchups:
         lines += [fmt.HEAD_TO_HEAD_INTRO, "", *_table(fmt.head_to_head_table(report))]

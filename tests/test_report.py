@@ -161,14 +161,14 @@ def test_latest_successful_result_per_cell_and_the_rankings(manifest_path):
     assert by_key[("RTX 4090", "vastai", "llama3:8b")].status == "partial"  # the only one: shown, marked
 
     # Ranked by output throughput, not by the per-stream rate (260 would put the 3090 first).
-    assert [(key(r), r.tokens_per_second) for r in report.by_tokens] == [
+    assert [(key(r), r.output_tokens_per_second) for r in report.by_tokens] == [
         (("RTX 4090", "vastai", "qwen2:7b"), 200.0),
         (("RTX 4090", "tensordock", "qwen2:7b"), 150.0),  # a tie at 150: GPU, provider, model order
         (("RTX 4090", "vastai", "llama3:8b"), 150.0),
         (("RTX 3090", "vastai", "qwen2:7b"), 120.0),
         (("RTX 3090", "vastai", "llama3:8b"), 100.0),
     ]
-    assert by_key[("RTX 3090", "vastai", "qwen2:7b")].per_stream_tokens_per_second == 260.0
+    assert by_key[("RTX 3090", "vastai", "qwen2:7b")].decode_tokens_per_second == 260.0
     expected_cost = {("RTX 3090", "vastai", "qwen2:7b"): per_million(0.08, 120),
                      ("RTX 3090", "vastai", "llama3:8b"): per_million(0.08, 100),
                      ("RTX 4090", "vastai", "qwen2:7b"): per_million(0.30, 200),
@@ -223,7 +223,7 @@ def test_one_run_or_several(manifest_path):
         only_a = build_report(m, ["run-a"])
         a_and_c = build_report(m, ["run-a", "run-c"])
     assert only_a.run_ids == ["run-a"] and only_a.replaced == 0
-    assert {key(r): r.tokens_per_second for r in only_a.results}[("RTX 4090", "vastai", "qwen2:7b")] == 180.0
+    assert {key(r): r.output_tokens_per_second for r in only_a.results}[("RTX 4090", "vastai", "qwen2:7b")] == 180.0
     assert only_a.spent_usd == pytest.approx(0.27) and only_a.statuses == {"failed": 2, "success": 3}
     assert a_and_c.run_ids == ["run-c", "run-a"] and a_and_c.replaced == 1
 
@@ -251,7 +251,7 @@ def test_an_imported_result_without_totals_ranks_on_its_per_stream_rate(tmp_path
         m.finish_cell(row_id, status="success")
         report = build_report(m)
     (row,) = report.results
-    assert row.per_stream_only and row.tokens_per_second == 304.8
+    assert row.per_stream_only and row.output_tokens_per_second == 304.8
     assert row.cost_per_million_tokens == pytest.approx(per_million(0.21, 304.8))
     assert "304.8 †" in render_markdown(report)
 
@@ -269,7 +269,7 @@ def test_each_load_is_its_own_cell_and_gets_a_column(tmp_path):
         m.set_details(bench, {"load": {"concurrency": 8, "rate": None}})
         m.finish_cell(row_id, status="success")
         report = build_report(m)
-    assert [(r.load, r.tokens_per_second) for r in report.by_tokens] == [("c8", 800.0), ("c1", 100.0)]
+    assert [(r.load, r.output_tokens_per_second) for r in report.by_tokens] == [("c8", 800.0), ("c1", 100.0)]
     rows = table_rows(section(render_markdown(report), "Tokens/s leaderboard"))
     assert [row[4:6] for row in rows] == [["c8", "800.0"], ["c1", "100.0"]]
 
@@ -295,7 +295,7 @@ def test_markdown_sections_and_figures(manifest_path):
                   "Provider head-to-head", "Failures by stage", "Spend", "Figures"):
         assert f"\n## {title}\n" in markdown
     headlines = section(markdown, "Headline findings")
-    assert ("- **qwen2:7b**: fastest RTX 4090 on vastai (200.0 tok/s); cheapest RTX 3090 on vastai "
+    assert ("- **qwen2:7b**: fastest RTX 4090 on vastai (200.0 output tok/s); cheapest RTX 3090 on vastai "
             "($0.19/M tokens)") in headlines
     assert "- **Best value**: RTX 3090 on vastai, the lowest $/M tokens on 2 of the 2 models it ran" in headlines
     assert "- **Cells**: 10 ran: 5 succeeded, 2 partial, 3 failed; 1 skipped" in headlines
@@ -320,7 +320,8 @@ def test_markdown_sections_and_figures(manifest_path):
         ["RTX 4090 (partial)", "vastai", "150.0", "150.0", "40", "$0.300", "$0.56", "50", "0"],
         ["RTX 3090", "vastai", "100.0", "100.0", "55", "$0.080", "$0.22", "50", "2"],
     ]
-    assert "**Fastest**: RTX 4090 on vastai (150.0 tok/s). **Cheapest**: RTX 3090 on vastai ($0.22/M tokens)." in llama
+    assert ("**Fastest**: RTX 4090 on vastai (150.0 output tok/s). **Cheapest**: RTX 3090 on vastai "
+            "($0.22/M tokens).") in llama
 
     (matchup,) = table_rows(section(markdown, "Provider head-to-head"))
     assert matchup == ["RTX 4090", "qwen2:7b", "tensordock 150.0, vastai 200.0", "tensordock $0.440, vastai $0.300",
@@ -389,8 +390,9 @@ def test_html_is_self_contained_with_charts_and_sortable_tables(manifest_path):
     assert [a["data-chart"] for a in bar_charts] == ["tokens/s llama3:8b", "tokens/s qwen2:7b"]
     assert tags.count("rect") == 5 and sum(1 for t, a in scan.tags if t == "circle" and a.get("class") == "point") == 5
     tables = [attrs["data-table"] for tag, attrs in scan.tags if tag == "table"]
-    assert tables == ["tokens", "cost", "model llama3:8b", "model qwen2:7b", "head-to-head", "failures", "skipped",
-                      "spend"]
+    assert [t for t in tables if not t.startswith("percentiles ")] == [
+        "tokens", "cost", "model llama3:8b", "model qwen2:7b", "head-to-head", "failures", "skipped", "spend"]
+    assert sum(t.startswith("percentiles ") for t in tables) == 5  # one per cell
 
 
 def test_charts_scale_and_escape():
@@ -599,7 +601,7 @@ def test_report_of_a_real_sandbox_run_matches_its_summary(tmp_path, sandbox, api
         report = build_report(m)
     output_tps = bench["total_tokens"] / bench["duration_seconds"]
     (row,) = report.by_tokens
-    assert (row.gpu, row.model, row.tokens_per_second) == ("RTX 4090", "qwen2:1.5b", pytest.approx(output_tps))
+    assert (row.gpu, row.model, row.output_tokens_per_second) == ("RTX 4090", "qwen2:1.5b", pytest.approx(output_tps))
     assert row.cost_per_million_tokens == pytest.approx(bench["price_per_hour"] / (output_tps * 3600) * 1e6)
     assert f"| 1 | RTX 4090 | qwen2:1.5b | vastai | {output_tps:.1f} |" in markdown
     (failure,) = table_rows(section(markdown, "Failures by stage"))
