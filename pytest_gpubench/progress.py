@@ -3,7 +3,7 @@
 ::
 
     [2026-02-07T10:00:05Z] STATUS: INVENTORY_QUERY offers_found=12 selected_offer_id=vastai-12345 price=2.50
-    [2026-02-07T10:08:00Z] PROGRESS: requests=5 tokens=1250 tps=41.2 errors=0
+    [2026-02-07T10:08:00Z] PROGRESS: requests=5 tokens=1250 output_tokens_per_second=41.2 errors=0
     [2026-02-07T10:09:30Z] ERROR: stage=model_pull message="pull failed: no space left"
     [2026-02-07T10:13:06Z] RESULTS: {"model":"llama3:70b","avg_tokens_per_second":41.6}
 
@@ -15,7 +15,7 @@ Formatting rules (the reader, :func:`read_progress`, undoes them):
 * Values: ``int`` as is; ``bool`` as ``true`` / ``false``; ``None`` as nothing
   (``key=``); money floats (a key with a ``price``, ``cost`` or ``usd`` word, such as
   ``price``, ``cost_usd``, ``price_per_hour``) with 2 decimals (``price=2.50``);
-  other floats with 1 decimal (``tps=41.6``) unless below 1 in size, where they
+  other floats with 1 decimal (``output_tokens_per_second=41.6``) unless below 1 in size, where they
   keep 3 significant digits (``error_rate=0.0526``); enums as their value.
 * Text without spaces, quotes or backslashes is written bare; anything else, and
   the empty string, in double quotes with ``\\`` and ``"`` escaped by a backslash.
