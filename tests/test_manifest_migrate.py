@@ -74,8 +74,9 @@ def test_the_report_export_compare_and_resume_read_the_migrated_file(old_manifes
     with Manifest(old_manifest) as m:
         report = build_report(m)
         [row] = report.results
-        assert row.tokens_per_second == pytest.approx(OUTPUT)
-        assert row.per_stream_tokens_per_second == pytest.approx(DECODE, abs=0.05)
+        assert row.output_tokens_per_second == pytest.approx(OUTPUT)
+        assert row.decode_tokens_per_second == pytest.approx(DECODE, abs=0.05)
+        assert row.figures["ttft_p99_ms"] == 48.9  # read from the old details
         out = io.StringIO()
         assert export_results(m, RUN, "csv", out) == 1
         [exported] = list(csv.DictReader(io.StringIO(out.getvalue())))
