@@ -255,7 +255,7 @@ def _change(metric: Metric, baseline: float | None, current: float | None) -> Me
 def compare(current: Mapping[str, Any], baseline: Mapping[str, Any], rules: Iterable[Rule] = ()) -> Comparison:
     """Compare ``current`` figures with ``baseline``'s and check ``rules``.
 
-    Both are mappings with the metric columns (``tokens_per_second``,
+    Both are mappings with the metric columns (``decode_tokens_per_second``,
     ``ttft_p50_ms``, ``cost_per_million_tokens``, ``error_rate``): a manifest row,
     a :meth:`Manifest.baseline` answer, :func:`figures_of` a result, or a
     BenchmarkResult dict. The baseline's ``run_id`` names it in the texts.
