@@ -213,9 +213,11 @@ def _legend(series: Sequence[str], colors: dict[str, str], x: float, top: float)
 
 
 def _place_labels(points: Sequence[tuple[float, float, str]], bounds: tuple[float, float, float, float],
-                  ) -> list[tuple[float, float, str]]:
-    """A spot (x, y, anchor) for each point's label that overlaps no other label and no point
-    when one of a few candidates allows it (else the first); greedy, in the given order."""
+                  ) -> list[tuple[float, float, str, bool]]:
+    """A spot ``(x, y, anchor, leader)`` for each point's label that overlaps no other label
+    and no point: beside the point if there is room, else further up or down with a
+    leader line back to it (greedy, in the given order). When nothing fits, the
+    label goes beside its point anyway."""
     left, top, right, bottom = bounds
     placed: list[tuple[float, float, float, float]] = []
     dots = [(px - 6, py - 6, px + 6, py + 6) for px, py, _ in points]
@@ -225,21 +227,29 @@ def _place_labels(points: Sequence[tuple[float, float, str]], bounds: tuple[floa
         candidates = [(px + 8, py + 4, "start"), (px + 8, py - 8, "start"), (px + 8, py + 16, "start"),
                       (px - 8, py + 4, "end"), (px - 8, py - 8, "end"), (px - 8, py + 16, "end"),
                       (px, py - 12, "middle"), (px, py + 20, "middle")]
-        chosen = candidates[0]
-        for x, y, anchor in candidates:
-            x0 = x if anchor == "start" else x - width if anchor == "end" else x - width / 2
-            box = (x0, y - height + 2, x0 + width, y + 2)
-            inside = box[0] >= left and box[2] <= right and box[1] >= top and box[3] <= bottom
-            if inside and not any(_overlap(box, other) for other in placed + dots):
-                chosen = (x, y, anchor)
-                placed.append(box)
-                break
-        else:
-            x, y, anchor = chosen
-            x0 = x if anchor == "start" else x - width
-            placed.append((x0, y - height + 2, x0 + width, y + 2))
-        spots.append(chosen)
+        candidates += [(px + side * 14, py + 4 + dy * sign, "start" if side > 0 else "end")
+                       for dy in range(24, 157, 12) for sign in (-1, 1) for side in (1, -1)]
+        boxes = [_label_box(x, y, anchor, width, height) for x, y, anchor in candidates]
+        free = [box[0] >= left and box[2] <= right and box[1] >= top and box[3] <= bottom
+                and not any(_overlap(box, other) for other in placed + dots) for box in boxes]
+        number = free.index(True) if any(free) else 0
+        placed.append(boxes[number])
+        spots.append((*candidates[number], number >= 8))
     return spots
+
+
+def _label_box(x: float, y: float, anchor: str, width: float, height: float) -> tuple[float, float, float, float]:
+    x0 = x if anchor == "start" else x - width if anchor == "end" else x - width / 2
+    return (x0, y - height + 2, x0 + width, y + 2)
+
+
+def _label(point: Point, px: float, py: float, spot: tuple[float, float, str, bool]) -> str:
+    """The label text at its spot, with a leader line to its point when it sits away from it."""
+    lx, ly, anchor, leader = spot
+    line = (f'<line class="leader" x1="{px:.1f}" y1="{py:.1f}" x2="{lx:.1f}" y2="{ly - 4:.1f}"/>'
+            if leader else "")
+    return (f'{line}<text class="point-label" x="{lx:.1f}" y="{ly:.1f}" text-anchor="{anchor}">'
+            f'{escape(point.label)}</text>')
 
 
 def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> bool:
@@ -260,15 +270,14 @@ def scatter_chart(points: Sequence[Point], *, name: str, x_label: str, y_label: 
     parts += axes.draw(x_label, y_label)
     shown = [p for p in points if p.y > 0]
     located = [(axes.x(p.x), axes.y(p.y), p.label) for p in shown]
-    spots = _place_labels(located, (axes.left, axes.top, axes.left + axes.plot_w + right - 10,
-                                    axes.top + axes.plot_h))
-    for point, (px, py, _), (lx, ly, anchor) in zip(shown, located, spots, strict=True):
+    spots = _place_labels(located, (axes.left, axes.top, axes.left + axes.plot_w, axes.top + axes.plot_h))
+    labels = [_label(point, px, py, spot)
+              for point, (px, py, _), spot in zip(shown, located, spots, strict=True) if point.label]
+    for point, (px, py, _) in zip(shown, located, strict=True):
         color = point.color or colors[point.series]
         parts.append(f'<circle class="point" cx="{px:.1f}" cy="{py:.1f}" r="5.5" fill="{_attr(color)}" '
                      f'data-series="{_attr(point.series)}"><title>{escape(point.title)}</title></circle>')
-        if point.label:
-            parts.append(f'<text class="point-label" x="{lx:.1f}" y="{ly:.1f}" text-anchor="{anchor}">'
-                         f'{escape(point.label)}</text>')
+    parts += labels
     parts += _legend(series, colors, axes.left + axes.plot_w, axes.top)
     parts.append("</svg>")
     return "".join(parts)
@@ -294,12 +303,11 @@ def line_chart(lines: dict[str, Sequence[Point]], *, name: str, x_label: str, y_
         located_all += [(x, y, p) for (x, y), p in zip(located, points, strict=True)]
     spots = _place_labels([(x, y, p.label) for x, y, p in located_all],
                           (axes.left, axes.top, axes.left + axes.plot_w, axes.top + axes.plot_h))
-    for (x, y, point), (lx, ly, anchor) in zip(located_all, spots, strict=True):
+    for (x, y, point) in located_all:
         parts.append(f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="4.5" fill="{_attr(colors[point.series])}" '
                      f'data-series="{_attr(point.series)}"><title>{escape(point.title)}</title></circle>')
-        if point.label:
-            parts.append(f'<text class="point-label" x="{lx:.1f}" y="{ly:.1f}" text-anchor="{anchor}">'
-                         f'{escape(point.label)}</text>')
+    parts += [_label(point, x, y, spot) for (x, y, point), spot in zip(located_all, spots, strict=True)
+              if point.label]
     parts += _legend(list(lines), colors, axes.left + axes.plot_w, axes.top)
     parts.append("</svg>")
     return "".join(parts)

@@ -36,7 +36,7 @@ tr.partial td{color:#6e7781;font-style:italic}
 .chart{display:block;max-width:100%;height:auto;margin:4px 0 12px}
 .chart text{font:12px system-ui,sans-serif;fill:#1b1f24}.chart .tick{fill:#57606a}
 .chart .grid{stroke:#eaeef2}.chart .axis-label{fill:#57606a}
-.chart .point-label{font-size:10px;fill:#424a53}
+.chart .point-label{font-size:10px;fill:#424a53}.chart .leader{stroke:#afb8c1;stroke-width:1}
 .chart .bar.muted{opacity:.45}.chart .bar-row:hover .bar,.chart .point:hover{stroke:#1b1f24;stroke-width:1.5}
 .note{color:#57606a}ul.notes{margin:4px 0}
 """
