@@ -122,3 +122,18 @@ def test_a_manifest_from_a_newer_version_is_refused_clearly(tmp_path):
     assert isinstance(info.value, UsageProblem)
     assert f"schema version {SCHEMA_VERSION + 1}, newer than this pytest-gpubench understands" in str(info.value)
     assert str(path) in str(info.value)
+
+
+def test_gpubench_browse_migrates_an_old_file_before_serving_it(old_manifest):
+    from pytest_gpubench.browse import _QUERIES, datasette_metadata, read_schema
+
+    schema = read_schema(old_manifest)
+    assert "output_tokens_per_second" in schema["benchmarks"] and "tokens_per_second" not in schema["benchmarks"]
+    metadata = datasette_metadata("manifest", schema)
+    assert "output_tokens_per_second" in metadata["databases"]["manifest"]["tables"]["benchmarks"]["columns"]
+    conn = sqlite3.connect(old_manifest)
+    try:
+        [row] = conn.execute(_QUERIES["leaderboard"][1]["sql"]).fetchall()
+    finally:
+        conn.close()
+    assert row[4] == pytest.approx(OUTPUT, abs=0.05)  # avg_output_tokens_per_second
