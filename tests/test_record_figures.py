@@ -87,3 +87,18 @@ def test_the_summary_shows_both_rates_of_the_cell(finished):
     table = SummaryTable()
     table.add(props)
     assert table.render()[1].split()[1:4] == ["success", "400.0", "50.0"]
+
+
+def test_progress_lines_name_the_load_generators_rate(tmp_path):
+    """The load generator's running ``tps`` (tokens so far / time so far) is output throughput."""
+    from types import SimpleNamespace
+
+    from pytest_gpubench.cell_benchmark import Bench
+    from pytest_gpubench.progress import ProgressWriter
+
+    writer = ProgressWriter(tmp_path / "cell.log")
+    bench = Bench(None, None, SimpleNamespace(progress=writer), None, None)  # only its recorder is used here
+    bench._on_event({"event": "progress", "requests": 12, "tokens": 3120, "tps": 650.5, "errors": 0})
+    [line] = read_progress(tmp_path / "cell.log")
+    assert line.kind == "PROGRESS"
+    assert line.fields == {"requests": "12", "tokens": "3120", "output_tokens_per_second": "650.5", "errors": "0"}
