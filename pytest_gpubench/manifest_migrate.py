@@ -66,7 +66,7 @@ def rename_columns(db: sqlite_utils.Database, path: object = "") -> int:
         raise ManifestTooNew(
             f"the manifest {path} has schema version {version}, newer than this pytest-gpubench "
             f"understands ({SCHEMA_VERSION})",
-            hint="upgrade pytest-gpubench, or point --gpubench-manifest at another file")
+            hint="upgrade pytest-gpubench, or use another manifest file")
     if version < 1:
         manifest = _columns(db, "benchmark_manifest")
         # A seed-001 file's tokens_per_second was the seed script's output throughput.
