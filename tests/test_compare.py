@@ -86,7 +86,8 @@ def test_regressions_beyond_the_bounds_fail_with_metric_bound_and_change():
 
 def test_improvements_never_fail():
     rules = parse_compare_fail("tps:0%,ttft:0%,cost:0%,error_rate:0%")
-    comparison = compare(current(decode_tokens_per_second=250.0, ttft_p50_ms=30.0, cost_per_million_tokens=0.4), BASE, rules)
+    comparison = compare(current(decode_tokens_per_second=250.0, ttft_p50_ms=30.0, cost_per_million_tokens=0.4),
+                         BASE, rules)
     assert not comparison.failed
     assert comparison.change("tps").worse_by < 0 and comparison.change("ttft").worse_by < 0
 

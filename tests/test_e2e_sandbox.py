@@ -75,7 +75,8 @@ def test_quick_matrix_with_xdist_records_everything(tmp_path):
     for case in cases.values():
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
         assert props["gpubench_status"] == "success"
-        for name in ("gpubench_output_tokens_per_second", "gpubench_decode_tokens_per_second", "gpubench_ttft_p50_ms", "gpubench_requests",
+        for name in ("gpubench_output_tokens_per_second", "gpubench_decode_tokens_per_second",
+                     "gpubench_ttft_p50_ms", "gpubench_requests",
                      "gpubench_errors", "gpubench_price_per_hour", "gpubench_cost_usd",
                      "gpubench_session_id", "gpubench_offer_id"):
             assert props.get(name), (name, props)
