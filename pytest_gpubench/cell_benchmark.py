@@ -103,6 +103,7 @@ class Bench:
             progress_interval=workload.progress_interval, checkpoint_every=workload.checkpoint_every,
             checkpoint_path=str(checkpoint), concurrency=self.cell.concurrency, rate=self.cell.rate,
             seed=run_index, request_timeout=self._run.settings.stall_seconds(workload.stall_timeout),
+            think=workload.think,
         )
 
     def run(self) -> BenchmarkResult:
