@@ -106,7 +106,8 @@ def incomparable(current: Fingerprint, baseline: Mapping[str, Any]) -> str | Non
     run = baseline.get("run_id") or "?"
     stored = stored_fingerprint(baseline)
     if stored is None:
-        return f"run {run} stored no workload fingerprint (it predates them), so its workload is unknown"
+        origin = "it was imported" if baseline.get("imported_from") else "it predates them"
+        return f"run {run} stored no workload fingerprint ({origin}), so its workload is unknown"
     if stored.hash == current.hash:
         return None
     differences = []

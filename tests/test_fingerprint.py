@@ -51,6 +51,8 @@ def test_what_differs_is_named_baseline_value_first():
 def test_a_baseline_without_a_fingerprint_is_not_comparable():
     why = incomparable(fingerprint(**BASE), baseline_with(None, "seed"))
     assert why == "run seed stored no workload fingerprint (it predates them), so its workload is unknown"
+    imported = {**baseline_with(None, "import-1"), "imported_from": "answer.json (GPU Shopper BenchmarkResult)"}
+    assert "(it was imported)" in incomparable(fingerprint(**BASE), imported)
     assert stored_fingerprint({"run_id": "x", "benchmark": None}) is None  # a manifest from before results rows
     assert stored_fingerprint({"benchmark": {"details_json": "not json"}}) is None
 

@@ -80,7 +80,8 @@ def resolve_think(engine: Engine, model: str, think: Any) -> bool:
         if not isinstance(think, str):
             raise BadRequest('think must be a boolean or string ("high", "medium", "low", "max", true, or false)')
         if think not in THINK_LEVELS:
-            raise BadRequest(f'invalid think value: {dumps(think)} (must be "high", "medium", "low", "max", true, or false)')
+            raise BadRequest(f'invalid think value: {dumps(think)} '
+                             '(must be "high", "medium", "low", "max", true, or false)')
     found = engine.find_pulled(model)
     if found is None:
         return False
@@ -93,7 +94,8 @@ def resolve_think(engine: Engine, model: str, think: Any) -> bool:
 
 def split_thinking(tokens: list[str]) -> tuple[str, str]:
     """``(thinking, answer)`` texts of a whole (non-streamed) generation."""
-    return "".join(t for t in tokens if isinstance(t, Thought)), "".join(t for t in tokens if not isinstance(t, Thought))
+    thinking = "".join(t for t in tokens if isinstance(t, Thought))
+    return thinking, "".join(t for t in tokens if not isinstance(t, Thought))
 
 
 class ResponseFormat(Protocol):

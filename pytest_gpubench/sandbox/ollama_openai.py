@@ -164,7 +164,8 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
             num_predict=_max_tokens(body),
             keep_alive=engine.settings.default_keep_alive,
             arrived=arrived,
-            think=resolve_think(engine, model, _think(body) if chat else None),  # /v1/completions has no reasoning field
+            # /v1/completions has no reasoning field: the model's default applies there.
+            think=resolve_think(engine, model, _think(body) if chat else None),
         )
     except EngineError as exc:
         return openai_error(str(exc), exc.status)
