@@ -43,6 +43,7 @@ class BenchmarkPlan:
     rate: float | None = None
     seed: int = 0
     request_timeout: float = 120.0
+    think: bool | None = None  # the request's ``think``; None leaves the runtime's default
 
     def config(self, ollama_url: str) -> dict[str, Any]:
         return {
@@ -59,6 +60,7 @@ class BenchmarkPlan:
             "checkpoint_path": self.checkpoint_path,
             "concurrency": self.concurrency,
             "request_timeout": self.request_timeout,
+            "think": self.think,
         }
 
 

@@ -21,6 +21,7 @@ from .benchmark import BenchmarkPlan
 from .compare import compare, figures_of, parse_compare_fail
 from .errors import BenchmarkInterrupted, Stage, StageError
 from .export import upload_result
+from .fingerprint import Fingerprint, fingerprint, incomparable
 from .matrix import Cell
 from .measure import Measurement, details_of, enough_runs, measure_once
 from .providers.shopper import OfferChoice
@@ -103,6 +104,7 @@ class Bench:
             progress_interval=workload.progress_interval, checkpoint_every=workload.checkpoint_every,
             checkpoint_path=str(checkpoint), concurrency=self.cell.concurrency, rate=self.cell.rate,
             seed=run_index, request_timeout=self._run.settings.stall_seconds(workload.stall_timeout),
+            think=workload.think,
         )
 
     def run(self) -> BenchmarkResult:
@@ -202,9 +204,19 @@ class Bench:
             "per_stream": result.per_stream_cost_analysis().model_dump(mode="json"),
             "machine": result.cost_analysis().model_dump(mode="json"),
         }
+        # What a baseline must share to be compared with this result (fingerprint.py).
+        self.details["fingerprint"] = self.fingerprint().model_dump(mode="json")
         recorder.result, recorder.records, recorder.samples = result, list(measurement.records), measurement.samples
         recorder.runs, recorder.details, self.result = measurement.runs, self.details, result
         return result
+
+    def fingerprint(self) -> Fingerprint:
+        """This cell's workload and runtime, as a comparable baseline must match them."""
+        workload, pulled = self.cell.workload, self.recorder.pulled
+        return fingerprint(prompts=workload.prompt_payload(), max_tokens=workload.max_tokens,
+                           concurrency=self.cell.concurrency, rate=self.cell.rate, think=workload.think,
+                           warmup_requests=workload.warmup_requests, runtime="ollama",
+                           runtime_version=self.runtime.version, model_digest=pulled.digest if pulled else "")
 
     def _invalid(self, problems: list[str], result: BenchmarkResult | None) -> ResultsInvalid:
         """Keep an invalid result raw under ``<reports>/invalid/`` and say so; nothing is recorded as measured."""
@@ -235,16 +247,23 @@ class Bench:
             manifest = self._run.manifest
             baseline = manifest.baseline(recorder.record_key, settings.compare or "last",
                                          exclude_run=self._run.run_id)
-            if baseline is not None:
-                comparison = compare(figures_of(result, self._run.run_id), baseline,
-                                     parse_compare_fail(settings.compare_fail or ""))
+            # `--gpubench-compare` alone compares without rules: nothing to parse then.
+            rules = parse_compare_fail(settings.compare_fail) if settings.compare_fail else []
+            why_not = incomparable(self.fingerprint(), baseline) if baseline is not None else None
+            if baseline is None:
+                recorder.progress.status("COMPARED", line="no baseline for this cell")
+            elif why_not is not None:
+                # Figures of another workload or runtime say nothing about a regression: no gate.
+                self.comparison_line = f"no comparable baseline ({why_not})"
+                self.details["comparison"] = self.comparison_line
+                recorder.progress.status("COMPARED", line=self.comparison_line)
+            else:
+                comparison = compare(figures_of(result, self._run.run_id), baseline, rules)
                 self.comparison_line = comparison.line()
                 self.details["comparison"] = self.comparison_line
                 recorder.progress.status("COMPARED", line=self.comparison_line)
                 if comparison.failed:
                     raise ThresholdMissed(comparison.failure())
-            else:
-                recorder.progress.status("COMPARED", line="no baseline for this cell")
         if violations:
             raise ThresholdMissed(describe_violations(violations))
 

@@ -206,6 +206,11 @@ BENCHMARKS = TableDoc(
             "repeated-run statistics, load-generator health, comparison, both cost analyses."
         ),
         **_UPLOAD,
+        "workload_fingerprint": (
+            "Hash of what changes the figures: prompts, max_tokens, load, think, warm-up, runtime version, "
+            "model digest (the fields are in details_json.fingerprint). --gpubench-compare compares only results "
+            "with the same one."
+        ),
     },
 )
 
@@ -239,6 +244,11 @@ REQUESTS = TableDoc(
         "total_duration_ns": "Server total time (Ollama's total_duration), nanoseconds.",
         "done_reason": "Why generation stopped, as the server said (stop, length, ...).",
         "matched": "Quality check: 1 when the answer matched the prompt's expectation, 0 when not, empty when none.",
+        "ttfat_ms": (
+            "Time to first answer token, milliseconds: after a reasoning model's thinking; empty when the request "
+            "ended before answering."
+        ),
+        "thinking_tokens": "Output tokens of reasoning (Ollama's thinking field), included in output_tokens.",
     },
 )
 

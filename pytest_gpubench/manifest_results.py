@@ -213,6 +213,9 @@ class ResultsMixin(ManifestStore):
     def set_details(self, benchmark_id: str, details: Mapping[str, Any]) -> None:
         """Store the figures beyond the BenchmarkResult shape, as JSON, on a benchmark row."""
         row = {"details_json": json.dumps(plain(dict(details)), default=str)}
+        fingerprint = details.get("fingerprint")
+        if isinstance(fingerprint, Mapping) and fingerprint.get("hash"):
+            row["workload_fingerprint"] = str(fingerprint["hash"])  # queryable beside the JSON
         self._update_row("benchmarks", benchmark_id, row)
 
     # ------------------------------------------------------------------ uploads

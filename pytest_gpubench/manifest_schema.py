@@ -142,6 +142,9 @@ BENCHMARK_COLUMNS: dict[str, type] = {
     # start, repeated-run statistics, load-generator health, comparison.
     "details_json": str,
     **UPLOAD_COLUMNS,
+    # Hash of what changes the figures (workload, runtime version, model digest):
+    # --gpubench-compare compares only results that share it (fingerprint.py).
+    "workload_fingerprint": str,
 }
 
 REQUEST_COLUMNS: dict[str, type] = {

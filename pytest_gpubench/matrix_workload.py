@@ -203,6 +203,17 @@ def prompt_entry(entry: Any) -> Prompt:
 Prompts = Annotated[tuple[Prompt, ...], BeforeValidator(prompts)]
 
 
+def think_value(value: Any) -> bool | None:
+    """``workload.think``: exactly ``true`` or ``false`` (``null``: the runtime's default)."""
+    if value is None or isinstance(value, bool):
+        return value
+    raise invalid(f"must be true or false (leave it out for the runtime's default: a thinking model "
+                  f"such as deepseek-r1 or qwen3 then thinks); got {describe(value)}")
+
+
+Think = Annotated[bool | None, BeforeValidator(think_value)]
+
+
 # -------------------------------------------------------------------------- workload
 
 
@@ -226,6 +237,8 @@ class Workload(StrictModel):
     telemetry_interval: Seconds = 5.0
     #: Seconds without a token before a request is aborted as stalled (an error).
     stall_timeout: Seconds = 120.0
+    #: Ollama's ``think``: None sends nothing, so the runtime's default applies.
+    think: Think = None
 
     @model_validator(mode="after")
     def _one_load_axis(self) -> Workload:
@@ -268,11 +281,13 @@ class WorkloadOverride(StrictModel):
     runs: RunsField | None = None
     telemetry_interval: Seconds | None = None
     stall_timeout: Seconds | None = None
+    think: Think = None
 
     @field_validator("*", mode="before")
     @classmethod
     def _no_null(cls, value: Any, info: ValidationInfo) -> Any:
-        if value is None and info.field_name != "rate":  # `rate: null` drops the file's rate
+        # `rate: null` drops the file's rate, `think: null` its think (the runtime's default again).
+        if value is None and info.field_name not in ("rate", "think"):
             raise invalid("must not be null; leave the key out to use the file's value")
         return value
 

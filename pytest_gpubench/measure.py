@@ -134,4 +134,8 @@ def details_of(cell: Cell, measurement: Measurement, runtime: OllamaRuntime, *,
         "runtime": {"name": "ollama", "version": runtime.version, "num_parallel": runtime.num_parallel,
                     "started_here": runtime.started_here},
         "hardware": {"compute_capability": compute_capability},
+        # `requested`: the matrix's think (None: not sent, the runtime's default);
+        # `effective`: whether the model did reason (None: nothing to tell from).
+        "thinking": {"requested": cell.workload.think,
+                     "effective": None if metrics.thinking_tokens is None else metrics.thinking_tokens > 0},
     }

@@ -193,6 +193,17 @@ class DetailedMetrics(BaseModel):
     client_saturated: bool | None = None  # None when neither check could be made
     saturation_reasons: tuple[str, ...] = ()
 
+    # Reasoning ("thinking") models, successful requests. TTFT above is the first
+    # token of either kind; these need a load generator that tells the kinds apart
+    # (None otherwise).
+    ttfat_avg_ms: float | None = None  # time to first answer token
+    ttfat_p50_ms: float | None = None
+    ttfat_p95_ms: float | None = None
+    ttfat_p99_ms: float | None = None
+    thinking_tokens: int | None = None  # reasoning token chunks
+    thinking_token_share: float | None = None  # thinking_tokens / all their output tokens (client count), 0-1
+    unanswered_requests: int | None = None  # ended (e.g. at max_tokens) before any answer token
+
 
 # -------------------------------------------------------------- per request
 
@@ -283,6 +294,20 @@ def _itl(ok: Sequence[RequestRecord], summary: StreamSummary | None) -> dict[str
                 itl_max_ms=max(maxima) if maxima else max(means))
 
 
+def _reasoning(ok: Sequence[RequestRecord]) -> dict[str, Any]:
+    """TTFAT and the thinking figures of the successful requests that report them."""
+    told = [r for r in ok if r.thinking_tokens is not None]
+    if not told:
+        return {}
+    ttfat = [r.ttfat_ms for r in told if r.ttfat_ms is not None]
+    thinking = sum(r.thinking_tokens for r in told)
+    output = sum(r.output_tokens for r in told)
+    return dict(ttfat_avg_ms=_mean(ttfat), ttfat_p50_ms=_pct(ttfat, 50), ttfat_p95_ms=_pct(ttfat, 95),
+                ttfat_p99_ms=_pct(ttfat, 99), thinking_tokens=thinking,
+                thinking_token_share=thinking / output if output else None,
+                unanswered_requests=sum(1 for r in told if r.ttfat_ms is None))
+
+
 def _send_lag(measured: Sequence[RequestRecord], summary: StreamSummary | None) -> dict[str, Any]:
     # The records carry every request's own lag, so they beat a summary that may
     # also cover the warm-up.
@@ -366,6 +391,7 @@ def detailed_metrics(
         delivered = sum(r.latency_ms for r in measured) / 1000 / duration_seconds
     configured = configured_concurrency if configured_concurrency is not None else summary.configured_concurrency
 
+    reasoning = _reasoning(ok)
     lag = _send_lag(measured, summary.send_lag_ms)
     e2e_avg = _mean(e2e)
     saturated, reasons = _saturation(lag.get("send_lag_p99_ms"), e2e_avg, delivered, configured)
@@ -404,4 +430,5 @@ def detailed_metrics(
         **lag,
         client_saturated=saturated,
         saturation_reasons=reasons,
+        **reasoning,
     )

@@ -78,6 +78,10 @@ class RequestRecord(_Value):
     total_duration_ns: int | None = None
     done_reason: str | None = None
     matched: bool | None = None  # quality check: None when the prompt expects nothing
+    # Reasoning models (issue 9); None when the generator did not say. ``output_tokens``
+    # and ``ttft_ms`` count every generated token, reasoning included.
+    ttfat_ms: float | None = None  # time to the first answer token; None without an answer
+    thinking_tokens: int | None = None  # token chunks of reasoning ("thinking")
 
     @property
     def ok(self) -> bool:

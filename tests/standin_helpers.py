@@ -17,6 +17,9 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 RATE = 200.0  # qwen2:7b tokens per second in the test catalog
 TTFT_MS = 40.0
+THINKING_MODEL = "deepseek-r1:1.5b"
+THINKING_RATE = 250.0
+THINKING_TTFT_MS = 30.0
 
 CATALOG = {
     "qwen2:7b": {
@@ -58,6 +61,18 @@ CATALOG = {
         "tokens_per_second": 100.0,
         "ttft_ms": 50.0,
         "load_seconds": 3.0,
+    },
+    # A thinking-capable model: reasons first unless a request says think: false.
+    THINKING_MODEL: {
+        "size_bytes": 1117322599,
+        "family": "qwen2",
+        "parameter_size": "1.8B",
+        "quantization_level": "Q4_K_M",
+        "digest": "sha256:" + "e" * 64,
+        "tokens_per_second": THINKING_RATE,
+        "ttft_ms": THINKING_TTFT_MS,
+        "load_seconds": 1.0,
+        "thinking": True,
     },
 }
 

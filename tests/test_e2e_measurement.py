@@ -104,3 +104,58 @@ def test_axes_runs_telemetry_thresholds_and_upload(tmp_path, standalone_sandbox)
                  key=lambda r: r["created_at"])
     assert (latest["status"], latest["failure_stage"]) == ("failed", "results")
     assert "more than the 10% allowed by tps:10%" in latest["error_message"]
+
+
+REASONING_MATRIX = """
+workload:
+  duration: 2s
+  max_tokens: {max_tokens}
+  warmup_requests: 1
+  progress_interval: 1s
+  telemetry_interval: 1s
+matrix:
+  - gpu: RTX 4090
+    provider: vastai
+    model: qwen2:1.5b
+  - gpu: RTX 4090
+    provider: vastai
+    model: deepseek-r1:14b
+    workload: {{max_tokens: 400}}
+"""
+
+
+@pytest.mark.slow
+def test_reasoning_cell_is_valid_and_compare_needs_the_same_workload(tmp_path, standalone_sandbox):  # noqa: F811
+    """Issue 9 items 8 and 9: a deepseek-r1 cell (thinking by default) is measured and
+    valid; `--gpubench-compare last` alone compares; another workload does not gate."""
+    matrix = tmp_path / "gpubench_reasoning.yaml"
+    matrix.write_text(REASONING_MATRIX.format(max_tokens=48))
+    common = ("--gpubench-api", standalone_sandbox, "--gpubench-time-scale", "0.02", "--rootdir", str(tmp_path))
+    first = run_pytest(tmp_path, str(matrix), *common)
+    assert first.returncode == 0, first.stdout[-3000:]
+    benchmarks = {b["manifest_id"].split("/", 1)[1]: b for b in rows(tmp_path, "benchmarks")}
+    r1 = benchmarks["RTX_4090-vastai-deepseek-r1:14b"]
+    details = json.loads(r1["details_json"])
+    assert details["validity"]["valid"] is True, details["validity"]
+    assert details["thinking"] == {"requested": None, "effective": True}
+    metrics = details["metrics"]
+    assert 0.3 < metrics["thinking_token_share"] < 1 and metrics["token_count_mismatches"] == 0
+    assert metrics["ttfat_p50_ms"] > metrics["ttft_p50_ms"]
+    truth_tps, truth_ttft, _ = load_catalog().rate("RTX 4090", "vastai", "deepseek-r1:14b")
+    assert metrics["ttft_p50_ms"] == pytest.approx(truth_ttft, abs=60)  # the first reasoning token
+    assert r1["workload_fingerprint"] == details["fingerprint"]["hash"]
+    first_run = r1["run_id"]
+
+    # `--gpubench-compare last` alone, as the README shows it: compares, never a rule error.
+    again = run_pytest(tmp_path, str(matrix), *common, "-k", "qwen2", "--gpubench-compare", "last")
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert f"RTX_4090-vastai-qwen2:1.5b: vs run {first_run}: tps" in again.stdout, again.stdout[-3000:]
+    assert "METRIC:PERCENT" not in again.stdout
+
+    # Another max_tokens: the last run is no baseline, and even an impossible bound does not fail.
+    matrix.write_text(REASONING_MATRIX.format(max_tokens=64))
+    other = run_pytest(tmp_path, str(matrix), *common, "-k", "qwen2", "--gpubench-compare", "last",
+                       "--gpubench-compare-fail", "tps:0%,ttft:0%")
+    assert other.returncode == 0, other.stdout[-3000:]
+    assert "no comparable baseline (run " in other.stdout and "differs: max_tokens 48 -> 64)" in other.stdout, \
+        other.stdout[-3000:]

@@ -193,6 +193,17 @@ def ndjson(compact=True):
     return b"".join(json.dumps(line, separators=separators).encode() + b"\n" for line in lines)
 
 
+def thinking_ndjson(compact=True):
+    """Two reasoning chunks, the swallowed closing tag (empty), then the answer."""
+    separators = (",", ":") if compact else (", ", ": ")
+    head = {"model": "m", "created_at": "2026-01-01T00:00:00Z"}
+    lines = [{**head, "response": "", "thinking": t, "done": False} for t in ("Okay", ", so")]
+    lines.append({**head, "response": "", "done": False})
+    lines += [{**head, "response": t, "done": False} for t in ("Hi", "!")]
+    lines.append({**head, "response": "", "done": True, **FINAL, "eval_count": 5})
+    return b"".join(json.dumps(line, separators=separators).encode() + b"\n" for line in lines)
+
+
 class FakeOllama(http.server.BaseHTTPRequestHandler):
     """Answers /api/generate in the framing its prompt names."""
 
@@ -233,6 +244,10 @@ class FakeOllama(http.server.BaseHTTPRequestHandler):
             self.head(Connection="close")
             self.wfile.write(ndjson())
             self.close_connection = True
+        elif mode in ("thinking", "thinking-spaced"):  # Ollama 0.12.4+ on a thinking model
+            payload = thinking_ndjson(compact=mode == "thinking")
+            self.head(Content_Length=str(len(payload)))
+            self.wfile.write(payload)
         elif mode == "whole":  # a server that ignores "stream": one object, no newline
             payload = json.dumps({"model": "m", "response": "Hello, World!", "done": True, **FINAL}).encode()
             self.head(Content_Length=str(len(payload)))
@@ -261,6 +276,17 @@ def fake():
 
 def fake_config(url, tmp_path, prompts, **extra):
     return config(url, tmp_path, **{"model": "m", "prompts": prompts, "duration": 0.2, "warmup_requests": 0, **extra})
+
+
+@pytest.mark.parametrize("mode", ["thinking", "thinking-spaced"])
+def test_reasoning_chunks_are_tokens_and_the_answer_is_timed_apart(fake, tmp_path, mode):
+    records = measured(run_loadgen(fake_config(fake, tmp_path, [mode])))
+    assert records
+    for r in records:
+        assert r.ok, r.error
+        # Compact lines (the fast path) and spaced ones (parsed) count alike.
+        assert (r.output_tokens, r.thinking_tokens, r.eval_count) == (4, 2, 5)
+        assert r.ttfat_ms >= r.ttft_ms > 0
 
 
 @pytest.mark.parametrize("framing", ["chunked", "length", "length-spaced", "close", "whole"])

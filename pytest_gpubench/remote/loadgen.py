@@ -11,7 +11,9 @@ parsed, and a token's text only when its prompt carries an expectation.
 
 Config (one JSON argument): ``ollama_url``, ``model``, ``prompts`` (strings, or
 objects ``{"prompt": str, "expect": [str, ...]}``: any one substring matching,
-case-insensitive), ``max_tokens``, ``duration``, ``warmup_requests`` (sent first,
+case-insensitive), ``max_tokens``, ``think`` (sent as the request's ``think`` only
+when set: absent or null leaves the model's default), ``duration``,
+``warmup_requests`` (sent first,
 one at a time, outside the run clock), ``progress_interval``, ``checkpoint_every``,
 ``checkpoint_path``, ``request_timeout`` (the stall timeout: a request that receives
 nothing for that many seconds is aborted and recorded as an error, and the run goes
@@ -40,7 +42,16 @@ final chunk not yet received) from the run's start to its deadline;
 ``cpu_seconds`` the generator's own CPU time over the measured run (per 1,000
 output tokens of successful measured requests in ``cpu_seconds_per_1k_tokens``);
 ``unsent`` counts arrivals ``max_in_flight`` held back past the deadline,
-``abandoned`` requests still in flight when a signal ended the run. Every record
+``abandoned`` requests still in flight when a signal ended the run.
+
+Reasoning models: Ollama streams a thinking model's reasoning in ``thinking``
+chunks with an empty ``response`` before the answer, and its ``eval_count``
+counts both. A chunk with text of either kind is a generated token:
+``output_tokens``, the TTFT, the ITL gaps and the decode rate cover both (an
+empty chunk, such as the closing ``</think>`` tag the server swallows, is not
+counted, as before: one token of slack against ``eval_count``). A record adds
+``thinking_tokens`` (chunks of reasoning) and ``ttfat_ms``, the time to the first
+answer token (None when the request ended before answering). Every record
 is also checkpointed to a JSON file on the instance (seed 001's format, plus the
 generator's ``pid``), so a
 lost connection loses nothing measured: a reader that stalls or goes away never
@@ -69,6 +80,7 @@ RECV_SIZE = 65536
 GAPS_SORTED_MAX = 4000000  # beyond this many gaps, ITL percentiles come from an even sample
 OUTPUT_MAX = 32 * 1024 * 1024  # unread stdout beyond this: the reader is gone
 CONNECTING, SENDING, HEAD, BODY, CLOSED = range(5)
+THINKING, ANSWER = range(2)  # what a token chunk carries
 CHUNKED, LENGTH, UNTIL_CLOSE = range(3)
 
 
@@ -232,6 +244,7 @@ class Exchange:
         "sock", "events", "reused", "retried", "out", "state", "status", "keep_alive", "mode",
         "left", "skip", "trailer", "buffer", "partial", "detail", "received", "active", "final",
         "first", "last", "tokens", "itl_sum", "itl_max", "texts", "gaps", "end", "last_io",
+        "thinking", "first_answer",
     )
 
     def __init__(self, run, index, warmup, prompt_index, scheduled):
@@ -246,8 +259,8 @@ class Exchange:
         self.retried = False
         self.active = True
         self.final = None
-        self.first = self.last = self.end = None
-        self.tokens = 0
+        self.first = self.last = self.end = self.first_answer = None
+        self.tokens = self.thinking = 0
         self.itl_sum = self.itl_max = 0.0
         self.texts = [] if self.expect else None
         self.gaps = None if warmup else run.gaps
@@ -460,9 +473,11 @@ class Exchange:
         # escaped, so these substrings can only be the keys themselves.
         if b'"done":false' in line and b'"response":"' in line:
             if b'"response":""' not in line:
-                self.token(now)
+                self.token(now, ANSWER)
                 if self.texts is not None:
                     self.texts.append(line)
+            elif b'"thinking":"' in line and b'"thinking":""' not in line:
+                self.token(now, THINKING)
             return
         if b'"done":true' not in line and not line.strip():
             return
@@ -471,18 +486,25 @@ class Exchange:
             raise ValueError("a stream line is not a JSON object")
         if "error" in chunk:
             return self.fail(str(chunk["error"]), now)
-        text = chunk.get("response")
+        text, thinking = chunk.get("response"), chunk.get("thinking")
         if text:
-            self.token(now)
+            self.token(now, ANSWER)
             if self.texts is not None:
                 self.texts.append(text)
+        elif thinking:
+            self.token(now, THINKING)
         if chunk.get("done"):
             self.final = chunk
             self.active = False
             self.end = now
             self.run.finished(self, self.record(None), now)
 
-    def token(self, now):
+    def token(self, now, kind):
+        if kind == ANSWER:
+            if self.first_answer is None:
+                self.first_answer = now
+        elif kind == THINKING:
+            self.thinking += 1
         if self.tokens:
             gap = now - self.last
             self.itl_sum += gap
@@ -564,8 +586,10 @@ class Exchange:
             "scheduled_at": None if self.warmup else round(self.scheduled - self.run.start, 6),
             "send_lag_ms": None if self.warmup else ms(sent - self.scheduled),
             "ttft_ms": ms(self.first - sent) if self.first is not None else None,
+            "ttfat_ms": ms(self.first_answer - sent) if self.first_answer is not None else None,
             "latency_ms": ms(self.end - sent),
             "output_tokens": count,
+            "thinking_tokens": self.thinking,
             "eval_count": eval_count,
             "eval_duration_ns": eval_ns,
             "prompt_tokens": final.get("prompt_eval_count"),
@@ -750,8 +774,11 @@ class Run:
         host_header = "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
         self.requests = []
         for text, _ in self.prompts:
-            body = json.dumps({"model": self.config["model"], "prompt": text, "stream": True,
-                               "options": {"num_predict": self.config["max_tokens"]}}).encode()
+            request = {"model": self.config["model"], "prompt": text, "stream": True,
+                       "options": {"num_predict": self.config["max_tokens"]}}
+            if self.config.get("think") is not None:  # absent: the model's default (a thinking model thinks)
+                request["think"] = self.config["think"]
+            body = json.dumps(request).encode()
             head = ("POST /api/generate HTTP/1.1\r\nHost: %s\r\nUser-Agent: gpubench-loadgen\r\n"
                     "Content-Type: application/json\r\nAccept: application/x-ndjson\r\n"
                     "Content-Length: %d\r\n\r\n" % (host_header, len(body)))

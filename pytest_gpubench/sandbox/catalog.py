@@ -92,6 +92,8 @@ class ModelSpec(_Entry):
     digest: str = ""
     vram_gb: float = Field(gt=0)
     load_seconds: float = Field(ge=0)
+    #: Thinking-capable (Ollama's ``thinking`` capability): reasons first unless ``think: false``.
+    thinking: bool = False
 
 
 class RateSpec(_Entry):

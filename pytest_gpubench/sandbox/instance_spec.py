@@ -104,6 +104,8 @@ class ModelSpec(_Value):
     tokens_per_second: float = Field(gt=0)
     ttft_ms: float = Field(ge=0)
     load_seconds: float = Field(ge=0)
+    #: Thinking-capable: reasons first unless a request says ``think: false``.
+    thinking: bool = False
 
     @property
     def digest_hex(self) -> str:

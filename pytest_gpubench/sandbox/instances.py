@@ -95,6 +95,7 @@ def instance_document(
             "tokens_per_second": float(tps),
             "ttft_ms": float(ttft),
             "load_seconds": float(spec.load_seconds),
+            "thinking": spec.thinking,
         }
     return {
         "session_id": session_id,

@@ -334,7 +334,7 @@ class Engine:
                 self.waiting -= 1
             try:
                 self._set_active(+1)
-                plan = plan_output(job.prompt, job.num_predict, model=runner.name)
+                plan = plan_output(job.prompt, job.num_predict, model=runner.name, think=job.think)
                 ttft, intervals = self._timing(job, runner, len(plan.tokens))
                 # The TTFT clock runs from the moment the request could start, not
                 # from here: the handler's own work (parsing, planning) is inside

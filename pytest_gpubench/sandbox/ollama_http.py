@@ -17,6 +17,7 @@ from aiohttp import web
 
 from .ollama_engine import Engine, EngineError
 from .ollama_schedule import Generation, Job
+from .ollama_text import Thought
 
 ENGINE = web.AppKey("engine", Engine)
 
@@ -63,19 +64,53 @@ def option_int(options: Any, name: str) -> int | None:
     return int(value)
 
 
+THINK_LEVELS = ("high", "medium", "low", "max")
+
+
+def resolve_think(engine: Engine, model: str, think: Any) -> bool:
+    """Whether ``model`` reasons on this request, as Ollama (0.12.4 and later) decides.
+
+    ``think`` is the request's value: absent (``None``) means the model's default,
+    which is to think for a thinking-capable model; ``false`` turns it off; ``true``
+    or a level (``"low"`` ...) asks for it, and a model without the capability
+    answers 400 ``"<model>" does not support thinking``. A model that is not pulled
+    is left to the engine's 404.
+    """
+    if think is not None and not isinstance(think, bool):
+        if not isinstance(think, str):
+            raise BadRequest('think must be a boolean or string ("high", "medium", "low", "max", true, or false)')
+        if think not in THINK_LEVELS:
+            raise BadRequest(f'invalid think value: {dumps(think)} '
+                             '(must be "high", "medium", "low", "max", true, or false)')
+    found = engine.find_pulled(model)
+    if found is None:
+        return False
+    if found[1].thinking:
+        return think is not False
+    if think is not None and think is not False:
+        raise BadRequest(f"{dumps(model)} does not support thinking")
+    return False
+
+
+def split_thinking(tokens: list[str]) -> tuple[str, str]:
+    """``(thinking, answer)`` texts of a whole (non-streamed) generation."""
+    thinking = "".join(t for t in tokens if isinstance(t, Thought))
+    return thinking, "".join(t for t in tokens if not isinstance(t, Thought))
+
+
 class ResponseFormat(Protocol):
     """How one API family writes a generation."""
 
     content_type: str
 
     def token(self, text: str) -> bytes:
-        """One streamed chunk carrying ``text``."""
+        """One streamed chunk carrying ``text`` (reasoning when it is a ``Thought``)."""
 
     def done(self, gen: Generation, now: float) -> bytes:
         """The closing bytes of a stream (final chunk, terminator)."""
 
-    def whole(self, text: str, gen: Generation, now: float) -> Any:
-        """The single object of a non-streamed answer."""
+    def whole(self, text: str, gen: Generation, now: float, thinking: str = "") -> Any:
+        """The single object of a non-streamed answer (``thinking``: its reasoning, if any)."""
 
     def stream_error(self, message: str) -> bytes:
         """An error reported inside an already started stream."""
@@ -96,8 +131,8 @@ async def serve_generation(request: web.Request, job: Job, fmt: ResponseFormat, 
                 return transport is None or transport.is_closing()
 
             if not stream:
-                text = "".join([token async for token in gen.tokens(client_gone)])
-                return json_response(fmt.whole(text, gen, loop.time()))
+                thinking, text = split_thinking([token async for token in gen.tokens(client_gone)])
+                return json_response(fmt.whole(text, gen, loop.time(), thinking))
             response = web.StreamResponse(headers={"Content-Type": fmt.content_type})
             await response.prepare(request)
             async for token in gen.tokens(client_gone):

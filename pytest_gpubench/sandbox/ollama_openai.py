@@ -6,6 +6,13 @@ chunk with ``finish_reason``, an optional usage chunk when
 ``stream_options.include_usage`` is set, then ``data: [DONE]``); without it one
 ``chat.completion`` / ``text_completion`` object with ``usage``. Errors use
 OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
+
+A thinking model's reasoning streams as Ollama's ``openai`` package writes it:
+``delta.reasoning`` (``message.reasoning`` when not streamed) on the chat
+endpoint, with an empty ``content``; the text completion endpoint has no field
+for it and streams empty ``text`` while the model thinks. ``reasoning_effort``
+(or ``reasoning.effort``) sets ``think``: ``"none"`` turns it off, a level turns
+it on, absent leaves the model's default.
 """
 
 from __future__ import annotations
@@ -18,9 +25,9 @@ from typing import Any
 from aiohttp import web
 
 from .ollama_engine import EngineError
-from .ollama_http import ENGINE, BadRequest, dumps, json_response, read_json, serve_generation
+from .ollama_http import ENGINE, BadRequest, dumps, json_response, read_json, resolve_think, serve_generation
 from .ollama_schedule import Generation, Job
-from .ollama_text import count_prompt_tokens
+from .ollama_text import Thought, count_prompt_tokens
 
 SSE = "text/event-stream"
 
@@ -45,10 +52,13 @@ class OpenAIFormat:
         self.created = int(time.time())
 
     def _chunk(self, text: str, finish: str | None) -> dict[str, Any]:
+        thought = isinstance(text, Thought)
         if self.chat:
-            choice = {"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": finish}
+            delta = {"role": "assistant", "content": "", "reasoning": text} if thought else {
+                "role": "assistant", "content": text}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
         else:
-            choice = {"text": text, "index": 0, "finish_reason": finish}
+            choice = {"text": "" if thought else text, "index": 0, "finish_reason": finish}
         return {
             "id": self.id,
             "object": self.object,
@@ -77,9 +87,12 @@ class OpenAIFormat:
             out += self._event(usage)
         return out + b"data: [DONE]\n\n"
 
-    def whole(self, text: str, gen: Generation, now: float) -> dict[str, Any]:
+    def whole(self, text: str, gen: Generation, now: float, thinking: str = "") -> dict[str, Any]:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": gen.done_reason}
+            message = {"role": "assistant", "content": text}
+            if thinking:
+                message["reasoning"] = thinking
+            choice = {"index": 0, "message": message, "finish_reason": gen.done_reason}
             kind = "chat.completion"
         else:
             choice = {"text": text, "index": 0, "finish_reason": gen.done_reason}
@@ -99,6 +112,20 @@ class OpenAIFormat:
 
     def error(self, message: str, status: int) -> web.Response:
         return openai_error(message, status)
+
+
+def _think(body: dict[str, Any]) -> bool | str | None:
+    """``think`` from ``reasoning.effort`` or ``reasoning_effort``, as Ollama maps them."""
+    reasoning = body.get("reasoning")
+    effort = reasoning.get("effort") if isinstance(reasoning, dict) else body.get("reasoning_effort")
+    if effort is None or effort == "":
+        return None
+    mapped = {"none": False, "minimal": "low", "low": "low", "medium": "medium", "high": "high", "max": "max",
+              "xhigh": "max", "ultra": "max"}
+    if not isinstance(effort, str) or effort not in mapped:
+        raise BadRequest(f'invalid reasoning value: {dumps(effort)} (must be "minimal", "low", "medium", '
+                         '"high", "xhigh", "ultra", "max", or "none")')
+    return mapped[effort]
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:
@@ -137,6 +164,8 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
             num_predict=_max_tokens(body),
             keep_alive=engine.settings.default_keep_alive,
             arrived=arrived,
+            # /v1/completions has no reasoning field: the model's default applies there.
+            think=resolve_think(engine, model, _think(body) if chat else None),
         )
     except EngineError as exc:
         return openai_error(str(exc), exc.status)

@@ -65,6 +65,7 @@ class Job:
     num_predict: int | None
     keep_alive: float
     arrived: float  # loop time when the request reached the handler
+    think: bool = False  # the model reasons before it answers (see ollama_text)
 
 
 @dataclass

@@ -30,12 +30,13 @@ from .ollama_http import (
     json_response,
     option_int,
     read_json,
+    resolve_think,
     serve_generation,
 )
 from .ollama_openai import add_openai_routes
 from .ollama_pull import PullError, pull_progress
 from .ollama_schedule import Generation, Job
-from .ollama_text import count_prompt_tokens
+from .ollama_text import Thought, count_prompt_tokens
 from .standin_state import RuntimeState, StateStore
 
 NDJSON = "application/x-ndjson"
@@ -68,7 +69,11 @@ def _not_found(name: str) -> web.Response:
 
 
 class NativeFormat:
-    """NDJSON chunks of ``/api/generate`` (``response``) or ``/api/chat`` (``message``)."""
+    """NDJSON chunks of ``/api/generate`` (``response``) or ``/api/chat`` (``message``).
+
+    Reasoning goes in ``thinking`` (``message.thinking``) beside an empty answer,
+    compact as Go writes it: ``{..,"response":"","thinking":"Okay","done":false}``.
+    """
 
     content_type = NDJSON
 
@@ -78,6 +83,10 @@ class NativeFormat:
         self._head = '{"model":' + dumps(model) + ',"created_at":"'
 
     def _content(self, text: str) -> str:
+        if isinstance(text, Thought):
+            if self.chat:
+                return '"message":{"role":"assistant","content":"","thinking":' + dumps(text) + "}"
+            return '"response":"","thinking":' + dumps(text)
         if self.chat:
             return '"message":{"role":"assistant","content":' + dumps(text) + "}"
         return '"response":' + dumps(text)
@@ -85,20 +94,24 @@ class NativeFormat:
     def token(self, text: str) -> bytes:
         return (self._head + rfc3339() + '",' + self._content(text) + ',"done":false}\n').encode()
 
-    def _final(self, text: str, gen: Generation, now: float) -> dict[str, Any]:
+    def _final(self, text: str, gen: Generation, now: float, thinking: str = "") -> dict[str, Any]:
         final: dict[str, Any] = {"model": self.model, "created_at": rfc3339()}
         if self.chat:
             final["message"] = {"role": "assistant", "content": text}
+            if thinking:
+                final["message"]["thinking"] = thinking
         else:
             final["response"] = text
+            if thinking:
+                final["thinking"] = thinking
         final.update(done=True, done_reason=gen.done_reason, **gen.stats(now))
         return final
 
     def done(self, gen: Generation, now: float) -> bytes:
         return (dumps(self._final("", gen, now)) + "\n").encode()
 
-    def whole(self, text: str, gen: Generation, now: float) -> dict[str, Any]:
-        return self._final(text, gen, now)
+    def whole(self, text: str, gen: Generation, now: float, thinking: str = "") -> dict[str, Any]:
+        return self._final(text, gen, now, thinking)
 
     def stream_error(self, message: str) -> bytes:
         return (dumps({"error": message}) + "\n").encode()
@@ -143,6 +156,7 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         num_predict=option_int(body.get("options"), "num_predict"),
         keep_alive=keep_alive,
         arrived=arrived,
+        think=resolve_think(engine, name, body.get("think")),
     )
     return await serve_generation(request, job, NativeFormat(name, chat=False), stream=body.get("stream") is not False)
 
@@ -166,6 +180,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         num_predict=option_int(body.get("options"), "num_predict"),
         keep_alive=keep_alive,
         arrived=arrived,
+        think=resolve_think(engine, name, body.get("think")),
     )
     return await serve_generation(request, job, NativeFormat(name, chat=True), stream=body.get("stream") is not False)
 

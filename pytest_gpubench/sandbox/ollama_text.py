@@ -5,6 +5,15 @@ the same prompt always gets the same answer (so sandbox runs are repeatable), an
 that lengths behave like a real model's: a cap (``num_predict``) is respected and
 reached now and then (``done_reason: "length"``), otherwise the answer stops on its
 own (``"stop"``).
+
+A thinking-capable model (``thinking: true`` in the catalog: deepseek-r1, qwen3)
+that thinks on this request reasons first, as Ollama streams it since 0.12.4: the
+plan's first ``thinking`` tokens are :class:`Thought` strings (the handlers stream
+them in ``thinking`` / ``message.thinking`` / ``delta.reasoning`` with an empty
+answer), then one empty token for the closing ``</think>`` tag (Ollama's thinking
+parser swallows the tag's text but still sends the chunk, and ``eval_count``
+counts it), then the answer. ``num_predict`` caps all of them together, so a long
+reasoning can use up the cap before any answer token.
 """
 
 from __future__ import annotations
@@ -18,6 +27,10 @@ from dataclasses import dataclass
 # runs short and matches the 128 that older Ollama releases used as the default.
 NATURAL_TOKENS = 128
 HAIKU_TOKENS = 24
+# A reasoning model's natural reasoning length, in tokens: deepseek-r1 distills
+# think for a few hundred tokens before a short answer, so with the benchmark's
+# default 256-token cap some requests end while still thinking.
+THINKING_TOKENS = (96, 320)
 # Words per token of English text, roughly, for both prompts and answers.
 TOKENS_PER_WORD = 1.3
 
@@ -40,12 +53,28 @@ _HAIKU_WORDS = (
 ).split()
 
 
+class Thought(str):
+    """A token of reasoning ("thinking") rather than of the answer."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True)
 class OutputPlan:
-    """The tokens a request will receive and why they end."""
+    """The tokens a request will receive and why they end.
+
+    ``thinking`` counts the leading :class:`Thought` tokens; when the answer
+    follows them, one empty token (the closing tag) separates the two.
+    """
 
     tokens: tuple[str, ...]
     done_reason: str  # "stop" or "length"
+    thinking: int = 0
+
+    @property
+    def answer_tokens(self) -> int:
+        """Tokens of the answer itself (neither reasoning nor the closing tag)."""
+        return len(self.tokens) - self.thinking - (1 if self.thinking and len(self.tokens) > self.thinking else 0)
 
 
 def count_prompt_tokens(text: str) -> int:
@@ -59,13 +88,17 @@ def _seed(prompt: str, salt: str) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
-def plan_output(prompt: str, num_predict: int | None, *, model: str = "") -> OutputPlan:
-    """Decide the answer to ``prompt``: same prompt and cap, same answer.
+def plan_output(prompt: str, num_predict: int | None, *, model: str = "", think: bool = False) -> OutputPlan:
+    """Decide the answer to ``prompt``: same prompt, cap and ``think``, same answer.
 
     Without a positive ``num_predict`` the answer has its natural length. With one,
     it is 60-100% of the cap, and about one prompt in five runs into the cap. A
-    prompt asking for a haiku gets a short answer either way.
+    prompt asking for a haiku gets a short answer either way. With ``think`` the
+    answer (at its natural length) comes after a reasoning of ``THINKING_TOKENS``
+    and the cap counts both.
     """
+    if think:
+        return _thinking_plan(prompt, num_predict, model)
     rng = random.Random(_seed(prompt, model))
     haiku = "haiku" in prompt.lower()
     capped = num_predict is not None and num_predict >= 0
@@ -83,6 +116,17 @@ def plan_output(prompt: str, num_predict: int | None, *, model: str = "") -> Out
     reason = "length" if capped and length >= budget else "stop"
     words = _haiku_tokens(rng, length) if haiku else _prose_tokens(rng, length)
     return OutputPlan(tokens=tuple(words), done_reason=reason)
+
+
+def _thinking_plan(prompt: str, num_predict: int | None, model: str) -> OutputPlan:
+    rng = random.Random(_seed(prompt, model + "\x00think"))
+    reasoning = [Thought(t) for t in _prose_tokens(rng, rng.randint(*THINKING_TOKENS))]
+    answer = plan_output(prompt, None, model=model).tokens
+    tokens = (*reasoning, "", *answer)  # "": the closing tag, streamed as an empty chunk
+    if num_predict is not None and 0 <= num_predict < len(tokens):
+        return OutputPlan(tokens=tokens[:num_predict], done_reason="length",
+                          thinking=min(num_predict, len(reasoning)))
+    return OutputPlan(tokens=tokens, done_reason="stop", thinking=len(reasoning))
 
 
 def _prose_tokens(rng: random.Random, count: int) -> list[str]:
