@@ -146,24 +146,42 @@ class _Group:
     def units(self, sessions: int) -> list[float]:
         return [self.policy.session_seconds(part) for part in sub_groups(self.cells, sessions, self.policy)]
 
-    def blocked(self, sessions: int) -> str | None:
-        """Why the group may not go to ``sessions`` sessions; None if it may."""
+    def blocked(self, sessions: int) -> tuple[str, str] | None:
+        """Why the group may not go to ``sessions`` sessions (a kind: ``cells``, ``limit``,
+        ``cost`` or ``gain``, and the words); None if it may."""
         policy = self.policy
         if sessions > len(self.cells):
-            return "one session per cell already"
+            return "cells", "one session per cell already"
         if policy.limit is not None and sessions > policy.limit:
-            return f"at the limit of {policy.limit} session(s) per group (--gpubench-sessions-per-group)"
+            return "limit", f"at the limit of {policy.limit} session(s) per group (--gpubench-sessions-per-group)"
         now, then = self.units(self.sessions), self.units(sessions)
         added = sum(then) - sum(now)
         share = (sum(then) - self.whole) / self.whole if self.whole > 0 else 0.0
         if share > policy.max_extra_share * (1 + _TIE):
-            return (f"{sessions} sessions would add {percent(share)} to its GPU time, more than the "
-                    f"{percent(policy.max_extra_share)} accepted (--gpubench-split-cost)")
+            return "cost", (f"{sessions} sessions would add {percent(share)} to its GPU time, more than the "
+                            f"{percent(policy.max_extra_share)} accepted (--gpubench-split-cost)")
         saved = max(now) - max(then)
         if saved <= added:
-            return (f"{sessions} sessions would save {saved:.0f} s of wall time for {added:.0f} s "
-                    "more GPU time")
+            return "gain", f"{sessions} sessions would save {saved:.0f} s of wall time for {added:.0f} s more GPU time"
         return None
+
+    def next_split(self, room: int, workers: int) -> tuple[int | None, str]:
+        """The fewest sessions beyond the present that pass every rule, at most ``room`` more;
+        or None and why not. (Four equal cells gain nothing on three sessions but do on four.)"""
+        first: str | None = None
+        for sessions in range(self.sessions + 1, len(self.cells) + 2):
+            found = self.blocked(sessions)
+            if found is not None and found[0] in ("cells", "limit"):
+                return None, first or found[1]
+            if sessions > self.sessions + room:
+                return None, first or f"no idle worker left (-n {workers})"
+            if found is None:
+                return sessions, ""
+            kind, why = found
+            if kind == "cost":  # more sessions only cost more
+                return None, why
+            first = first or why
+        return None, first or "one session per cell already"
 
 
 def split_groups(cells: Sequence[Cell | None], policy: SplitPolicy) -> tuple[list[Cell | None], list[GroupSplit]]:
@@ -212,19 +230,22 @@ def _split(groups: list[_Group], lone: list[float], workers: int) -> None:
             reason = "a cell alone sets the wall time: splitting would not end the run sooner"
             break
         slowest = [group for group in groups if longest[group.name] >= wall * (1 - _TIE)]
-        units = sum(group.sessions for group in groups) + len(lone)
-        if units + len(slowest) > workers:
-            reason = f"no idle worker left (-n {workers})"
-            break
-        stuck = [(group, group.blocked(group.sessions + 1)) for group in slowest]
-        stuck = [(group, why) for group, why in stuck if why]
-        if stuck:
-            for group, why in stuck:
+        room = workers - sum(group.sessions for group in groups) - len(lone)
+        steps: list[tuple[_Group, int]] = []
+        stuck: list[_Group] = []
+        for group in slowest:
+            sessions, why = group.next_split(room, workers)
+            if sessions is None:
                 group.why = why
-            names = ", ".join(group.name for group, _ in stuck)
+                stuck.append(group)
+            else:
+                steps.append((group, sessions))
+                room -= sessions - group.sessions
+        if stuck:
+            names = ", ".join(group.name for group in stuck)
             reason = f"splitting it would not end the run sooner: {names} sets the wall time"
             break
-        for group in slowest:
-            group.sessions += 1
+        for group, sessions in steps:
+            group.sessions = sessions
     for group in groups:
         group.why = group.why or reason
