@@ -9,9 +9,11 @@ import pytest
 
 from pytest_gpubench._xdist import MatrixGroups
 from pytest_gpubench.matrix import expand, parse_matrix
+from pytest_gpubench.reuse_order import arrange_reuse_groups
 from pytest_gpubench.reuse_split import SplitPolicy, split_groups
+from pytest_gpubench.session_pool import SessionPool, reservation_seconds
 from pytest_gpubench.settings import DEFAULT_SPLIT_COST, Settings, resolve
-from pytest_gpubench.stash import SETTINGS_KEY
+from pytest_gpubench.stash import CELL_KEY, GROUP_KEY, RECORD_KEY, REUSE_GROUPS_KEY, SETTINGS_KEY
 
 # Pulls are waits on the run's clock: at time scale 0 only the benchmarks count, which
 # keeps the arithmetic readable (setup 0 too, so every split pays off unless a rule says no).
@@ -198,3 +200,45 @@ def test_the_controller_splits_as_the_workers_do(tmp_path):
     assert controller.group_of("tests/test_x.py::test_y") is None
     # Before the collection is known (or with one worker): the whole group.
     assert MatrixGroups(config).group_of(nodeids[cells[1].cell_id]) == "reuse:RTX_4090-vastai"
+
+
+class _Item:
+    """What arrange_reuse_groups reads and writes of a pytest item: its stash and markers."""
+
+    def __init__(self, key: str, cell) -> None:
+        self.stash = pytest.Stash()
+        self.stash[CELL_KEY], self.stash[RECORD_KEY] = cell, key
+        self.markers: list = []
+
+    def add_marker(self, marker) -> None:
+        self.markers.append(marker)
+
+
+def test_collection_on_a_worker_makes_each_sub_group_a_reuse_group_of_its_own():
+    cells = cells_of(FIVE)
+    config = SimpleNamespace(stash=pytest.Stash(), workerinput={"gpubench_loadgroup": True, "workercount": 2})
+    config.stash[SETTINGS_KEY] = Settings(time_scale=0.0)
+    items = [_Item(c.cell_id, c) for c in cells]
+    arrange_reuse_groups(config, items)  # type: ignore[arg-type]
+    groups_seen = [item.stash[GROUP_KEY] for item in items]
+    # Each sub-group together, the longer (800 s) first; the fixtures get the split cell.
+    assert groups_seen == ["RTX_4090-vastai/1"] * 3 + ["RTX_4090-vastai/2"] * 2
+    assert [item.stash[CELL_KEY].session_group for item in items] == groups_seen
+    assert [m.args for item in items for m in item.markers] == [(g,) for g in groups_seen]
+    members = config.stash[REUSE_GROUPS_KEY]
+    assert {g: [key for key, _ in m] for g, m in members.items()} == {
+        "RTX_4090-vastai/1": ["RTX_4090-vastai-m100:1b", "RTX_4090-vastai-m200:1b", "RTX_4090-vastai-m500:1b"],
+        "RTX_4090-vastai/2": ["RTX_4090-vastai-m300:1b", "RTX_4090-vastai-m400:1b"]}
+    # A session rented for a sub-group is sized, reserved and budgeted for its own cells only.
+    pool = SessionPool(None, members)  # type: ignore[arg-type]
+    first = items[3].stash[CELL_KEY]
+    planned = pool.remaining(items[3].stash[RECORD_KEY], first)
+    assert [c.model for c in planned] == ["m300:1b", "m400:1b"]
+    assert reservation_seconds(planned) == 300 + 8 + 400  # the second cell pulls its 1 GB model too
+    # Without xdist's loadgroup, or with one worker: nothing is split.
+    for workerinput in ({"gpubench_loadgroup": False, "workercount": 2}, {"gpubench_loadgroup": True,
+                                                                          "workercount": 1}):
+        config.workerinput = workerinput
+        items = [_Item(c.cell_id, c) for c in cells]
+        arrange_reuse_groups(config, items)  # type: ignore[arg-type]
+        assert {item.stash[GROUP_KEY] for item in items} == {"RTX_4090-vastai"}
