@@ -243,7 +243,8 @@ def _split(groups: list[_Group], lone: list[float], workers: int) -> None:
                 room -= sessions - group.sessions
         if stuck:
             names = ", ".join(group.name for group in stuck)
-            reason = f"splitting it would not end the run sooner: {names} sets the wall time"
+            verb = "sets" if len(stuck) == 1 else "set"
+            reason = f"splitting it would not end the run sooner: {names} {verb} the wall time"
             break
         for group, sessions in steps:
             group.sessions = sessions

@@ -242,3 +242,18 @@ def test_collection_on_a_worker_makes_each_sub_group_a_reuse_group_of_its_own():
         items = [_Item(c.cell_id, c) for c in cells]
         arrange_reuse_groups(config, items)  # type: ignore[arg-type]
         assert {item.stash[GROUP_KEY] for item in items} == {"RTX_4090-vastai"}
+
+
+def test_groups_that_tie_but_cannot_all_split_again_stay_as_they_are():
+    # Four equal groups of three 300 s cells, ten workers: all go to two sessions (8 units,
+    # 600 s each at most); a third session each would need twelve workers. Splitting only
+    # some would not end the run sooner: none is split again.
+    rows = "".join(f"  - {{gpu: {gpu}, provider: vastai, models: [m100:1b, m200:1b, m300:1b]}}\n"
+                   for gpu in ("RTX 3090", "RTX 4090", "RTX 5090", "H100"))
+    cells = cells_of(FOUR.split("matrix:")[0] + "matrix:\n" + rows)
+    _, decisions = split_groups(cells, scaled0(workers=10))
+    assert [(d.group, d.sessions, d.longest_seconds) for d in decisions] == [
+        ("H100-vastai", 2, 600), ("RTX_3090-vastai", 2, 600), ("RTX_4090-vastai", 2, 600), ("RTX_5090-vastai", 2, 600)]
+    assert [d.why for d in decisions] == [
+        "splitting it would not end the run sooner: RTX_4090-vastai, RTX_5090-vastai set the wall time"] * 2 + [
+        "no idle worker left (-n 10)"] * 2
