@@ -85,6 +85,8 @@ def run_pytest(matrix: Path, url: str, work: Path, reuse: str, args: argparse.Na
     command = [sys.executable, "-m", "pytest", str(matrix), "-n", str(args.workers), "-q", "-p", "no:cacheprovider",
                "--rootdir", str(work), "--gpubench-api", url, "--gpubench-time-scale", str(args.time_scale),
                "--gpubench-live", "false", "--gpubench-reuse", reuse, "--gpubench-reports", str(work / "reports"),
+               # The lower bound is one session per reuse group: no group split over idle workers.
+               "--gpubench-sessions-per-group", "1",
                "--gpubench-manifest", str(work / "reports" / "manifest.db")]
     started = time.monotonic()
     done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)

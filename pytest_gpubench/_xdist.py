@@ -13,22 +13,30 @@ from typing import Any
 import pytest
 from xdist.scheduler import LoadGroupScheduling
 
-from .matrix import load_cells
+from .matrix import Cell, load_cells
 from .processes import ProcessIdentity
+from .reuse_split import SplitPolicy, split_groups
 from .run import apply_overrides
 from .stash import RESUME_KEY, SETTINGS_KEY
 
 
 class MatrixGroups:
     """The reuse group of a matrix item, from its node id (``path::cell_id``), for the controller,
-    which collects nothing itself."""
+    which collects nothing itself.
+
+    Once the workers' collection is known (:meth:`split_for`), a group the workers
+    split over more sessions (:mod:`.reuse_split`) is split here the same way: the
+    decision depends only on the selected cells, the worker count and the settings.
+    """
 
     def __init__(self, config: Any) -> None:
         self.root = Path(config.rootpath)
         self.settings = config.stash[SETTINGS_KEY]
-        self._files: dict[str, dict[str, str | None]] = {}
+        self._files: dict[str, dict[str, Cell]] = {}
+        self._split: dict[str, str | None] = {}
 
-    def group_of(self, nodeid: str) -> str | None:
+    def cell_of(self, nodeid: str) -> Cell | None:
+        """The cell (run overrides applied) a matrix item's node id names; None for other items."""
         path, _, name = nodeid.partition("::")
         if not name or not path.endswith((".yaml", ".yml")):
             return None
@@ -37,8 +45,23 @@ class MatrixGroups:
                 cells = load_cells(self.root / path)
             except Exception:  # noqa: BLE001 - the workers report a bad file; here it is just not grouped
                 cells = []
-            self._files[path] = {cell.cell_id: apply_overrides(cell, self.settings).session_group for cell in cells}
-        group = self._files[path].get(name)
+            self._files[path] = {cell.cell_id: apply_overrides(cell, self.settings) for cell in cells}
+        # Before pytest 9.2 a grouped item's id carries its group: ``cell_id@group``.
+        return self._files[path].get(name.split("@", 1)[0])
+
+    def split_for(self, nodeids: list[str], workers: int) -> None:
+        """Split groups as the ``workers`` workers do for this collection."""
+        cells = [self.cell_of(nodeid) for nodeid in nodeids]
+        split, _ = split_groups(cells, SplitPolicy.from_settings(self.settings, workers))
+        self._split = {nodeid: cell.session_group for nodeid, cell in zip(nodeids, split, strict=True)
+                       if cell is not None}
+
+    def group_of(self, nodeid: str) -> str | None:
+        if nodeid in self._split:
+            group = self._split[nodeid]
+        else:
+            cell = self.cell_of(nodeid)
+            group = cell.session_group if cell is not None else None
         return f"reuse:{group}" if group else None
 
 
@@ -65,6 +88,12 @@ class CellGroupScheduling(LoadGroupScheduling):
             if group is not None:
                 return group
         return super()._split_scope(nodeid)
+
+    def schedule(self) -> None:
+        if self.collection is None and self.collection_is_completed and self.registered_collections:
+            collection = list(next(iter(self.registered_collections.values())))
+            self._groups.split_for(collection, self.numnodes)
+        super().schedule()
 
     def remove_node(self, node: Any) -> str | None:
         crashed = None

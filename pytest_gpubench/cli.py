@@ -246,6 +246,16 @@ def _report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _split_options(args: argparse.Namespace) -> list[str]:
+    """The plan's --sessions-per-group / --split-cost, as the run's pytest options."""
+    options = []
+    if args.sessions_per_group is not None:
+        options += ["--gpubench-sessions-per-group", args.sessions_per_group]
+    if args.split_cost is not None:
+        options += ["--gpubench-split-cost", args.split_cost]
+    return options
+
+
 def _plan(args: argparse.Namespace) -> int:
     from .plan import PlanProblem, make_plan
     from .plan_render import render
@@ -253,7 +263,7 @@ def _plan(args: argparse.Namespace) -> int:
     try:
         plan = make_plan(args.paths, keyword=args.keyword, gpus=args.gpu, providers=args.provider, models=args.model,
                          api=args.api, sandbox=args.sandbox, workers=args.workers,
-                         manifest=Path(args.manifest) if args.manifest else None)
+                         manifest=Path(args.manifest) if args.manifest else None, options=_split_options(args))
     except PlanProblem as exc:
         raise CommandError(str(exc), exc.status) from None
     print(plan.model_dump_json(indent=2) if args.json else "\n".join(render(plan)))
@@ -375,7 +385,12 @@ def _parser() -> argparse.ArgumentParser:
                       help="manifest whose finished cells give the stage times (default the run's: "
                            "$GPUBENCH_MANIFEST or reports/manifest.db)")
     plan.add_argument("-n", dest="workers", type=_workers, metavar="N",
-                      help="also estimate the wall time with pytest -n N")
+                      help="also estimate the wall time with pytest -n N, reuse groups split over more "
+                           "sessions as such a run would split them")
+    plan.add_argument("--sessions-per-group", metavar="N|auto",
+                      help="as the run's --gpubench-sessions-per-group (default: its setting, else auto)")
+    plan.add_argument("--split-cost", metavar="PERCENT",
+                      help="as the run's --gpubench-split-cost (default: its setting, else 20)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.set_defaults(handler=_plan)
     return parser

@@ -278,6 +278,9 @@ class Cell(BaseModel):
     slo: Slo = Slo()
     thresholds: Thresholds = Thresholds()
     reuse: Reuse = "group"
+    #: Which of its reuse group's sessions it runs on when a run splits the group over
+    #: several (:mod:`pytest_gpubench.reuse_split`); None: the group has one session.
+    session_part: int | None = None
 
     @property
     def cell_id(self) -> str:
@@ -307,8 +310,11 @@ class Cell(BaseModel):
 
     @property
     def session_group(self) -> str | None:
-        """The reuse group whose session this cell runs on; None with ``reuse: cell``."""
-        return self.reuse_group if self.reuse == "group" else None
+        """The reuse group whose session this cell runs on (``RTX_4090-vastai``, or
+        ``RTX_4090-vastai/2`` for the second session of a split group); None with ``reuse: cell``."""
+        if self.reuse != "group":
+            return None
+        return self.reuse_group if self.session_part is None else f"{self.reuse_group}/{self.session_part}"
 
     @property
     def keywords(self) -> frozenset[str]:

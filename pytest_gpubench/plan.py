@@ -13,7 +13,9 @@ benchmark. Times come from :mod:`.plan_estimates`; cost is the offer's price x
 the session's hours, the renting cell carrying the setup (as the manifest
 splits it). Wall time: everything back to back on one worker, and under
 ``-n N`` the reuse groups (one xdist group each) dealt longest first to the
-least loaded worker (LPT), an estimate of the makespan.
+least loaded worker (LPT), an estimate of the makespan. With ``-n N`` the groups
+are first split over more sessions as the run would split them
+(:mod:`.reuse_split`), and the plan also prices one session per group.
 
 Nothing is provisioned: the only API calls are ``GET /health`` and one
 ``GET /api/v1/inventory`` per provider.
@@ -34,6 +36,8 @@ from .offers import Constraints, unfit
 from .plan_collect import collect_cells
 from .plan_estimates import SETUP_STAGES, StageHistory
 from .providers.shopper import OfferChoice, ShopperProvider
+from .reuse_split import SplitPolicy, split_groups
+from .session_pool import order_for_reuse
 from .settings import Settings
 from .shopper import Offer, ShopperClient
 
@@ -105,6 +109,8 @@ class GroupPlan(_Model):
 
 
 class Totals(_Model):
+    """Sums over the plan; ``wall_seconds`` is with one worker (which splits no group)."""
+
     cells: int
     cells_without_offer: int
     sessions: int
@@ -114,6 +120,32 @@ class Totals(_Model):
     #: ``-n N``: the workers and the LPT estimate of the wall time with them.
     workers: int | None = None
     wall_seconds_workers: float | None = None
+
+
+class GroupSplitPlan(_Model):
+    """How many sessions a reuse group runs on under ``-n N`` (:mod:`.reuse_split`), and why not more."""
+
+    group: str
+    cells: int
+    sessions: int
+    #: The GPU time the split adds (setups, repeated pulls), a share of the group's on one session.
+    extra_share: float
+    why: str
+
+
+class SplitPlan(_Model):
+    """The run's split of reuse groups for ``-n N`` workers, and what not splitting would give."""
+
+    workers: int
+    #: ``--gpubench-sessions-per-group`` (None: auto, one per cell at most).
+    sessions_per_group: int | None
+    #: ``--gpubench-split-cost``: the extra GPU time accepted, a share of the group's.
+    split_cost: float
+    groups: list[GroupSplitPlan]
+    #: The same cells with one session per reuse group.
+    unsplit_sessions: int
+    unsplit_cost_usd: float
+    unsplit_wall_seconds_workers: float
 
 
 class Plan(_Model):
@@ -128,6 +160,8 @@ class Plan(_Model):
     sessions: list[SessionPlan]
     groups: list[GroupPlan]
     totals: Totals
+    #: With ``-n N``: reuse groups split over more sessions so that workers do not idle.
+    split: SplitPlan | None = None
 
 
 # ----------------------------------------------------------------------------- choosing
@@ -294,11 +328,39 @@ class PlanProblem(Exception):
         self.status = status
 
 
+def plan_with_split(cells: Sequence[tuple[str, Cell]], choices: Sequence[Choice], history: StageHistory,
+                    settings: Settings, *, api: str, sandbox: bool, workers: int | None) -> Plan:
+    """The plan of the run ``pytest -n workers`` would make: reuse groups split as the run
+    splits them (:mod:`.reuse_split`), with what one session per group would cost and take."""
+    unsplit = build_plan(cells, choices, history, api=api, sandbox=sandbox, runs_override=settings.runs,
+                         workers=workers)
+    if not workers or workers <= 1:
+        return unsplit
+    policy = SplitPolicy.from_settings(settings, workers)
+    split, decisions = split_groups([cell for _, cell in cells], policy)
+    plan = unsplit
+    if any(decision.sessions > 1 for decision in decisions):
+        order = order_for_reuse(split, settings.runs)  # the run orders the sub-groups as groups
+        plan = build_plan([(cells[i][0], split[i]) for i in order], [choices[i] for i in order], history,  # type: ignore[misc]
+                          api=api, sandbox=sandbox, runs_override=settings.runs, workers=workers)
+    totals = unsplit.totals
+    summary = SplitPlan(workers=workers, sessions_per_group=policy.limit, split_cost=policy.max_extra_share,
+                        groups=[GroupSplitPlan(group=d.group, cells=d.cells, sessions=d.sessions,
+                                               extra_share=d.extra_share, why=d.why) for d in decisions],
+                        unsplit_sessions=totals.sessions, unsplit_cost_usd=totals.cost_usd,
+                        unsplit_wall_seconds_workers=totals.wall_seconds_workers or 0.0)
+    # One worker runs everything back to back, and a run with one worker splits nothing.
+    return plan.model_copy(update={"split": summary, "totals": plan.totals.model_copy(
+        update={"wall_seconds": totals.wall_seconds})})
+
+
 def make_plan(paths: list[str], *, keyword: str | None = None, gpus: list[str] | None = None,
               providers: list[str] | None = None, models: list[str] | None = None, api: str | None = None,
-              sandbox: bool = False, manifest: Path | None = None, workers: int | None = None) -> Plan:
+              sandbox: bool = False, manifest: Path | None = None, workers: int | None = None,
+              options: Sequence[str] = ()) -> Plan:
     """Collect, read the inventory (of a sandbox started for it, with ``sandbox``), price.
 
+    ``options`` are more pytest options for the collection (``--gpubench-sessions-per-group 2``).
     Raises :class:`PlanProblem`.
     """
     from .errors import ApiUnreachable, GpubenchError, StageError
@@ -307,7 +369,7 @@ def make_plan(paths: list[str], *, keyword: str | None = None, gpus: list[str] |
 
     try:
         collected = collect_cells(paths, keyword=keyword, gpus=gpus, providers=providers, models=models,
-                                  options=["--gpubench-sandbox"] if sandbox else [])
+                                  options=[*(["--gpubench-sandbox"] if sandbox else []), *options])
     except CollectionProblem as exc:
         raise PlanProblem(str(exc), 2) from None
     settings, cells = collected.settings, collected.cells
@@ -339,8 +401,8 @@ def make_plan(paths: list[str], *, keyword: str | None = None, gpus: list[str] |
     finally:
         if process is not None:
             process.stop()
-    return build_plan(cells, choices, history, api="sandbox" if process is not None else url, sandbox=sandbox,
-                      runs_override=settings.runs, workers=workers)
+    return plan_with_split(cells, choices, history, settings, api="sandbox" if process is not None else url,
+                           sandbox=sandbox, workers=workers)
 
 
 async def _read_inventory(url: str, settings: Settings, cells: list[Cell]) -> list[Choice]:

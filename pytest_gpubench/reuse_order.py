@@ -11,6 +11,7 @@ import shlex
 
 import pytest
 
+from .reuse_split import SplitPolicy, split_groups
 from .run import apply_overrides
 from .session_pool import order_for_reuse
 from .stash import CELL_KEY, GROUP_KEY, RECORD_KEY, REUSE_GROUPS_KEY, SETTINGS_KEY
@@ -18,6 +19,9 @@ from .stash import CELL_KEY, GROUP_KEY, RECORD_KEY, REUSE_GROUPS_KEY, SETTINGS_K
 
 def arrange_reuse_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Put each reuse group's cells together, longest group first, and mark them.
+
+    Under ``pytest -n N`` with idle workers, a group may first be split over more
+    sessions (:mod:`.reuse_split`): each sub-group is a group here.
 
     Only the positions matrix cells hold are reordered (other tests stay where
     they are). Each grouped cell gets ``xdist_group(<group>)`` so that
@@ -27,6 +31,14 @@ def arrange_reuse_groups(config: pytest.Config, items: list[pytest.Item]) -> Non
     settings = config.stash[SETTINGS_KEY]
     slots = [i for i, item in enumerate(items) if CELL_KEY in item.stash]
     cells = [apply_overrides(items[i].stash[CELL_KEY], settings) for i in slots]
+    # Under -n, a group may be split over more sessions so that idle workers share it
+    # (reuse_split.py); the controller's scheduler decides the same from the same cells.
+    split, _ = split_groups(cells, SplitPolicy.from_settings(settings, loadgroup_workers(config)))
+    for i, (before, after) in enumerate(zip(cells, split, strict=True)):
+        if after is not None and after.session_part != before.session_part:
+            stash = items[slots[i]].stash
+            stash[CELL_KEY] = stash[CELL_KEY].model_copy(update={"session_part": after.session_part})
+            cells[i] = after
     order = order_for_reuse(cells, settings.runs)
     arranged = [items[slots[i]] for i in order]
     members: dict[str, list] = {}
@@ -41,6 +53,15 @@ def arrange_reuse_groups(config: pytest.Config, items: list[pytest.Item]) -> Non
         if group is not None and len(members[group]) > 1:
             item.add_marker(pytest.mark.xdist_group(group))
     config.stash[REUSE_GROUPS_KEY] = members
+
+
+def loadgroup_workers(config: pytest.Config) -> int:
+    """The xdist workers sharing this run's groups: ``-n N`` on a worker under
+    ``--dist loadgroup``, else 1 (no xdist, or another mode that does not keep groups)."""
+    workerinput = getattr(config, "workerinput", None)
+    if not workerinput or not workerinput.get("gpubench_loadgroup"):
+        return 1
+    return int(workerinput.get("workercount") or 1)
 
 
 def prefer_loadgroup(config: pytest.Config) -> None:

@@ -17,7 +17,10 @@ cell's share includes the setup).
 
 Order matters too: :func:`order_for_reuse` puts a group's cells next to each other,
 longest group first, so that under ``pytest-xdist --dist loadgroup`` (each group
-an ``xdist_group``) the longest groups start first and the run ends sooner.
+an ``xdist_group``) the longest groups start first and the run ends sooner. When
+workers would idle, :mod:`.reuse_split` splits a group over more sessions first:
+each sub-group (``RTX_4090-vastai/2``) is then a group here, sized, reserved and
+budgeted for its own cells.
 """
 
 from __future__ import annotations

@@ -38,6 +38,8 @@ SEED_TOTAL_TIMEOUT = 25 * 60
 SEED_POLL_INTERVAL = 15.0
 DEFAULT_API = "http://localhost:8080"
 DEFAULT_OLLAMA_INSTALL = "curl -fsSL https://ollama.com/install.sh | sh"
+#: The extra GPU cost a split reuse group may add, as a share of its cost on one session.
+DEFAULT_SPLIT_COST = 0.20
 #: The sandbox's default clock: a 2-minute provisioning takes 2.4 s.
 SANDBOX_TIME_SCALE = 0.02
 #: However small the time scale, no wait is shorter than this: a loaded CI
@@ -107,6 +109,28 @@ def _whole_number(low: int, high: int) -> Callable[[str], int]:
         return value
 
     return convert
+
+
+def _sessions_limit(text: str) -> int | None:
+    """``auto`` (None: no limit but the group's cells) or a whole number of sessions."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return _whole_number(1, 1000)(text)
+    except ValueError:
+        raise ValueError("must be auto or a whole number from 1 to 1000") from None
+
+
+def _percent(text: str) -> float:
+    """``25``, ``25%`` or ``12.5 %``: a share from 0 to 1000 percent, as a fraction (0.25)."""
+    number = text.strip().removesuffix("%").strip()
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError("must be a percentage such as 25 or 25%") from None
+    if not math.isfinite(value) or not 0 <= value <= 1000:
+        raise ValueError("must be a percentage from 0 to 1000")
+    return value / 100
 
 
 def _compare_rules(text: str) -> str:
@@ -187,6 +211,14 @@ OPTIONS: tuple[Option, ...] = (
            "group: cells of one GPU and provider share one rented session (default, as the matrix says); "
            "cell: every cell rents its own (overrides the matrix's `reuse`)",
            type=_choice("group", "cell"), env="GPUBENCH_REUSE", metavar="group|cell"),
+    Option("sessions_per_group", "--gpubench-sessions-per-group",
+           "under pytest -n, the most sessions one reuse group may be split over so that idle workers "
+           "take part of it (auto: up to one per cell, the default; 1: never split)",
+           type=_sessions_limit, env="GPUBENCH_SESSIONS_PER_GROUP", metavar="N|auto"),
+    Option("split_cost", "--gpubench-split-cost",
+           "the extra GPU cost a split may add to its group (the new sessions' setup and repeated pulls), "
+           "in percent of the group's cost on one session (default 20; 0: never split)",
+           type=_percent, env="GPUBENCH_SPLIT_COST", metavar="PERCENT"),
     Option("runs", "--gpubench-runs", "repeat each cell's measurement N times on its session (overrides the matrix)",
            type=_whole_number(1, 100), env="GPUBENCH_RUNS", metavar="N"),
     Option("stall_timeout", "--gpubench-stall-timeout",
@@ -243,6 +275,10 @@ class Settings(BaseModel):
     run_id: str = ""
     workload_type: str = "interactive"
     reuse: str | None = None
+    #: Reuse groups split over more sessions under -n (reuse_split.py): the most sessions
+    #: per group (None: auto) and the extra cost accepted, a fraction of the group's.
+    sessions_per_group: int | None = None
+    split_cost: float = DEFAULT_SPLIT_COST
     live: bool = True
     runs: int | None = None
     stall_timeout: float | None = None
