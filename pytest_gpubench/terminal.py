@@ -104,11 +104,15 @@ class TerminalHooks:
         if capture is not None:
             # Without xdist the tests run in this process with output captured.
             with capture.global_and_fixture_disabled():
-                reporter.write_line(line)
+                _own_line(self.config, reporter, line)
         else:
-            reporter.write_line(line)
+            _own_line(self.config, reporter, line)
 
+    @pytest.hookimpl(tryfirst=True)  # before the terminal reporter writes the cell's letter
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.live is not None:
+            # What the cell wrote up to its report (its ERROR line, for a failure) comes first.
+            self.live.poll()
         if report.when == "teardown":
             self.summary.add(dict(report.user_properties))
 
@@ -159,6 +163,18 @@ class TerminalHooks:
             if left:
                 terminalreporter.write_line(
                     f"gpubench sandbox: {len(left)} session(s) still running: {', '.join(left)}", red=True)
+
+
+def _own_line(config: pytest.Config, reporter: Any, line: str) -> None:
+    """Write ``line`` on a line of its own.
+
+    ``write_line`` starts a new line only after a file's path (``currentfspath``);
+    after the status letters and the ``[100%]`` that pytest writes without one, the
+    terminal writer's current line is not empty: end it first.
+    """
+    if reporter.currentfspath is None and config.get_terminal_writer().width_of_current_line:
+        reporter.write("\n")
+    reporter.write_line(line)
 
 
 def runs_matrix_files(config: pytest.Config) -> bool:
