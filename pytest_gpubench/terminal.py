@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from .budget import skipped_by_budget, spend_of, summary_line
-from .errors import ApiUnreachable
+from .errors import ApiUnreachable, MatrixError
 from .live import LiveProgress
 from .stash import SANDBOX_KEY, SETTINGS_KEY, run_context
 
@@ -126,6 +126,22 @@ class TerminalHooks:
             context = run_context(self.config)
             context.manifest.finish_run(context.run_id, status)
 
+    def _no_match(self, terminalreporter: Any) -> None:
+        """The --gpu/--provider/--model filters selected nothing: say which values exist."""
+        from .hints import matrix_paths, no_match_message  # only on this path: loading stays light
+        from .matrix import load_cells
+
+        settings = self.config.stash[SETTINGS_KEY]
+        cells = []
+        for path in matrix_paths(self.config.args, self.config.getini("gpubench_files")):
+            try:
+                cells += load_cells(path)
+            except MatrixError:
+                continue  # reported at collection already
+        message = no_match_message(cells, settings.gpu, settings.provider, settings.model)
+        for line in (message or "").splitlines():
+            terminalreporter.write_line(f"gpubench: {line}", yellow=True)
+
     def _billed(self, run_id: str) -> float | None:
         """What the run's sessions cost (the attempts table, where a shared session is one
         row), or None when it has none (cells that never rented)."""
@@ -135,8 +151,10 @@ class TerminalHooks:
             return None
         return spend_of(attempts, datetime.now(timezone.utc)).spent if attempts else None
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
         settings = self.config.stash[SETTINGS_KEY]
+        if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and (settings.gpu or settings.provider or settings.model):
+            self._no_match(terminalreporter)
         if self.summary.rows:
             terminalreporter.write_sep("=", "gpubench summary")
             billed = self._billed(settings.run_id)
