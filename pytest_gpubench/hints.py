@@ -16,7 +16,6 @@ Two places a person's name for something meets the names the matrix or the marke
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -50,6 +49,8 @@ def known_gpus() -> tuple[str, ...]:
 
 def close_names(wanted: str, names: Iterable[str], normalize: Callable[[str], str] = normalize_gpu) -> list[str]:
     """The names in ``names`` closest to ``wanted`` (difflib, on normalised forms), best first."""
+    import difflib  # only when a name matched nothing: plugin loading stays light
+
     by_key: dict[str, str] = {}
     for name in names:
         by_key.setdefault(normalize(name), name)
