@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 #: Line kinds worth a person's attention while a cell runs.
 SHOWN = ("STATUS:", "PROGRESS:", "ERROR:")
@@ -77,3 +78,16 @@ class LiveProgress:
                         shown.append(line)
                         self.write(line)
             return shown
+
+
+def own_line(config: Any, reporter: Any, line: str, **markup: bool) -> None:
+    """Write ``line`` into pytest's terminal on a line of its own.
+
+    ``TerminalReporter.write_line`` starts a new line only after a file's path
+    (``currentfspath``); after the status letters and the ``[100%]`` that pytest
+    writes without one (always under xdist), the terminal writer's current line is
+    not empty: end it first.
+    """
+    if reporter.currentfspath is None and config.get_terminal_writer().width_of_current_line:
+        reporter.write("\n")
+    reporter.write_line(line, **markup)

@@ -15,7 +15,7 @@ import pytest
 
 from .budget import skipped_by_budget, spend_of, summary_line
 from .errors import ApiUnreachable, MatrixError
-from .live import LiveProgress
+from .live import LiveProgress, own_line
 from .stash import SANDBOX_KEY, SETTINGS_KEY, run_context
 
 COLUMNS = ("cell", "status", "tokens/s", "TTFT p50 ms", "$/M tokens", "cost $")
@@ -104,9 +104,9 @@ class TerminalHooks:
         if capture is not None:
             # Without xdist the tests run in this process with output captured.
             with capture.global_and_fixture_disabled():
-                _own_line(self.config, reporter, line)
+                own_line(self.config, reporter, line)
         else:
-            _own_line(self.config, reporter, line)
+            own_line(self.config, reporter, line)
 
     @pytest.hookimpl(tryfirst=True)  # before the terminal reporter writes the cell's letter
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -181,18 +181,6 @@ class TerminalHooks:
             if left:
                 terminalreporter.write_line(
                     f"gpubench sandbox: {len(left)} session(s) still running: {', '.join(left)}", red=True)
-
-
-def _own_line(config: pytest.Config, reporter: Any, line: str) -> None:
-    """Write ``line`` on a line of its own.
-
-    ``write_line`` starts a new line only after a file's path (``currentfspath``);
-    after the status letters and the ``[100%]`` that pytest writes without one, the
-    terminal writer's current line is not empty: end it first.
-    """
-    if reporter.currentfspath is None and config.get_terminal_writer().width_of_current_line:
-        reporter.write("\n")
-    reporter.write_line(line)
 
 
 def runs_matrix_files(config: pytest.Config) -> bool:

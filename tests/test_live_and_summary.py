@@ -72,3 +72,26 @@ def test_summary_table_rows_totals_and_dashes():
     assert lines[1].split() == ["a-cell", "success", "130.2", "61", "0.85", "0.0020"]
     assert lines[2].split() == ["b-cell", "failed", "(ssh_wait)", "-", "-", "-", "0.0100"]
     assert lines[-1] == "1 failed, 1 success; spent $0.0120"
+
+
+def test_own_line_ends_the_line_pytest_left_open(pytester):
+    """After a line written mid-run (pytest then no longer knows its file's line is open),
+    the letters (and "[100%]", without -s) go on a line with no path; what follows must
+    not stick to it."""
+    pytester.makeconftest('''
+        from pytest_gpubench.live import own_line
+
+        def pytest_runtest_setup(item):
+            item.config.pluginmanager.get_plugin("terminalreporter").write_line("mid-run line")
+
+        def pytest_sessionfinish(session):
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            own_line(session.config, reporter, "after the letters")
+            reporter.write("partial")
+            own_line(session.config, reporter, "after a partial line")
+    ''')
+    pytester.makepyfile("def test_a():\n    pass\n")
+    result = pytester.runpytest("-s", "-p", "no:gpubench")
+    lines = result.stdout.lines
+    assert "after the letters" in lines and "after a partial line" in lines, lines
+    assert "." in lines, "\n".join(lines)  # the letter alone: plain write_line gives ".after the letters"
