@@ -23,6 +23,9 @@ JSON) into the manifest, each result once (see ``importer.py``).
 ``gpubench plan PATH... [--gpu/--provider/--model X] [-k EXPR] [--api URL | --sandbox] [-n N] [--json]``
 prices the cells pytest would run against the live inventory, renting nothing (see ``plan.py``).
 
+``gpubench offers [--gpu X] [--provider Y] [--api URL | --sandbox] [--json]`` lists what can
+be rented now: price, VRAM, availability confidence, location (see ``offers_cli.py``).
+
 Exit status: 0 done, 1 the work failed (an upload did not go through), 2 a usage
 problem (bad arguments, no manifest, unknown run). Problems are one line on
 stderr, never a traceback.
@@ -270,6 +273,17 @@ def _plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _offers(args: argparse.Namespace) -> int:
+    from .offers_cli import OffersProblem, list_offers
+
+    try:
+        print(list_offers(args.gpu or [], args.provider or [], api=args.api, sandbox=args.sandbox,
+                          as_json_text=args.json))
+    except OffersProblem as exc:
+        raise CommandError(str(exc), exc.status) from None
+    return EXIT_OK
+
+
 def _workers(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number of workers, 1 or more; got {text!r}")
@@ -393,6 +407,20 @@ def _parser() -> argparse.ArgumentParser:
                       help="as the run's --gpubench-split-cost (default: its setting, else 20)")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.set_defaults(handler=_plan)
+
+    offers = commands.add_parser(
+        "offers", help="what can be rented now: GPUs, prices, VRAM, confidence, location",
+        description="List the offers GPU Shopper's inventory has now (GET /api/v1/inventory; rents nothing), "
+                    "cheapest first per GPU: price per hour, VRAM, availability confidence (offers at or below "
+                    "0.5 are not rented unless the matrix lowers the bar), location and offer id. --gpu and "
+                    "--provider match as pytest's filters do (RTX4090 is 'RTX 4090').")
+    offers.add_argument("--gpu", action="append", metavar="GPU", help="only this GPU; repeatable")
+    offers.add_argument("--provider", action="append", metavar="NAME", help="only this provider; repeatable")
+    offers.add_argument("--api", metavar="URL", help=f"API base URL (default $GPUBENCH_API_BASE or {DEFAULT_API})")
+    offers.add_argument("--sandbox", action="store_true",
+                        help="list the sandbox cloud's offers (started for the listing, stopped after)")
+    offers.add_argument("--json", action="store_true", help="print the offers as JSON")
+    offers.set_defaults(handler=_offers)
     return parser
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 
 from .errors import GpubenchError, MatrixError, StageError
+from .hints import UnknownGpuWarning, check_gpu_names
 from .matrix import Cell, load_cells
 from .stash import CELL_KEY, RECORD_KEY, RECORDER_KEY
 
@@ -30,6 +32,11 @@ class MatrixFile(pytest.File):
             cells = load_cells(self.path)
         except MatrixError as exc:
             raise self.CollectError(str(exc)) from None
+        typos, unknown = check_gpu_names(cells)  # a swapped-letters typo stops; a GPU we do not know warns
+        if typos:
+            raise self.CollectError("\n".join(f"{cell.source}: {text}" for cell, text in typos))
+        for cell, text in unknown:  # shown as the matrix file's warning, not this module's
+            warnings.warn_explicit(UnknownGpuWarning(text), UnknownGpuWarning, cell.source, 0)
         for cell in cells:
             item = BenchFunction.from_parent(self, name=cell.cell_id, callobj=run_matrix_cell)
             item.stash[CELL_KEY] = cell

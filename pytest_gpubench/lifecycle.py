@@ -21,6 +21,7 @@ import pytest
 from .aio import run as run_async
 from .cleanup import CleanupReport, Outcome, clean
 from .errors import ApiUnreachable, Stage
+from .live import own_line
 from .manifest import Manifest
 from .processes import xdist_worker_pids
 from .shutdown import GracefulTermination
@@ -151,4 +152,4 @@ class RunLifecycle:
     def _write(self, line: str, red: bool = False) -> None:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            reporter.write_line(line, red=red)
+            own_line(self.config, reporter, line, red=red)  # not glued to "[100%]"

@@ -6,7 +6,7 @@ import pytest
 
 from .errors import BenchmarkInterrupted, GpubenchError, Stage, StageError
 from .record import Outcome
-from .stash import REPORTS_KEY
+from .stash import RECORDER_KEY, REPORTS_KEY
 
 
 def outcome_of(item: pytest.Item, current_stage: Stage) -> Outcome:
@@ -30,6 +30,14 @@ def outcome_of(item: pytest.Item, current_stage: Stage) -> Outcome:
         return Outcome("success")
     return Outcome("failed", failure_stage=str(current_stage), failure_reason="interrupted",
                    error_message="the run stopped before this cell finished")
+
+
+def write_error_now(item: pytest.Item) -> None:
+    """A cell's setup or call just failed: its ``ERROR:`` line goes to its progress file
+    now, before pytest reports the failure (the terminal then shows it before the ``F``)."""
+    recorder = item.stash.get(RECORDER_KEY, None)
+    if recorder is not None:
+        recorder.failed_now(outcome_of(item, recorder.stage))
 
 
 def _failure(error: BaseException | None, stage: Stage) -> Outcome:

@@ -17,6 +17,7 @@ from .collect import MatrixFile, cells_for_marker, describe_failure
 from .errors import MatrixError, UsageProblem
 from .lifecycle import RunLifecycle
 from .matrix import Cell, cell_selected
+from .outcome import write_error_now
 from .resume import ResumePlan, plan_resume, still_to_run
 from .reuse_order import arrange_reuse_groups, prefer_loadgroup
 from .sandbox_process import SandboxProcess
@@ -153,7 +154,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         items[:] = selected
     _disambiguate_record_keys(items)
     plan = config.stash.get(RESUME_KEY, None)
-    if plan is not None:  # --gpubench-resume: cells that already succeeded do not run again
+    if plan is not None:  # --gpubench-resume: only the resumed run's cells that did not succeed run
         runs = still_to_run([item.stash.get(RECORD_KEY, None) for item in items], plan)
         if not all(runs):
             config.hook.pytest_deselected(items=[item for item, run in zip(items, runs, strict=True) if not run])
@@ -209,6 +210,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     if CELL_KEY in item.stash:
         error = call.excinfo.value if call.excinfo is not None else None
         item.stash.setdefault(REPORTS_KEY, {})[call.when] = (report, error)
+        if report.failed and call.when != "teardown":
+            write_error_now(item)
         if call.when == "setup" and error is not None:
             text = describe_failure(error, item)
             if text is not None:

@@ -16,7 +16,9 @@ Formatting rules (the reader, :func:`read_progress`, undoes them):
   (``key=``); money floats (a key with a ``price``, ``cost`` or ``usd`` word, such as
   ``price``, ``cost_usd``, ``price_per_hour``) with 2 decimals (``price=2.50``);
   other floats with 1 decimal (``output_tokens_per_second=41.6``) unless below 1 in size, where they
-  keep 3 significant digits (``error_rate=0.0526``); enums as their value.
+  keep 3 significant digits (``error_rate=0.0526``); enums as their value. (A cell's
+  last line, ``COMPLETED``/``FAILED``..., gives its ``cost`` as text with 4 decimals,
+  the figure the terminal summary shows: a short cell costs well under a cent.)
 * Text without spaces, quotes or backslashes is written bare; anything else, and
   the empty string, in double quotes with ``\\`` and ``"`` escaped by a backslash.
   Newlines and other control characters become spaces, so every record is one line.

@@ -78,6 +78,11 @@ class CellRecorder:
     upload: Callable[[str], None] | None = None
     records: list[RequestRecord] = field(default_factory=list)
     finished: bool = False
+    #: The cell's ``ERROR:`` line is written (as soon as its test failed, before pytest reports it).
+    error_written: bool = False
+    #: The cost fixed when the cell finished: what its ``COMPLETED`` line, manifest row and
+    #: report properties all state (a session that stays up must not make them differ).
+    final_cost_usd: float | None = None
     #: Seconds spent in each stage so far (``enter`` moves the clock on).
     stage_seconds: dict[str, float] = field(default_factory=dict)
     _stage_since: float = field(default_factory=time.monotonic, repr=False)
@@ -160,7 +165,11 @@ class CellRecorder:
 
     @property
     def cost_usd(self) -> float | None:
-        """Price x session lifetime, over every session the cell rented: what it really cost."""
+        """Price x session lifetime, over every session the cell rented: what it really cost.
+
+        Fixed once the cell finished (:attr:`final_cost_usd`)."""
+        if self.final_cost_usd is not None:
+            return self.final_cost_usd
         if self.price_per_hour is None or self.session_started is None:
             return None
         end = self.session_ended if self.session_ended is not None else time.monotonic()
@@ -173,14 +182,20 @@ class CellRecorder:
             return self.earlier_api_cost_usd
         return (self.earlier_api_cost_usd or 0.0) + self.api_cost_usd
 
+    def failed_now(self, outcome: Outcome) -> None:
+        """The cell's test just failed: write its ``ERROR:`` line now, once, so that it comes
+        before the cell's status in the terminal (``finish`` writes it otherwise)."""
+        if outcome.status in ("failed", "partial") and outcome.failure_stage and not self.error_written:
+            self.error_written = True
+            self.progress.error(outcome.failure_stage, outcome.error_message or outcome.status)
+
     def finish(self, outcome: Outcome) -> dict[str, Any]:
         """Write the outcome everywhere once; return the report properties."""
         with self._lock:
             if self.finished:
                 return self.properties(outcome)
             self.finished = True
-        if outcome.status in ("failed", "partial") and outcome.failure_stage:
-            self.progress.error(outcome.failure_stage, outcome.error_message or outcome.status)
+        self.failed_now(outcome)
         benchmark_id = None
         if self.result is not None:
             benchmark_id = self.manifest.add_benchmark(self.row_id, self.result, self.records)
@@ -194,6 +209,8 @@ class CellRecorder:
         results = self.result.results if self.result else None
         figures = self.figures()
         cost = self.cost_usd
+        if cost is not None:
+            self.final_cost_usd = cost = round(cost, 6)
         self.time_as(self._timed)
         measured = {
             "stage_seconds": json.dumps({k: round(v, 3) for k, v in self.stage_seconds.items()}),
@@ -221,7 +238,7 @@ class CellRecorder:
             "COMPLETED" if outcome.status == "success" else outcome.status.upper(),
             output_tokens_per_second=figures.get("output_tokens_per_second"),
             decode_tokens_per_second=figures.get("decode_tokens_per_second"),
-            cost=round(cost, 4) if cost is not None else None,
+            cost=cost_text(cost),
         )
         return self.properties(outcome)
 
@@ -268,6 +285,12 @@ class CellRecorder:
         if self.details.get("comparison"):
             props["gpubench_comparison"] = self.details["comparison"]
         return {k: v for k, v in props.items() if v is not None}
+
+
+def cost_text(cost: float | None) -> str | None:
+    """A cell's cost as its ``COMPLETED`` line and the terminal summary show it: ``0.0123``
+    (4 decimals: a sandbox or short cell costs well under a cent)."""
+    return f"{cost:.4f}" if cost is not None else None
 
 
 def _now() -> str:

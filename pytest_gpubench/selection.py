@@ -92,7 +92,7 @@ def model_matches(wanted: str, model: str) -> bool:
     return model == wanted if tag is not None else split_tag(model)[0] == name
 
 
-def _values(values: Iterable[str] | None) -> list[str]:
+def filter_values(values: Iterable[str] | None) -> list[str]:
     """Filter values; each may itself be a comma-separated list."""
     return [part.strip() for value in values or () for part in value.split(",") if part.strip()]
 
@@ -108,9 +108,9 @@ def cell_selected(
     Within one filter any value may match; an empty filter selects everything.
     """
     checks = (
-        (_values(gpus), gpu_matches, cell.gpu),
-        (_values(providers), provider_matches, cell.provider),
-        (_values(models), model_matches, cell.model),
+        (filter_values(gpus), gpu_matches, cell.gpu),
+        (filter_values(providers), provider_matches, cell.provider),
+        (filter_values(models), model_matches, cell.model),
     )
     return all(not wanted or any(match(w, have) for w in wanted) for wanted, match, have in checks)
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from .budget import skipped_by_budget, spend_of, summary_line
-from .errors import ApiUnreachable
-from .live import LiveProgress
+from .errors import ApiUnreachable, MatrixError
+from .live import LiveProgress, own_line
 from .stash import SANDBOX_KEY, SETTINGS_KEY, run_context
 from .summary_table import SummaryTable
 
@@ -50,11 +50,15 @@ class TerminalHooks:
         if capture is not None:
             # Without xdist the tests run in this process with output captured.
             with capture.global_and_fixture_disabled():
-                reporter.write_line(line)
+                own_line(self.config, reporter, line)
         else:
-            reporter.write_line(line)
+            own_line(self.config, reporter, line)
 
+    @pytest.hookimpl(tryfirst=True)  # before the terminal reporter writes the cell's letter
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.live is not None:
+            # What the cell wrote up to its report (its ERROR line, for a failure) comes first.
+            self.live.poll()
         if report.when == "teardown":
             self.summary.add(dict(report.user_properties))
 
@@ -68,6 +72,22 @@ class TerminalHooks:
             context = run_context(self.config)
             context.manifest.finish_run(context.run_id, status)
 
+    def _no_match(self, terminalreporter: Any) -> None:
+        """The --gpu/--provider/--model filters selected nothing: say which values exist."""
+        from .hints import matrix_paths, no_match_message  # only on this path: loading stays light
+        from .matrix import load_cells
+
+        settings = self.config.stash[SETTINGS_KEY]
+        cells = []
+        for path in matrix_paths(self.config.args, self.config.getini("gpubench_files")):
+            try:
+                cells += load_cells(path)
+            except MatrixError:
+                continue  # reported at collection already
+        message = no_match_message(cells, settings.gpu, settings.provider, settings.model)
+        for line in (message or "").splitlines():
+            terminalreporter.write_line(f"gpubench: {line}", yellow=True)
+
     def _billed(self, run_id: str) -> float | None:
         """What the run's sessions cost (the attempts table, where a shared session is one
         row), or None when it has none (cells that never rented)."""
@@ -77,8 +97,10 @@ class TerminalHooks:
             return None
         return spend_of(attempts, datetime.now(timezone.utc)).spent if attempts else None
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
         settings = self.config.stash[SETTINGS_KEY]
+        if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and (settings.gpu or settings.provider or settings.model):
+            self._no_match(terminalreporter)
         if self.summary.rows:
             if settings.columns:
                 self.summary.columns = settings.columns

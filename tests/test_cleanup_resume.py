@@ -31,7 +31,7 @@ from pytest_gpubench.manifest import Manifest
 from pytest_gpubench.processes import ProcessIdentity, pid_alive, start_token
 from pytest_gpubench.progress import ProgressWriter
 from pytest_gpubench.providers.shopper import consumer_id
-from pytest_gpubench.resume import plan_resume
+from pytest_gpubench.resume import ResumePlan, plan_resume, still_to_run
 from pytest_gpubench.shopper import ShopperClient
 from pytest_gpubench.shutdown import GracefulTermination, Terminated
 
@@ -288,7 +288,15 @@ def test_resume_plan_resolves_last_and_names_the_runs_it_knows(tmp_path):
         manifest.db.execute("UPDATE runs SET started_at = '2000-01-01' WHERE run_id != 'busy'")
         manifest.db.conn.commit()
     plan = plan_resume(path, "r1")
-    assert plan.run_id == "r1" and plan.done == ("ok",)
+    assert plan.run_id == "r1" and plan.done == ("ok",) and plan.cells == ("ok", "bad")
+    # Only the run's unfinished cells run again: not what it never selected, not a Python test's absence.
+    assert still_to_run(["ok", "bad", "never-selected", None], plan) == [False, True, False, True]
+    assert plan.header() == ("gpubench: resuming run r1: 1 of its 2 cell(s) still to run; cells it did not select "
+                             "are deselected; 1 cell(s) already successful are deselected: ok")
+    # A run that recorded no cell has no known selection: every cell selected now runs.
+    nothing = ResumePlan(run_id="r0")
+    assert still_to_run(["ok", "never-selected"], nothing) == [True, True]
+    assert "recorded no cells, so every cell selected now runs" in nothing.header()
     with pytest.raises(UsageProblem, match=r"no run 'nope' in the manifest .*: busy, r\d, r\d$"):
         plan_resume(path, "nope")
     with pytest.raises(UsageProblem, match="run busy is still running"):
@@ -511,17 +519,22 @@ matrix:
     provider: vastai
     model: qwen2:7b
     thresholds: {min_tps: 100000}
+  - gpu: A100 80GB
+    provider: vastai
+    model: qwen2:7b
 """
 
 
 @pytest.mark.slow
-def test_resume_reruns_only_the_failed_cell_into_the_same_run(tmp_path, sandbox_url):
+def test_resume_reruns_only_the_failed_cell_of_the_run_s_selection_into_the_same_run(tmp_path, sandbox_url):
     matrix = tmp_path / "gpubench_resume.yaml"
     matrix.write_text(RESUME_MATRIX)
-    first = PytestRun(tmp_path, sandbox_url, "--rootdir", str(tmp_path), name="first", target=matrix, cache=True)
+    first = PytestRun(tmp_path, sandbox_url, "--rootdir", str(tmp_path), "-k", "4090 or 3090", name="first",
+                      target=matrix, cache=True)
     output = first.finish()
-    assert "1 failed, 1 passed" in output, output[-3000:]
+    assert "1 failed, 1 passed, 1 deselected" in output, output[-3000:]
     before = {r["cell_id"]: r for r in first.rows()}
+    assert set(before) == {"RTX_4090-vastai-qwen2:1.5b", "RTX_3090-vastai-qwen2:7b"}  # the A100 was not selected
     run_id = before["RTX_4090-vastai-qwen2:1.5b"]["run_id"]
     assert before["RTX_3090-vastai-qwen2:7b"]["failure_stage"] == "results"
 
@@ -531,17 +544,18 @@ def test_resume_reruns_only_the_failed_cell_into_the_same_run(tmp_path, sandbox_
     output = lf.finish()
     listed = [line for line in output.splitlines() if "::" in line]
     assert listed == ["gpubench_resume.yaml::RTX_3090-vastai-qwen2:7b"], output[-3000:]
-    assert "1 deselected" in output
+    assert "2 deselected" in output
 
-    # The user fixes the impossible threshold, and resumes.
+    # The user fixes the impossible threshold, and resumes without repeating -k: the run's
+    # selection comes from the manifest, so the A100 cell it never selected stays out.
     matrix.write_text(RESUME_MATRIX.replace("min_tps: 100000", "min_tps: 1"))
     again = PytestRun(tmp_path, sandbox_url, "--rootdir", str(tmp_path), "--gpubench-resume", "last",
                       name="again", target=matrix)
     output = again.finish()
     assert again.process.returncode == 0, output[-3000:]
-    assert "1 passed, 1 deselected" in output
-    assert (f"gpubench: resuming run {run_id}: 1 cell(s) already successful are deselected: "
-            "RTX_4090-vastai-qwen2:1.5b") in output
+    assert "1 passed, 2 deselected" in output, output[-3000:]
+    assert (f"gpubench: resuming run {run_id}: 1 of its 2 cell(s) still to run; cells it did not select are "
+            "deselected; 1 cell(s) already successful are deselected: RTX_4090-vastai-qwen2:1.5b") in output
     after = {r["cell_id"]: r for r in again.rows()}
     assert set(after) == set(before) and {r["run_id"] for r in after.values()} == {run_id}  # updated, not added
     assert after["RTX_4090-vastai-qwen2:1.5b"] == before["RTX_4090-vastai-qwen2:1.5b"]  # not run again
@@ -551,6 +565,15 @@ def test_resume_reruns_only_the_failed_cell_into_the_same_run(tmp_path, sandbox_
     assert rerun["completed_at"] > before["RTX_3090-vastai-qwen2:7b"]["completed_at"]
     (run_row,) = list(sqlite_utils.Database(again.manifest)["runs"].rows)
     assert run_row["status"] == "passed" and run_row["resumed_at"] and run_row["pid"] == again.process.pid
+
+    # The live terminal shows this attempt only: the first run's lines are in the same
+    # progress files, and none of them is replayed.
+    live = [line for line in output.splitlines() if line.startswith("gpubench RTX_")]
+    assert live and all(line.startswith("gpubench RTX_3090-vastai-qwen2_7b: ") for line in live), live
+    assert sum("STATUS: STARTING" in line for line in live) == 1, live
+    assert not any("ERROR:" in line or "STATUS: FAILED" in line for line in live), live
+    progress = Path(rerun["progress_file"]).read_text()
+    assert progress.count("STATUS: STARTING") == 2 and "ERROR: stage=results" in progress  # both attempts kept
 
 
 CRASH_GROUP_MATRIX = """
