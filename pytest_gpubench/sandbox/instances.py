@@ -95,6 +95,7 @@ def instance_document(
             "tokens_per_second": float(tps),
             "ttft_ms": float(ttft),
             "load_seconds": float(spec.load_seconds),
+            "batch_ceiling_factor": catalog.batch_ceiling(offer.gpu_type, offer.provider, name) / tps,
         }
     return {
         "session_id": session_id,
