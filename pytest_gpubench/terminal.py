@@ -16,6 +16,7 @@ import pytest
 from .budget import skipped_by_budget, spend_of, summary_line
 from .errors import ApiUnreachable
 from .live import LiveProgress
+from .sandbox_label import summary_title
 from .stash import SANDBOX_KEY, SETTINGS_KEY, run_context
 
 COLUMNS = ("cell", "status", "tokens/s", "TTFT p50 ms", "$/M tokens", "cost $")
@@ -134,7 +135,7 @@ class TerminalHooks:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         settings = self.config.stash[SETTINGS_KEY]
         if self.summary.rows:
-            terminalreporter.write_sep("=", "gpubench summary")
+            terminalreporter.write_sep("=", summary_title(settings), yellow=settings.sandbox)
             billed = self._billed(settings.run_id)
             for line in self.summary.render(billed):
                 terminalreporter.write_line(line)

@@ -1,12 +1,20 @@
-"""The sandbox demo's clock: a ``--gpubench-sandbox`` run benchmarks on the sandbox's
-time scale (with floors), and ``--gpubench-sandbox-real-time`` keeps the matrix's seconds."""
+"""The sandbox demo: a ``--gpubench-sandbox`` run benchmarks on the sandbox's time
+scale (with floors), ``--gpubench-sandbox-real-time`` keeps the matrix's seconds, and
+its figures say they are the sandbox's wherever they appear."""
 
 from pathlib import Path
 
 import pytest
 
+from pytest_gpubench.manifest import Manifest
 from pytest_gpubench.matrix import expand, load_matrix
+from pytest_gpubench.progress import read_progress
+from pytest_gpubench.record import CellRecorder
+from pytest_gpubench.report import build_report
+from pytest_gpubench.report_html import render_html
+from pytest_gpubench.report_markdown import render_markdown
 from pytest_gpubench.run import apply_overrides
+from pytest_gpubench.sandbox_label import junit_property, progress_labels, summary_title
 from pytest_gpubench.settings import resolve
 
 SEED = Path(__file__).resolve().parents[1] / "matrix" / "gpubench_seed.yaml"
@@ -58,3 +66,49 @@ def test_real_time_where_asked_or_not_the_runs_own_sandbox(seed_cell, cli, env):
     assert cell.workload.duration == 300
     assert cell.workload.progress_interval == 60
     assert cell.workload.telemetry_interval == 5
+
+
+# ----------------------------------------------------------------------------- labels
+
+
+def test_sandbox_figures_are_labelled_in_the_terminal_junit_and_progress():
+    sandbox, real = resolve({"sandbox": True}, {}, no_ini), resolve({}, {}, no_ini)
+    assert summary_title(sandbox) == "gpubench summary: SANDBOX figures (emulated GPUs, benchmarks on its clock x0.02)"
+    assert summary_title(real) == "gpubench summary"
+    assert junit_property(sandbox) == ("gpubench_sandbox", "true")
+    assert junit_property(real) == ("gpubench_sandbox", "false")
+    assert progress_labels(sandbox) == {"sandbox": "true", "time_scale": 0.02}
+    assert progress_labels(real) == {}  # a real run's progress files are as they were
+    timed = resolve({"sandbox": True, "sandbox_real_time": True}, {}, no_ini)
+    assert "benchmarks in real time" in summary_title(timed)
+    assert progress_labels(timed)["time_scale"] == 1.0
+
+
+def test_progress_file_starts_with_the_label(tmp_path, seed_cell):
+    with Manifest(tmp_path / "m.db") as manifest:
+        manifest.start_run("r1", [], [], sandbox=True)
+        recorder = CellRecorder.start(manifest, "r1", seed_cell, seed_cell.cell_id, tmp_path / "progress", "w0",
+                                      labels=progress_labels(resolve({"sandbox": True}, {}, no_ini)))
+        recorder.progress.close()
+        first = read_progress(recorder.progress.path)[0]
+    assert (first.kind, first.label) == ("STATUS", "STARTING")
+    assert first.fields["sandbox"] == "true" and first.fields["time_scale"] == "0.02"
+
+
+def test_report_of_sandbox_runs_says_so_in_title_and_note(tmp_path):
+    with Manifest(tmp_path / "m.db") as manifest:
+        manifest.start_run("real-run", [], [], sandbox=False)
+        manifest.start_run("demo-run", [], [], sandbox=True)
+        only_sandbox = build_report(manifest, ["demo-run"])
+        mixed = build_report(manifest, ["real-run", "demo-run"])
+        real = build_report(manifest, ["real-run"])
+    assert only_sandbox.title == "GPU Benchmark Report (sandbox)"
+    assert only_sandbox.sandbox_note.startswith("Sandbox figures: Every run in this report used")
+    markdown, html = render_markdown(only_sandbox), render_html(only_sandbox)
+    assert markdown.startswith("# GPU Benchmark Report (sandbox)\n\n> **Sandbox figures:")
+    assert "<title>GPU Benchmark Report (sandbox)</title>" in html and 'class="sandbox-note"' in html
+    assert mixed.title == "GPU Benchmark Report (includes sandbox runs)"
+    assert "Run demo-run used" in mixed.sandbox_note
+    assert real.title == "GPU Benchmark Report" and real.sandbox_note == ""
+    assert render_markdown(real).startswith("# GPU Benchmark Report\n\n**")
+    assert "sandbox-note" not in render_html(real)
