@@ -147,8 +147,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("sandbox_catalog", "--gpubench-sandbox-catalog", "the sandbox's offer/rate catalog (YAML)",
            env="GPUBENCH_SANDBOX_CATALOG", metavar="PATH"),
     Option("sandbox_real_time", "--gpubench-sandbox-real-time",
-           "in the sandbox, benchmark for the matrix's durations in real time (fidelity checks) "
-           "instead of on the sandbox's clock (the default: 300 s take 6 s at time scale 0.02)",
+           "in the sandbox, benchmark for the matrix's durations in real time, with its warm-up requests "
+           "(fidelity checks), instead of on the sandbox's clock (the default: 300 s take 6 s at time "
+           "scale 0.02, no warm-up)",
            type=_bool, default=False, env="GPUBENCH_SANDBOX_REAL_TIME", action="store_true"),
     Option("sandbox_ssh", "--gpubench-sandbox-ssh",
            "SSH server of sandbox instances: asyncssh (default) or openssh (a real sshd, needs root)",

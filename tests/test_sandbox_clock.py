@@ -35,9 +35,11 @@ def test_sandbox_run_benchmarks_on_the_sandbox_clock(seed_cell):
     assert cell.workload.duration == pytest.approx(6.0)  # 300 s x 0.02
     assert cell.workload.progress_interval == pytest.approx(1.2)  # 60 s x 0.02
     assert cell.workload.telemetry_interval == 1.0  # 5 s x 0.02 = 0.1 s: the floor
-    # Only the clock's quantities: the workload itself is what the matrix says.
+    # No warm-up request (the runtime's one-token warm-up loaded the model); the
+    # workload itself is what the matrix says.
+    assert seed_cell.workload.warmup_requests == 1 and cell.workload.warmup_requests == 0
     assert cell.workload.max_tokens == seed_cell.workload.max_tokens
-    assert cell.workload.warmup_requests == seed_cell.workload.warmup_requests
+    assert cell.workload.prompts == seed_cell.workload.prompts
 
 
 def test_floor_keeps_a_few_requests_and_never_lengthens(seed_cell):
@@ -66,6 +68,7 @@ def test_real_time_where_asked_or_not_the_runs_own_sandbox(seed_cell, cli, env):
     assert cell.workload.duration == 300
     assert cell.workload.progress_interval == 60
     assert cell.workload.telemetry_interval == 5
+    assert cell.workload.warmup_requests == 1
 
 
 # ----------------------------------------------------------------------------- labels
