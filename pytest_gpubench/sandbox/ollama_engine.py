@@ -95,13 +95,14 @@ class EngineSettings:
             raw = env.get(name, "").strip()
             return kind(raw) if raw else None
 
+        ceiling = number("GPUBENCH_SANDBOX_BATCH_CEILING_FACTOR")
         return cls(
             num_parallel=max(1, number("OLLAMA_NUM_PARALLEL", int) or 1),
             max_queue=max(1, number("OLLAMA_MAX_QUEUE", int) or 512),
             default_keep_alive=parse_keep_alive(env.get("OLLAMA_KEEP_ALIVE"), DEFAULT_KEEP_ALIVE_S),
             ttft_ms=number("GPUBENCH_SANDBOX_TTFT_MS"),
             tokens_per_second=number("GPUBENCH_SANDBOX_TOKENS_PER_SECOND"),
-            batch_ceiling_factor=number("GPUBENCH_SANDBOX_BATCH_CEILING_FACTOR"),
+            batch_ceiling_factor=None if ceiling is None else max(0.0, ceiling),
             jitter=max(0.0, min(0.9, number("GPUBENCH_SANDBOX_JITTER") or 0.0)),
             models_dir=default_models_dir(env),
             prune=env.get("OLLAMA_NOPRUNE", "").strip().lower() in ("", "0", "f", "false"),
