@@ -52,7 +52,8 @@ def report_note(sandbox_runs: Sequence[str], runs: Sequence[str]) -> str:
              else f"Run{'s' * (len(sandbox_runs) > 1)} {', '.join(sandbox_runs)}")
     return (f"Sandbox figures: {which} used pytest-gpubench's emulated cloud (--gpubench-sandbox), "
             "not rented GPUs. Token rates and TTFT are its catalog's figures for each GPU and model, "
-            "measured over benchmarks shortened to its clock; prices and costs are emulated.")
+            "measured over benchmarks on its clock (shortened unless --gpubench-sandbox-real-time); "
+            "prices and costs are emulated.")
 
 
 def report_title(sandbox_runs: Sequence[str], runs: Sequence[str]) -> str:
