@@ -4,7 +4,8 @@ Run from the repository: ``python bench/fidelity.py [--duration 20] [--concurren
 
 The Ollama stand-in streams at a known truth (issue 3's reference setup:
 ``OLLAMA_NUM_PARALLEL=64``, TTFT 200 ms, 100 tokens/s i.e. 10 ms between tokens,
-jitter 0, ``max_tokens`` 256). At each concurrency the load generator
+jitter 0, ``max_tokens`` 256, and parallel streams that do not slow each other:
+its batching model off). At each concurrency the load generator
 (``remote/loadgen.py``, run as ``benchmark.py`` runs it locally: ``python -`` with
 the script on stdin) and a reference client (httpx streaming under asyncio, N
 concurrent workers, in its own process) each run against a fresh stand-in for
@@ -75,7 +76,9 @@ class StandIn(Server):
     def __init__(self, instance: Path, parallel: int) -> None:
         super().__init__(instance, OLLAMA_NUM_PARALLEL=str(parallel), GPUBENCH_SANDBOX_TTFT_MS=str(TTFT_MS),
                          GPUBENCH_SANDBOX_FINE_TIMERS="1",
-                         GPUBENCH_SANDBOX_TOKENS_PER_SECOND=str(TOKENS_PER_SECOND), GPUBENCH_SANDBOX_JITTER="0")
+                         GPUBENCH_SANDBOX_TOKENS_PER_SECOND=str(TOKENS_PER_SECOND), GPUBENCH_SANDBOX_JITTER="0",
+                         # Every stream at the truth, however many: no batching slowdown.
+                         GPUBENCH_SANDBOX_BATCH_CEILING_FACTOR="0")
         self.pull(MODEL)
         self.cpu_before = self.cpu_seconds()
         self.began = time.monotonic()

@@ -36,7 +36,8 @@ EXPECTED_TEARDOWN_S = 60.0
 
 def expected_session_seconds(duration: float, runs: int, time_scale: float) -> float:
     """How long a cell's session is expected to live: setup and teardown (on the run's
-    clock), plus ``runs`` benchmarks of ``duration`` seconds (real time, never scaled)."""
+    clock), plus ``runs`` benchmarks of ``duration`` seconds (the cell's effective
+    duration: already on the sandbox's clock in a ``--gpubench-sandbox`` run)."""
     return (EXPECTED_SETUP_S + EXPECTED_TEARDOWN_S) * time_scale + duration * max(runs, 1)
 
 

@@ -111,7 +111,7 @@ class Bench:
         """Stages ``benchmark`` then ``results``: measure (every run), summarise, judge, record."""
         recorder, settings, cell = self.recorder, self._run.settings, self.cell
         recorder.enter(Stage.BENCHMARK)
-        interval = settings.telemetry_interval or cell.workload.telemetry_interval
+        interval = cell.workload.telemetry_interval  # the effective cell: overrides and sandbox clock applied
         run_index = 0
         while True:
             plan = self.plan(run_index)

@@ -30,6 +30,7 @@ from .remote.ssh import KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL, Connection, 
 from .remote.system import probe_system
 from .run import RunContext
 from .runtimes.ollama import OllamaRuntime
+from .sandbox_label import junit_property, progress_labels
 from .session_pool import Lease, SessionPool, make_room, note_model
 from .settings import DEFAULT_OLLAMA_INSTALL
 from .stash import (
@@ -88,13 +89,14 @@ def gpubench_recorder(
     key = request.node.stash.get(RECORD_KEY, gpubench_cell.cell_id)
     recorder = CellRecorder.start(
         gpubench_run.manifest, gpubench_run.run_id, gpubench_cell, key,
-        gpubench_run.settings.progress_dir, gpubench_run.worker,
+        gpubench_run.settings.progress_dir, gpubench_run.worker, labels=progress_labels(gpubench_run.settings),
     )
     request.node.stash[RECORDER_KEY] = recorder
     yield recorder
     outcome = outcome_of(request.node, recorder.stage)
     for name, value in recorder.finish(outcome).items():
         request.node.user_properties.append((name, value))
+    request.node.user_properties.append(junit_property(gpubench_run.settings))
 
 
 @pytest.fixture

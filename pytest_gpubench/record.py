@@ -91,7 +91,9 @@ class CellRecorder:
 
     @classmethod
     def start(cls, manifest: Manifest, run_id: str, cell: Cell, record_key: str,
-              progress_dir: Path, worker: str) -> CellRecorder:
+              progress_dir: Path, worker: str, labels: dict[str, Any] | None = None) -> CellRecorder:
+        """Record the cell as running; ``labels`` go on its progress file's first line
+        (a sandbox run says so there: :func:`.sandbox_label.progress_labels`)."""
         path = progress_path(progress_dir, run_id, record_key)
         recorder = cls(manifest, run_id, cell, record_key, ProgressWriter(path), worker)
         recorder.row_id = manifest.add_cell(
@@ -103,7 +105,7 @@ class CellRecorder:
         manifest.update_cell(recorder.row_id, status="running", started_at=_now(), worker=worker,
                              progress_file=str(path))
         recorder.progress.status("STARTING", gpu=cell.gpu, provider=cell.provider, model=cell.model,
-                                 worker=worker, run=run_id)
+                                 worker=worker, run=run_id, **(labels or {}))
         return recorder
 
     def enter(self, stage: Stage) -> None:

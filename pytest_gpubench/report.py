@@ -33,6 +33,7 @@ from .errors import Stage
 from .figures import FigureSource, figure_values
 from .manifest import Manifest
 from .report_spend import RunSpend, run_spend
+from .sandbox_label import report_note, report_title
 
 __all__ = [
     "BestValue",
@@ -172,6 +173,18 @@ class Report(_Frozen):
     statuses: dict[str, int]
     runs: list[RunSpend]
     data_until: str
+    #: Runs that measured the sandbox (``runs.sandbox``): their figures are labelled so.
+    sandbox_runs: list[str] = []
+
+    @property
+    def title(self) -> str:
+        """``GPU Benchmark Report``, marked when sandbox runs are in it."""
+        return report_title(self.sandbox_runs, self.run_ids)
+
+    @property
+    def sandbox_note(self) -> str:
+        """What sandbox figures are, when any run in the report used the sandbox; else ""."""
+        return report_note(self.sandbox_runs, self.run_ids)
 
     @property
     def cells(self) -> int:
@@ -239,6 +252,7 @@ def build_report(manifest: Manifest, run_ids: Sequence[str] | None = None, *,
         statuses=dict(sorted(Counter(cell["status"] for cell in cells).items())),
         runs=[run_spend(manifest, run_id, now or datetime.now(timezone.utc)) for run_id in runs],
         data_until=max(finished, default=""),
+        sandbox_runs=[run_id for run_id in runs if (manifest.run(run_id) or {}).get("sandbox")],
     )
 
 

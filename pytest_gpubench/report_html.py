@@ -197,8 +197,11 @@ def render_html(report: Report) -> str:
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f'<meta http-equiv="Content-Security-Policy" content="{_e(_CSP)}">',
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
-             "<title>GPU Benchmark Report</title>", f"<style>{_STYLE}</style></head><body>",
-             "<h1>GPU Benchmark Report</h1>", '<dl class="facts">']
+             f"<title>{_e(report.title)}</title>", f"<style>{_STYLE}</style></head><body>",
+             f"<h1>{_e(report.title)}</h1>"]
+    if report.sandbox_note:
+        parts.append(f'<p class="sandbox-note"><strong>{_e(report.sandbox_note)}</strong></p>')
+    parts.append('<dl class="facts">')
     parts += [f"<dt>{_e(label)}</dt><dd>{_e(text)}</dd>" for label, text in fmt.facts(report)]
     parts += ["</dl>", "<h2>Headline findings</h2>", f"<ul>{_pairs(fmt.headlines(report))}</ul>"]
     parts += _charts(report)

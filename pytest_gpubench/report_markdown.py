@@ -40,7 +40,9 @@ def _bullets(pairs: list[tuple[str, str]]) -> list[str]:
 
 def render_markdown(report: Report) -> str:
     """The whole ``BENCHMARK_REPORT.md``."""
-    lines = ["# GPU Benchmark Report", ""]
+    lines = [f"# {report.title}", ""]
+    if report.sandbox_note:
+        lines += [f"> **{cell(report.sandbox_note)}**", ""]
     lines += ["  \n".join(f"**{cell(label)}**: {cell(text)}" for label, text in fmt.facts(report)), ""]
     lines += ["## Headline findings", "", *_bullets(fmt.headlines(report)), ""]
     lines += ["## Tokens/s leaderboard", "", fmt.TOKENS_INTRO, "", *_table(fmt.tokens_leaderboard(report))]

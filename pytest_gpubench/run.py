@@ -16,7 +16,7 @@ from .matrix import Cell
 from .processes import ProcessIdentity
 from .providers.shopper import ShopperProvider
 from .remote.ssh import HostKeyPins
-from .settings import Settings
+from .settings import MIN_SANDBOX_INTERVAL, Settings
 from .shopper import ShopperClient
 
 
@@ -89,6 +89,19 @@ def apply_overrides(cell: Cell, settings: Settings) -> Cell:
         workload["telemetry_interval"] = settings.telemetry_interval
     if settings.stall_timeout is not None:
         workload["stall_timeout"] = settings.stall_timeout
+    if settings.benchmark_scale != 1.0:
+        # The run's own sandbox: the benchmark runs on the sandbox's clock, as its
+        # setup does (the stall timeout is scaled where it is used). No warm-up
+        # requests: the runtime's one-token warm-up has loaded the model, and an
+        # emulated GPU has nothing else to warm, while a full-length warm-up at a slow
+        # model's real rate (256 tokens at 3.6 tokens/s: 71 s) would outlast the run.
+        current = cell.workload.model_copy(update=workload)
+        workload.update(
+            duration=settings.benchmark_seconds(current.duration),
+            progress_interval=settings.benchmark_seconds(current.progress_interval, MIN_SANDBOX_INTERVAL),
+            telemetry_interval=settings.benchmark_seconds(current.telemetry_interval, MIN_SANDBOX_INTERVAL),
+            warmup_requests=0,
+        )
     update: dict[str, object] = {}
     if workload:
         update["workload"] = cell.workload.model_copy(update=workload)

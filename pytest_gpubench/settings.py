@@ -47,6 +47,12 @@ SANDBOX_TIME_SCALE = 0.02
 MIN_SCALED_TIMEOUT = 15.0
 #: The same for the stall timeout (seconds without a token).
 MIN_STALL_TIMEOUT = 5.0
+#: In the sandbox, a benchmark's scaled duration is never below this (unless the
+#: matrix asks for less): enough for a few requests of most cells.
+MIN_SANDBOX_BENCHMARK = 5.0
+#: ... nor its progress or telemetry interval below this: nvidia-smi over SSH
+#: every 0.1 s would load the machine the benchmark runs on.
+MIN_SANDBOX_INTERVAL = 1.0
 
 
 @dataclass(frozen=True)
@@ -170,6 +176,11 @@ OPTIONS: tuple[Option, ...] = (
            type=_bool, default=False, env="GPUBENCH_SANDBOX", action="store_true"),
     Option("sandbox_catalog", "--gpubench-sandbox-catalog", "the sandbox's offer/rate catalog (YAML)",
            env="GPUBENCH_SANDBOX_CATALOG", metavar="PATH"),
+    Option("sandbox_real_time", "--gpubench-sandbox-real-time",
+           "in the sandbox, benchmark for the matrix's durations in real time, with its warm-up requests "
+           "(fidelity checks), instead of on the sandbox's clock (the default: 300 s take 6 s at time "
+           "scale 0.02, no warm-up)",
+           type=_bool, default=False, env="GPUBENCH_SANDBOX_REAL_TIME", action="store_true"),
     Option("sandbox_ssh", "--gpubench-sandbox-ssh",
            "SSH server of sandbox instances: asyncssh (default) or openssh (a real sshd, needs root)",
            type=_choice("asyncssh", "openssh"), default="asyncssh", env="GPUBENCH_SANDBOX_SSH", metavar="SERVER"),
@@ -261,6 +272,7 @@ class Settings(BaseModel):
     sandbox: bool = False
     sandbox_catalog: str | None = None
     sandbox_ssh: str = "asyncssh"
+    sandbox_real_time: bool = False
     time_scale: float = 1.0
     manifest: Path = Path("reports/manifest.db")
     reports: Path = Path("reports")
@@ -301,12 +313,31 @@ class Settings(BaseModel):
 
         The benchmark stage gets its seed budget on top of its own duration (the
         seed gives 10 minutes for a 5-minute benchmark), and that budget is not
-        time-scaled: inference runs at real speed, in the sandbox too, and a
-        slow model's last request can take minutes.
+        time-scaled: the duration is (see :meth:`benchmark_seconds`), but tokens
+        stream at real speed, in the sandbox too, and a slow model's last request
+        can take minutes.
         """
         if stage is Stage.BENCHMARK:
             return duration + SEED_STAGE_TIMEOUTS[stage]
         return self.scaled(SEED_STAGE_TIMEOUTS[stage], MIN_SCALED_TIMEOUT)
+
+    @property
+    def benchmark_scale(self) -> float:
+        """What a benchmark's own durations are multiplied by: the time scale in a
+        ``--gpubench-sandbox`` run (unless ``--gpubench-sandbox-real-time``), else 1.
+
+        Only the run's own sandbox: against another API (even a standalone sandbox
+        with ``--gpubench-time-scale``) a duration is what the matrix says."""
+        return self.time_scale if self.sandbox and not self.sandbox_real_time else 1.0
+
+    def benchmark_seconds(self, seconds: float, floor: float = MIN_SANDBOX_BENCHMARK) -> float:
+        """A benchmark duration or interval on the sandbox's clock: scaled, yet never
+        below ``floor`` unless ``seconds`` itself is lower. Token streams stay at real
+        speed, so the figures measured in those seconds are the catalog's truths."""
+        scale = self.benchmark_scale
+        if scale == 1.0:
+            return seconds
+        return max(seconds * scale, min(seconds, floor))
 
     @property
     def poll_interval(self) -> float:

@@ -16,6 +16,7 @@ import pytest
 from .budget import skipped_by_budget, spend_of, summary_line
 from .errors import ApiUnreachable, MatrixError
 from .live import LiveProgress, own_line
+from .sandbox_label import summary_title
 from .stash import SANDBOX_KEY, SETTINGS_KEY, run_context
 from .summary_table import SummaryTable
 
@@ -104,7 +105,7 @@ class TerminalHooks:
         if self.summary.rows:
             if settings.columns:
                 self.summary.columns = settings.columns
-            terminalreporter.write_sep("=", "gpubench summary")
+            terminalreporter.write_sep("=", summary_title(settings), yellow=settings.sandbox)
             billed = self._billed(settings.run_id)
             for line in self.summary.render(billed):
                 terminalreporter.write_line(line)

@@ -10,6 +10,7 @@ import sqlite_utils
 from test_e2e_sandbox import REPO, run_pytest, standalone_sandbox  # noqa: F401 - fixture reuse
 
 from pytest_gpubench.sandbox.catalog import load_catalog
+from pytest_gpubench.sandbox.ollama_schedule import batch_slowdown
 
 MATRIX = """
 workload:
@@ -53,23 +54,28 @@ def test_axes_runs_telemetry_thresholds_and_upload(tmp_path, standalone_sandbox)
     assert cells["RTX_3090-vastai-qwen2:7b"]["failure_stage"] == "results"
 
     benchmarks = {b["manifest_id"].split("/", 1)[1]: b for b in rows(tmp_path, "benchmarks")}
-    truth, _, _ = load_catalog().rate("RTX 4090", "vastai", "qwen2:1.5b")
-    for key in ("RTX_4090-vastai-qwen2:1.5b", "RTX_4090-vastai-qwen2:1.5b-c4"):
+    catalog = load_catalog()
+    truth, _, _ = catalog.rate("RTX 4090", "vastai", "qwen2:1.5b")
+    factor = catalog.batch_ceiling("RTX 4090", "vastai", "qwen2:1.5b") / truth
+    for key, concurrency in (("RTX_4090-vastai-qwen2:1.5b", 1), ("RTX_4090-vastai-qwen2:1.5b-c4", 4)):
         bench = benchmarks[key]
         details = json.loads(bench["details_json"])
         assert details["run_statistics"]["n"] == 2  # runs: 2 on one session
         assert details["validity"]["valid"] is True
         assert details["metrics"]["goodput_share"] == pytest.approx(1.0)
         assert details["runtime"]["num_parallel"] >= details["load"]["concurrency"]
-        # Per stream, at any concurrency. The median: a stall of the shared machine
-        # delivers one request's held-back tokens in a burst and lifts the mean.
-        assert bench["p50_tokens_per_second"] == pytest.approx(truth, rel=0.03)
+        # Per stream: the catalog's rate, slowed by the batching model when four
+        # streams share the GPU (docs/sandbox.md). The median: a stall of the shared
+        # machine delivers one request's held-back tokens in a burst and lifts the mean.
+        expected = truth / batch_slowdown(concurrency, factor)
+        assert bench["p50_tokens_per_second"] == pytest.approx(expected, rel=0.03 if concurrency == 1 else 0.06)
         result = json.loads(bench["result_json"])
         assert result["gpu_stats"]["max_utilization_pct"] > 0 and result["gpu_stats"]["max_memory_used_mib"] > 0
         assert result["results"]["prompts_with_expected"] > 0 and result["results"]["match_rate"] >= 0
         assert bench["upload_status"] == "uploaded" and bench["remote_id"]
     c4 = json.loads(benchmarks["RTX_4090-vastai-qwen2:1.5b-c4"]["details_json"])
-    assert c4["metrics"]["ttft_p50_ms"] < 100  # served in parallel, not queued behind one another
+    # Served in parallel (prefill in steps shared with the others), not queued behind one another.
+    assert c4["metrics"]["ttft_p50_ms"] < 150
     assert c4["metrics"]["delivered_concurrency"] > 3  # four streams in flight, not one
     assert json.loads(benchmarks["RTX_4090-vastai-qwen2:1.5b-c4"]["result_json"])["test_config"]["concurrent_reqs"] == 4
     assert len(rows(tmp_path, "gpu_samples")) >= 3 and len(rows(tmp_path, "benchmark_runs")) >= 4

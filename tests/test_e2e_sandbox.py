@@ -40,7 +40,8 @@ def test_quick_matrix_with_xdist_records_everything(tmp_path):
     done = run_pytest(tmp_path, str(QUICK), "-n", "4", "--gpubench-sandbox", "--junitxml", str(junit))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "4 passed" in done.stdout
-    assert "gpubench summary" in done.stdout
+    # The figures say they are the sandbox's (and the benchmarks ran on its clock).
+    assert "gpubench summary: SANDBOX figures (emulated GPUs, benchmarks on its clock x0.02)" in done.stdout
     # Live progress reached the terminal from the workers.
     assert "PROGRESS: stage=model_pull" in done.stdout and "PROGRESS: requests=" in done.stdout
 
@@ -62,6 +63,7 @@ def test_quick_matrix_with_xdist_records_everything(tmp_path):
 
     (run,) = list(db["runs"].rows)
     assert run["run_id"] == rows[0]["run_id"] and run["status"] == "passed" and run["finished_at"]
+    assert run["sandbox"] == 1
     benchmarks = list(db["benchmarks"].rows)
     assert len(benchmarks) == 4
     result = json.loads(benchmarks[0]["result_json"])
@@ -75,6 +77,7 @@ def test_quick_matrix_with_xdist_records_everything(tmp_path):
     for case in cases.values():
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
         assert props["gpubench_status"] == "success"
+        assert props["gpubench_sandbox"] == "true"
         for name in ("gpubench_output_tokens_per_second", "gpubench_decode_tokens_per_second",
                      "gpubench_ttft_p50_ms", "gpubench_requests",
                      "gpubench_errors", "gpubench_price_per_hour", "gpubench_cost_usd",
@@ -87,6 +90,7 @@ def test_quick_matrix_with_xdist_records_everything(tmp_path):
         # The two RTX 4090 cells share a session: the second finds it, the first keeps it for it.
         rented = row["session_turn"] in (None, 1)
         assert labels[:3] == ["STARTING", "INVENTORY_QUERY", "PROVISIONING" if rented else "SESSION_REUSED"]
+        assert lines[0].fields["sandbox"] == "true" and lines[0].fields["time_scale"] == "0.02"
         for label in ("OLLAMA_INSTALLED", "MODEL_READY", "BENCHMARK_COMPLETE", "RESULTS_COLLECTED", "COMPLETED"):
             assert label in labels, (label, labels)
         assert ("SSH_READY" in labels) == rented

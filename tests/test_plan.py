@@ -393,9 +393,10 @@ def test_command_with_its_own_sandbox_rents_nothing(tmp_path):
     assert plan["sandbox"] is True and plan["time_scale"] == 0.02
     assert [c["price_per_hour"] for c in plan["cells"]] == [0.11, 0.11, 0.08, 0.33]
     first = plan["cells"][0]
-    # The sandbox's clock scales the default setup, not the benchmark.
+    # The sandbox's clock scales the default setup and the benchmark's duration (6 s x
+    # 0.02 is below the 5 s floor), and it sends no warm-up request.
     assert first["setup_seconds"] == pytest.approx(SETUP * 0.02)
-    assert first["benchmark_seconds"] == pytest.approx(bench_seconds(6, 1, 1, 64, DEFAULT_TOKENS_PER_SECOND))
+    assert first["benchmark_seconds"] == pytest.approx(bench_seconds(5, 1, 0, 64, DEFAULT_TOKENS_PER_SECOND))
     log = (reports / "sandbox.log").read_text()
     assert "gpubench sandbox stopped: 0 session(s) created, 0 left running" in log
 

@@ -68,6 +68,17 @@ class DefaultRate(_Entry):
     ttft_ms_per_gb: float = Field(ge=0)
 
 
+class Batching(_Entry):
+    """How parallel requests share a GPU (the Ollama stand-in's batching model).
+
+    A decode step for ``b`` sequences takes ``t_w + b * t_s``, so each stream runs
+    at ``r1 / (1 + (b - 1) / F)`` and all of them together approach ``F * r1``:
+    ``F`` is the ceiling factor, the aggregate ceiling over the single-stream rate.
+    """
+
+    ceiling_factor: float = Field(default=2.0, gt=0)
+
+
 class GpuSpec(_Entry):
     """One GPU type: what ``nvidia-smi`` prints and how fast it decodes by default."""
 
@@ -80,6 +91,8 @@ class GpuSpec(_Entry):
     compute_capability: str
     host: HostSpec
     default_rate: DefaultRate
+    #: This card's batching ceiling factor, when it differs from the catalog's.
+    batch_ceiling_factor: float | None = Field(default=None, gt=0)
 
 
 class ModelSpec(_Entry):
@@ -104,6 +117,8 @@ class RateSpec(_Entry):
     provider: str | None = None
     tokens_per_second: float = Field(gt=0)
     ttft_ms: float = Field(ge=0)
+    #: Aggregate tokens/s of many parallel requests (the batching ceiling), when measured.
+    batch_ceiling_tokens_per_second: float | None = Field(default=None, gt=0)
     source: str = ""
 
 
@@ -165,6 +180,7 @@ class Catalog(_Entry):
 
     ollama_version: str
     offload_penalty: float = Field(default=0.12, gt=0, le=1)
+    batching: Batching = Batching()
     #: Disk (GB) the image and the operating system use on every instance.
     system_disk_gb: float = Field(default=15.0, ge=0)
     timings: Timings = Timings()
@@ -236,6 +252,26 @@ class Catalog(_Entry):
             tps *= self.offload_penalty
             ttft /= self.offload_penalty
         return round(tps, 1), round(ttft, 1), "derived"
+
+    def batch_ceiling(self, gpu_type: str, provider: str, model: str) -> float:
+        """Aggregate tokens/s that parallel requests for ``model`` approach on one card.
+
+        A rate row's measured ``batch_ceiling_tokens_per_second`` (the provider's
+        row first, as in :meth:`rate`); else the single-stream rate times the card's
+        ``batch_ceiling_factor``, else times the catalog's ``batching.ceiling_factor``.
+        """
+        generic = None
+        for row in self.rates:
+            if row.gpu == gpu_type and row.model == model and row.batch_ceiling_tokens_per_second:
+                if row.provider == provider:
+                    return row.batch_ceiling_tokens_per_second
+                if row.provider is None:
+                    generic = row.batch_ceiling_tokens_per_second
+        if generic is not None:
+            return generic
+        tps = self.rate(gpu_type, provider, model)[0]
+        factor = self.gpus[gpu_type].batch_ceiling_factor or self.batching.ceiling_factor
+        return round(tps * factor, 1)
 
     def provisioning_seconds(self, offer: OfferSpec) -> float:
         """Emulated seconds from create to a booted instance."""

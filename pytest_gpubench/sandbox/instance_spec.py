@@ -7,7 +7,8 @@ big the disk is, and where to keep their shared state.
 
 ``time_scale`` shrinks emulated *waits* (pull time, model load time) so that a
 sandbox run takes seconds. It never touches token rate or time to first token: those
-are the truths a benchmark measures, so they stay real.
+are the truths a benchmark measures, so they stay real. ``batch_ceiling_factor``
+says how they change when requests run in parallel (:mod:`.ollama_schedule`).
 """
 
 from __future__ import annotations
@@ -106,6 +107,10 @@ class ModelSpec(_Value):
     load_seconds: float = Field(ge=0)
     #: Thinking-capable: reasons first unless a request says ``think: false``.
     thinking: bool = False
+    #: Aggregate throughput ceiling of parallel requests over ``tokens_per_second``
+    #: (the catalog's batching model); None: parallel requests cost nothing (an
+    #: instance file written by hand, or before the model existed).
+    batch_ceiling_factor: float | None = Field(default=None, gt=0)
 
     @property
     def digest_hex(self) -> str:

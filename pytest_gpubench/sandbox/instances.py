@@ -43,7 +43,7 @@ from typing import Any, Protocol
 
 import asyncssh
 
-from . import openssh, shims, sshd
+from . import lifeline, openssh, shims, sshd
 from .catalog import Catalog, OfferSpec
 from .standin_state import StateStore, StreamFault
 
@@ -96,6 +96,7 @@ def instance_document(
             "ttft_ms": float(ttft),
             "load_seconds": float(spec.load_seconds),
             "thinking": spec.thinking,
+            "batch_ceiling_factor": catalog.batch_ceiling(offer.gpu_type, offer.provider, name) / tps,
         }
     return {
         "session_id": session_id,
@@ -250,6 +251,8 @@ class Instance:
             "LANG": os.environ.get("LANG", "C.UTF-8"),
             "OLLAMA_HOST": f"127.0.0.1:{self.ollama_port}",
             INSTANCE_ENV: str(self.spec_path),
+            # Its daemons (ollama serve) end when the sandbox does, even a killed one.
+            lifeline.OWNER_ENV: lifeline.owner_token(),
         }
         return env
 
@@ -271,6 +274,7 @@ class Instance:
                 env=self.environment(),
                 cwd=str(self.home),
                 start_new_session=True,
+                preexec_fn=lifeline.die_with_parent(),
             )
         self._groups.add(child.pid)
         await child.wait()

@@ -7,10 +7,12 @@ It decides what the server's handlers only format:
   scaled ``load_seconds`` and evicts any other loaded model once that one is idle;
   a model whose weights and context do not fit the GPU is refused;
 - scheduling: ``OLLAMA_NUM_PARALLEL`` requests per model generate at once, the rest
-  wait first in, first out (up to ``OLLAMA_MAX_QUEUE``), each at the full rate;
+  wait first in, first out (up to ``OLLAMA_MAX_QUEUE``), so their TTFT grows;
 - timing: the first token ``ttft`` after the request gets its slot, then one token
   per ``1 / tokens_per_second``, scheduled on absolute times so sleep overhead
-  never accumulates into drift.
+  never accumulates into drift; both stretched by the batch's slowdown when
+  several requests generate at once (:func:`.ollama_schedule.batch_slowdown`:
+  per-stream rate falls, aggregate throughput saturates at the model's ceiling).
 
 Everything runs on one asyncio loop: no threads, one timer per token.
 """
@@ -32,7 +34,7 @@ from datetime import datetime, timedelta, timezone
 from .disk import DiskUsage, Downloads, default_models_dir, disk_usage
 from .instance_spec import BASELINE_MIB, BASELINE_RAM_MIB, MIB, InstanceSpec, ModelSpec, normalize_model_name
 from .ollama_common import DEFAULT_KEEP_ALIVE_S, FOREVER, human_bytes_binary, parse_keep_alive
-from .ollama_schedule import FifoSlots, Generation, Job, LagStats
+from .ollama_schedule import FifoSlots, Generation, Job, LagStats, batch_slowdown
 from .ollama_text import plan_output
 from .standin_state import LoadedModel, PulledModel, RuntimeState, StateStore, StreamFault
 
@@ -72,6 +74,8 @@ class EngineSettings:
     default_keep_alive: float = DEFAULT_KEEP_ALIVE_S
     ttft_ms: float | None = None
     tokens_per_second: float | None = None
+    #: Aggregate ceiling over the single-stream rate; None: the model's, 0: batching is free.
+    batch_ceiling_factor: float | None = None
     jitter: float = 0.0
     #: Where pulled blobs go; only named in errors (the disk itself is emulated).
     models_dir: str = "/root/.ollama/models"
@@ -82,7 +86,8 @@ class EngineSettings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> EngineSettings:
         """``OLLAMA_NUM_PARALLEL``, ``OLLAMA_MAX_QUEUE``, ``OLLAMA_KEEP_ALIVE`` and the
         sandbox's truth knobs ``GPUBENCH_SANDBOX_TTFT_MS``,
-        ``GPUBENCH_SANDBOX_TOKENS_PER_SECOND`` and ``GPUBENCH_SANDBOX_JITTER``; where
+        ``GPUBENCH_SANDBOX_TOKENS_PER_SECOND``, ``GPUBENCH_SANDBOX_BATCH_CEILING_FACTOR``
+        and ``GPUBENCH_SANDBOX_JITTER``; where
         models go (``OLLAMA_MODELS``, else ``$HOME/.ollama/models``) and ``OLLAMA_NOPRUNE``."""
         env = os.environ if env is None else env
 
@@ -90,12 +95,14 @@ class EngineSettings:
             raw = env.get(name, "").strip()
             return kind(raw) if raw else None
 
+        ceiling = number("GPUBENCH_SANDBOX_BATCH_CEILING_FACTOR")
         return cls(
             num_parallel=max(1, number("OLLAMA_NUM_PARALLEL", int) or 1),
             max_queue=max(1, number("OLLAMA_MAX_QUEUE", int) or 512),
             default_keep_alive=parse_keep_alive(env.get("OLLAMA_KEEP_ALIVE"), DEFAULT_KEEP_ALIVE_S),
             ttft_ms=number("GPUBENCH_SANDBOX_TTFT_MS"),
             tokens_per_second=number("GPUBENCH_SANDBOX_TOKENS_PER_SECOND"),
+            batch_ceiling_factor=None if ceiling is None else max(0.0, ceiling),
             jitter=max(0.0, min(0.9, number("GPUBENCH_SANDBOX_JITTER") or 0.0)),
             models_dir=default_models_dir(env),
             prune=env.get("OLLAMA_NOPRUNE", "").strip().lower() in ("", "0", "f", "false"),
@@ -336,11 +343,15 @@ class Engine:
                 self._set_active(+1)
                 plan = plan_output(job.prompt, job.num_predict, model=runner.name, think=job.think)
                 ttft, intervals = self._timing(job, runner, len(plan.tokens))
+                factor = self.settings.batch_ceiling_factor
+                if factor is None:
+                    factor = runner.spec.batch_ceiling_factor
                 # The TTFT clock runs from the moment the request could start, not
                 # from here: the handler's own work (parsing, planning) is inside
                 # the TTFT a client sees from a real server too.
                 start = max(job.arrived, runner.loaded_at, granted or 0.0)
-                yield Generation(job, plan, start, ttft, intervals, load, self.lag, fault=self.next_stream_fault())
+                yield Generation(job, plan, start, ttft, intervals, load, self.lag, fault=self.next_stream_fault(),
+                                 slowdown=lambda: batch_slowdown(runner.slots.held, factor))
             finally:
                 runner.slots.release()
                 self._set_active(-1)

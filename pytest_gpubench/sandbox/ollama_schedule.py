@@ -1,4 +1,4 @@
-"""Timing primitives of the Ollama stand-in: fair slots and token schedules.
+"""Timing primitives of the Ollama stand-in: fair slots, batching and token schedules.
 
 A ``Generation`` delivers each token on an absolute schedule (first token ``ttft``
 after the request could start: it arrived, its model was loaded and it had a
@@ -6,6 +6,19 @@ slot; then one per interval), so sleep overhead never accumulates into drift, an
 it reports counters that match what was streamed.
 ``LagStats`` records how late tokens actually left, the stand-in's own health
 figure. ``FifoSlots`` is the per-model parallelism limit, first in, first out.
+
+Batching (:func:`batch_slowdown`): the generations a model runs at once share
+each decode step. A step that serves ``b`` sequences takes ``t_w + b * t_s``
+(the weights are read once per step, each sequence adds its own KV-cache reads
+and sampling), so with ``r1`` the single-stream rate and ``C = 1 / t_s`` the
+aggregate ceiling::
+
+    r(b) = r1 / (1 + (b - 1) / F)        F = C / r1, the batch ceiling factor
+    b * r(b) -> C as b grows
+
+A token's interval is stretched by the factor for the batch size at the moment
+it is scheduled, and a request's prefill (TTFT) by the factor when it starts:
+its prompt is processed in steps shared with the others' decoding.
 """
 
 from __future__ import annotations
@@ -22,12 +35,30 @@ WAKE_LEARNING_RATE = 0.05  # weight of the newest sleep in LagStats.wake_latency
 STALL_POLL_SECONDS = 0.05  # how often a stalled stream looks whether its client left
 
 
+def batch_slowdown(batch: int, ceiling_factor: float | None) -> float:
+    """How much longer each step takes for one of ``batch`` sequences decoding
+    together than for a sequence alone: ``1 + (batch - 1) / ceiling_factor``.
+
+    ``ceiling_factor`` is the aggregate ceiling over the single-stream rate (the
+    catalog's ``batch_ceiling``); None or 0: parallel sequences cost nothing.
+    """
+    if not ceiling_factor or batch <= 1:
+        return 1.0
+    return 1.0 + (batch - 1) / ceiling_factor
+
+
 class FifoSlots:
     """A counting semaphore that serves waiters strictly in arrival order."""
 
     def __init__(self, size: int) -> None:
+        self.size = size
         self.free = size
         self.waiters: deque[asyncio.Future[float]] = deque()
+
+    @property
+    def held(self) -> int:
+        """Slots taken: the generations running now."""
+        return self.size - self.free
 
     async def acquire(self) -> float | None:
         """Take a slot; returns the loop time it was handed over after a wait, or
@@ -115,14 +146,19 @@ class Generation:
         load: float,
         lag: LagStats | None = None,
         fault: StreamFault | None = None,
+        slowdown: Callable[[], float] | None = None,
     ):
         self.lag = lag or LagStats()
         self.fault = fault
         self.job = job
         self.plan = plan
         self.start = start
-        self.ttft = ttft
-        self.intervals = intervals
+        self.intervals = intervals  # each token's interval for a sequence decoding alone
+        #: The batch's slowdown now (see :func:`batch_slowdown`), asked as each token
+        #: is scheduled, so a stream slows when others join and speeds up when they leave.
+        self.slowdown = slowdown or (lambda: 1.0)
+        self.ttft = ttft * self.slowdown()
+        self.used: list[float] = []  # the intervals actually scheduled
         self.load_duration = load
         self.emitted = 0
 
@@ -155,6 +191,8 @@ class Generation:
             self.lag.record(loop.time() - due)
             self.emitted += 1
             yield token
+            interval *= self.slowdown()
+            self.used.append(interval)
             due += interval
         delay = due - loop.time()
         if delay > 0:
@@ -166,7 +204,7 @@ class Generation:
 
     def stats(self, now: float) -> dict[str, int]:
         """The final chunk's counters, in nanoseconds, matching what was streamed."""
-        eval_duration = sum(self.intervals[: self.emitted])
+        eval_duration = sum(self.used[: self.emitted])
         return {
             "total_duration": int((now - self.job.arrived) * 1e9),
             "load_duration": int(self.load_duration * 1e9),

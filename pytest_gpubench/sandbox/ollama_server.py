@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from .instance_spec import InstanceSpec, ModelSpec
+from .lifeline import watch_owner
 from .ollama_common import OllamaHost, bind_host, parse_keep_alive, rfc3339
 from .ollama_engine import Engine, EngineError, EngineSettings, log
 from .ollama_http import (
@@ -411,7 +412,10 @@ async def serve(spec: InstanceSpec, host: OllamaHost, settings: EngineSettings) 
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    # Daemonized by `nohup ... &`: no death signal reaches it, so it watches the sandbox.
+    owner = asyncio.create_task(watch_owner(stop.set))
     await stop.wait()
+    owner.cancel()
     log.info("shutting down: %s", engine.lag.summary())
     await runner.cleanup()
     store.write_runtime(RuntimeState(idle_since=time.time()))

@@ -35,6 +35,7 @@ from pathlib import Path
 import asyncssh
 
 from ..errors import UsageProblem
+from . import lifeline
 
 log = logging.getLogger("pytest_gpubench.sandbox")
 
@@ -203,6 +204,7 @@ class OpenSshEndpoint:
                     stderr=asyncio.subprocess.STDOUT,
                     env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                     start_new_session=True,
+                    preexec_fn=lifeline.die_with_parent(),  # a killed sandbox leaves no sshd listening
                 )
             if await self._wait_listening(port):
                 log.debug("sshd %d listening on 127.0.0.1:%d", self._process.pid, port)

@@ -27,6 +27,8 @@ from typing import Any
 
 import asyncssh
 
+from . import lifeline
+
 log = logging.getLogger("pytest_gpubench.sandbox")
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -199,6 +201,7 @@ async def _run_process(process: asyncssh.SSHServerProcess, hooks: InstanceHooks)
             env=env,
             cwd=str(hooks.cwd),
             start_new_session=True,  # its own process group, killed as one on stop
+            preexec_fn=lifeline.die_with_parent(),  # and killed by the kernel if the sandbox dies
         )
     except OSError as exc:
         process.stderr.write(f"bash: {exc}\n".encode())
