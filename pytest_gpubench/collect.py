@@ -1,4 +1,7 @@
-"""Matrix files become test items: one ``BenchFunction`` per GPU x provider x model cell."""
+"""Matrix files become test items: one ``BenchFunction`` per GPU x provider x model cell.
+
+Loaded once a run meets a matrix file (or a ``gpubench``-marked test), not at plugin load.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +12,9 @@ from typing import Any
 import pytest
 
 from .errors import GpubenchError, MatrixError, StageError
+from .filters import FilterTally, split_by_filters
 from .matrix import Cell, load_cells
-from .stash import CELL_KEY, RECORD_KEY, RECORDER_KEY
+from .stash import CELL_KEY, FILTER_TALLY_KEY, RECORD_KEY, RECORDER_KEY
 
 
 def run_matrix_cell(request: pytest.FixtureRequest) -> None:
@@ -25,17 +29,27 @@ def run_matrix_cell(request: pytest.FixtureRequest) -> None:
 class MatrixFile(pytest.File):
     """A ``gpubench_*.yaml`` matrix file."""
 
-    def collect(self) -> Iterator[BenchFunction]:
+    def collect(self) -> Iterator[pytest.Item]:
         try:
             cells = load_cells(self.path)
         except MatrixError as exc:
             raise self.CollectError(str(exc)) from None
+        tally: FilterTally | None = self.config.stash.get(FILTER_TALLY_KEY, None)
+        dropped: list[Cell] = []
+        if tally is not None:  # --gpubench-gpu/provider/model: only the cells kept become real items
+            cells, dropped = split_by_filters(cells, tally)
+        fixtureinfo = None
         for cell in cells:
-            item = BenchFunction.from_parent(self, name=cell.cell_id, callobj=run_matrix_cell)
+            # Every cell runs the same function: its fixture closure is computed once per file.
+            item = BenchFunction.from_parent(self, name=cell.cell_id, callobj=run_matrix_cell,
+                                             fixtureinfo=fixtureinfo)
+            fixtureinfo = item._fixtureinfo
             item.stash[CELL_KEY] = cell
             item.stash[RECORD_KEY] = cell.cell_id
             item.extra_keyword_matches.update(cell.keywords)
             yield item
+        for cell in dropped:
+            yield FilteredCell.from_parent(self, name=cell.cell_id)
 
 
 class BenchFunction(pytest.Function):
@@ -50,6 +64,22 @@ class BenchFunction(pytest.Function):
         text = describe_failure(excinfo.value, self)
         # pytest's Function.repr_failure takes no style (a pytest-timeout failure lands here).
         return text if text is not None else super().repr_failure(excinfo)
+
+
+class FilteredCell(pytest.Item):
+    """A cell the ``--gpubench-gpu/provider/model`` filters keep out, as a light placeholder.
+
+    pytest counts the items a file collects ("collected N items / M deselected"), so
+    the cells a filter drops still appear, as these cheap nodes, and are deselected at
+    once (``pytest_collection_modifyitems``, before any other plugin sees them): the
+    counts read as with ``-k``, and no fixture closure or keyword set is built for them.
+    """
+
+    def runtest(self) -> None:  # pragma: no cover - deselected before any run
+        raise RuntimeError(f"{self.nodeid} was filtered out and must not run")
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        return self.path, 0, self.name
 
 
 def describe_failure(error: BaseException, item: pytest.Item) -> str | None:
@@ -70,7 +100,11 @@ def describe_failure(error: BaseException, item: pytest.Item) -> str | None:
 
 
 def cells_for_marker(marker: pytest.Mark, test_path: Path, rootpath: Path) -> list[Cell]:
-    """Cells named by ``@pytest.mark.gpubench(MATRIX_FILE, gpu=..., provider=..., model=...)``."""
+    """Cells named by ``@pytest.mark.gpubench(MATRIX_FILE, gpu=..., provider=..., model=...)``.
+
+    The marker's own gpu/provider/model narrow the file; the command-line filters
+    apply later, like ``-k``, in :func:`filters.split_by_filters`.
+    """
     from .matrix import cell_selected
 
     if not marker.args:

@@ -6,9 +6,7 @@ the single pytest process).
 
 from __future__ import annotations
 
-import fnmatch
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +14,7 @@ import pytest
 from .budget import skipped_by_budget, spend_of, summary_line
 from .errors import ApiUnreachable
 from .live import LiveProgress
+from .matrix_scan import runs_matrix_files
 from .stash import SANDBOX_KEY, SETTINGS_KEY, run_context
 
 COLUMNS = ("cell", "status", "tokens/s", "TTFT p50 ms", "$/M tokens", "cost $")
@@ -159,19 +158,3 @@ class TerminalHooks:
             if left:
                 terminalreporter.write_line(
                     f"gpubench sandbox: {len(left)} session(s) still running: {', '.join(left)}", red=True)
-
-
-def runs_matrix_files(config: pytest.Config) -> bool:
-    """Whether the command line names matrix files, or directories holding some."""
-    patterns = config.getini("gpubench_files")
-    for arg in config.args:
-        path = Path(arg.split("::", 1)[0])
-        if path.is_file():
-            candidates: Any = [path]
-        elif path.is_dir():
-            candidates = path.rglob("*.y*ml")
-        else:
-            continue
-        if any(any(fnmatch.fnmatch(p.name, pat) for pat in patterns) for p in candidates):
-            return True
-    return False
