@@ -26,30 +26,29 @@ def run_matrix_cell(request: pytest.FixtureRequest) -> None:
     request.getfixturevalue("gpubench").run()
 
 
-class MatrixFile(pytest.File):
-    """A ``gpubench_*.yaml`` matrix file."""
-
-    def collect(self) -> Iterator[pytest.Item]:
-        try:
-            cells = load_cells(self.path)
-        except MatrixError as exc:
-            raise self.CollectError(str(exc)) from None
-        tally: FilterTally | None = self.config.stash.get(FILTER_TALLY_KEY, None)
-        dropped: list[Cell] = []
-        if tally is not None:  # --gpubench-gpu/provider/model: only the cells kept become real items
-            cells, dropped = split_by_filters(cells, tally)
-        fixtureinfo = None
-        for cell in cells:
-            # Every cell runs the same function: its fixture closure is computed once per file.
-            item = BenchFunction.from_parent(self, name=cell.cell_id, callobj=run_matrix_cell,
-                                             fixtureinfo=fixtureinfo)
-            fixtureinfo = item._fixtureinfo
-            item.stash[CELL_KEY] = cell
-            item.stash[RECORD_KEY] = cell.cell_id
-            item.extra_keyword_matches.update(cell.keywords)
-            yield item
-        for cell in dropped:
-            yield FilteredCell.from_parent(self, name=cell.cell_id)
+def matrix_items(matrix_file: pytest.File) -> Iterator[pytest.Item]:
+    """The items of a matrix file (``plugin.MatrixFile.collect``): one per cell the filters keep,
+    a :class:`FilteredCell` placeholder per cell they keep out."""
+    try:
+        cells = load_cells(matrix_file.path)
+    except MatrixError as exc:
+        raise matrix_file.CollectError(str(exc)) from None
+    tally: FilterTally | None = matrix_file.config.stash.get(FILTER_TALLY_KEY, None)
+    dropped: list[Cell] = []
+    if tally is not None:  # --gpubench-gpu/provider/model: only the cells kept become real items
+        cells, dropped = split_by_filters(cells, tally)
+    fixtureinfo = None
+    for cell in cells:
+        # Every cell runs the same function: its fixture closure is computed once per file.
+        item = BenchFunction.from_parent(matrix_file, name=cell.cell_id, callobj=run_matrix_cell,
+                                         fixtureinfo=fixtureinfo)
+        fixtureinfo = item._fixtureinfo
+        item.stash[CELL_KEY] = cell
+        item.stash[RECORD_KEY] = cell.cell_id
+        item.extra_keyword_matches.update(cell.keywords)
+        yield item
+    for cell in dropped:
+        yield FilteredCell.from_parent(matrix_file, name=cell.cell_id)
 
 
 class BenchFunction(pytest.Function):

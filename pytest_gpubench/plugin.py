@@ -122,15 +122,27 @@ def _gate(config: pytest.Config) -> Gate | None:
     return config.stash.get(GATE_KEY, None)
 
 
-def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    if not is_matrix_file(file_path.name, parent.config.getini("gpubench_files")):
-        return None
-    gate = _gate(parent.config)
-    if gate is not None:
-        gate.activate()
-    from .collect import MatrixFile
+class MatrixFile(pytest.File):
+    """A ``gpubench_*.yaml`` matrix file.
 
-    return MatrixFile.from_parent(parent, path=file_path)
+    pytest asks every plugin about every file of a directory it visits, also when
+    the command line names one test module there: only a matrix file that is
+    collected loads the plugin's machinery (and ``collect.matrix_items`` builds its cells).
+    """
+
+    def collect(self) -> Any:
+        gate = _gate(self.config)
+        if gate is not None:
+            gate.activate()
+        from .collect import matrix_items
+
+        return matrix_items(self)
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> MatrixFile | None:
+    if is_matrix_file(file_path.name, parent.config.getini("gpubench_files")):
+        return MatrixFile.from_parent(parent, path=file_path)
+    return None
 
 
 def _marked(obj: object) -> bool:

@@ -99,7 +99,7 @@ def test_bad_matrix_fails_collection_in_one_line(project):
 def test_bad_option_is_a_usage_error(project):
     result = project.runpytest("--gpubench-duration", "-1")
     assert result.ret == 4
-    result.stderr.fnmatch_lines(["ERROR: --gpubench-duration: '-1' must be a number of seconds or a duration such as '90s'*"])
+    result.stderr.fnmatch_lines(["ERROR: --gpubench-duration: '-1' must be a number of seconds or a duration*"])
 
 
 def test_unreachable_api_stops_at_once_naming_url_and_sandbox(project, closed_port):
