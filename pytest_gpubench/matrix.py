@@ -9,7 +9,8 @@ the file, the field in dotted form (``matrix[2].workload.duration``) and what is
 allowed, on one line.
 
 The filters (:func:`gpu_matches`, :func:`provider_matches`, :func:`model_matches`,
-:func:`cell_selected`) are what ``--gpu``, ``--provider`` and ``--model`` use.
+:func:`cell_selected`) are what ``--gpubench-gpu``, ``--gpubench-provider`` and
+``--gpubench-model`` use (through :func:`pytest_gpubench.filters.split_by_filters`).
 The reference for users is ``docs/matrix.md``.
 """
 
