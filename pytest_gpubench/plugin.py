@@ -69,7 +69,15 @@ class Gate:
         if workerinput is not None:
             return bool(workerinput.get("gpubench_active"))
         given = any(config.getoption(f"gpubench_{opt.dest}") not in (None, False, []) for opt in OPTIONS)
-        return given or runs_matrix_files(config)
+        return given or runs_matrix_files(config) or self._distributes_to_a_sandbox()
+
+    def _distributes_to_a_sandbox(self) -> bool:
+        """An xdist controller whose environment or ini asks for the sandbox: it must start it
+        before its workers do anything, even if only they find cells (marked Python tests)."""
+        if self.config.getoption("dist", "no") == "no":
+            return False
+        wanted = os.environ.get("GPUBENCH_SANDBOX", "") or self.config.getini("gpubench_sandbox") or ""
+        return str(wanted).strip().lower() in {"1", "true", "yes", "on"}
 
     def activate(self) -> None:
         if self.active:
