@@ -10,6 +10,7 @@ import ast
 import os
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 
@@ -272,3 +273,22 @@ def test_filtered_cells_build_no_test_function(project):
     result.stdout.fnmatch_lines(["BUILT [[]('BenchFunction', 1), ('FilteredCell', 4)[]]",
                                  "1/5 tests collected (4 deselected)*"])
     assert "FilteredCell" not in result.stdout.str().split("BUILT", 1)[0]
+
+
+def test_xdist_workers_that_alone_find_marked_cells_share_one_run(project, monkeypatch):
+    """The controller of ``-n 2 test_mine.py`` sees no matrix file and stays light; its
+    workers load the plugin when they meet the marked test, under the run id it gave them."""
+    project.makepyfile(test_mine="""
+        import pytest
+
+        @pytest.mark.gpubench("gpubench_demo.yaml", gpu="RTX4090")
+        def test_cell(gpubench_cell):
+            assert gpubench_cell.gpu == "RTX 4090"
+    """)
+    manifest = project.path / "runs" / "manifest.db"
+    monkeypatch.setenv("GPUBENCH_MANIFEST", str(manifest))  # not an option: that would load the plugin at once
+    result = project.runpytest_subprocess("test_mine.py", "-n", "2", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4)
+    with sqlite3.connect(manifest) as db:
+        rows = db.execute("SELECT run_id, cell_id FROM benchmark_manifest").fetchall()
+    assert len(rows) == 4 and len({run for run, _ in rows}) == 1, rows
