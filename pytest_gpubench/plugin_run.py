@@ -14,24 +14,24 @@ from typing import Any
 
 import pytest
 
-from . import fixtures
 from .errors import UsageProblem
 from .filters import split_by_filters, tally_for
-from .lifecycle import RunLifecycle
 from .matrix import Cell
 from .matrix_scan import real_run
-from .resume import ResumePlan, plan_resume, still_to_run
-from .reuse_order import arrange_reuse_groups, prefer_loadgroup
+from .reuse_order import arrange_reuse_groups
 from .settings import OPTIONS, Settings, resolve
 from .stash import CELL_KEY, FILTER_TALLY_KEY, RECORD_KEY, RESUME_KEY, SANDBOX_KEY, SETTINGS_KEY, run_context
-from .terminal import TerminalHooks
+
+# The fixtures, the lifecycle, the terminal and xdist hooks and resume import what a
+# real run needs (SSH, HTTP, the manifest); they are imported where used, so that
+# --collect-only of a matrix does not load them.
 
 
 def start(config: pytest.Config, gate: Any) -> None:
     """Resolve the settings and register the plugins a run with cells needs.
 
     In the modes that only show something (``matrix_scan.real_run``) that is the
-    fixtures alone: no sandbox, no lifecycle (it cleans up and records the run's
+    fixtures alone (none at all for ``--collect-only``): no sandbox, no lifecycle (it cleans up and records the run's
     end), no terminal hooks (they check the API and write the run's end).
     """
     settings = _settings(config)
@@ -46,6 +46,8 @@ def start(config: pytest.Config, gate: Any) -> None:
         if workerinput.get("gpubench_loadgroup"):
             config.option.loadgroup = True  # xdist then names grouped items after their group
         if workerinput.get("gpubench_resume"):
+            from .resume import ResumePlan
+
             config.stash[RESUME_KEY] = ResumePlan.model_validate(workerinput["gpubench_resume"])
     else:
         if gate.run_id is not None:  # this controller's workers already run under this id
@@ -60,6 +62,13 @@ def start(config: pytest.Config, gate: Any) -> None:
             settings = settings.model_copy(update={"api": sandbox.url})
     config.stash[SETTINGS_KEY] = settings
     config.stash[FILTER_TALLY_KEY] = tally_for(settings)
+    if config.option.collectonly:
+        return  # nothing runs and no fixture is shown: the fixtures' imports can wait for a run
+    from . import fixtures
+    from .lifecycle import RunLifecycle
+    from .reuse_order import prefer_loadgroup
+    from .terminal import TerminalHooks
+
     config.pluginmanager.register(fixtures, "gpubench-fixtures")
     if shows_only:
         return
@@ -80,6 +89,8 @@ def start(config: pytest.Config, gate: Any) -> None:
 
 def _resumed(config: pytest.Config, settings: Settings) -> Settings:
     """``--gpubench-resume``: record into that run; remember the cells it already finished."""
+    from .resume import plan_resume
+
     try:
         plan = plan_resume(settings.manifest, settings.resume or "last")
     except UsageProblem as exc:
@@ -137,6 +148,8 @@ def arrange_items(config: pytest.Config, items: list[pytest.Item]) -> None:
     _disambiguate_record_keys(items)
     plan = config.stash.get(RESUME_KEY, None)
     if plan is not None:  # --gpubench-resume: cells that already succeeded do not run again
+        from .resume import still_to_run
+
         runs = still_to_run([item.stash.get(RECORD_KEY, None) for item in items], plan)
         if not all(runs):
             config.hook.pytest_deselected(items=[item for item, run in zip(items, runs, strict=True) if not run])

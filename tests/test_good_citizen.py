@@ -255,7 +255,10 @@ def test_a_matrix_or_marked_test_loads_the_rest(project):
     """)
     for args in (["gpubench_demo.yaml", "--collect-only"], ["test_mine.py", "--collect-only"]):
         modules = loaded_modules(project, *args)
-        assert {"pytest_gpubench.fixtures", "pytest_gpubench.plugin_run"} <= modules, args
+        assert {"pytest_gpubench.collect", "pytest_gpubench.plugin_run"} <= modules, args
+        assert "pytest_gpubench.fixtures" not in modules, args  # nothing runs, nothing needs them
+    for args in (["gpubench_demo.yaml", "--fixtures"], ["test_mine.py", "--fixtures"]):
+        assert "pytest_gpubench.fixtures" in loaded_modules(project, *args), args
 
 
 def test_filtered_cells_build_no_test_function(project):
