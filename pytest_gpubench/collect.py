@@ -1,4 +1,7 @@
-"""Matrix files become test items: one ``BenchFunction`` per GPU x provider x model cell."""
+"""Matrix files become test items: one ``BenchFunction`` per GPU x provider x model cell.
+
+Loaded once a run meets a matrix file (or a ``gpubench``-marked test), not at plugin load.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +13,10 @@ from typing import Any
 import pytest
 
 from .errors import GpubenchError, MatrixError, StageError
+from .filters import FilterTally, split_by_filters
 from .hints import UnknownGpuWarning, check_gpu_names
 from .matrix import Cell, load_cells
-from .stash import CELL_KEY, RECORD_KEY, RECORDER_KEY
+from .stash import CELL_KEY, FILTER_TALLY_KEY, RECORD_KEY, RECORDER_KEY
 
 
 def run_matrix_cell(request: pytest.FixtureRequest) -> None:
@@ -24,25 +28,34 @@ def run_matrix_cell(request: pytest.FixtureRequest) -> None:
     request.getfixturevalue("gpubench").run()
 
 
-class MatrixFile(pytest.File):
-    """A ``gpubench_*.yaml`` matrix file."""
-
-    def collect(self) -> Iterator[BenchFunction]:
-        try:
-            cells = load_cells(self.path)
-        except MatrixError as exc:
-            raise self.CollectError(str(exc)) from None
-        typos, unknown = check_gpu_names(cells)  # a swapped-letters typo stops; a GPU we do not know warns
-        if typos:
-            raise self.CollectError("\n".join(f"{cell.source}: {text}" for cell, text in typos))
-        for cell, text in unknown:  # shown as the matrix file's warning, not this module's
-            warnings.warn_explicit(UnknownGpuWarning(text), UnknownGpuWarning, cell.source, 0)
-        for cell in cells:
-            item = BenchFunction.from_parent(self, name=cell.cell_id, callobj=run_matrix_cell)
-            item.stash[CELL_KEY] = cell
-            item.stash[RECORD_KEY] = cell.cell_id
-            item.extra_keyword_matches.update(cell.keywords)
-            yield item
+def matrix_items(matrix_file: pytest.File) -> Iterator[pytest.Item]:
+    """The items of a matrix file (``plugin.MatrixFile.collect``): one per cell the filters keep,
+    a :class:`FilteredCell` placeholder per cell they keep out."""
+    try:
+        cells = load_cells(matrix_file.path)
+    except MatrixError as exc:
+        raise matrix_file.CollectError(str(exc)) from None
+    typos, unknown = check_gpu_names(cells)  # a swapped-letters typo stops; a GPU we do not know warns
+    if typos:
+        raise matrix_file.CollectError("\n".join(f"{cell.source}: {text}" for cell, text in typos))
+    for cell, text in unknown:  # shown as the matrix file's warning, not this module's
+        warnings.warn_explicit(UnknownGpuWarning(text), UnknownGpuWarning, cell.source, 0)
+    tally: FilterTally | None = matrix_file.config.stash.get(FILTER_TALLY_KEY, None)
+    dropped: list[Cell] = []
+    if tally is not None:  # --gpubench-gpu/provider/model: only the cells kept become real items
+        cells, dropped = split_by_filters(cells, tally)
+    fixtureinfo = None
+    for cell in cells:
+        # Every cell runs the same function: its fixture closure is computed once per file.
+        item = BenchFunction.from_parent(matrix_file, name=cell.cell_id, callobj=run_matrix_cell,
+                                         fixtureinfo=fixtureinfo)
+        fixtureinfo = item._fixtureinfo
+        item.stash[CELL_KEY] = cell
+        item.stash[RECORD_KEY] = cell.cell_id
+        item.extra_keyword_matches.update(cell.keywords)
+        yield item
+    for cell in dropped:
+        yield FilteredCell.from_parent(matrix_file, name=cell.cell_id)
 
 
 class BenchFunction(pytest.Function):
@@ -57,6 +70,22 @@ class BenchFunction(pytest.Function):
         text = describe_failure(excinfo.value, self)
         # pytest's Function.repr_failure takes no style (a pytest-timeout failure lands here).
         return text if text is not None else super().repr_failure(excinfo)
+
+
+class FilteredCell(pytest.Item):
+    """A cell the ``--gpubench-gpu/provider/model`` filters keep out, as a light placeholder.
+
+    pytest counts the items a file collects ("collected N items / M deselected"), so
+    the cells a filter drops still appear, as these cheap nodes, and are deselected at
+    once (``pytest_collection_modifyitems``, before any other plugin sees them): the
+    counts read as with ``-k``, and no fixture closure or keyword set is built for them.
+    """
+
+    def runtest(self) -> None:  # pragma: no cover - deselected before any run
+        raise RuntimeError(f"{self.nodeid} was filtered out and must not run")
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        return self.path, 0, self.name
 
 
 def describe_failure(error: BaseException, item: pytest.Item) -> str | None:
@@ -77,7 +106,11 @@ def describe_failure(error: BaseException, item: pytest.Item) -> str | None:
 
 
 def cells_for_marker(marker: pytest.Mark, test_path: Path, rootpath: Path) -> list[Cell]:
-    """Cells named by ``@pytest.mark.gpubench(MATRIX_FILE, gpu=..., provider=..., model=...)``."""
+    """Cells named by ``@pytest.mark.gpubench(MATRIX_FILE, gpu=..., provider=..., model=...)``.
+
+    The marker's own gpu/provider/model narrow the file; the command-line filters
+    apply later, like ``-k``, in :func:`filters.split_by_filters`.
+    """
     from .matrix import cell_selected
 
     if not marker.args:

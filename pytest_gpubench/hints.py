@@ -183,14 +183,23 @@ def _or(values: Sequence[str]) -> str:
     return " or ".join(values)
 
 
-def matrix_paths(args: Iterable[str], patterns: Sequence[str]) -> list[Path]:
-    """The matrix files a command line names: files matching ``patterns``, and those
-    found under directories (what pytest would collect)."""
-    import fnmatch
+def filter_hint_lines(config: Any) -> list[str]:
+    """What to tell a user whose ``--gpubench-gpu/provider/model`` selected no cell: the
+    values the command line's matrix files do hold (and the close names). Empty when
+    no filter was given."""
+    from .errors import MatrixError
+    from .matrix import load_cells
+    from .matrix_scan import matrix_files
+    from .stash import SETTINGS_KEY
 
-    found: list[Path] = []
-    for arg in args:
-        path = Path(arg.split("::", 1)[0])
-        candidates = [path] if path.is_file() else sorted(path.rglob("*.y*ml")) if path.is_dir() else []
-        found += [p for p in candidates if any(fnmatch.fnmatch(p.name, pat) for pat in patterns)]
-    return list(dict.fromkeys(found))
+    settings = config.stash[SETTINGS_KEY]
+    if not (settings.gpu or settings.provider or settings.model):
+        return []
+    cells: list[Any] = []
+    for path in matrix_files(config):
+        try:
+            cells += load_cells(path)
+        except MatrixError:
+            continue  # reported at collection already
+    message = no_match_message(cells, settings.gpu, settings.provider, settings.model)
+    return (message or "").splitlines()

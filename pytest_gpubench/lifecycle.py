@@ -23,10 +23,10 @@ from .cleanup import CleanupReport, Outcome, clean
 from .errors import ApiUnreachable, Stage
 from .live import own_line
 from .manifest import Manifest
+from .matrix_scan import runs_matrix_files
 from .processes import xdist_worker_pids
 from .shutdown import GracefulTermination
 from .stash import CELL_KEY, RESUME_KEY, SETTINGS_KEY, run_context
-from .terminal import runs_matrix_files
 
 _EXIT_STATUS = {0: "passed", 1: "failed", 2: "interrupted"}
 

@@ -50,6 +50,10 @@ class _Reader:
             self.errors.append(_one_line(str(report.longrepr)))
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if SETTINGS_KEY not in session.config.stash:  # no cell anywhere: the plugin's run half never loaded
+            from .plugin import GATE_KEY
+
+            session.config.stash[GATE_KEY].activate()
         settings = session.config.stash[SETTINGS_KEY]
         cells = [(item.stash[RECORD_KEY], apply_overrides(item.stash[CELL_KEY], settings))
                  for item in session.items if CELL_KEY in item.stash]
@@ -68,7 +72,7 @@ def collect_cells(paths: list[str], *, keyword: str | None = None, gpus: list[st
     args = [*paths, "--collect-only", "-q", "-p", "no:cacheprovider"]
     if keyword:
         args += ["-k", keyword]
-    for flag, values in (("--gpu", gpus), ("--provider", providers), ("--model", models)):
+    for flag, values in (("--gpubench-gpu", gpus), ("--gpubench-provider", providers), ("--gpubench-model", models)):
         for value in values or []:
             args += [flag, value]
     args += options or []

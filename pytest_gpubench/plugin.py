@@ -1,48 +1,43 @@
 """pytest hooks, and nothing else: options, configure, collection, reporting.
 
-The logic lives in plain modules; each hook here hands over to one of them.
+This module is what the ``pytest11`` entry point loads in every pytest run of an
+environment where pytest-gpubench is installed, so it imports only light modules
+(the option table, stash keys, the matrix-file scan). The rest of the plugin
+(settings, fixtures, the run's lifecycle, terminal and xdist hooks, and everything
+they import) is loaded by :class:`Gate` the first time the run needs it:
+
+* at configure, when the command line names matrix files (or directories holding
+  some) or uses a ``--gpubench-*`` option, or when this is an xdist worker of such
+  a run;
+* else during collection, when a matrix file or a ``gpubench``-marked test turns up;
+* else, on an xdist controller, when the first cell's report arrives.
+
+``--help``, ``--version`` and ``--markers`` never load it; the other modes that
+only show something (``--collect-only``, ``--fixtures``, ``--setup-plan``) load
+what collection needs, and nothing that writes (``matrix_scan.real_run``).
 """
 
 from __future__ import annotations
 
-import fnmatch
 import os
-from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from . import fixtures
-from .collect import MatrixFile, cells_for_marker, describe_failure
-from .errors import MatrixError, UsageProblem
-from .lifecycle import RunLifecycle
-from .matrix import Cell, cell_selected
-from .outcome import write_error_now
-from .resume import ResumePlan, plan_resume, still_to_run
-from .reuse_order import arrange_reuse_groups, prefer_loadgroup
-from .sandbox_process import SandboxProcess
-from .settings import OPTIONS, Settings, resolve
-from .stash import (
-    CELL_KEY,
-    GROUP_KEY,
-    NEXT_GROUP_KEY,
-    RECORD_KEY,
-    REPORTS_KEY,
-    RESUME_KEY,
-    RUN_CONTEXT_KEY,
-    SANDBOX_KEY,
-    SETTINGS_KEY,
-    run_context,
-)
-from .terminal import TerminalHooks
+from .matrix_scan import is_matrix_file, only_shows_options, real_run, runs_matrix_files
+from .options import OPTIONS, new_run_id
+from .stash import CELL_KEY, GROUP_KEY, NEXT_GROUP_KEY, REPORTS_KEY, RUN_CONTEXT_KEY, SANDBOX_KEY
 
 FILES_HELP = "glob patterns of matrix files to collect (default: gpubench_*.yaml)"
+MARKER = ("gpubench(matrix_file, gpu=None, provider=None, model=None): run this test once per "
+          "cell of a matrix file, with the gpubench fixtures")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("gpubench", "GPU benchmarks (pytest-gpubench)")
     for opt in OPTIONS:
-        kwargs = {"dest": f"gpubench_{opt.dest}", "help": opt.help}
+        kwargs: dict[str, Any] = {"dest": f"gpubench_{opt.dest}", "help": opt.argparse_help}
         if opt.action == "store_true":
             kwargs.update(action="store_true", default=None)
         else:
@@ -55,80 +50,137 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("gpubench_files", FILES_HELP, type="args", default=["gpubench_*.yaml"])
 
 
+class Gate:
+    """Loads the plugin's machinery (:func:`plugin_run.start`) once, when the run needs it."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.active = False
+        self.session: pytest.Session | None = None
+        #: The run id an xdist controller that is not active yet gives its workers, so
+        #: that cells found only by them (marked Python tests) still share one run.
+        self.run_id: str | None = None
+
+    def needed_at_start(self) -> bool:
+        config = self.config
+        if only_shows_options(config):
+            return False
+        workerinput = getattr(config, "workerinput", None)
+        if workerinput is not None:
+            return bool(workerinput.get("gpubench_active"))
+        given = any(config.getoption(f"gpubench_{opt.dest}") not in (None, False, []) for opt in OPTIONS)
+        return given or runs_matrix_files(config) or self._distributes_to_a_sandbox()
+
+    def _distributes_to_a_sandbox(self) -> bool:
+        """An xdist controller whose environment or ini asks for the sandbox: it must start it
+        before its workers do anything, even if only they find cells (marked Python tests)."""
+        if self.config.getoption("dist", "no") == "no":
+            return False
+        wanted = os.environ.get("GPUBENCH_SANDBOX", "") or self.config.getini("gpubench_sandbox") or ""
+        return str(wanted).strip().lower() in {"1", "true", "yes", "on"}
+
+    def activate(self) -> None:
+        if self.active:
+            return
+        self.active = True
+        from .plugin_run import start
+
+        start(self.config, self)
+
+    # ------------------------------------------------------------------ hooks
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.session = session
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """xdist controller: workers of an active run load the plugin at once; else they
+        load it lazily, as this process does, on one run id."""
+        if self.active:
+            node.workerinput["gpubench_active"] = True
+        else:
+            if self.run_id is None:
+                self.run_id = os.environ.get("GPUBENCH_RUN_ID") or new_run_id()
+            node.workerinput["gpubench_run_id"] = self.run_id
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """xdist controller: a cell's report is the first sign of cells (marked Python tests)."""
+        if self.active or report.when != "teardown":
+            return
+        if any(name == "gpubench_status" for name, _ in report.user_properties):
+            self.activate()
+            terminal = self.config.pluginmanager.get_plugin("gpubench-terminal")
+            if terminal is not None:  # registered just now: this report is the first of its table
+                terminal.pytest_runtest_logreport(report)
+
+
+GATE_KEY = pytest.StashKey[Gate]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "gpubench(matrix_file, gpu=None, provider=None, model=None): run this test once per "
-        "cell of a matrix file, with the gpubench fixtures",
-    )
-    settings = _settings(config)
-    workerinput = getattr(config, "workerinput", None)
-    if workerinput is not None:
-        # The controller chose the run id and owns the sandbox: share them.
-        settings = settings.model_copy(update={
-            "run_id": workerinput["gpubench_run_id"], "api": workerinput["gpubench_api"],
-        })
-        if workerinput.get("gpubench_loadgroup"):
-            config.option.loadgroup = True  # xdist then names grouped items after their group
-        if workerinput.get("gpubench_resume"):
-            config.stash[RESUME_KEY] = ResumePlan.model_validate(workerinput["gpubench_resume"])
-    else:
-        if settings.resume:
-            settings = _resumed(config, settings)
-        if settings.sandbox and not config.option.collectonly:
-            sandbox = SandboxProcess.start(settings)
-            config.stash[SANDBOX_KEY] = sandbox
-            settings = settings.model_copy(update={"api": sandbox.url})
-    config.stash[SETTINGS_KEY] = settings
-    config.pluginmanager.register(fixtures, "gpubench-fixtures")
-    # Before the terminal hooks: theirs run first, so the API is checked before start-up cleanup.
-    config.pluginmanager.register(RunLifecycle(config), "gpubench-lifecycle")
-    if workerinput is None:
-        config.pluginmanager.register(TerminalHooks(config), "gpubench-terminal")
-    if config.pluginmanager.hasplugin("xdist"):
-        from ._xdist import XdistHooks
-
-        config.pluginmanager.register(XdistHooks(), "gpubench-xdist")
-        if workerinput is None:
-            prefer_loadgroup(config)
+    config.addinivalue_line("markers", MARKER)
+    gate = config.stash[GATE_KEY] = Gate(config)
+    config.pluginmanager.register(gate, "gpubench-gate")
+    if gate.needed_at_start():
+        gate.activate()
 
 
-def _resumed(config: pytest.Config, settings: Settings) -> Settings:
-    """``--gpubench-resume``: record into that run; remember the cells it already finished."""
-    try:
-        plan = plan_resume(settings.manifest, settings.resume or "last")
-    except UsageProblem as exc:
-        raise pytest.UsageError(str(exc)) from None
-    config.stash[RESUME_KEY] = plan
-    return settings.model_copy(update={"run_id": plan.run_id})
+def _gate(config: pytest.Config) -> Gate | None:
+    return config.stash.get(GATE_KEY, None)
 
 
-def _settings(config: pytest.Config) -> Settings:
-    cli = {opt.dest: config.getoption(f"gpubench_{opt.dest}") for opt in OPTIONS}
+class MatrixFile(pytest.File):
+    """A ``gpubench_*.yaml`` matrix file.
 
-    def ini(name: str) -> object:
-        try:
-            return config.getini(name)
-        except ValueError:
-            return None
+    pytest asks every plugin about every file of a directory it visits, also when
+    the command line names one test module there: only a matrix file that is
+    collected loads the plugin's machinery (and ``collect.matrix_items`` builds its cells).
+    """
 
-    try:
-        return resolve(cli, os.environ, ini)
-    except UsageProblem as exc:
-        raise pytest.UsageError(str(exc)) from None
+    def collect(self) -> Any:
+        gate = _gate(self.config)
+        if gate is not None:
+            gate.activate()
+        from .collect import matrix_items
+
+        return matrix_items(self)
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> MatrixFile | None:
-    patterns = parent.config.getini("gpubench_files")
-    if file_path.suffix in (".yaml", ".yml") and any(fnmatch.fnmatch(file_path.name, p) for p in patterns):
+    if is_matrix_file(file_path.name, parent.config.getini("gpubench_files")):
         return MatrixFile.from_parent(parent, path=file_path)
     return None
+
+
+def _marked(obj: object) -> bool:
+    return any(getattr(mark, "name", None) == "gpubench" for mark in getattr(obj, "pytestmark", None) or ())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object) -> None:
+    """A ``gpubench``-marked test (or class, or module): load the fixtures before pytest
+    computes its fixture closure."""
+    gate = _gate(collector.config)
+    if gate is None or gate.active:
+        return
+    owners = [obj, getattr(collector, "obj", None)]
+    if isinstance(collector, pytest.Class):
+        owners.append(getattr(collector.parent, "obj", None))
+    if any(_marked(owner) for owner in owners):
+        gate.activate()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     marker = metafunc.definition.get_closest_marker("gpubench")
     if marker is None:
         return
+    gate = _gate(metafunc.config)
+    if gate is not None:
+        gate.activate()
+    from .collect import cells_for_marker
+    from .errors import MatrixError
+
     try:
         cells = cells_for_marker(marker, metafunc.definition.path, metafunc.config.rootpath)
     except MatrixError as exc:
@@ -138,64 +190,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which names loadgroup items after their xdist_group
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    settings = config.stash[SETTINGS_KEY]
-    selected, deselected = [], []
-    for item in items:
-        cell = _cell_of(item)
-        if cell is None:
-            selected.append(item)
-            continue
-        if cell_selected(cell, list(settings.gpu), list(settings.provider), list(settings.model)):
-            selected.append(item)
-        else:
-            deselected.append(item)
-    if deselected:
-        config.hook.pytest_deselected(items=deselected)
-        items[:] = selected
-    _disambiguate_record_keys(items)
-    plan = config.stash.get(RESUME_KEY, None)
-    if plan is not None:  # --gpubench-resume: only the resumed run's cells that did not succeed run
-        runs = still_to_run([item.stash.get(RECORD_KEY, None) for item in items], plan)
-        if not all(runs):
-            config.hook.pytest_deselected(items=[item for item, run in zip(items, runs, strict=True) if not run])
-            items[:] = [item for item, run in zip(items, runs, strict=True) if run]
-    arrange_reuse_groups(config, items)
+    gate = _gate(config)
+    if gate is not None and gate.active:
+        from .plugin_run import arrange_items
 
-
-def _disambiguate_record_keys(items: list[pytest.Item]) -> None:
-    """Two matrix files may hold the same cell: their manifest rows must not merge.
-
-    A key used by more than one item gets its matrix file's name appended
-    (``RTX_4090-vastai-qwen2:7b@gpubench_quick``); unique keys stay plain.
-    """
-    keyed = [item for item in items if RECORD_KEY in item.stash]
-    counts = Counter(item.stash[RECORD_KEY] for item in keyed)
-    for item in keyed:
-        key = item.stash[RECORD_KEY]
-        if counts[key] > 1:
-            item.stash[RECORD_KEY] = f"{key}@{Path(item.stash[CELL_KEY].source).stem}"
+        arrange_items(config, items)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Record every cell that will run as ``pending`` (after -k and every other filter)."""
-    config = session.config
-    cells = [(item.stash[RECORD_KEY], item.stash[CELL_KEY]) for item in session.items if CELL_KEY in item.stash]
-    if cells and not config.option.collectonly:
-        context = run_context(config)
-        for key, cell in cells:
-            context.manifest.add_cell(context.run_id, key, gpu_type=cell.gpu, provider=cell.provider,
-                                      model=cell.model, matrix_file=cell.source)
+    gate = _gate(session.config)
+    if gate is not None and gate.active and real_run(session.config):
+        from .plugin_run import record_pending
 
-
-def _cell_of(item: pytest.Item) -> Cell | None:
-    cell = item.stash.get(CELL_KEY, None)
-    if cell is None:
-        callspec = getattr(item, "callspec", None)
-        cell = callspec.params.get("gpubench_cell") if callspec is not None else None
-        if isinstance(cell, Cell):
-            item.stash[CELL_KEY] = cell
-            item.stash[RECORD_KEY] = f"{cell.cell_id}@{getattr(item, 'originalname', item.name)}"
-    return cell if isinstance(cell, Cell) else None
+        record_pending(session)
 
 
 @pytest.hookimpl(tryfirst=True)  # before the fixtures' teardown: a kept session needs to know
@@ -211,12 +219,28 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
         error = call.excinfo.value if call.excinfo is not None else None
         item.stash.setdefault(REPORTS_KEY, {})[call.when] = (report, error)
         if report.failed and call.when != "teardown":
+            from .outcome import write_error_now  # the ERROR line before pytest writes the cell's letter
+
             write_error_now(item)
         if call.when == "setup" and error is not None:
+            from .collect import describe_failure
+
             text = describe_failure(error, item)
             if text is not None:
                 report.longrepr = text
     return report
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The filters selected nothing: say which values exist (also under ``--collect-only``)."""
+    gate = _gate(config)
+    if (gate is None or not gate.active or exitstatus != pytest.ExitCode.NO_TESTS_COLLECTED
+            or hasattr(config, "workerinput")):
+        return
+    from .hints import filter_hint_lines
+
+    for line in filter_hint_lines(config):
+        terminalreporter.write_line(f"gpubench: {line}", yellow=True)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -48,10 +48,13 @@ def arrange_reuse_groups(config: pytest.Config, items: list[pytest.Item]) -> Non
         item.stash[GROUP_KEY] = group
         if group is not None:
             members.setdefault(group, []).append((item.stash[RECORD_KEY], cell))
+    marks: dict[str, pytest.MarkDecorator] = {}  # one per group: 10,000 cells need not build 10,000 marks
     for item in arranged:
         group = item.stash[GROUP_KEY]
         if group is not None and len(members[group]) > 1:
-            item.add_marker(pytest.mark.xdist_group(group))
+            if group not in marks:
+                marks[group] = pytest.mark.xdist_group(group)
+            item.add_marker(marks[group])
     config.stash[REUSE_GROUPS_KEY] = members
 
 

@@ -1,20 +1,24 @@
-"""``config.stash`` / ``item.stash`` keys, and the run context's one creator."""
+"""``config.stash`` / ``item.stash`` keys, and the run context's one creator.
+
+Imported by the plugin at load: the types named here are imported only for type
+checkers, and the run context's modules only when one is created.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .matrix import Cell
-from .processes import ProcessIdentity
-from .run import RunContext
-from .settings import Settings
+if TYPE_CHECKING:
+    from .matrix import Cell  # noqa: F401 - named in a string, for type checkers
+    from .run import RunContext
+    from .settings import Settings  # noqa: F401 - named in a string, for type checkers
 
-SETTINGS_KEY = pytest.StashKey[Settings]()
-RUN_CONTEXT_KEY = pytest.StashKey[RunContext]()
+SETTINGS_KEY = pytest.StashKey["Settings"]()
+RUN_CONTEXT_KEY = pytest.StashKey["RunContext"]()
 #: The matrix cell of an item (matrix items and marker-parametrized tests).
-CELL_KEY = pytest.StashKey[Cell]()
+CELL_KEY = pytest.StashKey["Cell"]()
 #: The manifest key of an item: the cell id, plus the test name for Python tests.
 RECORD_KEY = pytest.StashKey[str]()
 RECORDER_KEY = pytest.StashKey[Any]()
@@ -31,12 +35,19 @@ NEXT_GROUP_KEY = pytest.StashKey[Any]()
 LEASE_KEY = pytest.StashKey[Any]()
 #: ``{group: [(record key, cell), ...]}`` in run order, from collection.
 REUSE_GROUPS_KEY = pytest.StashKey[dict]()
+#: What the --gpubench-gpu/provider/model filters kept out of collection (``filters.FilterTally``).
+FILTER_TALLY_KEY = pytest.StashKey[Any]()
+#: Whether the command line names matrix files (``matrix_scan.runs_matrix_files``), found once.
+MATRIX_ARGS_KEY = pytest.StashKey[bool]()
 
 
 def run_context(config: pytest.Config) -> RunContext:
     """This process's ``RunContext``, created on first use."""
     context = config.stash.get(RUN_CONTEXT_KEY, None)
     if context is None:
+        from .processes import ProcessIdentity
+        from .run import RunContext
+
         workerinput = getattr(config, "workerinput", {})
         worker = workerinput.get("workerid", "main")
         # A worker's run is owned by its controller: that is the process cleanup checks.

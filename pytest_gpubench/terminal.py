@@ -6,16 +6,15 @@ the single pytest process).
 
 from __future__ import annotations
 
-import fnmatch
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .budget import skipped_by_budget, spend_of, summary_line
-from .errors import ApiUnreachable, MatrixError
+from .errors import ApiUnreachable
 from .live import LiveProgress, own_line
+from .matrix_scan import runs_matrix_files
 from .sandbox_label import summary_title
 from .stash import SANDBOX_KEY, SETTINGS_KEY, run_context
 from .summary_table import SummaryTable
@@ -73,22 +72,6 @@ class TerminalHooks:
             context = run_context(self.config)
             context.manifest.finish_run(context.run_id, status)
 
-    def _no_match(self, terminalreporter: Any) -> None:
-        """The --gpu/--provider/--model filters selected nothing: say which values exist."""
-        from .hints import matrix_paths, no_match_message  # only on this path: loading stays light
-        from .matrix import load_cells
-
-        settings = self.config.stash[SETTINGS_KEY]
-        cells = []
-        for path in matrix_paths(self.config.args, self.config.getini("gpubench_files")):
-            try:
-                cells += load_cells(path)
-            except MatrixError:
-                continue  # reported at collection already
-        message = no_match_message(cells, settings.gpu, settings.provider, settings.model)
-        for line in (message or "").splitlines():
-            terminalreporter.write_line(f"gpubench: {line}", yellow=True)
-
     def _billed(self, run_id: str) -> float | None:
         """What the run's sessions cost (the attempts table, where a shared session is one
         row), or None when it has none (cells that never rented)."""
@@ -100,8 +83,6 @@ class TerminalHooks:
 
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
         settings = self.config.stash[SETTINGS_KEY]
-        if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and (settings.gpu or settings.provider or settings.model):
-            self._no_match(terminalreporter)
         if self.summary.rows:
             if settings.columns:
                 self.summary.columns = settings.columns
@@ -130,19 +111,3 @@ class TerminalHooks:
             if left:
                 terminalreporter.write_line(
                     f"gpubench sandbox: {len(left)} session(s) still running: {', '.join(left)}", red=True)
-
-
-def runs_matrix_files(config: pytest.Config) -> bool:
-    """Whether the command line names matrix files, or directories holding some."""
-    patterns = config.getini("gpubench_files")
-    for arg in config.args:
-        path = Path(arg.split("::", 1)[0])
-        if path.is_file():
-            candidates: Any = [path]
-        elif path.is_dir():
-            candidates = path.rglob("*.y*ml")
-        else:
-            continue
-        if any(any(fnmatch.fnmatch(p.name, pat) for pat in patterns) for p in candidates):
-            return True
-    return False

@@ -1,7 +1,10 @@
-"""Fixtures shared by the sandbox tests: one emulated GPU Shopper per test module."""
+"""Fixtures shared by the tests: the emulated GPU Shopper in-process (one per test module)
+or standalone, as a user starts it. Shared helpers live in plain modules (e2e_helpers.py)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import httpx
@@ -25,3 +28,18 @@ def api(sandbox: SandboxThread) -> Iterator[httpx.Client]:
     """An HTTP client for :func:`sandbox`."""
     with httpx.Client(base_url=sandbox.url, timeout=30) as client:
         yield client
+
+
+@pytest.fixture
+def standalone_sandbox() -> Iterator[str]:
+    """``gpubench sandbox`` as a user starts it, on a free port; yields its URL."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pytest_gpubench.cli", "sandbox", "--port", "0", "--time-scale", "0.02",
+         "--exit-with-stdin"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    line = process.stdout.readline()
+    assert line.startswith("GPUBENCH_SANDBOX_URL="), line
+    yield line.split("=", 1)[1].strip()
+    process.terminate()
+    process.wait(30)

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 from polling import wait_for
-from test_export_upload import make_result
+from result_helpers import make_result
 
 from pytest_gpubench.browse import _QUERIES, datasette_metadata, read_schema
 from pytest_gpubench.cli import main

@@ -16,13 +16,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import sqlite_utils
+from e2e_helpers import PytestRun, active_sessions
 from polling import wait_for
-from test_e2e_sandbox import standalone_sandbox  # noqa: F401 - the fixture, reused
 
 from pytest_gpubench.cleanup import Outcome, owning_run, release, stage_reached
 from pytest_gpubench.cli import main as gpubench
@@ -321,59 +320,7 @@ def test_resume_with_an_unknown_run_is_a_usage_error(pytester, tmp_path, monkeyp
 
 # ------------------------------------------------------- end to end, interrupted
 
-REPO = Path(__file__).resolve().parents[1]
-QUICK = REPO / "matrix" / "gpubench_quick.yaml"
 ONE_CELL = "4090 and 1.5b"
-
-
-class PytestRun:
-    """``pytest`` as a user runs it, in its own process group, against a standalone sandbox."""
-
-    def __init__(self, tmp_path: Path, url: str, *args: str, name: str = "run", target: Path = QUICK,
-                 cache: bool = False) -> None:
-        self.reports = tmp_path / "reports"
-        self.manifest = self.reports / "manifest.db"
-        self.url = url
-        self.output = tmp_path / f"{name}.out"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
-        cache_args = ["-o", f"cache_dir={tmp_path / 'cache'}"] if cache else ["-p", "no:cacheprovider"]
-        command = [sys.executable, "-m", "pytest", str(target), *cache_args, "--gpubench-api", url,
-                   "--gpubench-time-scale", "0.02", "--gpubench-progress-interval", "0.5",
-                   "--gpubench-reports", str(self.reports), "--gpubench-manifest", str(self.manifest), *args]
-        with open(self.output, "w") as out:
-            # A session of its own: a terminal's Ctrl-C reaches the whole group, as killpg does here.
-            self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                            text=True, start_new_session=True)
-
-    def finish(self, timeout: float = 300) -> str:
-        try:
-            self.process.wait(timeout)
-        finally:
-            if self.process.poll() is None:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(30)
-        return self.output.read_text()
-
-    def measuring(self, cells: int = 1, timeout: float = 180) -> list[Path]:
-        """Wait until ``cells`` cells are in the benchmark stage (their progress files say so)."""
-
-        def ready() -> list[Path]:
-            assert self.process.poll() is None, self.output.read_text()[-3000:]
-            logs = [p for p in self.reports.glob("progress/*/*.log") if "PROGRESS: requests=" in p.read_text()]
-            return logs if len(logs) >= cells else []
-
-        return wait_for(ready, timeout, f"{cells} cell(s) to be measuring")
-
-    def rows(self) -> list[dict[str, Any]]:
-        return list(sqlite_utils.Database(self.manifest)["benchmark_manifest"].rows)
-
-    def run_row(self) -> dict[str, Any]:
-        (row,) = list(sqlite_utils.Database(self.manifest)["runs"].rows)
-        return row
-
-
-def active_sessions(url: str) -> list[dict[str, Any]]:
-    return [s for s in httpx.get(f"{url}/sandbox/state").json()["sessions"] if s["status"] in ACTIVE]
 
 
 def cleanup_finds_nothing(run: PytestRun) -> None:
@@ -404,7 +351,7 @@ def worker_holding(controller: int, path: Path) -> int:
 
 
 @pytest.fixture
-def sandbox_url(standalone_sandbox):  # noqa: F811 - the fixture of test_e2e_sandbox
+def sandbox_url(standalone_sandbox):
     return standalone_sandbox
 
 

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 import sqlite_utils
-from test_e2e_sandbox import REPO, run_pytest, standalone_sandbox  # noqa: F401 - fixture reuse
+from e2e_helpers import run_pytest
 
 from pytest_gpubench.sandbox.catalog import load_catalog
 from pytest_gpubench.sandbox.ollama_schedule import batch_slowdown

@@ -12,26 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 import sqlite_utils
+from e2e_helpers import QUICK, REPO, SEED, manifest_rows, run_pytest
 from polling import wait_for
 
 from pytest_gpubench.progress import read_progress
 from pytest_gpubench.sandbox.catalog import load_catalog
-
-REPO = Path(__file__).resolve().parents[1]
-QUICK = REPO / "matrix" / "gpubench_quick.yaml"
-SEED = REPO / "matrix" / "gpubench_seed.yaml"
-
-
-def run_pytest(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
-    command = [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider",
-               "--gpubench-reports", str(tmp_path / "reports"),
-               "--gpubench-manifest", str(tmp_path / "reports" / "manifest.db")]
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def manifest_rows(tmp_path: Path) -> list[dict]:
-    return list(sqlite_utils.Database(tmp_path / "reports" / "manifest.db")["benchmark_manifest"].rows)
 
 
 @pytest.mark.slow
@@ -107,21 +92,6 @@ def test_quick_matrix_with_xdist_records_everything(tmp_path):
     outputs = [done.stdout, done.stderr, junit.read_text()]
     outputs += [p.read_bytes().decode("utf-8", "replace") for p in (tmp_path / "reports").rglob("*") if p.is_file()]
     assert not any("PRIVATE KEY" in text for text in outputs)
-
-
-@pytest.fixture
-def standalone_sandbox(tmp_path):
-    """``gpubench sandbox`` as a user starts it, on a free port."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pytest_gpubench.cli", "sandbox", "--port", "0", "--time-scale", "0.02",
-         "--exit-with-stdin"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
-    line = process.stdout.readline()
-    assert line.startswith("GPUBENCH_SANDBOX_URL="), line
-    yield line.split("=", 1)[1].strip()
-    process.terminate()
-    process.wait(30)
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 import httpx
 import pytest
 import sqlite_utils
-from test_e2e_sandbox import run_pytest, standalone_sandbox  # noqa: F401 - fixture reuse
+from e2e_helpers import assert_every_session_released, run_pytest, sandbox_sessions
 
 from pytest_gpubench.aio import run as run_async
 from pytest_gpubench.budget import (
@@ -370,20 +370,6 @@ def cell_and_attempts(tmp_path) -> tuple[dict, list[dict]]:
     (cell,) = list(db["benchmark_manifest"].rows)
     attempts = sorted(db["attempts"].rows_where("manifest_id = ?", [cell["id"]]), key=lambda a: a["attempt"])
     return cell, attempts
-
-
-def sandbox_sessions(url: str) -> list[dict]:
-    return httpx.get(f"{url}/sandbox/state").json()["sessions"]
-
-
-def assert_every_session_released(url: str, create_refused: int = 0) -> None:
-    """Every session that got an instance ended ``stopped``; those the provider refused at
-    create never had one (the server keeps them ``failed``, with no id for the client)."""
-    sessions = sandbox_sessions(url)
-    refused = [s for s in sessions if s["status"] == "failed"]
-    assert len(refused) == create_refused, sessions
-    assert all(s["error"].startswith("provider create failed") and not s.get("ssh_host") for s in refused)
-    assert all(s["status"] == "stopped" for s in sessions if s not in refused), sessions
 
 
 def progress_attempts(cell: dict) -> list[dict]:

@@ -23,9 +23,9 @@ from typing import Any
 import httpx
 import pytest
 import sqlite_utils
+from e2e_helpers import QUICK, REPO, manifest_rows, run_pytest
 from polling import wait_for
 from standin_helpers import Server, write_instance
-from test_e2e_sandbox import QUICK, REPO, manifest_rows, run_pytest, standalone_sandbox  # noqa: F401
 
 from pytest_gpubench.benchmark import LOADGEN_SOURCE, BenchmarkPlan, run_benchmark
 from pytest_gpubench.errors import BenchmarkInterrupted, Stage, StageError

@@ -60,11 +60,11 @@ def test_one_item_per_cell_with_readable_ids(project):
         (["-k", "deepseek"], 3),
         (["-k", "4090 and vastai"], 2),
         (["-k", "RTX4090"], 4),
-        (["--gpu", "RTX4090"], 4),
-        (["--gpu", "rtx 4090", "--provider", "tensordock"], 2),
-        (["--model", "deepseek-r1"], 3),
-        (["--model", "deepseek-r1:14b", "--model", "qwen2:7b"], 4),
-        (["--gpu", "A100"], 0),  # exact after normalising: "A100" is not "A100 80GB"
+        (["--gpubench-gpu", "RTX4090"], 4),
+        (["--gpubench-gpu", "rtx 4090", "--gpubench-provider", "tensordock"], 2),
+        (["--gpubench-model", "deepseek-r1"], 3),
+        (["--gpubench-model", "deepseek-r1:14b", "--gpubench-model", "qwen2:7b"], 4),
+        (["--gpubench-gpu", "A100"], 0),  # exact after normalising: "A100" is not "A100 80GB"
     ],
 )
 def test_selection(project, args, expected):
@@ -76,7 +76,7 @@ def test_selection(project, args, expected):
 
 
 def test_filters_report_deselected(project):
-    result = project.runpytest("--collect-only", "--gpu", "A100 80GB")
+    result = project.runpytest("--collect-only", "--gpubench-gpu", "A100 80GB")
     assert result.parseoutcomes()["deselected"] == 4
 
 
@@ -99,7 +99,7 @@ def test_bad_matrix_fails_collection_in_one_line(project):
 def test_bad_option_is_a_usage_error(project):
     result = project.runpytest("--gpubench-duration", "-1")
     assert result.ret == 4
-    result.stderr.fnmatch_lines(["ERROR: --gpubench-duration: '-1' must be a positive number"])
+    result.stderr.fnmatch_lines(["ERROR: --gpubench-duration: '-1' must be a number of seconds or a duration*"])
 
 
 def test_unreachable_api_stops_at_once_naming_url_and_sandbox(project, closed_port):
@@ -125,7 +125,7 @@ def test_python_tests_use_cells_through_the_marker(project):
         "test_mine.py::test_fast_enough[[]RTX_4090-tensordock-qwen2:7b[]]",
         "2 tests collected*",
     ])
-    narrowed = project.runpytest("--collect-only", "-q", "test_mine.py", "--provider", "vastai")
+    narrowed = project.runpytest("--collect-only", "-q", "test_mine.py", "--gpubench-provider", "vastai")
     assert narrowed.parseoutcomes()["deselected"] == 1
 
 

@@ -8,10 +8,8 @@ import subprocess
 import httpx
 import pytest
 import sqlite_utils
+from e2e_helpers import PytestRun, assert_every_session_released, run_pytest, sandbox_sessions
 from polling import wait_for
-from test_cleanup_resume import PytestRun
-from test_e2e_sandbox import REPO, run_pytest, standalone_sandbox  # noqa: F401 - fixture reuse
-from test_failover_budget import assert_every_session_released, sandbox_sessions
 
 from pytest_gpubench.errors import MatrixError
 from pytest_gpubench.matrix import expand, parse_matrix

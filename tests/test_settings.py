@@ -1,7 +1,7 @@
 import pytest
 
 from pytest_gpubench.errors import Stage, UsageProblem
-from pytest_gpubench.settings import DEFAULT_API, SANDBOX_TIME_SCALE, resolve
+from pytest_gpubench.settings import DEFAULT_API, OPTIONS_BY_DEST, SANDBOX_TIME_SCALE, resolve
 
 
 def no_ini(_name):
@@ -42,8 +42,9 @@ def test_sandbox_defaults_to_scaled_clock_with_floor():
 @pytest.mark.parametrize(
     ("cli", "env", "expected"),
     [
-        ({"duration": "-5"}, {}, "--gpubench-duration: '-5' must be a positive number"),
-        ({"duration": "100000"}, {}, "at most 86400"),
+        ({"duration": "-5"}, {}, "--gpubench-duration: '-5' must be a number of seconds or a duration "
+                                 "such as '90s', '5m', '1h30m' (more than 0, at most 24h)"),
+        ({"duration": "100000"}, {}, "at most 24h"),
         ({}, {"GPUBENCH_MAX_PRICE": "cheap"}, "environment variable GPUBENCH_MAX_PRICE: 'cheap' must be a number"),
         ({}, {"GPUBENCH_SANDBOX": "maybe"}, "GPUBENCH_SANDBOX: 'maybe' must be true or false"),
         ({"run_id": "a b;rm"}, {}, "--gpubench-run-id"),
@@ -64,3 +65,32 @@ def test_repeatable_filters():
     settings = resolve({"gpu": ["RTX4090", " A100 80GB "], "model": []}, {}, no_ini)
     assert settings.gpu == ("RTX4090", "A100 80GB")
     assert settings.model == ()
+
+
+DURATION_FLAGS = ("duration", "progress_interval", "stall_timeout", "telemetry_interval")
+
+
+@pytest.mark.parametrize("dest", DURATION_FLAGS)
+@pytest.mark.parametrize(("text", "seconds"), [("5m", 300.0), ("2s", 2.0), ("1h30m", 5400.0), ("90", 90.0),
+                                               ("0.5", 0.5), ("1m 30s", 90.0)])
+def test_duration_flags_take_what_the_matrix_takes(dest, text, seconds):
+    from pytest_gpubench.matrix_fields import parse_duration
+
+    assert getattr(resolve({dest: text}, {}, lambda _: None), dest) == seconds == parse_duration(text)
+
+
+@pytest.mark.parametrize("dest", DURATION_FLAGS)
+@pytest.mark.parametrize("text", ["5x", "0", "-2s", "25h", "soon", "nan", "inf"])
+def test_bad_durations_name_the_flag_and_what_is_allowed(dest, text):
+    flag = OPTIONS_BY_DEST[dest].flag
+    with pytest.raises(UsageProblem) as caught:
+        resolve({dest: text}, {}, lambda _: None)
+    assert str(caught.value) == (f"{flag}: {text!r} must be a number of seconds or a duration such as "
+                                 "'90s', '5m', '1h30m' (more than 0, at most 24h)")
+
+
+def test_duration_from_the_environment_and_ini_too():
+    assert resolve({}, {"GPUBENCH_PROGRESS_INTERVAL": "2s"}, lambda _: None).progress_interval == 2.0
+    assert resolve({}, {}, lambda key: "1m" if key == "gpubench_stall_timeout" else None).stall_timeout == 60.0
+    with pytest.raises(UsageProblem, match="environment variable GPUBENCH_DURATION: '5 min' must be a number"):
+        resolve({}, {"GPUBENCH_DURATION": "5 min"}, lambda _: None)

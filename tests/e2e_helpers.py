@@ -1,0 +1,105 @@
+"""What the end-to-end tests share: pytest as a user runs it, the manifest it writes,
+the sandbox's view of its sessions.
+
+A plain module, not a test module: test modules import from here (or get fixtures
+from ``conftest.py``), never from one another.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import sqlite_utils
+from polling import wait_for
+
+REPO = Path(__file__).resolve().parents[1]
+QUICK = REPO / "matrix" / "gpubench_quick.yaml"
+SEED = REPO / "matrix" / "gpubench_seed.yaml"
+#: Sandbox session states that still hold (or will hold) an instance.
+ACTIVE = {"pending", "provisioning", "running", "stopping"}
+
+
+def run_pytest(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """``pytest ARGS`` in the repository, recording into ``tmp_path/reports``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
+    command = [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider",
+               "--gpubench-reports", str(tmp_path / "reports"),
+               "--gpubench-manifest", str(tmp_path / "reports" / "manifest.db")]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def manifest_rows(tmp_path: Path) -> list[dict]:
+    """The cells :func:`run_pytest` recorded."""
+    return list(sqlite_utils.Database(tmp_path / "reports" / "manifest.db")["benchmark_manifest"].rows)
+
+
+class PytestRun:
+    """``pytest`` as a user runs it, in its own process group, against a standalone sandbox."""
+
+    def __init__(self, tmp_path: Path, url: str, *args: str, name: str = "run", target: Path = QUICK,
+                 cache: bool = False) -> None:
+        self.reports = tmp_path / "reports"
+        self.manifest = self.reports / "manifest.db"
+        self.url = url
+        self.output = tmp_path / f"{name}.out"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
+        cache_args = ["-o", f"cache_dir={tmp_path / 'cache'}"] if cache else ["-p", "no:cacheprovider"]
+        command = [sys.executable, "-m", "pytest", str(target), *cache_args, "--gpubench-api", url,
+                   "--gpubench-time-scale", "0.02", "--gpubench-progress-interval", "0.5",
+                   "--gpubench-reports", str(self.reports), "--gpubench-manifest", str(self.manifest), *args]
+        with open(self.output, "w") as out:
+            # A session of its own: a terminal's Ctrl-C reaches the whole group, as killpg does here.
+            self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                            text=True, start_new_session=True)
+
+    def finish(self, timeout: float = 300) -> str:
+        try:
+            self.process.wait(timeout)
+        finally:
+            if self.process.poll() is None:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(30)
+        return self.output.read_text()
+
+    def measuring(self, cells: int = 1, timeout: float = 180) -> list[Path]:
+        """Wait until ``cells`` cells are in the benchmark stage (their progress files say so)."""
+
+        def ready() -> list[Path]:
+            assert self.process.poll() is None, self.output.read_text()[-3000:]
+            logs = [p for p in self.reports.glob("progress/*/*.log") if "PROGRESS: requests=" in p.read_text()]
+            return logs if len(logs) >= cells else []
+
+        return wait_for(ready, timeout, f"{cells} cell(s) to be measuring")
+
+    def rows(self) -> list[dict[str, Any]]:
+        return list(sqlite_utils.Database(self.manifest)["benchmark_manifest"].rows)
+
+    def run_row(self) -> dict[str, Any]:
+        (row,) = list(sqlite_utils.Database(self.manifest)["runs"].rows)
+        return row
+
+
+def sandbox_sessions(url: str) -> list[dict]:
+    """Every session the sandbox at ``url`` knows, whatever its state."""
+    return httpx.get(f"{url}/sandbox/state").json()["sessions"]
+
+
+def active_sessions(url: str) -> list[dict[str, Any]]:
+    """The sandbox's sessions that still hold an instance."""
+    return [s for s in sandbox_sessions(url) if s["status"] in ACTIVE]
+
+
+def assert_every_session_released(url: str, create_refused: int = 0) -> None:
+    """Every session that got an instance ended ``stopped``; those the provider refused at
+    create never had one (the server keeps them ``failed``, with no id for the client)."""
+    sessions = sandbox_sessions(url)
+    refused = [s for s in sessions if s["status"] == "failed"]
+    assert len(refused) == create_refused, sessions
+    assert all(s["error"].startswith("provider create failed") and not s.get("ssh_host") for s in refused)
+    assert all(s["status"] == "stopped" for s in sessions if s not in refused), sessions
