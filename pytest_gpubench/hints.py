@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from .selection import filter_values, gpu_matches, model_matches, normalize_gpu, provider_matches, split_tag
