@@ -154,7 +154,15 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> MatrixFile
 
 
 def _marked(obj: object) -> bool:
-    return any(getattr(mark, "name", None) == "gpubench" for mark in getattr(obj, "pytestmark", None) or ())
+    """Whether ``obj`` carries the ``gpubench`` mark. ``pytestmark`` may be one mark or a
+    list of them, and a module may hold objects whose attribute access raises."""
+    try:
+        marks = getattr(obj, "pytestmark", None)
+    except Exception:  # noqa: BLE001 - any object may sit in a test module: not ours to judge
+        return False
+    if not isinstance(marks, (list, tuple)):
+        marks = [marks] if marks is not None else []
+    return any(getattr(mark, "name", None) == "gpubench" for mark in marks)
 
 
 @pytest.hookimpl(tryfirst=True)

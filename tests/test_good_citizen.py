@@ -244,6 +244,35 @@ def test_an_unrelated_suite_loads_only_the_light_modules(project):
     assert loaded_modules(project, "sub", "-n", "2") == LIGHT
 
 
+def test_other_projects_test_modules_collect_as_before(project):
+    """pytestmark as one mark (not a list), and module objects whose attributes raise."""
+    project.makeconftest(REPORT_MODULES)
+    project.makepyfile(test_theirs="""
+        import pytest
+
+        pytestmark = pytest.mark.slow
+
+        class Touchy:
+            def __getattr__(self, name):
+                raise RuntimeError("no attributes here")
+
+        touchy = Touchy()
+
+        class TestGrouped:
+            pytestmark = pytest.mark.slow
+
+            def test_in_class(self):
+                assert True
+
+        def test_one():
+            assert True
+    """)
+    project.makeini("[pytest]\nmarkers =\n    slow: theirs\n")
+    result = project.runpytest_subprocess("test_theirs.py", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    assert set((project.path / "modules.txt").read_text().split()) == LIGHT
+
+
 def test_a_matrix_or_marked_test_loads_the_rest(project):
     project.makeconftest(REPORT_MODULES)
     project.makepyfile(test_mine="""
