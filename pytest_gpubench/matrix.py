@@ -478,19 +478,23 @@ def _expand(matrix: Matrix) -> list[Cell]:
 
 
 _CELL_FIELDS = frozenset(Cell.model_fields)
+#: Fields a cell is built without (their defaults are plain values, set later, e.g. ``session_part``).
+_CELL_DEFAULTS = {name: field.default for name, field in Cell.model_fields.items()
+                  if not field.is_required() and field.default_factory is None}
 
 
 def _new_cell(values: dict[str, Any]) -> Cell:
     """A :class:`Cell` from parts the file's models validated already, without validating again.
 
-    What ``Cell.model_construct`` does, for a model with every field given and no
-    private or extra attributes, at a tenth of its cost (a 10,000-cell matrix builds
-    10,000 of them at collection).
+    What ``Cell.model_construct`` does, for a model with no private or extra
+    attributes, at a tenth of its cost (a 10,000-cell matrix builds 10,000 of them
+    at collection). Every field must be given but those with a plain default.
     """
-    assert values.keys() == _CELL_FIELDS, sorted(values.keys() ^ _CELL_FIELDS)
+    missing = _CELL_FIELDS - values.keys() - _CELL_DEFAULTS.keys()
+    assert not missing and values.keys() <= _CELL_FIELDS, sorted(missing | (values.keys() - _CELL_FIELDS))
     cell = Cell.__new__(Cell)
-    object.__setattr__(cell, "__dict__", values)
-    object.__setattr__(cell, "__pydantic_fields_set__", set(_CELL_FIELDS))
+    object.__setattr__(cell, "__dict__", {**_CELL_DEFAULTS, **values})
+    object.__setattr__(cell, "__pydantic_fields_set__", set(values))
     object.__setattr__(cell, "__pydantic_extra__", None)
     object.__setattr__(cell, "__pydantic_private__", None)
     return cell
