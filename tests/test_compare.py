@@ -51,11 +51,11 @@ def test_bad_rules_say_what_is_allowed(text, message):
 
 
 def test_settings_validate_the_rules_with_this_grammar():
-    from pytest_gpubench import settings
+    from pytest_gpubench import options
 
-    assert settings._compare_rules("tps:10%,ttft:20%") == "tps:10%,ttft:20%"
+    assert options._compare_rules("tps:10%,ttft:20%") == "tps:10%,ttft:20%"
     with pytest.raises(ValueError, match="unknown metric"):
-        settings._compare_rules("latency:10%")
+        options._compare_rules("latency:10%")
 
 
 # -------------------------------------------------------------------- comparing
