@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from xdist.scheduler import LoadGroupScheduling
 
+from .cell_overrides import apply_overrides
 from .matrix import Cell, load_cells
 from .processes import ProcessIdentity
 from .reuse_split import SplitPolicy, split_groups
-from .run import apply_overrides
 from .stash import RESUME_KEY, SETTINGS_KEY
 
 

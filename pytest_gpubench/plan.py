@@ -36,8 +36,8 @@ from .offers import Constraints, unfit
 from .plan_collect import collect_cells
 from .plan_estimates import SETUP_STAGES, StageHistory
 from .providers.shopper import OfferChoice, ShopperProvider
+from .reuse_estimates import order_for_reuse
 from .reuse_split import SplitPolicy, split_groups
-from .session_pool import order_for_reuse
 from .settings import Settings
 from .shopper import Offer, ShopperClient
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from .cell_overrides import apply_overrides
 from .errors import GpubenchError
 from .matrix import Cell
-from .run import apply_overrides
 from .settings import Settings
 from .stash import CELL_KEY, RECORD_KEY, SETTINGS_KEY
 

@@ -42,7 +42,7 @@ from typing import Any
 from .errors import Stage
 from .matrix import Cell, model_ref, normalize_gpu, normalize_provider
 from .progress import ProgressLine, read_progress
-from .session_pool import PULL_SECONDS_PER_GB
+from .reuse_estimates import PULL_SECONDS_PER_GB
 
 #: Typical seconds per setup stage on a real cloud. Seed 000's example run
 #: (progress file in its "Output File Example") times most of them:

@@ -30,8 +30,8 @@ from .offers import Constraints, next_offer
 from .progress import ProgressWriter
 from .providers.shopper import OfferChoice, consumer_id, reservation_hours
 from .record import CellRecorder
+from .reuse_estimates import disk_gb_for, estimated_cell_seconds, reservation_seconds
 from .run import RunContext
-from .session_pool import disk_gb_for, estimated_cell_seconds, reservation_seconds
 from .settings import MIN_SCALED_TIMEOUT
 from .shopper import CreatedSession, Offer, Session
 from .ssh_wait import SshWait, ssh_wait_for

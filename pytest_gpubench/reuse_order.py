@@ -11,9 +11,9 @@ import shlex
 
 import pytest
 
+from .cell_overrides import apply_overrides
+from .reuse_estimates import order_for_reuse
 from .reuse_split import SplitPolicy, split_groups
-from .run import apply_overrides
-from .session_pool import order_for_reuse
 from .stash import CELL_KEY, GROUP_KEY, RECORD_KEY, REUSE_GROUPS_KEY, SETTINGS_KEY
 
 

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from .matrix import Cell
 from .plan_estimates import DEFAULT_STAGE_SECONDS
-from .session_pool import PULL_SECONDS_PER_GB, planned_runs
+from .reuse_estimates import PULL_SECONDS_PER_GB, planned_runs
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
     from .settings import Settings

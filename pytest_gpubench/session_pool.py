@@ -25,7 +25,6 @@ budgeted for its own cells.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -37,6 +36,17 @@ from .progress import ProgressWriter
 from .record import CellRecorder, Outcome
 from .remote.system import free_disk_bytes
 from .results import HardwareInfo
+from .reuse_estimates import (  # noqa: F401 - re-exported: the pool's callers import them from here
+    DEFAULT_DISK_GB,
+    DISK_MARGIN_GB,
+    PULL_SECONDS_PER_GB,
+    SYSTEM_DISK_GB,
+    disk_gb_for,
+    estimated_cell_seconds,
+    order_for_reuse,
+    planned_runs,
+    reservation_seconds,
+)
 from .runtimes.ollama import OllamaRuntime, with_tag
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
@@ -44,62 +54,11 @@ if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from .provisioning import Provisioning
     from .run import RunContext
 
-#: Seconds of a typical model pull and load on top of a cell's benchmark, per GB of
-#: the model's VRAM need (seed 000: a 7B model pulls in about a minute).
-PULL_SECONDS_PER_GB = 8.0
-#: A session's disk holds the image and system (GPU Shopper's disk estimate: 10 GB
-#: Docker image + 5 GB OS) besides the models.
-SYSTEM_DISK_GB = 15
-#: Room beyond the largest model of a session: logs, checkpoints, a partial download.
-DISK_MARGIN_GB = 5
-#: What GPU Shopper's Vast.ai provider gives a session that asks for no size.
-DEFAULT_DISK_GB = 50
 #: Failures that say the session itself is unusable: its later cells rent a new one.
 SESSION_STAGES = frozenset({Stage.PROVISION, Stage.SSH_WAIT, Stage.SSH_CONNECT})
 SESSION_FAILURES = frozenset({"InstanceLost", "interrupted"})
 #: Statuses of a session that has ended.
 GONE_STATUSES = frozenset({"stopped", "failed", "not_found"})
-
-
-def planned_runs(cell: Cell, runs: int | None = None) -> int:
-    """Runs to plan for: ``--gpubench-runs``, else the matrix's count, else its maximum."""
-    return max(runs or cell.runs.count or cell.runs.max, 1)
-
-
-def estimated_cell_seconds(cell: Cell, runs: int | None = None, time_scale: float = 1.0) -> float:
-    """A cell's expected time on a session it did not rent: its model's pull (a wait, on the
-    run's clock), then its benchmark (real time)."""
-    return PULL_SECONDS_PER_GB * cell.vram_gb * time_scale + cell.workload.duration * planned_runs(cell, runs)
-
-
-def order_for_reuse(cells: Sequence[Cell | None], runs: int | None = None) -> list[int]:
-    """Indexes of ``cells`` in run order: each reuse group together, longest group first.
-
-    ``None`` entries (tests that are not matrix cells) and ``reuse: cell`` cells are
-    groups of their own. Ties keep the order of first appearance, and a group's cells
-    keep theirs, so the order is the same in every xdist worker.
-    """
-    groups: dict[object, list[int]] = {}
-    for index, cell in enumerate(cells):
-        key = cell.session_group if cell is not None and cell.session_group else ("single", index)
-        groups.setdefault(key, []).append(index)
-
-    def length(members: list[int]) -> float:
-        return sum(estimated_cell_seconds(cells[i], runs) for i in members if cells[i] is not None)
-
-    ordered = sorted(groups.values(), key=lambda members: (-length(members), members[0]))
-    return [index for members in ordered for index in members]
-
-
-def disk_gb_for(cells: Iterable[Cell]) -> int:
-    """Disk to ask for: the system, the largest model of the session's cells and a margin.
-
-    Models pulled earlier are removed when the next one would not fit, so the
-    largest one, not their sum, sets the size (as GPU Shopper's own benchmark runner
-    asks for 64 GB for a 70B model).
-    """
-    largest = max((cell.vram_gb for cell in cells), default=0)
-    return max(DEFAULT_DISK_GB, SYSTEM_DISK_GB + largest + DISK_MARGIN_GB)
 
 
 @dataclass
@@ -240,15 +199,6 @@ class SessionPool:
         """End of the run in this process: release whatever is still held."""
         for lease in list(self.leases.values()):
             self.release(lease, None, "the run is over")
-
-
-def reservation_seconds(cells: Sequence[Cell], runs: int | None = None) -> float:
-    """Benchmark seconds of ``cells`` back to back, plus the pulls of all but the first
-    (the first's setup is in the stage budget the reservation adds)."""
-    if not cells:
-        return 0.0
-    first, rest = cells[0], cells[1:]
-    return first.workload.duration * planned_runs(first, runs) + sum(estimated_cell_seconds(c, runs) for c in rest)
 
 
 GB = 1_000_000_000

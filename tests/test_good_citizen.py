@@ -224,7 +224,7 @@ REPORT_MODULES = """
     def pytest_sessionfinish(session):
         with open("modules.txt", "w") as out:
             out.write("\\n".join(sorted(m for m in sys.modules
-                                        if m.startswith(("pytest_gpubench", "asyncssh", "sqlite_utils")))))
+                                        if m.startswith(("pytest_gpubench", "asyncssh", "sqlite_utils", "httpx")))))
 """
 
 
@@ -286,6 +286,8 @@ def test_a_matrix_or_marked_test_loads_the_rest(project):
         modules = loaded_modules(project, *args)
         assert {"pytest_gpubench.collect", "pytest_gpubench.plugin_run"} <= modules, args
         assert "pytest_gpubench.fixtures" not in modules, args  # nothing runs, nothing needs them
+        # Ordering and splitting the run's reuse groups is arithmetic: no SSH, HTTP or SQLite.
+        assert not {"asyncssh", "httpx", "sqlite_utils"} & modules, args
     for args in (["gpubench_demo.yaml", "--fixtures"], ["test_mine.py", "--fixtures"]):
         assert "pytest_gpubench.fixtures" in loaded_modules(project, *args), args
 

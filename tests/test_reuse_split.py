@@ -9,9 +9,10 @@ import pytest
 
 from pytest_gpubench._xdist import MatrixGroups
 from pytest_gpubench.matrix import expand, parse_matrix
+from pytest_gpubench.reuse_estimates import reservation_seconds
 from pytest_gpubench.reuse_order import arrange_reuse_groups
 from pytest_gpubench.reuse_split import SplitPolicy, split_groups
-from pytest_gpubench.session_pool import SessionPool, reservation_seconds
+from pytest_gpubench.session_pool import SessionPool
 from pytest_gpubench.settings import DEFAULT_SPLIT_COST, Settings, resolve
 from pytest_gpubench.stash import CELL_KEY, GROUP_KEY, RECORD_KEY, REUSE_GROUPS_KEY, SETTINGS_KEY
 

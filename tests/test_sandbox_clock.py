@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_gpubench.cell_overrides import apply_overrides
 from pytest_gpubench.manifest import Manifest
 from pytest_gpubench.matrix import expand, load_matrix
 from pytest_gpubench.progress import read_progress
@@ -13,7 +14,6 @@ from pytest_gpubench.record import CellRecorder
 from pytest_gpubench.report import build_report
 from pytest_gpubench.report_html import render_html
 from pytest_gpubench.report_markdown import render_markdown
-from pytest_gpubench.run import apply_overrides
 from pytest_gpubench.sandbox_label import junit_property, progress_labels, summary_title
 from pytest_gpubench.settings import resolve
 

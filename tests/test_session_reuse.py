@@ -15,7 +15,7 @@ from pytest_gpubench.errors import MatrixError
 from pytest_gpubench.matrix import expand, parse_matrix
 from pytest_gpubench.progress import read_progress
 from pytest_gpubench.remote.system import parse_df_available
-from pytest_gpubench.session_pool import disk_gb_for, estimated_cell_seconds, order_for_reuse
+from pytest_gpubench.reuse_estimates import disk_gb_for, estimated_cell_seconds, order_for_reuse
 
 ORDER_MATRIX = """
 workload: {duration: 60}
