@@ -27,8 +27,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import UsageProblem
+from .catalog_path import DEFAULT_CATALOG  # noqa: F401 - re-exported
 
-DEFAULT_CATALOG = Path(__file__).with_name("catalog.yaml")
 TENSORDOCK_CONFIDENCE = 0.3
 
 
