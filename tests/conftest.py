@@ -3,6 +3,7 @@ or standalone, as a user starts it. Shared helpers live in plain modules (e2e_he
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -43,3 +44,11 @@ def standalone_sandbox() -> Iterator[str]:
     yield line.split("=", 1)[1].strip()
     process.terminate()
     process.wait(30)
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed): an API that never answers."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

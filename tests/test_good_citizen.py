@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 import os
 import re
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -51,13 +50,6 @@ matrix:
     provider: vastai
     model: deepseek-r1:32b
 """
-
-
-@pytest.fixture
-def closed_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture

@@ -1,6 +1,5 @@
 """The plugin as users meet it: collection, ids, selection, errors. (pytester)"""
 
-import socket
 import textwrap
 
 import pytest
@@ -17,13 +16,6 @@ matrix:
     provider: vastai
     model: deepseek-r1:32b
 """
-
-
-@pytest.fixture
-def closed_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
