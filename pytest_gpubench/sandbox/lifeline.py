@@ -55,6 +55,17 @@ def owner_token(pid: int | None = None) -> str:
     return f"{pid}:{_start_time(pid) or ''}"
 
 
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id exists (zombies count as gone when reapable)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def owner_alive(token: str) -> bool:
     """Whether the process ``token`` names still runs (a malformed token: assume it does)."""
     pid_text, _, started = token.partition(":")
@@ -63,13 +74,7 @@ def owner_alive(token: str) -> bool:
     except ValueError:
         return True
     if not os.path.isdir("/proc/self"):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return process_alive(pid)
     now = _start_time(pid)
     if now is None:
         return False

@@ -32,6 +32,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .lifeline import process_alive
+
 MODELS_FILE = "ollama_models.json"
 RUNTIME_FILE = "ollama_runtime.json"
 PID_FILE = "ollama.pid"
@@ -109,17 +111,6 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-
-
-def process_alive(pid: int) -> bool:
-    """Whether a process with this id exists (zombies count as gone when reapable)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class StateStore:
