@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from .errors import GpubenchError, MatrixError, StageError
-from .filters import FilterTally, split_by_filters
+from .filters import CellFilters, split_by_filters
 from .hints import UnknownGpuWarning, check_gpu_names
 from .matrix import Cell, load_cells
-from .stash import CELL_KEY, FILTER_TALLY_KEY, RECORD_KEY, RECORDER_KEY
+from .stash import CELL_FILTERS_KEY, CELL_KEY, RECORD_KEY, RECORDER_KEY
 
 
 def run_matrix_cell(request: pytest.FixtureRequest) -> None:
@@ -40,10 +40,10 @@ def matrix_items(matrix_file: pytest.File) -> Iterator[pytest.Item]:
         raise matrix_file.CollectError("\n".join(f"{cell.source}: {text}" for cell, text in typos))
     for cell, text in unknown:  # shown as the matrix file's warning, not this module's
         warnings.warn_explicit(UnknownGpuWarning(text), UnknownGpuWarning, cell.source, 0)
-    tally: FilterTally | None = matrix_file.config.stash.get(FILTER_TALLY_KEY, None)
+    filters: CellFilters | None = matrix_file.config.stash.get(CELL_FILTERS_KEY, None)
     dropped: list[Cell] = []
-    if tally is not None:  # --gpubench-gpu/provider/model: only the cells kept become real items
-        cells, dropped = split_by_filters(cells, tally)
+    if filters is not None:  # --gpubench-gpu/provider/model: only the cells kept become real items
+        cells, dropped = split_by_filters(cells, filters)
     fixtureinfo = None
     for cell in cells:
         # Every cell runs the same function: its fixture closure is computed once per file.

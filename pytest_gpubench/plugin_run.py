@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from .errors import UsageProblem
-from .filters import split_by_filters, tally_for
+from .filters import CellFilters, split_by_filters
 from .matrix import Cell
 from .matrix_scan import real_run
 from .reuse_order import arrange_reuse_groups
 from .settings import OPTIONS, Settings, resolve
-from .stash import CELL_KEY, FILTER_TALLY_KEY, RECORD_KEY, RESUME_KEY, SANDBOX_KEY, SETTINGS_KEY, run_context
+from .stash import CELL_FILTERS_KEY, CELL_KEY, RECORD_KEY, RESUME_KEY, SANDBOX_KEY, SETTINGS_KEY, run_context
 
 # The fixtures, the lifecycle, the terminal and xdist hooks and resume import what a
 # real run needs (SSH, HTTP, the manifest); they are imported where used, so that
@@ -61,7 +61,7 @@ def start(config: pytest.Config, gate: Any) -> None:
             config.stash[SANDBOX_KEY] = sandbox
             settings = settings.model_copy(update={"api": sandbox.url})
     config.stash[SETTINGS_KEY] = settings
-    config.stash[FILTER_TALLY_KEY] = tally_for(settings)
+    config.stash[CELL_FILTERS_KEY] = CellFilters.of(settings)
     if config.option.collectonly:
         return  # nothing runs and no fixture is shown: the fixtures' imports can wait for a run
     from . import fixtures
@@ -123,7 +123,7 @@ def arrange_items(config: pytest.Config, items: list[pytest.Item]) -> None:
     """
     from .collect import FilteredCell
 
-    tally = config.stash[FILTER_TALLY_KEY]
+    filters = config.stash[CELL_FILTERS_KEY]
     selected: list[pytest.Item] = []
     deselected: list[pytest.Item] = []
     marked: list[pytest.Item] = []
@@ -136,7 +136,7 @@ def arrange_items(config: pytest.Config, items: list[pytest.Item]) -> None:
         else:
             selected.append(item)
     if marked:
-        _, dropped = split_by_filters([item.stash[CELL_KEY] for item in marked], tally)
+        _, dropped = split_by_filters([item.stash[CELL_KEY] for item in marked], filters)
         if dropped:
             out = {id(cell) for cell in dropped}
             gone = {id(item) for item in marked if id(item.stash[CELL_KEY]) in out}

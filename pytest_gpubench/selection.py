@@ -1,6 +1,6 @@
 """Cell names and selection: GPU/provider/model matching, test ids, VRAM needs.
 
-What ``--gpu``, ``--provider`` and ``--model`` use (:func:`cell_selected`), how a
+What ``--gpubench-gpu``, ``--gpubench-provider`` and ``--gpubench-model`` use (:func:`cell_selected`), how a
 cell's test id is formed (:func:`cell_id`, with its load point), and how much GPU memory a model needs
 (seed 000's table, else inferred from the parameter count in its tag).
 """
@@ -103,7 +103,7 @@ def cell_selected(
     providers: Iterable[str] | None = (),
     models: Iterable[str] | None = (),
 ) -> bool:
-    """True if ``cell`` passes the ``--gpu``/``--provider``/``--model`` filters.
+    """True if ``cell`` passes the ``--gpubench-gpu``/``-provider``/``-model`` filters.
 
     Within one filter any value may match; an empty filter selects everything.
     """

@@ -35,8 +35,8 @@ NEXT_GROUP_KEY = pytest.StashKey[Any]()
 LEASE_KEY = pytest.StashKey[Any]()
 #: ``{group: [(record key, cell), ...]}`` in run order, from collection.
 REUSE_GROUPS_KEY = pytest.StashKey[dict]()
-#: What the --gpubench-gpu/provider/model filters kept out of collection (``filters.FilterTally``).
-FILTER_TALLY_KEY = pytest.StashKey[Any]()
+#: The run's --gpubench-gpu/provider/model filters (``filters.CellFilters``).
+CELL_FILTERS_KEY = pytest.StashKey[Any]()
 #: Whether the command line names matrix files (``matrix_scan.runs_matrix_files``), found once.
 MATRIX_ARGS_KEY = pytest.StashKey[bool]()
 
