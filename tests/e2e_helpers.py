@@ -21,6 +21,18 @@ from polling import wait_for
 REPO = Path(__file__).resolve().parents[1]
 QUICK = REPO / "matrix" / "gpubench_quick.yaml"
 SEED = REPO / "matrix" / "gpubench_seed.yaml"
+#: A small matrix of five cells (two GPUs, two providers, three models) for plugin tests
+#: that collect, filter or hint and never rent.
+DEMO_MATRIX = """
+workload: {duration: 5s, max_tokens: 32}
+matrix:
+  - gpu: RTX 4090
+    providers: [vastai, tensordock]
+    models: [qwen2:7b, deepseek-r1:14b]
+  - gpu: A100 80GB
+    provider: vastai
+    model: deepseek-r1:32b
+"""
 #: Sandbox session states that still hold (or will hold) an instance.
 ACTIVE = {"pending", "provisioning", "running", "stopping"}
 

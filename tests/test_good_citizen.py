@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from e2e_helpers import DEMO_MATRIX as MATRIX
 from e2e_helpers import REPO
 
 
@@ -40,16 +41,6 @@ def test_no_test_module_imports_another():
     assert offenders == []
 
 
-MATRIX = """
-workload: {duration: 5s, max_tokens: 32}
-matrix:
-  - gpu: RTX 4090
-    providers: [vastai, tensordock]
-    models: [qwen2:7b, deepseek-r1:14b]
-  - gpu: A100 80GB
-    provider: vastai
-    model: deepseek-r1:32b
-"""
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ import socket
 import warnings
 
 import pytest
+from e2e_helpers import DEMO_MATRIX as MATRIX
 
 from pytest_gpubench.hints import (
     KNOWN_GPUS,
@@ -22,16 +23,6 @@ from pytest_gpubench.settings import OPTIONS
 #: The filter flags as the plugin spells them (a rename keeps these tests right).
 FLAG = {opt.dest: opt.flag for opt in OPTIONS if opt.dest in ("gpu", "provider", "model")}
 
-MATRIX = """
-workload: {duration: 5s, max_tokens: 32}
-matrix:
-  - gpu: RTX 4090
-    providers: [vastai, tensordock]
-    models: [qwen2:7b, deepseek-r1:14b]
-  - gpu: A100 80GB
-    provider: vastai
-    model: deepseek-r1:32b
-"""
 
 
 @pytest.fixture
