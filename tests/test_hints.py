@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import warnings
 
 import pytest
@@ -109,13 +108,10 @@ def test_each_name_is_checked_once_per_matrix(tmp_path):
 
 
 @pytest.fixture
-def project(pytester, monkeypatch):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+def project(pytester, monkeypatch, closed_port):
     pytester.makefile(".yaml", gpubench_demo=MATRIX)
     pytester.makeini("[pytest]\n")
-    monkeypatch.setenv("GPUBENCH_API_BASE", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("GPUBENCH_API_BASE", f"http://127.0.0.1:{closed_port}")
     monkeypatch.setenv("GPUBENCH_MANIFEST", str(pytester.path / "reports" / "manifest.db"))
     return pytester
 
