@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass, field
 
 from .aio import run as run_async
-from .cell_overrides import apply_overrides  # noqa: F401 - re-exported
+from .cell_overrides import apply_overrides
 from .errors import ApiUnreachable
 from .manifest import Manifest
 from .matrix import Cell

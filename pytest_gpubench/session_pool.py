@@ -15,7 +15,7 @@ the ``attempts`` table) carries the whole bill, so a run's spend is unchanged;
 each cell's ``cost_usd`` is its share, the time it held the session (the first
 cell's share includes the setup).
 
-Order matters too: :func:`order_for_reuse` puts a group's cells next to each other,
+Order matters too: :func:`.reuse_estimates.order_for_reuse` puts a group's cells next to each other,
 longest group first, so that under ``pytest-xdist --dist loadgroup`` (each group
 an ``xdist_group``) the longest groups start first and the run ends sooner. When
 workers would idle, :mod:`.reuse_split` splits a group over more sessions first:
@@ -36,17 +36,6 @@ from .progress import ProgressWriter
 from .record import CellRecorder, Outcome
 from .remote.system import free_disk_bytes
 from .results import HardwareInfo
-from .reuse_estimates import (  # noqa: F401 - re-exported: the pool's callers import them from here
-    DEFAULT_DISK_GB,
-    DISK_MARGIN_GB,
-    PULL_SECONDS_PER_GB,
-    SYSTEM_DISK_GB,
-    disk_gb_for,
-    estimated_cell_seconds,
-    order_for_reuse,
-    planned_runs,
-    reservation_seconds,
-)
 from .runtimes.ollama import OllamaRuntime, with_tag
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
