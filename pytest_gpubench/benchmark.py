@@ -44,6 +44,7 @@ class BenchmarkPlan:
     seed: int = 0
     request_timeout: float = 120.0
     think: bool | None = None  # the request's ``think``; None leaves the runtime's default
+    cut_at_deadline: bool = False  # requests in flight at the deadline are cut (incomplete), not awaited
 
     def config(self, ollama_url: str) -> dict[str, Any]:
         return {
@@ -61,6 +62,7 @@ class BenchmarkPlan:
             "concurrency": self.concurrency,
             "request_timeout": self.request_timeout,
             "think": self.think,
+            "cut_at_deadline": self.cut_at_deadline,
         }
 
 

@@ -104,7 +104,7 @@ class Bench:
             progress_interval=workload.progress_interval, checkpoint_every=workload.checkpoint_every,
             checkpoint_path=str(checkpoint), concurrency=self.cell.concurrency, rate=self.cell.rate,
             seed=run_index, request_timeout=self._run.settings.stall_seconds(workload.stall_timeout),
-            think=workload.think,
+            think=workload.think, cut_at_deadline=self._run.settings.cut_at_deadline,
         )
 
     def run(self) -> BenchmarkResult:

@@ -144,7 +144,8 @@ def _ms(name: str, header: str, definition: str, fallback: str | None = None) ->
 
 FIGURES: dict[str, Figure] = {f.name: f for f in (
     Figure("output_tokens_per_second", "output tok/s", "tokens/s",
-           "output throughput: output tokens of the successful measured requests / measured duration",
+           "output throughput: output tokens of the successful measured requests (and of incomplete ones, "
+           "up to the cut) / measured duration",
            lambda s: output_tokens_per_second(s.results)),
     Figure("decode_tokens_per_second", "decode tok/s", "tokens/s",
            "per-request mean decode rate: the mean over requests of (tokens - 1) / (last token - first token) "
@@ -195,8 +196,11 @@ FIGURES: dict[str, Figure] = {f.name: f for f in (
     Figure("match_rate", "match", "fraction 0-1",
            "quality check: matching / checked answers (only when a prompt expects an answer)", _match_rate,
            pattern="{:.1%}", digits=4),
-    Figure("requests", "requests", "requests", "measured requests, successful or not",
+    Figure("requests", "requests", "requests", "measured requests: successful, failed or incomplete",
            lambda s: s.results.get("total_requests"), pattern="{}"),
+    Figure("incomplete_requests", "incomplete", "requests",
+           "measured requests still streaming at the end of the duration, cut there (the sandbox's clock only)",
+           lambda s: s.metrics.get("incomplete"), pattern="{}"),
     Figure("errors", "errors", "requests", "measured requests that failed",
            lambda s: s.results.get("total_errors"), pattern="{}"),
     Figure("error_rate", "error rate", "fraction 0-1", "failed / measured requests",

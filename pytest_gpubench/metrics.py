@@ -126,13 +126,14 @@ class DetailedMetrics(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     # Requests
-    requests: int = 0  # measured requests, successful or not
+    requests: int = 0  # measured requests: successful, failed or incomplete
     successful: int = 0
     errors: int = 0
+    incomplete: int = 0  # still streaming at the deadline and cut there (the sandbox's clock)
     error_rate: float = 0.0  # errors / requests
     duration_seconds: float = 0.0
 
-    # Time to first token, successful requests
+    # Time to first token, successful and incomplete requests
     ttft_avg_ms: float | None = None
     ttft_p50_ms: float | None = None
     ttft_p90_ms: float | None = None
@@ -149,7 +150,7 @@ class DetailedMetrics(BaseModel):
     itl_p99_ms: float | None = None
     itl_max_ms: float | None = None
 
-    # Time per output token, one value per successful request with two tokens or more
+    # Time per output token, one value per successful or incomplete request with two tokens or more
     tpot_avg_ms: float | None = None
     tpot_p50_ms: float | None = None
     tpot_p95_ms: float | None = None
@@ -162,9 +163,9 @@ class DetailedMetrics(BaseModel):
     e2e_p99_ms: float | None = None
 
     # Throughput over the whole run
-    output_throughput_tps: float | None = None  # output tokens of successful requests / duration
+    output_throughput_tps: float | None = None  # output tokens of successful and incomplete requests / duration
     request_throughput_rps: float | None = None  # successful requests / duration
-    decode_tps_client_avg: float | None = None  # mean of per-request client decode rates
+    decode_tps_client_avg: float | None = None  # mean of per-request client decode rates (incomplete included)
     decode_tps_server_avg: float | None = None  # mean of per-request eval_count / eval_duration
 
     # Tokens, successful requests
@@ -362,13 +363,16 @@ def detailed_metrics(
     every = list(records)
     measured = [r for r in every if not r.warmup]
     ok = [r for r in measured if r.ok]
-    errors = len(measured) - len(ok)
+    # Incomplete requests (cut at the deadline) count for what they received.
+    streamed = [r for r in measured if r.streamed]
+    cut_tokens = sum(r.output_tokens for r in streamed if r.incomplete)
+    errors = len(measured) - len(streamed)
     summary = _loadgen(loadgen)
 
-    ttft = [r.ttft_ms for r in ok if r.ttft_ms is not None]
-    tpot = [t for t in (request_tpot_ms(r) for r in ok) if t is not None]
+    ttft = [r.ttft_ms for r in streamed if r.ttft_ms is not None]
+    tpot = [t for t in (request_tpot_ms(r) for r in streamed) if t is not None]
     e2e = [r.latency_ms for r in ok]
-    client_tps = [r.tokens_per_second for r in ok if r.tokens_per_second is not None]
+    client_tps = [r.tokens_per_second for r in streamed if r.tokens_per_second is not None]
     server_tps = [t for t in (_server_decode_tps(r) for r in ok) if t is not None]
 
     counted = [r for r in ok if r.eval_count is not None]
@@ -400,15 +404,16 @@ def detailed_metrics(
         requests=len(measured),
         successful=len(ok),
         errors=errors,
+        incomplete=len(streamed) - len(ok),
         error_rate=errors / len(measured) if measured else 0.0,
         duration_seconds=duration_seconds,
         ttft_avg_ms=_mean(ttft), ttft_p50_ms=_pct(ttft, 50), ttft_p90_ms=_pct(ttft, 90),
         ttft_p95_ms=_pct(ttft, 95), ttft_p99_ms=_pct(ttft, 99),
-        **_itl(ok, summary.itl_ms),
+        **_itl(streamed, summary.itl_ms),
         tpot_avg_ms=_mean(tpot), tpot_p50_ms=_pct(tpot, 50), tpot_p95_ms=_pct(tpot, 95),
         tpot_p99_ms=_pct(tpot, 99),
         e2e_avg_ms=e2e_avg, e2e_p50_ms=_pct(e2e, 50), e2e_p95_ms=_pct(e2e, 95), e2e_p99_ms=_pct(e2e, 99),
-        output_throughput_tps=_per_second(sum(r.counted_tokens for r in ok), duration_seconds),
+        output_throughput_tps=_per_second(sum(r.counted_tokens for r in ok) + cut_tokens, duration_seconds),
         request_throughput_rps=_per_second(len(ok), duration_seconds),
         decode_tps_client_avg=_mean(client_tps),
         decode_tps_server_avg=_mean(server_tps),

@@ -82,10 +82,22 @@ class RequestRecord(_Value):
     # and ``ttft_ms`` count every generated token, reasoning included.
     ttfat_ms: float | None = None  # time to the first answer token; None without an answer
     thinking_tokens: int | None = None  # token chunks of reasoning ("thinking")
+    # Still streaming when the run's time ran out, and cut there (``cut_at_deadline``,
+    # the sandbox's clock): neither a success nor an error.
+    incomplete: bool = False
 
     @property
     def ok(self) -> bool:
         """True when the request completed without an error."""
+        return self.error is None and not self.incomplete
+
+    @property
+    def streamed(self) -> bool:
+        """True when what it received is a measurement: it completed, or the deadline cut it.
+
+        A cut request's TTFT, token gaps and decode rate are as real as a finished
+        one's; its end-to-end latency is not a request's latency.
+        """
         return self.error is None
 
     @property
@@ -319,13 +331,16 @@ def summarize(records: Iterable[RequestRecord], duration_seconds: float) -> Perf
 
     * Warm-up records are left out entirely.
     * ``total_requests`` counts every measured request, successful or not (as the Go
-      ``AnalyzeResults`` does); ``total_errors`` the failed ones; ``error_rate`` is
-      errors / (successes + errors).
-    * Token, latency and TTFT statistics cover successful requests only. Tokens per
-      second are the per-request client decode rates (requests without one, fewer
-      than two tokens, are left out of those statistics only).
+      ``AnalyzeResults`` does), incomplete ones (cut at the deadline) included;
+      ``total_errors`` the failed ones; ``error_rate`` is errors / total_requests.
+    * Latency statistics cover successful requests only. TTFT and tokens per second
+      (the per-request client decode rates; requests with fewer than two tokens are
+      left out of those statistics only) also cover incomplete requests: what they
+      received was measured like any other stream.
     * ``total_tokens`` sums each successful request's server ``eval_count`` when
-      present, otherwise the client's chunk count (:attr:`RequestRecord.counted_tokens`);
+      present, otherwise the client's chunk count (:attr:`RequestRecord.counted_tokens`),
+      plus the tokens incomplete requests received before the cut;
+      ``avg_tokens_per_request`` is over successful requests only;
       ``total_prompt_tokens`` sums ``prompt_tokens`` where reported.
     * ``requests_per_minute`` = successful requests / ``duration_seconds`` * 60.
     * ``match_rate`` / ``prompts_with_expected`` / ``prompts_matching`` come from
@@ -338,12 +353,14 @@ def summarize(records: Iterable[RequestRecord], duration_seconds: float) -> Perf
 
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
-    errors = len(measured) - len(ok)
+    streamed = [r for r in measured if r.streamed]
+    errors = len(measured) - len(streamed)
 
-    tps = [r.tokens_per_second for r in ok if r.tokens_per_second is not None]
+    tps = [r.tokens_per_second for r in streamed if r.tokens_per_second is not None]
     latency = [r.latency_ms for r in ok]
-    ttft = [r.ttft_ms for r in ok if r.ttft_ms is not None]
-    total_tokens = sum(r.counted_tokens for r in ok)
+    ttft = [r.ttft_ms for r in streamed if r.ttft_ms is not None]
+    ok_tokens = sum(r.counted_tokens for r in ok)
+    total_tokens = ok_tokens + sum(r.output_tokens for r in streamed if r.incomplete)
     match_rate, with_expected, matching = quality(measured)
 
     return PerformanceResults(
@@ -365,7 +382,7 @@ def summarize(records: Iterable[RequestRecord], duration_seconds: float) -> Perf
         p95_latency_ms=percentile(latency, 95),
         p99_latency_ms=percentile(latency, 99),
         requests_per_minute=len(ok) / duration_seconds * 60 if duration_seconds > 0 else 0.0,
-        avg_tokens_per_request=total_tokens / len(ok) if ok else 0.0,
+        avg_tokens_per_request=ok_tokens / len(ok) if ok else 0.0,
         error_rate=errors / len(measured) if measured else 0.0,
         avg_ttft_ms=_mean(ttft),
         p50_ttft_ms=percentile(ttft, 50),

@@ -130,6 +130,13 @@ class Settings(BaseModel):
         with ``--gpubench-time-scale``) a duration is what the matrix says."""
         return self.time_scale if self.sandbox and not self.sandbox_real_time else 1.0
 
+    @property
+    def cut_at_deadline(self) -> bool:
+        """Whether a benchmark ends at its deadline, cutting the requests in flight
+        (reported as incomplete), rather than letting them finish: on the sandbox's
+        clock, where a scaled 6-second run must not wait 71 s for a slow model's answer."""
+        return self.benchmark_scale != 1.0
+
     def benchmark_seconds(self, seconds: float, floor: float = MIN_SANDBOX_BENCHMARK) -> float:
         """A benchmark duration or interval on the sandbox's clock: scaled, yet never
         below ``floor`` unless ``seconds`` itself is lower. Token streams stay at real

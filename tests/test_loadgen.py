@@ -178,6 +178,43 @@ def test_sigterm_ends_the_run_as_interrupted(ollama, tmp_path):
     assert checkpoint["status"] == "interrupted"
 
 
+def test_cut_at_deadline_ends_the_run_there_and_keeps_what_was_streamed(ollama, tmp_path):
+    # 4,000 tokens at 200 tokens/s take 20 s: at the 1 s deadline both requests are mid-answer.
+    max_tokens, duration = 4000, 1.0
+    events = run_loadgen(config(ollama.url, tmp_path, duration=duration, concurrency=2, warmup_requests=0,
+                                max_tokens=max_tokens, cut_at_deadline=True))
+    finish, records = events[-1], measured(events)
+    assert finish["status"] == "completed" and finish["incomplete"] == 2
+    # Ended at the deadline, not after the answers (generous: a CI machine stalls).
+    assert duration <= finish["duration_seconds"] < duration + 5
+    assert len(records) == 2
+    for r in records:
+        assert r.incomplete and r.error is None and not r.ok and r.streamed
+        assert 10 < r.output_tokens < max_tokens and r.eval_count is None and r.matched is None
+        assert r.tokens_per_second == pytest.approx(RATE, rel=0.1)
+        # TPOT runs to the last token received, not to the cut.
+        assert r.tpot_ms == pytest.approx(1000 / r.tokens_per_second, rel=1e-3)
+    results = summarize(records, finish["duration_seconds"])
+    assert results.total_requests == 2 and results.total_errors == 0
+    assert results.total_tokens == sum(r.output_tokens for r in records)
+    assert results.p50_ttft_ms == pytest.approx((records[0].ttft_ms + records[1].ttft_ms) / 2)
+    assert results.avg_latency_ms == 0 and results.requests_per_minute == 0  # nothing completed
+    checkpoint = json.loads((tmp_path / "ck" / "checkpoint.json").read_text())
+    assert [r["incomplete"] for r in checkpoint["results"]] == [True, True]
+    # The server dropped the cut streams: a new run gets every slot at once.
+    events = run_loadgen(config(ollama.url, tmp_path, duration=0.5, concurrency=PARALLEL, warmup_requests=0,
+                                max_tokens=8))
+    assert all(r.ok and r.ttft_ms < TTFT_MS + 150 for r in measured(events))
+
+
+def test_without_cut_at_deadline_requests_in_flight_finish_and_count(ollama, tmp_path):
+    duration = 0.05  # shorter than one answer: TTFT alone is 40 ms, then 200 tokens/s
+    events = run_loadgen(config(ollama.url, tmp_path, duration=duration, warmup_requests=0, max_tokens=100))
+    finish, records = events[-1], measured(events)
+    assert finish["incomplete"] == 0 and len(records) == 1 and records[0].ok and not records[0].incomplete
+    assert records[0].output_tokens > 10 and finish["duration_seconds"] >= records[0].latency_ms / 1000 > duration
+
+
 # ------------------------------------------------------- framings, against a fake
 
 

@@ -15,7 +15,7 @@ from pytest_gpubench.metrics import (
     request_tpot_ms,
     token_counts_disagree,
 )
-from pytest_gpubench.results import RequestRecord
+from pytest_gpubench.results import RequestRecord, summarize
 
 
 def record(index: int = 0, **fields) -> RequestRecord:
@@ -55,6 +55,30 @@ def test_warmups_and_errors_stay_out_of_latency_figures():
     assert (m.requests, m.successful, m.errors) == (2, 1, 1)
     assert m.error_rate == pytest.approx(0.5)
     assert m.ttft_avg_ms == 100.0 and m.e2e_p99_ms == 1000.0
+
+
+def test_incomplete_requests_count_for_what_they_streamed_not_for_latency():
+    # Cut at the deadline: 300 ms TTFT, 21 tokens in 2 s; no end, no server counters.
+    cut = record(2, incomplete=True, ttft_ms=300.0, latency_ms=2300.0, output_tokens=21, tokens_per_second=10.0,
+                 tpot_ms=100.0)
+    records = [record(0, eval_count=10, tokens_per_second=20.0, tpot_ms=50.0),
+               record(1, eval_count=10, tokens_per_second=30.0, tpot_ms=40.0), cut]
+    m = detailed_metrics(records, 10.0, slo=Slo(ttft_ms=1000))
+    assert (m.requests, m.successful, m.errors, m.incomplete) == (3, 2, 0, 1)
+    assert m.error_rate == 0.0
+    assert m.ttft_p99_ms == pytest.approx(100 + 0.98 * 200)  # the cut request's 300 ms is in
+    assert m.e2e_p99_ms == 1000.0  # its 2,300 ms are not a request's latency
+    assert m.tpot_avg_ms == pytest.approx((50 + 40 + 100) / 3)
+    assert m.decode_tps_client_avg == pytest.approx(20.0)
+    assert m.output_throughput_tps == pytest.approx((10 + 10 + 21) / 10.0)
+    assert m.request_throughput_rps == pytest.approx(0.2)
+    assert m.good_requests == 2  # it met the TTFT bound, but never completed
+    results = summarize(records, 10.0)
+    assert (results.total_requests, results.total_errors, results.total_tokens) == (3, 0, 41)
+    assert results.avg_tokens_per_second == pytest.approx(20.0)
+    assert results.max_latency_ms == 1000.0 and results.avg_tokens_per_request == 10.0
+    assert results.requests_per_minute == pytest.approx(12.0)
+    assert results.avg_ttft_ms == pytest.approx(500 / 3)
 
 
 def test_no_successes_give_none_not_zero():

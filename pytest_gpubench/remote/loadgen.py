@@ -17,7 +17,8 @@ when set: absent or null leaves the model's default), ``duration``,
 one at a time, outside the run clock), ``progress_interval``, ``checkpoint_every``,
 ``checkpoint_path``, ``request_timeout`` (the stall timeout: a request that receives
 nothing for that many seconds is aborted and recorded as an error, and the run goes
-on), and the load:
+on), ``cut_at_deadline`` (default false: requests in flight at the end of the
+duration finish and count; true: they are cut there, see below), and the load:
 
 * ``concurrency`` N (default 1): N requests in flight for the duration; a request
   is due the moment a slot frees;
@@ -35,7 +36,7 @@ Events, one JSON object per line on stdout (seed 004's protocol, extended)::
     {"event": "finish", "status": "completed" | "interrupted" | "failed",
      "duration_seconds", "message", "itl_ms": {count, mean, p50, p90, p95, p99, max},
      "cpu_seconds", "cpu_seconds_per_1k_tokens", "delivered_concurrency",
-     "send_lag_ms": {p50, p99, max}, "unsent", "abandoned"}
+     "send_lag_ms": {p50, p99, max}, "unsent", "abandoned", "incomplete"}
 
 ``delivered_concurrency`` is the time-weighted mean of requests in flight (sent,
 final chunk not yet received) from the run's start to its deadline;
@@ -43,6 +44,13 @@ final chunk not yet received) from the run's start to its deadline;
 output tokens of successful measured requests in ``cpu_seconds_per_1k_tokens``);
 ``unsent`` counts arrivals ``max_in_flight`` held back past the deadline,
 ``abandoned`` requests still in flight when a signal ended the run.
+
+With ``cut_at_deadline`` the run ends at its deadline, as GuideLLM's
+``--max-seconds`` does: each measured request still in flight is closed there and
+recorded with ``"incomplete": true`` and no error. Its TTFT, token gaps and decode
+rate cover what it received (``tpot_ms`` runs to its last token, ``latency_ms`` to
+the cut); ``incomplete`` in the finish event counts them. The sandbox's clock uses
+this: a 6-second benchmark cannot wait 71 s for a slow model's 256-token answer.
 
 Reasoning models: Ollama streams a thinking model's reasoning in ``thinking``
 chunks with an empty ``response`` before the answer, and its ``eval_count``
@@ -549,6 +557,13 @@ class Exchange:
         self.retried = True
         self.connect(None)
 
+    def cut(self, now):
+        """The run's time is up: record what this request received, then close it."""
+        self.active = False
+        self.end = now
+        self.run.finished(self, self.record(None, incomplete=True), now)
+        self.close()
+
     def fail(self, message, now):
         if self.active:
             self.active = False
@@ -567,15 +582,17 @@ class Exchange:
 
     # -- the record -------------------------------------------------------------
 
-    def record(self, error):
+    def record(self, error, incomplete=False):
         sent, count, final = self.sent, self.tokens, self.final or {}
+        # A cut request's decode ends at its last token, a finished one's at the final chunk.
+        decode_end = self.last if incomplete else self.end
         decode = self.last - self.first if count >= 2 else 0.0
         eval_count, eval_ns = final.get("eval_count"), final.get("eval_duration")
         server_rate = None
         if isinstance(eval_count, int) and isinstance(eval_ns, (int, float)) and eval_ns > 0:
             server_rate = round(eval_count / (eval_ns / 1e9), 4)
         matched = None
-        if self.expect and error is None:
+        if self.expect and error is None and not incomplete:
             text = "".join(json.loads(t)["response"] if isinstance(t, bytes) else t for t in self.texts).lower()
             matched = any(e in text for e in self.expect)
         return {
@@ -598,12 +615,13 @@ class Exchange:
             "total_duration_ns": final.get("total_duration"),
             "done_reason": final.get("done_reason"),
             "tokens_per_second": round((count - 1) / decode, 4) if decode > 0 else None,
-            "tpot_ms": ms((self.end - self.first) / (count - 1)) if count >= 2 else None,
+            "tpot_ms": ms((decode_end - self.first) / (count - 1)) if count >= 2 else None,
             "itl_mean_ms": ms(self.itl_sum / (count - 1)) if count >= 2 else None,
             "itl_max_ms": ms(self.itl_max) if count >= 2 else None,
             "server_tokens_per_second": server_rate,
             "matched": matched,
             "error": error,
+            "incomplete": incomplete,
         }
 
 
@@ -745,7 +763,8 @@ class Run:
         self.stopping = self.interrupted = False
         self.start = self.deadline = None
         self.pattern = None
-        self.ok = self.errors = self.tokens = self.abandoned = 0
+        self.ok = self.errors = self.tokens = self.abandoned = self.incomplete = 0
+        self.cut_at_deadline = bool(config.get("cut_at_deadline"))
         self.gaps = array.array("d")  # every inter-token gap of measured requests, seconds
         self.lags = array.array("d")  # send lag of measured requests, ms
         self.area = self.area_at = 0.0  # integral of requests in flight over the run
@@ -825,7 +844,10 @@ class Run:
             self.timer = self.checkpoint.not_before
         if not exchange.warmup:
             if record["error"] is None:
-                self.ok += 1
+                if record["incomplete"]:
+                    self.incomplete += 1
+                else:
+                    self.ok += 1
                 self.tokens += record["output_tokens"]
             else:
                 self.errors += 1
@@ -841,6 +863,7 @@ class Run:
             "errors": self.errors,
             "elapsed": round(elapsed, 3),
             "in_flight": self.in_flight,
+            "incomplete": self.incomplete,
         }
 
     def drive(self, pattern, measuring):
@@ -850,14 +873,19 @@ class Run:
         self.next_scan = perf() + self.scan_every
         self.timer = self.next_scan if self.next_progress is None else min(self.next_scan, self.next_progress)
         select = self.selector.select
+        cutting = measuring and self.cut_at_deadline
         while not self.stopping:
             pattern.launch(self, perf())
             now = perf()
+            if cutting and self.in_flight and now >= self.deadline:
+                self.cut(now)
             if not self.in_flight and pattern.exhausted(now):
                 break
             wake = pattern.wake(self)
             if wake is None or wake > self.timer:
                 wake = self.timer
+            if cutting and now < self.deadline < wake:
+                wake = self.deadline
             for key, mask in select(wake - now if wake > now else 0.0):
                 key.data.ready(mask)
             now = perf()
@@ -887,6 +915,12 @@ class Run:
                 exchange.fail("stalled: no data for %g s (stall timeout)" % self.timeout, now)
             elif not exchange.active and quiet > 10:
                 exchange.close()  # a response that never finished draining
+
+    def cut(self, now):
+        """End every measured request still in flight as incomplete (``cut_at_deadline``)."""
+        for exchange in sorted(self.open, key=lambda e: e.index):
+            if exchange.active and not exchange.warmup:
+                exchange.cut(now)
 
     def abandon(self):
         """Close every connection; requests still in flight are not recorded."""
@@ -935,7 +969,7 @@ class Run:
             cpu_seconds_per_1k_tokens=round(cpu_seconds / (self.tokens / 1000), 4) if self.tokens else None,
             delivered_concurrency=round(self.area / window, 4) if window > 0 else None,
             send_lag_ms=self.lag_summary(), unsent=pattern.unsent() if pattern else 0,
-            abandoned=self.abandoned,
+            abandoned=self.abandoned, incomplete=self.incomplete,
         )
 
     def itl_summary(self):
