@@ -249,6 +249,10 @@ REQUESTS = TableDoc(
             "ended before answering."
         ),
         "thinking_tokens": "Output tokens of reasoning (Ollama's thinking field), included in output_tokens.",
+        "incomplete": (
+            "1 when the request was still streaming at the end of the duration and was cut there (the sandbox's "
+            "clock): its TTFT and decode rate count, its latency_ms runs to the cut; 0 otherwise."
+        ),
     },
 )
 
