@@ -64,7 +64,10 @@ from .selection import (  # noqa: F401 - re-exported: the matrix module is where
     MODEL_VRAM_GB,
     axes_suffix,
     cell_id,
+    cell_id_base,
+    cell_keywords,
     cell_selected,
+    compact_gpu,
     gpu_matches,
     id_part,
     infer_parameters_b,
@@ -75,9 +78,11 @@ from .selection import (  # noqa: F401 - re-exported: the matrix module is where
     normalize_gpu,
     normalize_provider,
     provider_matches,
+    reuse_group_name,
     select_cells,
     split_tag,
 )
+from .prototype import Prototype
 from .thresholds import Slo, Thresholds, merged
 from .yaml_errors import at_line, describe, node_line, parse_yaml, translate
 
@@ -286,8 +291,9 @@ class Cell(BaseModel):
     #: several (:mod:`pytest_gpubench.reuse_split`); None: the group has one session.
     session_part: int | None = None
 
-    # The id and names below are computed once per cell (collection asks for them often);
-    # what they depend on (GPU, provider, model, load, template) no override changes.
+    # The id and names below are computed once per cell (collection asks for them often;
+    # expansion gives them to the cells it builds); what they depend on (GPU, provider,
+    # model, load, template) no override changes.
     @cached_property
     def cell_id(self) -> str:
         """``RTX_4090-vastai-qwen2:7b``: GPU (spaces as ``_``), provider, model as written;
@@ -302,17 +308,13 @@ class Cell(BaseModel):
     @cached_property
     def gpu_compact(self) -> str:
         """The GPU name without spaces: ``RTX4090``."""
-        return re.sub(r"[\s_-]+", "", self.gpu)
+        return compact_gpu(self.gpu)
 
     @cached_property
     def reuse_group(self) -> str:
-        """Cells in one group can share a rented session: ``RTX_4090-vastai``.
-
-        A provider template names the instance's image, so cells asking for different
-        ones cannot share: the template's first characters join the name then.
-        """
-        group = f"{id_part(self.gpu)}-{self.provider}"
-        return f"{group}-t{self.offer.template[:12]}" if self.offer.template else group
+        """Cells in one group can share a rented session: ``RTX_4090-vastai``
+        (:func:`~pytest_gpubench.selection.reuse_group_name`)."""
+        return reuse_group_name(self.gpu, self.provider, self.offer.template)
 
     @property
     def session_group(self) -> str | None:
@@ -325,7 +327,7 @@ class Cell(BaseModel):
     @cached_property
     def keywords(self) -> frozenset[str]:
         """Extra ``-k`` names: ``RTX4090``, the model's full reference and its family."""
-        return frozenset({self.gpu_compact, self.model_ref, split_tag(self.model_ref)[0]})
+        return cell_keywords(self.gpu, self.model_ref)
 
 
 # ------------------------------------------------------------------- loading, errors
@@ -419,6 +421,9 @@ def _expand(matrix: Matrix) -> list[Cell]:
     cells: list[Cell] = []
     seen: dict[tuple[Any, ...], int] = {}
     ids: dict[str, int] = {}
+    # What depends on the model (and GPU) alone is worked out once per file, not per row and load.
+    vram_of: dict[str, int | None] = {}
+    keywords_of: dict[tuple[str, str], frozenset[str]] = {}
     for r, row in enumerate(matrix.rows):
         where = at_line(_row_line(matrix, r))
         workload = _row_workload(matrix, r, row)
@@ -430,9 +435,10 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 f"{{prompt: ..., expect: [...]}}, or set `min_match_rate: null` in the row{where}"))
         points = ([(1, rate) for rate in workload.rate] if workload.rate is not None
                   else [(c, None) for c in workload.concurrency])
-        # One workload per load point, shared by the row's cells (frozen, so sharing is safe).
-        point_workloads = {point: workload.model_copy(update={
-            "concurrency": (point[0],), "rate": None if point[1] is None else (point[1],)}) for point in points}
+        # One workload and id suffix per load point, shared by the row's cells (frozen, so sharing is safe).
+        point_parts = [(concurrency, rate, axes_suffix(concurrency, rate), workload.model_copy(update={
+            "concurrency": (concurrency,), "rate": None if rate is None else (rate,)}))
+            for concurrency, rate in points]
         reuse = row.reuse or matrix.reuse
         row_offer = row.offer or OfferSpec()
         fields = row_offer.model_fields_set
@@ -442,6 +448,11 @@ def _expand(matrix: Matrix) -> list[Cell]:
         bars = {**(matrix.offer.min_availability_confidence or {}),
                 **(row_offer.min_availability_confidence or {})}
         gpu_key = normalize_gpu(row.gpu)
+        row_cells = Prototype(Cell, dict(
+            gpu=row.gpu, ollama_install=matrix.ollama_install, matrix_name=matrix.name, source=matrix.source,
+            row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu),
+        ), varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "concurrency", "rate",
+                    "cell_id", "keywords", "reuse_group"))
         for _, provider in row.provider_entries():
             offer = OfferConstraints(
                 max_price=max_price,
@@ -450,54 +461,38 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 max_attempts=max_attempts or DEFAULT_MAX_ATTEMPTS,
                 template=template,
             )
+            group = reuse_group_name(row.gpu, provider, template)
             for field, model in row.model_entries():
-                vram = model_vram_gb(model, matrix.vram_overrides)
+                if model not in vram_of:
+                    vram_of[model] = model_vram_gb(model, matrix.vram_overrides)
+                vram = vram_of[model]
                 if vram is None:
                     raise MatrixError(matrix.source, f"matrix[{r}].{field}", (
                         f"cannot tell how much VRAM {model!r} needs: it is not in the seed table "
                         f"and its tag names no size such as '7b'; add "
                         f"`models: {{{model}: {{vram_gb: N}}}}` to the file{where}"))
                 ref = model_ref(model)
-                for concurrency, rate in points:
-                    cell = _new_cell(dict(
-                        gpu=row.gpu, provider=provider, model=model, model_ref=ref, workload=point_workloads[
-                            (concurrency, rate)], offer=offer, vram_gb=vram, ollama_install=matrix.ollama_install,
-                        matrix_name=matrix.name, source=matrix.source, row=r, concurrency=concurrency,
-                        rate=rate, slo=slo, thresholds=thresholds, reuse=reuse))
-                    key = (gpu_key, provider, ref.lower(), concurrency, rate)
-                    first = seen.get(key, ids.get(cell.cell_id.lower()))
+                keywords = keywords_of.get((row.gpu, ref))
+                if keywords is None:
+                    keywords = keywords_of[row.gpu, ref] = cell_keywords(row.gpu, ref)
+                base_id, ref_key = cell_id_base(row.gpu, provider, model), ref.lower()
+                for concurrency, rate, suffix, point_workload in point_parts:
+                    cell = row_cells.new(
+                        provider=provider, model=model, model_ref=ref, workload=point_workload, offer=offer,
+                        vram_gb=vram, concurrency=concurrency, rate=rate, cell_id=base_id + suffix,
+                        keywords=keywords, reuse_group=group)
+                    key = (gpu_key, provider, ref_key, concurrency, rate)
+                    id_key = cell.cell_id.lower()
+                    first = seen.get(key, ids.get(id_key))
                     if first is not None:
                         raise MatrixError(matrix.source, f"matrix[{r}]", (
                             f"duplicate cell {cell.cell_id} ({row.gpu} / {provider} / {model}"
                             f"{_load_text(concurrency, rate)}), already in matrix[{first}]"
                             f"{at_line(_row_line(matrix, first))}; a GPU, provider, model and "
                             f"load may appear once in a file{where}"))
-                    seen[key] = ids[cell.cell_id.lower()] = r
+                    seen[key] = ids[id_key] = r
                     cells.append(cell)
     return cells
-
-
-_CELL_FIELDS = frozenset(Cell.model_fields)
-#: Fields a cell is built without (their defaults are plain values, set later, e.g. ``session_part``).
-_CELL_DEFAULTS = {name: field.default for name, field in Cell.model_fields.items()
-                  if not field.is_required() and field.default_factory is None}
-
-
-def _new_cell(values: dict[str, Any]) -> Cell:
-    """A :class:`Cell` from parts the file's models validated already, without validating again.
-
-    What ``Cell.model_construct`` does, for a model with no private or extra
-    attributes, at a tenth of its cost (a 10,000-cell matrix builds 10,000 of them
-    at collection). Every field must be given but those with a plain default.
-    """
-    missing = _CELL_FIELDS - values.keys() - _CELL_DEFAULTS.keys()
-    assert not missing and values.keys() <= _CELL_FIELDS, sorted(missing | (values.keys() - _CELL_FIELDS))
-    cell = Cell.__new__(Cell)
-    object.__setattr__(cell, "__dict__", {**_CELL_DEFAULTS, **values})
-    object.__setattr__(cell, "__pydantic_fields_set__", set(values))
-    object.__setattr__(cell, "__pydantic_extra__", None)
-    object.__setattr__(cell, "__pydantic_private__", None)
-    return cell
 
 
 def _row_workload(matrix: Matrix, r: int, row: RowSpec) -> Workload:

@@ -36,9 +36,14 @@ _PARAMS_RE = re.compile(
 # ---------------------------------------------------------------- names and filters
 
 
+def compact_gpu(name: str) -> str:
+    """The GPU name without spaces, ``-`` or ``_``: ``"RTX 4090"`` -> ``"RTX4090"``."""
+    return re.sub(r"[\s_-]+", "", name)
+
+
 def normalize_gpu(name: str) -> str:
     """``"RTX 4090"``, ``"rtx-4090"`` and ``"RTX_4090"`` all become ``"rtx4090"``."""
-    return re.sub(r"[\s_-]+", "", name).lower()
+    return compact_gpu(name).lower()
 
 
 def gpu_matches(wanted: str, gpu_type: str) -> bool:
@@ -174,8 +179,28 @@ def cell_id(gpu: str, provider: str, model: str, concurrency: int = 1, rate: flo
     before load axes existed stay the same), ``...-c8`` at concurrency 8,
     ``...-r2.5`` at 2.5 requests/s.
     """
-    base = f"{id_part(gpu)}-{normalize_provider(provider)}-{id_part(model)}"
-    return base + axes_suffix(concurrency, rate)
+    return cell_id_base(gpu, provider, model) + axes_suffix(concurrency, rate)
+
+
+def cell_id_base(gpu: str, provider: str, model: str) -> str:
+    """A cell id without its load part: ``RTX_4090-vastai-qwen2:7b``."""
+    return f"{id_part(gpu)}-{normalize_provider(provider)}-{id_part(model)}"
+
+
+def reuse_group_name(gpu: str, provider: str, template: str | None = None) -> str:
+    """The reuse group of a GPU and provider: ``RTX_4090-vastai``.
+
+    A provider template names the instance's image, so cells asking for different
+    ones cannot share a session: the template's first characters join the name then.
+    """
+    group = f"{id_part(gpu)}-{provider}"
+    return f"{group}-t{template[:12]}" if template else group
+
+
+def cell_keywords(gpu: str, ref: str) -> frozenset[str]:
+    """A cell's extra ``-k`` names: the compact GPU name, the model's full reference ``ref``
+    (:func:`model_ref`) and its family."""
+    return frozenset({compact_gpu(gpu), ref, split_tag(ref)[0]})
 
 
 def axes_suffix(concurrency: int = 1, rate: float | None = None) -> str:

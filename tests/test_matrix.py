@@ -832,6 +832,44 @@ def test_error_lists_the_new_workload_keys(tmp_path):
                   "checkpoint_every, prompts, concurrency, rate, runs, telemetry_interval")
 
 
+def test_expanded_cells_are_what_validation_would_build(tmp_path):
+    """Expansion builds cells without validating them and hands them their id and names:
+    the same values as validating the cell and computing each name."""
+    cells = cells_of(tmp_path, """\
+        workload: {concurrency: [1, 8]}
+        offer: {template: 9b2f3c0e8d7a4f61b5c2e1d0a3f4b5c6}
+        matrix:
+          - {gpu: RTX 4090, providers: [vastai, tensordock], models: [library/qwen2:7b, llama3:8b]}
+          - {gpu: A100 80GB, provider: vastai, model: qwen2:7b, workload: {rate: [0.5, 2], concurrency: 1},
+             reuse: cell, offer: {template: null}}
+        """)
+    assert len(cells) == 10
+    for cell in cells:
+        validated = Cell.model_validate(dict(cell))
+        assert cell == validated and repr(cell) == repr(validated)
+        assert cell.model_fields_set == set(Cell.model_fields) - {"session_part"}
+        for name in ("cell_id", "gpu_compact", "reuse_group", "keywords"):
+            assert getattr(cell, name) == getattr(validated, name), name
+    assert cells[1].cell_id == "RTX_4090-vastai-library_qwen2:7b-c8"
+    assert cells[0].reuse_group == "RTX_4090-vastai-t9b2f3c0e8d7a"
+    assert cells[-1].cell_id == "A100_80GB-vastai-qwen2:7b-r2" and cells[-1].reuse_group == "A100_80GB-vastai"
+
+
+def test_prototype_checks_the_fields_once_and_the_values_given_for_each():
+    from pytest_gpubench.prototype import Prototype
+
+    shared = {"ttft_ms": 100.0}
+    with pytest.raises(TypeError, match=r"unknown \['p99_ms'\]"):
+        Prototype(Slo, shared, varying=("p99_ms",))
+    with pytest.raises(TypeError, match=r"missing \['gpu'"):
+        Prototype(Cell, {}, varying=())
+    slos = Prototype(Slo, shared, varying=("e2e_ms",))
+    slo = slos.new(e2e_ms=5.0)
+    assert slo == Slo(ttft_ms=100.0, e2e_ms=5.0) and slo.model_fields_set == {"ttft_ms", "e2e_ms"}
+    with pytest.raises(TypeError, match="expected"):
+        slos.new(tpot_ms=5.0)
+
+
 # ------------------------------------------------------------------------------ runs
 
 
