@@ -28,6 +28,11 @@ class Prototype(Generic[M]):
     caller knows their values already: they are stored as the property would store
     them. What :meth:`new` builds is what ``model_construct`` would (same ``__dict__``
     in field order, same fields set), for a model without private or extra attributes.
+
+    For frozen models only, as the instances share one fields-set object: pydantic
+    changes that set only on assignment, which a frozen model refuses (a copy takes
+    its own), and it costs a kilobyte per instance, which a large matrix would keep
+    for the whole run and the garbage collector walk again and again.
     """
 
     def __init__(self, model: type[M], shared: Mapping[str, Any], varying: Iterable[str]) -> None:
@@ -38,15 +43,18 @@ class Prototype(Generic[M]):
         unknown = given - fields.keys() - cached
         missing = {name for name, field in fields.items()
                    if field.is_required() or field.default_factory is not None} - given
-        if unknown or missing or model.__private_attributes__ or model.model_config.get("extra") == "allow":
+        config = model.model_config
+        if unknown or missing or model.__private_attributes__ or config.get("extra") == "allow" \
+                or not config.get("frozen"):
             raise TypeError(f"cannot build {model.__name__} from {sorted(given)}: unknown {sorted(unknown)}, "
-                            f"missing {sorted(missing)} (or the model has private or extra attributes)")
+                            f"missing {sorted(missing)} (or the model is not frozen, or has private or "
+                            "extra attributes)")
         self._model = model
         # Field order, as validation would store them; the cached values after the fields.
         self._values = {name: shared.get(name, field.default) for name, field in fields.items()}
         self._values.update((name, shared[name]) for name in cached if name in shared)
         self._varying = varying
-        self._fields_set = frozenset(given & fields.keys())
+        self._fields_set = given & fields.keys()
 
     def new(self, **varying: Any) -> M:
         """An instance with the shared values and ``varying`` (exactly the names given at creation)."""
@@ -56,7 +64,7 @@ class Prototype(Generic[M]):
         values.update(varying)
         instance = self._model.__new__(self._model)
         object.__setattr__(instance, "__dict__", values)
-        object.__setattr__(instance, "__pydantic_fields_set__", set(self._fields_set))
+        object.__setattr__(instance, "__pydantic_fields_set__", self._fields_set)
         object.__setattr__(instance, "__pydantic_extra__", None)
         object.__setattr__(instance, "__pydantic_private__", None)
         return instance

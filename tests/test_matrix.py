@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from pytest_gpubench.errors import MatrixError
 from pytest_gpubench.matrix import (
@@ -863,11 +863,22 @@ def test_prototype_checks_the_fields_once_and_the_values_given_for_each():
         Prototype(Slo, shared, varying=("p99_ms",))
     with pytest.raises(TypeError, match=r"missing \['gpu'"):
         Prototype(Cell, {}, varying=())
+    class Loose(BaseModel):
+        x: int = 0
+
+    with pytest.raises(TypeError, match="not frozen"):
+        Prototype(Loose, {}, varying=("x",))
     slos = Prototype(Slo, shared, varying=("e2e_ms",))
     slo = slos.new(e2e_ms=5.0)
     assert slo == Slo(ttft_ms=100.0, e2e_ms=5.0) and slo.model_fields_set == {"ttft_ms", "e2e_ms"}
     with pytest.raises(TypeError, match="expected"):
         slos.new(tpot_ms=5.0)
+    # the instances share their fields set: a copy takes its own, assignment is refused
+    copied = slo.model_copy(update={"tpot_ms": 1.0})
+    assert copied.model_fields_set == {"ttft_ms", "e2e_ms", "tpot_ms"}
+    assert slos.new(e2e_ms=1.0).model_fields_set == slo.model_fields_set == {"ttft_ms", "e2e_ms"}
+    with pytest.raises(ValidationError):
+        slo.tpot_ms = 2.0
 
 
 # ------------------------------------------------------------------------------ runs
