@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 def start_sandbox(time_scale: float) -> tuple[subprocess.Popen[str], str]:
     """``gpubench sandbox`` on a free port; returns the process and its URL (it ends with its stdin)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "pytest_gpubench.cli", "sandbox", "--port", "0", "--time-scale", str(time_scale),
+        [sys.executable, "-m", "pytest_gpubench.commands.cli", "sandbox", "--port", "0", "--time-scale", str(time_scale),
          "--exit-with-stdin"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO,
     )

@@ -52,7 +52,7 @@ sys.path.insert(0, str(REPO))
 
 from bench_common import start_sandbox  # noqa: E402 - bench/ is on sys.path: the script's own directory
 
-from pytest_gpubench.matrix import expand, load_matrix  # noqa: E402
+from pytest_gpubench.matrix.cells import expand, load_matrix  # noqa: E402
 from pytest_gpubench.sandbox.catalog import load_catalog  # noqa: E402
 
 SEED_MATRIX = REPO / "matrix" / "gpubench_seed.yaml"

@@ -48,9 +48,9 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from standin_helpers import Server, write_instance  # noqa: E402
 
-from pytest_gpubench.benchmark import LOADGEN_SOURCE  # noqa: E402
-from pytest_gpubench.matrix import SEED_PROMPTS  # noqa: E402
-from pytest_gpubench.results import percentile  # noqa: E402
+from pytest_gpubench.measure.benchmark import LOADGEN_SOURCE  # noqa: E402
+from pytest_gpubench.matrix.cells import SEED_PROMPTS  # noqa: E402
+from pytest_gpubench.measure.results import percentile  # noqa: E402
 
 MODEL = "qwen2:7b"
 TTFT_MS = 200.0

@@ -150,7 +150,7 @@ def run_pytest(matrix: Path, url: str, work: Path, args: argparse.Namespace) -> 
 
 
 def run_cleanup(url: str, work: Path) -> str:
-    done = subprocess.run([sys.executable, "-m", "pytest_gpubench.cli", "cleanup", "--api", url,
+    done = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "cleanup", "--api", url,
                            "--manifest", str(work / "reports" / "manifest.db")],
                           capture_output=True, text=True, cwd=REPO)
     text = (done.stdout + done.stderr).strip()

@@ -63,7 +63,7 @@ def _positive_float(text: str) -> float:
 
 
 def _price_cap(text: str) -> float:
-    from .matrix_fields import MAX_PRICE_PER_HOUR  # the matrix's own bound on offer.max_price
+    from .matrix.fields import MAX_PRICE_PER_HOUR  # the matrix's own bound on offer.max_price
 
     value = _positive_float(text)
     if value > MAX_PRICE_PER_HOUR:
@@ -73,7 +73,7 @@ def _price_cap(text: str) -> float:
 
 def _duration(text: str) -> float:
     """What the matrix takes for a duration: ``300``, ``90s``, ``5m``, ``1h30m``."""
-    from .matrix_fields import parse_duration  # the matrix's own parser, one grammar for both
+    from .matrix.fields import parse_duration  # the matrix's own parser, one grammar for both
 
     try:
         value = parse_duration(text)
@@ -129,13 +129,13 @@ def _percent(text: str) -> float:
 
 
 def _summary_columns(text: str) -> tuple[str, ...]:
-    from .summary_table import parse_columns  # the column set lives with the table
+    from .plugin.summary_table import parse_columns  # the column set lives with the table
 
     return parse_columns(text)
 
 
 def _compare_rules(text: str) -> str:
-    from .compare import parse_compare_fail  # the rule grammar lives with the comparison
+    from .measure.compare import parse_compare_fail  # the rule grammar lives with the comparison
 
     parse_compare_fail(text)
     return text

@@ -35,7 +35,7 @@ def api(sandbox: SandboxThread) -> Iterator[httpx.Client]:
 def standalone_sandbox() -> Iterator[str]:
     """``gpubench sandbox`` as a user starts it, on a free port; yields its URL."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "pytest_gpubench.cli", "sandbox", "--port", "0", "--time-scale", "0.02",
+        [sys.executable, "-m", "pytest_gpubench.commands.cli", "sandbox", "--port", "0", "--time-scale", "0.02",
          "--exit-with-stdin"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )

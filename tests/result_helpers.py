@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pytest_gpubench.results import (
+from pytest_gpubench.measure.results import (
     BenchmarkResult,
     GPUStats,
     HardwareInfo,

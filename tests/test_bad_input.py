@@ -28,15 +28,15 @@ import sqlite_utils
 from aiohttp import ClientSession, web
 
 from pytest_gpubench.errors import ApiError, MatrixError, Stage, StageError, UsageProblem
-from pytest_gpubench.matrix import load_matrix
-from pytest_gpubench.offers import Constraints
-from pytest_gpubench.providers.shopper import ShopperProvider
+from pytest_gpubench.matrix.cells import load_matrix
+from pytest_gpubench.cloud.offers import Constraints
+from pytest_gpubench.cloud.shopper_provider import ShopperProvider
 from pytest_gpubench.sandbox import SandboxThread
 from pytest_gpubench.sandbox.catalog import load_catalog
 from pytest_gpubench.sandbox.faults import FaultRequest
 from pytest_gpubench.sandbox.instances import link_system_programs
 from pytest_gpubench.settings import resolve
-from pytest_gpubench.shopper import SessionRequest, ShopperClient
+from pytest_gpubench.cloud.shopper_client import SessionRequest, ShopperClient
 
 REPO = Path(__file__).resolve().parents[1]
 ROW = "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}\n"

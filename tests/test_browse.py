@@ -23,10 +23,10 @@ import pytest
 from polling import wait_for
 from result_helpers import make_result
 
-from pytest_gpubench.browse import _QUERIES, datasette_metadata, read_schema
-from pytest_gpubench.cli import main
-from pytest_gpubench.manifest import Manifest
-from pytest_gpubench.manifest_docs import TABLES, schema_of, undocumented
+from pytest_gpubench.commands.browse import _QUERIES, datasette_metadata, read_schema
+from pytest_gpubench.commands.cli import main
+from pytest_gpubench.store.manifest import Manifest
+from pytest_gpubench.store.data_dictionary import TABLES, schema_of, undocumented
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -101,7 +101,7 @@ def test_every_table_and_column_of_the_real_schema_is_described(tmp_path):
         schema = schema_of(conn)
     finally:
         conn.close()
-    assert not missing, f"describe these in pytest_gpubench/manifest_docs.py: {', '.join(missing)}"
+    assert not missing, f"describe these in pytest_gpubench/store/data_dictionary.py: {', '.join(missing)}"
     assert {"runs", "benchmark_manifest", "benchmarks", "requests", "gpu_samples", "benchmark_runs",
             "attempts"} <= set(schema)
     assert sum(len(columns) for columns in schema.values()) > 150  # the real thing, not an empty file
@@ -278,7 +278,7 @@ def test_datasette_serves_the_described_manifest_while_a_run_writes(datasette, m
     scratch.mkdir()
     with open(out, "w") as stdout, open(log, "w") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest_gpubench.cli", "browse", "--manifest", str(manifest_path),
+            [sys.executable, "-m", "pytest_gpubench.commands.cli", "browse", "--manifest", str(manifest_path),
              "--no-open", "--port", "0"],
             cwd=REPO, stdout=stdout, stderr=stderr, text=True, env={**os.environ, "TMPDIR": str(scratch)})
     try:

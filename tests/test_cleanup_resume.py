@@ -23,16 +23,16 @@ import sqlite_utils
 from e2e_helpers import PytestRun, active_sessions
 from polling import wait_for
 
-from pytest_gpubench.cleanup import Outcome, owning_run, release, stage_reached
-from pytest_gpubench.cli import main as gpubench
+from pytest_gpubench.cloud.cleanup import Outcome, owning_run, release, stage_reached
+from pytest_gpubench.commands.cli import main as gpubench
 from pytest_gpubench.errors import Stage, UsageProblem
-from pytest_gpubench.manifest import Manifest
-from pytest_gpubench.processes import ProcessIdentity, pid_alive, start_token
-from pytest_gpubench.progress import ProgressWriter
-from pytest_gpubench.providers.shopper import consumer_id
-from pytest_gpubench.resume import ResumePlan, plan_resume, still_to_run
-from pytest_gpubench.shopper import ShopperClient
-from pytest_gpubench.shutdown import GracefulTermination, Terminated
+from pytest_gpubench.store.manifest import Manifest
+from pytest_gpubench.cloud.processes import ProcessIdentity, pid_alive, start_token
+from pytest_gpubench.store.progress import ProgressWriter
+from pytest_gpubench.cloud.shopper_provider import consumer_id
+from pytest_gpubench.store.resume import ResumePlan, plan_resume, still_to_run
+from pytest_gpubench.cloud.shopper_client import ShopperClient
+from pytest_gpubench.plugin.shutdown import GracefulTermination, Terminated
 
 OFFER = "vastai-18430201"  # an RTX 4090 the catalog always has
 ACTIVE = {"pending", "provisioning", "running", "stopping"}
@@ -213,7 +213,7 @@ async def _release_all(url: str, leftovers):
 def test_release_copes_with_stopped_missing_and_failed_sessions(sandbox, api):
     import asyncio
 
-    from pytest_gpubench.cleanup import Leftover
+    from pytest_gpubench.cloud.cleanup import Leftover
 
     stopped = rent(api, "gpubench-x-stopped-a1")
     api.post(f"/api/v1/sessions/{stopped}/done")
@@ -325,7 +325,7 @@ ONE_CELL = "4090 and 1.5b"
 
 def cleanup_finds_nothing(run: PytestRun) -> None:
     """``gpubench cleanup`` afterwards: nothing of the run was left to release."""
-    done = subprocess.run([sys.executable, "-m", "pytest_gpubench.cli", "cleanup", "--manifest", str(run.manifest),
+    done = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "cleanup", "--manifest", str(run.manifest),
                            "--api", run.url], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "nothing to clean up" in done.stdout, done.stdout
@@ -334,7 +334,7 @@ def cleanup_finds_nothing(run: PytestRun) -> None:
 
 def worker_holding(controller: int, path: Path) -> int:
     """The xdist worker (a child of ``controller``) that has ``path`` open: the one running that cell."""
-    from pytest_gpubench.processes import xdist_worker_pids
+    from pytest_gpubench.cloud.processes import xdist_worker_pids
 
     for pid in xdist_worker_pids(controller):
         try:
@@ -439,7 +439,7 @@ def test_timeout_thread_method_leftover_is_released_at_the_next_start(tmp_path, 
     (row,) = run.rows()
     assert row["session_id"] == left["id"] and row["status"] == "running" and row["released_by"] is None
 
-    dry = subprocess.run([sys.executable, "-m", "pytest_gpubench.cli", "cleanup", "--manifest", str(run.manifest),
+    dry = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "cleanup", "--manifest", str(run.manifest),
                           "--api", sandbox_url, "--dry-run"], capture_output=True, text=True, timeout=120)
     assert dry.returncode == 0 and f"would release session {left['id']}" in dry.stdout, dry.stdout + dry.stderr
     assert [s["id"] for s in active_sessions(sandbox_url)] == [left["id"]]  # a dry run changes nothing

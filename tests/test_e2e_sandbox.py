@@ -15,7 +15,7 @@ import sqlite_utils
 from e2e_helpers import QUICK, REPO, SEED, manifest_rows, run_pytest
 from polling import wait_for
 
-from pytest_gpubench.progress import read_progress
+from pytest_gpubench.store.progress import read_progress
 from pytest_gpubench.sandbox.catalog import load_catalog
 
 

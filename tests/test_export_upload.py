@@ -15,12 +15,12 @@ import httpx
 import pytest
 from result_helpers import make_result
 
-from pytest_gpubench.cli import main
-from pytest_gpubench.export import csv_columns, export_results, upload_pending
-from pytest_gpubench.manifest import Manifest
-from pytest_gpubench.results import BenchmarkResult
+from pytest_gpubench.commands.cli import main
+from pytest_gpubench.store.export import csv_columns, export_results, upload_pending
+from pytest_gpubench.store.manifest import Manifest
+from pytest_gpubench.measure.results import BenchmarkResult
 from pytest_gpubench.sandbox import SandboxThread
-from pytest_gpubench.shopper import ShopperClient
+from pytest_gpubench.cloud.shopper_client import ShopperClient
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -212,7 +212,7 @@ def test_cli_usage_problems_are_one_line_and_exit_2(manifest_path, tmp_path, cap
 
 
 def test_cli_missing_manifest_in_a_real_process(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "pytest_gpubench.cli", "upload", "--manifest",
+    done = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "upload", "--manifest",
                            str(tmp_path / "none.db")], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 2
     assert done.stderr.startswith("gpubench upload: error: no manifest at") and "Traceback" not in done.stderr

@@ -20,7 +20,7 @@ import sqlite_utils
 from e2e_helpers import assert_every_session_released, run_pytest, sandbox_sessions
 
 from pytest_gpubench.aio import run as run_async
-from pytest_gpubench.budget import (
+from pytest_gpubench.cloud.budget import (
     Spend,
     admission,
     exhausted,
@@ -31,17 +31,17 @@ from pytest_gpubench.budget import (
     summary_line,
 )
 from pytest_gpubench.errors import ApiError, MatrixError, Stage, StageError, UsageProblem
-from pytest_gpubench.manifest import Manifest
-from pytest_gpubench.matrix import expand, parse_matrix
-from pytest_gpubench.offers import Constraints, next_offer
-from pytest_gpubench.progress import read_progress
-from pytest_gpubench.providers.shopper import ShopperProvider
-from pytest_gpubench.provisioning import Provisioning, can_fail_over
-from pytest_gpubench.record import CellRecorder
-from pytest_gpubench.run import RunContext
+from pytest_gpubench.store.manifest import Manifest
+from pytest_gpubench.matrix.cells import expand, parse_matrix
+from pytest_gpubench.cloud.offers import Constraints, next_offer
+from pytest_gpubench.store.progress import read_progress
+from pytest_gpubench.cloud.shopper_provider import ShopperProvider
+from pytest_gpubench.cloud.provisioning import Provisioning, can_fail_over
+from pytest_gpubench.plugin.record import CellRecorder
+from pytest_gpubench.plugin.run_context import RunContext
 from pytest_gpubench.settings import resolve
-from pytest_gpubench.shopper import Offer, ShopperClient
-from pytest_gpubench.ssh_wait import ssh_wait_for
+from pytest_gpubench.cloud.shopper_client import Offer, ShopperClient
+from pytest_gpubench.cloud.ssh_wait import ssh_wait_for
 
 TIME_SCALE = 0.01  # the in-process sandbox of tests/conftest.py
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)

@@ -27,18 +27,18 @@ from e2e_helpers import QUICK, REPO, manifest_rows, run_pytest
 from polling import wait_for
 from standin_helpers import Server, write_instance
 
-from pytest_gpubench.benchmark import LOADGEN_SOURCE, BenchmarkPlan, run_benchmark
+from pytest_gpubench.measure.benchmark import LOADGEN_SOURCE, BenchmarkPlan, run_benchmark
 from pytest_gpubench.errors import BenchmarkInterrupted, Stage, StageError
-from pytest_gpubench.matrix import SEED_PROMPTS
+from pytest_gpubench.matrix.cells import SEED_PROMPTS
 from pytest_gpubench.remote.ssh import Connection
-from pytest_gpubench.result_checks import result_problems
-from pytest_gpubench.results import BenchmarkResult, GPUStats, HardwareInfo, RequestRecord, summarize
+from pytest_gpubench.measure.result_checks import result_problems
+from pytest_gpubench.measure.results import BenchmarkResult, GPUStats, HardwareInfo, RequestRecord, summarize
 from pytest_gpubench.runtimes.ollama import SERVE_PID, OllamaRuntime
 from pytest_gpubench.sandbox.standin_state import StateStore, StreamFault
 from pytest_gpubench.settings import DEFAULT_OLLAMA_INSTALL, Settings
-from pytest_gpubench.shopper import ShopperClient
-from pytest_gpubench.vram import vram_shortfall
-from pytest_gpubench.watch import InstanceLost, SessionWatch
+from pytest_gpubench.cloud.shopper_client import ShopperClient
+from pytest_gpubench.runtimes.vram import vram_shortfall
+from pytest_gpubench.cloud.watch import InstanceLost, SessionWatch
 
 TIME_SCALE = 0.01  # the in-process sandbox of tests/conftest.py
 GHOST_ERROR = "Instance not found on provider during reconciliation"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from pytest_gpubench.fingerprint import fingerprint, incomparable, stored_fingerprint
-from pytest_gpubench.manifest import Manifest
-from pytest_gpubench.results import BenchmarkResult, PerformanceResults
+from pytest_gpubench.measure.fingerprint import fingerprint, incomparable, stored_fingerprint
+from pytest_gpubench.store.manifest import Manifest
+from pytest_gpubench.measure.results import BenchmarkResult, PerformanceResults
 
 BASE = dict(prompts=["Why is the sky blue?", {"prompt": "2+2?", "expect": ["4"]}], max_tokens=64, concurrency=1,
             rate=None, think=None, warmup_requests=1, runtime="ollama", runtime_version="0.12.4",

@@ -199,8 +199,8 @@ matrix:
 
 # ------------------------------------------------ item 3: load only what a run needs
 
-LIGHT = {"pytest_gpubench", "pytest_gpubench.plugin", "pytest_gpubench.options", "pytest_gpubench.stash",
-         "pytest_gpubench.matrix_scan"}
+LIGHT = {"pytest_gpubench", "pytest_gpubench.plugin.hooks", "pytest_gpubench.options", "pytest_gpubench.plugin.stash",
+         "pytest_gpubench.plugin.matrix_scan"}
 REPORT_MODULES = """
     import sys
 
@@ -267,12 +267,12 @@ def test_a_matrix_or_marked_test_loads_the_rest(project):
     """)
     for args in (["gpubench_demo.yaml", "--collect-only"], ["test_mine.py", "--collect-only"]):
         modules = loaded_modules(project, *args)
-        assert {"pytest_gpubench.collect", "pytest_gpubench.plugin_run"} <= modules, args
-        assert "pytest_gpubench.fixtures" not in modules, args  # nothing runs, nothing needs them
+        assert {"pytest_gpubench.plugin.collect", "pytest_gpubench.plugin.run_hooks"} <= modules, args
+        assert "pytest_gpubench.plugin.fixtures" not in modules, args  # nothing runs, nothing needs them
         # Ordering and splitting the run's reuse groups is arithmetic: no SSH, HTTP or SQLite.
         assert not {"asyncssh", "httpx", "sqlite_utils"} & modules, args
     for args in (["gpubench_demo.yaml", "--fixtures"], ["test_mine.py", "--fixtures"]):
-        assert "pytest_gpubench.fixtures" in loaded_modules(project, *args), args
+        assert "pytest_gpubench.plugin.fixtures" in loaded_modules(project, *args), args
 
 
 def test_filtered_cells_build_no_test_function(project):

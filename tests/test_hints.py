@@ -7,7 +7,7 @@ import warnings
 import pytest
 from e2e_helpers import DEMO_MATRIX as MATRIX
 
-from pytest_gpubench.hints import (
+from pytest_gpubench.plugin.hints import (
     KNOWN_GPUS,
     UnknownGpuWarning,
     check_gpu_names,
@@ -15,7 +15,7 @@ from pytest_gpubench.hints import (
     known_gpus,
     no_match_message,
 )
-from pytest_gpubench.matrix import load_cells
+from pytest_gpubench.matrix.cells import load_cells
 from pytest_gpubench.sandbox.catalog import load_catalog
 from pytest_gpubench.settings import OPTIONS
 

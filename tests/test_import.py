@@ -14,19 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpubench.cli import main
-from pytest_gpubench.export import export_results
-from pytest_gpubench.gpuinfo import gpu_name_matches, gpu_type_of
-from pytest_gpubench.import_formats import (
+from pytest_gpubench.commands.cli import main
+from pytest_gpubench.store.export import export_results
+from pytest_gpubench.remote.gpuinfo import gpu_name_matches, gpu_type_of
+from pytest_gpubench.commands.import_formats import (
     BENCHMARK_RESULT,
     CHECKPOINT,
     SEED_RESULT,
     ImportProblem,
     parse_document,
 )
-from pytest_gpubench.importer import Assumed, import_files, load_json
-from pytest_gpubench.manifest import Manifest
-from pytest_gpubench.results import (
+from pytest_gpubench.commands.importer import Assumed, import_files, load_json
+from pytest_gpubench.store.manifest import Manifest
+from pytest_gpubench.measure.results import (
     BenchmarkResult,
     HardwareInfo,
     ModelInfo,
@@ -480,7 +480,7 @@ def test_no_path_is_a_usage_error(capsys):
 
 def test_the_command_as_a_process(tmp_path):
     bad = write(tmp_path / "bad.json", {"model": "x:1b", "total_tokens": "lots", "timestamp": "2026-01-01T00:00:00Z"})
-    done = subprocess.run([sys.executable, "-m", "pytest_gpubench.cli", "import", "--manifest", str(tmp_path / "m.db"),
+    done = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "import", "--manifest", str(tmp_path / "m.db"),
                            "--provider", "vastai", "--price", "2.5", str(DATA), str(bad)],
                           capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 1, done.stderr
@@ -501,8 +501,8 @@ def test_the_command_as_a_process(tmp_path):
 def test_an_interrupted_run_of_the_real_load_generator_imports_as_partial(tmp_path):
     from standin_helpers import RATE, Server, write_instance
 
-    from pytest_gpubench.benchmark import LOADGEN_SOURCE, BenchmarkPlan
-    from pytest_gpubench.matrix import SEED_PROMPTS
+    from pytest_gpubench.measure.benchmark import LOADGEN_SOURCE, BenchmarkPlan
+    from pytest_gpubench.matrix.cells import SEED_PROMPTS
 
     server = Server(write_instance(tmp_path / "instance"))
     try:

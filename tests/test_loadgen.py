@@ -16,9 +16,9 @@ import threading
 import pytest
 from standin_helpers import RATE, TTFT_MS, Server, write_instance
 
-from pytest_gpubench.benchmark import LOADGEN_SOURCE, BenchmarkPlan, _local_lines
-from pytest_gpubench.matrix import SEED_PROMPTS
-from pytest_gpubench.results import RequestRecord, summarize
+from pytest_gpubench.measure.benchmark import LOADGEN_SOURCE, BenchmarkPlan, _local_lines
+from pytest_gpubench.matrix.cells import SEED_PROMPTS
+from pytest_gpubench.measure.results import RequestRecord, summarize
 
 PARALLEL = 4
 

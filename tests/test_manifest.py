@@ -1,4 +1,4 @@
-"""Tests of pytest_gpubench.manifest: schema, cell lifecycle, results, several writers."""
+"""Tests of pytest_gpubench.store.manifest: schema, cell lifecycle, results, several writers."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from datetime import datetime
 import pytest
 
 from pytest_gpubench.errors import Stage
-from pytest_gpubench.manifest import Manifest
-from pytest_gpubench.results import BenchmarkResult, HardwareInfo, ModelInfo, RequestRecord, summarize
+from pytest_gpubench.store.manifest import Manifest
+from pytest_gpubench.measure.results import BenchmarkResult, HardwareInfo, ModelInfo, RequestRecord, summarize
 
 SEED_001_COLUMNS = [
     "id", "run_id", "created_at", "gpu_type", "provider", "model", "session_id",

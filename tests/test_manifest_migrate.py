@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpubench.compare import compare, figures_of, parse_compare_fail
+from pytest_gpubench.measure.compare import compare, figures_of, parse_compare_fail
 from pytest_gpubench.errors import UsageProblem
-from pytest_gpubench.export import export_results
-from pytest_gpubench.manifest import Manifest
-from pytest_gpubench.manifest_migrate import SCHEMA_VERSION, ManifestTooNew
-from pytest_gpubench.report import build_report
-from pytest_gpubench.results import BenchmarkResult
-from pytest_gpubench.resume import plan_resume
+from pytest_gpubench.store.export import export_results
+from pytest_gpubench.store.manifest import Manifest
+from pytest_gpubench.store.migrate import SCHEMA_VERSION, ManifestTooNew
+from pytest_gpubench.report.gather import build_report
+from pytest_gpubench.measure.results import BenchmarkResult
+from pytest_gpubench.store.resume import plan_resume
 
 OLD_SQL = Path(__file__).parent / "data" / "manifest_schema_v0.sql"
 RUN, CELL = "20261120T100000Z-old", "RTX_4090-vastai-qwen2:7b-c4"
@@ -125,7 +125,7 @@ def test_a_manifest_from_a_newer_version_is_refused_clearly(tmp_path):
 
 
 def test_gpubench_browse_migrates_an_old_file_before_serving_it(old_manifest):
-    from pytest_gpubench.browse import _QUERIES, datasette_metadata, read_schema
+    from pytest_gpubench.commands.browse import _QUERIES, datasette_metadata, read_schema
 
     schema = read_schema(old_manifest)
     assert "output_tokens_per_second" in schema["benchmarks"] and "tokens_per_second" not in schema["benchmarks"]

@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from pytest_gpubench.errors import MatrixError
-from pytest_gpubench.matrix import (
+from pytest_gpubench.matrix.cells import (
     KNOWN_PROVIDERS,
     MODEL_VRAM_GB,
     PROMPT_SETS,
@@ -856,7 +856,7 @@ def test_expanded_cells_are_what_validation_would_build(tmp_path):
 
 
 def test_prototype_checks_the_fields_once_and_the_values_given_for_each():
-    from pytest_gpubench.prototype import Prototype
+    from pytest_gpubench.matrix.prototype import Prototype
 
     shared = {"ttft_ms": 100.0}
     with pytest.raises(TypeError, match=r"unknown \['p99_ms'\]"):

@@ -1,11 +1,11 @@
-"""Tests of pytest_gpubench.metrics on hand-computed samples."""
+"""Tests of pytest_gpubench.measure.metrics on hand-computed samples."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from pytest_gpubench.metrics import (
+from pytest_gpubench.measure.metrics import (
     DetailedMetrics,
     LoadgenSummary,
     Slo,
@@ -15,7 +15,7 @@ from pytest_gpubench.metrics import (
     request_tpot_ms,
     token_counts_disagree,
 )
-from pytest_gpubench.results import RequestRecord, summarize
+from pytest_gpubench.measure.results import RequestRecord, summarize
 
 
 def record(index: int = 0, **fields) -> RequestRecord:

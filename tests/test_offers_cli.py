@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from pytest_gpubench.cli import main as gpubench
+from pytest_gpubench.commands.cli import main as gpubench
 
 
 @pytest.fixture(scope="module")

@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 
 from pytest_gpubench.errors import Stage
-from pytest_gpubench.manifest import Manifest
-from pytest_gpubench.plan import PlanProblem, make_plan, makespan
-from pytest_gpubench.plan_estimates import (
+from pytest_gpubench.store.manifest import Manifest
+from pytest_gpubench.commands.plan import PlanProblem, make_plan, makespan
+from pytest_gpubench.commands.plan_estimates import (
     DEFAULT_PULL_SECONDS_PER_GB,
     DEFAULT_STAGE_SECONDS,
     DEFAULT_TOKENS_PER_SECOND,
     stage_seconds,
 )
-from pytest_gpubench.progress import ProgressWriter, read_progress
+from pytest_gpubench.store.progress import ProgressWriter, read_progress
 from pytest_gpubench.settings import OPTIONS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -330,7 +330,7 @@ def test_makespan_is_longest_first_to_the_least_loaded_worker():
 
 def gpubench(*args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
-    return subprocess.run([sys.executable, "-m", "pytest_gpubench.cli", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", *args], cwd=REPO,
                           env={**clean, **(env or {})}, capture_output=True, text=True, timeout=timeout)
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpubench.plan import make_plan
-from pytest_gpubench.plan_estimates import DEFAULT_STAGE_SECONDS
-from pytest_gpubench.plan_render import WRAP_AT, render, wrap_text
+from pytest_gpubench.commands.plan import make_plan
+from pytest_gpubench.commands.plan_estimates import DEFAULT_STAGE_SECONDS
+from pytest_gpubench.commands.plan_render import WRAP_AT, render, wrap_text
 from pytest_gpubench.settings import OPTIONS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,7 +140,7 @@ def test_wrap_text_breaks_after_dashes_and_cuts_what_has_none():
 def test_command_takes_the_split_options(sandbox, tmp_path):
     path = write(tmp_path, FOUR)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
-    base = [sys.executable, "-m", "pytest_gpubench.cli", "plan", str(path), "--api", sandbox.url,
+    base = [sys.executable, "-m", "pytest_gpubench.commands.cli", "plan", str(path), "--api", sandbox.url,
             "--manifest", str(tmp_path / "none.db"), "-n", "4"]
     done = subprocess.run([*base, "--sessions-per-group", "2"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=180)

@@ -142,7 +142,7 @@ def test_fixtures_are_documented(project):
 def test_the_same_cell_in_two_files_gets_two_manifest_rows(project):
     project.makefile(".yaml", gpubench_other=MATRIX)
     project.makeconftest("""
-from pytest_gpubench.stash import RECORD_KEY
+from pytest_gpubench.plugin.stash import RECORD_KEY
 
 def pytest_collection_finish(session):
     for item in session.items:

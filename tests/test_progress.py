@@ -1,4 +1,4 @@
-"""Tests of pytest_gpubench.progress: the seed-000 progress file, written and read back."""
+"""Tests of pytest_gpubench.store.progress: the seed-000 progress file, written and read back."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from pytest_gpubench.errors import Stage
-from pytest_gpubench.progress import REDACTED, ProgressWriter, format_value, read_progress
-from pytest_gpubench.results import BenchmarkResult, PerformanceResults
+from pytest_gpubench.store.progress import REDACTED, ProgressWriter, format_value, read_progress
+from pytest_gpubench.measure.results import BenchmarkResult, PerformanceResults
 
 KEY = "-----BEGIN " "OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----"
 

@@ -4,10 +4,10 @@ import httpx
 import pytest
 
 from pytest_gpubench.errors import NoEligibleOffer, StageError
-from pytest_gpubench.offers import Constraints
-from pytest_gpubench.providers.shopper import ShopperProvider, consumer_id, reservation_hours
+from pytest_gpubench.cloud.offers import Constraints
+from pytest_gpubench.cloud.shopper_provider import ShopperProvider, consumer_id, reservation_hours
 from pytest_gpubench.settings import resolve
-from pytest_gpubench.shopper import ShopperClient
+from pytest_gpubench.cloud.shopper_client import ShopperClient
 
 SETTINGS = resolve({"time_scale": "0.001"}, {}, lambda name: None)
 

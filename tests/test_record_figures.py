@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_gpubench.manifest import Manifest
-from pytest_gpubench.matrix import expand, parse_matrix
-from pytest_gpubench.metrics import detailed_metrics
-from pytest_gpubench.progress import read_progress
-from pytest_gpubench.record import CellRecorder, Outcome
-from pytest_gpubench.results import BenchmarkResult, RequestRecord, TestConfig, summarize
-from pytest_gpubench.summary_table import SummaryTable
+from pytest_gpubench.store.manifest import Manifest
+from pytest_gpubench.matrix.cells import expand, parse_matrix
+from pytest_gpubench.measure.metrics import detailed_metrics
+from pytest_gpubench.store.progress import read_progress
+from pytest_gpubench.plugin.record import CellRecorder, Outcome
+from pytest_gpubench.measure.results import BenchmarkResult, RequestRecord, TestConfig, summarize
+from pytest_gpubench.plugin.summary_table import SummaryTable
 
 MATRIX = """
 workload: {duration: 4s, concurrency: 4}
@@ -93,8 +93,8 @@ def test_progress_lines_name_the_load_generators_rate(tmp_path):
     """The load generator's running ``tps`` (tokens so far / time so far) is output throughput."""
     from types import SimpleNamespace
 
-    from pytest_gpubench.cell_benchmark import Bench
-    from pytest_gpubench.progress import ProgressWriter
+    from pytest_gpubench.plugin.cell_benchmark import Bench
+    from pytest_gpubench.store.progress import ProgressWriter
 
     writer = ProgressWriter(tmp_path / "cell.log")
     bench = Bench(None, None, SimpleNamespace(progress=writer), None, None)  # only its recorder is used here

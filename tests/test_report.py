@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from chromium import ChromiumProcess, DevTools, find_chromium
 
-from pytest_gpubench.cli import main
-from pytest_gpubench.manifest import Manifest
-from pytest_gpubench.report import build_report, write_reports
-from pytest_gpubench.report_charts import Bar, Point, bar_chart, nice_ticks, scatter_chart
-from pytest_gpubench.report_html import render_html
-from pytest_gpubench.report_markdown import render_markdown
-from pytest_gpubench.results import BenchmarkResult, HardwareInfo, ModelInfo, PerformanceResults, TestConfig
+from pytest_gpubench.commands.cli import main
+from pytest_gpubench.store.manifest import Manifest
+from pytest_gpubench.report.gather import build_report, write_reports
+from pytest_gpubench.report.charts import Bar, Point, bar_chart, nice_ticks, scatter_chart
+from pytest_gpubench.report.html import render_html
+from pytest_gpubench.report.markdown import render_markdown
+from pytest_gpubench.measure.results import BenchmarkResult, HardwareInfo, ModelInfo, PerformanceResults, TestConfig
 
 REPO = Path(__file__).resolve().parents[1]
 DURATION = 200.0
@@ -475,7 +475,7 @@ def test_command_errors_are_one_line(tmp_path, manifest_path, capsys, case):
 
 def test_console_command_runs_without_traceback(tmp_path, manifest_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
-    done = subprocess.run([sys.executable, "-m", "pytest_gpubench.cli", "report", "--manifest", str(manifest_path),
+    done = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "report", "--manifest", str(manifest_path),
                            "--output-dir", str(tmp_path / "o"), "--run", "nope"],
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr and done.stderr.count("\n") == 1
@@ -590,7 +590,7 @@ def test_report_of_a_real_sandbox_run_matches_its_summary(tmp_path, sandbox, api
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
     printed_spend = float(re.search(r"; spent \$([0-9.]+)", done.stdout).group(1))
 
-    made = subprocess.run([sys.executable, "-m", "pytest_gpubench.cli", "report", "--manifest",
+    made = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "report", "--manifest",
                            str(reports / "manifest.db"), "--output-dir", str(reports)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr

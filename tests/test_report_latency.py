@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from chromium import ChromiumProcess, DevTools, find_chromium
 
-from pytest_gpubench.manifest import Manifest
-from pytest_gpubench.report import build_report, write_reports
-from pytest_gpubench.report_charts import PROVIDER_COLORS, Bar, Point, bar_chart, provider_color, scatter_chart
-from pytest_gpubench.report_html import render_html
-from pytest_gpubench.report_markdown import render_markdown
-from pytest_gpubench.report_sweep import percentile_table, sweeps
-from pytest_gpubench.results import BenchmarkResult, PerformanceResults, TestConfig
+from pytest_gpubench.store.manifest import Manifest
+from pytest_gpubench.report.gather import build_report, write_reports
+from pytest_gpubench.report.charts import PROVIDER_COLORS, Bar, Point, bar_chart, provider_color, scatter_chart
+from pytest_gpubench.report.html import render_html
+from pytest_gpubench.report.markdown import render_markdown
+from pytest_gpubench.report.sweep import percentile_table, sweeps
+from pytest_gpubench.measure.results import BenchmarkResult, PerformanceResults, TestConfig
 
 DURATION = 100.0
 #: (provider, concurrency) -> (output tokens over 100 s, e2e p50 ms): throughput saturates, latency grows.
@@ -99,7 +99,7 @@ def test_a_provider_keeps_its_colour_whatever_else_is_in_the_report():
     assert f'fill="{PROVIDER_COLORS["vastai"]}"' in alone
     # An unknown provider's colour comes from a stable hash of its name: the same in another process
     # (str hashes are salted per process; this one must not be).
-    code = "from pytest_gpubench.report_charts import provider_color; print(provider_color('acme-gpu'))"
+    code = "from pytest_gpubench.report.charts import provider_color; print(provider_color('acme-gpu'))"
     colours = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                               env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip() for seed in ("1", "2")}
     assert colours == {provider_color("acme-gpu")}

@@ -1,4 +1,4 @@
-"""Tests of pytest_gpubench.results: statistics, costs, nvidia-smi parsing, GPU names."""
+"""Tests of pytest_gpubench.measure.results: statistics, costs, nvidia-smi parsing, GPU names."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from pytest_gpubench.results import (
+from pytest_gpubench.measure.results import (
     BenchmarkResult,
     CostAnalysis,
     GPUStats,

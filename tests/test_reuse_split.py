@@ -7,14 +7,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_gpubench._xdist import MatrixGroups
-from pytest_gpubench.matrix import expand, parse_matrix
-from pytest_gpubench.reuse_estimates import reservation_seconds
-from pytest_gpubench.reuse_order import arrange_reuse_groups
-from pytest_gpubench.reuse_split import SplitPolicy, split_groups
-from pytest_gpubench.session_pool import SessionPool
+from pytest_gpubench.plugin.xdist import MatrixGroups
+from pytest_gpubench.matrix.cells import expand, parse_matrix
+from pytest_gpubench.cloud.reuse_estimates import reservation_seconds
+from pytest_gpubench.plugin.reuse_order import arrange_reuse_groups
+from pytest_gpubench.cloud.reuse_split import SplitPolicy, split_groups
+from pytest_gpubench.cloud.session_pool import SessionPool
 from pytest_gpubench.settings import DEFAULT_SPLIT_COST, Settings, resolve
-from pytest_gpubench.stash import CELL_KEY, GROUP_KEY, RECORD_KEY, REUSE_GROUPS_KEY, SETTINGS_KEY
+from pytest_gpubench.plugin.stash import CELL_KEY, GROUP_KEY, RECORD_KEY, REUSE_GROUPS_KEY, SETTINGS_KEY
 
 # Pulls are waits on the run's clock: at time scale 0 only the benchmarks count, which
 # keeps the arithmetic readable (setup 0 too, so every split pays off unless a rule says no).

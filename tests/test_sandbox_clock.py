@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpubench.cell_overrides import apply_overrides
-from pytest_gpubench.manifest import Manifest
-from pytest_gpubench.matrix import expand, load_matrix
-from pytest_gpubench.progress import read_progress
-from pytest_gpubench.record import CellRecorder
-from pytest_gpubench.report import build_report
-from pytest_gpubench.report_html import render_html
-from pytest_gpubench.report_markdown import render_markdown
-from pytest_gpubench.sandbox_label import junit_property, progress_labels, summary_title
+from pytest_gpubench.matrix.overrides import apply_overrides
+from pytest_gpubench.store.manifest import Manifest
+from pytest_gpubench.matrix.cells import expand, load_matrix
+from pytest_gpubench.store.progress import read_progress
+from pytest_gpubench.plugin.record import CellRecorder
+from pytest_gpubench.report.gather import build_report
+from pytest_gpubench.report.html import render_html
+from pytest_gpubench.report.markdown import render_markdown
+from pytest_gpubench.store.sandbox_label import junit_property, progress_labels, summary_title
 from pytest_gpubench.settings import resolve
 
 SEED = Path(__file__).resolve().parents[1] / "matrix" / "gpubench_seed.yaml"

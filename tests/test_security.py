@@ -26,7 +26,7 @@ import pytest
 import sqlite_utils
 
 from pytest_gpubench.errors import MatrixError, StageError
-from pytest_gpubench.matrix import parse_matrix
+from pytest_gpubench.matrix.cells import parse_matrix
 from pytest_gpubench.remote.ssh import HostKeyChanged, HostKeyPins
 from pytest_gpubench.runtimes.ollama import check_model_name
 from pytest_gpubench.sandbox import SandboxThread

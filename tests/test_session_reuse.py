@@ -12,10 +12,10 @@ from e2e_helpers import PytestRun, assert_every_session_released, run_pytest, sa
 from polling import wait_for
 
 from pytest_gpubench.errors import MatrixError
-from pytest_gpubench.matrix import expand, parse_matrix
-from pytest_gpubench.progress import read_progress
+from pytest_gpubench.matrix.cells import expand, parse_matrix
+from pytest_gpubench.store.progress import read_progress
 from pytest_gpubench.remote.system import parse_df_available
-from pytest_gpubench.reuse_estimates import disk_gb_for, estimated_cell_seconds, order_for_reuse
+from pytest_gpubench.cloud.reuse_estimates import disk_gb_for, estimated_cell_seconds, order_for_reuse
 
 ORDER_MATRIX = """
 workload: {duration: 60}
@@ -310,9 +310,9 @@ def test_the_controller_finds_a_cell_s_group_from_its_node_id(tmp_path):
     # pytest 9.2 ignores xdist's `nodeid@group` renaming: the scheduler reads the matrix instead.
     from types import SimpleNamespace
 
-    from pytest_gpubench._xdist import MatrixGroups
+    from pytest_gpubench.plugin.xdist import MatrixGroups
     from pytest_gpubench.settings import Settings
-    from pytest_gpubench.stash import SETTINGS_KEY
+    from pytest_gpubench.plugin.stash import SETTINGS_KEY
 
     (tmp_path / "gpubench_o.yaml").write_text(ORDER_MATRIX)
     config = SimpleNamespace(rootpath=tmp_path, stash={SETTINGS_KEY: Settings()})

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from pytest_gpubench.errors import ApiError, ApiUnreachable, StageError
-from pytest_gpubench.shopper import SessionRequest, ShopperClient
+from pytest_gpubench.cloud.shopper_client import SessionRequest, ShopperClient
 
 SESSION = {"id": "3f6c1a52-0000-4000-8000-000000000001", "consumer_id": "c", "provider": "vastai",
            "gpu_type": "RTX 4090", "status": "running", "ssh_host": "127.0.0.1", "ssh_port": 2222,

@@ -20,9 +20,9 @@ import pytest
 from standin_helpers import write_instance
 
 from pytest_gpubench.remote.ssh import Connection
-from pytest_gpubench.results import GPUStats
+from pytest_gpubench.measure.results import GPUStats
 from pytest_gpubench.sandbox import shims, sshd
-from pytest_gpubench.telemetry import (
+from pytest_gpubench.remote.telemetry import (
     GpuSample,
     RemoteClock,
     nvidia_smi_loop_command,
@@ -354,7 +354,7 @@ def test_stop_set_before_the_first_sample(instance):
 
 
 def test_gpu_samples_round_trip_through_the_manifest(tmp_path):
-    from pytest_gpubench.manifest import Manifest
+    from pytest_gpubench.store.manifest import Manifest
 
     samples = [GpuSample(t=100.0 + i, gpu=i % 2, utilization_pct=90, memory_used_mib=5000,
                          temperature_c=None, power_draw_w=300.5) for i in range(4)]

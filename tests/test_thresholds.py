@@ -11,8 +11,8 @@ import textwrap
 import pytest
 from pydantic import ValidationError
 
-from pytest_gpubench.matrix import load_cells
-from pytest_gpubench.thresholds import (
+from pytest_gpubench.matrix.cells import load_cells
+from pytest_gpubench.measure.thresholds import (
     Slo,
     Thresholds,
     Violation,
@@ -164,5 +164,5 @@ def test_cells_from_a_matrix_check_against_their_own_thresholds(tmp_path):
 
 
 def test_thresholds_module_does_not_import_pytest():
-    code = "import sys, pytest_gpubench.thresholds; sys.exit('pytest' in sys.modules)"
+    code = "import sys, pytest_gpubench.measure.thresholds; sys.exit('pytest' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -1,5 +1,5 @@
-from pytest_gpubench.results import RequestRecord
-from pytest_gpubench.validity import context_truncated, judge, token_count_mismatch
+from pytest_gpubench.measure.results import RequestRecord
+from pytest_gpubench.measure.validity import context_truncated, judge, token_count_mismatch
 
 PROMPTS = ["Write a Python function to implement binary search on a sorted list."]  # 70 chars: ~17 tokens
 

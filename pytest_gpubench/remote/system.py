@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..errors import Stage, StageError
-from ..gpuinfo import gpu_name_matches, parse_gpu_query_csv, parse_nvidia_smi_xml
-from ..results import HardwareInfo
+from .gpuinfo import gpu_name_matches, parse_gpu_query_csv, parse_nvidia_smi_xml
+from ..measure.results import HardwareInfo
 from .ssh import Connection
 
 GPU_FIELDS = "name,memory.total,driver_version"

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..results import BenchmarkResult
+from ..measure.results import BenchmarkResult
 
 # (json name, Go type, validator rules) in the order of the Go struct.
 CREATE_SESSION_FIELDS: list[tuple[str, str, str]] = [

@@ -1,0 +1,511 @@
+"""Release GPU sessions that a run could not release itself, and record it.
+
+A cell releases its own session in teardown (``fixtures.gpu_session``), also after
+a failure, a pytest-timeout of the ``signal`` method, Ctrl-C or SIGTERM. What a
+process cannot release because it died (SIGKILL, an xdist worker crash,
+pytest-timeout's ``thread`` method, a power cut) is released here:
+
+* by the xdist controller, for a worker that crashed and at the end of its run;
+* at the start of the next run that uses the same manifest;
+* by ``gpubench cleanup``.
+
+**Ownership.** Only sessions this manifest owns are touched: a session id recorded
+in it, or a session whose ``consumer_id`` was made by
+:func:`~pytest_gpubench.cloud.shopper_provider.consumer_id` for one of its runs
+(``gpubench-<run id>-...``). Anything else on the API is someone else's.
+
+**Liveness.** A run still going on in another process keeps its sessions: a run
+without ``finished_at`` whose owning process (pid, host and start time in the
+``runs`` table) is alive is left alone, and so is one on another host, where
+that cannot be checked.
+
+**Release.** ``done``, then ``DELETE`` if the session is still active (or
+``failed``, which may still hold an instance). The manifest records the final
+status, who released it (``released_by``) and when; a cell its dead process left
+``running`` is marked ``failed`` at the stage its progress file last reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterable
+from datetime import datetime, timedelta, timezone
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from ..errors import ApiError, Stage, StageError
+from ..store.manifest import Manifest
+from .processes import ProcessIdentity
+from ..store.progress import ProgressWriter, read_progress
+from .shopper_provider import consumer_id
+from .shopper_client import Session, ShopperClient
+
+CONSUMER_PREFIX = "gpubench-"
+#: Statuses in which a session may still hold (and bill for) an instance.
+ACTIVE_STATUSES = frozenset({"pending", "provisioning", "running", "stopping"})
+#: The API's longest reservation: a run with no recorded owner that started longer
+#: ago than this cannot hold a session any more, whatever became of its process.
+MAX_RESERVATION = timedelta(hours=12)
+#: How long a session may stay ``stopping`` after done/DELETE (the server answers
+#: those once it is stopped, within seconds).
+SETTLE_SECONDS = 30.0
+#: The stage a cell is in once its progress file shows this STATUS line.
+_STAGE_AFTER = {
+    "STARTING": Stage.INVENTORY,
+    "INVENTORY_QUERY": Stage.PROVISION,
+    "PROVISIONING": Stage.SSH_WAIT,
+    "SSH_READY": Stage.SSH_CONNECT,
+    "SYSTEM_INFO": Stage.OLLAMA_INSTALL,
+    "OLLAMA_INSTALLED": Stage.MODEL_PULL,
+    "MODEL_READY": Stage.BENCHMARK,
+    "RUN_COMPLETE": Stage.BENCHMARK,
+    "BENCHMARK_COMPLETE": Stage.RESULTS,
+    "RESULTS_COLLECTED": Stage.RESULTS,
+    "CLEANUP": Stage.CLEANUP,
+}
+
+
+def same_api(a: str | None, b: str | None) -> bool:
+    """Whether two API base URLs name the same server (a missing one matches any)."""
+    if not a or not b:
+        return True
+    return a.rstrip("/").lower() == b.rstrip("/").lower()
+
+
+def owning_run(consumer_id: str, run_ids: Iterable[str]) -> str | None:
+    """The run of ``run_ids`` whose cells make consumer ids like ``consumer_id``, or None.
+
+    Run ids may contain ``-`` and one may begin another (``nightly``,
+    ``nightly-2``): the longest run id that fits wins.
+    """
+    if not consumer_id.startswith(CONSUMER_PREFIX):
+        return None
+    fitting = [r for r in run_ids if r and consumer_id.startswith(f"{CONSUMER_PREFIX}{r}-")]
+    return max(fitting, key=len) if fitting else None
+
+
+def stage_reached(progress_file: str | None) -> Stage:
+    """The stage a cell was in when its progress file stopped (inventory if unknown)."""
+    stage = Stage.INVENTORY
+    if not progress_file or not Path(progress_file).is_file():
+        return stage
+    for line in read_progress(progress_file):
+        # A CLEANUP line with by= is this module's own, written after the cell stopped.
+        if line.kind == "STATUS" and line.label in _STAGE_AFTER and "by" not in line.fields:
+            stage = _STAGE_AFTER[line.label]
+    return stage
+
+
+class RunInfo(BaseModel):
+    """What the ``runs`` table says about one run, and whether it may still be going on."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    started_at: str | None = None
+    finished_at: str | None = None
+    owner: ProcessIdentity | None = None
+    api: str | None = None
+    sandbox: bool = False
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> RunInfo:
+        owner = None
+        if row.get("pid"):
+            owner = ProcessIdentity(pid=row["pid"], host=row.get("host") or "", start=row.get("pid_start"))
+        return cls(run_id=row["run_id"], started_at=row.get("started_at"), finished_at=row.get("finished_at"),
+                   owner=owner, api=row.get("api"), sandbox=bool(row.get("sandbox")))
+
+    def still_running(self, me: ProcessIdentity | None = None) -> str | None:
+        """Why this run may still be going on in another process, or None when it is over."""
+        if self.finished_at:
+            return None
+        if self.owner is not None:
+            if me is not None and (self.owner.pid, self.owner.host) == (me.pid, me.host):
+                return None  # this process: what it asks to release, it no longer uses
+            alive = self.owner.alive()
+            if alive is None:
+                return f"run {self.run_id} was started on host {self.owner.host} and may still be running there"
+            if alive:
+                return f"run {self.run_id} is still running (pid {self.owner.pid})"
+            return None
+        started = _parse_time(self.started_at)
+        if started is not None and datetime.now(timezone.utc) - started < MAX_RESERVATION:
+            return (f"run {self.run_id} recorded no process to check (an older version made it) "
+                    f"and started less than {MAX_RESERVATION.total_seconds() / 3600:.0f} h ago")
+        return None
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    try:
+        parsed = datetime.fromisoformat(text) if text else None
+    except ValueError:
+        return None
+    if parsed is not None and parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed
+
+
+class Leftover(BaseModel):
+    """A session this manifest owns that may still be running."""
+
+    session_id: str
+    run_id: str
+    consumer_id: str | None = None
+    row_id: str | None = None
+    cell_id: str | None = None
+    cell_status: str | None = None
+    worker: str | None = None
+    progress_file: str | None = None
+    attempt: int | None = None
+    found_by: str = "manifest"  # or "api": only the API knew it (by consumer_id)
+
+    def describe(self) -> str:
+        cell = f", cell {self.cell_id}" if self.cell_id else ""
+        return f"session {self.session_id} (run {self.run_id}{cell})"
+
+
+class Outcome(str, Enum):
+    RELEASED = "released"
+    ALREADY_ENDED = "already ended"
+    NOT_FOUND = "not found"
+    WOULD_RELEASE = "would release"
+    ENDED_WITH_SANDBOX = "ended with its sandbox"
+    LEFT_ALONE = "left alone"
+    FAILED = "failed"
+
+
+class Action(BaseModel):
+    """What cleanup did (or would do) about one session."""
+
+    leftover: Leftover
+    outcome: Outcome
+    before: str | None = None
+    after: str | None = None
+    detail: str = ""
+
+    def line(self) -> str:
+        change = ""
+        if self.before and self.after and self.before != self.after:
+            change = f": {self.before} -> {self.after}"
+        elif self.before:
+            change = f": {self.before}"
+        detail = f" ({self.detail})" if self.detail else ""
+        return f"{self.outcome.value} {self.leftover.describe()}{change}{detail}"
+
+
+class CleanupReport(BaseModel):
+    """Everything one cleanup pass found and did."""
+
+    actions: list[Action] = []
+    #: Cells marked failed because their process died before they finished.
+    closed_cells: list[str] = []
+    notes: list[str] = []
+    dry_run: bool = False
+
+    def count(self, *outcomes: Outcome) -> int:
+        return sum(1 for a in self.actions if a.outcome in outcomes)
+
+    @property
+    def failed(self) -> int:
+        return self.count(Outcome.FAILED)
+
+    @property
+    def changed(self) -> bool:
+        """Whether anything was released, found ended or recorded."""
+        return bool(self.closed_cells) or any(a.outcome is not Outcome.LEFT_ALONE for a in self.actions)
+
+    def lines(self) -> list[str]:
+        out = [a.line() for a in self.actions]
+        out += [f"marked failed: cell {row_id} (stopped before it finished)" for row_id in self.closed_cells]
+        return out + self.notes
+
+    def summary(self) -> str:
+        if not self.actions and not self.closed_cells:
+            return "nothing to clean up: no session of this manifest's runs is left running"
+        parts = []
+        for outcome in Outcome:
+            n = self.count(outcome)
+            if n:
+                parts.append(f"{n} {outcome.value}")
+        if self.closed_cells:
+            parts.append(f"{len(self.closed_cells)} cell(s) marked failed")
+        return ", ".join(parts) + ("; dry run: nothing was changed" if self.dry_run else "")
+
+    def merge(self, other: CleanupReport) -> None:
+        """Add another pass's findings; a session appears once, as the pass that acted on it saw it."""
+        acted = {a.leftover.session_id for a in self.actions + other.actions if a.outcome is not Outcome.LEFT_ALONE}
+        seen: set[tuple[str, Outcome]] = set()
+        merged = []
+        for action in self.actions + other.actions:
+            key = (action.leftover.session_id, action.outcome)
+            if key in seen or (action.outcome is Outcome.LEFT_ALONE and action.leftover.session_id in acted):
+                continue
+            seen.add(key)
+            merged.append(action)
+        self.actions = merged
+        self.closed_cells += [c for c in other.closed_cells if c not in self.closed_cells]
+        self.notes += other.notes
+
+
+class Survey(BaseModel):
+    """The manifest's side of a cleanup: what to release on one API and what not to touch."""
+
+    to_release: list[Leftover] = []
+    ended_with_sandbox: list[Leftover] = []
+    left_alone: list[Action] = []
+    #: Every run the manifest knows, for telling owned consumer ids.
+    known_runs: dict[str, RunInfo] = {}
+
+
+def survey(
+    manifest: Manifest, *, api: str | None, run_id: str | None = None, worker: str | None = None,
+    check_liveness: bool = True, me: ProcessIdentity | None = None,
+) -> Survey:
+    """Sort the manifest's unreleased sessions: to release through ``api``, ended, left alone.
+
+    ``run_id`` and ``worker`` narrow the scope (a run's own end, a crashed worker);
+    ``check_liveness=False`` is for the process that owns the run.
+    """
+    runs = {row["run_id"]: RunInfo.from_row(row) for row in _all_runs(manifest)}
+    result = Survey(known_runs=runs)
+    for found in manifest.unreleased_sessions(run_id):
+        leftover = Leftover.model_validate(found)
+        if worker is not None and leftover.worker != worker:
+            continue
+        run = runs.get(leftover.run_id) or RunInfo(run_id=leftover.run_id)
+        reason = _releasable(run, api, check_liveness, me)
+        if reason is None:
+            result.to_release.append(leftover)
+        elif reason == "sandbox":
+            result.ended_with_sandbox.append(leftover)
+        else:
+            result.left_alone.append(Action(leftover=leftover, outcome=Outcome.LEFT_ALONE, detail=reason))
+    return result
+
+
+def _releasable(run: RunInfo, api: str | None, check_liveness: bool, me: ProcessIdentity | None) -> str | None:
+    """None when ``run``'s sessions may be released through ``api``; else why not ("sandbox": they ended)."""
+    if check_liveness:
+        running = run.still_running(me)
+        if running:
+            return running
+    if not same_api(run.api, api):
+        if run.sandbox:
+            return "sandbox"  # its own sandbox stopped every session when the run's process went away
+        return f"run {run.run_id} used the API at {run.api}: gpubench cleanup --api {run.api}"
+    return None
+
+
+def apis_to_visit(manifest: Manifest, default: str) -> list[str]:
+    """The APIs that runs with unreleased sessions rented from (``default`` for an unknown one).
+
+    A run's own sandbox is not among them: it is gone with the run. With nothing
+    to release, ``default`` alone, to look for sessions only the API knows.
+    """
+    runs = {row["run_id"]: RunInfo.from_row(row) for row in _all_runs(manifest)}
+    apis: list[str] = []
+    for found in manifest.unreleased_sessions():
+        run = runs.get(found["run_id"])
+        if run is not None and run.sandbox:
+            continue
+        api = (run.api if run is not None else None) or default
+        if not any(same_api(api, known) for known in apis):
+            apis.append(api)
+    return apis or [default]
+
+
+def _all_runs(manifest: Manifest) -> list[dict[str, Any]]:
+    return [manifest.run(run_id) or {"run_id": run_id} for run_id in manifest.run_ids()]
+
+
+async def find_on_api(
+    client: ShopperClient, manifest: Manifest, found: Survey, *, run_id: str | None = None,
+    check_liveness: bool = True, me: ProcessIdentity | None = None,
+) -> tuple[list[Leftover], list[Action]]:
+    """Active sessions the API lists under this manifest's consumer ids that the manifest lacks.
+
+    A create that reached the server just before its process died leaves such a
+    session. Returns what to release (matched to its cell's row where the consumer
+    id names one), and what belongs to runs still going on (left alone).
+    """
+    known = {lo.session_id for lo in found.to_release} | {a.leftover.session_id for a in found.left_alone}
+    known |= {lo.session_id for lo in found.ended_with_sandbox}
+    leftovers, alone = [], []
+    for session in await client.list_sessions():
+        if session.id in known or session.status not in ACTIVE_STATUSES:
+            continue
+        owner = owning_run(session.consumer_id, found.known_runs)
+        if owner is None or (run_id is not None and owner != run_id):
+            continue  # not ours (or not this pass's run): never touched
+        leftover = Leftover(session_id=session.id, run_id=owner, consumer_id=session.consumer_id, found_by="api",
+                            **_cell_of_consumer(manifest, owner, session.consumer_id))
+        running = found.known_runs[owner].still_running(me) if check_liveness else None
+        if running is None:
+            leftovers.append(leftover)
+        else:
+            alone.append(Action(leftover=leftover, outcome=Outcome.LEFT_ALONE, before=session.status, detail=running))
+    return leftovers, alone
+
+
+def _cell_of_consumer(manifest: Manifest, run_id: str, consumer: str) -> dict[str, Any]:
+    """The manifest row (and attempt) whose cell made ``consumer``, as Leftover fields."""
+    for row in manifest.cells(run_id):
+        base = consumer_id(run_id, row["cell_id"], 1).removesuffix("-a1")
+        match = re.fullmatch(re.escape(base) + r"-a(\d+)", consumer)
+        if match:
+            return {"row_id": row["id"], "cell_id": row["cell_id"], "cell_status": row["status"],
+                    "worker": row["worker"], "progress_file": row["progress_file"], "attempt": int(match[1])}
+    return {}
+
+
+async def release(client: ShopperClient, leftover: Leftover, *, dry_run: bool = False) -> Action:
+    """End one session: ``done``, then ``DELETE`` while it is still active; never raises."""
+    try:
+        current = await _status(client, leftover.session_id)
+        if current is None:
+            return Action(leftover=leftover, outcome=Outcome.NOT_FOUND, detail="the API has no such session")
+        before = current.status
+        if before == "stopped":
+            return Action(leftover=leftover, outcome=Outcome.ALREADY_ENDED, before=before, after=before)
+        if dry_run:
+            return Action(leftover=leftover, outcome=Outcome.WOULD_RELEASE, before=before)
+        if before != "failed":
+            await client.release(leftover.session_id)
+            current = await _status(client, leftover.session_id)
+        current = await _settled(client, leftover.session_id, current)
+        if current is not None and current.status in ACTIVE_STATUSES | {"failed"}:
+            # Still there after done, or failed (which may still hold an instance).
+            await client.destroy(leftover.session_id)
+            current = await _settled(client, leftover.session_id, await _status(client, leftover.session_id))
+        after = current.status if current is not None else "not_found"
+        if after in ACTIVE_STATUSES:
+            return Action(leftover=leftover, outcome=Outcome.FAILED, before=before, after=after,
+                          detail="still active after done and DELETE: check it on the provider's console")
+        return Action(leftover=leftover, outcome=Outcome.RELEASED, before=before, after=after)
+    except (StageError, OSError) as exc:
+        return Action(leftover=leftover, outcome=Outcome.FAILED, detail=str(exc))
+
+
+async def _settled(client: ShopperClient, session_id: str, current: Session | None,
+                   wait: float = SETTLE_SECONDS) -> Session | None:
+    """``current``, or the session once it has left ``stopping`` (at most ``wait`` seconds)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    while current is not None and current.status == "stopping" and loop.time() < deadline:
+        await asyncio.sleep(0.5)
+        current = await _status(client, session_id)
+    return current
+
+
+async def _status(client: ShopperClient, session_id: str) -> Session | None:
+    try:
+        return await client.get_session(session_id, Stage.CLEANUP)
+    except ApiError as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def record(manifest: Manifest, action: Action, released_by: str) -> None:
+    """Write what happened to a session into its cell row and progress file."""
+    leftover = action.leftover
+    if action.outcome in (Outcome.RELEASED, Outcome.ALREADY_ENDED):
+        status = action.after or "stopped"
+    elif action.outcome is Outcome.NOT_FOUND:
+        status = "not_found"
+    elif action.outcome is Outcome.ENDED_WITH_SANDBOX:
+        status = "stopped"
+    else:
+        return
+    if leftover.row_id is None:
+        return
+    try:
+        manifest.record_release(leftover.row_id, leftover.session_id, session_status=status,
+                                released_by=released_by, attempt=leftover.attempt)
+    except KeyError:
+        return
+    if leftover.progress_file and Path(leftover.progress_file).parent.is_dir():
+        writer = ProgressWriter(leftover.progress_file)
+        try:
+            writer.status("CLEANUP", session_id=leftover.session_id, status=status, by=released_by)
+        finally:
+            writer.close()
+
+
+def close_cells(manifest: Manifest, row_ids: Iterable[str], reason: str, released_by: str) -> list[str]:
+    """Mark cells left ``pending``/``running`` by a process that is gone as ``failed``; returns them."""
+    closed = []
+    for row_id in dict.fromkeys(row_ids):
+        row = manifest.cell(row_id)
+        if row is None or row["status"] != "running":
+            continue
+        stage = stage_reached(row["progress_file"])
+        message = f"{reason} before this cell finished"
+        if row["session_id"]:
+            message += f"; its session was released by {released_by}"
+        manifest.finish_cell(row_id, status="failed", failure_stage=stage, failure_reason="interrupted",
+                             error_message=message)
+        if row["progress_file"] and Path(row["progress_file"]).parent.is_dir():
+            writer = ProgressWriter(row["progress_file"])
+            try:
+                writer.error(stage, message)
+            finally:
+                writer.close()
+        closed.append(row_id)
+    return closed
+
+
+async def clean(
+    manifest: Manifest, client: ShopperClient | None, *, api: str | None, released_by: str,
+    reason: str, run_id: str | None = None, worker: str | None = None, check_liveness: bool = True,
+    search_api: bool = True, close_running: bool = False, dry_run: bool = False,
+    me: ProcessIdentity | None = None,
+) -> CleanupReport:
+    """One cleanup pass through ``api`` (``client``; None when it cannot be reached).
+
+    ``released_by`` is recorded with every release; ``reason`` says why the cells
+    whose sessions are released stopped (e.g. ``worker gw1 crashed``).
+    ``close_running`` also marks the scope's other ``running`` cells failed (a
+    crashed worker's, or those left at the end of a run).
+    """
+    report = CleanupReport(dry_run=dry_run)
+    found = survey(manifest, api=api, run_id=run_id, worker=worker, check_liveness=check_liveness, me=me)
+    report.actions += found.left_alone
+    leftovers = list(found.to_release)
+    if client is not None and search_api:
+        try:
+            extra, alone = await find_on_api(client, manifest, found, run_id=run_id,
+                                             check_liveness=check_liveness, me=me)
+        except StageError as exc:
+            report.notes.append(f"could not list the sessions at {api}: {exc}")
+        else:
+            leftovers += extra
+            report.actions += alone
+    for leftover in found.ended_with_sandbox:
+        action = Action(leftover=leftover, outcome=Outcome.ENDED_WITH_SANDBOX,
+                        detail="the run's own sandbox stopped every session when the run ended")
+        report.actions.append(action)
+        if not dry_run:
+            record(manifest, action, "the run's sandbox, on exit")
+    touched = []
+    for leftover in leftovers:
+        if client is None:
+            action = Action(leftover=leftover, outcome=Outcome.FAILED, detail=f"the API at {api} cannot be reached")
+        else:
+            action = await release(client, leftover, dry_run=dry_run)
+        report.actions.append(action)
+        if not dry_run:
+            await asyncio.to_thread(record, manifest, action, released_by)
+            if action.outcome is not Outcome.FAILED and leftover.row_id:
+                touched.append(leftover.row_id)
+    if not dry_run:
+        if close_running:
+            touched += [row["id"] for row in manifest.cells(run_id)
+                        if row["status"] == "running" and (worker is None or row["worker"] == worker)]
+        report.closed_cells = await asyncio.to_thread(close_cells, manifest, touched, reason, released_by)
+    return report

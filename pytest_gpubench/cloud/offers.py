@@ -1,0 +1,124 @@
+"""Offer selection: seed 000's rule, with the reasons a person needs when none fits.
+
+Rule: availability confidence above the provider's bar (seed: 0.5), enough VRAM
+for the model, under the price cap, then the cheapest (ties: more confident).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..errors import NoEligibleOffer
+from ..matrix.cells import Cell, gpu_matches
+from .shopper_client import Offer
+
+#: Vast.ai reports vram_gb as MiB / 1024 rounded down (an RTX 4090 shows 23),
+#: so a card is accepted when it is within one GB of the need.
+VRAM_ROUNDING_GB = 1.0
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What an offer must satisfy for one cell."""
+
+    gpu: str
+    provider: str
+    vram_gb: float
+    min_confidence: float = 0.5
+    max_price: float | None = None
+
+    @classmethod
+    def for_cell(cls, cell: Cell) -> Constraints:
+        """What ``cell``'s matrix entry asks of an offer."""
+        return cls(gpu=cell.gpu, provider=cell.provider, vram_gb=cell.vram_gb,
+                   min_confidence=cell.offer.min_availability_confidence, max_price=cell.offer.max_price)
+
+
+def select_offer(offers: Iterable[Offer], wanted: Constraints) -> tuple[Offer, list[Offer]]:
+    """The offer to rent and the eligible ones in preference order.
+
+    Raises ``NoEligibleOffer`` with why each candidate was turned down.
+    """
+    candidates = [
+        offer
+        for offer in offers
+        if offer.provider.lower() == wanted.provider.lower() and gpu_matches(wanted.gpu, offer.gpu_type)
+    ]
+    eligible: list[Offer] = []
+    rejected: dict[str, list[Offer]] = {}
+    for offer in candidates:
+        reason = rejection(offer, wanted)
+        if reason:
+            rejected.setdefault(reason, []).append(offer)
+        else:
+            eligible.append(offer)
+    if not eligible:
+        raise NoEligibleOffer(_explain(candidates, rejected, wanted))
+    eligible.sort(key=lambda o: (o.price_per_hour, -o.availability_confidence, o.id))
+    return eligible[0], eligible
+
+
+def next_offer(eligible: Iterable[Offer], failed: Iterable[Offer]) -> Offer | None:
+    """The offer to fail over to after ``failed`` ones, or ``None`` when none is left.
+
+    ``eligible`` is in :func:`select_offer`'s order; offers that failed are never
+    tried again. Seed 001's mitigation for "No available public IPs" is another
+    location, and a machine that failed once tends to fail again, so offers away
+    from every failed location and machine come first, then those away from a
+    failed machine only, then the rest; each group keeps the seed's order.
+    """
+    failed = list(failed)
+    tried = {offer.id for offer in failed}
+    places = {offer.location for offer in failed if offer.location}
+    machines = {str(offer.machine_id) for offer in failed if offer.machine_id not in (None, "")}
+    left = [offer for offer in eligible if offer.id not in tried]
+    if not left:
+        return None
+
+    def distance(offer: Offer) -> int:
+        new_machine = offer.machine_id in (None, "") or str(offer.machine_id) not in machines
+        new_place = not offer.location or offer.location not in places
+        return 0 if new_machine and new_place else 1 if new_machine else 2
+
+    return min(left, key=distance)  # min() keeps the first of equals: the seed's order
+
+
+def unfit(offer: Offer, wanted: Constraints) -> str | None:
+    """Why a session already rented on ``offer`` cannot serve a cell wanting ``wanted``
+    (another provider, or an offer the cell's own rule rejects); None when it can."""
+    if offer.provider.lower() != wanted.provider.lower():
+        return f"it is on {offer.provider}"
+    return rejection(offer, wanted) or None
+
+
+def rejection(offer: Offer, wanted: Constraints) -> str:
+    """Why ``offer`` is not eligible for ``wanted``; empty when it is."""
+    if not offer.available:
+        return "not available"
+    if offer.availability_confidence <= wanted.min_confidence:
+        return f"availability confidence not above {wanted.min_confidence:g} for {wanted.provider}"
+    if offer.vram_gb + VRAM_ROUNDING_GB < wanted.vram_gb:
+        return f"less than the {wanted.vram_gb:g} GB of VRAM the model needs"
+    if wanted.max_price is not None and offer.price_per_hour > wanted.max_price:
+        return f"over the price cap of ${wanted.max_price:.2f}/h"
+    return ""
+
+
+def _explain(candidates: list[Offer], rejected: dict[str, list[Offer]], wanted: Constraints) -> str:
+    if not candidates:
+        return f"no offers found for {wanted.gpu} on {wanted.provider}"
+    parts = []
+    for reason, offers in rejected.items():
+        detail = ""
+        if reason.startswith("availability"):
+            detail = f", best {max(o.availability_confidence for o in offers):.2f}"
+        elif reason.startswith("over the price"):
+            detail = f", cheapest ${min(o.price_per_hour for o in offers):.2f}/h"
+        elif reason.startswith("less than"):
+            detail = f", largest {max(o.vram_gb for o in offers):g} GB"
+        parts.append(f"{len(offers)} {reason}{detail}")
+    return (
+        f"{len(candidates)} offer(s) for {wanted.gpu} on {wanted.provider}, none eligible: "
+        + "; ".join(parts)
+    )

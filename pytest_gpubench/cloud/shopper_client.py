@@ -1,0 +1,312 @@
+"""Cloud GPU Shopper REST API client (httpx.AsyncClient) and its typed models.
+
+Shapes follow CONTRACTS.md, checked against the server's handlers: sessions are
+returned unwrapped by ``GET /sessions/{id}`` (seed 000 assumed ``.session``: both
+are accepted), ``done`` on a stopped session answers 409, and errors come as
+``{"error", "request_id"}`` with ``error_type``/``retry_suggested`` on
+provisioning failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import ApiError, ApiUnreachable, Stage, StageError
+
+ACTIVE_STATUSES = frozenset({"pending", "provisioning", "running"})
+
+
+class Offer(BaseModel):
+    """One GPU offer from the inventory."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: str
+    provider: str
+    provider_id: str = ""
+    gpu_type: str
+    gpu_count: int = 1
+    vram_gb: float = 0
+    price_per_hour: float
+    location: str = ""
+    reliability: float | None = None
+    available: bool = True
+    # Absent means the server did not compute one: treat as certain (seed 000).
+    availability_confidence: float = 1.0
+    cuda_version: str | float | None = None
+    machine_id: str | int | None = None
+    interruptible: bool = False
+    fetched_at: datetime | None = None
+
+
+class Session(BaseModel):
+    """A GPU session as the API reports it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    consumer_id: str = ""
+    provider: str = ""
+    gpu_type: str = ""
+    gpu_count: int = 1
+    status: str
+    error: str = ""
+    ssh_host: str = ""
+    ssh_port: int = 0
+    ssh_user: str = "root"
+    price_per_hour: float = 0.0
+    reservation_hours: int = 0
+    created_at: datetime | None = None
+    expires_at: datetime | None = None
+    offer_id: str = ""
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in ACTIVE_STATUSES
+
+
+class CreatedSession(BaseModel):
+    """The answer to a session create: the private key is returned once only."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    session: Session
+    ssh_private_key: str = Field(repr=False)
+    retries_attempted: int = 0
+
+
+class SessionRequest(BaseModel):
+    """The body of ``POST /api/v1/sessions``."""
+
+    consumer_id: str
+    offer_id: str
+    workload_type: str = "interactive"
+    reservation_hours: int = Field(ge=1, le=12)
+    idle_threshold_minutes: int | None = None
+    disk_gb: int | None = None
+    template_hash_id: str | None = None
+    #: The server's SSH verification timeout (1-30 minutes); None: its own default.
+    ssh_timeout_minutes: int | None = Field(default=None, ge=1, le=30)
+
+
+class Template(BaseModel):
+    """A provider template (``GET /api/v1/templates/{hash_id}``, Vast.ai only)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    hash_id: str
+    name: str = ""
+    image: str = ""
+    tag: str = ""
+
+
+class ShopperClient:
+    """Async client for one GPU Shopper server."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        # The token lives in the client's headers only: no message or log line shows them.
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _request(self, stage: Stage, method: str, path: str, **kwargs: Any) -> Any:
+        """One call; every way it can go wrong is a ``StageError`` saying what the API did."""
+        call = f"{method} {path}"
+        try:
+            response = await self._http.request(method, path, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise StageError(
+                stage, f"the GPU Shopper API at {self.base_url} did not answer {call} within "
+                f"{self.timeout:g} s ({type(exc).__name__})",
+                hint="the server is stuck or overloaded: check its /health and logs, then rerun the cell",
+            ) from None
+        except httpx.TransportError as exc:
+            raise StageError(
+                stage, f"{call} to the GPU Shopper API at {self.base_url} failed: {exc or type(exc).__name__}",
+                hint="check that the server is running and reachable, then rerun the cell",
+            ) from None
+        if response.status_code >= 400:
+            raise _api_error(stage, response, call)
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            raise StageError(
+                stage, f"{call} answered {response.status_code} with invalid JSON: {_snippet(response)}",
+                hint=f"{self.base_url} does not answer like a GPU Shopper API (a proxy or a web page?): "
+                "check --gpubench-api / GPUBENCH_API_BASE",
+            ) from None
+
+    async def wait_ready(self, attempts: int = 10, interval: float = 1.0) -> None:
+        """Check that a server answers; retry through its 503 start-up sweep.
+
+        Raises ``ApiUnreachable`` at once when nothing listens at the URL.
+        """
+        for attempt in range(attempts):
+            try:
+                response = await self._http.get("/health")
+            except httpx.TransportError as exc:
+                raise ApiUnreachable(self.base_url, type(exc).__name__) from None
+            if response.status_code != 503:
+                if response.status_code >= 400:
+                    raise ApiUnreachable(self.base_url, f"/health answered {response.status_code}")
+                return
+            if attempt < attempts - 1:
+                await asyncio.sleep(interval)
+        raise ApiUnreachable(self.base_url, "still starting up (503) after retries")
+
+    async def inventory(self, **filters: Any) -> list[Offer]:
+        params = {k: v for k, v in filters.items() if v is not None}
+        data = await self._request(Stage.INVENTORY, "GET", "/api/v1/inventory", params=params)
+        return _parse_list(Stage.INVENTORY, data, "offers", Offer)
+
+    async def template(self, hash_id: str) -> Template:
+        """One template by hash id; a 404 (or a server without templates) is an ``ApiError``."""
+        path = f"/api/v1/templates/{quote(hash_id, safe='')}"
+        data = await self._request(Stage.PROVISION, "GET", path)
+        try:
+            return Template.model_validate(data)
+        except ValidationError as exc:
+            raise StageError(Stage.PROVISION, f"unexpected template answer: {_first(exc)}") from None
+
+    async def create_session(self, request: SessionRequest) -> CreatedSession:
+        body = request.model_dump(exclude_none=True)
+        data = await self._request(Stage.PROVISION, "POST", "/api/v1/sessions", json=body)
+        try:
+            return CreatedSession.model_validate(data)
+        except ValidationError as exc:
+            raise StageError(Stage.PROVISION, f"unexpected session answer: {_first(exc)}",
+                             hint=SHAPE_HINT) from None
+
+    async def get_session(self, session_id: str, stage: Stage = Stage.SSH_WAIT) -> Session:
+        data = await self._request(stage, "GET", f"/api/v1/sessions/{session_id}")
+        if isinstance(data, dict) and isinstance(data.get("session"), dict):
+            data = data["session"]  # seed 000's wrapped shape
+        try:
+            return Session.model_validate(data)
+        except ValidationError as exc:
+            raise StageError(stage, f"unexpected session answer: {_first(exc)}",
+                             hint=SHAPE_HINT) from None
+
+    async def list_sessions(self, **filters: Any) -> list[Session]:
+        params = {k: v for k, v in filters.items() if v is not None}
+        data = await self._request(Stage.CLEANUP, "GET", "/api/v1/sessions", params=params)
+        return _parse_list(Stage.CLEANUP, data, "sessions", Session)
+
+    async def release(self, session_id: str) -> bool:
+        """Ask the server to shut a session down (``done``); 409 means already done.
+
+        Returns True when this call stopped it, False when it was already stopped.
+        """
+        try:
+            await self._request(Stage.CLEANUP, "POST", f"/api/v1/sessions/{session_id}/done")
+        except ApiError as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
+    async def destroy(self, session_id: str) -> None:
+        """Force-destroy a session (``DELETE``); safe to repeat."""
+        try:
+            await self._request(Stage.CLEANUP, "DELETE", f"/api/v1/sessions/{session_id}")
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+    async def session_cost(self, session_id: str) -> float | None:
+        """The API's own cost figure (billed by the clock hour; may be 0)."""
+        data = await self._request(Stage.CLEANUP, "GET", "/api/v1/costs", params={"session_id": session_id})
+        try:
+            return float(data["total_cost"])
+        except (TypeError, KeyError, ValueError):
+            return None
+
+    async def post_benchmark(self, result: dict[str, Any]) -> dict[str, Any]:
+        return await self._request(Stage.RESULTS, "POST", "/api/v1/benchmarks", json=result)
+
+
+def _api_error(stage: Stage, response: httpx.Response, call: str = "") -> ApiError:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    status = response.status_code
+    if isinstance(body, dict):
+        message = str(body.get("error") or response.reason_phrase or "error").strip()
+        if body.get("request_id"):
+            message += f" (request_id {body['request_id']})"
+    else:
+        # Not the server's own error shape: a proxy, a crash page, a load balancer.
+        message = f"{response.reason_phrase or 'error'}; the body is not the API's JSON: {_snippet(response)}"
+        body = {}
+    retry = bool(body.get("retry_suggested", False))
+    if status in (401, 403):
+        hint = "the server refused the credentials: set GPUBENCH_API_TOKEN to a valid token"
+    elif retry:
+        hint = "the server suggests retrying: rerun the cell"
+    elif status >= 500:
+        hint = "the GPU Shopper server failed: check its logs, then rerun the cell"
+    else:
+        hint = ""
+    return ApiError(
+        stage,
+        status,
+        message,
+        error_type=str(body.get("error_type") or ""),
+        retry_suggested=retry,
+        call=call,
+        hint=hint,
+    )
+
+
+def _snippet(response: httpx.Response) -> str:
+    """The start of a body, on one line, for an error message."""
+    text = " ".join(response.text.split())
+    if not text:
+        return "(empty)"
+    return repr(text if len(text) <= 80 else text[:77] + "...")
+
+
+#: Said of any answer that does not have the shape the GPU Shopper server gives.
+SHAPE_HINT = "the API's answer does not have the GPU Shopper shape: check that --gpubench-api points at a " \
+    "compatible GPU Shopper server"
+
+
+def _parse_list(stage: Stage, data: Any, key: str, model: type[BaseModel]) -> list[Any]:
+    items = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        raise StageError(stage, f"unexpected answer: no '{key}' list", hint=SHAPE_HINT)
+    parsed = []
+    for index, item in enumerate(items):
+        try:
+            parsed.append(model.model_validate(item))
+        except ValidationError as exc:
+            raise StageError(stage, f"unexpected {key} entry: {index}.{_first(exc)}", hint=SHAPE_HINT) from None
+    return parsed
+
+
+def _first(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(part) for part in err["loc"])
+    return f"{loc}: {err['msg']}"

@@ -1,0 +1,1 @@
+"""The ``gpubench`` command: plan, report, offers, cleanup, import, export, browse."""

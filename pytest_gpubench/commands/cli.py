@@ -1,0 +1,449 @@
+"""The ``gpubench`` command.
+
+``gpubench sandbox`` serves the emulated GPU Shopper cloud standalone, for
+other clients (curl, the GPU Shopper CLI, CI pipelines) to rent from for free.
+
+``gpubench cleanup [--manifest PATH] [--api URL] [--dry-run]`` releases the GPU
+sessions that dead runs of the manifest left running (see ``cleanup.py``).
+
+``gpubench export --format json|csv [--run RUN|last] [--manifest PATH] [-o FILE]``
+writes stored results; ``gpubench upload [--run RUN|last] [--manifest PATH] [--api URL]``
+POSTs results to GPU Shopper's ``/api/v1/benchmarks``.
+
+``gpubench report [--run RUN|last ...] [--manifest PATH] [--output-dir DIR]`` writes
+``BENCHMARK_REPORT.md`` and ``index.html`` from the manifest (see ``report.py``).
+
+``gpubench browse [--manifest PATH] [--port N] [--host H] [--no-open] [-- DATASETTE_ARGS]``
+serves the manifest read-only in Datasette (the ``[browse]`` extra; see ``browse.py``).
+
+``gpubench import FILE_OR_DIR... [--manifest PATH] [--dry-run] [--gpu/--provider/--price/--location]``
+brings result files (seed-000 results, seed-001 checkpoints, GPU Shopper BenchmarkResult
+JSON) into the manifest, each result once (see ``importer.py``).
+
+``gpubench plan PATH... [--gpu/--provider/--model X] [-k EXPR] [--api URL | --sandbox] [-n N] [--json]``
+prices the cells pytest would run against the live inventory, renting nothing (see ``plan.py``).
+
+``gpubench offers [--gpu X] [--provider Y] [--api URL | --sandbox] [--json]`` lists what can
+be rented now: price, VRAM, availability confidence, location (see ``offers_cli.py``).
+
+Exit status: 0 done, 1 the work failed (an upload did not go through), 2 a usage
+problem (bad arguments, no manifest, unknown run). Problems are one line on
+stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from ..settings import DEFAULT_API
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class CommandError(Exception):
+    """A problem to report in one line, with the exit status to end with."""
+
+    def __init__(self, message: str, status: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def default_manifest() -> Path:
+    """``GPUBENCH_MANIFEST``, else ``<GPUBENCH_REPORTS or reports>/manifest.db``, as the plugin does."""
+    if os.environ.get("GPUBENCH_MANIFEST"):
+        return Path(os.environ["GPUBENCH_MANIFEST"])
+    return Path(os.environ.get("GPUBENCH_REPORTS") or "reports") / "manifest.db"
+
+
+def _open_manifest(path: str | None):
+    from ..store.manifest import Manifest
+
+    where = Path(path) if path else default_manifest()
+    if not where.is_file():
+        raise CommandError(f"no manifest at {where} (run pytest with the plugin first, or pass --manifest PATH)")
+    try:
+        return Manifest(where, busy_timeout=5, retry_seconds=10)
+    except Exception as exc:  # noqa: BLE001 - a corrupt or foreign file: say so in one line
+        raise CommandError(f"cannot read the manifest {where}: {exc}") from None
+
+
+def _resolve_run(manifest, run: str | None) -> str | None:
+    """``None`` (all runs), ``last`` (the latest), or a run id the manifest knows."""
+    if run is None:
+        return None
+    known = manifest.run_ids()
+    if run == "last":
+        if not known:
+            raise CommandError(f"the manifest {manifest.path} has no runs yet")
+        return known[0]
+    if run not in known:
+        recent = ", ".join(known[:3]) or "none"
+        raise CommandError(f"no run {run!r} in the manifest {manifest.path} (most recent: {recent})")
+    return run
+
+
+def _export(args: argparse.Namespace) -> int:
+    from ..store.export import export_results
+
+    with _open_manifest(args.manifest) as manifest:
+        run_id = _resolve_run(manifest, args.run)
+        if args.output in (None, "-"):
+            count = export_results(manifest, run_id, args.format, sys.stdout)
+            target = "stdout"
+        else:
+            target_path = Path(args.output)
+            try:
+                target_path.parent.mkdir(parents=True, exist_ok=True)
+                with open(target_path, "w", encoding="utf-8", newline="") as out:
+                    count = export_results(manifest, run_id, args.format, out)
+            except OSError as exc:
+                raise CommandError(f"cannot write {target_path}: {exc.strerror or exc}", EXIT_FAILED) from None
+            target = str(target_path)
+    scope = f"run {run_id}" if run_id else "all runs"
+    print(f"exported {count} result{'s' * (count != 1)} of {scope} to {target} ({args.format})", file=sys.stderr)
+    return EXIT_OK
+
+
+async def _upload_async(manifest, run_id: str | None, api: str, token: str | None):
+    from ..errors import ApiUnreachable
+    from ..store.export import upload_pending
+    from ..cloud.shopper_client import ShopperClient
+
+    client = ShopperClient(api, token=token)
+    try:
+        try:
+            await client.wait_ready(attempts=5, interval=1.0)
+        except ApiUnreachable as exc:
+            raise CommandError(
+                f"{exc.message}; the results stay pending: run `gpubench upload` again", EXIT_FAILED
+            ) from None
+        return await upload_pending(manifest, client, run_id)
+    finally:
+        await client.aclose()
+
+
+def _upload(args: argparse.Namespace) -> int:
+    api = args.api or os.environ.get("GPUBENCH_API_BASE") or DEFAULT_API
+    token = os.environ.get("GPUBENCH_API_TOKEN") or None
+    with _open_manifest(args.manifest) as manifest:
+        run_id = _resolve_run(manifest, args.run)
+        if run_id is not None:
+            # Naming a run asks for its results to be uploaded, whether or not the
+            # run itself was started with --gpubench-upload.
+            manifest.request_uploads(run_id)
+        pending = manifest.pending_uploads(run_id)
+        if not pending:
+            hint = "" if run_id else " (name a run to upload it: gpubench upload --run last)"
+            print(f"nothing to upload{hint}", file=sys.stderr)
+            return EXIT_OK
+        uploaded, failed = asyncio.run(_upload_async(manifest, run_id, api, token))
+    for benchmark_id, error in failed.items():
+        print(f"failed {benchmark_id}: {error}", file=sys.stderr)
+    print(f"uploaded {len(uploaded)} of {len(pending)} result{'s' * (len(pending) != 1)} to {api}"
+          + (f"; {len(failed)} failed and stay pending: run `gpubench upload` again" if failed else ""),
+          file=sys.stderr)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+async def _cleanup_async(manifest, apis: list[str], token: str | None, dry_run: bool):
+    from ..cloud.cleanup import CleanupReport, clean
+    from ..errors import ApiUnreachable
+    from ..cloud.shopper_client import ShopperClient
+
+    report = CleanupReport(dry_run=dry_run)
+    for api in apis:
+        client = ShopperClient(api, token=token)
+        try:
+            try:
+                await client.wait_ready(attempts=5, interval=1.0)
+                reachable = client
+            except ApiUnreachable as exc:
+                reachable = None
+                report.notes.append(f"cannot reach the API: {exc.message}")
+            report.merge(await clean(manifest, reachable, api=api, released_by="gpubench cleanup",
+                                     reason="its run's process went away", dry_run=dry_run))
+        finally:
+            await client.aclose()
+    return report
+
+
+def _cleanup(args: argparse.Namespace) -> int:
+    from ..cloud.cleanup import apis_to_visit
+
+    token = os.environ.get("GPUBENCH_API_TOKEN") or None
+    with _open_manifest(args.manifest) as manifest:
+        default = os.environ.get("GPUBENCH_API_BASE") or DEFAULT_API
+        apis = [args.api] if args.api else apis_to_visit(manifest, default)
+        report = asyncio.run(_cleanup_async(manifest, apis, token, args.dry_run))
+    for line in report.lines():
+        print(line)
+    print(f"gpubench cleanup: {report.summary()}")
+    return EXIT_FAILED if report.failed else EXIT_OK
+
+
+def _browse(args: argparse.Namespace) -> int:
+    from .browse import BrowseProblem, serve
+
+    extra = list(args.datasette_args)
+    if extra and extra[0] != "--":
+        raise CommandError(f"unexpected argument {extra[0]!r}: give Datasette's own options after --")
+    try:
+        return serve(Path(args.manifest) if args.manifest else default_manifest(), host=args.host, port=args.port,
+                     open_browser=not args.no_open, extra_args=extra[1:])
+    except BrowseProblem as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _import(args: argparse.Namespace) -> int:
+    from .importer import Assumed, ImportUsageError, expand_paths, import_files
+    from ..store.manifest import Manifest
+
+    if args.price is not None and args.price < 0:
+        raise CommandError(f"--price must not be negative, got {args.price}")
+    try:
+        expand_paths(args.paths)  # a path that is not there: before the manifest is created
+    except ImportUsageError as exc:
+        raise CommandError(str(exc)) from None
+    where = Path(args.manifest) if args.manifest else default_manifest()
+    assumed = Assumed(gpu=args.gpu, provider=args.provider, price_per_hour=args.price, location=args.location)
+    # A dry run never creates the manifest; a real import does, like a first pytest run.
+    manifest = None
+    if where.is_file() or not args.dry_run:
+        try:
+            manifest = Manifest(where, busy_timeout=5, retry_seconds=10)
+        except Exception as exc:  # noqa: BLE001 - a corrupt or foreign file: say so in one line
+            raise CommandError(f"cannot open the manifest {where}: {exc}") from None
+    options = [f"--{name}={value}" for name, value in (("gpu", args.gpu), ("provider", args.provider),
+                                                        ("price", args.price), ("location", args.location))
+               if value is not None]
+    try:
+        report = import_files(args.paths, manifest, assumed=assumed, dry_run=args.dry_run,
+                              argv=["gpubench", "import", *options, *args.paths])
+    finally:
+        if manifest is not None:
+            manifest.close()
+    for outcome in report.files:
+        print(outcome.line(args.dry_run), file=sys.stdout if outcome.problem is None else sys.stderr)
+    print(f"gpubench import: {report.summary()}" + (f" (manifest {where})" if not args.dry_run else ""))
+    return EXIT_FAILED if report.failed else EXIT_OK
+
+
+def _report(args: argparse.Namespace) -> int:
+    from ..report.gather import build_report, write_reports
+
+    directory = Path(args.output_dir or os.environ.get("GPUBENCH_REPORTS") or "reports")
+    with _open_manifest(args.manifest) as manifest:
+        if not manifest.run_ids():
+            raise CommandError(f"the manifest {manifest.path} has no runs yet: nothing to report")
+        runs = list(dict.fromkeys(_resolve_run(manifest, run) for run in args.run or []))
+        report = build_report(manifest, runs or None)
+    try:
+        markdown, html = write_reports(report, directory)
+    except OSError as exc:
+        raise CommandError(f"cannot write the report to {directory}: {exc.strerror or exc}", EXIT_FAILED) from None
+    print(f"gpubench report: {report.describe()}; wrote {markdown} and {html}")
+    return EXIT_OK
+
+
+def _split_options(args: argparse.Namespace) -> list[str]:
+    """The plan's --sessions-per-group / --split-cost, as the run's pytest options."""
+    options = []
+    if args.sessions_per_group is not None:
+        options += ["--gpubench-sessions-per-group", args.sessions_per_group]
+    if args.split_cost is not None:
+        options += ["--gpubench-split-cost", args.split_cost]
+    return options
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from .plan import PlanProblem, make_plan
+    from .plan_render import render
+
+    try:
+        plan = make_plan(args.paths, keyword=args.keyword, gpus=args.gpu, providers=args.provider, models=args.model,
+                         api=args.api, sandbox=args.sandbox, workers=args.workers,
+                         manifest=Path(args.manifest) if args.manifest else None, options=_split_options(args))
+    except PlanProblem as exc:
+        raise CommandError(str(exc), exc.status) from None
+    print(plan.model_dump_json(indent=2) if args.json else "\n".join(render(plan)))
+    return EXIT_OK
+
+
+def _offers(args: argparse.Namespace) -> int:
+    from .offers import OffersProblem, list_offers
+
+    try:
+        print(list_offers(args.gpu or [], args.provider or [], api=args.api, sandbox=args.sandbox,
+                          as_json_text=args.json))
+    except OffersProblem as exc:
+        raise CommandError(str(exc), exc.status) from None
+    return EXIT_OK
+
+
+def _workers(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of workers, 1 or more; got {text!r}")
+    return int(text)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpubench",
+        description="pytest-gpubench tools. Benchmarks themselves run with pytest: pytest matrix/ --gpubench-sandbox",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser("sandbox", help="serve the emulated GPU Shopper cloud (see `gpubench sandbox --help`)",
+                        add_help=False)
+    manifest_help = "the SQLite manifest (default $GPUBENCH_MANIFEST or reports/manifest.db)"
+
+    export = commands.add_parser("export", help="write stored results as JSON or CSV",
+                                 description="Write stored results: JSON (a list of GPU Shopper BenchmarkResult "
+                                             "objects) or CSV (one flattened row per result).")
+    export.add_argument("--format", choices=("json", "csv"), default="json", help="output format (default json)")
+    export.add_argument("--run", metavar="RUN|last", help="only this run (default: every run)")
+    export.add_argument("--manifest", metavar="PATH", help=manifest_help)
+    export.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    export.set_defaults(handler=_export)
+
+    upload = commands.add_parser("upload", help="POST results to GPU Shopper /api/v1/benchmarks",
+                                 description="POST results to GPU Shopper's /api/v1/benchmarks. Without --run, "
+                                             "retries every upload asked for (pytest --gpubench-upload) that has "
+                                             "not gone through; with --run, uploads that run's results not yet "
+                                             "uploaded. Token: $GPUBENCH_API_TOKEN.")
+    upload.add_argument("--run", metavar="RUN|last", help="upload this run's results (default: retry pending ones)")
+    upload.add_argument("--manifest", metavar="PATH", help=manifest_help)
+    upload.add_argument("--api", metavar="URL", help=f"API base URL (default $GPUBENCH_API_BASE or {DEFAULT_API})")
+    upload.set_defaults(handler=_upload)
+
+    cleanup = commands.add_parser(
+        "cleanup", help="release GPU sessions that dead runs of this manifest left running",
+        description="Release the GPU sessions this manifest's runs own (a session id it recorded, or a "
+                    "consumer_id gpubench-<its run id>-...) that are still active although their run's "
+                    "process is gone (killed, crashed, timed out): done, then DELETE if still active. "
+                    "Runs still going on, and sessions it does not own, are never touched. Every "
+                    "release is recorded in the manifest. Token: $GPUBENCH_API_TOKEN.")
+    cleanup.add_argument("--manifest", metavar="PATH", help=manifest_help)
+    cleanup.add_argument("--api", metavar="URL",
+                         help="only this API (default: the API each run used, else $GPUBENCH_API_BASE or "
+                              f"{DEFAULT_API})")
+    cleanup.add_argument("--dry-run", action="store_true", help="say what would be released; change nothing")
+    cleanup.set_defaults(handler=_cleanup)
+
+    report = commands.add_parser(
+        "report", help="write BENCHMARK_REPORT.md and index.html from the manifest",
+        description="Write BENCHMARK_REPORT.md and index.html (one self-contained page with charts and sortable "
+                    "tables): headline findings, tokens/s and $/M tokens leaderboards, a table per model, "
+                    "provider head-to-head, failures by stage and spend. Several runs of one cell: its latest "
+                    "successful result is shown. See docs/report.md.")
+    report.add_argument("--run", action="append", metavar="RUN|last",
+                        help="only this run; repeat for several (default: every run)")
+    report.add_argument("--manifest", metavar="PATH", help=manifest_help)
+    report.add_argument("--output-dir", metavar="DIR",
+                        help="where to write the two files (default $GPUBENCH_REPORTS or reports)")
+    report.set_defaults(handler=_report)
+
+    browse = commands.add_parser(
+        "browse", help="explore the manifest in Datasette (pip install 'pytest-gpubench[browse]')",
+        description="Serve the manifest read-only with Datasette, every table and column described, with "
+                    "facets and canned queries (leaderboard, failures by stage, spend per run). Safe while a "
+                    "run writes to it. Datasette's own options go after --, e.g. -- --setting "
+                    "sql_time_limit_ms 5000.")
+    browse.add_argument("--manifest", metavar="PATH", help=manifest_help)
+    browse.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this "
+                        "machine only)")
+    browse.add_argument("--port", type=int, default=8001, metavar="N", help="port (default 8001; 0 picks a free one)")
+    browse.add_argument("--no-open", action="store_true", help="do not open a web browser")
+    browse.add_argument("datasette_args", nargs=argparse.REMAINDER, metavar="-- DATASETTE_ARGS",
+                        help="options for `datasette serve`")
+    browse.set_defaults(handler=_browse)
+
+    importing = commands.add_parser(
+        "import", help="bring existing result files into the manifest (each result once)",
+        description="Import result files into the manifest, so export, report and --gpubench-compare see "
+                    "them: seed-000 result JSON, seed-001 checkpoints (unfinished ones as partial), GPU Shopper "
+                    "BenchmarkResult JSON (one, a list, `gpubench export --format json` output, the API's "
+                    "answer). The format is told from the content. A directory imports its *.json files. A "
+                    "result already in the manifest (same id, or same content) is skipped. --gpu, --provider, "
+                    "--price and --location fill in what a file does not say. See docs/import.md.")
+    importing.add_argument("paths", nargs="+", metavar="FILE_OR_DIR", help="JSON files, or directories of them")
+    importing.add_argument("--manifest", metavar="PATH", help=manifest_help + "; created if missing")
+    importing.add_argument("--dry-run", action="store_true", help="read and check everything; write nothing")
+    importing.add_argument("--gpu", metavar="NAME", help="GPU of results whose file names none, e.g. 'RTX 4090'")
+    importing.add_argument("--provider", metavar="NAME", help="provider of results whose file names none, e.g. vastai")
+    importing.add_argument("--price", type=float, metavar="USD_PER_HOUR",
+                           help="price per hour of results whose file states none (gives $/M tokens)")
+    importing.add_argument("--location", metavar="WHERE", help="location of results whose file names none")
+    importing.set_defaults(handler=_import)
+
+    plan = commands.add_parser(
+        "plan", help="what a run would rent, for how long and at what cost (rents nothing)",
+        description="For each cell pytest would run (the same paths, -k and filters), the offer it would take "
+                    "from the live inventory, its price, expected time and cost; sessions to create (reuse "
+                    "groups pay setup once), totals and wall time. Cells without an eligible offer are flagged "
+                    "with the reason. Only GET /health and GET /api/v1/inventory are called. See docs/plan.md.")
+    plan.add_argument("paths", nargs="+", metavar="PATH", help="matrix files or directories, as for pytest")
+    plan.add_argument("--gpu", action="append", metavar="GPU", help="only cells on this GPU; repeatable")
+    plan.add_argument("--provider", action="append", metavar="NAME", help="only cells on this provider; repeatable")
+    plan.add_argument("--model", action="append", metavar="MODEL", help="only cells of this model; repeatable")
+    plan.add_argument("-k", dest="keyword", metavar="EXPR", help="pytest's -k expression")
+    plan.add_argument("--api", metavar="URL",
+                      help=f"API base URL (default --gpubench-api's: $GPUBENCH_API_BASE, ini, or {DEFAULT_API})")
+    plan.add_argument("--sandbox", action="store_true",
+                      help="start the sandbox cloud for the listing (and stop it after); plan as for "
+                           "pytest --gpubench-sandbox")
+    plan.add_argument("--manifest", metavar="PATH",
+                      help="manifest whose finished cells give the stage times (default the run's: "
+                           "$GPUBENCH_MANIFEST or reports/manifest.db)")
+    plan.add_argument("-n", dest="workers", type=_workers, metavar="N",
+                      help="also estimate the wall time with pytest -n N, reuse groups split over more "
+                           "sessions as such a run would split them")
+    plan.add_argument("--sessions-per-group", metavar="N|auto",
+                      help="as the run's --gpubench-sessions-per-group (default: its setting, else auto)")
+    plan.add_argument("--split-cost", metavar="PERCENT",
+                      help="as the run's --gpubench-split-cost (default: its setting, else 20)")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.set_defaults(handler=_plan)
+
+    offers = commands.add_parser(
+        "offers", help="what can be rented now: GPUs, prices, VRAM, confidence, location",
+        description="List the offers GPU Shopper's inventory has now (GET /api/v1/inventory; rents nothing), "
+                    "cheapest first per GPU: price per hour, VRAM, availability confidence (offers at or below "
+                    "0.5 are not rented unless the matrix lowers the bar), location and offer id. --gpu and "
+                    "--provider match as pytest's filters do (RTX4090 is 'RTX 4090').")
+    offers.add_argument("--gpu", action="append", metavar="GPU", help="only this GPU; repeatable")
+    offers.add_argument("--provider", action="append", metavar="NAME", help="only this provider; repeatable")
+    offers.add_argument("--api", metavar="URL", help=f"API base URL (default $GPUBENCH_API_BASE or {DEFAULT_API})")
+    offers.add_argument("--sandbox", action="store_true",
+                        help="list the sandbox cloud's offers (started for the listing, stopped after)")
+    offers.add_argument("--json", action="store_true", help="print the offers as JSON")
+    offers.set_defaults(handler=_offers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["sandbox"]:
+        from ..sandbox.server import main as sandbox_main
+
+        return sandbox_main(args[1:])
+    parser = _parser()
+    parsed = parser.parse_args(args)
+    if parsed.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return parsed.handler(parsed)
+    except CommandError as exc:
+        print(f"gpubench {parsed.command}: error: {exc}", file=sys.stderr)
+        return exc.status
+    except KeyboardInterrupt:
+        print(f"gpubench {parsed.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,414 @@
+"""``gpubench plan``: what a run would rent, for how long and for how much, before paying.
+
+For the cells pytest would run (:mod:`.plan_collect`), in run order, the plan
+asks the live inventory which offer each cell would take, with the fixtures' own
+constraints and rule (``Constraints.for_cell`` and
+:meth:`ShopperProvider.choose_offer <pytest_gpubench.cloud.shopper_provider.ShopperProvider.choose_offer>`,
+against one snapshot of the inventory per provider). Then it walks the cells as
+the session pool would (:mod:`.session_pool`): a cell whose reuse group already
+holds a session that fits it runs on that session; otherwise it rents one. A
+session pays its setup (provision, SSH wait, connect, Ollama) once; each cell on
+it pays its model's pull (none when the model is already there) and its
+benchmark. Times come from :mod:`.plan_estimates`; cost is the offer's price x
+the session's hours, the renting cell carrying the setup (as the manifest
+splits it). Wall time: everything back to back on one worker, and under
+``-n N`` the reuse groups (one xdist group each) dealt longest first to the
+least loaded worker (LPT), an estimate of the makespan. With ``-n N`` the groups
+are first split over more sessions as the run would split them
+(:mod:`.reuse_split`), and the plan also prices one session per group.
+
+Nothing is provisioned: the only API calls are ``GET /health`` and one
+``GET /api/v1/inventory`` per provider.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from ..errors import NoEligibleOffer, Stage
+from ..matrix.cells import Cell
+from ..cloud.offers import Constraints, unfit
+from ..plugin.plan_collect import collect_cells
+from .plan_estimates import SETUP_STAGES, StageHistory
+from ..cloud.shopper_provider import OfferChoice, ShopperProvider
+from ..cloud.reuse_estimates import order_for_reuse
+from ..cloud.reuse_split import SplitPolicy, split_groups
+from ..settings import Settings
+from ..cloud.shopper_client import Offer, ShopperClient
+
+Choice = OfferChoice | NoEligibleOffer
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class StageTime(_Model):
+    """One stage's expected seconds and where the figure comes from."""
+
+    stage: str
+    seconds: float
+    source: str
+
+
+class CellPlan(_Model):
+    """One cell: the offer it would take (or why none), its expected time and cost."""
+
+    cell: str
+    gpu: str
+    provider: str
+    model: str
+    reuse_group: str | None
+    #: The session it runs on (1-based, see ``Plan.sessions``); None without an offer.
+    session: int | None = None
+    #: True when this cell rents the session (and pays its setup).
+    rents_session: bool = False
+    offer_id: str | None = None
+    price_per_hour: float | None = None
+    location: str | None = None
+    offers_found: int | None = None
+    eligible_offers: int | None = None
+    #: The reason the plugin would skip the cell with: no offer fits.
+    no_offer_reason: str | None = None
+    runs: int = 1
+    stages: list[StageTime] = []
+    setup_seconds: float = 0.0
+    pull_seconds: float = 0.0
+    benchmark_seconds: float = 0.0
+    seconds: float = 0.0
+    cost_usd: float = 0.0
+
+
+class SessionPlan(_Model):
+    """One session to create: its offer, the cells that run on it, time and cost."""
+
+    session: int
+    reuse_group: str | None
+    offer_id: str
+    gpu_type: str
+    price_per_hour: float
+    cells: list[str]
+    setup_seconds: float
+    seconds: float
+    cost_usd: float
+
+
+class GroupPlan(_Model):
+    """What one worker runs in one go: a reuse group (an xdist group), or a cell alone."""
+
+    name: str
+    cells: list[str]
+    sessions: list[int]
+    seconds: float
+    cost_usd: float
+
+
+class Totals(_Model):
+    """Sums over the plan; ``wall_seconds`` is with one worker (which splits no group)."""
+
+    cells: int
+    cells_without_offer: int
+    sessions: int
+    gpu_hours: float
+    cost_usd: float
+    wall_seconds: float
+    #: ``-n N``: the workers and the LPT estimate of the wall time with them.
+    workers: int | None = None
+    wall_seconds_workers: float | None = None
+
+
+class GroupSplitPlan(_Model):
+    """How many sessions a reuse group runs on under ``-n N`` (:mod:`.reuse_split`), and why not more."""
+
+    group: str
+    cells: int
+    sessions: int
+    #: The GPU time the split adds (setups, repeated pulls), a share of the group's on one session.
+    extra_share: float
+    why: str
+
+
+class SplitPlan(_Model):
+    """The run's split of reuse groups for ``-n N`` workers, and what not splitting would give."""
+
+    workers: int
+    #: ``--gpubench-sessions-per-group`` (None: auto, one per cell at most).
+    sessions_per_group: int | None
+    #: ``--gpubench-split-cost``: the extra GPU time accepted, a share of the group's.
+    split_cost: float
+    groups: list[GroupSplitPlan]
+    #: The same cells with one session per reuse group.
+    unsplit_sessions: int
+    unsplit_cost_usd: float
+    unsplit_wall_seconds_workers: float
+
+
+class Plan(_Model):
+    """The whole plan, as ``gpubench plan --json`` prints it."""
+
+    api: str
+    sandbox: bool
+    #: Multiplies the default setup times (the sandbox's clock); 1 on a real cloud.
+    time_scale: float
+    history: str
+    cells: list[CellPlan]
+    sessions: list[SessionPlan]
+    groups: list[GroupPlan]
+    totals: Totals
+    #: With ``-n N``: reuse groups split over more sessions so that workers do not idle.
+    split: SplitPlan | None = None
+
+
+# ----------------------------------------------------------------------------- choosing
+
+
+class _InventorySnapshot:
+    """A client for :class:`ShopperProvider` that lists each provider's inventory once,
+    so every cell of the plan is priced against the same offers."""
+
+    def __init__(self, client: ShopperClient) -> None:
+        self._client = client
+        self.base_url = client.base_url
+        self._listings: dict[tuple, list[Offer]] = {}
+
+    async def inventory(self, **filters: object) -> list[Offer]:
+        key = tuple(sorted(filters.items()))
+        if key not in self._listings:
+            self._listings[key] = await self._client.inventory(**filters)
+        return list(self._listings[key])
+
+
+async def choose_offers(cells: Sequence[Cell], client: ShopperClient, settings: Settings) -> list[Choice]:
+    """Each cell's offer choice, or the ``NoEligibleOffer`` the ``gpu_offer`` fixture would skip it with."""
+    provider = ShopperProvider(_InventorySnapshot(client), settings)  # type: ignore[arg-type]
+    choices: list[Choice] = []
+    for cell in cells:
+        try:
+            choices.append(await provider.choose_offer(Constraints.for_cell(cell)))
+        except NoEligibleOffer as exc:
+            choices.append(exc)
+    return choices
+
+
+# ----------------------------------------------------------------------------- pricing
+
+
+def planned_runs(cell: Cell, runs_override: int | None) -> int:
+    """Runs the benchmark is at least measured: ``--gpubench-runs``, else the fixed count,
+    else an ``until_cv`` spec's minimum."""
+    return max(runs_override or cell.runs.count or cell.runs.min, 1)
+
+
+def benchmark_time(cell: Cell, history: StageHistory, runs: int) -> StageTime:
+    """Duration x runs, plus the first run's warm-up requests (``max_tokens`` each at the
+    expected tokens/s). Real time: the sandbox's clock does not scale token streams."""
+    workload = cell.workload
+    rate = history.tokens_per_second(cell)
+    warmup = workload.warmup_requests * workload.max_tokens / rate.seconds
+    return StageTime(stage=Stage.BENCHMARK.value, seconds=workload.duration * runs + warmup,
+                     source=(f"{workload.duration:g} s x {runs} run(s) + {workload.warmup_requests} warm-up "
+                             f"request(s) at {rate.seconds:.1f} tokens/s ({rate.source})"))
+
+
+class _Session:
+    """A session being planned: its offer, group and what is on it."""
+
+    def __init__(self, number: int, group: str | None, offer: Offer) -> None:
+        self.number, self.group, self.offer = number, group, offer
+        self.cells: list[CellPlan] = []
+        self.models: set[str] = set()
+
+
+def build_plan(cells: Sequence[tuple[str, Cell]], choices: Sequence[Choice], history: StageHistory, *,
+               api: str, sandbox: bool, runs_override: int | None = None, workers: int | None = None) -> Plan:
+    """Walk ``cells`` in run order as the session pool would, and price every session."""
+    sessions: list[_Session] = []
+    planned: list[CellPlan] = []
+    held: _Session | None = None
+    for (key, cell), choice in zip(cells, choices, strict=True):
+        group = cell.session_group
+        # The pool releases a session after its group's last cell here, or when it cannot serve the next one.
+        if held is not None and (held.group != group or unfit(held.offer, Constraints.for_cell(cell))):
+            held = None
+        base = dict(cell=key, gpu=cell.gpu, provider=cell.provider, model=cell.model, reuse_group=group,
+                    runs=planned_runs(cell, runs_override))
+        if held is None and isinstance(choice, NoEligibleOffer):
+            planned.append(CellPlan(**base, no_offer_reason=choice.message))
+            continue
+        stages: list[StageTime] = []
+        session = held
+        if session is None:
+            assert isinstance(choice, OfferChoice)
+            session = _Session(len(sessions) + 1, group, choice.offer)
+            sessions.append(session)
+            for stage in SETUP_STAGES:
+                estimate = history.setup(stage, cell)
+                stages.append(StageTime(stage=stage.value, seconds=estimate.seconds, source=estimate.source))
+            base.update(offers_found=choice.offers_found, eligible_offers=len(choice.eligible))
+            held = session if group is not None else None
+        if cell.model_ref.lower() in session.models:  # an earlier cell of the session pulled it
+            stages.append(StageTime(stage=Stage.MODEL_PULL.value, seconds=0.0, source="already on the session"))
+        else:
+            estimate = history.pull(cell)
+            stages.append(StageTime(stage=Stage.MODEL_PULL.value, seconds=estimate.seconds, source=estimate.source))
+        session.models.add(cell.model_ref.lower())
+        stages.append(benchmark_time(cell, history, base["runs"]))
+        setup = sum(s.seconds for s in stages if s.stage in {st.value for st in SETUP_STAGES})
+        seconds = sum(s.seconds for s in stages)
+        offer = session.offer
+        plan = CellPlan(**base, session=session.number, rents_session=not session.cells, offer_id=offer.id,
+                        price_per_hour=offer.price_per_hour, location=offer.location or None, stages=stages,
+                        setup_seconds=setup, pull_seconds=stages[-2].seconds, benchmark_seconds=stages[-1].seconds,
+                        seconds=seconds, cost_usd=offer.price_per_hour * seconds / 3600)
+        session.cells.append(plan)
+        planned.append(plan)
+    session_plans = [_session_plan(s) for s in sessions]
+    groups = _groups(cells, planned)
+    return Plan(api=api, sandbox=sandbox, time_scale=history.time_scale, history=history.description,
+                cells=planned, sessions=session_plans, groups=groups,
+                totals=_totals(planned, session_plans, groups, workers))
+
+
+def _session_plan(session: _Session) -> SessionPlan:
+    seconds = sum(c.seconds for c in session.cells)
+    return SessionPlan(session=session.number, reuse_group=session.group, offer_id=session.offer.id,
+                       gpu_type=session.offer.gpu_type, price_per_hour=session.offer.price_per_hour,
+                       cells=[c.cell for c in session.cells], setup_seconds=sum(c.setup_seconds for c in session.cells),
+                       seconds=seconds, cost_usd=session.offer.price_per_hour * seconds / 3600)
+
+
+def _groups(cells: Sequence[tuple[str, Cell]], planned: Sequence[CellPlan]) -> list[GroupPlan]:
+    """The units workers take: a reuse group of more than one cell stays together (its
+    ``xdist_group``, as collection marks it); any other cell goes alone."""
+    sizes: dict[str, int] = {}
+    for _, cell in cells:
+        if cell.session_group:
+            sizes[cell.session_group] = sizes.get(cell.session_group, 0) + 1
+    units: dict[str, list[CellPlan]] = {}
+    for (key, cell), plan in zip(cells, planned, strict=True):
+        group = cell.session_group
+        units.setdefault(group if group and sizes[group] > 1 else key, []).append(plan)
+    return [GroupPlan(name=name, cells=[p.cell for p in members],
+                      sessions=sorted({p.session for p in members if p.session is not None}),
+                      seconds=sum(p.seconds for p in members), cost_usd=sum(p.cost_usd for p in members))
+            for name, members in units.items()]
+
+
+def makespan(durations: Sequence[float], workers: int) -> float:
+    """Longest processing time first: each job to the least loaded worker; the latest finish."""
+    loads = [0.0] * max(workers, 1)
+    for seconds in sorted(durations, reverse=True):
+        heapq.heapreplace(loads, loads[0] + seconds)  # loads stays a heap: loads[0] is the least loaded
+    return max(loads)
+
+
+def _totals(cells: Sequence[CellPlan], sessions: Sequence[SessionPlan], groups: Sequence[GroupPlan],
+            workers: int | None) -> Totals:
+    seconds = sum(s.seconds for s in sessions)
+    durations = [g.seconds for g in groups]
+    return Totals(cells=len(cells), cells_without_offer=sum(1 for c in cells if c.no_offer_reason),
+                  sessions=len(sessions), gpu_hours=seconds / 3600, cost_usd=sum(s.cost_usd for s in sessions),
+                  wall_seconds=sum(durations), workers=workers,
+                  wall_seconds_workers=makespan(durations, workers) if workers else None)
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+class PlanProblem(Exception):
+    """Why no plan can be made, in one line, and the exit status (1: the API, 2: usage)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def plan_with_split(cells: Sequence[tuple[str, Cell]], choices: Sequence[Choice], history: StageHistory,
+                    settings: Settings, *, api: str, sandbox: bool, workers: int | None) -> Plan:
+    """The plan of the run ``pytest -n workers`` would make: reuse groups split as the run
+    splits them (:mod:`.reuse_split`), with what one session per group would cost and take."""
+    unsplit = build_plan(cells, choices, history, api=api, sandbox=sandbox, runs_override=settings.runs,
+                         workers=workers)
+    if not workers or workers <= 1:
+        return unsplit
+    policy = SplitPolicy.from_settings(settings, workers)
+    split, decisions = split_groups([cell for _, cell in cells], policy)
+    plan = unsplit
+    if any(decision.sessions > 1 for decision in decisions):
+        order = order_for_reuse(split, settings.runs)  # the run orders the sub-groups as groups
+        plan = build_plan([(cells[i][0], split[i]) for i in order], [choices[i] for i in order], history,  # type: ignore[misc]
+                          api=api, sandbox=sandbox, runs_override=settings.runs, workers=workers)
+    totals = unsplit.totals
+    summary = SplitPlan(workers=workers, sessions_per_group=policy.limit, split_cost=policy.max_extra_share,
+                        groups=[GroupSplitPlan(group=d.group, cells=d.cells, sessions=d.sessions,
+                                               extra_share=d.extra_share, why=d.why) for d in decisions],
+                        unsplit_sessions=totals.sessions, unsplit_cost_usd=totals.cost_usd,
+                        unsplit_wall_seconds_workers=totals.wall_seconds_workers or 0.0)
+    # One worker runs everything back to back, and a run with one worker splits nothing.
+    return plan.model_copy(update={"split": summary, "totals": plan.totals.model_copy(
+        update={"wall_seconds": totals.wall_seconds})})
+
+
+def make_plan(paths: list[str], *, keyword: str | None = None, gpus: list[str] | None = None,
+              providers: list[str] | None = None, models: list[str] | None = None, api: str | None = None,
+              sandbox: bool = False, manifest: Path | None = None, workers: int | None = None,
+              options: Sequence[str] = ()) -> Plan:
+    """Collect, read the inventory (of a sandbox started for it, with ``sandbox``), price.
+
+    ``options`` are more pytest options for the collection (``--gpubench-sessions-per-group 2``).
+    Raises :class:`PlanProblem`.
+    """
+    from ..errors import ApiUnreachable, GpubenchError, StageError
+    from ..plugin.plan_collect import CollectionProblem
+    from ..plugin.sandbox_process import SandboxProcess
+
+    try:
+        collected = collect_cells(paths, keyword=keyword, gpus=gpus, providers=providers, models=models,
+                                  options=[*(["--gpubench-sandbox"] if sandbox else []), *options])
+    except CollectionProblem as exc:
+        raise PlanProblem(str(exc), 2) from None
+    settings, cells = collected.settings, collected.cells
+    if not cells:
+        raise PlanProblem(f"no matrix cells selected in {' '.join(paths)} (check the paths, -k and "
+                          "--gpu/--provider/--model: pytest --collect-only lists what they select)", 2)
+    sandbox = sandbox or settings.sandbox
+    source = manifest or settings.manifest
+    try:
+        history = StageHistory.from_manifest(source, sandbox=sandbox,
+                                             time_scale=settings.time_scale if sandbox else 1.0)
+    except Exception as exc:  # noqa: BLE001 - a corrupt or foreign file: say so in one line
+        raise PlanProblem(f"cannot read the manifest {source}: {exc}", 2) from None
+    process = None
+    try:
+        if sandbox:
+            try:
+                process = SandboxProcess.start(settings)
+            except GpubenchError as exc:
+                raise PlanProblem(str(exc), 1) from None
+        url = process.url if process is not None else (api or settings.api)
+        try:
+            choices = asyncio.run(_read_inventory(url, settings, [cell for _, cell in cells]))
+        except ApiUnreachable as exc:
+            raise PlanProblem(f"{exc.message}: start the server, point --api or GPUBENCH_API_BASE at it, or "
+                              "plan against the sandbox with --sandbox", 1) from None
+        except StageError as exc:
+            raise PlanProblem(f"reading the inventory at {url} failed: {exc}", 1) from None
+    finally:
+        if process is not None:
+            process.stop()
+    return plan_with_split(cells, choices, history, settings, api="sandbox" if process is not None else url,
+                           sandbox=sandbox, workers=workers)
+
+
+async def _read_inventory(url: str, settings: Settings, cells: list[Cell]) -> list[Choice]:
+    client = ShopperClient(url, token=settings.api_token)
+    try:
+        await client.wait_ready(attempts=5, interval=1.0)
+        return await choose_offers(cells, client, settings)
+    finally:
+        await client.aclose()

@@ -1,0 +1,521 @@
+"""Matrix files: the schema, their expansion into cells, filters and stable test ids.
+
+A matrix file (YAML) lists rows of GPU x providers x models, with workload, offer,
+SLO and threshold defaults that rows may override. :func:`load_matrix` validates a
+file into a :class:`Matrix`; :func:`expand` turns it into one frozen :class:`Cell`
+per (row, provider, model, load point: a concurrency or a rate), in file order.
+Every problem in a file is a :class:`~pytest_gpubench.errors.MatrixError` naming
+the file, the field in dotted form (``matrix[2].workload.duration``) and what is
+allowed, on one line.
+
+The filters (:func:`gpu_matches`, :func:`provider_matches`, :func:`model_matches`,
+:func:`cell_selected`) are what ``--gpubench-gpu``, ``--gpubench-provider`` and
+``--gpubench-model`` use (through :func:`pytest_gpubench.matrix.filters.split_by_filters`).
+The reference for users is ``docs/matrix.md``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator, model_validator
+
+from ..errors import MatrixError
+from .fields import (  # noqa: F401 - re-exported
+    KNOWN_PROVIDERS,
+    MAX_DURATION_S,
+    NAME_RE,
+    CheckpointEvery,
+    GpuName,
+    MaxTokens,
+    ModelName,
+    Price,
+    ProviderName,
+    Runs,
+    Seconds,
+    StrictModel,
+    Warmup,
+    confidences,
+    did_you_mean,
+    invalid,
+    model_name,
+    number_text,
+    parse_duration,
+    text_field,
+    whole,
+)
+from .workload import (  # noqa: F401 - re-exported
+    PROMPT_SETS,
+    QUALITY_PROMPTS,
+    SEED_PROMPTS,
+    Prompt,
+    Prompts,
+    Workload,
+    WorkloadOverride,
+    load_conflict,
+    prompt_set_name,
+)
+from .selection import (  # noqa: F401 - re-exported: the matrix module is where users look
+    MODEL_VRAM_GB,
+    axes_suffix,
+    cell_id,
+    cell_id_base,
+    cell_keywords,
+    cell_selected,
+    compact_gpu,
+    gpu_matches,
+    id_part,
+    infer_parameters_b,
+    infer_vram_gb,
+    model_matches,
+    model_ref,
+    model_vram_gb,
+    normalize_gpu,
+    normalize_provider,
+    provider_matches,
+    reuse_group_name,
+    select_cells,
+    split_tag,
+)
+from .prototype import Prototype
+from ..measure.thresholds import Slo, Thresholds, merged
+from .yaml_errors import at_line, describe, node_line, parse_yaml, translate
+
+DEFAULT_MIN_AVAILABILITY_CONFIDENCE = 0.5
+"""Seed 000's bar; TensorDock offers always report 0.3, so give it its own bar."""
+DEFAULT_MAX_ATTEMPTS = 3
+"""Offers a cell tries when provisioning fails (seed 001: "retry with different location")."""
+_TEMPLATE_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")
+Reuse = Literal["group", "cell"]
+"""``group``: cells of one GPU and provider share a rented session; ``cell``: one session each."""
+
+
+# ---------------------------------------------------------------------------- schema
+
+
+_Strict = StrictModel
+
+
+class OfferSpec(_Strict):
+    """``offer:`` in the file or in a row: constraints on the offer a cell rents."""
+
+    max_price: Price | None = None
+    min_availability_confidence: dict[str, float] | None = None
+    max_attempts: Annotated[int, whole(1, 10)] | None = None
+    template: str | None = None
+
+    @field_validator("min_availability_confidence", mode="before")
+    @classmethod
+    def _bars(cls, value: Any) -> dict[str, float]:
+        return confidences(value)
+
+    @field_validator("template", mode="before")
+    @classmethod
+    def _template(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        # Sent as template_hash_id; a Vast.ai hash id is hex, other providers' ids are similar.
+        if not isinstance(value, str) or not _TEMPLATE_RE.fullmatch(value):
+            raise invalid("must be a template hash id: 1-128 letters, digits, '-' or '_' "
+                          f"(such as '9b2f3c0e8d7a4f61b5c2e1d0a3f4b5c6'); got {describe(value)}")
+        return value
+
+
+class OfferConstraints(_Strict):
+    """One cell's offer constraints, resolved for its provider."""
+
+    max_price: float | None = None
+    min_availability_confidence: float = DEFAULT_MIN_AVAILABILITY_CONFIDENCE
+    #: Offers to try, one session each, before the cell fails (failover).
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    #: A provider template (``template_hash_id``) the session is created from.
+    template: str | None = None
+
+
+class RuntimeSpec(_Strict):
+    """``runtime:``: how to set the model server up on an instance."""
+
+    ollama_install: str | None = None
+
+    @field_validator("ollama_install", mode="before")
+    @classmethod
+    def _command(cls, value: Any) -> Any:
+        text = text_field("a shell command", "'curl -fsSL https://ollama.com/install.sh | sh'")(value)
+        if not text.strip() or "\0" in text:
+            raise invalid("must be a non-empty shell command without NUL characters")
+        return text.strip()
+
+
+class ModelSpec(_Strict):
+    """``models: {NAME: {...}}``: per-model overrides."""
+
+    vram_gb: Annotated[int, whole(1, 4096)]
+
+
+class RowSpec(_Strict):
+    """One row of ``matrix:``: a GPU, its providers and its models."""
+
+    gpu: GpuName
+    provider: ProviderName | None = None
+    providers: list[ProviderName] | None = None
+    model: ModelName | None = None
+    models: list[ModelName] | None = None
+    workload: WorkloadOverride | None = None
+    offer: OfferSpec | None = None
+    slo: Slo | None = None
+    thresholds: Thresholds | None = None
+    reuse: Reuse | None = None
+
+    @model_validator(mode="after")
+    def _one_of_each(self) -> RowSpec:
+        for one, many in (("provider", "providers"), ("model", "models")):
+            given = getattr(self, one) is not None, getattr(self, many) is not None
+            if all(given):
+                raise invalid(f"give either `{one}` or `{many}`, not both")
+            if not any(given):
+                raise invalid(f"needs `{one}: ...` or `{many}: [...]`")
+            if getattr(self, many) == []:
+                raise invalid(f"`{many}` is empty; list at least one")
+        return self
+
+    def provider_entries(self) -> list[tuple[str, str]]:
+        """``(field path suffix, provider)`` for each provider of the row."""
+        if self.provider is not None:
+            return [("provider", self.provider)]
+        return [(f"providers[{i}]", p) for i, p in enumerate(self.providers or [])]
+
+    def model_entries(self) -> list[tuple[str, str]]:
+        """``(field path suffix, model)`` for each model of the row."""
+        if self.model is not None:
+            return [("model", self.model)]
+        return [(f"models[{i}]", m) for i, m in enumerate(self.models or [])]
+
+
+class MatrixSpec(_Strict):
+    """A matrix file as written (see ``docs/matrix.md``)."""
+
+    name: str | None = None
+    description: str | None = None
+    workload: Workload = Workload()
+    offer: OfferSpec = OfferSpec()
+    runtime: RuntimeSpec = RuntimeSpec()
+    models: dict[str, ModelSpec] = {}
+    matrix: list[RowSpec]
+    slo: Slo = Slo()
+    thresholds: Thresholds = Thresholds()
+    reuse: Reuse = "group"
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, value: Any) -> Any:
+        if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+            raise invalid(
+                f"must be letters, digits, '.', '_', '-' (such as 'seed'); got {describe(value)}"
+            )
+        return value
+
+    @field_validator("description", mode="before")
+    @classmethod
+    def _description(cls, value: Any) -> Any:
+        return text_field("text", "'RTX cards for 7-32B models'")(value)
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _model_keys(cls, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            seen: dict[str, str] = {}
+            for key in value:
+                ref = model_ref(model_name(key)).lower()
+                if ref in seen:
+                    raise invalid(f"{key!r} and {seen[ref]!r} name the same model")
+                seen[ref] = key
+        return value
+
+    @field_validator("matrix")
+    @classmethod
+    def _not_empty(cls, rows: list[RowSpec]) -> list[RowSpec]:
+        if not rows:
+            raise invalid("the matrix has no rows; add at least one, such as "
+                           "`- {gpu: RTX 4090, provider: vastai, model: qwen2:7b}`")
+        return rows
+
+
+class Matrix(BaseModel):
+    """A validated matrix file: its defaults and rows, ready for :func:`expand`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    description: str = ""
+    source: str
+    workload: Workload
+    offer: OfferSpec
+    ollama_install: str | None = None
+    vram_overrides: dict[str, int] = {}
+    slo: Slo = Slo()
+    thresholds: Thresholds = Thresholds()
+    reuse: Reuse = "group"
+    rows: tuple[RowSpec, ...]
+    row_lines: tuple[int | None, ...] = ()
+    #: The cells, once expanded: validation expands the matrix, and collection reuses that.
+    _cells: tuple[Cell, ...] | None = PrivateAttr(default=None)
+
+
+class Cell(BaseModel):
+    """One test: a GPU, a provider, a model, and how to benchmark it."""
+
+    model_config = ConfigDict(frozen=True, protected_namespaces=())
+
+    gpu: str
+    provider: str
+    model: str
+    model_ref: str
+    workload: Workload
+    offer: OfferConstraints
+    vram_gb: int
+    ollama_install: str | None = None
+    matrix_name: str
+    source: str
+    row: int
+    concurrency: int = 1
+    rate: float | None = None
+    slo: Slo = Slo()
+    thresholds: Thresholds = Thresholds()
+    reuse: Reuse = "group"
+    #: Which of its reuse group's sessions it runs on when a run splits the group over
+    #: several (:mod:`pytest_gpubench.cloud.reuse_split`); None: the group has one session.
+    session_part: int | None = None
+
+    # The id and names below are computed once per cell (collection asks for them often;
+    # expansion gives them to the cells it builds); what they depend on (GPU, provider,
+    # model, load, template) no override changes.
+    @cached_property
+    def cell_id(self) -> str:
+        """``RTX_4090-vastai-qwen2:7b``: GPU (spaces as ``_``), provider, model as written;
+        then ``-c8`` for a concurrency other than 1, or ``-r2.5`` for a request rate."""
+        return cell_id(self.gpu, self.provider, self.model, self.concurrency, self.rate)
+
+    @property
+    def runs(self) -> Runs:
+        """How many times the benchmark is measured (``workload.runs``)."""
+        return self.workload.runs
+
+    @cached_property
+    def gpu_compact(self) -> str:
+        """The GPU name without spaces: ``RTX4090``."""
+        return compact_gpu(self.gpu)
+
+    @cached_property
+    def reuse_group(self) -> str:
+        """Cells in one group can share a rented session: ``RTX_4090-vastai``
+        (:func:`~pytest_gpubench.matrix.selection.reuse_group_name`)."""
+        return reuse_group_name(self.gpu, self.provider, self.offer.template)
+
+    @property
+    def session_group(self) -> str | None:
+        """The reuse group whose session this cell runs on (``RTX_4090-vastai``, or
+        ``RTX_4090-vastai/2`` for the second session of a split group); None with ``reuse: cell``."""
+        if self.reuse != "group":
+            return None
+        return self.reuse_group if self.session_part is None else f"{self.reuse_group}/{self.session_part}"
+
+    @cached_property
+    def keywords(self) -> frozenset[str]:
+        """Extra ``-k`` names: ``RTX4090``, the model's full reference and its family."""
+        return cell_keywords(self.gpu, self.model_ref)
+
+
+# ------------------------------------------------------------------- loading, errors
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    """Read and validate a matrix file; raises :class:`MatrixError` for any problem."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise MatrixError(source, "", f"the file is not UTF-8 text (byte {exc.start} is invalid); "
+                                      "save it as UTF-8") from None
+    except OSError as exc:
+        raise MatrixError(source, "", f"cannot read the file: {exc.strerror or exc}") from None
+    return parse_matrix(text, source)
+
+
+def load_cells(path: str | Path) -> list[Cell]:
+    """``expand(load_matrix(path))``, read once per file version.
+
+    Collection, the xdist controller's grouping and ``gpubench plan`` may each ask
+    for the same file; while its size and modification time stay the same, the
+    cells (frozen) are reused.
+    """
+    source = Path(path)
+    try:
+        stat = source.stat()
+        key = (str(path), stat.st_mtime_ns, stat.st_size)
+    except OSError:
+        return expand(load_matrix(path))  # load_matrix says what is wrong with the file
+    cached = _CELLS_CACHE.get(str(path))
+    if cached is None or cached[0] != key:
+        cached = _CELLS_CACHE[str(path)] = (key, tuple(expand(load_matrix(path))))
+    return list(cached[1])
+
+
+#: ``{path: ((path, mtime_ns, size), cells)}`` for :func:`load_cells`.
+_CELLS_CACHE: dict[str, tuple[tuple[str, int, int], tuple[Cell, ...]]] = {}
+
+
+def parse_matrix(text: str, source: str) -> Matrix:
+    """Validate matrix YAML ``text``; ``source`` names it in errors and in cells."""
+    root, data = parse_yaml(text, source)
+    return matrix_from_data(data, source, root=root)
+
+
+def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -> Matrix:
+    """Validate an already-parsed matrix (``root`` only adds line numbers to errors)."""
+    if data is None:
+        raise MatrixError(
+            source, "", "the file is empty; a matrix needs at least `matrix:` with one row"
+        )
+    if not isinstance(data, Mapping):
+        raise MatrixError(
+            source,
+            "",
+            f"the top level must be a mapping with a `matrix:` list of rows; got {describe(data)}",
+        )
+    try:
+        spec = MatrixSpec.model_validate(data)
+    except ValidationError as exc:
+        raise translate(exc, source, root) from None
+    stem = Path(source).stem
+    matrix = Matrix(
+        name=spec.name or re.sub(r"^gpubench[_-]", "", stem) or stem,
+        description=spec.description or "",
+        source=source,
+        workload=spec.workload,
+        offer=spec.offer,
+        ollama_install=spec.runtime.ollama_install,
+        vram_overrides={model_ref(k).lower(): v.vram_gb for k, v in spec.models.items()},
+        slo=spec.slo,
+        thresholds=spec.thresholds,
+        reuse=spec.reuse,
+        rows=tuple(spec.matrix),
+        row_lines=tuple(node_line(root, ("matrix", i)) for i in range(len(spec.matrix))),
+    )
+    matrix._cells = tuple(_expand(matrix))  # a Matrix that exists expands: duplicates and VRAM are checked here
+    return matrix
+
+
+def expand(matrix: Matrix) -> list[Cell]:
+    """One :class:`Cell` per (row, provider, model, load point), in file order."""
+    if matrix._cells is None:
+        matrix._cells = tuple(_expand(matrix))
+    return list(matrix._cells)
+
+
+def _expand(matrix: Matrix) -> list[Cell]:
+    cells: list[Cell] = []
+    seen: dict[tuple[Any, ...], int] = {}
+    ids: dict[str, int] = {}
+    # What depends on the model (and GPU) alone is worked out once per file, not per row and load.
+    vram_of: dict[str, int | None] = {}
+    keywords_of: dict[tuple[str, str], frozenset[str]] = {}
+    for r, row in enumerate(matrix.rows):
+        where = at_line(_row_line(matrix, r))
+        workload = _row_workload(matrix, r, row)
+        slo, thresholds = merged(matrix.slo, row.slo), merged(matrix.thresholds, row.thresholds)
+        if thresholds.min_match_rate is not None and not workload.has_expectations:
+            raise MatrixError(matrix.source, f"matrix[{r}]", (
+                "thresholds.min_match_rate is set but no prompt of this row has `expect` answers, "
+                "so no match rate can be measured; use `prompts: quality`, give prompts "
+                f"{{prompt: ..., expect: [...]}}, or set `min_match_rate: null` in the row{where}"))
+        points = ([(1, rate) for rate in workload.rate] if workload.rate is not None
+                  else [(c, None) for c in workload.concurrency])
+        # One workload and id suffix per load point, shared by the row's cells (frozen, so sharing is safe).
+        point_parts = [(concurrency, rate, axes_suffix(concurrency, rate), workload.model_copy(update={
+            "concurrency": (concurrency,), "rate": None if rate is None else (rate,)}))
+            for concurrency, rate in points]
+        reuse = row.reuse or matrix.reuse
+        row_offer = row.offer or OfferSpec()
+        fields = row_offer.model_fields_set
+        max_price = row_offer.max_price if "max_price" in fields else matrix.offer.max_price
+        max_attempts = (row_offer.max_attempts if "max_attempts" in fields else matrix.offer.max_attempts)
+        template = row_offer.template if "template" in fields else matrix.offer.template
+        bars = {**(matrix.offer.min_availability_confidence or {}),
+                **(row_offer.min_availability_confidence or {})}
+        gpu_key = normalize_gpu(row.gpu)
+        row_cells = Prototype(Cell, dict(
+            gpu=row.gpu, ollama_install=matrix.ollama_install, matrix_name=matrix.name, source=matrix.source,
+            row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu),
+        ), varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "concurrency", "rate",
+                    "cell_id", "keywords", "reuse_group"))
+        for _, provider in row.provider_entries():
+            offer = OfferConstraints(
+                max_price=max_price,
+                min_availability_confidence=bars.get(
+                    provider, bars.get("default", DEFAULT_MIN_AVAILABILITY_CONFIDENCE)),
+                max_attempts=max_attempts or DEFAULT_MAX_ATTEMPTS,
+                template=template,
+            )
+            group = reuse_group_name(row.gpu, provider, template)
+            for field, model in row.model_entries():
+                if model not in vram_of:
+                    vram_of[model] = model_vram_gb(model, matrix.vram_overrides)
+                vram = vram_of[model]
+                if vram is None:
+                    raise MatrixError(matrix.source, f"matrix[{r}].{field}", (
+                        f"cannot tell how much VRAM {model!r} needs: it is not in the seed table "
+                        f"and its tag names no size such as '7b'; add "
+                        f"`models: {{{model}: {{vram_gb: N}}}}` to the file{where}"))
+                ref = model_ref(model)
+                keywords = keywords_of.get((row.gpu, ref))
+                if keywords is None:
+                    keywords = keywords_of[row.gpu, ref] = cell_keywords(row.gpu, ref)
+                base_id, ref_key = cell_id_base(row.gpu, provider, model), ref.lower()
+                for concurrency, rate, suffix, point_workload in point_parts:
+                    cell = row_cells.new(
+                        provider=provider, model=model, model_ref=ref, workload=point_workload, offer=offer,
+                        vram_gb=vram, concurrency=concurrency, rate=rate, cell_id=base_id + suffix,
+                        keywords=keywords, reuse_group=group)
+                    key = (gpu_key, provider, ref_key, concurrency, rate)
+                    id_key = cell.cell_id.lower()
+                    first = seen.get(key, ids.get(id_key))
+                    if first is not None:
+                        raise MatrixError(matrix.source, f"matrix[{r}]", (
+                            f"duplicate cell {cell.cell_id} ({row.gpu} / {provider} / {model}"
+                            f"{_load_text(concurrency, rate)}), already in matrix[{first}]"
+                            f"{at_line(_row_line(matrix, first))}; a GPU, provider, model and "
+                            f"load may appear once in a file{where}"))
+                    seen[key] = ids[id_key] = r
+                    cells.append(cell)
+    return cells
+
+
+def _row_workload(matrix: Matrix, r: int, row: RowSpec) -> Workload:
+    """The file's workload with the row's keys over it; load axes checked once merged."""
+    if row.workload is None:
+        return matrix.workload
+    update = {key: getattr(row.workload, key) for key in row.workload.model_fields_set}
+    workload = matrix.workload.model_copy(update=update)
+    conflict = load_conflict(workload.concurrency, workload.rate)
+    if conflict:
+        origin = {k: "this row" if k in update else "the file's workload" for k in ("concurrency", "rate")}
+        raise MatrixError(matrix.source, f"matrix[{r}].workload", (
+            f"{conflict}; here `concurrency` comes from {origin['concurrency']} and `rate` from "
+            f"{origin['rate']}: in the row, set `concurrency: 1`, or `rate: null` to drop the "
+            f"file's rate{at_line(_row_line(matrix, r))}"))
+    return workload
+
+
+def _load_text(concurrency: int, rate: float | None) -> str:
+    if rate is not None:
+        return f" / rate {number_text(rate)}/s"
+    return f" / concurrency {concurrency}" if concurrency != 1 else ""
+
+
+def _row_line(matrix: Matrix, row: int) -> int | None:
+    return matrix.row_lines[row] if row < len(matrix.row_lines) else None

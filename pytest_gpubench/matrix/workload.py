@@ -1,0 +1,308 @@
+"""A matrix's ``workload:``: what each cell's benchmark does, and its prompts.
+
+:class:`Workload` is the file's workload (and, narrowed to one load point, a
+cell's); :class:`WorkloadOverride` a row's. ``concurrency`` and ``rate`` are load
+axes: each value becomes its own cell, and a rate cell has no concurrency axis.
+
+A prompt is its text, optionally with the answers that count as correct
+(``expect``: any one substring, case-insensitive, as the GPU Shopper benchmark
+script checks them). ``prompts`` is a list of plain strings and ``{prompt,
+expect}`` mappings, or the name of a built-in set: ``seed`` (seed 000's mix, the
+default) or ``quality`` (prompts with known answers, for the match rate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, ValidationInfo, field_validator, model_validator
+from pydantic_core import core_schema
+
+from .fields import (
+    CheckpointEvery,
+    Concurrency,
+    MaxTokens,
+    Rate,
+    Runs,
+    RunsField,
+    Seconds,
+    StrictModel,
+    Warmup,
+    axis_text,
+    did_you_mean,
+    invalid,
+)
+from .yaml_errors import describe
+
+
+class Prompt(str):
+    """A prompt: it *is* its text (a ``str``), and carries ``expect``, the answers that count.
+
+    Being a string keeps code that sends ``list(workload.prompts)`` as JSON working
+    (it sends the texts); :meth:`payload` is what tells the load generator the
+    expectations too. Immutable; a plain string equals the Prompt with the same
+    text and no ``expect``.
+    """
+
+    expect: tuple[str, ...]
+
+    def __new__(cls, text: str, expect: Iterable[str] = ()) -> Prompt:
+        self = super().__new__(cls, text)
+        self.__dict__["expect"] = tuple(expect)
+        return self
+
+    @property
+    def text(self) -> str:
+        return str.__str__(self)
+
+    def payload(self) -> str | dict[str, Any]:
+        """The load generator's form: the text, or ``{"prompt": text, "expect": [...]}``."""
+        return {"prompt": self.text, "expect": list(self.expect)} if self.expect else self.text
+
+    def matches(self, answer: str) -> bool | None:
+        """Whether ``answer`` contains any expected substring (case-insensitive); None without ``expect``."""
+        if not self.expect:
+            return None
+        folded = answer.casefold()
+        return any(e.casefold() in folded for e in self.expect)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("a Prompt is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("a Prompt is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Prompt):
+            return str.__eq__(self, other) and self.expect == other.expect
+        if isinstance(other, str):
+            return not self.expect and str.__eq__(self, other)
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return str.__hash__(self)
+
+    def __repr__(self) -> str:
+        return f"Prompt({self.text!r}, expect={self.expect!r})" if self.expect else f"Prompt({self.text!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return Prompt, (self.text, self.expect)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> core_schema.CoreSchema:
+        as_written = core_schema.union_schema([
+            core_schema.str_schema(),
+            core_schema.typed_dict_schema({
+                "prompt": core_schema.typed_dict_field(core_schema.str_schema()),
+                "expect": core_schema.typed_dict_field(
+                    core_schema.list_schema(core_schema.str_schema()), required=False),
+            }),
+        ])
+        return core_schema.no_info_plain_validator_function(
+            prompt_entry,
+            serialization=core_schema.plain_serializer_function_ser_schema(lambda p: p.payload()),
+            json_schema_input_schema=as_written,
+        )
+
+
+SEED_PROMPTS: tuple[str, ...] = (
+    "Write a Python function to implement binary search on a sorted list.",
+    "Explain quantum computing in simple terms for a 10-year-old.",
+    "What are the key differences between REST and GraphQL APIs?",
+    "Write a haiku about programming.",
+    "Debug this code: for i in range(10): print(i",
+    "Explain the CAP theorem and its implications for distributed systems.",
+    "Write a regex pattern to match valid email addresses.",
+    "What is the time complexity of quicksort and why?",
+    "Describe three design patterns used in object-oriented programming.",
+    "How does garbage collection work in modern programming languages?",
+)
+"""Seed 000's prompt mix, in its order: the default ``workload.prompts`` (``prompts: seed``)."""
+
+QUALITY_PROMPTS: tuple[Prompt, ...] = (
+    Prompt("What is 15 + 27? Answer with just the number.", expect=("42",)),
+    Prompt("Write a Python function that returns the square of a number.", expect=("def", "return")),
+    Prompt("What is the capital of France? Answer in one word.", expect=("Paris",)),
+    Prompt("Write a haiku about programming."),
+    Prompt("List 3 primary colors, separated by commas.", expect=("red", "blue")),
+)
+"""``prompts: quality``: the GPU Shopper benchmark script's quality prompts and expectations
+(``scripts/gpu-benchmark.sh``: arithmetic, code, a capital city, a haiku, an instruction)."""
+
+PROMPT_SETS: Mapping[str, tuple[Prompt, ...]] = {
+    "seed": tuple(Prompt(p) for p in SEED_PROMPTS),
+    "quality": QUALITY_PROMPTS,
+}
+"""The built-in prompt sets a workload may name."""
+
+_ALLOWED = (
+    "must be a non-empty list of non-empty strings or {prompt: ..., expect: [...]} mappings, "
+    f"or the name of a built-in set: {', '.join(PROMPT_SETS)}"
+)
+
+
+def prompt_set_name(prompts: tuple[Prompt, ...]) -> str | None:
+    """``"seed"`` or ``"quality"`` if ``prompts`` is that built-in set, else None."""
+    return next((name for name, known in PROMPT_SETS.items() if prompts == known), None)
+
+
+def prompts(value: Any) -> tuple[Prompt, ...]:
+    """``workload.prompts`` as written -> a tuple of :class:`Prompt`."""
+    if isinstance(value, str):
+        name = value.strip().lower()
+        if name in PROMPT_SETS:
+            return PROMPT_SETS[name]
+        raise invalid(
+            f"unknown prompt set {value!r}{did_you_mean(name, PROMPT_SETS)}; built-in sets: "
+            f"{', '.join(PROMPT_SETS)}; a single prompt is still a list: [\"...\"]"
+        )
+    if not isinstance(value, (list, tuple)) or not value:
+        raise invalid(f"{_ALLOWED}; got {describe(value)}")
+    out = []
+    for i, entry in enumerate(value):
+        try:
+            out.append(prompt_entry(entry))
+        except ValueError as exc:
+            raise invalid(f"{_ALLOWED}; item {i}: {exc}") from None
+    return tuple(out)
+
+
+def prompt_entry(entry: Any) -> Prompt:
+    """One list item: a string, or ``{prompt: TEXT, expect: [SUBSTRING, ...]}``."""
+    if isinstance(entry, Prompt):
+        return entry
+    if isinstance(entry, str):
+        if not entry.strip():
+            raise ValueError(f"is {describe(entry)}")
+        return Prompt(entry)
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"is {describe(entry)}")
+    unknown = [str(k) for k in entry if k not in ("prompt", "expect")]
+    if unknown:
+        hint = did_you_mean(unknown[0], ("prompt", "expect"))
+        raise ValueError(f"unknown key {unknown[0]!r}{hint}; allowed keys: prompt, expect")
+    text = entry.get("prompt")
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"`prompt` must be a non-empty string; got {describe(text)}")
+    expect = entry.get("expect", [])
+    expect = [expect] if isinstance(expect, str) else expect
+    allowed = "`expect` must be a non-empty string or a non-empty list of them, such as ['4', 'four']"
+    if not isinstance(expect, (list, tuple)) or ("expect" in entry and not expect):
+        raise ValueError(f"{allowed}; got {describe(entry.get('expect'))}")
+    for answer in expect:
+        if not isinstance(answer, str) or not answer.strip():
+            raise ValueError(f"{allowed}; got {describe(answer)} in it")
+    return Prompt(text, expect)
+
+
+Prompts = Annotated[tuple[Prompt, ...], BeforeValidator(prompts)]
+
+
+def think_value(value: Any) -> bool | None:
+    """``workload.think``: exactly ``true`` or ``false`` (``null``: the runtime's default)."""
+    if value is None or isinstance(value, bool):
+        return value
+    raise invalid(f"must be true or false (leave it out for the runtime's default: a thinking model "
+                  f"such as deepseek-r1 or qwen3 then thinks); got {describe(value)}")
+
+
+Think = Annotated[bool | None, BeforeValidator(think_value)]
+
+
+# -------------------------------------------------------------------------- workload
+
+
+class Workload(StrictModel):
+    """What one cell's benchmark does; the defaults are seed 000's.
+
+    In the file, ``concurrency`` and ``rate`` are axes (each value its own cell);
+    a cell's workload holds just its own value, which is also ``cell.concurrency``
+    and ``cell.rate``.
+    """
+
+    duration: Seconds = 300.0
+    max_tokens: MaxTokens = 256
+    warmup_requests: Warmup = 1
+    progress_interval: Seconds = 60.0
+    checkpoint_every: CheckpointEvery = 10
+    prompts: Prompts = PROMPT_SETS["seed"]
+    concurrency: Concurrency = (1,)
+    rate: Rate = None
+    runs: RunsField = Runs()
+    telemetry_interval: Seconds = 5.0
+    #: Seconds without a token before a request is aborted as stalled (an error).
+    stall_timeout: Seconds = 120.0
+    #: Ollama's ``think``: None sends nothing, so the runtime's default applies.
+    think: Think = None
+
+    @model_validator(mode="after")
+    def _one_load_axis(self) -> Workload:
+        conflict = load_conflict(self.concurrency, self.rate)
+        if conflict:
+            raise invalid(conflict)
+        return self
+
+    @property
+    def duration_minutes(self) -> float:
+        """The duration as BenchmarkResult's ``test_config.duration_minutes``."""
+        return self.duration / 60
+
+    @property
+    def prompt_set(self) -> str | None:
+        """``"seed"`` or ``"quality"`` when the prompts are that built-in set, else None."""
+        return prompt_set_name(self.prompts)
+
+    @property
+    def has_expectations(self) -> bool:
+        """True if any prompt has ``expect`` answers (so a match rate can be measured)."""
+        return any(p.expect for p in self.prompts)
+
+    def prompt_payload(self) -> list[str | dict[str, Any]]:
+        """The prompts as the load generator takes them: strings and ``{"prompt", "expect"}``."""
+        return [p.payload() for p in self.prompts]
+
+
+class WorkloadOverride(StrictModel):
+    """A row's ``workload:``: only the keys it sets replace the file's."""
+
+    duration: Seconds | None = None
+    max_tokens: MaxTokens | None = None
+    warmup_requests: Warmup | None = None
+    progress_interval: Seconds | None = None
+    checkpoint_every: CheckpointEvery | None = None
+    prompts: Prompts | None = None
+    concurrency: Concurrency | None = None
+    rate: Rate = None
+    runs: RunsField | None = None
+    telemetry_interval: Seconds | None = None
+    stall_timeout: Seconds | None = None
+    think: Think = None
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_null(cls, value: Any, info: ValidationInfo) -> Any:
+        # `rate: null` drops the file's rate, `think: null` its think (the runtime's default again).
+        if value is None and info.field_name not in ("rate", "think"):
+            raise invalid("must not be null; leave the key out to use the file's value")
+        return value
+
+    @model_validator(mode="after")
+    def _one_load_axis(self) -> WorkloadOverride:
+        conflict = self.concurrency and load_conflict(self.concurrency, self.rate)
+        if conflict:
+            raise invalid(conflict)
+        return self
+
+
+def load_conflict(concurrency: tuple[int, ...], rate: tuple[float, ...] | None) -> str | None:
+    """Why these load axes cannot go together, or None: a rate cell has no concurrency axis."""
+    if rate is None or concurrency == (1,):
+        return None
+    return (f"`concurrency: {axis_text(concurrency)}` and `rate: {axis_text(rate)}` cannot be "
+            "combined: a rate cell sends requests as Poisson arrivals at that rate, however many "
+            "are in flight; give one of them (only `concurrency: 1` may go with a rate)")

@@ -1,0 +1,239 @@
+"""Run the load generator next to the model and gather its event stream.
+
+The generator (``remote/loadgen.py``) is sent as the stdin of ``python3 -`` on the
+instance; its config travels as one quoted argument. Without python3 there, the
+same script runs here against the SSH-forwarded Ollama port (DESIGN decision 7).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..remote.checkpoint import recover
+from ..errors import BenchmarkInterrupted, Stage, StageError
+from ..remote.ssh import Connection, quote
+from .results import RequestRecord
+from ..cloud.watch import InstanceLost, SessionWatch
+
+LOADGEN_SOURCE = resources.files("pytest_gpubench.remote").joinpath("loadgen.py").read_text()
+
+
+@dataclass
+class BenchmarkPlan:
+    """What the load generator is asked to do."""
+
+    model: str
+    duration: float
+    max_tokens: int
+    prompts: list[Any]  # strings, or {"prompt", "expect"} for quality checks
+    warmup_requests: int
+    progress_interval: float
+    checkpoint_every: int
+    checkpoint_path: str
+    concurrency: int = 1
+    rate: float | None = None
+    seed: int = 0
+    request_timeout: float = 120.0
+    think: bool | None = None  # the request's ``think``; None leaves the runtime's default
+    cut_at_deadline: bool = False  # requests in flight at the deadline are cut (incomplete), not awaited
+
+    def config(self, ollama_url: str) -> dict[str, Any]:
+        return {
+            "rate": self.rate,
+            "seed": self.seed,
+            "ollama_url": ollama_url,
+            "model": self.model,
+            "duration": self.duration,
+            "max_tokens": self.max_tokens,
+            "prompts": self.prompts,
+            "warmup_requests": self.warmup_requests,
+            "progress_interval": self.progress_interval,
+            "checkpoint_every": self.checkpoint_every,
+            "checkpoint_path": self.checkpoint_path,
+            "concurrency": self.concurrency,
+            "request_timeout": self.request_timeout,
+            "think": self.think,
+            "cut_at_deadline": self.cut_at_deadline,
+        }
+
+
+@dataclass
+class BenchmarkOutcome:
+    """Every record the run produced, in arrival order, and how it ended."""
+
+    records: list[RequestRecord] = field(default_factory=list)
+    duration_seconds: float = 0.0
+    status: str = "running"
+    message: str = ""
+    where: str = "instance"
+    #: The generator's own summary from its finish event (ITL, CPU, lag, load).
+    finish: dict[str, Any] = field(default_factory=dict)
+    #: Seconds into the run of the last progress event: a lower bound of a cut-short run's length.
+    elapsed: float = 0.0
+    #: Records read from the instance's checkpoint that the stream had not delivered.
+    recovered: int = 0
+
+    @property
+    def measured(self) -> list[RequestRecord]:
+        return [r for r in self.records if not r.warmup]
+
+    @property
+    def successful(self) -> int:
+        return sum(1 for r in self.measured if r.ok)
+
+    def merge(self, records: list[RequestRecord]) -> int:
+        """Add checkpointed records this stream did not deliver; returns how many."""
+        seen = {r.index for r in self.records}
+        new = [r for r in records if r.index not in seen]
+        self.records.extend(new)
+        self.records.sort(key=lambda r: r.index)
+        return len(new)
+
+    def span(self) -> float:
+        """Seconds from the run's start to the last measured request's end (0 if unknown)."""
+        ends = [r.scheduled_at + ((r.send_lag_ms or 0.0) + r.latency_ms) / 1000
+                for r in self.measured if r.scheduled_at is not None]
+        return max(ends, default=0.0)
+
+
+async def run_benchmark(
+    conn: Connection,
+    plan: BenchmarkPlan,
+    *,
+    remote_ollama_url: str,
+    local_ollama_url: str,
+    timeout: float,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    watch: SessionWatch | None = None,
+    reconnect: Callable[[], Awaitable[Connection]] | None = None,
+) -> BenchmarkOutcome:
+    """Run ``plan`` and return its outcome.
+
+    Raises ``BenchmarkInterrupted`` (carrying the partial outcome) when the run
+    ends early, and ``StageError`` when nothing at all was measured. With
+    ``watch``, a session the API reports gone ends the run at once (its reason in
+    the message); otherwise a broken stream is completed from the instance's
+    checkpoint, read over ``reconnect`` when the connection itself was lost.
+    """
+    until = time.monotonic() + timeout
+    outcome = BenchmarkOutcome()
+    has_python = (
+        await conn.run("command -v python3", stage=Stage.BENCHMARK, what="looking for python3",
+                       timeout=30, check=False)
+    ).ok
+    if has_python:
+        command = "python3 - " + quote(json.dumps(plan.config(remote_ollama_url)))
+        lines = conn.stream_lines(command, stdin=LOADGEN_SOURCE)
+    else:
+        outcome.where = "local"
+        # Here the stream is local and cannot be lost, so no checkpoint: a relative
+        # path would otherwise land in this machine's home directory.
+        lines = _local_lines({**plan.config(local_ollama_url), "checkpoint_path": None})
+    gone = False
+    try:
+        streaming = asyncio.wait_for(_consume(lines, outcome, on_event), timeout)
+        await (watch.guard(streaming) if watch is not None else streaming)
+    except InstanceLost as exc:
+        gone = True
+        outcome.status, outcome.message = "interrupted", exc.message
+    except asyncio.TimeoutError:
+        outcome.status, outcome.message = "interrupted", f"benchmark exceeded its {timeout:.0f} s budget"
+    except (OSError, StageError, Exception) as exc:  # noqa: BLE001 - any break keeps what was measured
+        outcome.status, outcome.message = "interrupted", f"stream broke off: {exc or type(exc).__name__}"
+    if outcome.status != "completed" and watch is not None and not gone and await watch.confirm():
+        gone = True  # the stream ended quietly, and the API says why
+        outcome.message = watch.reason
+    if outcome.status != "completed" and not outcome.message:
+        outcome.message = "the load generator ended without a finish event"
+    if gone:
+        # A vanished instance's link goes silent rather than closing: drop it now, or
+        # every later command on it would wait for its own timeout.
+        conn.abort()
+    elif outcome.status != "completed" and has_python and plan.checkpoint_path:
+        await _complete_from_checkpoint(conn, plan, outcome, until, reconnect, watch)
+    if outcome.status == "completed":
+        return outcome
+    outcome.duration_seconds = outcome.duration_seconds or max(outcome.elapsed, outcome.span())
+    detail = outcome.message
+    if outcome.successful:
+        raise BenchmarkInterrupted(
+            f"benchmark interrupted after {outcome.successful} successful requests: {detail}",
+            partial=outcome,
+        )
+    if gone:
+        raise InstanceLost(Stage.BENCHMARK, f"no request succeeded: {detail}")
+    stderr = conn.last_stderr.strip()[-300:]
+    raise StageError(Stage.BENCHMARK, f"no request succeeded: {detail}" + (f"; {stderr}" if stderr else ""))
+
+
+async def _complete_from_checkpoint(
+    conn: Connection,
+    plan: BenchmarkPlan,
+    outcome: BenchmarkOutcome,
+    until: float,
+    reconnect: Callable[[], Awaitable[Connection]] | None,
+    watch: SessionWatch | None,
+) -> None:
+    """Merge the records of the instance's checkpoint that the stream did not deliver."""
+    recovered = await recover(conn, plan.checkpoint_path, until=until, reconnect=reconnect, watch=watch)
+    outcome.recovered = outcome.merge(recovered.records)
+    outcome.elapsed = max(outcome.elapsed, recovered.elapsed)
+    if recovered.problem:
+        outcome.message += f"; the instance's checkpoint gave {outcome.recovered} more records ({recovered.problem})"
+    else:
+        ended = f"the run there ended {recovered.status}" if recovered.status else "the run there ended"
+        outcome.message += f"; {outcome.recovered} more records recovered from the instance's checkpoint ({ended})"
+
+
+async def _consume(
+    lines: AsyncIterator[str],
+    outcome: BenchmarkOutcome,
+    on_event: Callable[[dict[str, Any]], None] | None,
+) -> None:
+    async for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue  # a stray line on stdout is not an event
+        kind = event.pop("event", None)
+        if kind == "request":
+            try:
+                outcome.records.append(RequestRecord.model_validate(event))
+            except ValidationError:
+                continue
+        elif kind == "progress" and isinstance(event.get("elapsed"), (int, float)):
+            outcome.elapsed = float(event["elapsed"])
+        elif kind == "finish":
+            outcome.finish = dict(event)
+            outcome.status = event.get("status", "completed")
+            outcome.duration_seconds = float(event.get("duration_seconds") or 0.0)
+            outcome.message = str(event.get("message") or "")
+        if on_event is not None and kind is not None:
+            on_event({"event": kind, **event})
+
+
+async def _local_lines(config: dict[str, Any]) -> AsyncIterator[str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-", json.dumps(config),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )
+    assert process.stdin is not None and process.stdout is not None
+    process.stdin.write(LOADGEN_SOURCE.encode())
+    process.stdin.close()
+    try:
+        async for raw in process.stdout:
+            yield raw.decode("utf-8", "replace").rstrip("\n")
+        await process.wait()
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            await process.wait()

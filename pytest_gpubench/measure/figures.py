@@ -1,0 +1,221 @@
+"""The one registry of the figures a cell's result shows: name, definition, unit, source.
+
+Every output that lists a result's figures reads this table: the JUnit properties
+(``gpubench_<name>``, :mod:`.record`), the CSV export (a column ``<name>`` each,
+:mod:`.export`) and the terminal summary's columns (``--gpubench-columns``,
+:mod:`.summary_table`). Adding a figure is one :class:`Figure` entry here (and its
+definition in docs/metrics.md, which ``tests/test_figures.py`` checks).
+
+A figure is read from the stored result: the GPU Shopper ``BenchmarkResult`` as a
+JSON mapping, and the ``details`` mapping (``details_json``: ``metrics`` is
+:class:`~pytest_gpubench.measure.metrics.DetailedMetrics` dumped, ``load``,
+``run_statistics`` ...). Nothing is computed twice: a figure reads what was
+stored, so a cell's JUnit property, its CSV column and its terminal column agree.
+A figure that was not measured is ``None``, never 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["FIGURES", "Figure", "FigureSource", "figure_values", "output_tokens_per_second"]
+
+
+@dataclass(frozen=True)
+class FigureSource:
+    """What a figure is read from: one stored result, its details, and its run."""
+
+    result: Mapping[str, Any]
+    details: Mapping[str, Any]
+    run_id: str = ""
+
+    @property
+    def results(self) -> Mapping[str, Any]:
+        return self.result.get("results") or {}
+
+    @property
+    def metrics(self) -> Mapping[str, Any]:
+        return self.details.get("metrics") or {}
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure: ``name`` (the same in JUnit, CSV, terminal and docs), the column
+    ``header`` the terminal shows, its ``unit``, a one-line ``definition`` and how it
+    is read (``read``). ``pattern`` formats it in the terminal; ``digits`` rounds it
+    in JUnit properties."""
+
+    name: str
+    header: str
+    unit: str
+    definition: str
+    read: Callable[[FigureSource], Any]
+    pattern: str = "{:.1f}"
+    digits: int = 3
+
+    def value(self, source: FigureSource) -> Any:
+        """The figure of ``source``: a finite number, a text, or ``None`` when not measured."""
+        try:
+            value = self.read(source)
+        except (TypeError, ValueError, ZeroDivisionError, AttributeError):
+            return None
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        return value
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _positive(value: Any) -> float | None:
+    """The Go result shape writes 0 for "not measured"; a rate or latency of 0 is that."""
+    number = _number(value)
+    return number if number is not None and number > 0 else None
+
+
+def output_tokens_per_second(results: Mapping[str, Any]) -> float | None:
+    """Output throughput of a PerformanceResults mapping: ``total_tokens / duration_seconds``."""
+    tokens, duration = _number(results.get("total_tokens")), _number(results.get("duration_seconds"))
+    if tokens is None or not duration or duration <= 0:
+        return None
+    return tokens / duration
+
+
+def _metric(name: str, fallback: str | None = None) -> Callable[[FigureSource], Any]:
+    """A DetailedMetrics figure, else (an imported result, an older manifest) the Go field."""
+
+    def read(source: FigureSource) -> Any:
+        value = _number(source.metrics.get(name))
+        if value is None and fallback is not None:
+            value = _positive(source.results.get(fallback))
+        return value
+
+    return read
+
+
+def _cost_per_million(source: FigureSource) -> float | None:
+    price, output = _number(source.result.get("price_per_hour")), output_tokens_per_second(source.results)
+    if not price or not output:
+        return None
+    return price / (output * 3600) * 1e6
+
+
+def _concurrency(source: FigureSource) -> int | None:
+    load = source.details.get("load") or {}
+    if load.get("rate") is not None:
+        return None  # an open-loop (rate) cell has no fixed concurrency
+    value = load.get("concurrency") or (source.result.get("test_config") or {}).get("concurrent_reqs")
+    return int(value) if value else None
+
+
+def _slo(source: FigureSource) -> str | None:
+    slo = source.metrics.get("slo")
+    if not isinstance(slo, Mapping):
+        return None
+    parts = [f"{key}<={value:g}" for key, value in slo.items() if isinstance(value, (int, float))]
+    return " ".join(parts) or None
+
+
+def _match_rate(source: FigureSource) -> float | None:
+    if not source.results.get("prompts_with_expected"):
+        return None  # no prompt expected an answer: nothing was checked
+    return _number(source.results.get("match_rate"))
+
+
+def _run_statistic(key: str) -> Callable[[FigureSource], Any]:
+    def read(source: FigureSource) -> Any:
+        stats = source.details.get("run_statistics") or {}
+        return stats.get(key) if (stats.get("n") or 0) > 1 else None
+
+    return read
+
+
+def _ms(name: str, header: str, definition: str, fallback: str | None = None) -> Figure:
+    return Figure(name, header, "ms", definition, _metric(name, fallback), pattern="{:.0f}", digits=3)
+
+
+FIGURES: dict[str, Figure] = {f.name: f for f in (
+    Figure("output_tokens_per_second", "output tok/s", "tokens/s",
+           "output throughput: output tokens of the successful measured requests (and of incomplete ones, "
+           "up to the cut) / measured duration",
+           lambda s: output_tokens_per_second(s.results)),
+    Figure("decode_tokens_per_second", "decode tok/s", "tokens/s",
+           "per-request mean decode rate: the mean over requests of (tokens - 1) / (last token - first token) "
+           "(GPU Shopper's avg_tokens_per_second)",
+           lambda s: _positive(s.results.get("avg_tokens_per_second"))),
+    Figure("decode_tokens_per_second_std", "decode ± std", "tokens/s",
+           "sample standard deviation of decode_tokens_per_second over repeated runs (runs > 1)",
+           _run_statistic("std")),
+    Figure("runs", "runs", "runs", "repeated runs summarised (runs > 1)", _run_statistic("n"), pattern="{}"),
+    Figure("request_throughput_rps", "req/s", "requests/s",
+           "successful measured requests / measured duration", _metric("request_throughput_rps"),
+           pattern="{:.2f}"),
+    _ms("ttft_avg_ms", "TTFT avg ms", "mean time to first token", "avg_ttft_ms"),
+    _ms("ttft_p50_ms", "TTFT p50 ms", "median time to first token", "p50_ttft_ms"),
+    _ms("ttft_p95_ms", "TTFT p95 ms", "95th percentile time to first token", "p95_ttft_ms"),
+    _ms("ttft_p99_ms", "TTFT p99 ms", "99th percentile time to first token"),
+    _ms("ttfat_avg_ms", "TTFAT avg ms", "mean time to first answer token (reasoning models)"),
+    _ms("ttfat_p50_ms", "TTFAT p50 ms", "median time to first answer token (reasoning models)"),
+    _ms("ttfat_p95_ms", "TTFAT p95 ms", "95th percentile time to first answer token (reasoning models)"),
+    _ms("ttfat_p99_ms", "TTFAT p99 ms", "99th percentile time to first answer token (reasoning models)"),
+    Figure("tpot_avg_ms", "TPOT avg ms", "ms", "mean time per output token after the first, over requests",
+           _metric("tpot_avg_ms"), pattern="{:.1f}"),
+    Figure("tpot_p50_ms", "TPOT p50 ms", "ms", "median time per output token", _metric("tpot_p50_ms")),
+    Figure("tpot_p95_ms", "TPOT p95 ms", "ms", "95th percentile time per output token", _metric("tpot_p95_ms")),
+    Figure("tpot_p99_ms", "TPOT p99 ms", "ms", "99th percentile time per output token", _metric("tpot_p99_ms")),
+    Figure("itl_p50_ms", "ITL p50 ms", "ms", "median inter-token latency (gap between tokens)",
+           _metric("itl_p50_ms")),
+    Figure("itl_p95_ms", "ITL p95 ms", "ms", "95th percentile inter-token latency", _metric("itl_p95_ms")),
+    Figure("itl_p99_ms", "ITL p99 ms", "ms", "99th percentile inter-token latency", _metric("itl_p99_ms")),
+    _ms("e2e_p50_ms", "e2e p50 ms", "median end-to-end request latency", "p50_latency_ms"),
+    _ms("e2e_p95_ms", "e2e p95 ms", "95th percentile end-to-end request latency", "p95_latency_ms"),
+    _ms("e2e_p99_ms", "e2e p99 ms", "99th percentile end-to-end request latency", "p99_latency_ms"),
+    Figure("thinking_tokens", "thinking tok", "tokens", "reasoning (thinking) tokens generated (reasoning models)",
+           lambda s: s.metrics.get("thinking_tokens"), pattern="{}"),
+    Figure("thinking_token_share", "thinking share", "fraction 0-1",
+           "thinking tokens / all output tokens (reasoning models)", _metric("thinking_token_share"),
+           pattern="{:.1%}", digits=4),
+    Figure("unanswered_requests", "unanswered", "requests",
+           "successful requests of a reasoning model that ended before any answer token (reasoning models)",
+           lambda s: s.metrics.get("unanswered_requests"), pattern="{}"),
+    Figure("goodput_share", "goodput", "fraction 0-1",
+           "requests meeting every bound of the cell's SLO / measured requests (with an SLO only)",
+           _metric("goodput_share"), pattern="{:.1%}", digits=4),
+    Figure("goodput_rps", "goodput req/s", "requests/s", "requests meeting the SLO / measured duration",
+           _metric("goodput_rps"), pattern="{:.2f}"),
+    Figure("slo", "SLO", "", "the SLO goodput is judged against, e.g. ttft_ms<=500 tpot_ms<=50", _slo,
+           pattern="{}"),
+    Figure("match_rate", "match", "fraction 0-1",
+           "quality check: matching / checked answers (only when a prompt expects an answer)", _match_rate,
+           pattern="{:.1%}", digits=4),
+    Figure("requests", "requests", "requests", "measured requests: successful, failed or incomplete",
+           lambda s: s.results.get("total_requests"), pattern="{}"),
+    Figure("incomplete_requests", "incomplete", "requests",
+           "measured requests still streaming at the end of the duration, cut there (the sandbox's clock only)",
+           lambda s: s.metrics.get("incomplete"), pattern="{}"),
+    Figure("errors", "errors", "requests", "measured requests that failed",
+           lambda s: s.results.get("total_errors"), pattern="{}"),
+    Figure("error_rate", "error rate", "fraction 0-1", "failed / measured requests",
+           lambda s: _number(s.results.get("error_rate")), pattern="{:.1%}", digits=4),
+    Figure("concurrency", "conc", "requests", "configured concurrency of a closed-loop cell", _concurrency,
+           pattern="{}"),
+    Figure("rate", "rate/s", "requests/s", "configured request rate of an open-loop cell",
+           lambda s: _number((s.details.get("load") or {}).get("rate")), pattern="{:g}"),
+    Figure("cost_per_million_tokens", "$/M tokens", "USD",
+           "price_per_hour / (output_tokens_per_second x 3600) x 1e6", _cost_per_million,
+           pattern="{:.2f}", digits=4),
+    Figure("run_id", "run", "", "the run that measured the result", lambda s: s.run_id or None, pattern="{}"),
+)}
+
+
+def figure_values(source: FigureSource) -> dict[str, Any]:
+    """Every registered figure of ``source``, by name (``None`` where not measured)."""
+    return {name: figure.value(source) for name, figure in FIGURES.items()}

@@ -1,0 +1,141 @@
+"""Measure one cell on a ready runtime: repeated runs with GPU telemetry, then judge.
+
+One *run* is one load-generator session (warm-up requests only in the first).
+``runs: N`` repeats it N times on the same rented session; ``runs: {until_cv}``
+repeats until the runs' decode_tokens_per_second agree. GPU telemetry is sampled over SSH while
+each run streams. What the BenchmarkResult shape cannot hold (detailed metrics,
+validity, cold start, run statistics, the load generator's health) goes into
+``details``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .benchmark import BenchmarkOutcome, BenchmarkPlan, run_benchmark
+from ..errors import BenchmarkInterrupted
+from .figures import output_tokens_per_second
+from ..matrix.cells import Cell
+from .metrics import detailed_metrics
+from ..remote.ssh import Connection
+from .results import RequestRecord, summarize
+from ..runtimes.ollama import OllamaRuntime
+from .stats import RunStatistics, until_cv_reached
+from ..remote.telemetry import GpuSample, sample_gpus
+from .validity import judge
+from ..cloud.watch import SessionWatch
+
+#: Request indexes of run k start at k * RUN_STRIDE, so records of all runs stay distinct.
+RUN_STRIDE = 1_000_000
+
+
+@dataclass
+class Measurement:
+    """Everything the runs produced, so far (also when they were cut short)."""
+
+    records: list[RequestRecord] = field(default_factory=list)
+    samples: list[GpuSample] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    outcomes: list[BenchmarkOutcome] = field(default_factory=list)
+
+    @property
+    def duration_seconds(self) -> float:
+        return sum(outcome.duration_seconds for outcome in self.outcomes)
+
+    def add(self, outcome: BenchmarkOutcome, samples: list[GpuSample], run_index: int) -> None:
+        offset = run_index * RUN_STRIDE
+        records = [r.model_copy(update={"index": r.index + offset}) for r in outcome.records]
+        self.records.extend(records)
+        self.samples.extend(samples)
+        self.outcomes.append(outcome)
+        figures = summarize(records, outcome.duration_seconds or 0.0)
+        self.runs.append({
+            "run_index": run_index,
+            "decode_tokens_per_second": figures.avg_tokens_per_second,
+            "output_tokens_per_second": output_tokens_per_second(figures.model_dump()),
+            "ttft_p50_ms": figures.p50_ttft_ms,
+            "requests": figures.total_requests,
+            "duration_seconds": outcome.duration_seconds,
+            "outlier": False,
+        })
+
+    def statistics(self) -> RunStatistics | None:
+        values = [run["decode_tokens_per_second"] for run in self.runs]
+        if not values:
+            return None
+        stats = RunStatistics.from_values(values)
+        for index in stats.outliers:
+            self.runs[index]["outlier"] = True
+        return stats
+
+
+def enough_runs(cell: Cell, runs_override: int | None, values: list[float]) -> bool:
+    """Whether the measurement is complete after ``values`` (tokens/s per run)."""
+    runs = cell.runs
+    if runs_override is not None:
+        return len(values) >= runs_override
+    if runs.until_cv is None:
+        return len(values) >= (runs.count or runs.max)
+    return until_cv_reached(values, runs.until_cv, runs.max, runs.min)
+
+
+async def measure_once(runtime: OllamaRuntime, plan: BenchmarkPlan, *, timeout: float, telemetry_interval: float,
+                       on_event: Callable[[dict[str, Any]], None], watch: SessionWatch | None = None,
+                       reconnect: Callable[[], Awaitable[Connection]] | None = None,
+                       ) -> tuple[BenchmarkOutcome, list[GpuSample]]:
+    """One run with nvidia-smi sampled beside it. Samples survive an interrupted run.
+
+    ``watch`` and ``reconnect`` go to :func:`run_benchmark`: a lost instance ends the
+    run at once, a lost connection is made up for from the instance's checkpoint.
+    """
+    stop = asyncio.Event()
+    sampler = asyncio.ensure_future(sample_gpus(runtime.conn, telemetry_interval, stop))
+    try:
+        outcome = await run_benchmark(runtime.conn, plan, remote_ollama_url=runtime.remote_url,
+                                      local_ollama_url=runtime.url, timeout=timeout, on_event=on_event,
+                                      watch=watch, reconnect=reconnect)
+    except BenchmarkInterrupted as exc:
+        stop.set()
+        exc.samples = await sampler
+        raise
+    finally:
+        stop.set()
+    return outcome, await sampler
+
+
+def details_of(cell: Cell, measurement: Measurement, runtime: OllamaRuntime, *,
+               residency: dict[str, Any] | None, compute_capability: str) -> dict[str, Any]:
+    """The figures beyond the BenchmarkResult shape, as plain JSON."""
+    slo = cell.slo
+    single = measurement.outcomes[0].finish if len(measurement.outcomes) == 1 else None
+    metrics = detailed_metrics(measurement.records, measurement.duration_seconds or cell.workload.duration,
+                               slo=slo if slo.is_set else None, loadgen=single or None,
+                               configured_concurrency=cell.concurrency if cell.rate is None else None)
+    stats = measurement.statistics()
+    prompts = [p if isinstance(p, str) else p.get("prompt", "") for p in cell.workload.prompt_payload()]
+    validity = judge([r for r in measurement.records if not r.warmup], prompts, residency)
+    first_sample = measurement.samples[0].memory_used_mib if measurement.samples else None
+    return {
+        "metrics": metrics.model_dump(mode="json"),
+        "validity": validity.model_dump(mode="json"),
+        "cold_start": {
+            "load_seconds": runtime.warmup_load_seconds,
+            "first_token_ms": runtime.cold_first_token_ms,
+            "vram_used_mib_after_load": first_sample,
+        },
+        "runs": measurement.runs,
+        "run_statistics": stats.model_dump(mode="json") if stats else None,
+        "load": {"concurrency": cell.concurrency, "rate": cell.rate},
+        # "instance" (python3 there) or "local" (here, over the SSH forward): latency includes the tunnel.
+        "loadgen_where": sorted({outcome.where for outcome in measurement.outcomes}),
+        "runtime": {"name": "ollama", "version": runtime.version, "num_parallel": runtime.num_parallel,
+                    "started_here": runtime.started_here},
+        "hardware": {"compute_capability": compute_capability},
+        # `requested`: the matrix's think (None: not sent, the runtime's default);
+        # `effective`: whether the model did reason (None: nothing to tell from).
+        "thinking": {"requested": cell.workload.think,
+                     "effective": None if metrics.thinking_tokens is None else metrics.thinking_tokens > 0},
+    }

@@ -1,0 +1,393 @@
+"""Result models and the statistics that fill them.
+
+The models mirror the GPU Shopper server's Go structs (``internal/benchmark/models.go``)
+field for field, so a :class:`BenchmarkResult` can be POSTed to
+``/api/v1/benchmarks`` as it is and the manifest stores the same fields.
+
+Two things live here:
+
+* :class:`RequestRecord`, one request as the instance-side load generator reports it;
+* :func:`summarize`, which turns those records into :class:`PerformanceResults`, and
+  :func:`cost_analysis`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = [
+    "BenchmarkResult",
+    "CostAnalysis",
+    "GPUStats",
+    "HardwareInfo",
+    "ModelInfo",
+    "PerformanceResults",
+    "RequestRecord",
+    "TestConfig",
+    "cost_analysis",
+    "decode_tokens_per_second",
+    "percentile",
+    "summarize",
+]
+
+
+class _Value(BaseModel):
+    """Base of the value models: immutable, and tolerant of fields a newer peer adds."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class RequestRecord(_Value):
+    """One request of the load generator, as it emits it (one JSON object per request).
+
+    ``latency_ms`` runs from sending the request to the final chunk; ``output_tokens``
+    counts the text chunks the client received, ``eval_count`` / ``eval_duration_ns`` /
+    ``prompt_tokens`` are the server's own counters when it reports them.
+    ``tokens_per_second`` is the client-measured decode rate, see
+    :func:`decode_tokens_per_second`.
+    """
+
+    index: int
+    warmup: bool = False
+    prompt_index: int
+    started_at: float
+    ttft_ms: float | None = None
+    latency_ms: float
+    output_tokens: int
+    eval_count: int | None = None
+    eval_duration_ns: int | None = None
+    prompt_tokens: int | None = None
+    tokens_per_second: float | None = None
+    error: str | None = None
+    # Added for issue 3's metrics; None when the generator or server did not say.
+    scheduled_at: float | None = None  # seconds after the run's start the request was due
+    send_lag_ms: float | None = None  # actual send time minus scheduled: a saturated client shows here
+    itl_mean_ms: float | None = None  # mean gap between consecutive tokens (first token excluded)
+    itl_max_ms: float | None = None
+    tpot_ms: float | None = None  # (last token - first token) / (output_tokens - 1)
+    server_tokens_per_second: float | None = None  # eval_count / eval_duration
+    prompt_eval_duration_ns: int | None = None
+    load_duration_ns: int | None = None
+    total_duration_ns: int | None = None
+    done_reason: str | None = None
+    matched: bool | None = None  # quality check: None when the prompt expects nothing
+    # Reasoning models (issue 9); None when the generator did not say. ``output_tokens``
+    # and ``ttft_ms`` count every generated token, reasoning included.
+    ttfat_ms: float | None = None  # time to the first answer token; None without an answer
+    thinking_tokens: int | None = None  # token chunks of reasoning ("thinking")
+    # Still streaming when the run's time ran out, and cut there (``cut_at_deadline``,
+    # the sandbox's clock): neither a success nor an error.
+    incomplete: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """True when the request completed without an error."""
+        return self.error is None and not self.incomplete
+
+    @property
+    def streamed(self) -> bool:
+        """True when what it received is a measurement: it completed, or the deadline cut it.
+
+        A cut request's TTFT, token gaps and decode rate are as real as a finished
+        one's; its end-to-end latency is not a request's latency.
+        """
+        return self.error is None
+
+    @property
+    def counted_tokens(self) -> int:
+        """Output tokens of this request: the server's ``eval_count`` when present.
+
+        The server counts real tokens; the client counts chunks, which only equal
+        tokens for runtimes that stream one token per chunk.
+        """
+        return self.eval_count if self.eval_count is not None else self.output_tokens
+
+
+def decode_tokens_per_second(
+    output_tokens: int, latency_ms: float, ttft_ms: float | None
+) -> float | None:
+    """Client-measured decode rate: ``(output_tokens - 1) / ((latency - ttft) / 1000)``.
+
+    The first token is excluded because its time is the TTFT (prompt processing), not
+    decoding. ``None`` when there are fewer than two tokens, no TTFT, or no time between
+    the first and the last token.
+    """
+    if output_tokens < 2 or ttft_ms is None:
+        return None
+    decode_ms = latency_ms - ttft_ms
+    if decode_ms <= 0:
+        return None
+    return (output_tokens - 1) / (decode_ms / 1000.0)
+
+
+# --------------------------------------------------------------------- result models
+
+
+class HardwareInfo(_Value):
+    """The machine the benchmark ran on (Go ``HardwareInfo``)."""
+
+    gpu_name: str = ""
+    gpu_memory_mib: int = 0
+    gpu_count: int = 0
+    driver_version: str = ""
+    cuda_version: str = ""
+    cpu_model: str = ""
+    cpu_cores: int = 0
+    ram_gib: int = 0
+
+
+class ModelInfo(_Value):
+    """The model under test (Go ``ModelInfo``)."""
+
+    name: str = ""
+    family: str = ""
+    parameter_count: str = ""
+    quantization: str = ""
+    size_gb: float = 0.0
+    runtime: str = ""
+    runtime_version: str = ""
+
+
+class TestConfig(_Value):
+    """How the load was generated (Go ``TestConfig``)."""
+
+    # Not a test class, whatever its name says: keeps pytest from trying to collect
+    # it when a test module imports it.
+    __test__ = False
+
+    duration_minutes: int = 0
+    max_tokens: int = 0
+    prompt_types: list[str] = Field(default_factory=list)
+    concurrent_reqs: int = 0
+    warmup_requests: int = 0
+
+
+class PerformanceResults(_Value):
+    """The measured figures (Go ``PerformanceResults``); built by :func:`summarize`."""
+
+    total_requests: int = 0
+    total_tokens: int = 0
+    total_prompt_tokens: int = 0
+    total_errors: int = 0
+    duration_seconds: float = 0.0
+
+    avg_tokens_per_second: float = 0.0
+    min_tokens_per_second: float = 0.0
+    max_tokens_per_second: float = 0.0
+    p50_tokens_per_second: float = 0.0
+    p95_tokens_per_second: float = 0.0
+    p99_tokens_per_second: float = 0.0
+
+    avg_latency_ms: float = 0.0
+    min_latency_ms: float = 0.0
+    max_latency_ms: float = 0.0
+    p50_latency_ms: float = 0.0
+    p95_latency_ms: float = 0.0
+    p99_latency_ms: float = 0.0
+
+    requests_per_minute: float = 0.0
+    avg_tokens_per_request: float = 0.0
+    error_rate: float = 0.0
+
+    avg_ttft_ms: float = 0.0
+    p50_ttft_ms: float = 0.0
+    p95_ttft_ms: float = 0.0
+
+    # omitempty on the Go side; zero means "no quality validation ran".
+    match_rate: float = 0.0
+    prompts_with_expected: int = 0
+    prompts_matching: int = 0
+
+
+class GPUStats(_Value):
+    """GPU telemetry over the run (Go ``GPUStats``); the Go side keeps memory as ints."""
+
+    avg_utilization_pct: float = 0.0
+    max_utilization_pct: float = 0.0
+    avg_memory_used_mib: int = 0
+    max_memory_used_mib: int = 0
+    avg_temperature_c: float = 0.0
+    max_temperature_c: float = 0.0
+    avg_power_draw_w: float = 0.0
+    max_power_draw_w: float = 0.0
+
+
+class CostAnalysis(_Value):
+    """Cost efficiency (Go ``CostAnalysis``); see :func:`cost_analysis` for the ``None`` cases."""
+
+    tokens_per_dollar: float | None = None
+    cost_per_million_tokens: float | None = None
+    cost_per_hour: float = 0.0
+    estimated_monthly_24x7: float = 0.0
+
+
+class BenchmarkResult(_Value):
+    """One benchmark, in the shape ``POST /api/v1/benchmarks`` stores (Go ``BenchmarkResult``).
+
+    ``id`` is empty until the manifest or the server assigns one. ``timestamp`` is
+    always timezone-aware (a naive one is taken as UTC), because Go's ``time.Time``
+    refuses an RFC 3339 string without an offset.
+    """
+
+    id: str = ""
+    timestamp: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+    hardware: HardwareInfo = Field(default_factory=HardwareInfo)
+    model: ModelInfo = Field(default_factory=ModelInfo)
+    test_config: TestConfig = Field(default_factory=TestConfig)
+    results: PerformanceResults = Field(default_factory=PerformanceResults)
+    gpu_stats: GPUStats = Field(default_factory=GPUStats)
+    provider: str = ""
+    location: str = ""
+    price_per_hour: float = 0.0
+
+    @field_validator("timestamp")
+    @classmethod
+    def _aware(cls, value: datetime) -> datetime:
+        return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+
+    @property
+    def output_tokens_per_second(self) -> float:
+        """What the machine delivered: ``total_tokens / duration_seconds`` (0 if no duration)."""
+        figures = self.results
+        return figures.total_tokens / figures.duration_seconds if figures.duration_seconds > 0 else 0.0
+
+    def cost_analysis(self) -> CostAnalysis:
+        """The cost of a token this machine delivered: :func:`cost_analysis` of the price
+        and :attr:`output_tokens_per_second`.
+
+        The headline figure. At concurrency N the per-stream rate (what the Go server
+        feeds its own ``CalculateCostAnalysis``) would understate the cost per token
+        about N times; see :meth:`per_stream_cost_analysis`.
+        """
+        return cost_analysis(self.price_per_hour, self.output_tokens_per_second)
+
+    def per_stream_cost_analysis(self) -> CostAnalysis:
+        """:func:`cost_analysis` of the average per-request tokens/s, as the Go server computes it."""
+        return cost_analysis(self.price_per_hour, self.results.avg_tokens_per_second)
+
+
+# ------------------------------------------------------------------------ statistics
+
+
+def cost_analysis(price_per_hour: float, tokens_per_second: float) -> CostAnalysis:
+    """Cost figures for a GPU at ``price_per_hour`` producing ``tokens_per_second``.
+
+    cost per million tokens = price_per_hour / (tokens_per_second * 3600) * 1e6,
+    tokens per dollar = tokens_per_second * 3600 / price_per_hour,
+    monthly = price_per_hour * 24 * 30 (the server's own ``CalculateCostAnalysis``).
+
+    A ratio with a zero denominator is ``None`` ("undefined"), never a division
+    error: no throughput means no cost per token, a free machine has no tokens per
+    dollar. (The Go server returns all zeros there instead; zero would read as "free"
+    in a report, and a JSON ``null`` decodes to zero on the Go side anyway.)
+    Negative inputs are a ``ValueError``.
+    """
+    if price_per_hour < 0 or tokens_per_second < 0:
+        raise ValueError(
+            f"price_per_hour and tokens_per_second must not be negative "
+            f"(got {price_per_hour}, {tokens_per_second})"
+        )
+    tokens_per_hour = tokens_per_second * 3600.0
+    return CostAnalysis(
+        tokens_per_dollar=tokens_per_hour / price_per_hour if price_per_hour > 0 else None,
+        cost_per_million_tokens=(
+            price_per_hour / tokens_per_hour * 1e6 if tokens_per_hour > 0 else None
+        ),
+        cost_per_hour=price_per_hour,
+        estimated_monthly_24x7=price_per_hour * 24 * 30,
+    )
+
+
+def percentile(values: Iterable[float], p: float) -> float:
+    """The ``p``-th percentile (0-100) by linear interpolation, as numpy's default.
+
+    For sorted values ``x`` of length ``n`` the rank is ``(n - 1) * p / 100``; the
+    result interpolates between the two neighbouring values. An empty input gives 0.
+    """
+    if not 0 <= p <= 100:
+        raise ValueError(f"percentile must be within 0..100, got {p}")
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    rank = (len(ordered) - 1) * p / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (rank - low) * (ordered[high] - ordered[low])
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def summarize(records: Iterable[RequestRecord], duration_seconds: float) -> PerformanceResults:
+    """Summarize measured requests into :class:`PerformanceResults`.
+
+    * Warm-up records are left out entirely.
+    * ``total_requests`` counts every measured request, successful or not (as the Go
+      ``AnalyzeResults`` does), incomplete ones (cut at the deadline) included;
+      ``total_errors`` the failed ones; ``error_rate`` is errors / total_requests.
+    * Latency statistics cover successful requests only. TTFT and tokens per second
+      (the per-request client decode rates; requests with fewer than two tokens are
+      left out of those statistics only) also cover incomplete requests: what they
+      received was measured like any other stream.
+    * ``total_tokens`` sums each successful request's server ``eval_count`` when
+      present, otherwise the client's chunk count (:attr:`RequestRecord.counted_tokens`),
+      plus the tokens incomplete requests received before the cut;
+      ``avg_tokens_per_request`` is over successful requests only;
+      ``total_prompt_tokens`` sums ``prompt_tokens`` where reported.
+    * ``requests_per_minute`` = successful requests / ``duration_seconds`` * 60.
+    * ``match_rate`` / ``prompts_with_expected`` / ``prompts_matching`` come from
+      :func:`pytest_gpubench.measure.metrics.quality`: successful requests whose prompt
+      expected an answer (``matched`` not ``None``); all zero when none did.
+    * Nothing successful (or nothing at all) gives zeros, not an error.
+    """
+    # Imported here because metrics builds on this module's RequestRecord.
+    from .metrics import quality
+
+    measured = [r for r in records if not r.warmup]
+    ok = [r for r in measured if r.ok]
+    streamed = [r for r in measured if r.streamed]
+    errors = len(measured) - len(streamed)
+
+    tps = [r.tokens_per_second for r in streamed if r.tokens_per_second is not None]
+    latency = [r.latency_ms for r in ok]
+    ttft = [r.ttft_ms for r in streamed if r.ttft_ms is not None]
+    ok_tokens = sum(r.counted_tokens for r in ok)
+    total_tokens = ok_tokens + sum(r.output_tokens for r in streamed if r.incomplete)
+    match_rate, with_expected, matching = quality(measured)
+
+    return PerformanceResults(
+        total_requests=len(measured),
+        total_tokens=total_tokens,
+        total_prompt_tokens=sum(r.prompt_tokens or 0 for r in ok),
+        total_errors=errors,
+        duration_seconds=duration_seconds,
+        avg_tokens_per_second=_mean(tps),
+        min_tokens_per_second=min(tps, default=0.0),
+        max_tokens_per_second=max(tps, default=0.0),
+        p50_tokens_per_second=percentile(tps, 50),
+        p95_tokens_per_second=percentile(tps, 95),
+        p99_tokens_per_second=percentile(tps, 99),
+        avg_latency_ms=_mean(latency),
+        min_latency_ms=min(latency, default=0.0),
+        max_latency_ms=max(latency, default=0.0),
+        p50_latency_ms=percentile(latency, 50),
+        p95_latency_ms=percentile(latency, 95),
+        p99_latency_ms=percentile(latency, 99),
+        requests_per_minute=len(ok) / duration_seconds * 60 if duration_seconds > 0 else 0.0,
+        avg_tokens_per_request=ok_tokens / len(ok) if ok else 0.0,
+        error_rate=errors / len(measured) if measured else 0.0,
+        avg_ttft_ms=_mean(ttft),
+        p50_ttft_ms=percentile(ttft, 50),
+        p95_ttft_ms=percentile(ttft, 95),
+        match_rate=match_rate,
+        prompts_with_expected=with_expected,
+        prompts_matching=matching,
+    )

@@ -1,0 +1,1 @@
+"""The pytest side, and the only folder that imports pytest: hooks, collection, fixtures, xdist glue, terminal, lifecycle."""

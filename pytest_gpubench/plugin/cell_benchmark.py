@@ -1,0 +1,308 @@
+"""A cell's benchmark on its ready runtime: stages ``benchmark`` and ``results``.
+
+:class:`Bench` measures (as many runs as the cell asks for), builds the GPU
+Shopper BenchmarkResult, judges it against thresholds and a baseline, and hands
+everything to the cell's recorder. :class:`GpuSession` is the rented session it
+runs on, and :func:`watched` keeps the API's eye on that session while a stage
+runs. No pytest here: the ``gpubench`` fixture wires it up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import ValidationError
+
+from ..aio import run as run_async
+from ..measure.benchmark import BenchmarkPlan
+from ..measure.compare import compare, figures_of, parse_compare_fail
+from ..errors import BenchmarkInterrupted, Stage, StageError
+from ..store.export import upload_result
+from ..measure.fingerprint import Fingerprint, fingerprint, incomparable
+from ..matrix.cells import Cell
+from ..measure.repeats import Measurement, details_of, enough_runs, measure_once
+from ..cloud.shopper_provider import OfferChoice
+from .record import CellRecorder, progress_path
+from ..remote.ssh import Connection, KeyFile
+from ..remote.system import compute_capability
+from ..measure.result_checks import keep_raw, result_problems
+from ..measure.results import BenchmarkResult, HardwareInfo, ModelInfo, TestConfig, summarize
+from .run_context import RunContext
+from ..runtimes.ollama import OllamaRuntime
+from ..cloud.shopper_client import Session
+from ..remote.telemetry import summarize_gpu
+from ..measure.thresholds import check_thresholds, describe_violations
+from ..cloud.watch import SessionWatch, watch_interval
+
+#: Seconds of slack on top of a stage timeout for the bridge into the loop.
+BRIDGE_SLACK = 10.0
+#: Seconds the benchmark may take beyond its timeout to read the instance's checkpoint.
+CHECKPOINT_SLACK = 90.0
+T = TypeVar("T")
+
+
+@dataclass
+class GpuSession:
+    """A running GPU session and its key file."""
+
+    session: Session
+    key_pem: str = field(repr=False)
+    key_file: KeyFile = field(repr=False)
+    offer: OfferChoice = field(repr=False)
+
+
+async def watched(run: RunContext, session: GpuSession, stage: Stage,
+                  work: Callable[[SessionWatch], Awaitable[T]], *, guard: bool = True) -> T:
+    """Await ``work(watch)`` while the API is asked every few seconds whether the instance still runs.
+
+    With ``guard``, a lost instance cancels the work and raises ``InstanceLost``;
+    without, the work itself reacts to ``watch`` (the benchmark keeps what it measured).
+    """
+    async with SessionWatch(run.provider.client, session.session.id, watch_interval(run.settings), stage) as watch:
+        job = work(watch)
+        return await (watch.guard(job, stage) if guard else job)
+
+
+class ThresholdMissed(StageError):
+    """The benchmark ran but missed a threshold or regressed against its baseline."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(Stage.RESULTS, message)
+
+
+class ResultsInvalid(StageError):
+    """The measured figures cannot be right: kept raw for inspection, not recorded as a result."""
+
+    def __init__(self, message: str, kept: Path) -> None:
+        super().__init__(Stage.RESULTS, f"{message}; kept raw in {kept}",
+                         hint="nothing from this cell was stored as a measurement")
+        self.kept = kept
+
+
+class Bench:
+    """Runs the cell's benchmark on a ready runtime; ``run()`` returns the result."""
+
+    def __init__(self, run: RunContext, cell: Cell, recorder: CellRecorder, runtime: OllamaRuntime,
+                 session: GpuSession) -> None:
+        self._run, self.cell, self.recorder, self.runtime, self.session = run, cell, recorder, runtime, session
+        self.result: BenchmarkResult | None = None
+        self.measurement = Measurement()
+        self.details: dict = {}
+        self.comparison_line = ""
+
+    def plan(self, run_index: int = 0) -> BenchmarkPlan:
+        workload = self.cell.workload
+        # Relative to the SSH login directory on the instance.
+        checkpoint = progress_path(Path(".gpubench"), self._run.run_id, self.recorder.record_key)
+        checkpoint = checkpoint.with_name(f"{checkpoint.stem}.run{run_index}.checkpoint.json")
+        return BenchmarkPlan(
+            model=self.cell.model, duration=workload.duration, max_tokens=workload.max_tokens,
+            prompts=workload.prompt_payload(), warmup_requests=workload.warmup_requests if run_index == 0 else 0,
+            progress_interval=workload.progress_interval, checkpoint_every=workload.checkpoint_every,
+            checkpoint_path=str(checkpoint), concurrency=self.cell.concurrency, rate=self.cell.rate,
+            seed=run_index, request_timeout=self._run.settings.stall_seconds(workload.stall_timeout),
+            think=workload.think, cut_at_deadline=self._run.settings.cut_at_deadline,
+        )
+
+    def run(self) -> BenchmarkResult:
+        """Stages ``benchmark`` then ``results``: measure (every run), summarise, judge, record."""
+        recorder, settings, cell = self.recorder, self._run.settings, self.cell
+        recorder.enter(Stage.BENCHMARK)
+        interval = cell.workload.telemetry_interval  # the effective cell: overrides and sandbox clock applied
+        run_index = 0
+        while True:
+            plan = self.plan(run_index)
+            self._ensure_ollama()
+            timeout = settings.stage_timeout(Stage.BENCHMARK, plan.duration)
+            try:
+                outcome, samples = run_async(
+                    watched(self._run, self.session, Stage.BENCHMARK, lambda watch, plan=plan, timeout=timeout:
+                             measure_once(self.runtime, plan, timeout=timeout, telemetry_interval=interval,
+                                          on_event=self._on_event, watch=watch, reconnect=self._reconnect),
+                             guard=False),
+                    # After a stream cut at the deadline, reading the checkpoint still takes a moment.
+                    timeout + CHECKPOINT_SLACK + BRIDGE_SLACK,
+                )
+            except BenchmarkInterrupted as exc:
+                self.measurement.add(exc.partial, getattr(exc, "samples", []), run_index)
+                self._keep()
+                raise
+            self.measurement.add(outcome, samples, run_index)
+            run_index += 1
+            values = [r["decode_tokens_per_second"] for r in self.measurement.runs]
+            if enough_runs(cell, settings.runs, values):
+                break
+            last = self.measurement.runs[-1]
+            recorder.progress.status("RUN_COMPLETE", run=run_index,
+                                     output_tokens_per_second=last["output_tokens_per_second"],
+                                     decode_tokens_per_second=last["decode_tokens_per_second"])
+        recorder.enter(Stage.RESULTS)
+        result = self._keep()
+        recorder.progress.status("BENCHMARK_COMPLETE", output_tokens_per_second=result.output_tokens_per_second,
+                                 decode_tokens_per_second=result.results.avg_tokens_per_second,
+                                 requests=result.results.total_requests, tokens=result.results.total_tokens,
+                                 runs=len(self.measurement.runs))
+        recorder.progress.status("RESULTS_COLLECTED")
+        recorder.progress.results(result)
+        self._judge(result)
+        return result
+
+    def _ensure_ollama(self) -> None:
+        """Seed 001's health check before each run: an Ollama that stopped answering is
+        restarted once (and the model loaded again) before the cell fails."""
+        settings, recorder, runtime = self._run.settings, self.recorder, self.runtime
+        timeout = settings.stage_timeout(Stage.OLLAMA_INSTALL)
+
+        def restarting(reason: str) -> None:
+            recorder.progress.status("OLLAMA_RESTART", reason=reason)
+
+        # A restart is a start command, then a wait for /api/version, then maybe the serve log.
+        if run_async(runtime.ensure_healthy(timeout, Stage.BENCHMARK, restarting), timeout * 2 + 30 + BRIDGE_SLACK):
+            load_timeout = settings.stage_timeout(Stage.MODEL_PULL)
+            load = run_async(runtime.warm_up(self.cell.model, load_timeout, cold_start=False),
+                             load_timeout + BRIDGE_SLACK)
+            recorder.progress.status("OLLAMA_RESTARTED", version=runtime.version, load_s=round(load, 2))
+
+    def _reconnect(self) -> Awaitable[Connection]:
+        """A new SSH connection to this cell's session (its host key must not have changed)."""
+        session, timeout = self.session.session, min(self._run.settings.stage_timeout(Stage.SSH_CONNECT), 60.0)
+        return self._run.host_keys.connect(session.id, session.ssh_host, session.ssh_port, session.ssh_user or "root",
+                                           self.session.key_pem, timeout=timeout)
+
+    def _on_event(self, event: dict) -> None:
+        if event["event"] == "progress":
+            # The load generator's "tps" is its tokens so far / time so far: output throughput.
+            self.recorder.progress.progress(requests=event.get("requests"), tokens=event.get("tokens"),
+                                            output_tokens_per_second=event.get("tps"), errors=event.get("errors"))
+
+    def _keep(self) -> BenchmarkResult:
+        """Build the result and details of what was measured so far and hand them to the recorder."""
+        measurement, runtime = self.measurement, self.runtime
+        residency = run_async(runtime.residency(self.cell.model), 30 + BRIDGE_SLACK)
+        capability = ""
+        if not runtime.conn.closed:
+            capability = run_async(compute_capability(runtime.conn, 30), 30 + BRIDGE_SLACK)
+        try:
+            result = build_result(self.cell, self.recorder, runtime, self.session, measurement)
+        except ValidationError as exc:
+            raise self._invalid([str(exc).replace("\n", " ")], None) from None
+        problems = result_problems(result)
+        if problems:
+            raise self._invalid(problems, result)
+        self.details = details_of(self.cell, measurement, runtime, residency=residency,
+                                  compute_capability=capability)
+        recorder = self.recorder
+        pulled = recorder.pulled
+        self.details["model"] = {"digest": pulled.digest if pulled else "",
+                                 "quantization": pulled.quantization if pulled else ""}
+        # The headline $/M tokens is the machine's (output throughput); the per-stream
+        # figure the GPU Shopper server would compute is kept beside it.
+        self.details["cost_analysis"] = {
+            "per_stream": result.per_stream_cost_analysis().model_dump(mode="json"),
+            "machine": result.cost_analysis().model_dump(mode="json"),
+        }
+        # What a baseline must share to be compared with this result (fingerprint.py).
+        self.details["fingerprint"] = self.fingerprint().model_dump(mode="json")
+        recorder.result, recorder.records, recorder.samples = result, list(measurement.records), measurement.samples
+        recorder.runs, recorder.details, self.result = measurement.runs, self.details, result
+        return result
+
+    def fingerprint(self) -> Fingerprint:
+        """This cell's workload and runtime, as a comparable baseline must match them."""
+        workload, pulled = self.cell.workload, self.recorder.pulled
+        return fingerprint(prompts=workload.prompt_payload(), max_tokens=workload.max_tokens,
+                           concurrency=self.cell.concurrency, rate=self.cell.rate, think=workload.think,
+                           warmup_requests=workload.warmup_requests, runtime="ollama",
+                           runtime_version=self.runtime.version, model_digest=pulled.digest if pulled else "")
+
+    def _invalid(self, problems: list[str], result: BenchmarkResult | None) -> ResultsInvalid:
+        """Keep an invalid result raw under ``<reports>/invalid/`` and say so; nothing is recorded as measured."""
+        recorder, run = self.recorder, self._run
+        path = progress_path(run.settings.reports / "invalid", run.run_id, recorder.record_key).with_suffix(".json")
+        keep_raw(path, {
+            "cell": recorder.record_key, "run_id": run.run_id, "problems": problems,
+            "result": result.model_dump(mode="python") if result is not None else None,
+            "runs": self.measurement.runs,
+            "records": [r.model_dump(mode="python") for r in self.measurement.records],
+        })
+        recorder.progress.status("RESULTS_INVALID", kept=str(path))
+        return ResultsInvalid(f"the result failed validation: {'; '.join(problems)}", path)
+
+    def _judge(self, result: BenchmarkResult) -> None:
+        """Thresholds, then the baseline comparison: a miss fails the cell with the figures first."""
+        cell, settings, recorder = self.cell, self._run.settings, self.recorder
+        figures = result.results
+        metrics = self.details["metrics"]
+        violations = check_thresholds(
+            cell.thresholds, tps=figures.avg_tokens_per_second,
+            ttft_ms_by_percentile={50: metrics.get("ttft_p50_ms"), 90: metrics.get("ttft_p90_ms"),
+                                   95: metrics.get("ttft_p95_ms"), 99: metrics.get("ttft_p99_ms")},
+            error_rate=figures.error_rate,
+            match_rate=figures.match_rate if figures.prompts_with_expected else None,
+        )
+        if settings.compare or settings.compare_fail:
+            manifest = self._run.manifest
+            baseline = manifest.baseline(recorder.record_key, settings.compare or "last",
+                                         exclude_run=self._run.run_id)
+            # `--gpubench-compare` alone compares without rules: nothing to parse then.
+            rules = parse_compare_fail(settings.compare_fail) if settings.compare_fail else []
+            why_not = incomparable(self.fingerprint(), baseline) if baseline is not None else None
+            if baseline is None:
+                recorder.progress.status("COMPARED", line="no baseline for this cell")
+            elif why_not is not None:
+                # Figures of another workload or runtime say nothing about a regression: no gate.
+                self.comparison_line = f"no comparable baseline ({why_not})"
+                self.details["comparison"] = self.comparison_line
+                recorder.progress.status("COMPARED", line=self.comparison_line)
+            else:
+                comparison = compare(figures_of(result, self._run.run_id), baseline, rules)
+                self.comparison_line = comparison.line()
+                self.details["comparison"] = self.comparison_line
+                recorder.progress.status("COMPARED", line=self.comparison_line)
+                if comparison.failed:
+                    raise ThresholdMissed(comparison.failure())
+        if violations:
+            raise ThresholdMissed(describe_violations(violations))
+
+
+def build_result(cell: Cell, recorder: CellRecorder, runtime: OllamaRuntime, session: GpuSession,
+                 measurement: Measurement) -> BenchmarkResult:
+    """The GPU Shopper BenchmarkResult of everything measured (possibly cut short)."""
+    pulled = recorder.pulled
+    workload = cell.workload
+    return BenchmarkResult(
+        hardware=recorder.hardware or HardwareInfo(),
+        model=ModelInfo(
+            name=cell.model,
+            family=pulled.family if pulled else "",
+            parameter_count=pulled.parameter_size if pulled else "",
+            quantization=pulled.quantization if pulled else "",
+            size_gb=round(pulled.size_bytes / 1e9, 2) if pulled else 0.0,
+            runtime="ollama",
+            runtime_version=runtime.version,
+        ),
+        test_config=TestConfig(
+            duration_minutes=round(workload.duration / 60),
+            max_tokens=workload.max_tokens,
+            prompt_types=[workload.prompt_set or "custom"],
+            concurrent_reqs=cell.concurrency,
+            warmup_requests=workload.warmup_requests,
+        ),
+        results=summarize(measurement.records, measurement.duration_seconds or workload.duration),
+        gpu_stats=summarize_gpu(measurement.samples),
+        provider=cell.provider,
+        location=session.offer.offer.location,
+        price_per_hour=session.offer.offer.price_per_hour,
+    )
+
+
+def upload_now(run: RunContext, recorder: CellRecorder, benchmark_id: str) -> None:
+    """POST a stored result to GPU Shopper now; a failure stays pending for ``gpubench upload``."""
+    error = run_async(upload_result(run.manifest, run.provider.client, benchmark_id), 60 + BRIDGE_SLACK)
+    if error:
+        recorder.progress.error(Stage.RESULTS, f"upload failed (kept; retry with gpubench upload): {error}")
+    else:
+        recorder.progress.status("IMPORTED", benchmark_id=benchmark_id)

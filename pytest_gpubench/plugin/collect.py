@@ -1,0 +1,136 @@
+"""Matrix files become test items: one ``BenchFunction`` per GPU x provider x model cell.
+
+Loaded once a run meets a matrix file (or a ``gpubench``-marked test), not at plugin load.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..errors import GpubenchError, MatrixError, StageError
+from ..matrix.filters import CellFilters, split_by_filters
+from .hints import UnknownGpuWarning, check_gpu_names
+from ..matrix.cells import Cell, load_cells
+from .stash import CELL_FILTERS_KEY, CELL_KEY, RECORD_KEY, RECORDER_KEY
+
+
+def run_matrix_cell(request: pytest.FixtureRequest) -> None:
+    """Run one matrix cell: every stage up to the benchmark, then the benchmark.
+
+    Fixtures are requested here, in the test body, so a failing stage fails the
+    test (rather than erroring its setup) and teardown still releases everything.
+    """
+    request.getfixturevalue("gpubench").run()
+
+
+def matrix_items(matrix_file: pytest.File) -> Iterator[pytest.Item]:
+    """The items of a matrix file (``plugin.MatrixFile.collect``): one per cell the filters keep,
+    a :class:`FilteredCell` placeholder per cell they keep out."""
+    try:
+        cells = load_cells(matrix_file.path)
+    except MatrixError as exc:
+        raise matrix_file.CollectError(str(exc)) from None
+    typos, unknown = check_gpu_names(cells)  # a swapped-letters typo stops; a GPU we do not know warns
+    if typos:
+        raise matrix_file.CollectError("\n".join(f"{cell.source}: {text}" for cell, text in typos))
+    for cell, text in unknown:  # shown as the matrix file's warning, not this module's
+        warnings.warn_explicit(UnknownGpuWarning(text), UnknownGpuWarning, cell.source, 0)
+    filters: CellFilters | None = matrix_file.config.stash.get(CELL_FILTERS_KEY, None)
+    dropped: list[Cell] = []
+    if filters is not None:  # --gpubench-gpu/provider/model: only the cells kept become real items
+        cells, dropped = split_by_filters(cells, filters)
+    fixtureinfo = None
+    for cell in cells:
+        # Every cell runs the same function: its fixture closure is computed once per file.
+        item = BenchFunction.from_parent(matrix_file, name=cell.cell_id, callobj=run_matrix_cell,
+                                         fixtureinfo=fixtureinfo)
+        fixtureinfo = item._fixtureinfo
+        item.stash[CELL_KEY] = cell
+        item.stash[RECORD_KEY] = cell.cell_id
+        item.extra_keyword_matches.update(cell.keywords)
+        yield item
+    for cell in dropped:
+        yield FilteredCell.from_parent(matrix_file, name=cell.cell_id)
+
+
+class BenchFunction(pytest.Function):
+    """One cell of a matrix file; its failures read as stage and message."""
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        # pytest needs a line number (skip locations use it); the file is YAML.
+        cell = self.stash[CELL_KEY]
+        return self.path, 0, f"{cell.gpu} | {cell.provider} | {cell.model}"
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
+        text = describe_failure(excinfo.value, self)
+        # pytest's Function.repr_failure takes no style (a pytest-timeout failure lands here).
+        return text if text is not None else super().repr_failure(excinfo)
+
+
+class FilteredCell(pytest.Item):
+    """A cell the ``--gpubench-gpu/provider/model`` filters keep out, as a light placeholder.
+
+    pytest counts the items a file collects ("collected N items / M deselected"), so
+    the cells a filter drops still appear, as these cheap nodes, and are deselected at
+    once (``pytest_collection_modifyitems``, before any other plugin sees them): the
+    counts read as with ``-k``, and no fixture closure or keyword set is built for them.
+    """
+
+    def runtest(self) -> None:  # pragma: no cover - deselected before any run
+        raise RuntimeError(f"{self.nodeid} was filtered out and must not run")
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        return self.path, 0, self.name
+
+
+def describe_failure(error: BaseException, item: pytest.Item) -> str | None:
+    """Stage, one-paragraph message and where to read more; None for other errors."""
+    if not isinstance(error, GpubenchError):
+        return None
+    lines = []
+    if isinstance(error, StageError):
+        lines.append(f"[{error.stage}] {error}")
+    else:
+        lines.append(str(error))
+    recorder = item.stash.get(RECORDER_KEY, None)
+    if recorder is not None:
+        lines.append(f"progress file: {recorder.progress.path}")
+        if recorder.session_id:
+            lines.append(f"session: {recorder.session_id} (offer {recorder.offer_id})")
+    return "\n".join(lines)
+
+
+def cells_for_marker(marker: pytest.Mark, test_path: Path, rootpath: Path) -> list[Cell]:
+    """Cells named by ``@pytest.mark.gpubench(MATRIX_FILE, gpu=..., provider=..., model=...)``.
+
+    The marker's own gpu/provider/model narrow the file; the command-line filters
+    apply later, like ``-k``, in :func:`filters.split_by_filters`.
+    """
+    from ..matrix.cells import cell_selected
+
+    if not marker.args:
+        raise MatrixError(str(test_path), "gpubench marker",
+                          "name a matrix file: @pytest.mark.gpubench('matrix/x.yaml')")
+    unknown = set(marker.kwargs) - {"gpu", "provider", "model"}
+    if unknown:
+        raise MatrixError(str(test_path), "gpubench marker",
+                          f"unknown argument(s) {sorted(unknown)}; allowed: gpu, provider, model")
+    raw = Path(marker.args[0])
+    candidates = [raw] if raw.is_absolute() else [test_path.parent / raw, rootpath / raw]
+    path = next((p for p in candidates if p.is_file()), None)
+    if path is None:
+        raise MatrixError(str(raw), "", "matrix file not found (looked next to the test and in the rootdir)")
+
+    def as_list(value: Any) -> list[str]:
+        return [value] if isinstance(value, str) else list(value or [])
+
+    return [
+        cell for cell in load_cells(path)
+        if cell_selected(cell, as_list(marker.kwargs.get("gpu")), as_list(marker.kwargs.get("provider")),
+                         as_list(marker.kwargs.get("model")))
+    ]

@@ -1,0 +1,346 @@
+"""The fixtures a benchmark cell runs through, one seed stage each.
+
+``gpubench_cell`` -> ``gpubench_recorder`` -> ``gpu_offer`` (inventory) ->
+``gpu_session`` (provision, ssh_wait) -> ``gpu_ssh`` (ssh_connect, nvidia-smi)
+-> ``ollama_runtime`` (ollama_install, model_pull) -> ``gpubench`` (benchmark,
+results). Each acquires one thing and releases it in teardown, whatever
+happened; ``pytest --fixtures`` documents them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import datetime, timezone
+
+import pytest
+
+from ..aio import run as run_async
+from ..cloud.budget import exhausted, spend_of
+from .cell_benchmark import BRIDGE_SLACK, Bench, GpuSession, upload_now, watched
+from ..errors import NoEligibleOffer, Stage, StageError
+from ..matrix.cells import Cell
+from ..cloud.offers import Constraints
+from .outcome import outcome_of
+from ..cloud.shopper_provider import OfferChoice
+from ..cloud.provisioning import BudgetRefused, Provisioning
+from .record import CellRecorder
+from ..remote.ssh import KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL, Connection, KeyFile
+from ..remote.system import probe_system
+from .run_context import RunContext
+from ..runtimes.ollama import OllamaRuntime
+from ..store.sandbox_label import junit_property, progress_labels
+from ..cloud.session_pool import Lease, SessionPool, make_room, note_model
+from ..settings import DEFAULT_OLLAMA_INSTALL
+from .stash import (
+    CELL_KEY,
+    LEASE_KEY,
+    NEXT_GROUP_KEY,
+    RECORD_KEY,
+    RECORDER_KEY,
+    REUSE_GROUPS_KEY,
+    run_context,
+)
+from ..runtimes.vram import vram_shortfall
+
+
+@pytest.fixture(scope="session")
+def gpubench_run(pytestconfig: pytest.Config) -> RunContext:
+    """This process's run: settings, run id, manifest and GPU Shopper API."""
+    return run_context(pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def gpubench_pool(pytestconfig: pytest.Config, gpubench_run: RunContext) -> Iterator[SessionPool]:
+    """Sessions kept for the next cell of their reuse group (pay once per GPU).
+
+    Cells of one GPU and provider run one after another on one session unless the
+    matrix says ``reuse: cell``; whatever is still held at the end of the run is
+    released then.
+    """
+    pool = SessionPool(gpubench_run, pytestconfig.stash.get(REUSE_GROUPS_KEY, {}))
+    yield pool
+    pool.close()
+
+
+@pytest.fixture
+def gpubench_cell(request: pytest.FixtureRequest, gpubench_run: RunContext) -> Cell:
+    """The matrix cell of this test (GPU, provider, model, workload), with overrides applied.
+
+    Matrix files provide it per item; Python tests get it from
+    ``@pytest.mark.gpubench("matrix/file.yaml", gpu=..., model=...)``.
+    """
+    cell = request.node.stash.get(CELL_KEY, None) or getattr(request, "param", None)
+    if not isinstance(cell, Cell):
+        pytest.fail("gpubench_cell needs a matrix file item or @pytest.mark.gpubench(MATRIX_FILE)", pytrace=False)
+    return gpubench_run.effective_cell(cell)
+
+
+@pytest.fixture
+def gpubench_recorder(
+    request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_cell: Cell
+) -> Iterator[CellRecorder]:
+    """Records the cell in the manifest, its progress file and JUnit properties.
+
+    Set up before anything is rented and finished after everything is released,
+    so every outcome (success, partial, failed with its stage, skipped) is kept.
+    """
+    key = request.node.stash.get(RECORD_KEY, gpubench_cell.cell_id)
+    recorder = CellRecorder.start(
+        gpubench_run.manifest, gpubench_run.run_id, gpubench_cell, key,
+        gpubench_run.settings.progress_dir, gpubench_run.worker, labels=progress_labels(gpubench_run.settings),
+    )
+    request.node.stash[RECORDER_KEY] = recorder
+    yield recorder
+    outcome = outcome_of(request.node, recorder.stage)
+    for name, value in recorder.finish(outcome).items():
+        request.node.user_properties.append((name, value))
+    request.node.user_properties.append(junit_property(gpubench_run.settings))
+
+
+@pytest.fixture
+def gpu_offer(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_cell: Cell,
+              gpubench_recorder: CellRecorder, gpubench_pool: SessionPool) -> OfferChoice:
+    """Stage ``inventory``: the cheapest eligible offer (seed 000's rule).
+
+    A session an earlier cell of the reuse group rented, still running and
+    eligible for this cell, is taken instead of a new offer. No eligible offer
+    skips the cell with the reason (``--gpubench-fail-on-skip`` fails it instead);
+    so does a ``--gpubench-budget`` already used up.
+    """
+    recorder, cell = gpubench_recorder, gpubench_cell
+    recorder.enter(Stage.INVENTORY)
+    lease = gpubench_pool.lease_for(cell, Constraints.for_cell(cell), recorder)
+    if lease is not None:
+        request.node.stash[LEASE_KEY] = lease
+        choice = lease.gpu_session.offer
+        recorder.progress.status("INVENTORY_QUERY", selected_offer_id=choice.offer.id,
+                                 price=choice.offer.price_per_hour, reused_session=lease.session_id)
+        return choice
+    budget = gpubench_run.settings.budget
+    if budget is not None:  # nothing left: no need to ask the inventory (the decisive check is at provision)
+        used_up = exhausted(budget, spend_of(gpubench_run.manifest.attempts(gpubench_run.run_id),
+                                             datetime.now(timezone.utc)))
+        if used_up:
+            recorder.skip_reason = used_up
+            pytest.skip(f"[inventory] {used_up}")
+    wanted = Constraints.for_cell(cell)
+    provider = gpubench_run.provider
+    try:
+        choice = run_async(provider.choose_offer(wanted),
+                           gpubench_run.settings.stage_timeout(Stage.INVENTORY) + BRIDGE_SLACK)
+    except NoEligibleOffer as exc:
+        if gpubench_run.settings.fail_on_skip:
+            raise
+        recorder.skip_reason = exc.message
+        pytest.skip(f"[inventory] {exc.message}")
+    recorder.progress.status("INVENTORY_QUERY", offers_found=choice.offers_found,
+                             selected_offer_id=choice.offer.id, price=choice.offer.price_per_hour)
+    return choice
+
+
+@pytest.fixture
+def gpu_session(
+    request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_cell: Cell,
+    gpubench_recorder: CellRecorder, gpu_offer: OfferChoice, gpubench_pool: SessionPool,
+) -> Iterator[GpuSession]:
+    """Stages ``provision`` and ``ssh_wait``: a session that is ``running``.
+
+    A provisioning failure (the create refused, the session ``failed``, SSH never
+    up) fails over to the next eligible offer, up to ``--gpubench-max-attempts``
+    offers (:mod:`pytest_gpubench.cloud.provisioning`). A ``--gpubench-budget`` that has
+    no room for the session skips the cell. Every attempt's session is released
+    in teardown whatever happened, also when creation itself broke off after the
+    server made the session (found by consumer_id); a session rented for the
+    cell's reuse group is kept instead when the next cell here belongs to the
+    group and the session is still well (:mod:`pytest_gpubench.cloud.session_pool`).
+    """
+    recorder, cell, node = gpubench_recorder, gpubench_cell, request.node
+    lease: Lease | None = node.stash.get(LEASE_KEY, None)
+    if lease is not None:  # an earlier cell of the group rented it
+        gpubench_pool.adopt(lease, recorder)
+        try:
+            yield lease.gpu_session
+        finally:
+            _hand_back(gpubench_pool, lease, node, recorder)
+        return
+    wanted = gpu_offer.wanted or Constraints.for_cell(cell)
+    planned = gpubench_pool.remaining(recorder.record_key, cell) if cell.session_group else [cell]
+    provisioning = Provisioning(gpubench_run, recorder, cell, gpu_offer, wanted, planned=planned)
+    key_file: KeyFile | None = None
+    try:
+        try:
+            ready = provisioning.run_until_ready()
+        except BudgetRefused as exc:
+            recorder.skip_reason = exc.message
+            pytest.skip(f"[provision] {exc.message}")
+        key_file = KeyFile(ready.created.ssh_private_key, name=ready.session.id)
+        # The offer that came up, which after a failover is not the one first chosen.
+        session = GpuSession(ready.session, ready.created.ssh_private_key, key_file,
+                             replace(gpu_offer, offer=ready.attempt.offer))
+        if provisioning.shared:
+            lease = node.stash[LEASE_KEY] = gpubench_pool.open(cell, provisioning, session)
+            recorder.manifest.update_cell(recorder.row_id, reuse_group=cell.session_group, session_turn=1,
+                                          session_owner=recorder.record_key)
+        yield session
+    finally:
+        if lease is not None:
+            _hand_back(gpubench_pool, lease, node, recorder)
+        else:
+            _release(provisioning)
+            if key_file is not None:
+                key_file.remove()
+
+
+def _hand_back(pool: SessionPool, lease: Lease, node: pytest.Item, recorder: CellRecorder) -> None:
+    """Keep the group's session for the next cell, or release it (never raises)."""
+    recorder.time_as(str(Stage.CLEANUP))
+    try:
+        pool.hand_back(lease, recorder, outcome_of(node, recorder.stage), node.stash.get(NEXT_GROUP_KEY, None))
+    except Exception as exc:  # noqa: BLE001 - whatever broke, the session must not be left behind
+        pool.release(lease, recorder, f"handing it back failed: {exc}")
+
+
+def _release(provisioning: Provisioning) -> None:
+    """Stage ``cleanup``: end every session this cell owns (every attempt's); never raises."""
+    provisioning.recorder.time_as(str(Stage.CLEANUP))
+    provisioning.release_all()
+
+
+@pytest.fixture
+def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_cell: Cell,
+            gpubench_recorder: CellRecorder, gpu_session: GpuSession) -> Iterator[Connection]:
+    """Stage ``ssh_connect``: an SSH connection, checked, to the expected GPU.
+
+    ``nvidia-smi`` must report the GPU the offer promised; its system info is
+    kept for the result's ``hardware`` section (on a reused session, the first
+    cell's is kept: the machine is the same, its host key pinned).
+    """
+    settings, recorder = gpubench_run.settings, gpubench_recorder
+    recorder.enter(Stage.SSH_CONNECT)
+    session = gpu_session.session
+    timeout = settings.stage_timeout(Stage.SSH_CONNECT)
+    # The first connection to a session pins its host key; a later one that meets another key fails.
+    conn = run_async(gpubench_run.host_keys.connect(session.id, session.ssh_host, session.ssh_port,
+                                                    session.ssh_user or "root", gpu_session.key_pem,
+                                                    timeout=timeout), timeout + BRIDGE_SLACK)
+    try:
+        recorder.manifest.update_cell(recorder.row_id, host_key_fingerprint=conn.host_key_fingerprint)
+        check = run_async(conn.run("echo gpubench-ssh-ok", stage=Stage.SSH_CONNECT,
+                                   what="the SSH connectivity check", timeout=timeout), timeout + BRIDGE_SLACK)
+        if "gpubench-ssh-ok" not in check.stdout:
+            raise StageError(Stage.SSH_CONNECT, "the SSH connectivity check printed nothing")
+        lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
+        if lease is not None and lease.hardware is not None:
+            recorder.hardware = lease.hardware
+        else:
+            recorder.hardware = run_async(probe_system(conn, gpubench_cell.gpu, timeout),
+                                          timeout * 3 + BRIDGE_SLACK)
+            if lease is not None:
+                lease.hardware = recorder.hardware
+        recorder.progress.status("SYSTEM_INFO", gpu=recorder.hardware.gpu_name,
+                                 memory_mib=recorder.hardware.gpu_memory_mib,
+                                 driver=recorder.hardware.driver_version, cuda=recorder.hardware.cuda_version)
+        yield conn
+    finally:
+        run_async(conn.close(), 15)
+
+
+@pytest.fixture
+def ollama_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_cell: Cell,
+                   gpubench_recorder: CellRecorder, gpu_session: GpuSession, gpu_ssh: Connection) -> OllamaRuntime:
+    """Stages ``ollama_install`` and ``model_pull``: Ollama serving the cell's model, warm.
+
+    A model larger than the GPU memory ``nvidia-smi`` reports on the instance skips
+    the cell (stage ``model_pull``) before anything is installed or pulled. While the
+    model is pulled the session is watched through the API: an instance the
+    provider stops ends the stage at once, with the API's reason.
+    """
+    settings, recorder, cell = gpubench_run.settings, gpubench_recorder, gpubench_cell
+    # Keepalives on the run's clock: a link that went silent is noticed in seconds in the sandbox too.
+    gpu_ssh.set_keepalive(settings.scaled(KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL))
+    shortfall = vram_shortfall(cell.model, cell.vram_gb, recorder.hardware)
+    if shortfall:
+        recorder.enter(Stage.MODEL_PULL)
+        if settings.fail_on_skip:
+            raise StageError(Stage.MODEL_PULL, shortfall)
+        recorder.skip_reason = shortfall
+        pytest.skip(f"[model_pull] {shortfall}")
+    recorder.enter(Stage.OLLAMA_INSTALL)
+    runtime = OllamaRuntime(gpu_ssh)
+    lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
+    if lease is not None and lease.ollama_started_here:  # an earlier cell of the group started it
+        runtime.started_here, runtime.num_parallel = True, lease.ollama_parallel
+    timeout = settings.stage_timeout(Stage.OLLAMA_INSTALL)
+    install = cell.ollama_install or DEFAULT_OLLAMA_INSTALL
+
+    async def install_and_serve() -> tuple[bool, str]:
+        # On a reused session an earlier cell installed it: serving is what is checked.
+        known = lease is not None and lease.ollama_started_here
+        installed = False if known else await runtime.ensure_installed(install, timeout)
+        await runtime.locate(timeout)
+        return installed, await runtime.ensure_serving(timeout, num_parallel=ollama_parallelism(cell))
+
+    # Watched like the pull: an instance killed mid-install is named as the cause,
+    # not the broken SSH channel it leaves behind.
+    installed, version = run_async(watched(gpubench_run, gpu_session, Stage.OLLAMA_INSTALL,
+                                            lambda _: install_and_serve()), 3 * timeout + BRIDGE_SLACK)
+    recorder.progress.status("OLLAMA_INSTALLED", version=version, installed_now=installed)
+
+    recorder.enter(Stage.MODEL_PULL)
+    timeout = settings.stage_timeout(Stage.MODEL_PULL)
+
+    async def pull_and_warm_up() -> float:
+        if lease is not None and lease.models:  # a reused session: earlier cells' models are there
+            await make_room(runtime, lease, cell, recorder.progress, min(timeout, 60.0))
+        await runtime.pull(cell.model, timeout, _pull_reporter(recorder))
+        recorder.pulled = await asyncio.wait_for(runtime.model_info(cell.model), 30)
+        # The model the previous cell ran is still loaded: its load is no cold start.
+        return await runtime.warm_up(cell.model, timeout, cold_start=lease is None or lease.last_model != cell.model)
+
+    load = run_async(watched(gpubench_run, gpu_session, Stage.MODEL_PULL, lambda _: pull_and_warm_up()),
+                     3 * timeout + 30 + BRIDGE_SLACK)
+    if lease is not None:
+        note_model(lease, runtime, cell.model)
+    recorder.progress.status("MODEL_READY", model=cell.model, load_s=round(load, 2))
+    return runtime
+
+
+#: OLLAMA_NUM_PARALLEL for a request-rate cell, whose in-flight count is not fixed.
+RATE_MODE_PARALLEL = 64
+
+
+def ollama_parallelism(cell: Cell) -> int:
+    """At least the cell's concurrency: Ollama queues whatever is beyond it."""
+    return cell.concurrency if cell.rate is None else max(cell.concurrency, RATE_MODE_PARALLEL)
+
+
+def _pull_reporter(recorder: CellRecorder):
+    """A PROGRESS line whenever the pull passes another 10 %."""
+    last = {"decile": -1}
+
+    def report(status: dict) -> None:
+        total, completed = status.get("total"), status.get("completed")
+        if not total or completed is None:
+            return
+        pct = int(100 * completed / total)
+        if pct // 10 > last["decile"]:
+            last["decile"] = pct // 10
+            recorder.progress.progress(stage="model_pull", pct=pct, completed_mb=completed // 1_000_000,
+                                       total_mb=total // 1_000_000)
+
+    return report
+
+
+@pytest.fixture
+def gpubench(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: CellRecorder,
+             ollama_runtime: OllamaRuntime, gpu_session: GpuSession) -> Bench:
+    """A ready benchmark for this cell: call ``gpubench.run()`` in the test body.
+
+    Everything before it (offer, session, SSH, Ollama, model) is set up by the
+    fixtures it depends on, and released in their teardown.
+    """
+    if gpubench_run.settings.upload:
+        gpubench_recorder.upload = lambda benchmark_id: upload_now(gpubench_run, gpubench_recorder, benchmark_id)
+    return Bench(gpubench_run, gpubench_cell, gpubench_recorder, ollama_runtime, gpu_session)

@@ -1,0 +1,155 @@
+"""Hooks that keep sessions from outliving the run: SIGTERM, start-up, dead workers, the end.
+
+Thin glue; the work is in :mod:`.cleanup` (and :mod:`.shutdown` for SIGTERM):
+
+* SIGTERM becomes an orderly stop like Ctrl-C, so teardowns release sessions
+  (every process of a run with benchmark cells; the xdist controller passes it on
+  to its workers).
+* At the start of a run (the controller, before any cell runs), sessions that dead
+  runs of the same manifest left running are released.
+* When an xdist worker dies, the controller releases its sessions and marks its
+  unfinished cells failed; at the end of the run it releases whatever of the run
+  is still open and records the run's end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ..aio import run as run_async
+from ..cloud.cleanup import CleanupReport, Outcome, clean
+from ..errors import ApiUnreachable, Stage
+from .live import own_line
+from ..store.manifest import Manifest
+from .matrix_scan import runs_matrix_files
+from ..cloud.processes import xdist_worker_pids
+from .shutdown import GracefulTermination
+from .stash import CELL_KEY, RESUME_KEY, SETTINGS_KEY, run_context
+
+_EXIT_STATUS = {0: "passed", 1: "failed", 2: "interrupted"}
+
+
+class RunLifecycle:
+    """Registered as ``gpubench-lifecycle`` in every process of a run."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.controller = not hasattr(config, "workerinput")
+        self.termination = GracefulTermination(forward_to=xdist_worker_pids if self.controller else None)
+        self.dead_workers: list[str] = []
+        self.started = False  # the start-up cleanup ran
+        settings = config.stash[SETTINGS_KEY]
+        # Known before collection for matrix files; Python tests install it once collected.
+        self.runs_cells = runs_matrix_files(config) or bool(settings.resume)
+        if self.runs_cells and not config.option.collectonly:
+            self.termination.install()
+
+    # ------------------------------------------------------------------ hooks
+
+    def pytest_report_header(self, config: pytest.Config) -> str | None:
+        plan = config.stash.get(RESUME_KEY, None)
+        return plan.header() if plan is not None else None
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        plan = self.config.stash.get(RESUME_KEY, None)
+        if plan is not None and self.controller and self.config.option.verbose < 0:
+            terminalreporter.write_line(plan.header())  # -q hides the header that says it
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        if self.runs_cells:
+            self._start()
+
+    def _start(self) -> None:
+        """Release what dead runs left; for a resumed run, make sure nothing of it is left."""
+        config = self.config
+        if not self.controller or config.option.collectonly or self.started:
+            return
+        self.started = True
+        settings = config.stash[SETTINGS_KEY]
+        self._clean(f"the start of run {settings.run_id}", reason="its run's process went away",
+                    check_liveness=True, search_api=True)
+        plan = config.stash.get(RESUME_KEY, None)
+        if plan is not None and settings.manifest.is_file():
+            with Manifest(settings.manifest) as manifest:
+                left = manifest.unreleased_sessions(plan.run_id)
+            if left:
+                ids = ", ".join(s["session_id"] for s in left)
+                raise pytest.UsageError(
+                    f"--gpubench-resume: run {plan.run_id} still has sessions that could not be released "
+                    f"({ids}): run `gpubench cleanup --api {settings.api}` and resume again")
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Python tests on matrix cells are known only now (in the process that collects)."""
+        if not session.config.option.collectonly and any(CELL_KEY in item.stash for item in session.items):
+            self.termination.install()
+            self._start()
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """After every teardown (and every worker): release what of this run is still open."""
+        if not self.controller or self.config.option.collectonly:
+            return
+        settings = self.config.stash[SETTINGS_KEY]
+        if not settings.manifest.is_file():
+            return
+        with Manifest(settings.manifest) as manifest:
+            run = manifest.run(settings.run_id)
+        if run is None:
+            return  # this run recorded nothing: nothing can be left
+        # Listing the API is for sessions a dying process created but never recorded.
+        interrupted = int(exitstatus) not in (0, 1) or bool(self.dead_workers)
+        self._clean("the run's controller, at its end", reason="the run ended", run_id=settings.run_id,
+                    check_liveness=False, search_api=interrupted, close_running=True)
+        if run["finished_at"] is None:
+            with Manifest(settings.manifest) as manifest:
+                manifest.finish_run(settings.run_id, _EXIT_STATUS.get(int(exitstatus), f"exit {int(exitstatus)}"))
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.termination.uninstall()
+
+    # ------------------------------------------------------------ from xdist
+
+    def worker_down(self, worker: str, error: str) -> None:
+        """An xdist worker died: release its sessions, fail the cells it was running."""
+        self.dead_workers.append(worker)
+        settings = self.config.stash[SETTINGS_KEY]
+        self._clean(f"the controller, after worker {worker} died", reason=f"worker {worker} died ({error})",
+                    run_id=settings.run_id, worker=worker, check_liveness=False, search_api=False,
+                    close_running=True)
+
+    # ---------------------------------------------------------------- helpers
+
+    def _clean(self, released_by: str, **scope: Any) -> CleanupReport | None:
+        """One cleanup pass on this run's manifest and API; reports on the terminal, never raises."""
+        settings = self.config.stash[SETTINGS_KEY]
+        if not settings.manifest.is_file():
+            return None  # never create a manifest just to look into it
+        try:
+            client = run_context(self.config).provider.client
+        except ApiUnreachable:
+            client = None
+        timeout = 3 * max(120.0, settings.stage_timeout(Stage.CLEANUP))
+        try:
+            with Manifest(settings.manifest) as manifest:
+                report = run_async(clean(manifest, client, api=settings.api, released_by=released_by, **scope),
+                                   timeout)
+        except Exception as exc:  # noqa: BLE001 - cleanup reports; it never breaks the run
+            self._write(f"gpubench: cleanup by {released_by} failed: {type(exc).__name__}: {exc}", red=True)
+            return None
+        for action in report.actions:
+            if action.outcome is not Outcome.LEFT_ALONE:
+                self._write(f"gpubench: {action.line()}", red=action.outcome is Outcome.FAILED)
+        for row_id in report.closed_cells:
+            self._write(f"gpubench: cell {row_id} marked failed: {scope.get('reason', 'stopped')}")
+        alone = report.count(Outcome.LEFT_ALONE)
+        if alone and scope.get("run_id") is None:
+            self._write(f"gpubench: {alone} session(s) of other runs left alone (still running, or on another "
+                        "API): see `gpubench cleanup --dry-run`")
+        return report
+
+    def _write(self, line: str, red: bool = False) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            own_line(self.config, reporter, line, red=red)  # not glued to "[100%]"

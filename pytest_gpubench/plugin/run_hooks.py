@@ -1,0 +1,207 @@
+"""What a run with matrix cells loads: settings, fixtures, lifecycle, terminal and xdist hooks.
+
+:func:`start` is called by ``plugin.Gate`` once the run turns out to have cells
+(or uses a ``--gpubench-*`` option); :func:`arrange_items` and :func:`record_pending`
+are the heavy halves of the plugin's collection hooks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..errors import UsageProblem
+from ..matrix.filters import CellFilters, split_by_filters
+from ..matrix.cells import Cell
+from .matrix_scan import real_run
+from .reuse_order import arrange_reuse_groups
+from ..settings import OPTIONS, Settings, resolve
+from .stash import CELL_FILTERS_KEY, CELL_KEY, RECORD_KEY, RESUME_KEY, SANDBOX_KEY, SETTINGS_KEY, run_context
+
+# The fixtures, the lifecycle, the terminal and xdist hooks and resume import what a
+# real run needs (SSH, HTTP, the manifest); they are imported where used, so that
+# --collect-only of a matrix does not load them.
+
+
+def start(config: pytest.Config, gate: Any) -> None:
+    """Resolve the settings and register the plugins a run with cells needs.
+
+    In the modes that only show something (``matrix_scan.real_run``) that is the
+    fixtures alone (none at all for ``--collect-only``): no sandbox, no lifecycle (it cleans up and records the run's
+    end), no terminal hooks (they check the API and write the run's end).
+    """
+    settings = _settings(config)
+    workerinput = getattr(config, "workerinput", None)
+    shows_only = not real_run(config)
+    if workerinput is not None:
+        # The controller chose the run id (and owns the sandbox, when it is active): share them.
+        update = {"run_id": workerinput["gpubench_run_id"]} if workerinput.get("gpubench_run_id") else {}
+        if workerinput.get("gpubench_api"):
+            update["api"] = workerinput["gpubench_api"]
+        settings = settings.model_copy(update=update)
+        if workerinput.get("gpubench_loadgroup"):
+            config.option.loadgroup = True  # xdist then names grouped items after their group
+        if workerinput.get("gpubench_resume"):
+            from ..store.resume import ResumePlan
+
+            config.stash[RESUME_KEY] = ResumePlan.model_validate(workerinput["gpubench_resume"])
+    else:
+        if gate.run_id is not None:  # this controller's workers already run under this id
+            settings = settings.model_copy(update={"run_id": gate.run_id})
+        if settings.resume:
+            settings = _resumed(config, settings)
+        if settings.sandbox and not shows_only:
+            from .sandbox_process import SandboxProcess
+
+            sandbox = SandboxProcess.start(settings)
+            config.stash[SANDBOX_KEY] = sandbox
+            settings = settings.model_copy(update={"api": sandbox.url})
+    config.stash[SETTINGS_KEY] = settings
+    config.stash[CELL_FILTERS_KEY] = CellFilters.of(settings)
+    if config.option.collectonly:
+        return  # nothing runs and no fixture is shown: the fixtures' imports can wait for a run
+    from . import fixtures
+    from .lifecycle import RunLifecycle
+    from .reuse_order import prefer_loadgroup
+    from .terminal import TerminalHooks
+
+    config.pluginmanager.register(fixtures, "gpubench-fixtures")
+    if shows_only:
+        return
+    # Before the terminal hooks: theirs run first, so the API is checked before start-up cleanup.
+    config.pluginmanager.register(RunLifecycle(config), "gpubench-lifecycle")
+    if workerinput is None:
+        terminal = TerminalHooks(config)
+        config.pluginmanager.register(terminal, "gpubench-terminal")
+        if gate.session is not None:  # found during collection: the session has started without it
+            terminal.pytest_sessionstart(gate.session)
+        if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") != "no":
+            from .xdist import XdistHooks
+
+            config.pluginmanager.register(XdistHooks(), "gpubench-xdist")
+            if gate.session is None:  # xdist chooses its scheduler at session start
+                prefer_loadgroup(config)
+
+
+def _resumed(config: pytest.Config, settings: Settings) -> Settings:
+    """``--gpubench-resume``: record into that run; remember the cells it already finished."""
+    from ..store.resume import plan_resume
+
+    try:
+        plan = plan_resume(settings.manifest, settings.resume or "last")
+    except UsageProblem as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[RESUME_KEY] = plan
+    return settings.model_copy(update={"run_id": plan.run_id})
+
+
+def _settings(config: pytest.Config) -> Settings:
+    cli = {opt.dest: config.getoption(f"gpubench_{opt.dest}") for opt in OPTIONS}
+
+    def ini(name: str) -> object:
+        try:
+            return config.getini(name)
+        except ValueError:
+            return None
+
+    try:
+        return resolve(cli, os.environ, ini)
+    except UsageProblem as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def arrange_items(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Filter, name and order the cells among ``items`` (``pytest_collection_modifyitems``).
+
+    Matrix files applied ``--gpubench-gpu/provider/model`` as they collected (the
+    cells they kept out are ``FilteredCell`` placeholders, deselected here); Python
+    tests on cells are filtered here, by the same :func:`filters.split_by_filters`.
+    """
+    from .collect import FilteredCell
+
+    filters = config.stash[CELL_FILTERS_KEY]
+    selected: list[pytest.Item] = []
+    deselected: list[pytest.Item] = []
+    marked: list[pytest.Item] = []
+    for item in items:
+        if isinstance(item, FilteredCell):
+            deselected.append(item)
+        elif CELL_KEY not in item.stash and _cell_of(item) is not None:
+            marked.append(item)
+            selected.append(item)
+        else:
+            selected.append(item)
+    if marked:
+        _, dropped = split_by_filters([item.stash[CELL_KEY] for item in marked], filters)
+        if dropped:
+            out = {id(cell) for cell in dropped}
+            gone = {id(item) for item in marked if id(item.stash[CELL_KEY]) in out}
+            deselected += [item for item in marked if id(item) in gone]
+            selected = [item for item in selected if id(item) not in gone]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = selected
+    _disambiguate_record_keys(items)
+    plan = config.stash.get(RESUME_KEY, None)
+    if plan is not None:  # --gpubench-resume: cells that already succeeded do not run again
+        from ..store.resume import still_to_run
+
+        runs = still_to_run([item.stash.get(RECORD_KEY, None) for item in items], plan)
+        if not all(runs):
+            config.hook.pytest_deselected(items=[item for item, run in zip(items, runs, strict=True) if not run])
+            items[:] = [item for item, run in zip(items, runs, strict=True) if run]
+    arrange_reuse_groups(config, items)
+    if config.option.collectonly and config.option.verbose >= 0:
+        _group_by_file(items)
+
+
+def _group_by_file(items: list[pytest.Item]) -> None:
+    """``--collect-only``'s tree: each matrix file once, its cells in run order.
+
+    Reuse groups span files (one session serves a GPU's cells from every file), so
+    the run order interleaves files, and pytest's tree would repeat a file each time
+    it comes back. The listing keeps the run order within a file.
+    """
+    first: dict[Any, int] = {}
+    for index, item in enumerate(items):
+        first.setdefault(item.parent, index)
+    items.sort(key=lambda item: first[item.parent])  # stable: run order within each file
+
+
+def _disambiguate_record_keys(items: list[pytest.Item]) -> None:
+    """Two matrix files may hold the same cell: their manifest rows must not merge.
+
+    A key used by more than one item gets its matrix file's name appended
+    (``RTX_4090-vastai-qwen2:7b@gpubench_quick``); unique keys stay plain.
+    """
+    keyed = [item for item in items if RECORD_KEY in item.stash]
+    counts = Counter(item.stash[RECORD_KEY] for item in keyed)
+    for item in keyed:
+        key = item.stash[RECORD_KEY]
+        if counts[key] > 1:
+            item.stash[RECORD_KEY] = f"{key}@{Path(item.stash[CELL_KEY].source).stem}"
+
+
+def record_pending(session: pytest.Session) -> None:
+    """Record every cell that will run as ``pending`` (a real run only: see ``plugin``)."""
+    cells = [(item.stash[RECORD_KEY], item.stash[CELL_KEY]) for item in session.items if CELL_KEY in item.stash]
+    if cells:
+        context = run_context(session.config)
+        for key, cell in cells:
+            context.manifest.add_cell(context.run_id, key, gpu_type=cell.gpu, provider=cell.provider,
+                                      model=cell.model, matrix_file=cell.source)
+
+
+def _cell_of(item: pytest.Item) -> Cell | None:
+    """The cell of a Python test parametrized by the ``gpubench`` marker (stashed on first look)."""
+    callspec = getattr(item, "callspec", None)
+    cell = callspec.params.get("gpubench_cell") if callspec is not None else None
+    if isinstance(cell, Cell):
+        item.stash[CELL_KEY] = cell
+        item.stash[RECORD_KEY] = f"{cell.cell_id}@{getattr(item, 'originalname', item.name)}"
+        return cell
+    return None

@@ -1,0 +1,59 @@
+"""``config.stash`` / ``item.stash`` keys, and the run context's one creator.
+
+Imported by the plugin at load: the types named here are imported only for type
+checkers, and the run context's modules only when one is created.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from ..matrix.cells import Cell  # noqa: F401 - named in a string, for type checkers
+    from .run_context import RunContext
+    from ..settings import Settings  # noqa: F401 - named in a string, for type checkers
+
+SETTINGS_KEY = pytest.StashKey["Settings"]()
+RUN_CONTEXT_KEY = pytest.StashKey["RunContext"]()
+#: The matrix cell of an item (matrix items and marker-parametrized tests).
+CELL_KEY = pytest.StashKey["Cell"]()
+#: The manifest key of an item: the cell id, plus the test name for Python tests.
+RECORD_KEY = pytest.StashKey[str]()
+RECORDER_KEY = pytest.StashKey[Any]()
+#: ``{"setup": (report, exception), "call": ...}`` as the phases finish.
+REPORTS_KEY = pytest.StashKey[dict]()
+#: The sandbox process this (controller) process started, if any.
+SANDBOX_KEY = pytest.StashKey[Any]()
+#: ``--gpubench-resume``: the run resumed and its cells already successful (resume.ResumePlan).
+RESUME_KEY = pytest.StashKey[Any]()
+#: Session reuse: an item's reuse group (None: a session of its own), the group of the
+#: item that runs after it on this process, and the session lease it runs on.
+GROUP_KEY = pytest.StashKey[Any]()
+NEXT_GROUP_KEY = pytest.StashKey[Any]()
+LEASE_KEY = pytest.StashKey[Any]()
+#: ``{group: [(record key, cell), ...]}`` in run order, from collection.
+REUSE_GROUPS_KEY = pytest.StashKey[dict]()
+#: The run's --gpubench-gpu/provider/model filters (``filters.CellFilters``).
+CELL_FILTERS_KEY = pytest.StashKey[Any]()
+#: Whether the command line names matrix files (``matrix_scan.runs_matrix_files``), found once.
+MATRIX_ARGS_KEY = pytest.StashKey[bool]()
+
+
+def run_context(config: pytest.Config) -> RunContext:
+    """This process's ``RunContext``, created on first use."""
+    context = config.stash.get(RUN_CONTEXT_KEY, None)
+    if context is None:
+        from ..cloud.processes import ProcessIdentity
+        from .run_context import RunContext
+
+        workerinput = getattr(config, "workerinput", {})
+        worker = workerinput.get("workerid", "main")
+        # A worker's run is owned by its controller: that is the process cleanup checks.
+        owner = workerinput.get("gpubench_owner")
+        context = RunContext(config.stash[SETTINGS_KEY], worker=worker,
+                             argv=list(config.invocation_params.args),
+                             owner=ProcessIdentity.model_validate(owner) if owner else ProcessIdentity.current())
+        config.stash[RUN_CONTEXT_KEY] = context
+    return context

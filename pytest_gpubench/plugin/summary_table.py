@@ -1,0 +1,111 @@
+"""The gpubench summary table the terminal shows at the end of a run: one row per
+finished cell, from the JUnit properties its teardown report carries.
+
+Its columns are chosen with ``--gpubench-columns`` (as pytest-benchmark's
+``--benchmark-columns``): comma-separated names from :data:`ALLOWED_COLUMNS`, the
+figures of :mod:`.figures` plus the cell's ``status`` and ``cost_usd``. The cell id
+is always the first column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ..measure.figures import FIGURES
+
+#: Columns that are not a result figure: how the cell ended, what it cost.
+CELL_COLUMNS: dict[str, tuple[str, str]] = {
+    "status": ("status", "how the cell ended (with the failure stage)"),
+    "cost_usd": ("cost $", "what the cell cost: price x the time it held a session, USD"),
+}
+ALLOWED_COLUMNS: tuple[str, ...] = (*CELL_COLUMNS, *FIGURES)
+DEFAULT_COLUMNS: tuple[str, ...] = (
+    "status", "output_tokens_per_second", "decode_tokens_per_second", "ttft_p50_ms", "cost_per_million_tokens",
+    "cost_usd",
+)
+#: Figures marked ``!`` when the cell's figures do not describe the GPU (validity flags).
+_MARKED = ("output_tokens_per_second", "decode_tokens_per_second")
+
+
+def parse_columns(text: str | Iterable[str]) -> tuple[str, ...]:
+    """``"status,output_tokens_per_second"`` -> the column names, in order, once each.
+
+    Names are case-insensitive; ``cell`` is accepted and ignored (it always comes
+    first). An unknown name, or none at all, is a ``ValueError`` naming the allowed ones.
+    """
+    items = [text] if isinstance(text, str) else list(text)
+    names: list[str] = []
+    for item in items:
+        names += [name.strip().lower() for name in str(item).split(",") if name.strip()]
+    unknown = [name for name in names if name not in ALLOWED_COLUMNS and name != "cell"]
+    allowed = ", ".join(ALLOWED_COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown column{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}; "
+                         f"allowed: {allowed}")
+    chosen = tuple(dict.fromkeys(name for name in names if name != "cell"))
+    if not chosen:
+        raise ValueError(f"expected at least one column name; allowed: {allowed}")
+    return chosen
+
+
+class SummaryTable:
+    """One row per finished cell, from the properties its teardown report carries."""
+
+    def __init__(self, columns: Iterable[str] = DEFAULT_COLUMNS) -> None:
+        self.columns = tuple(columns)
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, properties: dict[str, Any]) -> None:
+        if "gpubench_status" in properties:
+            self.rows.append(properties)
+
+    def header(self) -> tuple[str, ...]:
+        return ("cell", *(_header(name) for name in self.columns))
+
+    def render(self, billed: float | None = None) -> list[str]:
+        """The table and a count line; ``billed`` is the run's bill from its sessions
+        (a shared session once), else the cells' costs are summed."""
+        table = [self.header()] + [
+            (str(row.get("gpubench_cell", "")), *(_cell_text(row, name) for name in self.columns))
+            for row in sorted(self.rows, key=lambda r: str(r.get("gpubench_cell", "")))
+        ]
+        left = {0} | {i + 1 for i, name in enumerate(self.columns) if _is_text(name)}
+        widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+        lines = ["  ".join(cell.ljust(widths[i]) if i in left else cell.rjust(widths[i])
+                           for i, cell in enumerate(line)).rstrip() for line in table]
+        total = billed if billed is not None else sum(float(r.get("gpubench_cost_usd") or 0) for r in self.rows)
+        counts: dict[str, int] = {}
+        for row in self.rows:
+            counts[row["gpubench_status"]] = counts.get(row["gpubench_status"], 0) + 1
+        lines.append(", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+                     + f"; spent ${total:.4f}")
+        return lines
+
+
+def _header(name: str) -> str:
+    return CELL_COLUMNS[name][0] if name in CELL_COLUMNS else FIGURES[name].header
+
+
+def _is_text(name: str) -> bool:
+    return name in ("status", "slo", "run_id")
+
+
+def _cell_text(row: dict[str, Any], name: str) -> str:
+    if name == "status":
+        stage = row.get("gpubench_failure_stage")
+        return f"{row['gpubench_status']} ({stage})" if stage else str(row["gpubench_status"])
+    if name == "cost_usd":
+        return _fmt(row.get("gpubench_cost_usd"), "{:.4f}")
+    figure = FIGURES[name]
+    value = row.get(f"gpubench_{name}")
+    text = str(value) if isinstance(value, str) else _fmt(value, figure.pattern)
+    if name == "decode_tokens_per_second" and row.get("gpubench_decode_tokens_per_second_std") is not None:
+        text += f" ± {row['gpubench_decode_tokens_per_second_std']:.1f}"
+    if name in _MARKED and row.get("gpubench_valid") is False and text != "-":
+        text += " !"
+    return text
+
+
+def _fmt(value: Any, pattern: str) -> str:
+    return pattern.format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"

@@ -1,0 +1,113 @@
+"""What the terminal shows: fail-fast API check, live progress and the summary table.
+
+Registered only in the process that owns the terminal (the xdist controller, or
+the single pytest process).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+
+from ..cloud.budget import skipped_by_budget, spend_of, summary_line
+from ..errors import ApiUnreachable
+from .live import LiveProgress, own_line
+from .matrix_scan import runs_matrix_files
+from ..store.sandbox_label import summary_title
+from .stash import SANDBOX_KEY, SETTINGS_KEY, run_context
+from .summary_table import SummaryTable
+
+
+class TerminalHooks:
+    """Hooks of the terminal-owning process."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.summary = SummaryTable()
+        self.live: LiveProgress | None = None
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        config = self.config
+        if config.option.collectonly or config.option.showfixtures or config.option.show_fixtures_per_test:
+            return
+        settings = config.stash[SETTINGS_KEY]
+        if runs_matrix_files(config):
+            try:
+                run_context(config).provider  # noqa: B018 - fail fast, before any worker starts
+            except ApiUnreachable as exc:
+                raise pytest.UsageError(str(exc)) from None
+        if settings.live and config.option.verbose >= 0:
+            self.live = LiveProgress(settings.progress_dir / settings.run_id, self._write)
+            self.live.start()
+
+    def _write(self, line: str) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        capture = self.config.pluginmanager.get_plugin("capturemanager")
+        if reporter is None:
+            return
+        if capture is not None:
+            # Without xdist the tests run in this process with output captured.
+            with capture.global_and_fixture_disabled():
+                own_line(self.config, reporter, line)
+        else:
+            own_line(self.config, reporter, line)
+
+    @pytest.hookimpl(tryfirst=True)  # before the terminal reporter writes the cell's letter
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if self.live is not None:
+            # What the cell wrote up to its report (its ERROR line, for a failure) comes first.
+            self.live.poll()
+        if report.when == "teardown":
+            self.summary.add(dict(report.user_properties))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+        if self.summary.rows:
+            status = {0: "passed", 1: "failed", 2: "interrupted"}.get(int(exitstatus), f"exit {int(exitstatus)}")
+            context = run_context(self.config)
+            context.manifest.finish_run(context.run_id, status)
+
+    def _billed(self, run_id: str) -> float | None:
+        """What the run's sessions cost (the attempts table, where a shared session is one
+        row), or None when it has none (cells that never rented)."""
+        try:
+            attempts = run_context(self.config).manifest.attempts(run_id)
+        except Exception:  # noqa: BLE001 - the summary falls back to the cells' own figures
+            return None
+        return spend_of(attempts, datetime.now(timezone.utc)).spent if attempts else None
+
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
+        settings = self.config.stash[SETTINGS_KEY]
+        if self.summary.rows:
+            if settings.columns:
+                self.summary.columns = settings.columns
+            terminalreporter.write_sep("=", summary_title(settings), yellow=settings.sandbox)
+            billed = self._billed(settings.run_id)
+            for line in self.summary.render(billed):
+                terminalreporter.write_line(line)
+            for row in sorted(self.summary.rows, key=lambda r: str(r.get("gpubench_cell", ""))):
+                if row.get("gpubench_comparison"):
+                    terminalreporter.write_line(f"{row['gpubench_cell']}: {row['gpubench_comparison']}")
+                if row.get("gpubench_invalid_because"):
+                    terminalreporter.write_line(
+                        f"{row['gpubench_cell']}: not a valid GPU figure: {row['gpubench_invalid_because']}",
+                        yellow=True)
+            if settings.budget is not None:
+                spent = billed if billed is not None else sum(
+                    float(r.get("gpubench_cost_usd") or 0) for r in self.summary.rows)
+                cells = run_context(self.config).manifest.cells(settings.run_id)
+                skipped = sum(1 for c in cells if c["status"] == "skipped" and skipped_by_budget(c["error_message"]))
+                terminalreporter.write_line(summary_line(settings.budget, spent, skipped))
+            terminalreporter.write_line(f"run {settings.run_id}; manifest {settings.manifest}; "
+                                        f"progress files {settings.progress_dir / settings.run_id}")
+        sandbox = self.config.stash.get(SANDBOX_KEY, None)
+        if sandbox is not None:
+            left = sandbox.running_sessions()
+            if left:
+                terminalreporter.write_line(
+                    f"gpubench sandbox: {len(left)} session(s) still running: {', '.join(left)}", red=True)

@@ -1,0 +1,405 @@
+"""Markdown and HTML reports from the manifest: what to compare, gathered once.
+
+:func:`build_report` reads runs, cells, results and provisioning attempts of the
+manifest and gathers what ``gpubench report`` shows (docs/report.md): the results
+to rank, the leaderboards, a table per model, provider head-to-heads, failures by
+stage and the money spent. :func:`write_reports` renders it as
+``BENCHMARK_REPORT.md`` (:mod:`.report_markdown`) and ``index.html``
+(:mod:`.report_html`).
+
+The figures are the project's headline ones (docs/metrics.md): ``output tok/s`` is
+the machine's **output throughput** (total output tokens / measured duration),
+``decode tok/s`` the per-request mean decode rate, and ``$/M tokens`` the
+``cost_per_million_tokens`` computed from output throughput. Several runs may
+measure the same cell; the latest successful result of each (GPU, provider, model,
+load) is the one shown, so a report over all runs reads as "what we know now".
+Money comes from the ``attempts`` table, where every rented session is one row
+(with session reuse, several cells share one session and only its renting
+attempt carries the bill): summing attempts counts each session exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from ..errors import Stage
+from ..measure.figures import FigureSource, figure_values
+from ..store.manifest import Manifest
+from .spend import RunSpend, run_spend
+from ..store.sandbox_label import report_note, report_title
+
+__all__ = [
+    "BestValue",
+    "FailureGroup",
+    "Matchup",
+    "ModelTable",
+    "ProviderWins",
+    "Report",
+    "ResultRow",
+    "RunSpend",
+    "build_report",
+    "write_reports",
+]
+
+MARKDOWN_NAME, HTML_NAME = "BENCHMARK_REPORT.md", "index.html"
+#: Cell statuses whose result is ranked; ``partial`` ones are shown marked.
+RANKED_STATUSES = ("success", "partial")
+_STAGE_ORDER = {stage.value: index for index, stage in enumerate(Stage)}
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class ResultRow(_Frozen):
+    """One measured cell: the figures the report shows for it."""
+
+    run_id: str
+    cell_id: str
+    benchmark_id: str
+    gpu: str
+    provider: str
+    model: str
+    concurrency: int | None = None
+    rate: float | None = None
+    status: str
+    #: The headline figure: output throughput, or the per-request decode rate when a
+    #: result (an imported one) has no token total or duration (``per_stream_only``).
+    output_tokens_per_second: float | None
+    decode_tokens_per_second: float | None
+    per_stream_only: bool = False
+    ttft_p50_ms: float | None
+    price_per_hour: float | None
+    cost_per_million_tokens: float | None
+    requests: int
+    errors: int
+    location: str = ""
+    #: False: the figures do not describe the GPU (docs/metrics.md, validity flags).
+    valid: bool | None = None
+    invalid_because: str = ""
+    finished_at: str = ""
+    #: Every registered figure of the result (:mod:`.figures`), by name; None where not measured.
+    figures: dict[str, Any] = {}
+
+    @property
+    def load(self) -> str:
+        """``c1``, ``c8`` or ``r2.5/s``: the load the cell ran at."""
+        if self.rate is not None:
+            return f"r{self.rate:g}/s"
+        return f"c{self.concurrency or 1}"
+
+    @property
+    def key(self) -> tuple[str, str, str, str]:
+        """What makes two results the same cell, across runs."""
+        return (self.gpu, self.provider, self.model, self.load)
+
+    @property
+    def label(self) -> str:
+        """``RTX 4090 / vastai``, with the load when it is not the default."""
+        return f"{self.gpu} / {self.provider}" + ("" if self.load == "c1" else f" ({self.load})")
+
+
+class ModelTable(_Frozen):
+    """The results of one model, fastest first, and its two picks."""
+
+    model: str
+    rows: list[ResultRow]
+    fastest: ResultRow
+    cheapest: ResultRow | None
+
+
+class BestValue(_Frozen):
+    """The GPU and provider with the lowest $/M tokens on the most models."""
+
+    gpu: str
+    provider: str
+    cheapest_on: int  # models it is the cheapest for
+    models: int  # models it ran
+
+
+class Matchup(_Frozen):
+    """Two or more providers measured on the same GPU, model and load."""
+
+    gpu: str
+    model: str
+    load: str
+    entries: list[ResultRow]
+    faster: str
+    cheaper: str | None
+
+
+class ProviderWins(_Frozen):
+    """How one provider fared in the head-to-heads it was part of."""
+
+    provider: str
+    faster: int
+    cheaper: int
+    matchups: int
+
+
+class FailureGroup(_Frozen):
+    """Cells that ended at the same stage with the same message."""
+
+    stage: str
+    message: str
+    count: int
+    cells: list[str]
+
+
+class Report(_Frozen):
+    """Everything a report says, in display order; built by :func:`build_report`."""
+
+    manifest: str
+    run_ids: list[str]
+    results: list[ResultRow]
+    #: Results of a cell that a later (or successful) result of the same cell replaced.
+    replaced: int
+    runs_combined: int
+    by_tokens: list[ResultRow]
+    by_cost: list[ResultRow]
+    models: list[ModelTable]
+    best_value: BestValue | None
+    matchups: list[Matchup]
+    provider_wins: list[ProviderWins]
+    failures: list[FailureGroup]
+    skipped: list[FailureGroup]
+    statuses: dict[str, int]
+    runs: list[RunSpend]
+    data_until: str
+    #: Runs that measured the sandbox (``runs.sandbox``): their figures are labelled so.
+    sandbox_runs: list[str] = []
+
+    @property
+    def title(self) -> str:
+        """``GPU Benchmark Report``, marked when sandbox runs are in it."""
+        return report_title(self.sandbox_runs, self.run_ids)
+
+    @property
+    def sandbox_note(self) -> str:
+        """What sandbox figures are, when any run in the report used the sandbox; else ""."""
+        return report_note(self.sandbox_runs, self.run_ids)
+
+    @property
+    def cells(self) -> int:
+        return sum(self.statuses.values())
+
+    @property
+    def spent_usd(self) -> float:
+        return sum(run.spent_usd for run in self.runs)
+
+    @property
+    def sessions(self) -> int:
+        return sum(run.sessions for run in self.runs)
+
+    @property
+    def gpus(self) -> list[str]:
+        return sorted({row.gpu for row in self.results})
+
+    @property
+    def providers(self) -> list[str]:
+        return sorted({row.provider for row in self.results})
+
+    def describe(self) -> str:
+        """One line for the terminal: ``5 results from 2 of 3 runs, 3 failed or partial cells``."""
+        failed = sum(group.count for group in self.failures)
+        return (f"{len(self.results)} result{'s' * (len(self.results) != 1)} from {self.runs_combined} of "
+                f"{len(self.run_ids)} run{'s' * (len(self.run_ids) != 1)}, "
+                f"{failed} failed or partial cell{'s' * (failed != 1)}")
+
+
+def build_report(manifest: Manifest, run_ids: Sequence[str] | None = None, *,
+                 now: datetime | None = None) -> Report:
+    """Gather the report of ``run_ids`` (default: every run, most recent first).
+
+    ``now`` (UTC-aware) is when a session still open is counted up to, for runs
+    that never finished; default the current time.
+    """
+    known = manifest.run_ids()
+    runs = list(run_ids) if run_ids else known
+    order = {run_id: known.index(run_id) if run_id in known else len(known) for run_id in runs}
+    runs.sort(key=lambda run_id: order[run_id])
+    cells = [cell for run_id in runs for cell in manifest.cells(run_id)]
+    benchmarks = {row["id"]: row for run_id in runs for row in manifest.benchmarks(run_id)}
+    candidates = [row for row in (_result_row(cell, benchmarks) for cell in cells) if row is not None]
+    results = _latest(candidates, order)
+    by_tokens = sorted(results, key=lambda r: (-(r.output_tokens_per_second or 0.0), _tie(r)))
+    by_cost = sorted((r for r in results if r.cost_per_million_tokens is not None),
+                     key=lambda r: (r.cost_per_million_tokens, _tie(r)))
+    models = _model_tables(by_tokens)
+    matchups = _matchups(results)
+    finished = [cell["completed_at"] for cell in cells if cell["completed_at"]]
+    return Report(
+        manifest=str(manifest.path),
+        run_ids=runs,
+        results=sorted(results, key=_tie),
+        replaced=len(candidates) - len(results),
+        runs_combined=len({r.run_id for r in results}),
+        by_tokens=by_tokens,
+        by_cost=by_cost,
+        models=models,
+        best_value=_best_value(models),
+        matchups=matchups,
+        provider_wins=_provider_wins(matchups),
+        failures=_grouped(c for c in cells if c["status"] in ("failed", "partial") and c["failure_stage"]),
+        skipped=_grouped(c for c in cells if c["status"] == "skipped"),
+        statuses=dict(sorted(Counter(cell["status"] for cell in cells).items())),
+        runs=[run_spend(manifest, run_id, now or datetime.now(timezone.utc)) for run_id in runs],
+        data_until=max(finished, default=""),
+        sandbox_runs=[run_id for run_id in runs if (manifest.run(run_id) or {}).get("sandbox")],
+    )
+
+
+def write_reports(report: Report, directory: Path) -> tuple[Path, Path]:
+    """Write ``BENCHMARK_REPORT.md`` and ``index.html`` into ``directory`` (made if missing)."""
+    from .html import render_html
+    from .markdown import render_markdown
+
+    directory.mkdir(parents=True, exist_ok=True)
+    markdown, html = directory / MARKDOWN_NAME, directory / HTML_NAME
+    markdown.write_text(render_markdown(report), encoding="utf-8")
+    html.write_text(render_html(report), encoding="utf-8")
+    return markdown, html
+
+
+# ------------------------------------------------------------------- results
+
+
+def _result_row(cell: dict[str, Any], benchmarks: dict[str, dict[str, Any]]) -> ResultRow | None:
+    """The cell's result as a row, when the cell ended with one worth ranking."""
+    if cell["status"] not in RANKED_STATUSES:
+        return None
+    bench = benchmarks.get(cell["benchmark_id"] or "")
+    if bench is None:  # no id on the cell row: its latest stored result
+        own = [b for b in benchmarks.values() if b["manifest_id"] == cell["id"]]
+        bench = max(own, key=lambda b: b["created_at"] or "", default=None)
+    if bench is None:
+        return None
+    details = _json(bench.get("details_json"))
+    result = _json(bench.get("result_json"))
+    load = details.get("load") or {}
+    concurrency = load.get("concurrency") or (result.get("test_config") or {}).get("concurrent_reqs") or None
+    validity = details.get("validity") or {}
+    tokens, duration = bench.get("total_tokens") or 0, bench.get("duration_seconds") or 0.0
+    per_stream = bench.get("avg_tokens_per_second") or None
+    output = tokens / duration if tokens > 0 and duration > 0 else None
+    price = bench.get("price_per_hour") or cell["price_per_hour"] or None
+    headline = output if output is not None else per_stream
+    # The stored headline figure; the same formula where it could not be stored (no
+    # token total: on the per-stream rate; no price on the result: the cell's).
+    cost = bench.get("cost_per_million_tokens") if output is not None else None
+    if price is None:
+        cost = None
+    elif not cost and headline:
+        cost = price / (headline * 3600) * 1e6
+    return ResultRow(
+        run_id=cell["run_id"], cell_id=cell["cell_id"] or cell["id"], benchmark_id=bench["id"],
+        gpu=cell["gpu_type"], provider=cell["provider"], model=cell["model"],
+        concurrency=int(concurrency) if concurrency else None, rate=load.get("rate"),
+        status=cell["status"], output_tokens_per_second=headline, decode_tokens_per_second=per_stream,
+        per_stream_only=output is None and per_stream is not None,
+        ttft_p50_ms=bench.get("p50_ttft_ms") or None,  # the Go shape writes 0 for "unknown"
+        price_per_hour=price, cost_per_million_tokens=cost,
+        requests=bench.get("total_requests") or 0, errors=bench.get("total_errors") or 0,
+        location=bench.get("location") or "",
+        valid=validity.get("valid"), invalid_because="; ".join(validity.get("reasons") or []),
+        finished_at=cell["completed_at"] or bench.get("created_at") or "",
+        figures=figure_values(FigureSource(result, details, cell["run_id"])),
+    )
+
+
+def _latest(rows: list[ResultRow], order: dict[str, int]) -> list[ResultRow]:
+    """One result per cell: a successful one before a partial one, then the latest run's
+    (``order[run]`` is 0 for the most recent), then the latest finished."""
+    newest_first = sorted(rows, key=lambda row: row.finished_at, reverse=True)
+    ranked = sorted(newest_first, key=lambda row: (row.status != "success", order.get(row.run_id, 0)))
+    chosen: dict[tuple[str, str, str, str], ResultRow] = {}
+    for row in ranked:
+        chosen.setdefault(row.key, row)
+    return list(chosen.values())
+
+
+def _tie(row: ResultRow) -> tuple[str, str, str, float, float]:
+    return (row.gpu, row.provider, row.model, row.concurrency or 1, row.rate or 0.0)
+
+
+def _model_tables(by_tokens: list[ResultRow]) -> list[ModelTable]:
+    tables = []
+    for model in sorted({row.model for row in by_tokens}):
+        rows = [row for row in by_tokens if row.model == model]
+        priced = [row for row in rows if row.cost_per_million_tokens is not None]
+        cheapest = min(priced, key=lambda r: (r.cost_per_million_tokens, _tie(r)), default=None)
+        tables.append(ModelTable(model=model, rows=rows, fastest=rows[0], cheapest=cheapest))
+    return tables
+
+
+def _best_value(models: list[ModelTable]) -> BestValue | None:
+    """The GPU and provider cheapest per token on the most models (ties: the one that ran fewer)."""
+    wins: Counter[tuple[str, str]] = Counter(
+        (table.cheapest.gpu, table.cheapest.provider) for table in models if table.cheapest is not None)
+    if not wins:
+        return None
+    ran: dict[tuple[str, str], set[str]] = {}
+    for table in models:
+        for row in table.rows:
+            ran.setdefault((row.gpu, row.provider), set()).add(table.model)
+    gpu, provider = min(wins, key=lambda pair: (-wins[pair], len(ran[pair]), pair))
+    return BestValue(gpu=gpu, provider=provider, cheapest_on=wins[(gpu, provider)],
+                     models=len(ran[(gpu, provider)]))
+
+
+def _matchups(results: list[ResultRow]) -> list[Matchup]:
+    groups: dict[tuple[str, str, str], list[ResultRow]] = {}
+    for row in results:
+        groups.setdefault((row.gpu, row.model, row.load), []).append(row)
+    matchups = []
+    for (gpu, model, load), rows in sorted(groups.items()):
+        if len({row.provider for row in rows}) < 2:
+            continue
+        rows = sorted(rows, key=lambda r: r.provider)
+        faster = min(rows, key=lambda r: (-(r.output_tokens_per_second or 0.0), r.provider))
+        priced = [r for r in rows if r.cost_per_million_tokens is not None]
+        cheaper = min(priced, key=lambda r: (r.cost_per_million_tokens, r.provider)) if priced else None
+        matchups.append(Matchup(gpu=gpu, model=model, load=load, entries=rows, faster=faster.provider,
+                                cheaper=cheaper.provider if cheaper else None))
+    return matchups
+
+
+def _provider_wins(matchups: list[Matchup]) -> list[ProviderWins]:
+    providers = sorted({row.provider for m in matchups for row in m.entries})
+    return [ProviderWins(provider=p, faster=sum(m.faster == p for m in matchups),
+                         cheaper=sum(m.cheaper == p for m in matchups),
+                         matchups=sum(any(row.provider == p for row in m.entries) for m in matchups))
+            for p in providers]
+
+
+# ------------------------------------------------------------------ failures
+
+
+def _grouped(cells: Any) -> list[FailureGroup]:
+    """Cells grouped by (stage, message), in stage order, then most frequent first."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for cell in cells:
+        stage = cell["failure_stage"] or "unknown"
+        message = " ".join((cell["error_message"] or cell["failure_reason"] or cell["status"]).split())
+        groups.setdefault((stage, message), []).append(f"{cell['gpu_type']} / {cell['provider']} / {cell['model']}")
+    ordered = sorted(groups.items(), key=lambda item: (_STAGE_ORDER.get(item[0][0], len(_STAGE_ORDER)),
+                                                       -len(item[1]), item[0]))
+    return [FailureGroup(stage=stage, message=message, count=len(names), cells=sorted(set(names)))
+            for (stage, message), names in ordered]
+
+
+def _json(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

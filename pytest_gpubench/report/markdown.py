@@ -1,0 +1,86 @@
+"""``BENCHMARK_REPORT.md``: the report as Markdown, laid out like the GPU Shopper
+team's own benchmark report (headline findings, leaderboards, a table per model,
+provider head-to-head), plus failures by stage and spend.
+
+Everything from the manifest is user data: :func:`cell` keeps it from breaking a
+table row or turning into HTML where the Markdown is rendered.
+"""
+
+from __future__ import annotations
+
+from . import tables as fmt
+from .gather import Report
+from .sweep import percentile_table, sweep_table, sweeps
+
+__all__ = ["cell", "render_markdown"]
+
+SWEEP_INTRO = ("Each GPU and model measured at several loads, per provider, lowest load first: what more load "
+               "buys in output throughput and costs in latency (the HTML report draws it).")
+PERCENTILES_INTRO = ("Per cell, in ms: time to first token, time per output token, inter-token latency and "
+                     "end-to-end request latency (docs/metrics.md).")
+
+
+def cell(text: object) -> str:
+    """``text`` safe inside Markdown (and a table cell): one line, no column break, no HTML."""
+    value = " ".join(str(text).split())
+    for raw, escaped in (("\\", "\\\\"), ("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ("|", "\\|")):
+        value = value.replace(raw, escaped)
+    return value
+
+
+def _table(table: fmt.Table) -> list[str]:
+    lines = ["| " + " | ".join(table.header) + " |", "|" + "|".join("---" for _ in table.header) + "|"]
+    lines += ["| " + " | ".join(cell(value) for value in row) + " |" for row in table.rows]
+    return lines + [""]
+
+
+def _bullets(pairs: list[tuple[str, str]]) -> list[str]:
+    return [f"- **{cell(lead)}**: {cell(text)}" for lead, text in pairs]
+
+
+def render_markdown(report: Report) -> str:
+    """The whole ``BENCHMARK_REPORT.md``."""
+    lines = [f"# {report.title}", ""]
+    if report.sandbox_note:
+        lines += [f"> **{cell(report.sandbox_note)}**", ""]
+    lines += ["  \n".join(f"**{cell(label)}**: {cell(text)}" for label, text in fmt.facts(report)), ""]
+    lines += ["## Headline findings", "", *_bullets(fmt.headlines(report)), ""]
+    lines += ["## Tokens/s leaderboard", "", fmt.TOKENS_INTRO, "", *_table(fmt.tokens_leaderboard(report))]
+    lines += ["## $ per million tokens leaderboard", "", fmt.COST_INTRO, "", *_table(fmt.cost_leaderboard(report))]
+    lines += ["## Results by model", ""]
+    for table in report.models:
+        lines += [f"### {cell(table.model)}", "", *_table(fmt.model_table(table))]
+        lines += [" ".join(f"**{lead}**: {cell(text)}." for lead, text in fmt.picks(table)), ""]
+        invalid = fmt.invalid_notes(table)
+        lines += [f"- ! {cell(note)}" for note in invalid] + ([""] if invalid else [])
+    found = sweeps(report)
+    if found:
+        lines += ["## Load sweeps", "", SWEEP_INTRO, ""]
+        for sweep in found:
+            lines += [f"### {cell(sweep.name)}", "", *_table(sweep_table(sweep))]
+    lines += ["## Latency percentiles", "", PERCENTILES_INTRO, ""]
+    for table in report.models:
+        lines += [f"### {cell(table.model)}", ""]
+        for row in table.rows:
+            lines += [f"#### {cell(fmt.where(row))}", "", *_table(percentile_table(row))]
+    lines += ["## Provider head-to-head", ""]
+    if report.matchups:
+        lines += [fmt.HEAD_TO_HEAD_INTRO, "", *_table(fmt.head_to_head_table(report))]
+        lines += [f"- **{cell(w.provider)}**: faster in {w.faster} of {w.matchups}, cheaper in {w.cheaper} of "
+                  f"{w.matchups} matchups" for w in report.provider_wins] + [""]
+    else:
+        lines += [fmt.NO_HEAD_TO_HEAD, ""]
+    lines += ["## Failures by stage", ""]
+    if report.failures:
+        lines += [fmt.FAILURES_INTRO, "", *_table(fmt.failure_table(report.failures))]
+    else:
+        lines += [fmt.NO_FAILURES, ""]
+    if report.skipped:
+        lines += ["### Skipped cells", "", *_table(fmt.failure_table(report.skipped, "Reason"))]
+    lines += ["## Spend", "", fmt.SPEND_INTRO, "", *_table(fmt.spend_table(report))]
+    notes = fmt.spend_notes(report)
+    lines += [f"- {cell(note)}" for note in notes] + ([""] if notes else [])
+    lines += ["## Figures", ""]
+    lines += [f"- **{cell(name)}**: {cell(text)}." for name, text in (*fmt.FIGURES, *fmt.MARKS)]
+    lines += ["", "See docs/report.md and docs/metrics.md."]
+    return "\n".join(lines).rstrip("\n") + "\n"

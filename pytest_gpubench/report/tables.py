@@ -1,0 +1,283 @@
+"""Figures as text and the report's tables, the same in the Markdown and the HTML
+report: fixed decimals, so that two reports of the same data are byte for byte the
+same and diff well."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from ..cloud.budget import usd
+from .gather import FailureGroup, ModelTable, Report, ResultRow
+
+__all__ = [
+    "FIGURES", "MARKS", "Figure", "Table", "cost_leaderboard", "facts", "failure_table", "gpu_label", "has_loads",
+    "head_to_head_table", "headlines", "invalid_notes", "model_table", "money", "ms", "per_million", "picks",
+    "price", "spend_notes", "spend_table", "tokens_leaderboard", "tps", "tps_marked", "when", "where",
+]
+
+#: What each column is (docs/report.md, docs/metrics.md): shown under the tables.
+FIGURES = (
+    ("output tok/s", "output_tokens_per_second, output throughput: output tokens of the successful measured "
+                     "requests / the measured duration, for the whole machine (docs/metrics.md); the ranking figure"),
+    ("decode tok/s", "decode_tokens_per_second, the per-request mean decode rate: one stream's speed (the GPU "
+                     "Shopper result's avg_tokens_per_second); at concurrency N output throughput is up to N "
+                     "times higher"),
+    ("$/M tokens", "the headline cost_per_million_tokens: $/h / (output tok/s x 3600) x 1e6"),
+    ("$/h", "the offer's price per hour when the session was rented"),
+    ("TTFT p50", "median time to first token, in ms, of the successful measured requests"),
+    ("TTFT, TPOT, ITL, e2e p50/p95/p99", "the latency percentiles of each cell, in ms: time to first token, "
+                                         "time per output token, inter-token latency, end-to-end request latency"),
+    ("requests, errors", "measured requests (warm-up excluded) and the failed ones among them"),
+    ("spend", "price x session lifetime of every session rented, each once (the attempts table); "
+              "with session reuse a session is billed once however many cells ran on it"),
+)
+MARKS = (
+    ("(partial)", "the benchmark was interrupted; the figures cover what was measured"),
+    ("!", "not a valid GPU figure (the model did not fit in GPU memory, the prompt was truncated, or "
+          "token counts disagree): see the reasons in the per-model tables"),
+    ("†", "an imported result with no token total or duration: the per-stream rate stands in for "
+          "output throughput, and $/M tokens is computed from it"),
+)
+
+
+def tps(value: float | None) -> str:
+    return f"{value:.1f}" if value is not None else "-"
+
+
+def tps_marked(row: ResultRow) -> str:
+    """The ranking figure, with ``!`` (not a valid GPU figure) and ``†`` (per-stream stand-in)."""
+    return (tps(row.output_tokens_per_second) + (" !" if row.valid is False else "")
+            + (" †" if row.per_stream_only else ""))
+
+
+def ms(value: float | None) -> str:
+    return f"{value:.0f}" if value is not None else "-"
+
+
+def price(value: float | None) -> str:
+    return f"${value:.3f}" if value is not None else "-"
+
+
+def per_million(value: float | None) -> str:
+    """``$0.18``; four decimals below a dime (sandbox and small models get there)."""
+    if value is None:
+        return "-"
+    return f"${value:.2f}" if value >= 0.1 else f"${value:.4f}"
+
+
+def money(value: float) -> str:
+    """Spend, as the run summary and the budget line print it."""
+    return usd(value)
+
+
+def gpu_label(row: ResultRow) -> str:
+    """The GPU, marked when its result is partial."""
+    return row.gpu + (" (partial)" if row.status == "partial" else "")
+
+
+def has_loads(rows: list[ResultRow]) -> bool:
+    """Whether a table needs a load column: some result ran at another load than concurrency 1."""
+    return any(row.load != "c1" for row in rows)
+
+
+# ------------------------------------------------------------------- tables
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A number in a table: its text, and the value a sortable table sorts it by (None: unknown)."""
+
+    text: str
+    value: float | None
+
+    def __str__(self) -> str:
+        return self.text
+
+
+Value = str | Figure
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table both reports show; cells are text or :class:`Figure`."""
+
+    header: tuple[str, ...]
+    rows: list[tuple[Value, ...]]
+
+
+def _fig(text: str, value: float | None) -> Figure:
+    return Figure(text, value)
+
+
+def tokens_leaderboard(report: Report) -> Table:
+    loads = has_loads(report.results)
+    return Table(
+        ("Rank", "GPU", "Model", "Provider", *(["Load"] if loads else []), "output tok/s", "$/h", "$/M tokens",
+         "Location"),
+        [(_fig(str(rank), rank), gpu_label(r), r.model, r.provider, *([r.load] if loads else []),
+          _fig(tps_marked(r), r.output_tokens_per_second), _fig(price(r.price_per_hour), r.price_per_hour),
+          _fig(per_million(r.cost_per_million_tokens), r.cost_per_million_tokens), r.location or "-")
+         for rank, r in enumerate(report.by_tokens, 1)])
+
+
+def cost_leaderboard(report: Report) -> Table:
+    loads = has_loads(report.results)
+    return Table(
+        ("Rank", "GPU", "Model", "Provider", *(["Load"] if loads else []), "$/M tokens", "output tok/s", "$/h",
+         "Location"),
+        [(_fig(str(rank), rank), gpu_label(r), r.model, r.provider, *([r.load] if loads else []),
+          _fig(per_million(r.cost_per_million_tokens), r.cost_per_million_tokens),
+          _fig(tps_marked(r), r.output_tokens_per_second), _fig(price(r.price_per_hour), r.price_per_hour),
+          r.location or "-")
+         for rank, r in enumerate(report.by_cost, 1)])
+
+
+def model_table(table: ModelTable) -> Table:
+    loads = has_loads(table.rows)
+    return Table(
+        ("GPU", "Provider", *(["Load"] if loads else []), "output tok/s", "decode tok/s", "TTFT p50 ms", "$/h",
+         "$/M tokens", "Requests", "Errors"),
+        [(gpu_label(r), r.provider, *([r.load] if loads else []), _fig(tps_marked(r), r.output_tokens_per_second),
+          _fig(tps(r.decode_tokens_per_second), r.decode_tokens_per_second),
+          _fig(ms(r.ttft_p50_ms), r.ttft_p50_ms), _fig(price(r.price_per_hour), r.price_per_hour),
+          _fig(per_million(r.cost_per_million_tokens), r.cost_per_million_tokens),
+          _fig(str(r.requests), r.requests), _fig(str(r.errors), r.errors))
+         for r in table.rows])
+
+
+def head_to_head_table(report: Report) -> Table:
+    loads = any(m.load != "c1" for m in report.matchups)
+    return Table(
+        ("GPU", "Model", *(["Load"] if loads else []), "output tok/s by provider", "$/h by provider",
+         "$/M tokens by provider", "Faster", "Cheaper"),
+        [(m.gpu, m.model, *([m.load] if loads else []),
+          ", ".join(f"{r.provider} {tps_marked(r)}" for r in m.entries),
+          ", ".join(f"{r.provider} {price(r.price_per_hour)}" for r in m.entries),
+          ", ".join(f"{r.provider} {per_million(r.cost_per_million_tokens)}" for r in m.entries),
+          m.faster, m.cheaper or "-") for m in report.matchups])
+
+
+def failure_table(groups: list[FailureGroup], what: str = "Message") -> Table:
+    return Table(("Stage", "Count", what, "Cells"),
+                 [(g.stage, _fig(str(g.count), g.count), g.message, "; ".join(g.cells)) for g in groups])
+
+
+def spend_table(report: Report) -> Table:
+    rows: list[tuple[Value, ...]] = [
+        (run.run_id, when(run.started_at), run.status or "-", _fig(str(run.cells), run.cells),
+         _fig(str(run.sessions), run.sessions), _fig(money(run.spent_usd), run.spent_usd),
+         _fig(money(run.cells_cost_usd), run.cells_cost_usd)) for run in report.runs]
+    cells_cost = sum(run.cells_cost_usd for run in report.runs)
+    rows.append(("Total", "", "", _fig(str(report.cells), report.cells), _fig(str(report.sessions), report.sessions),
+                 _fig(money(report.spent_usd), report.spent_usd), _fig(money(cells_cost), cells_cost)))
+    return Table(("Run", "Started", "Status", "Cells", "Sessions", "Spend", "Cells' cost"), rows)
+
+
+# ------------------------------------------------------------------ sentences
+
+
+def when(text: str) -> str:
+    """``2026-11-22 08:47 UTC`` from a stored ISO timestamp ('' stays '')."""
+    if not text:
+        return ""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return text
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def where(row: ResultRow) -> str:
+    """``RTX 4090 on vastai`` (``at c8`` for another load than concurrency 1)."""
+    return f"{row.gpu} on {row.provider}" + ("" if row.load == "c1" else f" at {row.load}")
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'s' * (count != 1)}"
+
+
+def facts(report: Report) -> list[tuple[str, str]]:
+    """The report's header lines: (label, plain text)."""
+    models = sorted({row.model for row in report.results})
+    statuses = ", ".join(f"{n} {status}" for status, n in report.statuses.items()) or "none"
+    data = (f"{_plural(len(report.results), 'result')} from {report.runs_combined} of "
+            f"{_plural(len(report.run_ids), 'run')}")
+    if report.data_until:
+        data += f", cells finished up to {when(report.data_until)}"
+    return [
+        ("Data", data),
+        ("GPUs", f"{len(report.gpus)} ({', '.join(report.gpus) or 'none'})"),
+        ("Models", f"{len(models)} ({', '.join(models) or 'none'})"),
+        ("Providers", ", ".join(report.providers) or "none"),
+        ("Cells", f"{report.cells} ({statuses})"),
+        ("Total spend", f"{money(report.spent_usd)} across {_plural(report.sessions, 'session')}"),
+    ]
+
+
+def headlines(report: Report) -> list[tuple[str, str]]:
+    """The headline findings: (bold lead, plain text)."""
+    lines = []
+    for table in report.models:
+        text = f"fastest {where(table.fastest)} ({tps_marked(table.fastest)} output tok/s)"
+        if table.cheapest is not None:
+            text += (f"; cheapest {where(table.cheapest)} "
+                     f"({per_million(table.cheapest.cost_per_million_tokens)}/M tokens)")
+        lines.append((table.model, text))
+    if report.best_value is not None:
+        best = report.best_value
+        lines.append(("Best value", f"{best.gpu} on {best.provider}, the lowest $/M tokens on "
+                                    f"{best.cheapest_on} of the {_plural(best.models, 'model')} it ran"))
+    statuses = report.statuses
+    ran = sum(n for status, n in statuses.items() if status in ("success", "partial", "failed"))
+    other = [f"{statuses[s]} {s}" for s in ("skipped", "pending", "running") if statuses.get(s)]
+    lines.append(("Cells", f"{ran} ran: {statuses.get('success', 0)} succeeded, {statuses.get('partial', 0)} "
+                           f"partial, {statuses.get('failed', 0)} failed" + "".join(f"; {o}" for o in other)))
+    lines.append(("Total spend", f"{money(report.spent_usd)} across {_plural(report.sessions, 'session')}"))
+    for wins in report.provider_wins:
+        lines.append((wins.provider, f"in head-to-heads faster in {wins.faster} of {wins.matchups}, "
+                                     f"cheaper in {wins.cheaper} of {wins.matchups}"))
+    if report.runs_combined > 1 or report.replaced:
+        lines.append(("Runs combined", f"{report.runs_combined}: the latest successful result of each cell; "
+                                       f"{_plural(report.replaced, 'earlier result')} of the same cells left out"))
+    if not report.results:
+        lines.append(("Results", "none to rank yet"))
+    return lines
+
+
+def invalid_notes(table: ModelTable) -> list[str]:
+    return [f"{where(row)}: {row.invalid_because or 'not a valid GPU figure'}"
+            for row in table.rows if row.valid is False]
+
+
+def picks(table: ModelTable) -> list[tuple[str, str]]:
+    found = [("Fastest", f"{where(table.fastest)} ({tps_marked(table.fastest)} output tok/s)")]
+    if table.cheapest is not None:
+        found.append(("Cheapest", f"{where(table.cheapest)} "
+                                  f"({per_million(table.cheapest.cost_per_million_tokens)}/M tokens)"))
+    return found
+
+
+def spend_notes(report: Report) -> list[str]:
+    notes = []
+    for run in report.runs:
+        if run.spent_from == "cells":
+            notes.append(f"{run.run_id}: no provisioning attempts recorded (an imported or older run): "
+                         f"its spend is the cells' cost")
+        if run.open_sessions:
+            notes.append(f"{run.run_id}: {_plural(run.open_sessions, 'session')} with no recorded end, counted "
+                         f"up to {when(run.as_of)}; gpubench cleanup releases what a dead run left")
+    return notes
+
+
+#: Section texts both reports show under their headings.
+TOKENS_INTRO = "Ranked by output throughput (output tok/s); ties by GPU, provider, model."
+COST_INTRO = "Ranked by $/M tokens, cheapest first; results without a price are left out."
+HEAD_TO_HEAD_INTRO = "The same GPU and model (and load) measured on more than one provider."
+NO_HEAD_TO_HEAD = "No GPU and model was measured on more than one provider."
+FAILURES_INTRO = "Failed and partial cells, grouped by stage and message (Count: cells with that message)."
+NO_FAILURES = "No cell failed."
+SPEND_INTRO = ("Billed session time (price x lifetime, each session once). \"Cells' cost\" sums the cells' own "
+               "cost_usd: each cell's share of its session (the time it held it).")

@@ -1,0 +1,32 @@
+"""Does the model fit the GPU the instance really has? Checked before pulling it.
+
+The offer's ``vram_gb`` chose the machine, but a listing can be wrong, and a
+model too large for the card only fails when Ollama loads it, after minutes of
+download (seed 001: "OOM during model load | Check VRAM before loading"). The
+memory ``nvidia-smi`` reports on the instance is the truth to compare with.
+"""
+
+from __future__ import annotations
+
+from ..cloud.offers import VRAM_ROUNDING_GB
+from ..measure.results import HardwareInfo
+
+
+def vram_shortfall(model: str, need_gb: float, hardware: HardwareInfo | None) -> str | None:
+    """Why ``model`` (needing ``need_gb`` GB) cannot fit the instance's GPUs, or None.
+
+    Memory is summed over the GPUs (Ollama splits a model across them) and counted
+    as the offers count it (MiB / 1024, within ``VRAM_ROUNDING_GB``), so a card
+    that was good enough to rent is good enough here. Unknown memory is no reason
+    to skip.
+    """
+    if hardware is None or hardware.gpu_memory_mib <= 0:
+        return None
+    count = max(1, hardware.gpu_count)
+    total_gb = hardware.gpu_memory_mib * count / 1024
+    if total_gb + VRAM_ROUNDING_GB >= need_gb:
+        return None
+    cards = f"{count} x " if count > 1 else ""
+    return (f"{model} needs {need_gb:g} GB of VRAM, but nvidia-smi on the instance reports "
+            f"{cards}{hardware.gpu_memory_mib} MiB ({hardware.gpu_name or 'unknown GPU'}, {total_gb:.1f} GB "
+            "in all): not pulled")

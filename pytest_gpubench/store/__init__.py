@@ -1,0 +1,1 @@
+"""Where outcomes go: the SQLite manifest, progress files, export and resume."""

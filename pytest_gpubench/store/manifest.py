@@ -1,0 +1,413 @@
+"""The manifest: every run, every cell's outcome, every result, in one SQLite file.
+
+Tables (sqlite-utils creates them and adds columns a newer version needs):
+
+* ``runs``: one row per pytest run.
+* ``benchmark_manifest``: one row per matrix cell of a run, with seed 001's columns
+  exactly, plus what this project learned to keep (offer, price and cost, the
+  session's last API status, the worker, the progress file).
+* ``benchmarks``: one row per result, the flattened ``PerformanceResults`` and the
+  full ``BenchmarkResult`` JSON in ``result_json``.
+* ``requests``: the per-request records behind each result.
+* ``attempts``: one row per offer a cell tried (failover), with its session, stage,
+  error, times and cost; the spend cap (``budget.py``) is computed from them.
+
+Several pytest-xdist workers write to the same file at once. That works because the
+database is in WAL mode (readers never wait), every write is one short
+``BEGIN IMMEDIATE`` transaction (the write lock is taken up front, so two writers
+cannot deadlock upgrading a read lock), SQLite's busy timeout lets writers queue,
+and a write that still meets "database is locked" is retried with backoff.
+
+A session is recorded (:meth:`Manifest.record_session`) before it is used, so the
+session of a worker that died can be found (:meth:`Manifest.open_sessions`) and
+released. Nothing that looks like key material is ever stored.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from ..errors import Stage
+from .attempts import AttemptsMixin
+from .result_tables import ResultsMixin
+from .schema import (
+    CELL_STATUSES,
+    FINAL_STATUSES,
+    FIXED_COLUMNS,
+    MANIFEST_COLUMNS,
+    UPLOAD_STATUSES,
+)
+from .sqlite import ManifestStore, plain, refuse_secrets, utc_now
+from ..cloud.processes import ProcessIdentity
+
+__all__ = ["CELL_STATUSES", "FINAL_STATUSES", "UPLOAD_STATUSES", "Manifest"]
+
+# "not_found": the API has no such session (any more); recorded by cleanup.
+_GONE_SESSION_STATUSES = ("stopped", "failed", "not_found")
+
+
+class Manifest(ResultsMixin, AttemptsMixin, ManifestStore):
+    """The SQLite manifest at ``path``; one instance per process, shareable by threads.
+
+    Opening creates the file, its parent directories and the schema as needed.
+    ``busy_timeout`` is how long SQLite waits for another writer before reporting
+    "database is locked"; ``retry_seconds`` how long a write keeps retrying after that.
+    Row ids are ``f"{run_id}/{cell_id}"``; an unknown row id is a ``KeyError``.
+    Runs, cells and their sessions are here; results in :mod:`.manifest_results`,
+    attempts in :mod:`.manifest_attempts`, the plumbing in :mod:`.manifest_store`.
+    """
+
+    @staticmethod
+    def _check_cell_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+        unknown = [k for k in fields if k not in MANIFEST_COLUMNS or k in FIXED_COLUMNS]
+        if unknown:
+            raise ValueError(f"not updatable manifest columns: {', '.join(sorted(unknown))}")
+        row = {key: plain(value) for key, value in fields.items()}
+        if "status" in row and row["status"] not in CELL_STATUSES:
+            raise ValueError(
+                f"manifest status must be one of {', '.join(CELL_STATUSES)}, got {row['status']!r}"
+            )
+        if row.get("failure_stage") is not None:
+            row["failure_stage"] = Stage(row["failure_stage"]).value
+        refuse_secrets(row)
+        return row
+
+    def _update(self, row_id: str, row: dict[str, Any]) -> None:
+        """Inside a transaction: apply ``row``; ``running`` stamps ``started_at`` once."""
+        current = self._cell_or_raise(row_id)
+        if row.get("status") == "running" and not current["started_at"]:
+            row.setdefault("started_at", utc_now())
+        if row:
+            self.db.table("benchmark_manifest").update(row_id, row)
+
+    # ---------------------------------------------------------------------- runs
+
+    def start_run(
+        self, run_id: str, argv: list[str], matrix_files: list[str], *, owner: ProcessIdentity | None = None,
+        api: str | None = None, sandbox: bool | None = None,
+    ) -> None:
+        """Record that run ``run_id`` started; a second call (an xdist worker's) changes nothing.
+
+        ``owner`` is the process that owns the run (the xdist controller); ``api`` the
+        GPU Shopper URL it rents from and ``sandbox`` whether that is the run's own
+        sandbox. Cleanup reads them to leave a live run alone. When another process
+        owned the run before (``--gpubench-resume``, or a run id given again), the
+        new owner takes it over: the run is ``running`` again, ``resumed_at`` stamped.
+        """
+        row: dict[str, Any] = {
+            "run_id": run_id,
+            "started_at": utc_now(),
+            "argv": json.dumps(list(argv)),
+            "matrix_files": json.dumps([str(f) for f in matrix_files]),
+            "host": owner.host if owner is not None else socket.gethostname(),
+            "status": "running",
+        }
+        if owner is not None:
+            row.update(pid=owner.pid, pid_start=owner.start)
+        if api is not None:
+            row["api"] = api
+        if sandbox is not None:
+            row["sandbox"] = int(sandbox)
+        refuse_secrets(row)
+
+        def start() -> None:
+            table = self.db.table("runs")
+            found = list(table.rows_where("run_id = ?", [run_id]))
+            if not found:
+                table.insert(row)
+                return
+            current = found[0]
+            if owner is None:
+                return
+            taken_over = current["finished_at"] is not None or (
+                current["pid"] is not None and (current["pid"], current["pid_start"]) != (owner.pid, owner.start)
+            )
+            if current["pid"] is None or taken_over:
+                update = {key: row[key] for key in ("host", "pid", "pid_start", "api", "sandbox") if key in row}
+                if taken_over:
+                    update.update(finished_at=None, status="running", resumed_at=utc_now())
+                table.update(run_id, update)
+
+        self._write(start)
+
+    def finish_run(self, run_id: str, status: str) -> None:
+        """Record the end of run ``run_id`` with its final ``status`` (free text, e.g. ``passed``)."""
+        self._update_row("runs", run_id, {"finished_at": utc_now(), "status": status})
+
+    def run(self, run_id: str) -> dict[str, Any] | None:
+        """The ``runs`` row of ``run_id``, ``argv`` and ``matrix_files`` still JSON text."""
+        rows = self._retry(lambda: list(self.db.table("runs").rows_where("run_id = ?", [run_id])))
+        return rows[0] if rows else None
+
+    def latest_run_id(self) -> str | None:
+        """The most recently started run, or ``None`` for an empty manifest."""
+
+        def query() -> str | None:
+            for sql in (
+                "SELECT run_id FROM runs ORDER BY started_at DESC, rowid DESC LIMIT 1",
+                "SELECT run_id FROM benchmark_manifest ORDER BY created_at DESC LIMIT 1",
+            ):
+                found = self.db.execute(sql).fetchone()
+                if found:
+                    return found[0]
+            return None
+
+        return self._retry(query)
+
+    # --------------------------------------------------------------------- cells
+
+    def add_cell(
+        self, run_id: str, cell_id: str, *, gpu_type: str, provider: str, model: str,
+        matrix_file: str,
+    ) -> str:
+        """Add cell ``cell_id`` of ``run_id`` as ``pending``; returns ``f"{run_id}/{cell_id}"``.
+
+        Adding a row that exists changes nothing, so the controller and every worker
+        may add the same cell.
+        """
+        if not run_id or not cell_id:
+            raise ValueError("run_id and cell_id must not be empty")
+        row_id = f"{run_id}/{cell_id}"
+        row = {
+            "id": row_id,
+            "run_id": run_id,
+            "created_at": utc_now(),
+            "cell_id": cell_id,
+            "gpu_type": gpu_type,
+            "provider": provider,
+            "model": model,
+            "matrix_file": str(matrix_file),
+            "status": "pending",
+        }
+        refuse_secrets(row)
+        self._write(lambda: self.db.table("benchmark_manifest").insert(row, ignore=True))
+        return row_id
+
+    def update_cell(self, row_id: str, **fields: Any) -> None:
+        """Set manifest columns of ``row_id``; an unknown column or status is a ``ValueError``.
+
+        The first change to ``running`` also sets ``started_at``.
+        """
+        row = self._check_cell_fields(fields)
+        self._write(lambda: self._update(row_id, row))
+
+    def record_session(
+        self, row_id: str, *, session_id: str, consumer_id: str, offer_id: str,
+        price_per_hour: float, **fields: Any,
+    ) -> None:
+        """Record the session a cell rented, right after creating it and before using it.
+
+        Also stamps ``session_started_at``, from which :meth:`finish_cell` computes
+        ``cost_usd``. Extra ``fields`` (``session_status``, ``worker``, ...) are set too.
+        """
+        row = self._check_cell_fields(
+            {
+                "session_id": session_id,
+                "consumer_id": consumer_id,
+                "offer_id": offer_id,
+                "price_per_hour": price_per_hour,
+                "session_started_at": utc_now(),
+                **fields,
+            }
+        )
+        self._write(lambda: self._update(row_id, row))
+
+    def finish_cell(
+        self,
+        row_id: str,
+        *,
+        status: str,
+        failure_stage: Stage | str | None = None,
+        failure_reason: str | None = None,
+        error_message: str | None = None,
+        **fields: Any,
+    ) -> None:
+        """Record a cell's outcome: a final ``status`` and ``completed_at``.
+
+        The failure columns are always written, so a success clears an earlier
+        failure. Unless ``cost_usd`` is given, it is computed as ``price_per_hour``
+        x the time since :meth:`record_session` (a lower bound if the session is
+        released after this call).
+        """
+        if status not in FINAL_STATUSES:
+            raise ValueError(f"a finished cell's status is one of {', '.join(FINAL_STATUSES)}")
+        row = self._check_cell_fields(
+            {
+                "status": status,
+                "failure_stage": failure_stage,
+                "failure_reason": failure_reason,
+                "error_message": error_message,
+                **fields,
+            }
+        )
+
+        def finish() -> None:
+            now = datetime.now(timezone.utc)
+            values = {**row, "completed_at": now.isoformat(timespec="milliseconds")}
+            current = self._cell_or_raise(row_id)
+            price = values.get("price_per_hour", current["price_per_hour"])
+            started = current["session_started_at"]
+            if "cost_usd" not in values and price is not None and started:
+                hours = (now - datetime.fromisoformat(started)).total_seconds() / 3600
+                values["cost_usd"] = price * max(hours, 0.0)
+            self._update(row_id, values)
+
+        self._write(finish)
+
+    def cell(self, row_id: str) -> dict[str, Any] | None:
+        """The manifest row ``row_id``, or ``None``."""
+        rows = self._retry(
+            lambda: list(self.db.table("benchmark_manifest").rows_where("id = ?", [row_id]))
+        )
+        return rows[0] if rows else None
+
+    def cells(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Manifest rows, of one run or all, in the order they were added."""
+        return self._rows("benchmark_manifest", run_id)
+
+    def open_sessions(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Rows whose session may still be alive: a session id, and no stopped/failed status seen.
+
+        These are what cleanup must release when a worker or a run died.
+        """
+        gone = ", ".join("?" * len(_GONE_SESSION_STATUSES))
+        where = f"session_id IS NOT NULL AND (session_status IS NULL OR session_status NOT IN ({gone}))"
+        params: list[Any] = list(_GONE_SESSION_STATUSES)
+        if run_id is not None:
+            where += " AND run_id = ?"
+            params.append(run_id)
+        return self._retry(
+            lambda: list(
+                self.db.table("benchmark_manifest").rows_where(
+                    where, params, order_by="created_at, rowid"
+                )
+            )
+        )
+
+    def unreleased_sessions(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Every session the manifest knows whose release was never recorded.
+
+        The cells' sessions (:meth:`open_sessions`) and those of earlier provisioning
+        attempts not yet ended, once each, oldest first. Each is a dict with
+        ``session_id``, ``consumer_id``, ``run_id``, ``row_id``, ``cell_id``,
+        ``cell_status``, ``worker``, ``progress_file``, ``session_status`` and
+        ``attempt`` (the attempt number, or None when only the cell row knows it).
+        """
+        gone = ", ".join("?" * len(_GONE_SESSION_STATUSES))
+
+        def still_open(table: str) -> str:
+            return f"({table}.session_status IS NULL OR {table}.session_status NOT IN ({gone}))"
+
+        run_filter = " AND m.run_id = ?" if run_id is not None else ""
+        cells_sql = f"""
+            SELECT m.session_id, m.consumer_id, m.run_id, m.id, m.cell_id, m.status, m.worker,
+                   m.progress_file, m.session_status, NULL, m.created_at
+            FROM benchmark_manifest m
+            WHERE m.session_id IS NOT NULL AND {still_open("m")} {run_filter}
+        """
+        attempts_sql = f"""
+            SELECT a.session_id, a.consumer_id, a.run_id, m.id, m.cell_id, m.status, m.worker,
+                   m.progress_file, a.session_status, a.attempt, a.started_at
+            FROM attempts a JOIN benchmark_manifest m ON m.id = a.manifest_id
+            WHERE a.session_id IS NOT NULL AND a.ended_at IS NULL AND {still_open("a")} {run_filter}
+        """
+        params: list[Any] = list(_GONE_SESSION_STATUSES) + ([run_id] if run_id is not None else [])
+        names = ("session_id", "consumer_id", "run_id", "row_id", "cell_id", "cell_status", "worker",
+                 "progress_file", "session_status", "attempt")
+
+        def query() -> list[dict[str, Any]]:
+            rows = self.db.execute(cells_sql, params).fetchall()
+            if self.db.table("attempts").exists():
+                rows += self.db.execute(attempts_sql, params).fetchall()
+            found: dict[str, dict[str, Any]] = {}
+            for row in sorted(rows, key=lambda r: r[-1] or ""):
+                entry = dict(zip(names, row[:-1], strict=True))
+                known = found.setdefault(entry["session_id"], entry)
+                if known is not entry and entry["attempt"] is not None:
+                    known["attempt"] = entry["attempt"]  # the cell's session is also its last attempt
+            return list(found.values())
+
+        return self._retry(query)
+
+    def record_release(
+        self, row_id: str, session_id: str, *, session_status: str, released_by: str,
+        attempt: int | None = None,
+    ) -> None:
+        """Record that ``session_id`` of cell ``row_id`` ended, found so by ``released_by``.
+
+        The cell row is updated when the session is its own; an attempt's row is
+        ended too (``attempt``). Unknown rows are a ``KeyError``.
+        """
+        fields = self._check_cell_fields({"session_status": session_status, "released_by": released_by,
+                                          "session_released_at": utc_now()})
+
+        def record() -> None:
+            current = self._cell_or_raise(row_id)
+            if current["session_id"] in (None, session_id):
+                self.db.table("benchmark_manifest").update(
+                    row_id, {**fields, "session_id": session_id})
+
+        self._write(record)
+        if attempt is not None:
+            try:
+                self.end_attempt(row_id, attempt, session_status=session_status)
+            except KeyError:
+                pass  # the attempt was never recorded: the cell row says it all
+
+    def end_shared_session(self, session_id: str, *, session_status: str, released_by: str) -> int:
+        """A session several cells ran on (session reuse) is released: every row that used
+        it and does not know yet says so. Returns how many rows changed."""
+        fields = self._check_cell_fields({"session_status": session_status, "released_by": released_by,
+                                          "session_released_at": utc_now()})
+        gone = ", ".join("?" * len(_GONE_SESSION_STATUSES))
+
+        def record() -> int:
+            cursor = self.db.execute(
+                f"UPDATE benchmark_manifest SET session_status = ?, released_by = ?, session_released_at = ? "
+                f"WHERE session_id = ? AND (session_status IS NULL OR session_status NOT IN ({gone}))",
+                [fields["session_status"], fields["released_by"], fields["session_released_at"], session_id,
+                 *_GONE_SESSION_STATUSES])
+            return cursor.rowcount
+
+        return self._write(record)
+
+    def successful_cells(self, run_id: str) -> list[str]:
+        """The cell ids of ``run_id`` that ended ``success``, in the order they were added."""
+        return [row["cell_id"] for row in self.cells(run_id) if row["status"] == "success"]
+
+    #: What a cell's earlier attempt leaves in its row and a new attempt must not inherit.
+    _ATTEMPT_FIELDS = (
+        "session_id", "instance_ip", "ssh_port", "started_at", "completed_at", "benchmark_id",
+        "decode_tokens_per_second", "output_tokens_per_second", "total_requests", "error_count",
+        "failure_reason", "failure_stage",
+        "error_message", "offer_id", "price_per_hour", "cost_usd", "api_cost_usd", "session_status",
+        "session_started_at", "consumer_id", "worker", "ttft_p50_ms", "cost_per_million_tokens",
+        "host_key_fingerprint", "attempts", "released_by", "session_released_at",
+    )
+
+    def restart_cell(self, row_id: str) -> bool:
+        """Make a cell that already ran ``pending`` again, with nothing of its earlier outcome.
+
+        For a cell run again in the same run (``--gpubench-resume``): its row is
+        updated, not duplicated. A pending cell is left as it is (returns False).
+        Results stored earlier stay in ``benchmarks``. A session of the earlier
+        attempt that was never released is named in ``notes``, not forgotten.
+        """
+
+        def restart() -> bool:
+            current = self._cell_or_raise(row_id)
+            if current["status"] == "pending":
+                return False
+            row: dict[str, Any] = {name: None for name in self._ATTEMPT_FIELDS if name in current}
+            row["status"] = "pending"
+            if current["session_id"] and current["session_status"] not in _GONE_SESSION_STATUSES:
+                note = f"an earlier attempt's session {current['session_id']} was never seen released"
+                row["notes"] = "; ".join(filter(None, [current["notes"], note]))
+            self.db.table("benchmark_manifest").update(row_id, row)
+            return True
+
+        return self._write(restart)

@@ -1,0 +1,310 @@
+"""The seed-000 progress file: one line per event, written as a cell goes along.
+
+::
+
+    [2026-02-07T10:00:05Z] STATUS: INVENTORY_QUERY offers_found=12 selected_offer_id=vastai-12345 price=2.50
+    [2026-02-07T10:08:00Z] PROGRESS: requests=5 tokens=1250 output_tokens_per_second=41.2 errors=0
+    [2026-02-07T10:09:30Z] ERROR: stage=model_pull message="pull failed: no space left"
+    [2026-02-07T10:13:06Z] RESULTS: {"model":"llama3:70b","avg_tokens_per_second":41.6}
+
+Formatting rules (the reader, :func:`read_progress`, undoes them):
+
+* Timestamps are UTC, to the second, with a ``Z``: the seed shows no offset, which
+  leaves a reader guessing; UTC matches the manifest and orders lines from machines
+  and xdist workers in different zones.
+* Values: ``int`` as is; ``bool`` as ``true`` / ``false``; ``None`` as nothing
+  (``key=``); money floats (a key with a ``price``, ``cost`` or ``usd`` word, such as
+  ``price``, ``cost_usd``, ``price_per_hour``) with 2 decimals (``price=2.50``);
+  other floats with 1 decimal (``output_tokens_per_second=41.6``) unless below 1 in size, where they
+  keep 3 significant digits (``error_rate=0.0526``); enums as their value. (A cell's
+  last line, ``COMPLETED``/``FAILED``..., gives its ``cost`` as text with 4 decimals,
+  the figure the terminal summary shows: a short cell costs well under a cent.)
+* Text without spaces, quotes or backslashes is written bare; anything else, and
+  the empty string, in double quotes with ``\\`` and ``"`` escaped by a backslash.
+  Newlines and other control characters become spaces, so every record is one line.
+  ``ERROR:`` messages are always quoted, as in the seed.
+* ``RESULTS:`` is compact, ASCII-only JSON on one line; NaN and infinities become null.
+* Any value containing ``-----BEGIN`` or ``PRIVATE KEY`` is written as
+  ``[REDACTED]``: the SSH key must never reach this file, even by mistake.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from enum import Enum
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ..errors import Stage
+
+__all__ = ["ProgressLine", "ProgressWriter", "REDACTED", "format_value", "read_progress"]
+
+REDACTED = "[REDACTED]"
+_SECRET_MARKERS = ("-----BEGIN", "PRIVATE KEY")
+_MONEY_KEY = re.compile(r"(?:^|_)(?:price|cost|usd)(?:_|$)", re.IGNORECASE)
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
+_LABEL = re.compile(r"[A-Z][A-Z0-9_]*")
+_BARE = re.compile(r'[^\s"\\]+')
+# Everything str.splitlines() would break on, plus the other control characters.
+_LINE_BREAKING = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")
+_RECORD = re.compile(
+    r"^\[(?P<ts>[^\]]+)\] (?P<kind>STATUS|PROGRESS|ERROR|RESULTS):(?: (?P<body>.*))?$"
+)
+
+Kind = Literal["STATUS", "PROGRESS", "ERROR", "RESULTS"]
+
+
+def _is_secret(text: str) -> bool:
+    return any(marker in text for marker in _SECRET_MARKERS)
+
+
+def _one_line(text: str) -> str:
+    return _LINE_BREAKING.sub(" ", text)
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _format_float(key: str, value: float) -> str:
+    if _MONEY_KEY.search(key):
+        return f"{value:.2f}"
+    if value != 0 and abs(value) < 1:
+        return f"{value:.3g}"
+    return f"{value:.1f}"
+
+
+def format_value(key: str, value: Any) -> str:
+    """The text of ``key=value`` right of the ``=``, by the rules in the module docstring."""
+    if value is None:
+        return ""
+    if isinstance(value, Enum):
+        value = value.value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return _format_float(key, value)
+    text = _one_line(str(value))
+    if _is_secret(text):
+        return REDACTED
+    return text if _BARE.fullmatch(text) else _quote(text)
+
+
+def _format_fields(fields: Mapping[str, Any]) -> str:
+    parts = []
+    for key, value in fields.items():
+        if not _KEY.fullmatch(key):
+            raise ValueError(f"progress field name {key!r} is not a plain identifier")
+        parts.append(f"{key}={format_value(key, value)}")
+    return " ".join(parts)
+
+
+def _json_safe(value: Any) -> Any:
+    """Redact secrets and non-finite floats anywhere in a JSON-able structure."""
+    if isinstance(value, str):
+        return REDACTED if _is_secret(value) else value
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class ProgressWriter:
+    """Appends seed-000 progress lines to ``path``; safe to share between threads.
+
+    The parent directories are created, the file is opened for appending and every
+    line is flushed as it is written, so ``tail -f`` and a crash both see whole
+    lines. Every method returns the line it wrote (without the newline).
+    ``clock`` (returning a datetime) exists for tests.
+    """
+
+    def __init__(self, path: str | Path, *, clock: Callable[[], datetime] = _utc_now) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._file: IO[str] | None = None
+
+    def status(self, label: str | Enum, /, **fields: Any) -> str:
+        """``STATUS: LABEL key=value ...``; the label is upper-cased (``INVENTORY_QUERY``)."""
+        text = str(label.value if isinstance(label, Enum) else label).upper()
+        if not _LABEL.fullmatch(text):
+            raise ValueError(f"status label {label!r} must be a word like INVENTORY_QUERY")
+        body = _format_fields(fields)
+        return self._write("STATUS", f"{text} {body}" if body else text)
+
+    def progress(self, **fields: Any) -> str:
+        """``PROGRESS: metric=value ...``."""
+        return self._write("PROGRESS", _format_fields(fields))
+
+    def error(self, stage: Stage | str, message: str) -> str:
+        """``ERROR: stage=STAGE message="..."``; ``stage`` must be a seed stage name."""
+        stage = Stage(stage)
+        text = _one_line(str(message))
+        if _is_secret(text):
+            text = REDACTED
+        return self._write("ERROR", f"stage={stage.value} message={_quote(text)}")
+
+    def results(self, obj: BaseModel | Mapping[str, Any]) -> str:
+        """``RESULTS: {json}``, compact and on one line, from a pydantic model or a dict."""
+        data = obj.model_dump(mode="json") if isinstance(obj, BaseModel) else obj
+        body = json.dumps(_json_safe(data), separators=(",", ":"), default=str)
+        return self._write("RESULTS", body)
+
+    def close(self) -> None:
+        """Close the file; a later write opens it again."""
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def __enter__(self) -> ProgressWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _write(self, kind: Kind, body: str) -> str:
+        stamp = self._clock()
+        if stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=timezone.utc)
+        stamp = stamp.astimezone(timezone.utc)
+        line = f"[{stamp:%Y-%m-%dT%H:%M:%S}Z] {kind}:" + (f" {body}" if body else "")
+        with self._lock:
+            if self._file is None:
+                self._file = open(self.path, "a", encoding="utf-8", buffering=1, newline="\n")
+            # One write per line: with O_APPEND, lines from several writers never interleave.
+            self._file.write(line + "\n")
+            self._file.flush()
+        return line
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+class ProgressLine(BaseModel):
+    """One parsed line of a progress file.
+
+    ``label`` is the STATUS word; ``fields`` holds the ``key=value`` pairs (values as
+    text, ``None`` for ``key=``); ``message`` is an ERROR's message; ``data`` is the
+    parsed RESULTS JSON; ``raw`` the line as it was.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Kind
+    timestamp: datetime
+    label: str | None = None
+    fields: dict[str, str | None] = {}
+    message: str | None = None
+    data: Any = None
+    raw: str
+
+    @property
+    def stage(self) -> str | None:
+        """The stage of an ERROR line."""
+        return self.fields.get("stage")
+
+
+def _parse_fields(text: str) -> dict[str, str | None]:
+    fields: dict[str, str | None] = {}
+    i, end = 0, len(text)
+    while i < end:
+        if text[i] == " ":
+            i += 1
+            continue
+        match = _KEY.match(text, i)
+        if not match or text[match.end() : match.end() + 1] != "=":
+            raise ValueError(f"expected key=value at column {i}")
+        key, i = match.group(), match.end() + 1
+        if i < end and text[i] == '"':
+            i += 1
+            chars = []
+            while True:
+                if i >= end:
+                    raise ValueError(f"unterminated quoted value for {key}")
+                char = text[i]
+                if char == "\\" and i + 1 < end:
+                    chars.append(text[i + 1])
+                    i += 2
+                elif char == '"':
+                    i += 1
+                    break
+                else:
+                    chars.append(char)
+                    i += 1
+            if i < end and text[i] != " ":
+                raise ValueError(f"text after the quoted value of {key}")
+            fields[key] = "".join(chars)
+        else:
+            stop = text.find(" ", i)
+            stop = end if stop < 0 else stop
+            fields[key] = text[i:stop] or None
+            i = stop
+    return fields
+
+
+def _parse_line(line: str) -> ProgressLine:
+    match = _RECORD.match(line)
+    if not match:
+        raise ValueError("not a progress record")
+    stamp = match["ts"]
+    timestamp = datetime.fromisoformat(stamp[:-1] + "+00:00" if stamp.endswith("Z") else stamp)
+    kind, body = match["kind"], match["body"] or ""
+    if kind == "RESULTS":
+        return ProgressLine(kind=kind, timestamp=timestamp, data=json.loads(body), raw=line)
+    label = None
+    if kind == "STATUS":
+        label, _, body = body.partition(" ")
+        if not _LABEL.fullmatch(label):
+            raise ValueError(f"bad status label {label!r}")
+    fields = _parse_fields(body)
+    message = fields.get("message") if kind == "ERROR" else None
+    return ProgressLine(
+        kind=kind, timestamp=timestamp, label=label, fields=fields, message=message, raw=line
+    )
+
+
+def read_progress(path: str | Path, *, strict: bool = False) -> list[ProgressLine]:
+    """Parse a progress file back into :class:`ProgressLine` records.
+
+    A last line cut short (a writer killed mid-line, a file copied while written) is
+    dropped when it does not parse. Other lines that are not progress records (output
+    of some other tool mixed in) are skipped, or raise ``ValueError`` with
+    ``strict=True``.
+    """
+    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    lines = text.split("\n")
+    # split() leaves "" after a final newline; otherwise the last piece is unterminated.
+    unterminated = lines.pop()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(_parse_line(line.rstrip("\r")))
+        except ValueError as exc:
+            if strict:
+                raise ValueError(f"{path}:{number}: {exc}: {line[:120]!r}") from exc
+    if unterminated.strip():
+        try:
+            records.append(_parse_line(unterminated))
+        except ValueError:
+            pass
+    return records

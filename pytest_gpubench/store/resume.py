@@ -1,0 +1,89 @@
+"""``--gpubench-resume [RUN_ID|last]``: finish a run that stopped or failed part-way.
+
+The resumed run's selection is what its manifest recorded: exactly its cells with no
+successful result run again, under the same run id. Their manifest rows are updated
+in place (``Manifest.restart_cell``), never duplicated; the cells that already
+succeeded are deselected, and so are the cells the run never selected (a run started
+with ``-k "3090 or A100"`` resumes without its RTX 4090 cells, whatever the new
+command line collects). Filters on the resuming command line narrow it further.
+Sessions the earlier attempt left running are released at start-up (``cleanup.py``)
+before any cell runs.
+
+A run that recorded no cell at all (it stopped before its collection ended) has no
+known selection: then every cell selected now runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from ..cloud.cleanup import RunInfo
+from ..errors import UsageProblem
+from .manifest import Manifest
+from ..cloud.processes import ProcessIdentity
+
+FLAG = "--gpubench-resume"
+#: How many run ids an unknown-run error lists.
+SHOWN_RUNS = 10
+
+
+class ResumePlan(BaseModel):
+    """The run to resume: the cells it selected and those it already finished successfully."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    #: Manifest cell ids (record keys) that ended ``success``: not run again.
+    done: tuple[str, ...] = ()
+    #: Every cell id the run recorded (its selection); empty when it recorded none.
+    cells: tuple[str, ...] = ()
+
+    def header(self) -> str:
+        """One line for the terminal header: what is resumed, what is skipped."""
+        if not self.cells:
+            return (f"gpubench: resuming run {self.run_id}: it recorded no cells, "
+                    "so every cell selected now runs")
+        left = len(self.cells) - len(self.done)
+        head = (f"gpubench: resuming run {self.run_id}: {left} of its {len(self.cells)} cell(s) "
+                "still to run; cells it did not select are deselected")
+        if not self.done:
+            return head
+        shown = ", ".join(self.done[:SHOWN_RUNS]) + (" ..." if len(self.done) > SHOWN_RUNS else "")
+        return f"{head}; {len(self.done)} cell(s) already successful are deselected: {shown}"
+
+
+def plan_resume(manifest_path: Path, wanted: str, me: ProcessIdentity | None = None) -> ResumePlan:
+    """Resolve ``wanted`` (a run id or ``last``) in the manifest; a problem is a ``UsageProblem``.
+
+    Refuses a run that is still going on in another process.
+    """
+    if not Path(manifest_path).is_file():
+        raise UsageProblem(f"{FLAG}: no manifest at {manifest_path}, so no run to resume "
+                           "(pass the run's --gpubench-manifest PATH)")
+    with Manifest(manifest_path, busy_timeout=10, retry_seconds=30) as manifest:
+        known = manifest.run_ids()
+        if not known:
+            raise UsageProblem(f"{FLAG}: the manifest {manifest_path} has no runs yet")
+        run_id = known[0] if wanted == "last" else wanted
+        if run_id not in known:
+            shown = ", ".join(known[:SHOWN_RUNS]) + (f" (and {len(known) - SHOWN_RUNS} more)"
+                                                     if len(known) > SHOWN_RUNS else "")
+            raise UsageProblem(f"{FLAG}: no run {wanted!r} in the manifest {manifest_path}; "
+                               f"runs available, most recent first: {shown}")
+        row = manifest.run(run_id)
+        if row is not None:
+            running = RunInfo.from_row(row).still_running(me)
+            if running:
+                raise UsageProblem(f"{FLAG}: {running}: wait for it to end or stop it, then resume")
+        rows = manifest.cells(run_id)
+        return ResumePlan(run_id=run_id, done=tuple(r["cell_id"] for r in rows if r["status"] == "success"),
+                          cells=tuple(r["cell_id"] for r in rows))
+
+
+def still_to_run(keys: list[str | None], plan: ResumePlan) -> list[bool]:
+    """For each item's record key (None: not a benchmark cell), whether it runs again:
+    a cell of the resumed run that did not succeed (any cell, if the run recorded none)."""
+    done, selected = set(plan.done), set(plan.cells)
+    return [key is None or (key not in done and (not selected or key in selected)) for key in keys]

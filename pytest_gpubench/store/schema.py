@@ -1,0 +1,281 @@
+"""The manifest's tables: their columns, and creating or upgrading them.
+
+``benchmark_manifest`` keeps seed 001's columns in their order (its
+``tokens_per_second`` is named ``decode_tokens_per_second`` since version 1); the
+other tables hold
+results (``benchmarks``, the flattened ``PerformanceResults`` plus the full JSON),
+their ``requests``, ``gpu_samples`` and repeated ``benchmark_runs``, and each cell's
+provisioning ``attempts`` (one row per offer tried). A file made by
+an older version is migrated when it is opened (:mod:`.manifest_migrate`): its
+schema version is in ``PRAGMA user_version``.
+"""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+import sqlite_utils
+from pydantic import BaseModel
+
+from .migrate import fill_in, rename_columns, set_version
+from ..measure.results import PerformanceResults, RequestRecord
+
+CELL_STATUSES = ("pending", "running", "success", "partial", "failed", "skipped")
+FINAL_STATUSES = ("success", "partial", "failed", "skipped")
+
+RUN_COLUMNS: dict[str, type] = {
+    "run_id": str,
+    "started_at": str,
+    "finished_at": str,
+    "argv": str,  # JSON list
+    "matrix_files": str,  # JSON list
+    "host": str,
+    "status": str,
+    # Who owns the run, so cleanup never releases the sessions of a run still going
+    # on: the controller's pid, its start token (processes.start_token), the API.
+    "pid": int,
+    "pid_start": str,
+    "api": str,
+    "sandbox": int,  # 1: the run's own sandbox, whose sessions end when it exits
+    "resumed_at": str,  # the last time another process took the run over (resume)
+}
+
+MANIFEST_COLUMNS: dict[str, type] = {
+    # seed 001, in its order
+    "id": str,
+    "run_id": str,
+    "created_at": str,
+    "gpu_type": str,
+    "provider": str,
+    "model": str,
+    "session_id": str,
+    "instance_ip": str,
+    "ssh_port": int,
+    "status": str,
+    "started_at": str,
+    "completed_at": str,
+    "benchmark_id": str,
+    # seed 001's tokens_per_second, renamed by schema version 1 (see migrate)
+    "decode_tokens_per_second": float,
+    "total_requests": int,
+    "error_count": int,
+    "failure_reason": str,
+    "failure_stage": str,
+    "error_message": str,
+    "notes": str,
+    # this project's additions
+    "cell_id": str,
+    "matrix_file": str,
+    "offer_id": str,
+    "price_per_hour": float,
+    "cost_usd": float,  # price x session lifetime
+    "api_cost_usd": float,  # what GET /costs said (billed by the clock hour)
+    "session_status": str,  # last status the API reported
+    "session_started_at": str,  # when record_session ran: the start of cost_usd
+    "consumer_id": str,
+    "worker": str,
+    "ttft_p50_ms": float,
+    "cost_per_million_tokens": float,
+    "progress_file": str,
+    # SHA256 fingerprint of the instance's SSH host key, pinned at the first connection
+    "host_key_fingerprint": str,
+    "attempts": int,  # offers tried (failover); the rows are in the attempts table
+    # Who released the session when the cell itself could not (cleanup.py), and when
+    "released_by": str,
+    "session_released_at": str,
+    # Session reuse: the group whose session the cell ran on, its turn on it (1: it
+    # rented the session) and the cell that rented it (whose attempts carry the bill).
+    "reuse_group": str,
+    "session_turn": int,
+    "session_owner": str,
+    # gpubench import: the file (and place in it) and format the row's result came from
+    "imported_from": str,
+    # JSON {stage: seconds}: where the cell's time went, stage by stage (cleanup included)
+    "stage_seconds": str,
+    # output throughput: total output tokens / measured duration (schema version 1)
+    "output_tokens_per_second": float,
+}
+_MANIFEST_NOT_NULL = {"id", "run_id", "created_at", "gpu_type", "provider", "model", "status"}
+# Set once by add_cell; everything else may change.
+FIXED_COLUMNS = {"id", "run_id", "created_at"}
+
+
+def _column_type(annotation: Any) -> type:
+    """The SQLite column type of a model field: ``X | None`` is ``X``, bools are ints."""
+    kinds = [k for k in typing.get_args(annotation) if k is not type(None)] or [annotation]
+    kind = kinds[0]
+    if kind is bool:
+        return int
+    return kind if kind in (int, float, str) else str
+
+
+def _model_columns(model: type[BaseModel]) -> dict[str, type]:
+    return {name: _column_type(field.annotation) for name, field in model.model_fields.items()}
+
+
+UPLOAD_STATUSES = ("pending", "uploaded", "failed")
+UPLOAD_COLUMNS: dict[str, type] = {
+    "upload_status": str,  # pending, uploaded, failed; NULL when no upload was asked for
+    "upload_error": str,
+    "remote_id": str,  # the id the GPU Shopper server gave the result
+    "uploaded_at": str,
+}
+
+BENCHMARK_COLUMNS: dict[str, type] = {
+    "id": str,
+    "manifest_id": str,
+    "run_id": str,
+    "created_at": str,
+    "gpu_name": str,
+    "gpu_type": str,
+    "provider": str,
+    "location": str,
+    "model": str,
+    "price_per_hour": float,
+    "decode_tokens_per_second": float,  # = avg_tokens_per_second, the per-request mean decode rate
+    "output_tokens_per_second": float,  # total_tokens / duration_seconds
+    **_model_columns(PerformanceResults),
+    "cost_per_million_tokens": float,
+    "result_json": str,
+    # What the Go struct has no field for: detailed metrics, validity, cold
+    # start, repeated-run statistics, load-generator health, comparison.
+    "details_json": str,
+    **UPLOAD_COLUMNS,
+    # Hash of what changes the figures (workload, runtime version, model digest):
+    # --gpubench-compare compares only results that share it (fingerprint.py).
+    "workload_fingerprint": str,
+}
+
+REQUEST_COLUMNS: dict[str, type] = {
+    "benchmark_id": str,
+    "manifest_id": str,
+    **_model_columns(RequestRecord),
+}
+
+GPU_SAMPLE_COLUMNS: dict[str, type] = {
+    "benchmark_id": str,
+    "manifest_id": str,
+    "t": float,  # unix seconds
+    "gpu": int,
+    "utilization_pct": float,
+    "memory_used_mib": int,
+    "temperature_c": float,
+    "power_draw_w": float,
+}
+
+BENCHMARK_RUN_COLUMNS: dict[str, type] = {
+    "benchmark_id": str,
+    "run_index": int,
+    "decode_tokens_per_second": float,
+    "output_tokens_per_second": float,
+    "ttft_p50_ms": float,
+    "requests": int,
+    "duration_seconds": float,
+    "outlier": int,  # 0/1: left out of the cell's figures
+}
+
+
+ATTEMPT_STATUSES = ("provisioning", "ready", "failed")
+ATTEMPT_COLUMNS: dict[str, type] = {
+    "manifest_id": str,
+    "attempt": int,  # 1, 2, ...: the consumer_id's -aN suffix
+    "run_id": str,
+    "status": str,  # provisioning, ready (handed to the cell), failed
+    "offer_id": str,
+    "provider": str,
+    "gpu_type": str,
+    "location": str,
+    "machine_id": str,
+    "price_per_hour": float,
+    "consumer_id": str,
+    "session_id": str,
+    "stage": str,  # where a failed attempt failed
+    "error": str,
+    "started_at": str,  # the budget reservation, before the create
+    "session_started_at": str,  # the create answered: billing runs from here
+    "ended_at": str,  # the session was released (or never existed)
+    "expected_seconds": float,  # session lifetime the budget reserves
+    "cost_usd": float,  # price x (ended_at - session_started_at)
+    "api_cost_usd": float,
+    "session_status": str,  # last status the API reported
+    "worker": str,
+}
+
+
+def create_schema(db: sqlite_utils.Database, path: object = "") -> None:
+    """Create the tables and indexes that are missing, and bring an older file up to
+    :data:`~.manifest_migrate.SCHEMA_VERSION`: columns renamed, added, filled in."""
+    version = rename_columns(db, path)
+    db["runs"].create(RUN_COLUMNS, pk="run_id", not_null={"run_id"}, if_not_exists=True)
+    db["benchmark_manifest"].create(
+        MANIFEST_COLUMNS, pk="id", not_null=_MANIFEST_NOT_NULL, if_not_exists=True
+    )
+    db["benchmarks"].create(
+        BENCHMARK_COLUMNS,
+        pk="id",
+        not_null={"id", "manifest_id"},
+        foreign_keys=[("manifest_id", "benchmark_manifest", "id")],
+        if_not_exists=True,
+    )
+    db["requests"].create(
+        REQUEST_COLUMNS,
+        not_null={"benchmark_id"},
+        foreign_keys=[("benchmark_id", "benchmarks", "id")],
+        if_not_exists=True,
+    )
+    db["gpu_samples"].create(
+        GPU_SAMPLE_COLUMNS,
+        not_null={"manifest_id", "t", "gpu"},
+        # No key on benchmark_id: samples may be stored before their result is.
+        foreign_keys=[("manifest_id", "benchmark_manifest", "id")],
+        if_not_exists=True,
+    )
+    db["benchmark_runs"].create(
+        BENCHMARK_RUN_COLUMNS,
+        pk=("benchmark_id", "run_index"),
+        not_null={"benchmark_id", "run_index"},
+        foreign_keys=[("benchmark_id", "benchmarks", "id")],
+        if_not_exists=True,
+    )
+    db["attempts"].create(
+        ATTEMPT_COLUMNS,
+        pk=("manifest_id", "attempt"),
+        not_null={"manifest_id", "attempt", "run_id", "status", "started_at"},
+        foreign_keys=[("manifest_id", "benchmark_manifest", "id")],
+        if_not_exists=True,
+    )
+    # A file made by an older version gains the columns added since.
+    for name, columns in (
+        ("runs", RUN_COLUMNS),
+        ("benchmark_manifest", MANIFEST_COLUMNS),
+        ("benchmarks", BENCHMARK_COLUMNS),
+        ("requests", REQUEST_COLUMNS),
+        ("gpu_samples", GPU_SAMPLE_COLUMNS),
+        ("benchmark_runs", BENCHMARK_RUN_COLUMNS),
+        ("attempts", ATTEMPT_COLUMNS),
+    ):
+        table = db.table(name)
+        present = set(table.columns_dict)
+        for column, kind in columns.items():
+            if column not in present:
+                table.add_column(column, kind)
+    for name, column in (
+        ("benchmark_manifest", "run_id"),
+        ("benchmark_manifest", "status"),
+        ("benchmark_manifest", "session_id"),
+        ("benchmarks", "run_id"),
+        ("benchmark_manifest", "cell_id"),
+        ("benchmarks", "manifest_id"),
+        ("benchmarks", "upload_status"),
+        ("requests", "benchmark_id"),
+        ("gpu_samples", "benchmark_id"),
+        ("gpu_samples", "manifest_id"),
+        ("attempts", "run_id"),
+        ("attempts", "session_id"),
+    ):
+        db.table(name).create_index(
+            [column], index_name=f"idx_{name}_{column}", if_not_exists=True
+        )
+    fill_in(db, version)
+    set_version(db)
