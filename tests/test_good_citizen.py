@@ -199,8 +199,8 @@ matrix:
 
 # ------------------------------------------------ item 3: load only what a run needs
 
-LIGHT = {"pytest_gpubench", "pytest_gpubench.plugin.hooks", "pytest_gpubench.options", "pytest_gpubench.plugin.stash",
-         "pytest_gpubench.plugin.matrix_scan"}
+LIGHT = {"pytest_gpubench", "pytest_gpubench.plugin", "pytest_gpubench.plugin.hooks", "pytest_gpubench.options",
+         "pytest_gpubench.plugin.stash", "pytest_gpubench.plugin.matrix_scan"}
 REPORT_MODULES = """
     import sys
 

@@ -11,11 +11,10 @@ from pytest_gpubench.measure.metrics import (
     Slo,
     detailed_metrics,
     meets_slo,
-    quality,
     request_tpot_ms,
     token_counts_disagree,
 )
-from pytest_gpubench.measure.results import RequestRecord, summarize
+from pytest_gpubench.measure.results import RequestRecord, quality, summarize
 
 
 def record(index: int = 0, **fields) -> RequestRecord:

@@ -233,7 +233,8 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from ..report.gather import build_report, write_reports
+    from ..report.gather import build_report
+    from ..report.write import write_reports
 
     directory = Path(args.output_dir or os.environ.get("GPUBENCH_REPORTS") or "reports")
     with _open_manifest(args.manifest) as manifest:

@@ -30,7 +30,6 @@ __all__ = [
     "Slo",
     "meets_slo",
     "detailed_metrics",
-    "quality",
     "request_tpot_ms",
     "token_counts_disagree",
 ]
@@ -240,19 +239,6 @@ def token_counts_disagree(client: int, server: int) -> bool:
     :func:`pytest_gpubench.measure.validity.token_count_mismatch`.
     """
     return abs(client - server) > max(TOKEN_SLACK, TOKEN_SHARE * server)
-
-
-def quality(records: Iterable[RequestRecord]) -> tuple[float, int, int]:
-    """``(match_rate, prompts_with_expected, prompts_matching)`` for the Go result fields.
-
-    Counts the measured, successful requests whose ``matched`` is not ``None``
-    (the prompt expected something), like the GPU Shopper benchmark script, which
-    skips failed prompts before counting. ``match_rate`` is a fraction (0-1), 0
-    when nothing was checked (the Go field is ``omitempty``).
-    """
-    checked = [r.matched for r in records if not r.warmup and r.ok and r.matched is not None]
-    matching = sum(1 for m in checked if m)
-    return (matching / len(checked) if checked else 0.0), len(checked), matching
 
 
 # ------------------------------------------------------------------ helpers

@@ -31,6 +31,7 @@ __all__ = [
     "cost_analysis",
     "decode_tokens_per_second",
     "percentile",
+    "quality",
     "summarize",
 ]
 
@@ -326,6 +327,19 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+def quality(records: Iterable[RequestRecord]) -> tuple[float, int, int]:
+    """``(match_rate, prompts_with_expected, prompts_matching)`` for the Go result fields.
+
+    Counts the measured, successful requests whose ``matched`` is not ``None``
+    (the prompt expected something), like the GPU Shopper benchmark script, which
+    skips failed prompts before counting. ``match_rate`` is a fraction (0-1), 0
+    when nothing was checked (the Go field is ``omitempty``).
+    """
+    checked = [r.matched for r in records if not r.warmup and r.ok and r.matched is not None]
+    matching = sum(1 for m in checked if m)
+    return (matching / len(checked) if checked else 0.0), len(checked), matching
+
+
 def summarize(records: Iterable[RequestRecord], duration_seconds: float) -> PerformanceResults:
     """Summarize measured requests into :class:`PerformanceResults`.
 
@@ -348,9 +362,6 @@ def summarize(records: Iterable[RequestRecord], duration_seconds: float) -> Perf
       expected an answer (``matched`` not ``None``); all zero when none did.
     * Nothing successful (or nothing at all) gives zeros, not an error.
     """
-    # Imported here because metrics builds on this module's RequestRecord.
-    from .metrics import quality
-
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
     streamed = [r for r in measured if r.streamed]

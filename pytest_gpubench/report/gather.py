@@ -3,9 +3,9 @@
 :func:`build_report` reads runs, cells, results and provisioning attempts of the
 manifest and gathers what ``gpubench report`` shows (docs/report.md): the results
 to rank, the leaderboards, a table per model, provider head-to-heads, failures by
-stage and the money spent. :func:`write_reports` renders it as
-``BENCHMARK_REPORT.md`` (:mod:`.report_markdown`) and ``index.html``
-(:mod:`.report_html`).
+stage and the money spent, as a :class:`~.model.Report`; :func:`.write.write_reports`
+renders it as ``BENCHMARK_REPORT.md`` (:mod:`.markdown`) and ``index.html``
+(:mod:`.html`).
 
 The figures are the project's headline ones (docs/metrics.md): ``output tok/s`` is
 the machine's **output throughput** (total output tokens / measured duration),
@@ -24,194 +24,19 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
-
-from pydantic import BaseModel, ConfigDict
 
 from ..errors import Stage
 from ..measure.figures import FigureSource, figure_values
 from ..store.manifest import Manifest
-from .spend import RunSpend, run_spend
-from ..store.sandbox_label import report_note, report_title
+from .model import BestValue, FailureGroup, Matchup, ModelTable, ProviderWins, Report, ResultRow
+from .spend import run_spend
 
-__all__ = [
-    "BestValue",
-    "FailureGroup",
-    "Matchup",
-    "ModelTable",
-    "ProviderWins",
-    "Report",
-    "ResultRow",
-    "RunSpend",
-    "build_report",
-    "write_reports",
-]
+__all__ = ["build_report"]
 
-MARKDOWN_NAME, HTML_NAME = "BENCHMARK_REPORT.md", "index.html"
 #: Cell statuses whose result is ranked; ``partial`` ones are shown marked.
 RANKED_STATUSES = ("success", "partial")
 _STAGE_ORDER = {stage.value: index for index, stage in enumerate(Stage)}
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-
-class ResultRow(_Frozen):
-    """One measured cell: the figures the report shows for it."""
-
-    run_id: str
-    cell_id: str
-    benchmark_id: str
-    gpu: str
-    provider: str
-    model: str
-    concurrency: int | None = None
-    rate: float | None = None
-    status: str
-    #: The headline figure: output throughput, or the per-request decode rate when a
-    #: result (an imported one) has no token total or duration (``per_stream_only``).
-    output_tokens_per_second: float | None
-    decode_tokens_per_second: float | None
-    per_stream_only: bool = False
-    ttft_p50_ms: float | None
-    price_per_hour: float | None
-    cost_per_million_tokens: float | None
-    requests: int
-    errors: int
-    location: str = ""
-    #: False: the figures do not describe the GPU (docs/metrics.md, validity flags).
-    valid: bool | None = None
-    invalid_because: str = ""
-    finished_at: str = ""
-    #: Every registered figure of the result (:mod:`.figures`), by name; None where not measured.
-    figures: dict[str, Any] = {}
-
-    @property
-    def load(self) -> str:
-        """``c1``, ``c8`` or ``r2.5/s``: the load the cell ran at."""
-        if self.rate is not None:
-            return f"r{self.rate:g}/s"
-        return f"c{self.concurrency or 1}"
-
-    @property
-    def key(self) -> tuple[str, str, str, str]:
-        """What makes two results the same cell, across runs."""
-        return (self.gpu, self.provider, self.model, self.load)
-
-    @property
-    def label(self) -> str:
-        """``RTX 4090 / vastai``, with the load when it is not the default."""
-        return f"{self.gpu} / {self.provider}" + ("" if self.load == "c1" else f" ({self.load})")
-
-
-class ModelTable(_Frozen):
-    """The results of one model, fastest first, and its two picks."""
-
-    model: str
-    rows: list[ResultRow]
-    fastest: ResultRow
-    cheapest: ResultRow | None
-
-
-class BestValue(_Frozen):
-    """The GPU and provider with the lowest $/M tokens on the most models."""
-
-    gpu: str
-    provider: str
-    cheapest_on: int  # models it is the cheapest for
-    models: int  # models it ran
-
-
-class Matchup(_Frozen):
-    """Two or more providers measured on the same GPU, model and load."""
-
-    gpu: str
-    model: str
-    load: str
-    entries: list[ResultRow]
-    faster: str
-    cheaper: str | None
-
-
-class ProviderWins(_Frozen):
-    """How one provider fared in the head-to-heads it was part of."""
-
-    provider: str
-    faster: int
-    cheaper: int
-    matchups: int
-
-
-class FailureGroup(_Frozen):
-    """Cells that ended at the same stage with the same message."""
-
-    stage: str
-    message: str
-    count: int
-    cells: list[str]
-
-
-class Report(_Frozen):
-    """Everything a report says, in display order; built by :func:`build_report`."""
-
-    manifest: str
-    run_ids: list[str]
-    results: list[ResultRow]
-    #: Results of a cell that a later (or successful) result of the same cell replaced.
-    replaced: int
-    runs_combined: int
-    by_tokens: list[ResultRow]
-    by_cost: list[ResultRow]
-    models: list[ModelTable]
-    best_value: BestValue | None
-    matchups: list[Matchup]
-    provider_wins: list[ProviderWins]
-    failures: list[FailureGroup]
-    skipped: list[FailureGroup]
-    statuses: dict[str, int]
-    runs: list[RunSpend]
-    data_until: str
-    #: Runs that measured the sandbox (``runs.sandbox``): their figures are labelled so.
-    sandbox_runs: list[str] = []
-
-    @property
-    def title(self) -> str:
-        """``GPU Benchmark Report``, marked when sandbox runs are in it."""
-        return report_title(self.sandbox_runs, self.run_ids)
-
-    @property
-    def sandbox_note(self) -> str:
-        """What sandbox figures are, when any run in the report used the sandbox; else ""."""
-        return report_note(self.sandbox_runs, self.run_ids)
-
-    @property
-    def cells(self) -> int:
-        return sum(self.statuses.values())
-
-    @property
-    def spent_usd(self) -> float:
-        return sum(run.spent_usd for run in self.runs)
-
-    @property
-    def sessions(self) -> int:
-        return sum(run.sessions for run in self.runs)
-
-    @property
-    def gpus(self) -> list[str]:
-        return sorted({row.gpu for row in self.results})
-
-    @property
-    def providers(self) -> list[str]:
-        return sorted({row.provider for row in self.results})
-
-    def describe(self) -> str:
-        """One line for the terminal: ``5 results from 2 of 3 runs, 3 failed or partial cells``."""
-        failed = sum(group.count for group in self.failures)
-        return (f"{len(self.results)} result{'s' * (len(self.results) != 1)} from {self.runs_combined} of "
-                f"{len(self.run_ids)} run{'s' * (len(self.run_ids) != 1)}, "
-                f"{failed} failed or partial cell{'s' * (failed != 1)}")
 
 
 def build_report(manifest: Manifest, run_ids: Sequence[str] | None = None, *,
@@ -254,18 +79,6 @@ def build_report(manifest: Manifest, run_ids: Sequence[str] | None = None, *,
         data_until=max(finished, default=""),
         sandbox_runs=[run_id for run_id in runs if (manifest.run(run_id) or {}).get("sandbox")],
     )
-
-
-def write_reports(report: Report, directory: Path) -> tuple[Path, Path]:
-    """Write ``BENCHMARK_REPORT.md`` and ``index.html`` into ``directory`` (made if missing)."""
-    from .html import render_html
-    from .markdown import render_markdown
-
-    directory.mkdir(parents=True, exist_ok=True)
-    markdown, html = directory / MARKDOWN_NAME, directory / HTML_NAME
-    markdown.write_text(render_markdown(report), encoding="utf-8")
-    html.write_text(render_html(report), encoding="utf-8")
-    return markdown, html
 
 
 # ------------------------------------------------------------------- results

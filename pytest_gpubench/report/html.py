@@ -11,7 +11,7 @@ from __future__ import annotations
 from html import escape
 
 from . import tables as fmt
-from .gather import Report, ResultRow
+from .model import Report, ResultRow
 from .charts import Bar, Point, bar_chart, line_chart, provider_color, scatter_chart
 from .sweep import percentile_table, sweep_table, sweeps
 

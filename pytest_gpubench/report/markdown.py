@@ -9,7 +9,7 @@ table row or turning into HTML where the Markdown is rendered.
 from __future__ import annotations
 
 from . import tables as fmt
-from .gather import Report
+from .model import Report
 from .sweep import percentile_table, sweep_table, sweeps
 
 __all__ = ["cell", "render_markdown"]

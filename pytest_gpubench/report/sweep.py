@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from .gather import Report, ResultRow
+from .model import Report, ResultRow
 from .tables import Figure, Table, ms, tps
 
 __all__ = ["PERCENTILES", "Sweep", "percentile_table", "sweep_table", "sweeps"]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from ..cloud.budget import usd
-from .gather import FailureGroup, ModelTable, Report, ResultRow
+from .model import FailureGroup, ModelTable, Report, ResultRow
 
 __all__ = [
     "FIGURES", "MARKS", "Figure", "Table", "cost_leaderboard", "facts", "failure_table", "gpu_label", "has_loads",
