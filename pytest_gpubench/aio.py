@@ -14,6 +14,8 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from .errors import BridgeTimeout
+
 T = TypeVar("T")
 
 
@@ -34,14 +36,15 @@ class LoopThread:
 
         On timeout (or when the caller is interrupted, e.g. KeyboardInterrupt or
         pytest-timeout's signal), the coroutine is cancelled so nothing keeps
-        running behind the caller's back; ``TimeoutError`` is raised on timeout.
+        running behind the caller's back; :class:`~.errors.BridgeTimeout` (a
+        ``TimeoutError``) is raised on timeout.
         """
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
-            raise TimeoutError(f"timed out after {timeout:.0f} s") from None
+            raise BridgeTimeout(timeout) from None
         except BaseException:
             future.cancel()
             raise

@@ -4,21 +4,37 @@
 
     GpubenchError                 anything this project raises on purpose
     ├── UsageProblem              bad options or environment (-> pytest.UsageError)
+    │   └── ManifestTooNew        a manifest written by a newer pytest-gpubench
     ├── MatrixError               a matrix file that does not validate (file, field, message)
     ├── ApiUnreachable            nothing answers at the GPU Shopper URL: the run stops
+    ├── BridgeTimeout             a call through the event-loop bridge ran out of time
+    │                             (also a TimeoutError; reported at the cell's current stage)
+    ├── CollectionProblem         paths or options that do not collect (gpubench plan)
+    ├── ImportProblem             a result file, or an item of it, that cannot be imported (field, message)
+    ├── CommandProblem            a gpubench command cannot do what was asked: one line, its exit status
     └── StageError                a cell failed at one stage (stage, message, hint)
         ├── NoEligibleOffer       inventory: offers exist or not, none fits -> skipped
+        ├── BudgetRefused         provision: the spend cap leaves no room for the session
+        ├── AttemptsFailed        every offer tried failed; the last error's stage
         ├── ApiError              the API answered with an error (status, error_type)
+        ├── InstanceLost          the API reports the instance gone while a stage ran on it
+        ├── HostKeyChanged        ssh_connect: a session's host key changed between connections
         ├── RemoteCommandError    a command on the instance failed (exit status, stderr tail)
-        └── BenchmarkInterrupted  the benchmark stopped early; carries what it measured
+        ├── BenchmarkInterrupted  the benchmark stopped early; carries what it measured
+        ├── ThresholdMissed       results: a threshold missed, or a regression against the baseline
+        └── ResultsInvalid        results: figures that cannot be right, kept raw, not recorded
 
 The stage becomes the manifest's ``failure_stage``, the progress file's ``ERROR:``
-line and the first line of the test's failure report.
+line and the first line of the test's failure report (``[stage] message``); an
+error without a stage of its own is reported at the stage the cell was in.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 
@@ -55,6 +71,10 @@ class UsageProblem(GpubenchError):
     """A bad option value, environment variable or ini setting."""
 
 
+class ManifestTooNew(UsageProblem):
+    """The manifest was written by a newer pytest-gpubench, whose columns this one does not know."""
+
+
 class MatrixError(GpubenchError):
     """A matrix file that cannot be used; names the file and the field."""
 
@@ -74,6 +94,62 @@ class ApiUnreachable(GpubenchError):
             hint="start the server, point --gpubench-api / GPUBENCH_API_BASE at it, "
             "or run offline with --gpubench-sandbox",
         )
+
+
+class BridgeTimeout(GpubenchError, TimeoutError):
+    """A call through the event-loop bridge (:func:`pytest_gpubench.aio.run`) ran out of
+    time; the coroutine was cancelled. Still a ``TimeoutError`` for those who catch that."""
+
+    def __init__(self, timeout: float | None) -> None:
+        super().__init__(f"timed out after {timeout:.0f} s" if timeout is not None else "timed out")
+        self.timeout = timeout
+
+
+class CollectionProblem(GpubenchError):
+    """The paths or options do not collect (a bad matrix, an unknown path or option): one line."""
+
+
+class ImportProblem(GpubenchError):
+    """Why a file (or an item of it) cannot be imported: the field and what is allowed.
+
+    ``loc`` is the field's path in the file's JSON (``("benchmarks", 2, "results")``),
+    ``field`` the same as text (``benchmarks[2].results``); empty for the whole file.
+    """
+
+    def __init__(self, loc: Sequence[Any], message: str) -> None:
+        super().__init__(message)
+        self.loc = tuple(loc)
+        self.field = dotted(self.loc)
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}" if self.field else self.message
+
+
+def dotted(loc: Sequence[Any]) -> str:
+    """A field's path as text: ``("matrix", 2, "workload")`` -> ``matrix[2].workload``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(part)):
+            out += f".{part}" if out else str(part)
+        else:
+            out += f"[{str(part)!r}]"
+    return out
+
+
+#: Exit statuses of the ``gpubench`` command.
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class CommandProblem(GpubenchError):
+    """A ``gpubench`` command cannot do what was asked: one line for the user, and the
+    exit status to end with (``EXIT_USAGE`` for what the user can fix on the command
+    line, ``EXIT_FAILED`` when the work itself failed)."""
+
+    def __init__(self, message: str, status: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class StageError(GpubenchError):
@@ -130,3 +206,55 @@ class BenchmarkInterrupted(StageError):
     def __init__(self, message: str, partial: Any = None) -> None:
         super().__init__(Stage.BENCHMARK, message)
         self.partial = partial
+
+
+class BudgetRefused(StageError):
+    """The spend cap leaves no room for this cell's session: it is not started."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(Stage.PROVISION, reason)
+
+
+class AttemptsFailed(StageError):
+    """Every offer tried failed; the stage is the last error's, the message lists them all."""
+
+
+#: What to do when the provider took an instance away.
+LOST_HINT = "the provider stopped the instance; rerun the cell to rent another one"
+
+
+class InstanceLost(StageError):
+    """The API reports the session's instance gone while a stage was running on it."""
+
+    def __init__(self, stage: Stage, message: str) -> None:
+        super().__init__(stage, message, hint=LOST_HINT)
+
+
+class HostKeyChanged(StageError):
+    """A later connection to a session met another host key than its first one did."""
+
+    def __init__(self, host: str, port: int, pinned: str) -> None:
+        super().__init__(
+            Stage.SSH_CONNECT,
+            f"the SSH host key of {host}:{port} changed: this session's first connection saw {pinned}, "
+            "now the server presents another key; refusing to connect",
+            hint="the instance was replaced or someone is intercepting the connection; do not reuse it, "
+            "rerun the cell to rent a fresh session",
+        )
+        self.pinned = pinned
+
+
+class ThresholdMissed(StageError):
+    """The benchmark ran but missed a threshold or regressed against its baseline."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(Stage.RESULTS, message)
+
+
+class ResultsInvalid(StageError):
+    """The measured figures cannot be right: kept raw for inspection, not recorded as a result."""
+
+    def __init__(self, message: str, kept: Path) -> None:
+        super().__init__(Stage.RESULTS, f"{message}; kept raw in {kept}",
+                         hint="nothing from this cell was stored as a measurement")
+        self.kept = kept

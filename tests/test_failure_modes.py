@@ -38,7 +38,8 @@ from pytest_gpubench.sandbox.standin_state import StateStore, StreamFault
 from pytest_gpubench.settings import DEFAULT_OLLAMA_INSTALL, Settings
 from pytest_gpubench.cloud.shopper_client import ShopperClient
 from pytest_gpubench.runtimes.vram import vram_shortfall
-from pytest_gpubench.cloud.watch import InstanceLost, SessionWatch
+from pytest_gpubench.cloud.watch import SessionWatch
+from pytest_gpubench.errors import InstanceLost
 
 TIME_SCALE = 0.01  # the in-process sandbox of tests/conftest.py
 GHOST_ERROR = "Instance not found on provider during reconciliation"

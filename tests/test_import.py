@@ -21,9 +21,9 @@ from pytest_gpubench.commands.import_formats import (
     BENCHMARK_RESULT,
     CHECKPOINT,
     SEED_RESULT,
-    ImportProblem,
     parse_document,
 )
+from pytest_gpubench.errors import ImportProblem
 from pytest_gpubench.commands.importer import Assumed, import_files, load_json
 from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.measure.results import (

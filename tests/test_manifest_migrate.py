@@ -14,7 +14,8 @@ from pytest_gpubench.measure.compare import compare, figures_of, parse_compare_f
 from pytest_gpubench.errors import UsageProblem
 from pytest_gpubench.store.export import export_results
 from pytest_gpubench.store.manifest import Manifest
-from pytest_gpubench.store.migrate import SCHEMA_VERSION, ManifestTooNew
+from pytest_gpubench.errors import ManifestTooNew
+from pytest_gpubench.store.migrate import SCHEMA_VERSION
 from pytest_gpubench.report.gather import build_report
 from pytest_gpubench.measure.results import BenchmarkResult
 from pytest_gpubench.store.resume import plan_resume

@@ -16,7 +16,8 @@ import pytest
 
 from pytest_gpubench.errors import Stage
 from pytest_gpubench.store.manifest import Manifest
-from pytest_gpubench.commands.plan import PlanProblem, make_plan, makespan
+from pytest_gpubench.commands.plan import make_plan, makespan
+from pytest_gpubench.errors import CommandProblem
 from pytest_gpubench.commands.plan_estimates import (
     DEFAULT_PULL_SECONDS_PER_GB,
     DEFAULT_STAGE_SECONDS,
@@ -227,14 +228,14 @@ def test_bad_matrix_bad_selection_and_nothing_selected_are_usage_problems(sandbo
         matrix:
           - {gpu: RTX 4090, provider: vastai, model: qwen2:7b, workload: {duration: -3}}
         """, name="gpubench_bad.yaml")
-    with pytest.raises(PlanProblem) as caught:
+    with pytest.raises(CommandProblem) as caught:
         plan_of(sandbox, [bad], tmp_path)
     assert caught.value.status == 2 and "\n" not in str(caught.value)
     assert str(caught.value).startswith(f"{bad}: matrix[0].workload.duration: must be")
-    with pytest.raises(PlanProblem, match="Wrong expression passed to '-k'") as caught:
+    with pytest.raises(CommandProblem, match="Wrong expression passed to '-k'") as caught:
         plan_of(sandbox, [QUICK], tmp_path, keyword="and and")
     assert caught.value.status == 2
-    with pytest.raises(PlanProblem, match="no matrix cells selected") as caught:
+    with pytest.raises(CommandProblem, match="no matrix cells selected") as caught:
         plan_of(sandbox, [QUICK], tmp_path, gpus=["H100"])
     assert caught.value.status == 2
 

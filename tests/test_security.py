@@ -27,7 +27,8 @@ import sqlite_utils
 
 from pytest_gpubench.errors import MatrixError, StageError
 from pytest_gpubench.matrix.cells import parse_matrix
-from pytest_gpubench.remote.ssh import HostKeyChanged, HostKeyPins
+from pytest_gpubench.errors import HostKeyChanged
+from pytest_gpubench.remote.ssh import HostKeyPins
 from pytest_gpubench.runtimes.ollama import check_model_name
 from pytest_gpubench.sandbox import SandboxThread
 from pytest_gpubench.settings import resolve

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from ..aio import run as run_async
 from .budget import admission, expected_session_seconds
-from ..errors import ApiError, NoEligibleOffer, Stage, StageError
+from ..errors import ApiError, AttemptsFailed, BudgetRefused, NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell
 from .offers import Constraints, next_offer
 from ..store.progress import ProgressWriter
@@ -50,17 +50,6 @@ def can_fail_over(error: StageError) -> bool:
     if isinstance(error, ApiError):
         return error.status >= 500 or error.status in _RETRYABLE_STATUSES or error.retry_suggested
     return error.stage in (Stage.PROVISION, Stage.SSH_WAIT)
-
-
-class BudgetRefused(StageError):
-    """The spend cap leaves no room for this cell's session: it is not started."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(Stage.PROVISION, reason)
-
-
-class AttemptsFailed(StageError):
-    """Every offer tried failed; the stage is the last error's, the message lists them all."""
 
 
 @dataclass

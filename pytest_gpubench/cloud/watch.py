@@ -20,7 +20,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Protocol, TypeVar
 
-from ..errors import ApiError, Stage, StageError
+from ..errors import ApiError, InstanceLost, Stage, StageError
 from ..settings import Settings
 from .shopper_client import Session
 
@@ -35,20 +35,12 @@ MIN_WATCH_INTERVAL = 0.5
 #: Polls after a failure before it is blamed on something other than a lost instance.
 CONFIRM_CHECKS = 3
 #: What a lost instance tells the user to do.
-LOST_HINT = "the provider stopped the instance; rerun the cell to rent another one"
 
 
 class SessionSource(Protocol):
     """Where a session's current state comes from (the GPU Shopper client)."""
 
     def get_session(self, session_id: str, stage: Stage = ...) -> Awaitable[Session]: ...
-
-
-class InstanceLost(StageError):
-    """The API reports the session's instance gone while a stage was running on it."""
-
-    def __init__(self, stage: Stage, message: str) -> None:
-        super().__init__(stage, message, hint=LOST_HINT)
 
 
 class SessionWatch:

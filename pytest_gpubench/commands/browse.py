@@ -23,16 +23,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..errors import Stage
+from ..errors import CommandProblem, Stage
 from ..store.data_dictionary import TABLES, schema_of
 from ..store.migrate import SCHEMA_VERSION
 
 INSTALL_HINT = "pip install 'pytest-gpubench[browse]'"
 DEFAULT_PORT = 8001  # Datasette's own default
-
-
-class BrowseProblem(Exception):
-    """Something to report in one line instead of serving."""
 
 
 def _migrated(path: Path) -> dict[str, list[str]]:
@@ -44,17 +40,17 @@ def _migrated(path: Path) -> dict[str, list[str]]:
         with Manifest(path, busy_timeout=5, retry_seconds=10) as manifest:
             return schema_of(manifest.db.conn)
     except sqlite3.Error as exc:
-        raise BrowseProblem(f"the manifest {path} was written by an older pytest-gpubench and could not be "
+        raise CommandProblem(f"the manifest {path} was written by an older pytest-gpubench and could not be "
                             f"migrated: {exc}") from None
 
 
 def read_schema(path: Path) -> dict[str, list[str]]:
     """The tables and columns of the manifest at ``path``, read through a read-only connection.
 
-    Raises :class:`BrowseProblem` when there is no file, or it is not a manifest.
+    Raises :class:`CommandProblem` when there is no file, or it is not a manifest.
     """
     if not path.is_file():
-        raise BrowseProblem(f"no manifest at {path} (run pytest with the plugin first, or pass --manifest PATH)")
+        raise CommandProblem(f"no manifest at {path} (run pytest with the plugin first, or pass --manifest PATH)")
     try:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
         try:
@@ -63,11 +59,11 @@ def read_schema(path: Path) -> dict[str, list[str]]:
         finally:
             conn.close()
     except sqlite3.Error as exc:
-        raise BrowseProblem(f"cannot read the manifest {path}: {exc}") from None
+        raise CommandProblem(f"cannot read the manifest {path}: {exc}") from None
     if "benchmark_manifest" in schema and version < SCHEMA_VERSION:
         schema = _migrated(path)
     if "benchmark_manifest" not in schema:
-        raise BrowseProblem(f"{path} is not a pytest-gpubench manifest (it has no benchmark_manifest table)")
+        raise CommandProblem(f"{path} is not a pytest-gpubench manifest (it has no benchmark_manifest table)")
     return schema
 
 
@@ -202,7 +198,7 @@ def _datasette_cli():
     try:
         from datasette.cli import cli
     except ImportError:
-        raise BrowseProblem(f"Datasette is not installed: {INSTALL_HINT}") from None
+        raise CommandProblem(f"Datasette is not installed: {INSTALL_HINT}") from None
     return cli
 
 
@@ -215,11 +211,11 @@ def listen_port(host: str, port: int) -> int:
     browser opened) with the real port; Datasette's own ``-p 0`` cannot do either.
     """
     if not 0 <= port <= 65535:
-        raise BrowseProblem(f"--port must be 0-65535, got {port}")
+        raise CommandProblem(f"--port must be 0-65535, got {port}")
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as exc:
-        raise BrowseProblem(
+        raise CommandProblem(
             f"cannot listen on {host}: {exc.strerror}; pass --host with an address of this machine"
         ) from None
     with socket.socket(family, kind, proto) as sock:
@@ -228,7 +224,7 @@ def listen_port(host: str, port: int) -> int:
         try:
             sock.bind(address)
         except OSError as exc:
-            raise BrowseProblem(
+            raise CommandProblem(
                 f"cannot listen on {host}:{port}: {exc.strerror or exc}; pass --port N (--port 0 picks a free one)"
             ) from None
         return sock.getsockname()[1]
@@ -314,5 +310,5 @@ def serve(
             # click's usage errors (a bad extra argument) and Datasette's start-up errors
             # are ClickExceptions with a message for a person; anything else is named.
             message = exc.format_message() if hasattr(exc, "format_message") else f"{type(exc).__name__}: {exc}"
-            raise BrowseProblem(f"Datasette: {message}") from None
+            raise CommandProblem(f"Datasette: {message}") from None
     return status if isinstance(status, int) else 0

@@ -39,17 +39,9 @@ import os
 import sys
 from pathlib import Path
 
+from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandProblem
 from ..settings import DEFAULT_API
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-class CommandError(Exception):
-    """A problem to report in one line, with the exit status to end with."""
-
-    def __init__(self, message: str, status: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def default_manifest() -> Path:
@@ -64,11 +56,11 @@ def _open_manifest(path: str | None):
 
     where = Path(path) if path else default_manifest()
     if not where.is_file():
-        raise CommandError(f"no manifest at {where} (run pytest with the plugin first, or pass --manifest PATH)")
+        raise CommandProblem(f"no manifest at {where} (run pytest with the plugin first, or pass --manifest PATH)")
     try:
         return Manifest(where, busy_timeout=5, retry_seconds=10)
     except Exception as exc:  # noqa: BLE001 - a corrupt or foreign file: say so in one line
-        raise CommandError(f"cannot read the manifest {where}: {exc}") from None
+        raise CommandProblem(f"cannot read the manifest {where}: {exc}") from None
 
 
 def _resolve_run(manifest, run: str | None) -> str | None:
@@ -78,11 +70,11 @@ def _resolve_run(manifest, run: str | None) -> str | None:
     known = manifest.run_ids()
     if run == "last":
         if not known:
-            raise CommandError(f"the manifest {manifest.path} has no runs yet")
+            raise CommandProblem(f"the manifest {manifest.path} has no runs yet")
         return known[0]
     if run not in known:
         recent = ", ".join(known[:3]) or "none"
-        raise CommandError(f"no run {run!r} in the manifest {manifest.path} (most recent: {recent})")
+        raise CommandProblem(f"no run {run!r} in the manifest {manifest.path} (most recent: {recent})")
     return run
 
 
@@ -101,7 +93,7 @@ def _export(args: argparse.Namespace) -> int:
                 with open(target_path, "w", encoding="utf-8", newline="") as out:
                     count = export_results(manifest, run_id, args.format, out)
             except OSError as exc:
-                raise CommandError(f"cannot write {target_path}: {exc.strerror or exc}", EXIT_FAILED) from None
+                raise CommandProblem(f"cannot write {target_path}: {exc.strerror or exc}", EXIT_FAILED) from None
             target = str(target_path)
     scope = f"run {run_id}" if run_id else "all runs"
     print(f"exported {count} result{'s' * (count != 1)} of {scope} to {target} ({args.format})", file=sys.stderr)
@@ -118,7 +110,7 @@ async def _upload_async(manifest, run_id: str | None, api: str, token: str | Non
         try:
             await client.wait_ready(attempts=5, interval=1.0)
         except ApiUnreachable as exc:
-            raise CommandError(
+            raise CommandProblem(
                 f"{exc.message}; the results stay pending: run `gpubench upload` again", EXIT_FAILED
             ) from None
         return await upload_pending(manifest, client, run_id)
@@ -186,28 +178,22 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 
 def _browse(args: argparse.Namespace) -> int:
-    from .browse import BrowseProblem, serve
+    from .browse import serve
 
     extra = list(args.datasette_args)
     if extra and extra[0] != "--":
-        raise CommandError(f"unexpected argument {extra[0]!r}: give Datasette's own options after --")
-    try:
-        return serve(Path(args.manifest) if args.manifest else default_manifest(), host=args.host, port=args.port,
-                     open_browser=not args.no_open, extra_args=extra[1:])
-    except BrowseProblem as exc:
-        raise CommandError(str(exc)) from None
+        raise CommandProblem(f"unexpected argument {extra[0]!r}: give Datasette's own options after --")
+    return serve(Path(args.manifest) if args.manifest else default_manifest(), host=args.host, port=args.port,
+                 open_browser=not args.no_open, extra_args=extra[1:])
 
 
 def _import(args: argparse.Namespace) -> int:
-    from .importer import Assumed, ImportUsageError, expand_paths, import_files
+    from .importer import Assumed, expand_paths, import_files
     from ..store.manifest import Manifest
 
     if args.price is not None and args.price < 0:
-        raise CommandError(f"--price must not be negative, got {args.price}")
-    try:
-        expand_paths(args.paths)  # a path that is not there: before the manifest is created
-    except ImportUsageError as exc:
-        raise CommandError(str(exc)) from None
+        raise CommandProblem(f"--price must not be negative, got {args.price}")
+    expand_paths(args.paths)  # a path that is not there: before the manifest is created
     where = Path(args.manifest) if args.manifest else default_manifest()
     assumed = Assumed(gpu=args.gpu, provider=args.provider, price_per_hour=args.price, location=args.location)
     # A dry run never creates the manifest; a real import does, like a first pytest run.
@@ -216,7 +202,7 @@ def _import(args: argparse.Namespace) -> int:
         try:
             manifest = Manifest(where, busy_timeout=5, retry_seconds=10)
         except Exception as exc:  # noqa: BLE001 - a corrupt or foreign file: say so in one line
-            raise CommandError(f"cannot open the manifest {where}: {exc}") from None
+            raise CommandProblem(f"cannot open the manifest {where}: {exc}") from None
     options = [f"--{name}={value}" for name, value in (("gpu", args.gpu), ("provider", args.provider),
                                                         ("price", args.price), ("location", args.location))
                if value is not None]
@@ -239,13 +225,13 @@ def _report(args: argparse.Namespace) -> int:
     directory = Path(args.output_dir or os.environ.get("GPUBENCH_REPORTS") or "reports")
     with _open_manifest(args.manifest) as manifest:
         if not manifest.run_ids():
-            raise CommandError(f"the manifest {manifest.path} has no runs yet: nothing to report")
+            raise CommandProblem(f"the manifest {manifest.path} has no runs yet: nothing to report")
         runs = list(dict.fromkeys(_resolve_run(manifest, run) for run in args.run or []))
         report = build_report(manifest, runs or None)
     try:
         markdown, html = write_reports(report, directory)
     except OSError as exc:
-        raise CommandError(f"cannot write the report to {directory}: {exc.strerror or exc}", EXIT_FAILED) from None
+        raise CommandProblem(f"cannot write the report to {directory}: {exc.strerror or exc}", EXIT_FAILED) from None
     print(f"gpubench report: {report.describe()}; wrote {markdown} and {html}")
     return EXIT_OK
 
@@ -261,27 +247,20 @@ def _split_options(args: argparse.Namespace) -> list[str]:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from .plan import PlanProblem, make_plan
+    from .plan import make_plan
     from .plan_render import render
 
-    try:
-        plan = make_plan(args.paths, keyword=args.keyword, gpus=args.gpu, providers=args.provider, models=args.model,
-                         api=args.api, sandbox=args.sandbox, workers=args.workers,
-                         manifest=Path(args.manifest) if args.manifest else None, options=_split_options(args))
-    except PlanProblem as exc:
-        raise CommandError(str(exc), exc.status) from None
+    plan = make_plan(args.paths, keyword=args.keyword, gpus=args.gpu, providers=args.provider, models=args.model,
+                     api=args.api, sandbox=args.sandbox, workers=args.workers,
+                     manifest=Path(args.manifest) if args.manifest else None, options=_split_options(args))
     print(plan.model_dump_json(indent=2) if args.json else "\n".join(render(plan)))
     return EXIT_OK
 
 
 def _offers(args: argparse.Namespace) -> int:
-    from .offers import OffersProblem, list_offers
+    from .offers import list_offers
 
-    try:
-        print(list_offers(args.gpu or [], args.provider or [], api=args.api, sandbox=args.sandbox,
-                          as_json_text=args.json))
-    except OffersProblem as exc:
-        raise CommandError(str(exc), exc.status) from None
+    print(list_offers(args.gpu or [], args.provider or [], api=args.api, sandbox=args.sandbox, as_json_text=args.json))
     return EXIT_OK
 
 
@@ -438,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return parsed.handler(parsed)
-    except CommandError as exc:
+    except CommandProblem as exc:
         print(f"gpubench {parsed.command}: error: {exc}", file=sys.stderr)
         return exc.status
     except KeyboardInterrupt:

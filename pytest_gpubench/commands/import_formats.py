@@ -50,14 +50,14 @@ from ..measure.results import (
     summarize,
 )
 from ..matrix.selection import split_tag
-from ..matrix.yaml_errors import describe, dotted
+from ..matrix.yaml_errors import describe
+from ..errors import ImportProblem, dotted
 
 __all__ = [
     "BENCHMARK_RESULT",
     "CHECKPOINT",
     "FORMATS",
     "SEED_RESULT",
-    "ImportProblem",
     "Parsed",
     "parse_document",
 ]
@@ -78,20 +78,6 @@ _EXPECTED = (
 # Ids of results whose file gives none: a UUID derived from their content, so the
 # same result imported twice gets the same id.
 _CONTENT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "pytest-gpubench/import")
-
-
-class ImportProblem(Exception):
-    """Why a file (or an item of it) cannot be imported: the field and what is allowed.
-
-    ``loc`` is the field's path in the file's JSON (``("benchmarks", 2, "results")``),
-    ``field`` the same as text (``benchmarks[2].results``); empty for the whole file.
-    """
-
-    def __init__(self, loc: tuple[Any, ...], message: str) -> None:
-        self.loc = tuple(loc)
-        self.field = dotted(self.loc)
-        self.message = message
-        super().__init__(f"{self.field}: {message}" if self.field else message)
 
 
 @dataclass(frozen=True)

@@ -34,22 +34,19 @@ from pathlib import Path
 from typing import Any
 
 from ..remote.gpuinfo import gpu_type_of
-from .import_formats import ImportProblem, Parsed, parse_document
+from ..errors import CommandProblem, ImportProblem
+from .import_formats import Parsed, parse_document
 from ..store.manifest import Manifest
 from ..store.sqlite import refuse_secrets
 from ..measure.results import BenchmarkResult
 from ..matrix.selection import cell_id
 from ..settings import new_run_id
 
-__all__ = ["Assumed", "FileOutcome", "ImportReport", "ImportUsageError", "expand_paths", "import_files",
+__all__ = ["Assumed", "FileOutcome", "ImportReport", "expand_paths", "import_files",
            "read_file"]
 
 # The seed-000 script's numbers come from bc, which writes 0.5 as ".5": not JSON.
 _BC_FRACTION = re.compile(r"(?<=[:\[,])(\s*-?)\.(\d)")
-
-
-class ImportUsageError(Exception):
-    """A problem with the command line itself (a path that does not exist): exit status 2."""
 
 
 @dataclass(frozen=True)
@@ -164,7 +161,7 @@ def expand_paths(paths: Sequence[str | Path]) -> list[Path]:
     """Files as given, and each directory's ``*.json`` files (sorted, not recursive).
 
     A path that does not exist, or a directory without a JSON file, is an
-    :class:`ImportUsageError`.
+    :class:`CommandProblem`.
     """
     files: list[Path] = []
     for given in paths:
@@ -172,12 +169,12 @@ def expand_paths(paths: Sequence[str | Path]) -> list[Path]:
         if path.is_dir():
             found = sorted(p for p in path.glob("*.json") if p.is_file())
             if not found:
-                raise ImportUsageError(f"{path}: a directory without *.json files: nothing to import")
+                raise CommandProblem(f"{path}: a directory without *.json files: nothing to import")
             files.extend(found)
         elif path.exists():
             files.append(path)
         else:
-            raise ImportUsageError(f"{path}: no such file or directory")
+            raise CommandProblem(f"{path}: no such file or directory")
     return files
 
 
@@ -352,7 +349,7 @@ def import_files(
     ``manifest`` may be ``None`` in a dry run (no manifest file yet: only duplicates
     within the files are found). A dry run reads and checks everything and writes
     nothing. Bad files are reported in their :class:`FileOutcome`, never raised;
-    a path that does not exist is an :class:`ImportUsageError`, before anything is read.
+    a path that does not exist is an :class:`CommandProblem`, before anything is read.
     """
     if manifest is None and not dry_run:
         raise ValueError("a manifest is needed unless dry_run")

@@ -17,6 +17,7 @@ from contextlib import ExitStack
 
 from pydantic import TypeAdapter
 
+from ..errors import CommandProblem
 from ..plugin.hints import close_names
 from ..matrix.selection import filter_values, gpu_matches, normalize_provider, provider_matches
 from ..settings import DEFAULT_API
@@ -25,14 +26,6 @@ from ..cloud.shopper_client import Offer, ShopperClient
 #: Seed 000's bar: an offer at or below it is not rented unless the matrix lowers it.
 DEFAULT_BAR = 0.5
 COLUMNS = ("GPU", "provider", "$/hour", "VRAM GB", "GPUs", "confidence", "location", "offer id")
-
-
-class OffersProblem(Exception):
-    """One line for the user, and the exit status to end with (1 failed, 2 usage)."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 async def fetch_offers(url: str, token: str | None = None) -> list[Offer]:
@@ -99,11 +92,11 @@ def as_json(offers: Sequence[Offer]) -> str:
 
 def list_offers(gpus: Sequence[str] = (), providers: Sequence[str] = (), api: str | None = None,
                 sandbox: bool = False, as_json_text: bool = False) -> str:
-    """The command's output; raises :class:`OffersProblem`."""
+    """The command's output; raises :class:`CommandProblem`."""
     from ..errors import ApiUnreachable, StageError
 
     if api and sandbox:
-        raise OffersProblem("give --api URL or --sandbox, not both", 2)
+        raise CommandProblem("give --api URL or --sandbox, not both", 2)
     url = api or os.environ.get("GPUBENCH_API_BASE") or DEFAULT_API
     with ExitStack() as stack:
         if sandbox:
@@ -113,18 +106,18 @@ def list_offers(gpus: Sequence[str] = (), providers: Sequence[str] = (), api: st
             try:
                 url = stack.enter_context(SandboxThread(catalog=catalog)).url
             except Exception as exc:  # noqa: BLE001 - a bad catalog file: one line
-                raise OffersProblem(f"the sandbox did not start: {exc}", 2) from None
+                raise CommandProblem(f"the sandbox did not start: {exc}", 2) from None
         try:
             offers = asyncio.run(fetch_offers(url, os.environ.get("GPUBENCH_API_TOKEN") or None))
         except ApiUnreachable as exc:
-            raise OffersProblem(f"{exc.message}: start the server, point --api or GPUBENCH_API_BASE at it, or "
+            raise CommandProblem(f"{exc.message}: start the server, point --api or GPUBENCH_API_BASE at it, or "
                                 "list the sandbox's offers with --sandbox", 1) from None
         except StageError as exc:
-            raise OffersProblem(f"reading the inventory at {url} failed: {exc}", 1) from None
+            raise CommandProblem(f"reading the inventory at {url} failed: {exc}", 1) from None
     chosen = select(offers, gpus, providers)
     if as_json_text:
         return as_json(chosen)
     if not chosen:
-        raise OffersProblem(nothing_found(offers, gpus, providers) if offers
+        raise CommandProblem(nothing_found(offers, gpus, providers) if offers
                             else f"the inventory at {url} lists no offers now", 1)
     return "\n".join(render(chosen, "the sandbox" if sandbox else url))

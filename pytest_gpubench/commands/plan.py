@@ -30,7 +30,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from ..errors import NoEligibleOffer, Stage
+from ..errors import CommandProblem, NoEligibleOffer, Stage
 from ..matrix.cells import Cell
 from ..cloud.offers import Constraints, unfit
 from ..plugin.plan_collect import collect_cells
@@ -320,14 +320,6 @@ def _totals(cells: Sequence[CellPlan], sessions: Sequence[SessionPlan], groups: 
 # ----------------------------------------------------------------------------- the command
 
 
-class PlanProblem(Exception):
-    """Why no plan can be made, in one line, and the exit status (1: the API, 2: usage)."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 def plan_with_split(cells: Sequence[tuple[str, Cell]], choices: Sequence[Choice], history: StageHistory,
                     settings: Settings, *, api: str, sandbox: bool, workers: int | None) -> Plan:
     """The plan of the run ``pytest -n workers`` would make: reuse groups split as the run
@@ -361,7 +353,7 @@ def make_plan(paths: list[str], *, keyword: str | None = None, gpus: list[str] |
     """Collect, read the inventory (of a sandbox started for it, with ``sandbox``), price.
 
     ``options`` are more pytest options for the collection (``--gpubench-sessions-per-group 2``).
-    Raises :class:`PlanProblem`.
+    Raises :class:`CommandProblem`.
     """
     from ..errors import ApiUnreachable, GpubenchError, StageError
     from ..plugin.plan_collect import CollectionProblem
@@ -371,10 +363,10 @@ def make_plan(paths: list[str], *, keyword: str | None = None, gpus: list[str] |
         collected = collect_cells(paths, keyword=keyword, gpus=gpus, providers=providers, models=models,
                                   options=[*(["--gpubench-sandbox"] if sandbox else []), *options])
     except CollectionProblem as exc:
-        raise PlanProblem(str(exc), 2) from None
+        raise CommandProblem(str(exc), 2) from None
     settings, cells = collected.settings, collected.cells
     if not cells:
-        raise PlanProblem(f"no matrix cells selected in {' '.join(paths)} (check the paths, -k and "
+        raise CommandProblem(f"no matrix cells selected in {' '.join(paths)} (check the paths, -k and "
                           "--gpu/--provider/--model: pytest --collect-only lists what they select)", 2)
     sandbox = sandbox or settings.sandbox
     source = manifest or settings.manifest
@@ -382,22 +374,22 @@ def make_plan(paths: list[str], *, keyword: str | None = None, gpus: list[str] |
         history = StageHistory.from_manifest(source, sandbox=sandbox,
                                              time_scale=settings.time_scale if sandbox else 1.0)
     except Exception as exc:  # noqa: BLE001 - a corrupt or foreign file: say so in one line
-        raise PlanProblem(f"cannot read the manifest {source}: {exc}", 2) from None
+        raise CommandProblem(f"cannot read the manifest {source}: {exc}", 2) from None
     process = None
     try:
         if sandbox:
             try:
                 process = SandboxProcess.start(settings)
             except GpubenchError as exc:
-                raise PlanProblem(str(exc), 1) from None
+                raise CommandProblem(str(exc), 1) from None
         url = process.url if process is not None else (api or settings.api)
         try:
             choices = asyncio.run(_read_inventory(url, settings, [cell for _, cell in cells]))
         except ApiUnreachable as exc:
-            raise PlanProblem(f"{exc.message}: start the server, point --api or GPUBENCH_API_BASE at it, or "
+            raise CommandProblem(f"{exc.message}: start the server, point --api or GPUBENCH_API_BASE at it, or "
                               "plan against the sandbox with --sandbox", 1) from None
         except StageError as exc:
-            raise PlanProblem(f"reading the inventory at {url} failed: {exc}", 1) from None
+            raise CommandProblem(f"reading the inventory at {url} failed: {exc}", 1) from None
     finally:
         if process is not None:
             process.stop()

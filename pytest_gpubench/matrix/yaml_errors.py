@@ -7,14 +7,13 @@ saying what is allowed, the line in the file, and how many more problems there a
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from ..errors import MatrixError
+from ..errors import MatrixError, dotted
 
 
 def describe(value: Any) -> str:
@@ -110,18 +109,6 @@ def translate(exc: ValidationError, source: str, root: yaml.Node | None) -> Matr
     if more:
         message += f"; and {more} more problem{'s' if more > 1 else ''}"
     return MatrixError(source, dotted(loc), message)
-
-
-def dotted(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(part)):
-            out += f".{part}" if out else str(part)
-        else:
-            out += f"[{str(part)!r}]"
-    return out
 
 
 def node_line(root: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:

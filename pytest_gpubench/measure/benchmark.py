@@ -19,10 +19,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..remote.checkpoint import recover
-from ..errors import BenchmarkInterrupted, Stage, StageError
+from ..errors import BenchmarkInterrupted, InstanceLost, Stage, StageError
 from ..remote.ssh import Connection, quote
 from .results import RequestRecord
-from ..cloud.watch import InstanceLost, SessionWatch
+from ..cloud.watch import SessionWatch
 
 LOADGEN_SOURCE = resources.files("pytest_gpubench.remote").joinpath("loadgen.py").read_text()
 

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from ..aio import run as run_async
 from ..measure.benchmark import BenchmarkPlan
 from ..measure.compare import compare, figures_of, parse_compare_fail
-from ..errors import BenchmarkInterrupted, Stage, StageError
+from ..errors import BenchmarkInterrupted, ResultsInvalid, Stage, ThresholdMissed
 from ..store.export import upload_result
 from ..measure.fingerprint import Fingerprint, fingerprint, incomparable
 from ..matrix.cells import Cell
@@ -64,22 +64,6 @@ async def watched(run: RunContext, session: GpuSession, stage: Stage,
     async with SessionWatch(run.provider.client, session.session.id, watch_interval(run.settings), stage) as watch:
         job = work(watch)
         return await (watch.guard(job, stage) if guard else job)
-
-
-class ThresholdMissed(StageError):
-    """The benchmark ran but missed a threshold or regressed against its baseline."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(Stage.RESULTS, message)
-
-
-class ResultsInvalid(StageError):
-    """The measured figures cannot be right: kept raw for inspection, not recorded as a result."""
-
-    def __init__(self, message: str, kept: Path) -> None:
-        super().__init__(Stage.RESULTS, f"{message}; kept raw in {kept}",
-                         hint="nothing from this cell was stored as a measurement")
-        self.kept = kept
 
 
 class Bench:

@@ -89,15 +89,21 @@ class FilteredCell(pytest.Item):
 
 
 def describe_failure(error: BaseException, item: pytest.Item) -> str | None:
-    """Stage, one-paragraph message and where to read more; None for other errors."""
+    """Stage, one-paragraph message and where to read more; None for other errors.
+
+    An error without a stage of its own (a bridge timeout) is told at the stage the
+    cell was in, as the manifest records it.
+    """
     if not isinstance(error, GpubenchError):
         return None
     lines = []
+    recorder = item.stash.get(RECORDER_KEY, None)
     if isinstance(error, StageError):
         lines.append(f"[{error.stage}] {error}")
+    elif recorder is not None:
+        lines.append(f"[{recorder.stage}] {error}")
     else:
         lines.append(str(error))
-    recorder = item.stash.get(RECORDER_KEY, None)
     if recorder is not None:
         lines.append(f"progress file: {recorder.progress.path}")
         if recorder.session_id:

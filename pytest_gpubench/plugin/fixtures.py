@@ -19,12 +19,12 @@ import pytest
 from ..aio import run as run_async
 from ..cloud.budget import exhausted, spend_of
 from .cell_benchmark import BRIDGE_SLACK, Bench, GpuSession, upload_now, watched
-from ..errors import NoEligibleOffer, Stage, StageError
+from ..errors import BudgetRefused, NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell
 from ..cloud.offers import Constraints
 from .outcome import outcome_of
 from ..cloud.shopper_provider import OfferChoice
-from ..cloud.provisioning import BudgetRefused, Provisioning
+from ..cloud.provisioning import Provisioning
 from .record import CellRecorder
 from ..remote.ssh import KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL, Connection, KeyFile
 from ..remote.system import probe_system

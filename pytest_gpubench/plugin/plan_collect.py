@@ -20,14 +20,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from ..matrix.overrides import apply_overrides
-from ..errors import GpubenchError
+from ..errors import CollectionProblem
 from ..matrix.cells import Cell
 from ..settings import Settings
 from .stash import CELL_KEY, RECORD_KEY, SETTINGS_KEY
-
-
-class CollectionProblem(GpubenchError):
-    """The paths or options do not collect (a bad matrix, an unknown path or option): one line."""
 
 
 @dataclass

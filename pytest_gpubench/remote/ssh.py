@@ -18,7 +18,7 @@ from pathlib import Path
 
 import asyncssh
 
-from ..errors import RemoteCommandError, Stage, StageError
+from ..errors import HostKeyChanged, RemoteCommandError, Stage, StageError
 
 #: SSH keepalives notice a dead instance in about a minute instead of at the
 #: stage timeout (seed 001: "Connection lost - periodic heartbeat check").
@@ -60,20 +60,6 @@ class KeyFile:
                 path.unlink() if path.is_file() else path.rmdir()
             except FileNotFoundError:
                 pass
-
-
-class HostKeyChanged(StageError):
-    """A later connection to a session met another host key than its first one did."""
-
-    def __init__(self, host: str, port: int, pinned: str) -> None:
-        super().__init__(
-            Stage.SSH_CONNECT,
-            f"the SSH host key of {host}:{port} changed: this session's first connection saw {pinned}, "
-            "now the server presents another key; refusing to connect",
-            hint="the instance was replaced or someone is intercepting the connection; do not reuse it, "
-            "rerun the cell to rent a fresh session",
-        )
-        self.pinned = pinned
 
 
 class HostKeyPins:

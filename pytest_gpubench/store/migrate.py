@@ -26,15 +26,11 @@ from __future__ import annotations
 
 import sqlite_utils
 
-from ..errors import UsageProblem
+from ..errors import ManifestTooNew
 
-__all__ = ["SCHEMA_VERSION", "ManifestTooNew", "fill_in", "rename_columns", "schema_version", "set_version"]
+__all__ = ["SCHEMA_VERSION", "fill_in", "rename_columns", "schema_version", "set_version"]
 
 SCHEMA_VERSION = 1
-
-
-class ManifestTooNew(UsageProblem):
-    """The manifest was written by a newer pytest-gpubench, whose columns this one does not know."""
 
 
 def schema_version(db: sqlite_utils.Database) -> int:
