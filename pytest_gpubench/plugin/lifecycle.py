@@ -24,12 +24,10 @@ from ..errors import ApiUnreachable, Stage
 from .live import own_line
 from ..store.manifest import Manifest
 from .matrix_scan import runs_matrix_files
+from .outcome import run_status
 from ..cloud.processes import xdist_worker_pids
 from .shutdown import GracefulTermination
 from .stash import CELL_KEY, RESUME_KEY, SETTINGS_KEY, run_context
-
-_EXIT_STATUS = {0: "passed", 1: "failed", 2: "interrupted"}
-
 
 class RunLifecycle:
     """Registered as ``gpubench-lifecycle`` in every process of a run."""
@@ -104,7 +102,7 @@ class RunLifecycle:
                     check_liveness=False, search_api=interrupted, close_running=True)
         if run["finished_at"] is None:
             with Manifest(settings.manifest) as manifest:
-                manifest.finish_run(settings.run_id, _EXIT_STATUS.get(int(exitstatus), f"exit {int(exitstatus)}"))
+                manifest.finish_run(settings.run_id, run_status(exitstatus))
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.termination.uninstall()

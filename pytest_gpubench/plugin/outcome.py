@@ -9,6 +9,16 @@ from .record import Outcome
 from .stash import RECORDER_KEY, REPORTS_KEY
 
 
+#: How a run ended, by pytest's exit status, as the manifest's ``runs.status`` says it.
+RUN_STATUS = {pytest.ExitCode.OK: "passed", pytest.ExitCode.TESTS_FAILED: "failed",
+              pytest.ExitCode.INTERRUPTED: "interrupted"}
+
+
+def run_status(exitstatus: int) -> str:
+    """``passed``, ``failed``, ``interrupted``, or ``exit N`` for pytest's other statuses."""
+    return RUN_STATUS.get(int(exitstatus), f"exit {int(exitstatus)}")
+
+
 def outcome_of(item: pytest.Item, current_stage: Stage) -> Outcome:
     """Classify the cell from its setup and call reports (teardown is not yet known).
 

@@ -15,6 +15,7 @@ from ..cloud.budget import skipped_by_budget, spend_of, summary_line
 from ..errors import ApiUnreachable
 from .live import LiveProgress, own_line
 from .matrix_scan import runs_matrix_files
+from .outcome import run_status
 from ..store.sandbox_label import summary_title
 from .stash import SANDBOX_KEY, SETTINGS_KEY, run_context
 from .summary_table import SummaryTable
@@ -68,9 +69,8 @@ class TerminalHooks:
             self.live.stop()
             self.live = None
         if self.summary.rows:
-            status = {0: "passed", 1: "failed", 2: "interrupted"}.get(int(exitstatus), f"exit {int(exitstatus)}")
             context = run_context(self.config)
-            context.manifest.finish_run(context.run_id, status)
+            context.manifest.finish_run(context.run_id, run_status(exitstatus))
 
     def _billed(self, run_id: str) -> float | None:
         """What the run's sessions cost (the attempts table, where a shared session is one
