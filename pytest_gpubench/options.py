@@ -40,7 +40,6 @@ class Option:
     flag: str
     help: str
     type: Callable[[str], Any] = str
-    default: Any = None
     env: str | None = None
     ini: bool = True
     action: str = "store"  # "store", "store_true" or "append"
@@ -160,26 +159,26 @@ OPTIONS: tuple[Option, ...] = (
     Option("model", "--gpubench-model", "run only cells of this model (deepseek-r1 selects every tag); repeatable",
            action="append", ini=False, metavar="MODEL"),
     Option("api", "--gpubench-api", f"GPU Shopper API base URL (default {DEFAULT_API})",
-           default=DEFAULT_API, env="GPUBENCH_API_BASE", metavar="URL"),
+           env="GPUBENCH_API_BASE", metavar="URL"),
     Option("sandbox", "--gpubench-sandbox", "start the emulated GPU Shopper cloud for this run and use it",
-           type=_bool, default=False, env="GPUBENCH_SANDBOX", action="store_true"),
+           type=_bool, env="GPUBENCH_SANDBOX", action="store_true"),
     Option("sandbox_catalog", "--gpubench-sandbox-catalog", "the sandbox's offer/rate catalog (YAML)",
            env="GPUBENCH_SANDBOX_CATALOG", metavar="PATH"),
     Option("sandbox_real_time", "--gpubench-sandbox-real-time",
            "in the sandbox, benchmark for the matrix's durations in real time, with its warm-up requests "
            "(fidelity checks), instead of on the sandbox's clock (the default: 300 s take 6 s at time "
            "scale 0.02, no warm-up)",
-           type=_bool, default=False, env="GPUBENCH_SANDBOX_REAL_TIME", action="store_true"),
+           type=_bool, env="GPUBENCH_SANDBOX_REAL_TIME", action="store_true"),
     Option("sandbox_ssh", "--gpubench-sandbox-ssh",
            "SSH server of sandbox instances: asyncssh (default) or openssh (a real sshd, needs root)",
-           type=_choice("asyncssh", "openssh"), default="asyncssh", env="GPUBENCH_SANDBOX_SSH", metavar="SERVER"),
+           type=_choice("asyncssh", "openssh"), env="GPUBENCH_SANDBOX_SSH", metavar="SERVER"),
     Option("time_scale", "--gpubench-time-scale",
            f"multiply every wait and timeout (default 1; {SANDBOX_TIME_SCALE} with the sandbox)",
            type=_positive_float, env="GPUBENCH_TIME_SCALE", metavar="FACTOR"),
     Option("manifest", "--gpubench-manifest", "SQLite manifest path (default <reports dir>/manifest.db)",
            env="GPUBENCH_MANIFEST", metavar="PATH"),
     Option("reports", "--gpubench-reports", "directory for progress files and reports (default reports)",
-           default="reports", env="GPUBENCH_REPORTS", metavar="DIR"),
+           env="GPUBENCH_REPORTS", metavar="DIR"),
     Option("duration", "--gpubench-duration",
            "benchmark duration of every cell, e.g. 300, 90s, 5m or 1h30m (overrides the matrix)",
            type=_duration, env="GPUBENCH_DURATION", metavar="DURATION"),
@@ -199,7 +198,7 @@ OPTIONS: tuple[Option, ...] = (
            "cells not started are skipped",
            type=_positive_float, env="GPUBENCH_BUDGET", metavar="USD"),
     Option("fail_on_skip", "--gpubench-fail-on-skip", "fail, instead of skip, cells that find no eligible offer",
-           type=_bool, default=False, env="GPUBENCH_FAIL_ON_SKIP", action="store_true"),
+           type=_bool, env="GPUBENCH_FAIL_ON_SKIP", action="store_true"),
     Option("resume", "--gpubench-resume",
            "run again, into the same run id, only the cells of that run (RUN_ID, or last) with no "
            "successful result; the others are deselected",
@@ -207,7 +206,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("run_id", "--gpubench-run-id", "run id for the manifest (default: a new one per run)",
            env="GPUBENCH_RUN_ID", ini=False, metavar="ID"),
     Option("workload_type", "--gpubench-workload-type", "workload_type sent when creating sessions",
-           default="interactive", env="GPUBENCH_WORKLOAD_TYPE", metavar="TYPE"),
+           env="GPUBENCH_WORKLOAD_TYPE", metavar="TYPE"),
     Option("reuse", "--gpubench-reuse",
            "group: cells of one GPU and provider share one rented session (default, as the matrix says); "
            "cell: every cell rents its own (overrides the matrix's `reuse`)",
@@ -236,9 +235,9 @@ OPTIONS: tuple[Option, ...] = (
            "fail cells that regressed beyond these bounds against the baseline, e.g. tps:10%,ttft:20%",
            type=_compare_rules, env="GPUBENCH_COMPARE_FAIL", metavar="RULES"),
     Option("upload", "--gpubench-upload", "POST every result to the GPU Shopper /api/v1/benchmarks",
-           type=_bool, default=False, env="GPUBENCH_UPLOAD", action="store_true"),
+           type=_bool, env="GPUBENCH_UPLOAD", action="store_true"),
     Option("live", "--gpubench-live", "show live progress of running cells in the terminal (default true)",
-           type=_bool, default=True, env="GPUBENCH_LIVE", metavar="BOOL"),
+           type=_bool, env="GPUBENCH_LIVE", metavar="BOOL"),
     Option("columns", "--gpubench-columns",
            "comma-separated columns of the gpubench summary table (default status, output_tokens_per_second, "
            "decode_tokens_per_second, ttft_p50_ms, cost_per_million_tokens, cost_usd; every name is in "

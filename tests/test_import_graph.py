@@ -2,7 +2,8 @@
 ``plugin/`` imports pytest, and imports point down the flow (docs/architecture.md).
 
 Every import counts, at module level or inside a function: a lazy import that
-closes a cycle still ties the two modules together.
+closes a cycle still ties the two modules together. Imports under ``if
+TYPE_CHECKING:`` do not: they name types for checkers and never run.
 """
 
 from __future__ import annotations
@@ -26,9 +27,7 @@ LAYERING_DEBT = {
     "cloud.session_pool -> measure.results",
     "cloud.provisioning -> plugin.record",
     "cloud.provisioning -> plugin.run_context",
-    "cloud.session_pool -> plugin.cell_benchmark",
     "cloud.session_pool -> plugin.record",
-    "cloud.session_pool -> plugin.run_context",
     "cloud.session_pool -> remote.system",
     "cloud.session_pool -> runtimes.ollama",
     "cloud.cleanup -> store.manifest",
@@ -53,7 +52,7 @@ def imports_of(path: Path, modules: set[str]) -> tuple[set[str], set[str]]:
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     inside, tops = set(), set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -73,6 +72,20 @@ def imports_of(path: Path, modules: set[str]) -> tuple[set[str], set[str]]:
             if target and target != name and target != ROOT:
                 inside.add(target)
     return inside, tops
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` outside ``if TYPE_CHECKING:`` blocks."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING":
+            yield from (n for child in node.orelse for n in _runtime_nodes_of(child))
+            continue
+        yield from _runtime_nodes_of(node)
+
+
+def _runtime_nodes_of(node: ast.AST):
+    yield node
+    yield from _runtime_nodes(node)
 
 
 def graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
@@ -135,6 +148,8 @@ def against_the_flow(edges: dict[str, set[str]]) -> set[str]:
     """``a -> b`` for each import of a folder later in :data:`FLOW` (package prefix dropped)."""
     found = set()
     for importer, imported in edges.items():
+        if importer == ROOT:
+            continue  # the public face (__init__) names things of every folder, on first use
         for target in imported:
             if FLOW.index(folder(target)) > FLOW.index(folder(importer)):
                 found.add(f"{importer.split('.', 1)[1]} -> {target.split('.', 1)[1]}")

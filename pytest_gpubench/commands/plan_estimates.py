@@ -82,10 +82,6 @@ class Estimate:
     seconds: float
     source: str
 
-    @property
-    def from_history(self) -> bool:
-        return self.source.startswith("history")
-
 
 def stage_seconds(lines: Iterable[ProgressLine]) -> dict[Stage, float]:
     """Each stage's seconds in one cell's progress file (only stages it passed).

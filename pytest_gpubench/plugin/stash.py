@@ -6,14 +6,19 @@ checkers, and the run context's modules only when one is created.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
-if TYPE_CHECKING:
-    from ..matrix.cells import Cell  # noqa: F401 - named in a string, for type checkers
+if TYPE_CHECKING:  # the key types, named in strings: nothing heavy is imported at load
+    from ..cloud.session_pool import Lease  # noqa: F401
+    from ..matrix.cells import Cell  # noqa: F401
+    from ..matrix.filters import CellFilters  # noqa: F401
+    from ..settings import Settings  # noqa: F401
+    from ..store.resume import ResumePlan  # noqa: F401
+    from .record import CellRecorder  # noqa: F401
     from .run_context import RunContext
-    from ..settings import Settings  # noqa: F401 - named in a string, for type checkers
+    from .sandbox_process import SandboxProcess  # noqa: F401
 
 SETTINGS_KEY = pytest.StashKey["Settings"]()
 RUN_CONTEXT_KEY = pytest.StashKey["RunContext"]()
@@ -21,22 +26,22 @@ RUN_CONTEXT_KEY = pytest.StashKey["RunContext"]()
 CELL_KEY = pytest.StashKey["Cell"]()
 #: The manifest key of an item: the cell id, plus the test name for Python tests.
 RECORD_KEY = pytest.StashKey[str]()
-RECORDER_KEY = pytest.StashKey[Any]()
+RECORDER_KEY = pytest.StashKey["CellRecorder"]()
 #: ``{"setup": (report, exception), "call": ...}`` as the phases finish.
-REPORTS_KEY = pytest.StashKey[dict]()
+REPORTS_KEY = pytest.StashKey["dict[str, tuple[pytest.TestReport, BaseException | None]]"]()
 #: The sandbox process this (controller) process started, if any.
-SANDBOX_KEY = pytest.StashKey[Any]()
+SANDBOX_KEY = pytest.StashKey["SandboxProcess"]()
 #: ``--gpubench-resume``: the run resumed and its cells already successful (resume.ResumePlan).
-RESUME_KEY = pytest.StashKey[Any]()
+RESUME_KEY = pytest.StashKey["ResumePlan"]()
 #: Session reuse: an item's reuse group (None: a session of its own), the group of the
 #: item that runs after it on this process, and the session lease it runs on.
-GROUP_KEY = pytest.StashKey[Any]()
-NEXT_GROUP_KEY = pytest.StashKey[Any]()
-LEASE_KEY = pytest.StashKey[Any]()
+GROUP_KEY = pytest.StashKey["str | None"]()
+NEXT_GROUP_KEY = pytest.StashKey["str | None"]()
+LEASE_KEY = pytest.StashKey["Lease"]()
 #: ``{group: [(record key, cell), ...]}`` in run order, from collection.
-REUSE_GROUPS_KEY = pytest.StashKey[dict]()
+REUSE_GROUPS_KEY = pytest.StashKey["dict[str, list[tuple[str, Cell]]]"]()
 #: The run's --gpubench-gpu/provider/model filters (``filters.CellFilters``).
-CELL_FILTERS_KEY = pytest.StashKey[Any]()
+CELL_FILTERS_KEY = pytest.StashKey["CellFilters"]()
 #: Whether the command line names matrix files (``matrix_scan.runs_matrix_files``), found once.
 MATRIX_ARGS_KEY = pytest.StashKey[bool]()
 

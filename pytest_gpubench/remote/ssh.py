@@ -86,11 +86,6 @@ class HostKeyPins:
         key = self.pinned(session_id)
         return key.get_fingerprint() if key is not None else ""
 
-    def forget(self, session_id: str) -> None:
-        """Drop the pin once the session is released (its id is never reused)."""
-        with self._lock:
-            self._keys.pop(session_id, None)
-
     async def connect(
         self, session_id: str, host: str, port: int, user: str, key_pem: str, *, timeout: float,
         keepalive_interval: float = KEEPALIVE_INTERVAL,
