@@ -8,7 +8,7 @@ from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.measure.metrics import detailed_metrics
 from pytest_gpubench.store.progress import read_progress
-from pytest_gpubench.plugin.record import CellRecorder, Outcome
+from pytest_gpubench.plugin.record import CellRecorder, CellOutcome
 from pytest_gpubench.measure.results import BenchmarkResult, RequestRecord, TestConfig, summarize
 from pytest_gpubench.plugin.summary_table import SummaryTable
 
@@ -49,7 +49,7 @@ def finished(tmp_path):
             "load": {"concurrency": cell.concurrency, "rate": cell.rate},
             "validity": {"valid": True, "reasons": []},
         }
-        props = recorder.finish(Outcome("success"))
+        props = recorder.finish(CellOutcome("success"))
         yield props, manifest.cell(recorder.row_id), recorder.progress.path
 
 

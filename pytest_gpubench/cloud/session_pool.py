@@ -33,7 +33,7 @@ from ..errors import Stage
 from ..matrix.cells import Cell
 from .offers import Constraints, unfit
 from ..store.progress import ProgressWriter
-from ..plugin.record import CellRecorder, Outcome
+from ..plugin.record import CellRecorder, CellOutcome
 from ..remote.system import free_disk_bytes
 from ..measure.results import HardwareInfo
 from ..runtimes.ollama import OllamaRuntime, with_tag
@@ -140,7 +140,7 @@ class SessionPool:
         recorder.session_adopted(lease.provisioning.recorder.record_key, session, lease.gpu_session.offer.offer,
                                  consumer=lease.provisioning.attempts[-1].consumer_id, turn=lease.turns)
 
-    def hand_back(self, lease: Lease, recorder: CellRecorder, outcome: Outcome, next_group: str | None) -> None:
+    def hand_back(self, lease: Lease, recorder: CellRecorder, outcome: CellOutcome, next_group: str | None) -> None:
         """The cell is done with the session: keep it for the next cell of its group, or release it."""
         reason = self._release_reason(lease, outcome, next_group)
         if reason is None:
@@ -149,7 +149,7 @@ class SessionPool:
         else:
             self.release(lease, recorder, reason)
 
-    def _release_reason(self, lease: Lease, outcome: Outcome, next_group: str | None) -> str | None:
+    def _release_reason(self, lease: Lease, outcome: CellOutcome, next_group: str | None) -> str | None:
         if lease.released:
             return "already released"
         if next_group != lease.group:

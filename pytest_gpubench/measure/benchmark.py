@@ -67,8 +67,8 @@ class BenchmarkPlan:
 
 
 @dataclass
-class BenchmarkOutcome:
-    """Every record the run produced, in arrival order, and how it ended."""
+class LoadgenPass:
+    """One load-generator pass: every record it produced, in arrival order, and how it ended."""
 
     records: list[RequestRecord] = field(default_factory=list)
     duration_seconds: float = 0.0
@@ -115,7 +115,7 @@ async def run_benchmark(
     on_event: Callable[[dict[str, Any]], None] | None = None,
     watch: SessionWatch | None = None,
     reconnect: Callable[[], Awaitable[Connection]] | None = None,
-) -> BenchmarkOutcome:
+) -> LoadgenPass:
     """Run ``plan`` and return its outcome.
 
     Raises ``BenchmarkInterrupted`` (carrying the partial outcome) when the run
@@ -125,7 +125,7 @@ async def run_benchmark(
     checkpoint, read over ``reconnect`` when the connection itself was lost.
     """
     until = time.monotonic() + timeout
-    outcome = BenchmarkOutcome()
+    outcome = LoadgenPass()
     has_python = (
         await conn.run("command -v python3", stage=Stage.BENCHMARK, what="looking for python3",
                        timeout=30, check=False)
@@ -178,7 +178,7 @@ async def run_benchmark(
 async def _complete_from_checkpoint(
     conn: Connection,
     plan: BenchmarkPlan,
-    outcome: BenchmarkOutcome,
+    outcome: LoadgenPass,
     until: float,
     reconnect: Callable[[], Awaitable[Connection]] | None,
     watch: SessionWatch | None,
@@ -196,7 +196,7 @@ async def _complete_from_checkpoint(
 
 async def _consume(
     lines: AsyncIterator[str],
-    outcome: BenchmarkOutcome,
+    outcome: LoadgenPass,
     on_event: Callable[[dict[str, Any]], None] | None,
 ) -> None:
     async for line in lines:

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .benchmark import BenchmarkOutcome, BenchmarkPlan, run_benchmark
+from .benchmark import LoadgenPass, BenchmarkPlan, run_benchmark
 from ..errors import BenchmarkInterrupted
 from .figures import output_tokens_per_second
 from ..matrix.cells import Cell
@@ -39,13 +39,13 @@ class Measurement:
     records: list[RequestRecord] = field(default_factory=list)
     samples: list[GpuSample] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
-    outcomes: list[BenchmarkOutcome] = field(default_factory=list)
+    outcomes: list[LoadgenPass] = field(default_factory=list)
 
     @property
     def duration_seconds(self) -> float:
         return sum(outcome.duration_seconds for outcome in self.outcomes)
 
-    def add(self, outcome: BenchmarkOutcome, samples: list[GpuSample], run_index: int) -> None:
+    def add(self, outcome: LoadgenPass, samples: list[GpuSample], run_index: int) -> None:
         offset = run_index * RUN_STRIDE
         records = [r.model_copy(update={"index": r.index + offset}) for r in outcome.records]
         self.records.extend(records)
@@ -85,7 +85,7 @@ def enough_runs(cell: Cell, runs_override: int | None, values: list[float]) -> b
 async def measure_once(runtime: OllamaRuntime, plan: BenchmarkPlan, *, timeout: float, telemetry_interval: float,
                        on_event: Callable[[dict[str, Any]], None], watch: SessionWatch | None = None,
                        reconnect: Callable[[], Awaitable[Connection]] | None = None,
-                       ) -> tuple[BenchmarkOutcome, list[GpuSample]]:
+                       ) -> tuple[LoadgenPass, list[GpuSample]]:
     """One run with nvidia-smi sampled beside it. Samples survive an interrupted run.
 
     ``watch`` and ``reconnect`` go to :func:`run_benchmark`: a lost instance ends the

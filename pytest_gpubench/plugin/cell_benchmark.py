@@ -28,7 +28,7 @@ from ..cloud.shopper_provider import OfferChoice
 from .record import CellRecorder, progress_path
 from ..remote.ssh import Connection, KeyFile
 from ..remote.system import compute_capability
-from ..measure.result_checks import keep_raw, result_problems
+from ..measure.sanity import keep_raw, result_problems
 from ..measure.results import BenchmarkResult, HardwareInfo, ModelInfo, TestConfig, summarize
 from .run_context import RunContext
 from ..runtimes.ollama import OllamaRuntime

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ..errors import BenchmarkInterrupted, GpubenchError, Stage, StageError
-from .record import Outcome
+from .record import CellOutcome
 from .stash import RECORDER_KEY, REPORTS_KEY
 
 
@@ -19,7 +19,7 @@ def run_status(exitstatus: int) -> str:
     return RUN_STATUS.get(int(exitstatus), f"exit {int(exitstatus)}")
 
 
-def outcome_of(item: pytest.Item, current_stage: Stage) -> Outcome:
+def outcome_of(item: pytest.Item, current_stage: Stage) -> CellOutcome:
     """Classify the cell from its setup and call reports (teardown is not yet known).
 
     ``current_stage`` is where the cell was when it stopped: the stage blamed for
@@ -32,13 +32,13 @@ def outcome_of(item: pytest.Item, current_stage: Stage) -> Outcome:
             continue
         if report.skipped:
             # The stage says where the cell stopped: inventory (no offer), model_pull (too large)...
-            return Outcome("skipped", failure_stage=str(current_stage), failure_reason="skipped",
+            return CellOutcome("skipped", failure_stage=str(current_stage), failure_reason="skipped",
                            error_message=_skip_reason(report))
         if report.failed:
             return _failure(error, current_stage)
     if "call" in reports:
-        return Outcome("success")
-    return Outcome("failed", failure_stage=str(current_stage), failure_reason="interrupted",
+        return CellOutcome("success")
+    return CellOutcome("failed", failure_stage=str(current_stage), failure_reason="interrupted",
                    error_message="the run stopped before this cell finished")
 
 
@@ -50,18 +50,18 @@ def write_error_now(item: pytest.Item) -> None:
         recorder.failed_now(outcome_of(item, recorder.stage))
 
 
-def _failure(error: BaseException | None, stage: Stage) -> Outcome:
+def _failure(error: BaseException | None, stage: Stage) -> CellOutcome:
     if isinstance(error, BenchmarkInterrupted):
-        return Outcome("partial", failure_stage=str(error.stage), failure_reason="interrupted",
+        return CellOutcome("partial", failure_stage=str(error.stage), failure_reason="interrupted",
                        error_message=str(error))
     if isinstance(error, StageError):
-        return Outcome("failed", failure_stage=str(error.stage), failure_reason=type(error).__name__,
+        return CellOutcome("failed", failure_stage=str(error.stage), failure_reason=type(error).__name__,
                        error_message=str(error))
     if isinstance(error, GpubenchError):
-        return Outcome("failed", failure_stage=str(stage), failure_reason=type(error).__name__,
+        return CellOutcome("failed", failure_stage=str(stage), failure_reason=type(error).__name__,
                        error_message=str(error))
     message = f"{type(error).__name__}: {error}" if error is not None else "failed"
-    return Outcome("failed", failure_stage=str(stage), failure_reason=type(error).__name__ if error else "failed",
+    return CellOutcome("failed", failure_stage=str(stage), failure_reason=type(error).__name__ if error else "failed",
                    error_message=message.strip())
 
 

@@ -34,7 +34,7 @@ def progress_path(progress_dir: Path, run_id: str, record_key: str) -> Path:
 
 
 @dataclass
-class Outcome:
+class CellOutcome:
     """How a cell ended, as the manifest and reports state it."""
 
     status: str
@@ -184,14 +184,14 @@ class CellRecorder:
             return self.earlier_api_cost_usd
         return (self.earlier_api_cost_usd or 0.0) + self.api_cost_usd
 
-    def failed_now(self, outcome: Outcome) -> None:
+    def failed_now(self, outcome: CellOutcome) -> None:
         """The cell's test just failed: write its ``ERROR:`` line now, once, so that it comes
         before the cell's status in the terminal (``finish`` writes it otherwise)."""
         if outcome.status in ("failed", "partial") and outcome.failure_stage and not self.error_written:
             self.error_written = True
             self.progress.error(outcome.failure_stage, outcome.error_message or outcome.status)
 
-    def finish(self, outcome: Outcome) -> dict[str, Any]:
+    def finish(self, outcome: CellOutcome) -> dict[str, Any]:
         """Write the outcome everywhere once; return the report properties."""
         with self._lock:
             if self.finished:
@@ -256,7 +256,7 @@ class CellRecorder:
         source = FigureSource(self.result.model_dump(mode="json"), self.details or {}, self.run_id)
         return {name: value for name, value in figure_values(source).items() if value is not None}
 
-    def properties(self, outcome: Outcome) -> dict[str, Any]:
+    def properties(self, outcome: CellOutcome) -> dict[str, Any]:
         """Plain JSON values only: they cross the xdist channel into JUnit XML.
 
         The cell's identity and outcome, then every registered figure of its result

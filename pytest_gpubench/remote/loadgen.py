@@ -743,7 +743,9 @@ class Wakeup:
 # -- the run ----------------------------------------------------------------------
 
 
-class Run:
+class LoadGenerator:
+    """One pass of the load generator: its connections, its load pattern and its clock."""
+
     def __init__(self, config, output):
         self.config = config
         self.output = output
@@ -999,7 +1001,7 @@ def main(argv):
         # Relative to the login home, whatever directory the SSH server started in.
         config["checkpoint_path"] = os.path.join(os.path.expanduser("~"), path)
     output = Output()
-    run = Run(config, output)
+    run = LoadGenerator(config, output)
 
     def interrupt(signum, frame):
         run.interrupted = run.stopping = True

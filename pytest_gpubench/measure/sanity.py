@@ -1,4 +1,4 @@
-"""Is a result fit to be kept as a measurement? Obviously invalid figures fail the cell.
+"""Is a result fit to be kept? Sanity checks: figures that cannot be right fail the cell.
 
 A result that does not validate, or whose figures cannot be right (nothing
 succeeded, no token came out, a NaN or a negative time), must not become a row
