@@ -69,6 +69,11 @@ BAD_MATRICES = [
     ("workload: {max_tokens: 0}\n" + ROW, "workload.max_tokens: must be a whole number from 1 to 131072", "got 0"),
     ("workload: {concurrency: 100000}\n" + ROW, "workload.concurrency:", "from 1 to 1024"),
     ("runtime: {ollama_install: '  '}\n" + ROW, "runtime.ollama_install: must be a non-empty shell command", ""),
+    ("runtime: tgi\n" + ROW, "runtime: unknown runtime 'tgi'; known runtimes: ollama", "(line 1)"),
+    ("runtime: {name: tgi}\n" + ROW, "runtime.name: unknown runtime 'tgi'; known runtimes: ollama", "(line 1)"),
+    ("matrix:\n  - {gpu: RTX 4090, provider: vastai, model: qwen2:7b, runtime: olama}\n",
+     "matrix[0].runtime: unknown runtime 'olama' (did you mean 'ollama'?); known runtimes: ollama", "(line 2)"),
+    ("runtime: [ollama]\n" + ROW, "runtime: must be a runtime name such as 'ollama', or a mapping", "got a list"),
     ("matrix:\n  - {gpu: 'RTX 4090; rm -rf /', provider: vastai, model: qwen2:7b}\n", "matrix[0].gpu:",
      "got 'RTX 4090; rm -rf /'"),
     ("matrix:\n  - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}\n  - {gpu: RTX 4090, provider: vastai, "

@@ -25,6 +25,7 @@ import pytest
 import sqlite_utils
 from e2e_helpers import QUICK, REPO, manifest_rows, run_pytest
 from polling import wait_for
+from sandbox_session import connect, new_session
 from standin_helpers import Server, write_instance
 
 from pytest_gpubench.measure.benchmark import LOADGEN_SOURCE, BenchmarkPlan, run_benchmark
@@ -35,7 +36,7 @@ from pytest_gpubench.measure.sanity import result_problems
 from pytest_gpubench.measure.results import BenchmarkResult, GPUStats, HardwareInfo, RequestRecord, summarize
 from pytest_gpubench.runtimes.ollama import SERVE_PID, OllamaRuntime
 from pytest_gpubench.sandbox.standin_state import StateStore, StreamFault
-from pytest_gpubench.settings import DEFAULT_OLLAMA_INSTALL, Settings
+from pytest_gpubench.settings import Settings
 from pytest_gpubench.cloud.shopper_client import ShopperClient
 from pytest_gpubench.runtimes.vram import vram_shortfall
 from pytest_gpubench.cloud.watch import SessionWatch
@@ -153,27 +154,9 @@ def test_empty_answers_make_an_invalid_result(standin, tmp_path):
 # ------------------------------------------------ against the in-process sandbox
 
 
-def new_session(api: httpx.Client) -> tuple[dict[str, Any], str]:
-    """A running sandbox session and its private key."""
-    offers = api.get("/api/v1/inventory", params={"provider": "vastai", "gpu_type": "RTX 4090"}).json()["offers"]
-    offer = min((o for o in offers if o["available"]), key=lambda o: o["price_per_hour"])
-    created = api.post("/api/v1/sessions", json={"consumer_id": f"issue4-{uuid.uuid4().hex[:8]}",
-                                                 "offer_id": offer["id"], "workload_type": "interactive",
-                                                 "reservation_hours": 1})
-    assert created.status_code == 201, created.text
-    session_id = created.json()["session"]["id"]
-    running = wait_for(lambda: (s := api.get(f"/api/v1/sessions/{session_id}").json())["status"] == "running" and s,
-                       30, "the session to run")
-    return running, created.json()["ssh_private_key"]
-
-
-async def connect(session: dict[str, Any], key: str) -> Connection:
-    return await Connection.open(session["ssh_host"], session["ssh_port"], "root", key, timeout=30)
-
-
 async def ready_runtime(conn: Connection) -> OllamaRuntime:
     runtime = OllamaRuntime(conn)
-    await runtime.ensure_installed(DEFAULT_OLLAMA_INSTALL, 60)
+    await runtime.ensure_installed(60)
     await runtime.locate(30)
     await runtime.ensure_serving(60, num_parallel=2)
     await runtime.pull(MODEL, 120)

@@ -338,9 +338,23 @@ def test_defaults_without_workload_or_offer(tmp_path):
     assert (w.duration, w.max_tokens, w.warmup_requests, w.progress_interval) == (300, 256, 1, 60)
     assert w.checkpoint_every == 10 and w.prompts == SEED_PROMPTS
     assert cell.offer.max_price is None and cell.offer.min_availability_confidence == 0.5
-    assert cell.ollama_install is None
+    assert cell.ollama_install is None and cell.runtime == "ollama"
     assert cell.matrix_name == "test"  # from gpubench_test.yaml
     assert cell.source.endswith("gpubench_test.yaml") and cell.row == 0
+
+
+def test_runtime_is_a_name_or_a_mapping_and_rows_override_it_key_by_key(tmp_path):
+    cells = cells_of(tmp_path, """\
+        runtime: {name: Ollama, ollama_install: "echo file"}
+        matrix:
+          - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}
+          - {gpu: RTX 3090, provider: vastai, model: qwen2:7b, runtime: {ollama_install: "echo row"}}
+          - {gpu: RTX 3080, provider: vastai, model: qwen2:7b, runtime: ollama}
+        """)
+    assert [(c.runtime, c.ollama_install) for c in cells] == [
+        ("ollama", "echo file"), ("ollama", "echo row"), ("ollama", "echo file")]
+    (alone,) = cells_of(tmp_path, "runtime: ollama\n" + ONE_ROW)
+    assert (alone.runtime, alone.ollama_install) == ("ollama", None)
 
 
 def test_row_workload_and_offer_merge_over_file(tmp_path):
@@ -841,7 +855,7 @@ def test_expanded_cells_are_what_validation_would_build(tmp_path):
         matrix:
           - {gpu: RTX 4090, providers: [vastai, tensordock], models: [library/qwen2:7b, llama3:8b]}
           - {gpu: A100 80GB, provider: vastai, model: qwen2:7b, workload: {rate: [0.5, 2], concurrency: 1},
-             reuse: cell, offer: {template: null}}
+             reuse: cell, offer: {template: null}, runtime: {ollama_install: "echo row"}}
         """)
     assert len(cells) == 10
     for cell in cells:

@@ -135,7 +135,7 @@ def test_marker_errors_are_clear(project):
 
 def test_fixtures_are_documented(project):
     result = project.runpytest("--fixtures")
-    for name in ("gpubench_cell", "gpu_offer", "gpu_session", "gpu_ssh", "ollama_runtime", "gpubench"):
+    for name in ("gpubench_cell", "gpu_offer", "gpu_session", "gpu_ssh", "gpu_runtime", "gpubench"):
         assert name in result.stdout.str()
 
 

@@ -6,7 +6,7 @@ that share a GPU type and provider (``Cell.session_group``) therefore share one
 session: the first rents it, the next ones find it in this process's
 :class:`SessionPool` and only pull their model. Between cells the session is
 re-checked (the API must still report it ``running``; Ollama must answer; the disk
-must hold the next model, or earlier models are removed) and it is released as
+must hold the next model, or earlier models are removed: :mod:`..runtimes.reuse`) and it is released as
 soon as the group's last cell on this worker is done, or a cell's failure says the
 session itself is gone.
 
@@ -32,11 +32,8 @@ from ..aio import run as run_async
 from ..errors import Stage
 from ..matrix.cells import Cell
 from .offers import Constraints, unfit
-from ..store.progress import ProgressWriter
-from ..plugin.record import CellRecorder, CellOutcome
-from ..remote.system import free_disk_bytes
+from ..plugin.record import CellOutcome, CellRecorder
 from ..measure.results import HardwareInfo
-from ..runtimes.ollama import OllamaRuntime, with_tag
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from ..plugin.cell_benchmark import GpuSession
@@ -189,42 +186,3 @@ class SessionPool:
         for lease in list(self.leases.values()):
             self.release(lease, None, "the run is over")
 
-
-GB = 1_000_000_000
-
-
-async def make_room(runtime: OllamaRuntime, lease: Lease, cell: Cell, progress: ProgressWriter,
-                    timeout: float) -> None:
-    """Before the next cell's model on a reused session: the GPU to itself, and disk for it.
-
-    Models of earlier cells are unloaded from GPU memory (they would share the card
-    and the memory readings). When the disk cannot hold the new model (its VRAM need,
-    an upper bound of its download), models pulled earlier are removed, oldest first,
-    until it can; if it still cannot, the pull goes ahead and Ollama says why it fails.
-    """
-    wanted = with_tag(cell.model)
-    for name in await runtime.loaded_models():
-        if with_tag(name) != wanted:
-            await runtime.unload(name)
-    if wanted in {with_tag(model) for model in lease.models}:
-        return
-    need = cell.vram_gb * GB
-    free = await free_disk_bytes(runtime.conn, timeout)
-    for old in list(lease.models):
-        if free is None or free >= need:
-            break
-        await runtime.remove(old)
-        lease.models.remove(old)
-        progress.status("MODEL_REMOVED", model=old, free_gb=round(free / GB, 1), needed_gb=cell.vram_gb)
-        free = await free_disk_bytes(runtime.conn, timeout)
-    if free is not None and free < need:
-        progress.status("DISK_LOW", free_gb=round(free / GB, 1), needed_gb=cell.vram_gb)
-
-
-def note_model(lease: Lease, runtime: OllamaRuntime, model: str) -> None:
-    """Remember what a cell left on the session: its model, and the server it may have started."""
-    if with_tag(model) not in {with_tag(m) for m in lease.models}:
-        lease.models.append(model)
-    lease.last_model = model
-    if runtime.started_here:
-        lease.ollama_started_here, lease.ollama_parallel = True, runtime.num_parallel

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_
 
 from ..errors import MatrixError
 from .fields import (  # noqa: F401 - re-exported
+    DEFAULT_RUNTIME,
     KNOWN_PROVIDERS,
     MAX_DURATION_S,
     NAME_RE,
@@ -37,6 +38,7 @@ from .fields import (  # noqa: F401 - re-exported
     Price,
     ProviderName,
     Runs,
+    RuntimeName,
     Seconds,
     StrictModel,
     Warmup,
@@ -46,6 +48,7 @@ from .fields import (  # noqa: F401 - re-exported
     model_name,
     number_text,
     parse_duration,
+    runtime_name,
     text_field,
     whole,
 )
@@ -138,9 +141,23 @@ class OfferConstraints(_Strict):
 
 
 class RuntimeSpec(_Strict):
-    """``runtime:``: how to set the model server up on an instance."""
+    """``runtime:``: which model server serves the cells, and how to set it up on an instance.
 
+    A name alone (``runtime: ollama``) is short for ``{name: ollama}``.
+    """
+
+    name: RuntimeName = DEFAULT_RUNTIME
     ollama_install: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_alone(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"name": runtime_name(value)}
+        if not isinstance(value, (Mapping, RuntimeSpec)):
+            raise invalid(f"must be a runtime name such as '{DEFAULT_RUNTIME}', or a mapping such as "
+                          f"{{name: {DEFAULT_RUNTIME}, ollama_install: '...'}}; got {describe(value)}")
+        return value
 
     @field_validator("ollama_install", mode="before")
     @classmethod
@@ -170,6 +187,7 @@ class RowSpec(_Strict):
     slo: Slo | None = None
     thresholds: Thresholds | None = None
     reuse: Reuse | None = None
+    runtime: RuntimeSpec | None = None
 
     @model_validator(mode="after")
     def _one_of_each(self) -> RowSpec:
@@ -255,6 +273,7 @@ class Matrix(BaseModel):
     source: str
     workload: Workload
     offer: OfferSpec
+    runtime: str = DEFAULT_RUNTIME
     ollama_install: str | None = None
     vram_overrides: dict[str, int] = {}
     slo: Slo = Slo()
@@ -278,6 +297,8 @@ class Cell(BaseModel):
     workload: Workload
     offer: OfferConstraints
     vram_gb: int
+    #: The model server (a name in ``runtimes/registry.py``).
+    runtime: str = DEFAULT_RUNTIME
     ollama_install: str | None = None
     matrix_name: str
     source: str
@@ -398,6 +419,7 @@ def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -
         source=source,
         workload=spec.workload,
         offer=spec.offer,
+        runtime=spec.runtime.name,
         ollama_install=spec.runtime.ollama_install,
         vram_overrides={model_ref(k).lower(): v.vram_gb for k, v in spec.models.items()},
         slo=spec.slo,
@@ -440,6 +462,10 @@ def _expand(matrix: Matrix) -> list[Cell]:
             "concurrency": (concurrency,), "rate": None if rate is None else (rate,)}))
             for concurrency, rate in points]
         reuse = row.reuse or matrix.reuse
+        row_runtime = row.runtime or RuntimeSpec()
+        runtime_set = row_runtime.model_fields_set
+        runtime = row_runtime.name if "name" in runtime_set else matrix.runtime
+        install = row_runtime.ollama_install if "ollama_install" in runtime_set else matrix.ollama_install
         row_offer = row.offer or OfferSpec()
         fields = row_offer.model_fields_set
         max_price = row_offer.max_price if "max_price" in fields else matrix.offer.max_price
@@ -449,7 +475,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 **(row_offer.min_availability_confidence or {})}
         gpu_key = normalize_gpu(row.gpu)
         row_cells = Prototype(Cell, dict(
-            gpu=row.gpu, ollama_install=matrix.ollama_install, matrix_name=matrix.name, source=matrix.source,
+            gpu=row.gpu, runtime=runtime, ollama_install=install, matrix_name=matrix.name, source=matrix.source,
             row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu),
         ), varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "concurrency", "rate",
                     "cell_id", "keywords", "reuse_group"))

@@ -23,6 +23,10 @@ from .yaml_errors import describe
 
 KNOWN_PROVIDERS: tuple[str, ...] = ("vastai", "tensordock", "bluelobster")
 """Providers a matrix may name (GPU Shopper's provider names)."""
+RUNTIME_NAMES: tuple[str, ...] = ("ollama",)
+"""Runtimes a matrix may name, the first the default: the names ``runtimes/registry.py`` implements
+(``tests/test_runtime_contract.py`` keeps the two lists equal; the matrix cannot import the runtimes)."""
+DEFAULT_RUNTIME = RUNTIME_NAMES[0]
 
 MAX_DURATION_S = 24 * 3600.0
 #: No GPU offer costs more (an 8 x H200 node is ~$30/h): a larger cap is a typo, not a budget.
@@ -179,6 +183,16 @@ def _provider(value: Any) -> str:
             f"unknown provider {raw!r}{did_you_mean(name, KNOWN_PROVIDERS)}; "
             f"known providers: {', '.join(KNOWN_PROVIDERS)}"
         )
+    return name
+
+
+def runtime_name(value: Any) -> str:
+    """A runtime the plugin implements (:data:`RUNTIME_NAMES`), as written or in another case."""
+    raw = text_field("a runtime name", f"'{DEFAULT_RUNTIME}'")(value)
+    name = raw.strip().lower()
+    if name not in RUNTIME_NAMES:
+        raise invalid(f"unknown runtime {raw!r}{did_you_mean(name, RUNTIME_NAMES)}; "
+                      f"known runtimes: {', '.join(RUNTIME_NAMES)}")
     return name
 
 
@@ -349,6 +363,7 @@ Seconds = Annotated[float, BeforeValidator(_seconds)]
 GpuName = Annotated[str, BeforeValidator(_gpu)]
 ProviderName = Annotated[str, BeforeValidator(_provider)]
 ModelName = Annotated[str, BeforeValidator(model_name)]
+RuntimeName = Annotated[str, BeforeValidator(runtime_name)]
 MaxTokens = Annotated[int, whole(1, 131072)]
 Warmup = Annotated[int, whole(0, 1000)]
 CheckpointEvery = Annotated[int, whole(1, 1_000_000)]

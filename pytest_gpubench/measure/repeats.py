@@ -22,7 +22,7 @@ from ..matrix.cells import Cell
 from .metrics import detailed_metrics
 from ..remote.ssh import Connection
 from .results import RequestRecord, summarize
-from ..runtimes.ollama import OllamaRuntime
+from ..runtimes.base import Runtime
 from .stats import RunStatistics, until_cv_reached
 from ..remote.telemetry import GpuSample, sample_gpus
 from .validity import judge
@@ -82,7 +82,7 @@ def enough_runs(cell: Cell, runs_override: int | None, values: list[float]) -> b
     return until_cv_reached(values, runs.until_cv, runs.max, runs.min)
 
 
-async def measure_once(runtime: OllamaRuntime, plan: BenchmarkPlan, *, timeout: float, telemetry_interval: float,
+async def measure_once(runtime: Runtime, plan: BenchmarkPlan, *, timeout: float, telemetry_interval: float,
                        on_event: Callable[[dict[str, Any]], None], watch: SessionWatch | None = None,
                        reconnect: Callable[[], Awaitable[Connection]] | None = None,
                        ) -> tuple[LoadgenPass, list[GpuSample]]:
@@ -92,10 +92,11 @@ async def measure_once(runtime: OllamaRuntime, plan: BenchmarkPlan, *, timeout: 
     run at once, a lost connection is made up for from the instance's checkpoint.
     """
     stop = asyncio.Event()
+    endpoint = runtime.endpoint
     sampler = asyncio.ensure_future(sample_gpus(runtime.conn, telemetry_interval, stop))
     try:
-        outcome = await run_benchmark(runtime.conn, plan, remote_ollama_url=runtime.remote_url,
-                                      local_ollama_url=runtime.url, timeout=timeout, on_event=on_event,
+        outcome = await run_benchmark(runtime.conn, plan, remote_ollama_url=endpoint.remote_url,
+                                      local_ollama_url=endpoint.local_url, timeout=timeout, on_event=on_event,
                                       watch=watch, reconnect=reconnect)
     except BenchmarkInterrupted as exc:
         stop.set()
@@ -106,7 +107,7 @@ async def measure_once(runtime: OllamaRuntime, plan: BenchmarkPlan, *, timeout: 
     return outcome, await sampler
 
 
-def details_of(cell: Cell, measurement: Measurement, runtime: OllamaRuntime, *,
+def details_of(cell: Cell, measurement: Measurement, runtime: Runtime, *,
                residency: dict[str, Any] | None, compute_capability: str) -> dict[str, Any]:
     """The figures beyond the BenchmarkResult shape, as plain JSON."""
     slo = cell.slo
@@ -131,7 +132,7 @@ def details_of(cell: Cell, measurement: Measurement, runtime: OllamaRuntime, *,
         "load": {"concurrency": cell.concurrency, "rate": cell.rate},
         # "instance" (python3 there) or "local" (here, over the SSH forward): latency includes the tunnel.
         "loadgen_where": sorted({outcome.where for outcome in measurement.outcomes}),
-        "runtime": {"name": "ollama", "version": runtime.version, "num_parallel": runtime.num_parallel,
+        "runtime": {"name": runtime.name, "version": runtime.version, "num_parallel": runtime.num_parallel,
                     "started_here": runtime.started_here},
         "hardware": {"compute_capability": compute_capability},
         # `requested`: the matrix's think (None: not sent, the runtime's default);

@@ -31,7 +31,7 @@ from ..remote.system import compute_capability
 from ..measure.sanity import keep_raw, result_problems
 from ..measure.results import BenchmarkResult, HardwareInfo, ModelInfo, TestConfig, summarize
 from .run_context import RunContext
-from ..runtimes.ollama import OllamaRuntime
+from ..runtimes.base import Runtime
 from ..cloud.shopper_client import Session
 from ..remote.telemetry import summarize_gpu
 from ..measure.thresholds import check_thresholds, describe_violations
@@ -69,7 +69,7 @@ async def watched(run: RunContext, session: GpuSession, stage: Stage,
 class Bench:
     """Runs the cell's benchmark on a ready runtime; ``run()`` returns the result."""
 
-    def __init__(self, run: RunContext, cell: Cell, recorder: CellRecorder, runtime: OllamaRuntime,
+    def __init__(self, run: RunContext, cell: Cell, recorder: CellRecorder, runtime: Runtime,
                  session: GpuSession) -> None:
         self._run, self.cell, self.recorder, self.runtime, self.session = run, cell, recorder, runtime, session
         self.result: BenchmarkResult | None = None
@@ -99,7 +99,7 @@ class Bench:
         run_index = 0
         while True:
             plan = self.plan(run_index)
-            self._ensure_ollama()
+            self._ensure_healthy()
             timeout = settings.stage_timeout(Stage.BENCHMARK, plan.duration)
             try:
                 outcome, samples = run_async(
@@ -134,8 +134,8 @@ class Bench:
         self._judge(result)
         return result
 
-    def _ensure_ollama(self) -> None:
-        """Seed 001's health check before each run: an Ollama that stopped answering is
+    def _ensure_healthy(self) -> None:
+        """Seed 001's health check before each run: a server that stopped answering is
         restarted once (and the model loaded again) before the cell fails."""
         settings, recorder, runtime = self._run.settings, self.recorder, self.runtime
         timeout = settings.stage_timeout(Stage.OLLAMA_INSTALL)
@@ -199,7 +199,7 @@ class Bench:
         workload, pulled = self.cell.workload, self.recorder.pulled
         return fingerprint(prompts=workload.prompt_payload(), max_tokens=workload.max_tokens,
                            concurrency=self.cell.concurrency, rate=self.cell.rate, think=workload.think,
-                           warmup_requests=workload.warmup_requests, runtime="ollama",
+                           warmup_requests=workload.warmup_requests, runtime=self.cell.runtime,
                            runtime_version=self.runtime.version, model_digest=pulled.digest if pulled else "")
 
     def _invalid(self, problems: list[str], result: BenchmarkResult | None) -> ResultsInvalid:
@@ -252,7 +252,7 @@ class Bench:
             raise ThresholdMissed(describe_violations(violations))
 
 
-def build_result(cell: Cell, recorder: CellRecorder, runtime: OllamaRuntime, session: GpuSession,
+def build_result(cell: Cell, recorder: CellRecorder, runtime: Runtime, session: GpuSession,
                  measurement: Measurement) -> BenchmarkResult:
     """The GPU Shopper BenchmarkResult of everything measured (possibly cut short)."""
     pulled = recorder.pulled
@@ -265,7 +265,7 @@ def build_result(cell: Cell, recorder: CellRecorder, runtime: OllamaRuntime, ses
             parameter_count=pulled.parameter_size if pulled else "",
             quantization=pulled.quantization if pulled else "",
             size_gb=round(pulled.size_bytes / 1e9, 2) if pulled else 0.0,
-            runtime="ollama",
+            runtime=cell.runtime,
             runtime_version=runtime.version,
         ),
         test_config=TestConfig(

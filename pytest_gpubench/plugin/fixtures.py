@@ -2,7 +2,7 @@
 
 ``gpubench_cell`` -> ``gpubench_recorder`` -> ``gpu_offer`` (inventory) ->
 ``gpu_session`` (provision, ssh_wait) -> ``gpu_ssh`` (ssh_connect, nvidia-smi)
--> ``ollama_runtime`` (ollama_install, model_pull) -> ``gpubench`` (benchmark,
+-> ``gpu_runtime`` (ollama_install, model_pull) -> ``gpubench`` (benchmark,
 results). Each acquires one thing and releases it in teardown, whatever
 happened; ``pytest --fixtures`` documents them.
 """
@@ -29,10 +29,11 @@ from .record import CellRecorder
 from ..remote.ssh import KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL, Connection, KeyFile
 from ..remote.system import probe_system
 from .run_context import RunContext
-from ..runtimes.ollama import OllamaRuntime
+from ..runtimes.base import Runtime
+from ..runtimes.registry import runtime_for
+from ..runtimes.reuse import make_room, note_model
 from ..store.sandbox_label import junit_property, progress_labels
-from ..cloud.session_pool import Lease, SessionPool, make_room, note_model
-from ..settings import DEFAULT_OLLAMA_INSTALL
+from ..cloud.session_pool import Lease, SessionPool
 from .stash import (
     CELL_KEY,
     LEASE_KEY,
@@ -248,9 +249,12 @@ def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_c
 
 
 @pytest.fixture
-def ollama_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_cell: Cell,
-                   gpubench_recorder: CellRecorder, gpu_session: GpuSession, gpu_ssh: Connection) -> OllamaRuntime:
-    """Stages ``ollama_install`` and ``model_pull``: Ollama serving the cell's model, warm.
+def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_cell: Cell,
+                gpubench_recorder: CellRecorder, gpu_session: GpuSession, gpu_ssh: Connection) -> Runtime:
+    """Stages ``ollama_install`` and ``model_pull``: the cell's runtime serving its model, warm.
+
+    The runtime is the one the cell's ``runtime:`` names (default ``ollama``), built
+    by :func:`~pytest_gpubench.runtimes.registry.runtime_for`.
 
     A model larger than the GPU memory ``nvidia-smi`` reports on the instance skips
     the cell (stage ``model_pull``) before anything is installed or pulled. While the
@@ -268,19 +272,18 @@ def ollama_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpu
         recorder.skip_reason = shortfall
         pytest.skip(f"[model_pull] {shortfall}")
     recorder.enter(Stage.OLLAMA_INSTALL)
-    runtime = OllamaRuntime(gpu_ssh)
+    runtime = runtime_for(cell, gpu_ssh)
     lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
     if lease is not None and lease.ollama_started_here:  # an earlier cell of the group started it
         runtime.started_here, runtime.num_parallel = True, lease.ollama_parallel
     timeout = settings.stage_timeout(Stage.OLLAMA_INSTALL)
-    install = cell.ollama_install or DEFAULT_OLLAMA_INSTALL
 
     async def install_and_serve() -> tuple[bool, str]:
         # On a reused session an earlier cell installed it: serving is what is checked.
         known = lease is not None and lease.ollama_started_here
-        installed = False if known else await runtime.ensure_installed(install, timeout)
+        installed = False if known else await runtime.ensure_installed(timeout)
         await runtime.locate(timeout)
-        return installed, await runtime.ensure_serving(timeout, num_parallel=ollama_parallelism(cell))
+        return installed, await runtime.ensure_serving(timeout, num_parallel=server_parallelism(cell))
 
     # Watched like the pull: an instance killed mid-install is named as the cause,
     # not the broken SSH channel it leaves behind.
@@ -293,7 +296,7 @@ def ollama_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpu
 
     async def pull_and_warm_up() -> float:
         if lease is not None and lease.models:  # a reused session: earlier cells' models are there
-            await make_room(runtime, lease, cell, recorder.progress, min(timeout, 60.0))
+            await make_room(runtime, lease, cell, recorder.progress.status, min(timeout, 60.0))
         await runtime.pull(cell.model, timeout, _pull_reporter(recorder))
         recorder.pulled = await asyncio.wait_for(runtime.model_info(cell.model), 30)
         # The model the previous cell ran is still loaded: its load is no cold start.
@@ -307,12 +310,12 @@ def ollama_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpu
     return runtime
 
 
-#: OLLAMA_NUM_PARALLEL for a request-rate cell, whose in-flight count is not fixed.
+#: Parallel requests (Ollama: OLLAMA_NUM_PARALLEL) for a request-rate cell, whose in-flight count is not fixed.
 RATE_MODE_PARALLEL = 64
 
 
-def ollama_parallelism(cell: Cell) -> int:
-    """At least the cell's concurrency: Ollama queues whatever is beyond it."""
+def server_parallelism(cell: Cell) -> int:
+    """The requests the cell's server must take at once: at least its concurrency (Ollama queues the rest)."""
     return cell.concurrency if cell.rate is None else max(cell.concurrency, RATE_MODE_PARALLEL)
 
 
@@ -335,12 +338,12 @@ def _pull_reporter(recorder: CellRecorder):
 
 @pytest.fixture
 def gpubench(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: CellRecorder,
-             ollama_runtime: OllamaRuntime, gpu_session: GpuSession) -> Bench:
+             gpu_runtime: Runtime, gpu_session: GpuSession) -> Bench:
     """A ready benchmark for this cell: call ``gpubench.run()`` in the test body.
 
-    Everything before it (offer, session, SSH, Ollama, model) is set up by the
+    Everything before it (offer, session, SSH, runtime, model) is set up by the
     fixtures it depends on, and released in their teardown.
     """
     if gpubench_run.settings.upload:
         gpubench_recorder.upload = lambda benchmark_id: upload_now(gpubench_run, gpubench_recorder, benchmark_id)
-    return Bench(gpubench_run, gpubench_cell, gpubench_recorder, ollama_runtime, gpu_session)
+    return Bench(gpubench_run, gpubench_cell, gpubench_recorder, gpu_runtime, gpu_session)

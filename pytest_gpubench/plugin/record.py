@@ -22,7 +22,7 @@ from ..store.manifest import Manifest
 from ..matrix.cells import Cell
 from ..store.progress import ProgressWriter
 from ..measure.results import BenchmarkResult, HardwareInfo, RequestRecord
-from ..runtimes.ollama import ModelInfo as PulledModel
+from ..runtimes.base import PulledModel
 
 STATUSES = ("pending", "running", "success", "partial", "failed", "skipped")
 

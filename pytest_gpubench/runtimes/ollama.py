@@ -1,5 +1,8 @@
 """Ollama on an instance: install if missing, serve, pull, verify, warm up.
 
+:class:`OllamaRuntime` implements the :class:`~.base.Runtime` protocol; its
+endpoint is Ollama's native API (``/api/generate``).
+
 Shell commands are constants or quoted; the Ollama API itself is reached over an
 SSH port forward to the instance's ``OLLAMA_HOST``, so no command line ever
 carries a model name or prompt.
@@ -13,12 +16,15 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 
 from ..errors import RemoteCommandError, Stage, StageError
+from ..matrix.cells import Cell
 from ..remote.ssh import Connection
+from ..settings import DEFAULT_OLLAMA_INSTALL
+from .base import Endpoint, PulledModel, ServingApi
 
 #: Ollama model references: name[:tag], optionally namespaced. Nothing a shell
 #: or a URL would treat specially.
@@ -26,8 +32,6 @@ MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]
 DEFAULT_PORT = 11434
 #: Download tools an install command may need; a missing one is named in the error.
 DOWNLOADERS = ("curl", "wget")
-#: Ollama's documented Linux install (settings.DEFAULT_OLLAMA_INSTALL is the same command).
-DEFAULT_INSTALL = "curl -fsSL https://ollama.com/install.sh | sh"
 SERVE_LOG = "$HOME/.gpubench/ollama-serve.log"
 #: The pid of the ``ollama serve`` this runtime started, so that a hung one can be ended.
 SERVE_PID = "$HOME/.gpubench/ollama-serve.pid"
@@ -47,22 +51,13 @@ def with_tag(model: str) -> str:
 
 
 @dataclass
-class ModelInfo:
-    """What ``/api/tags`` says of a pulled model."""
-
-    name: str
-    size_bytes: int = 0
-    digest: str = ""
-    family: str = ""
-    parameter_size: str = ""
-    quantization: str = ""
-
-
-@dataclass
 class OllamaRuntime:
-    """Ollama on one instance, driven through an SSH connection."""
+    """Ollama on one instance, driven through an SSH connection (a :class:`~.base.Runtime`)."""
 
+    name: ClassVar[str] = "ollama"
     conn: Connection
+    #: Run when ``ollama --version`` fails: the matrix's ``runtime.ollama_install`` or Ollama's own.
+    install_command: str = DEFAULT_OLLAMA_INSTALL
     version: str = ""
     remote_host: str = "127.0.0.1"
     remote_port: int = DEFAULT_PORT
@@ -77,6 +72,20 @@ class OllamaRuntime:
     wanted_parallel: int = 1
     #: Restarts after a failed health check (at most one per runtime).
     restarts: int = 0
+
+    @classmethod
+    def for_cell(cls, conn: Connection, cell: Cell) -> OllamaRuntime:
+        """The runtime a cell's matrix asks for, on ``conn``."""
+        return cls(conn, install_command=cell.ollama_install or DEFAULT_OLLAMA_INSTALL)
+
+    @property
+    def endpoint(self) -> Endpoint:
+        """Ollama's native API, on the instance and through the forward."""
+        return Endpoint(remote_url=self.remote_url, local_url=self.url, api=ServingApi.OLLAMA)
+
+    def canonical_model(self, model: str) -> str:
+        """Ollama's name of ``model``: a bare name means ``:latest``."""
+        return with_tag(model)
 
     @property
     def url(self) -> str:
@@ -98,12 +107,13 @@ class OllamaRuntime:
         match = re.search(r"(\d+\.\d+\.\d+\S*)", result.stdout + result.stderr)
         return match.group(1) if match else "unknown"
 
-    async def ensure_installed(self, install_command: str, timeout: float) -> bool:
+    async def ensure_installed(self, timeout: float) -> bool:
         """Install Ollama unless it is already there. Returns True if it installed.
 
-        ``install_command`` is the user's own shell command (matrix or option),
+        :attr:`install_command` is the user's own shell command (matrix or option),
         run as written: it is configuration, not data.
         """
+        install_command = self.install_command
         deadline = time.monotonic() + timeout
         if await self.installed_version(timeout) is not None:
             return False
@@ -133,7 +143,7 @@ class OllamaRuntime:
             found = await self.conn.run(f"command -v {tool}", stage=Stage.OLLAMA_INSTALL,
                                         what=f"looking for {tool}", timeout=30, check=False)
             if not found.ok:
-                then = DEFAULT_INSTALL if tool == "curl" else "<your install command>"
+                then = DEFAULT_OLLAMA_INSTALL if tool == "curl" else "<your install command>"
                 raise StageError(
                     Stage.OLLAMA_INSTALL,
                     f"{tool} is not installed on the instance, and the Ollama install command uses it "
@@ -163,15 +173,18 @@ class OllamaRuntime:
         if version is not None and self.started_here and self.num_parallel not in (None, self.wanted_parallel):
             # A server an earlier cell started on this session (session reuse) with another
             # OLLAMA_NUM_PARALLEL: this cell's concurrency needs its own setting.
-            await self._end_server(timeout, Stage.OLLAMA_INSTALL)
+            await self.stop(timeout, Stage.OLLAMA_INSTALL)
             version = None
         if version is None:
             version = await self._serve(self.wanted_parallel, timeout, Stage.OLLAMA_INSTALL)
         self.version = version
         return version
 
-    async def _end_server(self, timeout: float, stage: Stage) -> None:
-        """Kill the ``ollama serve`` this runtime (or an earlier one on the session) started."""
+    async def stop(self, timeout: float, stage: Stage = Stage.OLLAMA_INSTALL) -> None:
+        """Kill the ``ollama serve`` this runtime (or an earlier one on the session) started.
+
+        One found running (no pid file of ours) is left alone: it cannot be told from another process.
+        """
         await self.conn.run(f'pid=$(cat "{SERVE_PID}" 2>/dev/null) && [ -n "$pid" ] && kill -9 "$pid"; true',
                             stage=stage, what="ending the ollama serve started earlier", timeout=timeout)
         deadline = time.monotonic() + timeout
@@ -214,7 +227,7 @@ class OllamaRuntime:
             on_restart(reason)
         if self.started_here:
             # A hung server (alive, not answering) would keep the port: end the one we started.
-            await self._end_server(timeout, stage)
+            await self.stop(timeout, stage)
         try:
             self.version = await self._serve(self.num_parallel or self.wanted_parallel, timeout, stage)
         except StageError as exc:
@@ -318,7 +331,7 @@ class OllamaRuntime:
             raise StageError(Stage.MODEL_PULL, f"removing {model} answered {response.status_code}: "
                                                f"{_error_text(response)}")
 
-    async def model_info(self, model: str) -> ModelInfo:
+    async def model_info(self, model: str) -> PulledModel:
         """Verify ``model`` is listed by ``/api/tags`` and describe it."""
         wanted = with_tag(model)
         async with httpx.AsyncClient(base_url=self.url, timeout=30) as http:
@@ -326,7 +339,7 @@ class OllamaRuntime:
         for entry in response.json().get("models", []):
             if with_tag(entry.get("name", "")) == wanted:
                 details = entry.get("details") or {}
-                return ModelInfo(
+                return PulledModel(
                     name=entry["name"], size_bytes=int(entry.get("size") or 0),
                     digest=str(entry.get("digest", "")), family=str(details.get("family", "")),
                     parameter_size=str(details.get("parameter_size", "")),

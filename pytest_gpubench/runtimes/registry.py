@@ -1,0 +1,32 @@
+"""Runtime names -> implementations: what a cell's ``runtime:`` may name, and the one place that builds one.
+
+A new runtime is a module in this folder implementing :class:`~.base.Runtime`, an
+entry in :data:`RUNTIMES`, and its name in ``matrix/fields.py``'s ``RUNTIME_NAMES``;
+``tests/test_runtime_contract.py`` then runs the contract suite against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..errors import Stage, StageError
+from ..matrix.cells import Cell
+from ..remote.ssh import Connection
+from .base import Runtime
+from .ollama import OllamaRuntime
+
+#: Builds a cell's runtime on an open SSH connection to its instance.
+RuntimeFactory = Callable[[Connection, Cell], Runtime]
+
+RUNTIMES: dict[str, RuntimeFactory] = {
+    OllamaRuntime.name: OllamaRuntime.for_cell,
+}
+
+
+def runtime_for(cell: Cell, conn: Connection) -> Runtime:
+    """The runtime ``cell`` names, driven through ``conn``."""
+    factory = RUNTIMES.get(cell.runtime)
+    if factory is None:  # a matrix cannot name one; a Cell built by hand can
+        raise StageError(Stage.OLLAMA_INSTALL, f"unknown runtime {cell.runtime!r}; "
+                                               f"known runtimes: {', '.join(RUNTIMES)}")
+    return factory(conn, cell)
