@@ -34,6 +34,8 @@ _WHERE = {
     "StageError": "pytest_gpubench.errors",
     "MatrixError": "pytest_gpubench.errors",
     "UsageProblem": "pytest_gpubench.errors",
+    # The seams (docs/architecture.md).
+    "Runtime": "pytest_gpubench.runtimes.base",
     # Settings as the run resolved them.
     "Settings": "pytest_gpubench.settings",
 }
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     from .measure.results import BenchmarkResult, PerformanceResults, RequestRecord
     from .measure.thresholds import Slo
     from .plugin.cell_benchmark import Bench
+    from .runtimes.base import Runtime
     from .settings import Settings
 
 
