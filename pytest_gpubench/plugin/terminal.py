@@ -76,7 +76,7 @@ class TerminalHooks:
         """What the run's sessions cost (the attempts table, where a shared session is one
         row), or None when it has none (cells that never rented)."""
         try:
-            attempts = run_context(self.config).manifest.attempts(run_id)
+            attempts = run_context(self.config).store.attempts(run_id)
         except Exception:  # noqa: BLE001 - the summary falls back to the cells' own figures
             return None
         return spend_of(attempts, datetime.now(timezone.utc)).spent if attempts else None

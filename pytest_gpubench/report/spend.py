@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..cloud.budget import spend_of
 from ..store.manifest import Manifest
+from ..store.sqlite_store import SqliteStore
 
 __all__ = ["RunSpend", "run_spend"]
 
@@ -47,14 +48,14 @@ def run_spend(manifest: Manifest, run_id: str, now: datetime) -> RunSpend:
     """Run ``run_id``'s cells and spend; an unfinished run's open sessions count up to ``now``."""
     run = manifest.run(run_id) or {}
     cells = manifest.cells(run_id)
-    attempts = manifest.attempts(run_id)
+    attempts = SqliteStore(manifest).attempts(run_id)
     finished = run.get("finished_at") or ""
     as_of = datetime.fromisoformat(finished) if finished else now
     cells_cost = sum(cell["cost_usd"] or 0.0 for cell in cells)
     if attempts:
         spent, source = spend_of(attempts, as_of).spent, "attempts"
-        sessions = {a["session_id"] for a in attempts if a["session_id"]}
-        still_open = sum(1 for a in attempts if a["session_id"] and not a["ended_at"])
+        sessions = {a.session_id for a in attempts if a.session_id}
+        still_open = sum(1 for a in attempts if a.session_id and not a.ended_at)
     else:  # a run from before attempts were kept, or an imported one: the cells' own figures
         spent, source = cells_cost, "cells"
         sessions = {cell["session_id"] for cell in cells if cell["session_id"]}
