@@ -235,13 +235,14 @@ def _import(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from ..report.gather import build_report
     from ..report.write import write_reports
+    from ..store.sqlite_store import SqliteStore
 
     directory = Path(args.output_dir or os.environ.get("GPUBENCH_REPORTS") or "reports")
     with _open_manifest(args.manifest) as manifest:
         if not manifest.run_ids():
             raise CommandError(f"the manifest {manifest.path} has no runs yet: nothing to report")
         runs = list(dict.fromkeys(_resolve_run(manifest, run) for run in args.run or []))
-        report = build_report(manifest, runs or None)
+        report = build_report(SqliteStore(manifest), runs or None)
     try:
         markdown, html = write_reports(report, directory)
     except OSError as exc:
