@@ -79,7 +79,7 @@ def test_the_report_export_compare_and_resume_read_the_migrated_file(old_manifes
         assert row.decode_tokens_per_second == pytest.approx(DECODE, abs=0.05)
         assert row.figures["ttft_p99_ms"] == 48.9  # read from the old details
         out = io.StringIO()
-        assert export_results(m, RUN, "csv", out) == 1
+        assert export_results(SqliteStore(m), RUN, "csv", out) == 1
         [exported] = list(csv.DictReader(io.StringIO(out.getvalue())))
         assert float(exported["output_tokens_per_second"]) == pytest.approx(OUTPUT)
         assert float(exported["decode_tokens_per_second"]) == pytest.approx(DECODE, abs=0.05)

@@ -88,18 +88,19 @@ def _resolve_run(manifest, run: str | None) -> str | None:
 
 def _export(args: argparse.Namespace) -> int:
     from ..store.export import export_results
+    from ..store.sqlite_store import SqliteStore
 
     with _open_manifest(args.manifest) as manifest:
         run_id = _resolve_run(manifest, args.run)
         if args.output in (None, "-"):
-            count = export_results(manifest, run_id, args.format, sys.stdout)
+            count = export_results(SqliteStore(manifest), run_id, args.format, sys.stdout)
             target = "stdout"
         else:
             target_path = Path(args.output)
             try:
                 target_path.parent.mkdir(parents=True, exist_ok=True)
                 with open(target_path, "w", encoding="utf-8", newline="") as out:
-                    count = export_results(manifest, run_id, args.format, out)
+                    count = export_results(SqliteStore(manifest), run_id, args.format, out)
             except OSError as exc:
                 raise CommandError(f"cannot write {target_path}: {exc.strerror or exc}", EXIT_FAILED) from None
             target = str(target_path)
@@ -111,6 +112,7 @@ def _export(args: argparse.Namespace) -> int:
 async def _upload_async(manifest, run_id: str | None, api: str, token: str | None):
     from ..errors import ApiUnreachable
     from ..store.export import upload_pending
+    from ..store.sqlite_store import SqliteStore
     from ..cloud.shopper_client import ShopperClient
 
     client = ShopperClient(api, token=token)
@@ -121,7 +123,7 @@ async def _upload_async(manifest, run_id: str | None, api: str, token: str | Non
             raise CommandError(
                 f"{exc.message}; the results stay pending: run `gpubench upload` again", EXIT_FAILED
             ) from None
-        return await upload_pending(manifest, client, run_id)
+        return await upload_pending(SqliteStore(manifest), client, run_id)
     finally:
         await client.aclose()
 

@@ -301,7 +301,7 @@ def build_result(cell: Cell, recorder: CellRecorder, runtime: OllamaRuntime, ses
 
 def upload_now(run: RunContext, recorder: CellRecorder, benchmark_id: str) -> None:
     """POST a stored result to GPU Shopper now; a failure stays pending for ``gpubench upload``."""
-    error = run_async(upload_result(run.manifest, run.provider.client, benchmark_id), 60 + BRIDGE_SLACK)
+    error = run_async(upload_result(run.store, run.provider.client, benchmark_id), 60 + BRIDGE_SLACK)
     if error:
         recorder.progress.error(Stage.RESULTS, f"upload failed (kept; retry with gpubench upload): {error}")
     else:
