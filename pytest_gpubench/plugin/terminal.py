@@ -70,7 +70,7 @@ class TerminalHooks:
         if self.summary.rows:
             status = {0: "passed", 1: "failed", 2: "interrupted"}.get(int(exitstatus), f"exit {int(exitstatus)}")
             context = run_context(self.config)
-            context.manifest.finish_run(context.run_id, status)
+            context.store.finish_run(context.run_id, status)
 
     def _billed(self, run_id: str) -> float | None:
         """What the run's sessions cost (the attempts table, where a shared session is one
@@ -100,8 +100,8 @@ class TerminalHooks:
             if settings.budget is not None:
                 spent = billed if billed is not None else sum(
                     float(r.get("gpubench_cost_usd") or 0) for r in self.summary.rows)
-                cells = run_context(self.config).manifest.cells(settings.run_id)
-                skipped = sum(1 for c in cells if c["status"] == "skipped" and skipped_by_budget(c["error_message"]))
+                cells = run_context(self.config).store.cells(settings.run_id)
+                skipped = sum(1 for c in cells if c.status == "skipped" and skipped_by_budget(c.error_message))
                 terminalreporter.write_line(summary_line(settings.budget, spent, skipped))
             terminalreporter.write_line(f"run {settings.run_id}; manifest {settings.manifest}; "
                                         f"progress files {settings.progress_dir / settings.run_id}")
