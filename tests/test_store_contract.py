@@ -398,3 +398,38 @@ def test_sqlite_every_column_reaches_a_record():
     assert fields(MANIFEST_COLUMNS, CellRecord) == set()
     assert fields(ATTEMPT_COLUMNS, AttemptRecord) == set()
     assert fields(BENCHMARK_COLUMNS, ResultRecord, PerformanceResults.model_fields) == set()
+
+
+def test_a_baseline_s_figures_compare_and_carry_its_fingerprint(store):
+    from pytest_gpubench.measure.compare import compare, figures_of
+    from pytest_gpubench.measure.fingerprint import fingerprint, incomparable, stored_fingerprint
+
+    row_id = _finished(store, "old", "success", 60.0)
+    result_id = store.cell(row_id).benchmark_id
+    stored = fingerprint(prompts=["hi"], max_tokens=64, concurrency=1, rate=None, think=None,
+                         warmup_requests=0, runtime="ollama", runtime_version="0.5.7")
+    store.set_result_details(result_id, {"fingerprint": stored.model_dump(mode="json")})
+    figures = store.baseline(CELL, exclude_run="now").figures()
+    assert figures["run_id"] == "old" and stored_fingerprint(figures) == stored
+    assert incomparable(stored, figures) is None
+    comparison = compare(figures_of(make_result(30.0), "now"), figures)
+    baseline = {change.metric: change.baseline for change in comparison.changes}
+    assert comparison.baseline_run == "old"
+    assert baseline["ttft"] == 40.0 and baseline["error_rate"] == 0.05
+    assert baseline["cost"] == pytest.approx(store.result(result_id).cost_per_million_tokens)
+
+
+def test_sqlite_a_baseline_s_figures_compare_as_the_manifest_s_row_did(tmp_path):
+    """The typed baseline changes no comparison: the same figures as the raw row, also
+    where an older manifest left a figure NULL (the fallback column applies)."""
+    from pytest_gpubench.measure.compare import compare, figures_of
+
+    with SqliteStore.open(tmp_path / "m.db") as store:
+        _finished(store, "old", "success", 60.0)
+        store.manifest.db.execute("UPDATE benchmarks SET p50_tokens_per_second = NULL")
+        store.manifest.db.conn.commit()
+        current = figures_of(make_result(30.0), "now")
+        raw = compare(current, store.manifest.baseline(CELL, exclude_run="now"))
+        typed = compare(current, store.baseline(CELL, exclude_run="now").figures())
+        assert typed == raw
+        assert {c.metric: c.baseline for c in typed.changes}["tps"] == 60.0  # the fallback: decode tok/s

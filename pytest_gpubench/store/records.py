@@ -206,11 +206,11 @@ class Baseline(_Record):
         :func:`~pytest_gpubench.measure.fingerprint.incomparable` read them: the cell's
         columns, its result's under ``benchmark``."""
         found = self.cell.model_dump()
+        found["benchmark"] = None
         if self.result is not None:
-            benchmark = {**self.result.figures.model_dump(), **self.result.model_dump(exclude={"figures"})}
-            found["benchmark"] = benchmark
-        else:
-            found["benchmark"] = None
+            # Only the figures stored: one never written is missing, so a fallback applies.
+            stored = self.result.figures.model_dump(exclude_unset=True)
+            found["benchmark"] = {**stored, **self.result.model_dump(exclude={"figures"})}
         return found
 
 
