@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..cloud.owned import OwnedSession
 from ..cloud.processes import ProcessIdentity
 from ..measure.results import PerformanceResults
 
@@ -137,23 +138,6 @@ class AttemptRecord(_Record):
     api_cost_usd: float | None = None
     session_status: str | None = None
     worker: str | None = None
-
-
-class OwnedSession(_Record):
-    """A session the store knows a run rented and whose release it never recorded."""
-
-    session_id: str
-    run_id: str
-    consumer_id: str | None = None
-    row_id: str | None = None
-    cell_id: str | None = None
-    cell_status: str | None = None
-    worker: str | None = None
-    progress_file: str | None = None
-    #: The last status the API reported, if any.
-    session_status: str | None = None
-    #: The attempt that rented it, or None when only the cell knows the session.
-    attempt: int | None = None
 
 
 class ResultRecord(_Record):
