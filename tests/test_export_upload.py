@@ -15,6 +15,7 @@ import httpx
 import pytest
 from result_helpers import make_result
 
+from pytest_gpubench.store.sqlite_store import SqliteStore
 from pytest_gpubench.commands.cli import main
 from pytest_gpubench.store.export import csv_columns, export_results, upload_pending
 from pytest_gpubench.store.manifest import Manifest
@@ -63,22 +64,22 @@ def closed_port() -> int:
 def test_json_export_is_the_stored_benchmark_results(manifest_path):
     with Manifest(manifest_path) as m:
         out = io.StringIO()
-        assert export_results(m, None, "json", out) == 3
+        assert export_results(SqliteStore(m), None, "json", out) == 3
         exported = json.loads(out.getvalue())
         assert exported == [json.loads(row["result_json"]) for row in m.benchmarks()]
         assert [BenchmarkResult.model_validate(r).results.avg_tokens_per_second for r in exported] == [
             195.3, 100.0, 180.1]
         one_run = io.StringIO()
-        assert export_results(m, "run-2", "json", one_run) == 1
+        assert export_results(SqliteStore(m), "run-2", "json", one_run) == 1
         assert json.loads(one_run.getvalue())[0]["id"] == m.benchmarks("run-2")[0]["id"]
         empty = io.StringIO()
-        assert export_results(m, "no-such-run", "json", empty) == 0 and json.loads(empty.getvalue()) == []
+        assert export_results(SqliteStore(m), "no-such-run", "json", empty) == 0 and json.loads(empty.getvalue()) == []
 
 
 def test_csv_export_flattens_every_group(manifest_path):
     with Manifest(manifest_path) as m:
         out = io.StringIO()
-        assert export_results(m, "run-1", "csv", out) == 2
+        assert export_results(SqliteStore(m), "run-1", "csv", out) == 2
         benchmark_rows = m.benchmarks("run-1")
     reader = csv.DictReader(io.StringIO(out.getvalue()))
     assert reader.fieldnames == csv_columns()
@@ -99,7 +100,7 @@ def test_csv_export_flattens_every_group(manifest_path):
 
 def test_unknown_format_is_refused(manifest_path):
     with Manifest(manifest_path) as m, pytest.raises(ValueError, match="json, csv"):
-        export_results(m, None, "xml", io.StringIO())
+        export_results(SqliteStore(m), None, "xml", io.StringIO())
 
 
 # ------------------------------------------------------------------------ upload
@@ -109,7 +110,7 @@ async def _upload(path: Path, url: str, run_id: str | None = None):
     client = ShopperClient(url, timeout=10)
     try:
         with Manifest(path) as m:
-            return await upload_pending(m, client, run_id)
+            return await upload_pending(SqliteStore(m), client, run_id)
     finally:
         await client.aclose()
 
@@ -167,7 +168,7 @@ def test_one_refused_result_does_not_stop_the_others(manifest_path):
         count = httpx.get(f"{sandbox.url}/api/v1/benchmarks", timeout=10).json()["count"]
     assert uploaded == [second] and count == 1
     assert "API answered 400" in failed[first] and "price_per_hour" in failed[first]
-    assert "JSONDecodeError" in failed[third]
+    assert "the stored result is not a JSON object" in failed[third]  # unreadable JSON reads as none
     with Manifest(manifest_path) as m:
         assert {row["id"] for row in m.pending_uploads()} == {first, third}
 

@@ -32,6 +32,8 @@ from pytest_gpubench.cloud.budget import (
 )
 from pytest_gpubench.errors import ApiError, MatrixError, Stage, StageError, UsageProblem
 from pytest_gpubench.store.manifest import Manifest
+from pytest_gpubench.store.records import AttemptRecord
+from pytest_gpubench.store.sqlite_store import SqliteStore
 from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.cloud.offers import Constraints, next_offer
 from pytest_gpubench.store.progress import read_progress
@@ -223,12 +225,13 @@ def test_provisioning_fails_over_with_a_template_and_releases_every_attempt(sand
 
 
 def attempt_row(price: float, *, started: float, session_after: float | None = 0.0, ended: float | None = None,
-                cost: float | None = None, expected: float = 3600.0) -> dict:
-    """An attempts row, times in seconds before NOW."""
+                cost: float | None = None, expected: float = 3600.0) -> AttemptRecord:
+    """An attempt, times in seconds before NOW."""
     at = lambda seconds: (NOW - timedelta(seconds=seconds)).isoformat()  # noqa: E731
-    return {"price_per_hour": price, "started_at": at(started), "expected_seconds": expected,
-            "session_started_at": at(started - session_after) if session_after is not None else None,
-            "ended_at": at(ended) if ended is not None else None, "cost_usd": cost}
+    return AttemptRecord(row_id="run-1/cell", attempt=1, run_id="run-1", status="provisioning",
+                         price_per_hour=price, started_at=at(started), expected_seconds=expected,
+                         session_started_at=at(started - session_after) if session_after is not None else None,
+                         ended_at=at(ended) if ended is not None else None, cost_usd=cost)
 
 
 def test_spend_of_ended_running_and_not_yet_created_attempts():
@@ -313,7 +316,8 @@ def _reserve(path: str, worker: int, start, outcomes) -> None:
             return check(rows)
 
         start.wait()
-        refused = manifest.start_attempt(row, 1, admit=admit, price_per_hour=PRICE, expected_seconds=3600)
+        refused = SqliteStore(manifest).start_attempt(row, 1, admit=admit, price_per_hour=PRICE,
+                                                      expected_seconds=3600)
         manifest.close()
         outcomes.put((worker, refused or "admitted"))
     except BaseException:

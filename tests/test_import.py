@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_gpubench.store.sqlite_store import SqliteStore
 from pytest_gpubench.commands.cli import main
 from pytest_gpubench.store.export import export_results
 from pytest_gpubench.remote.gpuinfo import gpu_name_matches, gpu_type_of
@@ -315,7 +316,7 @@ def test_export_then_import_round_trip(tmp_path, capsys):
     # ... and it exports as it was exported.
     with Manifest(tmp_path / "other.db") as m:
         out_again = io.StringIO()
-        export_results(m, None, "json", out_again)
+        export_results(SqliteStore(m), None, "json", out_again)
     assert json.loads(out_again.getvalue()) == json.loads((tmp_path / "out.json").read_text())
 
 

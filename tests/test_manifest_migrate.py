@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_gpubench.store.sqlite_store import SqliteStore
 from pytest_gpubench.measure.compare import compare, figures_of, parse_compare_fail
 from pytest_gpubench.errors import UsageProblem
 from pytest_gpubench.store.export import export_results
@@ -73,13 +74,13 @@ def test_opening_renames_and_fills_in_the_figures(old_manifest):
 
 def test_the_report_export_compare_and_resume_read_the_migrated_file(old_manifest):
     with Manifest(old_manifest) as m:
-        report = build_report(m)
+        report = build_report(SqliteStore(m))
         [row] = report.results
         assert row.output_tokens_per_second == pytest.approx(OUTPUT)
         assert row.decode_tokens_per_second == pytest.approx(DECODE, abs=0.05)
         assert row.figures["ttft_p99_ms"] == 48.9  # read from the old details
         out = io.StringIO()
-        assert export_results(m, RUN, "csv", out) == 1
+        assert export_results(SqliteStore(m), RUN, "csv", out) == 1
         [exported] = list(csv.DictReader(io.StringIO(out.getvalue())))
         assert float(exported["output_tokens_per_second"]) == pytest.approx(OUTPUT)
         assert float(exported["decode_tokens_per_second"]) == pytest.approx(DECODE, abs=0.05)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from chromium import ChromiumProcess, DevTools, find_chromium
 
+from pytest_gpubench.store.sqlite_store import SqliteStore
 from pytest_gpubench.commands.cli import main
 from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.report.gather import build_report
@@ -152,7 +153,7 @@ def key(row) -> tuple[str, str, str]:
 
 def test_latest_successful_result_per_cell_and_the_rankings(manifest_path):
     with Manifest(manifest_path) as m:
-        report = build_report(m)
+        report = build_report(SqliteStore(m))
     assert report.run_ids == ["run-c", "run-b", "run-a"]
     by_key = {key(r): r for r in report.results}
     assert len(report.results) == 5 and report.replaced == 2 and report.runs_combined == 2
@@ -190,7 +191,7 @@ def test_latest_successful_result_per_cell_and_the_rankings(manifest_path):
 
 def test_head_to_head_failures_and_spend(manifest_path):
     with Manifest(manifest_path) as m:
-        report = build_report(m)
+        report = build_report(SqliteStore(m))
     (matchup,) = report.matchups
     assert (matchup.gpu, matchup.model, matchup.load) == ("RTX 4090", "qwen2:7b", "c1")
     assert [r.provider for r in matchup.entries] == ["tensordock", "vastai"]
@@ -221,8 +222,8 @@ def test_head_to_head_failures_and_spend(manifest_path):
 
 def test_one_run_or_several(manifest_path):
     with Manifest(manifest_path) as m:
-        only_a = build_report(m, ["run-a"])
-        a_and_c = build_report(m, ["run-a", "run-c"])
+        only_a = build_report(SqliteStore(m), ["run-a"])
+        a_and_c = build_report(SqliteStore(m), ["run-a", "run-c"])
     assert only_a.run_ids == ["run-a"] and only_a.replaced == 0
     assert {key(r): r.output_tokens_per_second for r in only_a.results}[("RTX 4090", "vastai", "qwen2:7b")] == 180.0
     assert only_a.spent_usd == pytest.approx(0.27) and only_a.statuses == {"failed": 2, "success": 3}
@@ -237,7 +238,7 @@ def test_a_session_never_released_counts_up_to_the_runs_end(tmp_path):
                         message="worker crashed", attempt=False)
         m.start_attempt(row_id, 1, offer_id="offer", provider="vastai", gpu_type="RTX 4090", price_per_hour=0.60)
         m.update_attempt(row_id, 1, session_id="s-1", session_started_at="2026-11-20T10:30:00.000+00:00")
-        report = build_report(m, now=datetime(2030, 1, 1, tzinfo=timezone.utc))
+        report = build_report(SqliteStore(m), now=datetime(2030, 1, 1, tzinfo=timezone.utc))
     (spend,) = report.runs
     assert spend.open_sessions == 1 and spend.spent_usd == pytest.approx(0.30)  # 30 min at $0.60/h
     assert "with no recorded end" in render_markdown(report)
@@ -250,7 +251,7 @@ def test_an_imported_result_without_totals_ranks_on_its_per_stream_rate(tmp_path
         m.add_benchmark(row_id, BenchmarkResult(model=ModelInfo(name="qwen2:7b"), price_per_hour=0.21,
                                                 results=PerformanceResults(avg_tokens_per_second=304.8)))
         m.finish_cell(row_id, status="success")
-        report = build_report(m)
+        report = build_report(SqliteStore(m))
     (row,) = report.results
     assert row.per_stream_only and row.output_tokens_per_second == 304.8
     assert row.cost_per_million_tokens == pytest.approx(per_million(0.21, 304.8))
@@ -269,7 +270,7 @@ def test_each_load_is_its_own_cell_and_gets_a_column(tmp_path):
         bench = m.add_benchmark(row_id, make_result("RTX 4090", "qwen2:7b", "vastai", 160000, 0.4))
         m.set_details(bench, {"load": {"concurrency": 8, "rate": None}})
         m.finish_cell(row_id, status="success")
-        report = build_report(m)
+        report = build_report(SqliteStore(m))
     assert [(r.load, r.output_tokens_per_second) for r in report.by_tokens] == [("c8", 800.0), ("c1", 100.0)]
     rows = table_rows(section(render_markdown(report), "Tokens/s leaderboard"))
     assert [row[4:6] for row in rows] == [["c8", "800.0"], ["c1", "100.0"]]
@@ -291,7 +292,7 @@ def table_rows(text: str) -> list[list[str]]:
 
 def test_markdown_sections_and_figures(manifest_path):
     with Manifest(manifest_path) as m:
-        markdown = render_markdown(build_report(m))
+        markdown = render_markdown(build_report(SqliteStore(m)))
     for title in ("Headline findings", "Tokens/s leaderboard", "$ per million tokens leaderboard", "Results by model",
                   "Provider head-to-head", "Failures by stage", "Spend", "Figures"):
         assert f"\n## {title}\n" in markdown
@@ -346,13 +347,13 @@ def test_markdown_sections_and_figures(manifest_path):
 
 def test_output_is_deterministic_and_user_text_is_escaped(tmp_path, manifest_path):
     with Manifest(manifest_path) as m:
-        first = build_report(m)
-        second = build_report(m)
+        first = build_report(SqliteStore(m))
+        second = build_report(SqliteStore(m))
         row_id = m.add_cell("run-c", "evil", gpu_type="RTX 4090", provider="vastai",
                             model="<script>alert(1)</script>", matrix_file="m.yaml")
         m.finish_cell(row_id, status="failed", failure_stage="benchmark",
                       error_message='<img src=x onerror="alert(2)"> & | broken\nline')
-        evil = build_report(m)
+        evil = build_report(SqliteStore(m))
     assert render_markdown(first) == render_markdown(second) and render_html(first) == render_html(second)
     markdown, html = render_markdown(evil), render_html(evil)
     assert "<script>alert" not in markdown and "<img" not in markdown
@@ -375,7 +376,7 @@ class _Scan(HTMLParser):
 
 def test_html_is_self_contained_with_charts_and_sortable_tables(manifest_path):
     with Manifest(manifest_path) as m:
-        html = render_html(build_report(m))
+        html = render_html(build_report(SqliteStore(m)))
     scan = _Scan()
     scan.feed(html)
     tags = [tag for tag, _ in scan.tags]
@@ -413,7 +414,7 @@ def test_charts_scale_and_escape():
 
 def test_write_reports_makes_the_directory(tmp_path, manifest_path):
     with Manifest(manifest_path) as m:
-        markdown, html = write_reports(build_report(m), tmp_path / "out" / "deeper")
+        markdown, html = write_reports(build_report(SqliteStore(m)), tmp_path / "out" / "deeper")
     assert markdown.name == "BENCHMARK_REPORT.md" and html.name == "index.html"
     assert markdown.read_text().startswith("# GPU Benchmark Report\n") and html.read_text().startswith("<!DOCTYPE")
 
@@ -525,7 +526,7 @@ def test_index_html_renders_its_charts_in_chromium_without_errors(tmp_path, mani
         row_id = m.add_cell("run-c", "evil", gpu_type="RTX 4090", provider="vastai",
                             model="<img src=x onerror=\"console.error('xss')\">", matrix_file="m.yaml")
         m.finish_cell(row_id, status="failed", failure_stage="benchmark", error_message="<script>throw 1</script>")
-        _, html = write_reports(build_report(m), tmp_path / "site")
+        _, html = write_reports(build_report(SqliteStore(m)), tmp_path / "site")
 
     async def scenario() -> None:
         async with DevTools(chromium.websocket_url()) as tools:
@@ -599,7 +600,7 @@ def test_report_of_a_real_sandbox_run_matches_its_summary(tmp_path, sandbox, api
     markdown = (reports / "BENCHMARK_REPORT.md").read_text()
     with Manifest(reports / "manifest.db") as m:
         (bench,) = m.benchmarks()
-        report = build_report(m)
+        report = build_report(SqliteStore(m))
     output_tps = bench["total_tokens"] / bench["duration_seconds"]
     (row,) = report.by_tokens
     assert (row.gpu, row.model, row.output_tokens_per_second) == ("RTX 4090", "qwen2:1.5b", pytest.approx(output_tps))

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from chromium import ChromiumProcess, DevTools, find_chromium
 
+from pytest_gpubench.store.sqlite_store import SqliteStore
 from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.report.gather import build_report
 from pytest_gpubench.report.write import write_reports
@@ -61,7 +62,7 @@ def sweep_manifest(tmp_path) -> Path:
 
 def test_a_percentile_table_per_cell(sweep_manifest):
     with Manifest(sweep_manifest) as m:
-        report = build_report(m)
+        report = build_report(SqliteStore(m))
     c4 = next(r for r in report.results if r.provider == "vastai" and r.load == "c4")
     table = percentile_table(c4)
     assert table.header == ("Latency", "p50 ms", "p95 ms", "p99 ms")
@@ -78,7 +79,7 @@ def test_a_percentile_table_per_cell(sweep_manifest):
 
 def test_sweeps_are_one_line_per_provider_through_its_loads(sweep_manifest):
     with Manifest(sweep_manifest) as m:
-        report = build_report(m)
+        report = build_report(SqliteStore(m))
     [sweep] = sweeps(report)  # the RTX 3090 ran at one load: no sweep
     assert sweep.name == "RTX 4090 / qwen2:7b"
     assert {series: [(r.load, r.output_tokens_per_second) for r in rows] for series, rows in sweep.lines.items()} == {
@@ -160,7 +161,7 @@ def test_axis_titles_and_point_labels_are_clear_of_each_other_in_chromium(tmp_pa
             m.set_details(bench, {"load": {"concurrency": concurrency, "rate": None},
                                   "metrics": {"e2e_p50_ms": e2e / 0.6, "ttft_p50_ms": 40.0 * concurrency}})
             m.finish_cell(row, status="success")
-        _, html = write_reports(build_report(m), tmp_path / "site")
+        _, html = write_reports(build_report(SqliteStore(m)), tmp_path / "site")
 
     async def scenario() -> list[dict]:
         async with DevTools(browser.websocket_url()) as tools:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_gpubench.store.sqlite_store import SqliteStore
 from pytest_gpubench.matrix.overrides import apply_overrides
 from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.matrix.cells import expand, load_matrix
@@ -102,9 +103,9 @@ def test_report_of_sandbox_runs_says_so_in_title_and_note(tmp_path):
     with Manifest(tmp_path / "m.db") as manifest:
         manifest.start_run("real-run", [], [], sandbox=False)
         manifest.start_run("demo-run", [], [], sandbox=True)
-        only_sandbox = build_report(manifest, ["demo-run"])
-        mixed = build_report(manifest, ["real-run", "demo-run"])
-        real = build_report(manifest, ["real-run"])
+        only_sandbox = build_report(SqliteStore(manifest), ["demo-run"])
+        mixed = build_report(SqliteStore(manifest), ["real-run", "demo-run"])
+        real = build_report(SqliteStore(manifest), ["real-run"])
     assert only_sandbox.title == "GPU Benchmark Report (sandbox)"
     assert only_sandbox.sandbox_note.startswith("Sandbox figures: Every run in this report used")
     markdown, html = render_markdown(only_sandbox), render_html(only_sandbox)

@@ -13,7 +13,7 @@ Before renting a session, a cell reserves its own expected cost (price x
 spent + committed + that reservation stays within the budget; otherwise the
 cell is skipped (or, after failed attempts, fails) with the figures. The check
 and the reservation run in one manifest write transaction
-(:meth:`~pytest_gpubench.store.manifest.Manifest.start_attempt`), so two workers
+(:meth:`~pytest_gpubench.store.base.Store.start_attempt`), so two workers
 cannot both take the last dollar.
 
 The cap is on expected spend: a cell that runs longer than expected costs more
@@ -22,10 +22,10 @@ than it reserved, and the next cells see that in ``spent``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Protocol
 
 #: A session's setup before the benchmark: seed 000's example run took 8 minutes
 #: from create to MODEL_READY (boot, SSH, install, a 40 GB pull); rounded up.
@@ -41,6 +41,23 @@ def expected_session_seconds(duration: float, runs: int, time_scale: float) -> f
     return (EXPECTED_SETUP_S + EXPECTED_TEARDOWN_S) * time_scale + duration * max(runs, 1)
 
 
+class AttemptCost(Protocol):
+    """What the budget reads of an attempt (a :class:`~pytest_gpubench.store.records.AttemptRecord`)."""
+
+    @property
+    def price_per_hour(self) -> float | None: ...
+    @property
+    def started_at(self) -> str: ...
+    @property
+    def session_started_at(self) -> str | None: ...
+    @property
+    def ended_at(self) -> str | None: ...
+    @property
+    def expected_seconds(self) -> float | None: ...
+    @property
+    def cost_usd(self) -> float | None: ...
+
+
 @dataclass(frozen=True)
 class Spend:
     """A run's money as of one moment, in USD."""
@@ -53,23 +70,23 @@ class Spend:
         return self.spent + self.committed
 
 
-def spend_of(attempts: Iterable[Mapping[str, Any]], now: datetime) -> Spend:
-    """Spent and committed money of a run's ``attempts`` rows at ``now`` (UTC-aware)."""
+def spend_of(attempts: Iterable[AttemptCost], now: datetime) -> Spend:
+    """Spent and committed money of a run's ``attempts`` at ``now`` (UTC-aware)."""
     spent = committed = 0.0
-    for row in attempts:
-        price = row.get("price_per_hour") or 0.0
-        if row.get("ended_at"):
-            cost = row.get("cost_usd")
+    for attempt in attempts:
+        price = attempt.price_per_hour or 0.0
+        if attempt.ended_at:
+            cost = attempt.cost_usd
             if cost is None:  # ended by a version that did not price it
-                cost = price * _hours(row.get("session_started_at"), row["ended_at"])
+                cost = price * _hours(attempt.session_started_at, attempt.ended_at)
             spent += cost
             continue
         # Before its create answers, an attempt has spent nothing but has committed all.
-        start = row.get("session_started_at") or row.get("started_at")
+        start = attempt.session_started_at or attempt.started_at
         elapsed_s = _hours(start, now) * 3600
-        if row.get("session_started_at"):
+        if attempt.session_started_at:
             spent += price * elapsed_s / 3600
-        committed += price * max((row.get("expected_seconds") or 0.0) - elapsed_s, 0.0) / 3600
+        committed += price * max((attempt.expected_seconds or 0.0) - elapsed_s, 0.0) / 3600
     return Spend(spent, committed)
 
 
@@ -93,13 +110,13 @@ def refusal(budget: float, spend: Spend, price_per_hour: float, expected_seconds
 
 def admission(
     budget: float | None, price_per_hour: float, expected_seconds: float, clock: Callable[[], datetime]
-) -> Callable[[list[dict[str, Any]]], str | None] | None:
-    """The ``admit`` callback for ``Manifest.start_attempt``; None when there is no budget."""
+) -> Callable[[list[AttemptCost]], str | None] | None:
+    """The ``admit`` callback for ``Store.start_attempt``; None when there is no budget."""
     if budget is None:
         return None
 
-    def admit(rows: list[dict[str, Any]]) -> str | None:
-        return refusal(budget, spend_of(rows, clock()), price_per_hour, expected_seconds)
+    def admit(attempts: list[AttemptCost]) -> str | None:
+        return refusal(budget, spend_of(attempts, clock()), price_per_hour, expected_seconds)
 
     return admit
 

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..errors import ApiError, Stage, StageError
 from ..store.manifest import Manifest
+from .owned import OwnedSession
 from .processes import ProcessIdentity
 from ..store.progress import ProgressWriter, read_progress
 from .shopper_provider import consumer_id
@@ -150,18 +151,11 @@ def _parse_time(text: str | None) -> datetime | None:
     return parsed
 
 
-class Leftover(BaseModel):
+class Leftover(OwnedSession):
     """A session this manifest owns that may still be running."""
 
-    session_id: str
-    run_id: str
-    consumer_id: str | None = None
-    row_id: str | None = None
-    cell_id: str | None = None
-    cell_status: str | None = None
-    worker: str | None = None
-    progress_file: str | None = None
-    attempt: int | None = None
+    model_config = ConfigDict(frozen=False)
+
     found_by: str = "manifest"  # or "api": only the API knew it (by consumer_id)
 
     def describe(self) -> str:

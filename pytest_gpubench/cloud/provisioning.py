@@ -126,8 +126,8 @@ class Provisioning:
         eligible, offer = list(self.choice.eligible), self.choice.offer
         # A cell run again in the same run (--gpubench-resume) keeps its earlier attempts'
         # rows (their money was spent) and numbers on: consumer ids stay unique too.
-        earlier = self.recorder.manifest.attempts(row_id=self.recorder.row_id)
-        base = max((row["attempt"] for row in earlier), default=0)
+        earlier = self.recorder.store.attempts(row_id=self.recorder.row_id)
+        base = max((found.attempt for found in earlier), default=0)
         while True:
             number = base + len(self.attempts) + 1
             attempt = Attempt(number, offer, consumer_id(self.run.run_id, self.recorder.record_key, number))
@@ -177,7 +177,7 @@ class Provisioning:
     def _reserve(self, attempt: Attempt) -> str | None:
         settings, offer = self.run.settings, attempt.offer
         expected = self.expected_seconds
-        return self.recorder.manifest.start_attempt(
+        return self.recorder.store.start_attempt(
             self.recorder.row_id, attempt.number, counted_as=len(self.attempts) + 1,
             admit=admission(settings.budget, offer.price_per_hour, expected, self.clock),
             offer_id=offer.id, provider=offer.provider, gpu_type=offer.gpu_type, location=offer.location,

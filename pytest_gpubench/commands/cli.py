@@ -80,18 +80,19 @@ def _resolve_run(manifest, run: str | None) -> str | None:
 
 def _export(args: argparse.Namespace) -> int:
     from ..store.export import export_results
+    from ..store.sqlite_store import SqliteStore
 
     with _open_manifest(args.manifest) as manifest:
         run_id = _resolve_run(manifest, args.run)
         if args.output in (None, "-"):
-            count = export_results(manifest, run_id, args.format, sys.stdout)
+            count = export_results(SqliteStore(manifest), run_id, args.format, sys.stdout)
             target = "stdout"
         else:
             target_path = Path(args.output)
             try:
                 target_path.parent.mkdir(parents=True, exist_ok=True)
                 with open(target_path, "w", encoding="utf-8", newline="") as out:
-                    count = export_results(manifest, run_id, args.format, out)
+                    count = export_results(SqliteStore(manifest), run_id, args.format, out)
             except OSError as exc:
                 raise CommandProblem(f"cannot write {target_path}: {exc.strerror or exc}", EXIT_FAILED) from None
             target = str(target_path)
@@ -103,6 +104,7 @@ def _export(args: argparse.Namespace) -> int:
 async def _upload_async(manifest, run_id: str | None, api: str, token: str | None):
     from ..errors import ApiUnreachable
     from ..store.export import upload_pending
+    from ..store.sqlite_store import SqliteStore
     from ..cloud.shopper_client import ShopperClient
 
     client = ShopperClient(api, token=token)
@@ -113,7 +115,7 @@ async def _upload_async(manifest, run_id: str | None, api: str, token: str | Non
             raise CommandProblem(
                 f"{exc.message}; the results stay pending: run `gpubench upload` again", EXIT_FAILED
             ) from None
-        return await upload_pending(manifest, client, run_id)
+        return await upload_pending(SqliteStore(manifest), client, run_id)
     finally:
         await client.aclose()
 
@@ -221,13 +223,14 @@ def _import(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from ..report.gather import build_report
     from ..report.write import write_reports
+    from ..store.sqlite_store import SqliteStore
 
     directory = Path(args.output_dir or os.environ.get("GPUBENCH_REPORTS") or "reports")
     with _open_manifest(args.manifest) as manifest:
         if not manifest.run_ids():
             raise CommandProblem(f"the manifest {manifest.path} has no runs yet: nothing to report")
         runs = list(dict.fromkeys(_resolve_run(manifest, run) for run in args.run or []))
-        report = build_report(manifest, runs or None)
+        report = build_report(SqliteStore(manifest), runs or None)
     try:
         markdown, html = write_reports(report, directory)
     except OSError as exc:

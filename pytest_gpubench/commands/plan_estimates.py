@@ -129,24 +129,25 @@ class StageHistory:
         if not path.is_file():
             history.description = f"no manifest at {path}"
             return history
-        from ..store.manifest import Manifest  # the store interface; opened only when there is a file
+        from ..store.sqlite_store import SqliteStore  # opened only when there is a file
 
-        with Manifest(path, busy_timeout=5, retry_seconds=10) as manifest:
-            modes = {run_id: bool((manifest.run(run_id) or {}).get("sandbox")) for run_id in manifest.run_ids()}
-            rows = [row for row in manifest.cells() if row["status"] in _FINISHED
-                    and modes.get(row["run_id"], False) == sandbox]
-        for row in rows:
-            progress = _progress_file(row.get("progress_file"), path)
+        with SqliteStore.open(path, busy_timeout=5, retry_seconds=10) as store:
+            runs = [store.run(run_id) for run_id in store.run_ids()]
+            sandboxed = {run.run_id for run in runs if run is not None and run.sandbox}
+            cells = [cell for cell in store.cells() if cell.status in _FINISHED
+                     and (cell.run_id in sandboxed) == sandbox]
+        for cell in cells:
+            progress = _progress_file(cell.progress_file, path)
             if progress is None:
                 continue
             try:
                 stages = stage_seconds(read_progress(progress))
             except OSError:
                 continue
-            if stages or row.get("decode_tokens_per_second"):
-                history.samples.append(_Sample(normalize_provider(row["provider"]), normalize_gpu(row["gpu_type"]),
-                                               model_ref(row["model"]).lower(), stages,
-                                               row.get("decode_tokens_per_second") or None))
+            if stages or cell.decode_tokens_per_second:
+                history.samples.append(_Sample(normalize_provider(cell.provider), normalize_gpu(cell.gpu_type),
+                                               model_ref(cell.model).lower(), stages,
+                                               cell.decode_tokens_per_second or None))
         kind = "sandbox" if sandbox else "real-cloud"
         history.description = f"{len(history.samples)} finished {kind} cell(s) in {path}"
         return history

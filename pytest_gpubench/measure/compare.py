@@ -2,7 +2,7 @@
 
 Like pytest-benchmark's ``--benchmark-compare`` / ``--benchmark-compare-fail``: a
 baseline is the same cell in an earlier run of the manifest
-(:meth:`~pytest_gpubench.store.manifest.Manifest.baseline`), and rules such as
+(:meth:`~pytest_gpubench.store.base.Store.baseline`), and rules such as
 ``tps:10%,ttft:20%`` bound how much worse a figure may get.
 
 Metrics (``METRICS``):
@@ -257,7 +257,7 @@ def compare(current: Mapping[str, Any], baseline: Mapping[str, Any], rules: Iter
 
     Both are mappings with the metric columns (``decode_tokens_per_second``,
     ``ttft_p50_ms``, ``cost_per_million_tokens``, ``error_rate``): a manifest row,
-    a :meth:`Manifest.baseline` answer, :func:`figures_of` a result, or a
+    a :meth:`Baseline.figures` (store.records), :func:`figures_of` a result, or a
     BenchmarkResult dict. The baseline's ``run_id`` names it in the texts.
     """
     rules = list(rules)

@@ -75,13 +75,16 @@ def fingerprint(*, prompts: list[Any], max_tokens: int, concurrency: int, rate: 
 
 
 def stored_fingerprint(baseline: Mapping[str, Any]) -> Fingerprint | None:
-    """The fingerprint a baseline (a :meth:`Manifest.baseline` answer) was stored with, if any."""
+    """The fingerprint a baseline (:meth:`Baseline.figures <pytest_gpubench.store.records.Baseline.figures>`,
+    or a manifest row with its ``benchmark``) was stored with, if any."""
     benchmark = baseline.get("benchmark")
     if not isinstance(benchmark, Mapping):
         return None
     try:
-        details = json.loads(benchmark.get("details_json") or "{}")
-        found = details.get("fingerprint") if isinstance(details, dict) else None
+        details = benchmark.get("details")  # a store's record: parsed already
+        if not isinstance(details, Mapping):
+            details = json.loads(benchmark.get("details_json") or "{}")
+        found = details.get("fingerprint") if isinstance(details, Mapping) else None
         return Fingerprint.model_validate(found) if isinstance(found, dict) else None
     except ValueError:
         return None

@@ -228,9 +228,9 @@ class Bench:
             match_rate=figures.match_rate if figures.prompts_with_expected else None,
         )
         if settings.compare or settings.compare_fail:
-            manifest = self._run.manifest
-            baseline = manifest.baseline(recorder.record_key, settings.compare or "last",
-                                         exclude_run=self._run.run_id)
+            found = self._run.store.baseline(recorder.record_key, settings.compare or "last",
+                                             exclude_run=self._run.run_id)
+            baseline = found.figures() if found is not None else None
             # `--gpubench-compare` alone compares without rules: nothing to parse then.
             rules = parse_compare_fail(settings.compare_fail) if settings.compare_fail else []
             why_not = incomparable(self.fingerprint(), baseline) if baseline is not None else None
@@ -285,7 +285,7 @@ def build_result(cell: Cell, recorder: CellRecorder, runtime: Runtime, session: 
 
 def upload_now(run: RunContext, recorder: CellRecorder, benchmark_id: str) -> None:
     """POST a stored result to GPU Shopper now; a failure stays pending for ``gpubench upload``."""
-    error = run_async(upload_result(run.manifest, run.provider.client, benchmark_id), 60 + BRIDGE_SLACK)
+    error = run_async(upload_result(run.store, run.provider.client, benchmark_id), 60 + BRIDGE_SLACK)
     if error:
         recorder.progress.error(Stage.RESULTS, f"upload failed (kept; retry with gpubench upload): {error}")
     else:

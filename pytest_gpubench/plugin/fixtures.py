@@ -121,7 +121,7 @@ def gpu_offer(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench
         return choice
     budget = gpubench_run.settings.budget
     if budget is not None:  # nothing left: no need to ask the inventory (the decisive check is at provision)
-        used_up = exhausted(budget, spend_of(gpubench_run.manifest.attempts(gpubench_run.run_id),
+        used_up = exhausted(budget, spend_of(gpubench_run.store.attempts(gpubench_run.run_id),
                                              datetime.now(timezone.utc)))
         if used_up:
             recorder.skip_reason = used_up

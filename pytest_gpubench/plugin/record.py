@@ -18,7 +18,9 @@ from typing import Any
 
 from ..errors import Stage
 from ..measure.figures import FIGURES, FigureSource, figure_values
+from ..store.base import Store
 from ..store.manifest import Manifest
+from ..store.sqlite_store import SqliteStore
 from ..matrix.cells import Cell
 from ..store.progress import ProgressWriter
 from ..measure.results import BenchmarkResult, HardwareInfo, RequestRecord
@@ -88,6 +90,11 @@ class CellRecorder:
     _stage_since: float = field(default_factory=time.monotonic, repr=False)
     _timed: str = str(Stage.INVENTORY)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def store(self) -> Store:
+        """The manifest as the :class:`~pytest_gpubench.store.base.Store` it is."""
+        return SqliteStore(self.manifest)
 
     @classmethod
     def start(cls, manifest: Manifest, run_id: str, cell: Cell, record_key: str,

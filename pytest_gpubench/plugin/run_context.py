@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from ..aio import run as run_async
 from ..matrix.overrides import apply_overrides
 from ..errors import ApiUnreachable
+from ..store.base import Store
 from ..store.manifest import Manifest
+from ..store.sqlite_store import SqliteStore
 from ..matrix.cells import Cell
 from ..cloud.processes import ProcessIdentity
 from ..cloud.shopper_provider import ShopperProvider
@@ -49,6 +51,11 @@ class RunContext:
                 self._manifest.start_run(self.run_id, argv=self.argv, matrix_files=[], owner=self.owner,
                                          api=self.settings.api, sandbox=self.settings.sandbox)
             return self._manifest
+
+    @property
+    def store(self) -> Store:
+        """The run's store (the manifest, typed), started like :attr:`manifest`."""
+        return SqliteStore(self.manifest)
 
     @property
     def provider(self) -> ShopperProvider:

@@ -70,13 +70,13 @@ class TerminalHooks:
             self.live = None
         if self.summary.rows:
             context = run_context(self.config)
-            context.manifest.finish_run(context.run_id, run_status(exitstatus))
+            context.store.finish_run(context.run_id, run_status(exitstatus))
 
     def _billed(self, run_id: str) -> float | None:
         """What the run's sessions cost (the attempts table, where a shared session is one
         row), or None when it has none (cells that never rented)."""
         try:
-            attempts = run_context(self.config).manifest.attempts(run_id)
+            attempts = run_context(self.config).store.attempts(run_id)
         except Exception:  # noqa: BLE001 - the summary falls back to the cells' own figures
             return None
         return spend_of(attempts, datetime.now(timezone.utc)).spent if attempts else None
@@ -100,8 +100,8 @@ class TerminalHooks:
             if settings.budget is not None:
                 spent = billed if billed is not None else sum(
                     float(r.get("gpubench_cost_usd") or 0) for r in self.summary.rows)
-                cells = run_context(self.config).manifest.cells(settings.run_id)
-                skipped = sum(1 for c in cells if c["status"] == "skipped" and skipped_by_budget(c["error_message"]))
+                cells = run_context(self.config).store.cells(settings.run_id)
+                skipped = sum(1 for c in cells if c.status == "skipped" and skipped_by_budget(c.error_message))
                 terminalreporter.write_line(summary_line(settings.budget, spent, skipped))
             terminalreporter.write_line(f"run {settings.run_id}; manifest {settings.manifest}; "
                                         f"progress files {settings.progress_dir / settings.run_id}")

@@ -20,15 +20,14 @@ attempt carries the bill): summing attempts counts each session exactly once.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
-from typing import Any
 
 from ..errors import Stage
 from ..measure.figures import FigureSource, figure_values
-from ..store.manifest import Manifest
+from ..store.base import Store
+from ..store.records import CellRecord, ResultRecord
 from .model import BestValue, FailureGroup, Matchup, ModelTable, ProviderWins, Report, ResultRow
 from .spend import run_spend
 
@@ -39,19 +38,19 @@ RANKED_STATUSES = ("success", "partial")
 _STAGE_ORDER = {stage.value: index for index, stage in enumerate(Stage)}
 
 
-def build_report(manifest: Manifest, run_ids: Sequence[str] | None = None, *,
+def build_report(store: Store, run_ids: Sequence[str] | None = None, *,
                  now: datetime | None = None) -> Report:
     """Gather the report of ``run_ids`` (default: every run, most recent first).
 
     ``now`` (UTC-aware) is when a session still open is counted up to, for runs
     that never finished; default the current time.
     """
-    known = manifest.run_ids()
+    known = store.run_ids()
     runs = list(run_ids) if run_ids else known
     order = {run_id: known.index(run_id) if run_id in known else len(known) for run_id in runs}
     runs.sort(key=lambda run_id: order[run_id])
-    cells = [cell for run_id in runs for cell in manifest.cells(run_id)]
-    benchmarks = {row["id"]: row for run_id in runs for row in manifest.benchmarks(run_id)}
+    cells = [cell for run_id in runs for cell in store.cells(run_id)]
+    benchmarks = {result.id: result for run_id in runs for result in store.results(run_id)}
     candidates = [row for row in (_result_row(cell, benchmarks) for cell in cells) if row is not None]
     results = _latest(candidates, order)
     by_tokens = sorted(results, key=lambda r: (-(r.output_tokens_per_second or 0.0), _tie(r)))
@@ -59,9 +58,9 @@ def build_report(manifest: Manifest, run_ids: Sequence[str] | None = None, *,
                      key=lambda r: (r.cost_per_million_tokens, _tie(r)))
     models = _model_tables(by_tokens)
     matchups = _matchups(results)
-    finished = [cell["completed_at"] for cell in cells if cell["completed_at"]]
+    finished = [cell.completed_at for cell in cells if cell.completed_at]
     return Report(
-        manifest=str(manifest.path),
+        manifest=store.location,
         run_ids=runs,
         results=sorted(results, key=_tie),
         replaced=len(candidates) - len(results),
@@ -72,58 +71,57 @@ def build_report(manifest: Manifest, run_ids: Sequence[str] | None = None, *,
         best_value=_best_value(models),
         matchups=matchups,
         provider_wins=_provider_wins(matchups),
-        failures=_grouped(c for c in cells if c["status"] in ("failed", "partial") and c["failure_stage"]),
-        skipped=_grouped(c for c in cells if c["status"] == "skipped"),
-        statuses=dict(sorted(Counter(cell["status"] for cell in cells).items())),
-        runs=[run_spend(manifest, run_id, now or datetime.now(timezone.utc)) for run_id in runs],
+        failures=_grouped(c for c in cells if c.status in ("failed", "partial") and c.failure_stage),
+        skipped=_grouped(c for c in cells if c.status == "skipped"),
+        statuses=dict(sorted(Counter(cell.status for cell in cells).items())),
+        runs=[run_spend(store, run_id, now or datetime.now(timezone.utc)) for run_id in runs],
         data_until=max(finished, default=""),
-        sandbox_runs=[run_id for run_id in runs if (manifest.run(run_id) or {}).get("sandbox")],
+        sandbox_runs=[run_id for run_id in runs if (run := store.run(run_id)) is not None and run.sandbox],
     )
 
 
 # ------------------------------------------------------------------- results
 
 
-def _result_row(cell: dict[str, Any], benchmarks: dict[str, dict[str, Any]]) -> ResultRow | None:
+def _result_row(cell: CellRecord, benchmarks: dict[str, ResultRecord]) -> ResultRow | None:
     """The cell's result as a row, when the cell ended with one worth ranking."""
-    if cell["status"] not in RANKED_STATUSES:
+    if cell.status not in RANKED_STATUSES:
         return None
-    bench = benchmarks.get(cell["benchmark_id"] or "")
+    bench = benchmarks.get(cell.benchmark_id or "")
     if bench is None:  # no id on the cell row: its latest stored result
-        own = [b for b in benchmarks.values() if b["manifest_id"] == cell["id"]]
-        bench = max(own, key=lambda b: b["created_at"] or "", default=None)
+        own = [b for b in benchmarks.values() if b.row_id == cell.row_id]
+        bench = max(own, key=lambda b: b.created_at or "", default=None)
     if bench is None:
         return None
-    details = _json(bench.get("details_json"))
-    result = _json(bench.get("result_json"))
+    details, result, figures = bench.details, bench.result or {}, bench.figures
     load = details.get("load") or {}
     concurrency = load.get("concurrency") or (result.get("test_config") or {}).get("concurrent_reqs") or None
     validity = details.get("validity") or {}
-    tokens, duration = bench.get("total_tokens") or 0, bench.get("duration_seconds") or 0.0
-    per_stream = bench.get("avg_tokens_per_second") or None
+    tokens, duration = figures.total_tokens, figures.duration_seconds
+    per_stream = figures.avg_tokens_per_second or None
     output = tokens / duration if tokens > 0 and duration > 0 else None
-    price = bench.get("price_per_hour") or cell["price_per_hour"] or None
+    price = bench.price_per_hour or cell.price_per_hour or None
     headline = output if output is not None else per_stream
     # The stored headline figure; the same formula where it could not be stored (no
     # token total: on the per-stream rate; no price on the result: the cell's).
-    cost = bench.get("cost_per_million_tokens") if output is not None else None
+    cost = bench.cost_per_million_tokens if output is not None else None
     if price is None:
         cost = None
     elif not cost and headline:
         cost = price / (headline * 3600) * 1e6
     return ResultRow(
-        run_id=cell["run_id"], cell_id=cell["cell_id"] or cell["id"], benchmark_id=bench["id"],
-        gpu=cell["gpu_type"], provider=cell["provider"], model=cell["model"],
+        run_id=cell.run_id, cell_id=cell.cell_id or cell.row_id, benchmark_id=bench.id,
+        gpu=cell.gpu_type, provider=cell.provider, model=cell.model,
         concurrency=int(concurrency) if concurrency else None, rate=load.get("rate"),
-        status=cell["status"], output_tokens_per_second=headline, decode_tokens_per_second=per_stream,
+        status=cell.status, output_tokens_per_second=headline, decode_tokens_per_second=per_stream,
         per_stream_only=output is None and per_stream is not None,
-        ttft_p50_ms=bench.get("p50_ttft_ms") or None,  # the Go shape writes 0 for "unknown"
+        ttft_p50_ms=figures.p50_ttft_ms or None,  # the Go shape writes 0 for "unknown"
         price_per_hour=price, cost_per_million_tokens=cost,
-        requests=bench.get("total_requests") or 0, errors=bench.get("total_errors") or 0,
-        location=bench.get("location") or "",
+        requests=figures.total_requests, errors=figures.total_errors,
+        location=bench.location or "",
         valid=validity.get("valid"), invalid_because="; ".join(validity.get("reasons") or []),
-        finished_at=cell["completed_at"] or bench.get("created_at") or "",
-        figures=figure_values(FigureSource(result, details, cell["run_id"])),
+        finished_at=cell.completed_at or bench.created_at or "",
+        figures=figure_values(FigureSource(result, details, cell.run_id)),
     )
 
 
@@ -195,24 +193,14 @@ def _provider_wins(matchups: list[Matchup]) -> list[ProviderWins]:
 # ------------------------------------------------------------------ failures
 
 
-def _grouped(cells: Any) -> list[FailureGroup]:
+def _grouped(cells: Iterable[CellRecord]) -> list[FailureGroup]:
     """Cells grouped by (stage, message), in stage order, then most frequent first."""
     groups: dict[tuple[str, str], list[str]] = {}
     for cell in cells:
-        stage = cell["failure_stage"] or "unknown"
-        message = " ".join((cell["error_message"] or cell["failure_reason"] or cell["status"]).split())
-        groups.setdefault((stage, message), []).append(f"{cell['gpu_type']} / {cell['provider']} / {cell['model']}")
+        stage = cell.failure_stage or "unknown"
+        message = " ".join((cell.error_message or cell.failure_reason or cell.status).split())
+        groups.setdefault((stage, message), []).append(f"{cell.gpu_type} / {cell.provider} / {cell.model}")
     ordered = sorted(groups.items(), key=lambda item: (_STAGE_ORDER.get(item[0][0], len(_STAGE_ORDER)),
                                                        -len(item[1]), item[0]))
     return [FailureGroup(stage=stage, message=message, count=len(names), cells=sorted(set(names)))
             for (stage, message), names in ordered]
-
-
-def _json(text: str | None) -> dict[str, Any]:
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}

@@ -15,7 +15,8 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict
 
 from ..cloud.budget import spend_of
-from ..store.manifest import Manifest
+from ..store.base import Store
+from ..store.records import RunRecord
 
 __all__ = ["RunSpend", "run_spend"]
 
@@ -43,26 +44,26 @@ class RunSpend(BaseModel):
     as_of: str
 
 
-def run_spend(manifest: Manifest, run_id: str, now: datetime) -> RunSpend:
+def run_spend(store: Store, run_id: str, now: datetime) -> RunSpend:
     """Run ``run_id``'s cells and spend; an unfinished run's open sessions count up to ``now``."""
-    run = manifest.run(run_id) or {}
-    cells = manifest.cells(run_id)
-    attempts = manifest.attempts(run_id)
-    finished = run.get("finished_at") or ""
+    run = store.run(run_id) or RunRecord(run_id=run_id)
+    cells = store.cells(run_id)
+    attempts = store.attempts(run_id)
+    finished = run.finished_at or ""
     as_of = datetime.fromisoformat(finished) if finished else now
-    cells_cost = sum(cell["cost_usd"] or 0.0 for cell in cells)
+    cells_cost = sum(cell.cost_usd or 0.0 for cell in cells)
     if attempts:
         spent, source = spend_of(attempts, as_of).spent, "attempts"
-        sessions = {a["session_id"] for a in attempts if a["session_id"]}
-        still_open = sum(1 for a in attempts if a["session_id"] and not a["ended_at"])
+        sessions = {a.session_id for a in attempts if a.session_id}
+        still_open = sum(1 for a in attempts if a.session_id and not a.ended_at)
     else:  # a run from before attempts were kept, or an imported one: the cells' own figures
         spent, source = cells_cost, "cells"
-        sessions = {cell["session_id"] for cell in cells if cell["session_id"]}
+        sessions = {cell.session_id for cell in cells if cell.session_id}
         still_open = 0
     return RunSpend(
-        run_id=run_id, started_at=run.get("started_at") or min((c["created_at"] for c in cells), default=""),
-        finished_at=finished, status=run.get("status") or "",
-        cells=len(cells), statuses=dict(sorted(Counter(cell["status"] for cell in cells).items())),
+        run_id=run_id, started_at=run.started_at or min((c.created_at or "" for c in cells), default=""),
+        finished_at=finished, status=run.status or "",
+        cells=len(cells), statuses=dict(sorted(Counter(cell.status for cell in cells).items())),
         sessions=len(sessions), spent_usd=spent, cells_cost_usd=cells_cost, spent_from=source,
         open_sessions=still_open, as_of=as_of.isoformat(timespec="seconds"),
     )

@@ -24,7 +24,8 @@ from pydantic import BaseModel
 
 from ..errors import ApiError, GpubenchError
 from ..measure.figures import FIGURES, FigureSource, figure_values
-from .manifest import Manifest
+from .base import Store
+from .records import ResultRecord
 from ..measure.results import BenchmarkResult
 from ..cloud.shopper_client import ShopperClient
 
@@ -56,10 +57,10 @@ def _csv_value(value: Any) -> Any:
     return "" if value is None else value
 
 
-def _flatten(row: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+def _flatten(stored: ResultRecord, result: dict[str, Any]) -> dict[str, Any]:
     flat: dict[str, Any] = {
-        "id": result.get("id") or row["id"],
-        "run_id": row.get("run_id"),
+        "id": result.get("id") or stored.id,
+        "run_id": stored.run_id,
         "timestamp": result.get("timestamp"),
     }
     for group in _NESTED:
@@ -68,35 +69,22 @@ def _flatten(row: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
             flat[f"{group}.{key}"] = value
     for key in ("provider", "location", "price_per_hour"):
         flat[key] = result.get(key)
-    details = _details(row)
-    for name, value in figure_values(FigureSource(result, details, row.get("run_id") or "")).items():
+    for name, value in figure_values(FigureSource(result, stored.details, stored.run_id or "")).items():
         flat.setdefault(name, value)
     # The stored figure: NULL for an imported result whose price is unknown.
-    flat["cost_per_million_tokens"] = row.get("cost_per_million_tokens")
+    flat["cost_per_million_tokens"] = stored.cost_per_million_tokens
     return flat
 
 
-def _details(row: dict[str, Any]) -> dict[str, Any]:
-    try:
-        details = json.loads(row.get("details_json") or "null")
-    except ValueError:
-        return {}
-    return details if isinstance(details, dict) else {}
-
-
-def _stored_results(manifest: Manifest, run_id: str | None) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
-    for row in manifest.benchmarks(run_id):
-        try:
-            result = json.loads(row["result_json"] or "null")
-        except ValueError:
-            result = None
-        if not isinstance(result, dict):
-            log.warning("benchmark %s has no readable result_json; left out", row["id"])
+def _stored_results(store: Store, run_id: str | None) -> Iterator[tuple[ResultRecord, dict[str, Any]]]:
+    for stored in store.results(run_id):
+        if stored.result is None:
+            log.warning("benchmark %s has no readable result_json; left out", stored.id)
             continue
-        yield row, result
+        yield stored, stored.result
 
 
-def export_results(manifest: Manifest, run_id: str | None = None, fmt: str = "json", out: IO[str] | None = None) -> int:
+def export_results(store: Store, run_id: str | None = None, fmt: str = "json", out: IO[str] | None = None) -> int:
     """Write the results of run ``run_id`` (all runs when ``None``) to ``out``; returns how many.
 
     ``fmt="json"``: a JSON list of the stored BenchmarkResult objects, oldest first.
@@ -110,12 +98,12 @@ def export_results(manifest: Manifest, run_id: str | None = None, fmt: str = "js
         import sys
 
         out = sys.stdout
-    stored = list(_stored_results(manifest, run_id))
+    stored = list(_stored_results(store, run_id))
     if fmt == "json":
         json.dump([result for _, result in stored], out, indent=2)
         out.write("\n")
         return len(stored)
-    rows = [_flatten(row, result) for row, result in stored]
+    rows = [_flatten(record, result) for record, result in stored]
     columns = csv_columns()
     columns += sorted({key for flat in rows for key in flat} - set(columns))
     writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
@@ -138,25 +126,25 @@ def _remote_id(answer: Any) -> str | None:
     return str(remote) if remote not in (None, "") else None
 
 
-async def upload_result(manifest: Manifest, client: ShopperClient, benchmark_id: str) -> str | None:
+async def upload_result(store: Store, client: ShopperClient, benchmark_id: str) -> str | None:
     """POST one stored result right after its cell (``--gpubench-upload``); the error, or None.
 
     The result is marked ``pending`` first, so a failure leaves it for
     ``gpubench upload`` to retry; nothing is lost.
     """
-    manifest.mark_upload(benchmark_id, status="pending")
-    row = manifest.benchmark(benchmark_id) or {}
+    store.mark_upload(benchmark_id, status="pending")
+    stored = store.result(benchmark_id)
     try:
-        answer = await client.post_benchmark(json.loads(row.get("result_json") or "null"))
+        answer = await client.post_benchmark(stored.result if stored is not None else None)
     except Exception as exc:  # noqa: BLE001 - an upload failure must not fail the measurement
         error = str(exc) or type(exc).__name__
-        manifest.mark_upload(benchmark_id, status="failed", error=error)
+        store.mark_upload(benchmark_id, status="failed", error=error)
         return error
-    manifest.mark_upload(benchmark_id, status="uploaded", remote_id=_remote_id(answer))
+    store.mark_upload(benchmark_id, status="uploaded", remote_id=_remote_id(answer))
     return None
 
 
-async def upload_pending(manifest: Manifest, client: ShopperClient, run_id: str | None = None) -> UploadReport:
+async def upload_pending(store: Store, client: ShopperClient, run_id: str | None = None) -> UploadReport:
     """POST each pending (or earlier failed) result of ``run_id`` (or all runs); never raises for one.
 
     Each is marked ``uploaded`` with the id from the answer ``{"benchmark": {"id"}}``,
@@ -166,16 +154,16 @@ async def upload_pending(manifest: Manifest, client: ShopperClient, run_id: str 
     each waiting for its own timeout. Returns ``(uploaded, failed)``.
     """
     report = UploadReport([], {})
-    pending = manifest.pending_uploads(run_id)
+    pending = store.pending_uploads(run_id)
     unreachable: str | None = None
-    for row in pending:
-        benchmark_id = row["id"]
+    for stored in pending:
+        benchmark_id = stored.id
         if unreachable is not None:
             error = unreachable
         else:
             try:
-                body = json.loads(row["result_json"] or "null")
-                if not isinstance(body, dict):
+                body = stored.result
+                if body is None:
                     raise ValueError("the stored result is not a JSON object")
                 answer = await client.post_benchmark(body)
             except ApiError as exc:  # the server refused this one result
@@ -185,9 +173,9 @@ async def upload_pending(manifest: Manifest, client: ShopperClient, run_id: str 
             except Exception as exc:  # noqa: BLE001 - one bad result must not stop the others
                 error = f"{type(exc).__name__}: {exc}"
             else:
-                manifest.mark_upload(benchmark_id, status="uploaded", remote_id=_remote_id(answer))
+                store.mark_upload(benchmark_id, status="uploaded", remote_id=_remote_id(answer))
                 report.uploaded.append(benchmark_id)
                 continue
-        manifest.mark_upload(benchmark_id, status="failed", error=error)
+        store.mark_upload(benchmark_id, status="failed", error=error)
         report.failed[benchmark_id] = error
     return report

@@ -296,12 +296,12 @@ class ResultsMixin(ManifestStore):
         """Every run the manifest knows (from ``runs`` or its cells), most recent first."""
         sql = """
             SELECT run_id FROM (
-                SELECT run_id, started_at AS at FROM runs
+                SELECT run_id, started_at AS at, rowid AS seq FROM runs
                 UNION ALL
-                SELECT run_id, MIN(created_at) AS at FROM benchmark_manifest
+                SELECT run_id, MIN(created_at) AS at, MIN(rowid) AS seq FROM benchmark_manifest
                 WHERE run_id NOT IN (SELECT run_id FROM runs) GROUP BY run_id
-            ) ORDER BY at DESC
-        """
+            ) ORDER BY at DESC, seq DESC
+        """  # runs started in the same millisecond: the later row first
         return self._retry(lambda: [row[0] for row in self.db.execute(sql).fetchall()])
 
     def baseline(

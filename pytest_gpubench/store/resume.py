@@ -2,7 +2,7 @@
 
 The resumed run's selection is what its manifest recorded: exactly its cells with no
 successful result run again, under the same run id. Their manifest rows are updated
-in place (``Manifest.restart_cell``), never duplicated; the cells that already
+in place (``Store.restart_cell``), never duplicated; the cells that already
 succeeded are deselected, and so are the cells the run never selected (a run started
 with ``-k "3090 or A100"`` resumes without its RTX 4090 cells, whatever the new
 command line collects). Filters on the resuming command line narrow it further.
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..cloud.cleanup import RunInfo
 from ..errors import UsageProblem
-from .manifest import Manifest
+from .sqlite_store import SqliteStore
 from ..cloud.processes import ProcessIdentity
 
 FLAG = "--gpubench-resume"
@@ -62,8 +62,8 @@ def plan_resume(manifest_path: Path, wanted: str, me: ProcessIdentity | None = N
     if not Path(manifest_path).is_file():
         raise UsageProblem(f"{FLAG}: no manifest at {manifest_path}, so no run to resume "
                            "(pass the run's --gpubench-manifest PATH)")
-    with Manifest(manifest_path, busy_timeout=10, retry_seconds=30) as manifest:
-        known = manifest.run_ids()
+    with SqliteStore.open(manifest_path, busy_timeout=10, retry_seconds=30) as store:
+        known = store.run_ids()
         if not known:
             raise UsageProblem(f"{FLAG}: the manifest {manifest_path} has no runs yet")
         run_id = known[0] if wanted == "last" else wanted
@@ -72,14 +72,14 @@ def plan_resume(manifest_path: Path, wanted: str, me: ProcessIdentity | None = N
                                                      if len(known) > SHOWN_RUNS else "")
             raise UsageProblem(f"{FLAG}: no run {wanted!r} in the manifest {manifest_path}; "
                                f"runs available, most recent first: {shown}")
-        row = manifest.run(run_id)
-        if row is not None:
-            running = RunInfo.from_row(row).still_running(me)
+        run = store.run(run_id)
+        if run is not None:
+            running = RunInfo.model_validate(run, from_attributes=True).still_running(me)
             if running:
                 raise UsageProblem(f"{FLAG}: {running}: wait for it to end or stop it, then resume")
-        rows = manifest.cells(run_id)
-        return ResumePlan(run_id=run_id, done=tuple(r["cell_id"] for r in rows if r["status"] == "success"),
-                          cells=tuple(r["cell_id"] for r in rows))
+        cells = store.cells(run_id)
+        return ResumePlan(run_id=run_id, done=tuple(c.cell_id for c in cells if c.status == "success"),
+                          cells=tuple(c.cell_id for c in cells))
 
 
 def still_to_run(keys: list[str | None], plan: ResumePlan) -> list[bool]:

@@ -1,0 +1,207 @@
+"""What a :class:`~.base.Store` answers: typed, frozen records, never raw rows.
+
+Each record is one thing the store keeps (a run, a cell, a provisioning attempt, a
+session a run owns, a stored result, a baseline, a claim), with the fields of the
+manifest's columns under the same names, so a report or a cleanup reads
+``cell.status`` whatever database is behind it. JSON the manifest keeps as text
+(``argv``, ``result_json``, ``details_json``, ``stage_seconds``) arrives parsed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..cloud.owned import OwnedSession
+from ..cloud.processes import ProcessIdentity
+from ..measure.results import PerformanceResults
+
+__all__ = [
+    "AttemptRecord", "Baseline", "CellRecord", "Claim", "OwnedSession", "ResultRecord", "RunRecord",
+]
+
+
+class _Record(BaseModel):
+    """Base of the store's records: values, and tolerant of columns a newer store adds."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class RunRecord(_Record):
+    """One pytest run (or one ``gpubench import``): when, from where, and who owns it."""
+
+    run_id: str
+    started_at: str | None = None
+    finished_at: str | None = None
+    argv: list[str] = Field(default_factory=list)
+    matrix_files: list[str] = Field(default_factory=list)
+    host: str | None = None
+    #: Free text: ``running`` until :meth:`~.base.Store.finish_run` sets its end status.
+    status: str | None = None
+    #: The process that owns the run (the xdist controller); cleanup leaves a live one alone.
+    owner: ProcessIdentity | None = None
+    #: The GPU Shopper URL the run rents from.
+    api: str | None = None
+    #: The run rented from its own sandbox, whose sessions end when it exits.
+    sandbox: bool = False
+    #: The last time another process took the run over (``--gpubench-resume``).
+    resumed_at: str | None = None
+
+
+class CellRecord(_Record):
+    """One matrix cell of one run: its status, the session it rented, its headline figures.
+
+    ``status`` is ``pending`` when added, ``running`` once a worker has it, then one
+    of the final statuses (``success``, ``partial``, ``failed``, ``skipped``).
+    """
+
+    #: ``f"{run_id}/{cell_id}"``: the key every cell method takes.
+    row_id: str
+    run_id: str
+    cell_id: str | None = None
+    created_at: str | None = None
+    gpu_type: str
+    provider: str
+    model: str
+    status: str
+    matrix_file: str | None = None
+    # the session it rented
+    session_id: str | None = None
+    consumer_id: str | None = None
+    offer_id: str | None = None
+    instance_ip: str | None = None
+    ssh_port: int | None = None
+    host_key_fingerprint: str | None = None
+    session_status: str | None = None
+    session_started_at: str | None = None
+    released_by: str | None = None
+    session_released_at: str | None = None
+    price_per_hour: float | None = None
+    cost_usd: float | None = None
+    api_cost_usd: float | None = None
+    attempts: int | None = None
+    # session reuse
+    reuse_group: str | None = None
+    session_turn: int | None = None
+    session_owner: str | None = None
+    # its course
+    worker: str | None = None
+    started_at: str | None = None
+    completed_at: str | None = None
+    progress_file: str | None = None
+    #: Seconds per stage (``{"provision": 12.5, ...}``).
+    stage_seconds: dict[str, float] = Field(default_factory=dict)
+    failure_stage: str | None = None
+    failure_reason: str | None = None
+    error_message: str | None = None
+    notes: str | None = None
+    imported_from: str | None = None
+    # its result's headline figures
+    benchmark_id: str | None = None
+    decode_tokens_per_second: float | None = None
+    output_tokens_per_second: float | None = None
+    total_requests: int | None = None
+    error_count: int | None = None
+    ttft_p50_ms: float | None = None
+    cost_per_million_tokens: float | None = None
+
+
+class AttemptRecord(_Record):
+    """One offer a cell tried (failover): its session, where it failed, and its cost."""
+
+    row_id: str
+    #: 1, 2, ...: the consumer id's ``-aN`` suffix.
+    attempt: int
+    run_id: str
+    #: ``provisioning``, ``ready`` (handed to the cell) or ``failed``.
+    status: str
+    offer_id: str | None = None
+    provider: str | None = None
+    gpu_type: str | None = None
+    location: str | None = None
+    machine_id: str | None = None
+    price_per_hour: float | None = None
+    consumer_id: str | None = None
+    session_id: str | None = None
+    stage: str | None = None
+    error: str | None = None
+    #: The budget's reservation, before the create.
+    started_at: str
+    #: The create answered: billing runs from here.
+    session_started_at: str | None = None
+    #: The session was released (or never existed).
+    ended_at: str | None = None
+    #: The session lifetime the budget reserves.
+    expected_seconds: float | None = None
+    cost_usd: float | None = None
+    api_cost_usd: float | None = None
+    session_status: str | None = None
+    worker: str | None = None
+
+
+class ResultRecord(_Record):
+    """One stored result of a cell: the BenchmarkResult, its figures and upload state."""
+
+    #: The benchmark id.
+    id: str
+    row_id: str
+    run_id: str | None = None
+    created_at: str | None = None
+    gpu_name: str | None = None
+    gpu_type: str | None = None
+    provider: str | None = None
+    location: str | None = None
+    model: str | None = None
+    price_per_hour: float | None = None
+    #: The per-request mean decode rate (``figures.avg_tokens_per_second``; None when 0).
+    decode_tokens_per_second: float | None = None
+    #: Output throughput: total output tokens over the measured duration.
+    output_tokens_per_second: float | None = None
+    #: None when the price is unknown (an imported result that states none).
+    cost_per_million_tokens: float | None = None
+    #: The Go ``PerformanceResults`` (0 where unknown, as the Go shape writes it).
+    figures: PerformanceResults = Field(default_factory=PerformanceResults)
+    #: The BenchmarkResult exactly as stored; None when it is missing or unreadable.
+    result: dict[str, Any] | None = None
+    #: Figures beyond the BenchmarkResult shape (metrics, validity, fingerprint, ...).
+    details: dict[str, Any] = Field(default_factory=dict)
+    workload_fingerprint: str | None = None
+    #: ``pending``, ``uploaded``, ``failed``; None when no upload was asked for.
+    upload_status: str | None = None
+    upload_error: str | None = None
+    remote_id: str | None = None
+    uploaded_at: str | None = None
+
+
+class Baseline(_Record):
+    """What ``--gpubench-compare`` compares a cell with: its latest comparable success."""
+
+    cell: CellRecord
+    #: The cell's stored result; None for a manifest from before results were stored.
+    result: ResultRecord | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.cell.run_id
+
+    def figures(self) -> dict[str, Any]:
+        """The cell's figures as :func:`~pytest_gpubench.measure.compare.compare` and
+        :func:`~pytest_gpubench.measure.fingerprint.incomparable` read them: the cell's
+        columns, its result's under ``benchmark``."""
+        found = self.cell.model_dump()
+        found["benchmark"] = None
+        if self.result is not None:
+            # Only the figures stored: one never written is missing, so a fallback applies.
+            stored = self.result.figures.model_dump(exclude_unset=True)
+            found["benchmark"] = {**stored, **self.result.model_dump(exclude={"figures"})}
+        return found
+
+
+class Claim(_Record):
+    """The answer to claiming a cell: who holds it now, and whether that is the claimant."""
+
+    row_id: str
+    #: The worker that holds the cell (the claimant when ``won``).
+    holder: str | None
+    won: bool

@@ -1,0 +1,250 @@
+"""The SQLite store: the :class:`~.base.Store` protocol over the manifest file.
+
+The manifest (:class:`~.manifest.Manifest`, sqlite-utils) keeps its tables and its
+file exactly as before (Datasette and ``gpubench browse`` read them); this class is
+its typed face: it turns rows into :mod:`.records` and back. Wrap an open manifest
+(``SqliteStore(manifest)``, sharing its connection) or open a file
+(``SqliteStore.open(path)``, closed with the store).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..cloud.processes import ProcessIdentity
+from ..errors import Stage
+from ..measure.results import BenchmarkResult, PerformanceResults, RequestRecord
+from .base import Admission
+from .manifest import Manifest
+from .records import AttemptRecord, Baseline, CellRecord, Claim, OwnedSession, ResultRecord, RunRecord
+from .sqlite import utc_now
+
+__all__ = ["SqliteStore"]
+
+_PERFORMANCE_FIELDS = tuple(PerformanceResults.model_fields)
+
+
+class SqliteStore:
+    """The manifest at one SQLite file, as a :class:`~.base.Store`."""
+
+    def __init__(self, manifest: Manifest, *, owns: bool = False) -> None:
+        self.manifest = manifest
+        self._owns = owns
+
+    @classmethod
+    def open(cls, path: str | Path, **options: Any) -> SqliteStore:
+        """Open (creating as needed) the manifest at ``path``; ``options`` are :class:`Manifest`'s."""
+        return cls(Manifest(path, **options), owns=True)
+
+    @property
+    def location(self) -> str:
+        return str(self.manifest.path)
+
+    def close(self) -> None:
+        if self._owns:
+            self.manifest.close()
+
+    def __enter__(self) -> SqliteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------------- runs
+
+    def start_run(self, run_id: str, argv: list[str], matrix_files: list[str], *,
+                  owner: ProcessIdentity | None = None, api: str | None = None,
+                  sandbox: bool | None = None) -> None:
+        self.manifest.start_run(run_id, argv, matrix_files, owner=owner, api=api, sandbox=sandbox)
+
+    def finish_run(self, run_id: str, status: str) -> None:
+        self.manifest.finish_run(run_id, status)
+
+    def run(self, run_id: str) -> RunRecord | None:
+        row = self.manifest.run(run_id)
+        return _run(row) if row is not None else None
+
+    def run_ids(self) -> list[str]:
+        return self.manifest.run_ids()
+
+    # --------------------------------------------------------------------- cells
+
+    def add_cell(self, run_id: str, cell_id: str, *, gpu_type: str, provider: str, model: str,
+                 matrix_file: str) -> str:
+        return self.manifest.add_cell(run_id, cell_id, gpu_type=gpu_type, provider=provider, model=model,
+                                      matrix_file=matrix_file)
+
+    def claim_cell(self, row_id: str, worker: str) -> Claim:
+        manifest = self.manifest
+
+        def claim() -> Claim:
+            current = manifest._cell_or_raise(row_id)
+            mine = current["status"] == "running" and current["worker"] == worker
+            if current["status"] == "pending" or mine:
+                if not mine:
+                    manifest.db.table("benchmark_manifest").update(
+                        row_id, {"status": "running", "worker": worker,
+                                 "started_at": current["started_at"] or utc_now()})
+                return Claim(row_id=row_id, holder=worker, won=True)
+            return Claim(row_id=row_id, holder=current["worker"], won=False)
+
+        return manifest._write(claim)
+
+    def update_cell(self, row_id: str, **fields: Any) -> None:
+        self.manifest.update_cell(row_id, **fields)
+
+    def finish_cell(self, row_id: str, *, status: str, failure_stage: Stage | str | None = None,
+                    failure_reason: str | None = None, error_message: str | None = None,
+                    **fields: Any) -> None:
+        self.manifest.finish_cell(row_id, status=status, failure_stage=failure_stage,
+                                  failure_reason=failure_reason, error_message=error_message, **fields)
+
+    def restart_cell(self, row_id: str) -> bool:
+        return self.manifest.restart_cell(row_id)
+
+    def cell(self, row_id: str) -> CellRecord | None:
+        row = self.manifest.cell(row_id)
+        return _cell(row) if row is not None else None
+
+    def cells(self, run_id: str | None = None) -> list[CellRecord]:
+        return [_cell(row) for row in self.manifest.cells(run_id)]
+
+    # ---------------------------------------------------- attempts and sessions
+
+    def start_attempt(self, row_id: str, attempt: int, *, admit: Admission | None = None,
+                      counted_as: int | None = None, **fields: Any) -> str | None:
+        def admit_rows(rows: list[dict[str, Any]]) -> str | None:
+            return admit([_attempt(row) for row in rows]) if admit is not None else None
+
+        return self.manifest.start_attempt(row_id, attempt, admit=admit_rows if admit is not None else None,
+                                           counted_as=counted_as, **fields)
+
+    def update_attempt(self, row_id: str, attempt: int, **fields: Any) -> None:
+        self.manifest.update_attempt(row_id, attempt, **fields)
+
+    def end_attempt(self, row_id: str, attempt: int, **fields: Any) -> None:
+        self.manifest.end_attempt(row_id, attempt, **fields)
+
+    def attempts(self, run_id: str | None = None, *, row_id: str | None = None) -> list[AttemptRecord]:
+        return [_attempt(row) for row in self.manifest.attempts(run_id, row_id=row_id)]
+
+    def record_session(self, row_id: str, *, session_id: str, consumer_id: str, offer_id: str,
+                       price_per_hour: float, **fields: Any) -> None:
+        self.manifest.record_session(row_id, session_id=session_id, consumer_id=consumer_id, offer_id=offer_id,
+                                     price_per_hour=price_per_hour, **fields)
+
+    def unreleased_sessions(self, run_id: str | None = None) -> list[OwnedSession]:
+        return [OwnedSession.model_validate(found) for found in self.manifest.unreleased_sessions(run_id)]
+
+    def record_release(self, row_id: str, session_id: str, *, session_status: str, released_by: str,
+                       attempt: int | None = None) -> None:
+        self.manifest.record_release(row_id, session_id, session_status=session_status,
+                                     released_by=released_by, attempt=attempt)
+
+    def end_shared_session(self, session_id: str, *, session_status: str, released_by: str) -> int:
+        return self.manifest.end_shared_session(session_id, session_status=session_status, released_by=released_by)
+
+    # -------------------------------------------------- results and requests
+
+    def add_result(self, row_id: str, result: BenchmarkResult, requests: Iterable[RequestRecord] = (),
+                   *, unpriced: bool = False) -> str:
+        return self.manifest.add_benchmark(row_id, result, requests, unpriced=unpriced)
+
+    def set_result_details(self, result_id: str, details: Mapping[str, Any]) -> None:
+        self.manifest.set_details(result_id, details)
+
+    def add_repeats(self, result_id: str, runs: Iterable[Any]) -> int:
+        return self.manifest.add_benchmark_runs(result_id, runs)
+
+    def add_gpu_samples(self, row_id: str, result_id: str | None, samples: Iterable[Any]) -> int:
+        return self.manifest.add_gpu_samples(row_id, result_id, samples)
+
+    def result(self, result_id: str) -> ResultRecord | None:
+        row = self.manifest.benchmark(result_id)
+        return _result(row) if row is not None else None
+
+    def results(self, run_id: str | None = None) -> list[ResultRecord]:
+        return [_result(row) for row in self.manifest.benchmarks(run_id)]
+
+    def known_result(self, identity: str) -> ResultRecord | None:
+        row = self.manifest.known_result(identity)
+        return _result(row) if row is not None else None
+
+    def requests(self, result_id: str) -> list[RequestRecord]:
+        return [RequestRecord.model_validate(_present(row)) for row in self.manifest.requests(result_id)]
+
+    def request_uploads(self, run_id: str | None = None) -> int:
+        return self.manifest.request_uploads(run_id)
+
+    def pending_uploads(self, run_id: str | None = None) -> list[ResultRecord]:
+        return [_result(row) for row in self.manifest.pending_uploads(run_id)]
+
+    def mark_upload(self, result_id: str, *, status: str, remote_id: str | None = None,
+                    error: str | None = None) -> None:
+        self.manifest.mark_upload(result_id, status=status, remote_id=remote_id, error=error)
+
+    # ---------------------------------------------------------------- baselines
+
+    def baseline(self, record_key: str, run_id: str | None = "last",
+                 exclude_run: str | None = None) -> Baseline | None:
+        found = self.manifest.baseline(record_key, run_id, exclude_run=exclude_run)
+        if found is None:
+            return None
+        benchmark = found.pop("benchmark")
+        return Baseline(cell=_cell(found), result=_result(benchmark) if benchmark is not None else None)
+
+
+# ----------------------------------------------------------------- rows -> records
+
+
+def _present(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The row without its NULLs: a record's defaults stand for what was never written."""
+    return {key: value for key, value in row.items() if value is not None}
+
+
+def _json(text: str | None, default: Any) -> Any:
+    """Stored JSON text, or ``default`` when there is none or it does not parse to its kind."""
+    if not text:
+        return default
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return default
+    return value if isinstance(value, type(default)) else default
+
+
+def _run(row: Mapping[str, Any]) -> RunRecord:
+    owner = None
+    if row.get("pid"):
+        owner = ProcessIdentity(pid=row["pid"], host=row.get("host") or "", start=row.get("pid_start"))
+    values = {key: value for key, value in _present(row).items() if key not in ("pid", "pid_start")}
+    return RunRecord.model_validate({
+        **values, "argv": _json(row.get("argv"), []), "matrix_files": _json(row.get("matrix_files"), []),
+        "owner": owner, "sandbox": bool(row.get("sandbox")),
+    })
+
+
+def _cell(row: Mapping[str, Any]) -> CellRecord:
+    values = _present(row)
+    values["row_id"] = values.pop("id")
+    values["stage_seconds"] = _json(row.get("stage_seconds"), {})
+    return CellRecord.model_validate(values)
+
+
+def _attempt(row: Mapping[str, Any]) -> AttemptRecord:
+    values = _present(row)
+    values["row_id"] = values.pop("manifest_id")
+    return AttemptRecord.model_validate(values)
+
+
+def _result(row: Mapping[str, Any]) -> ResultRecord:
+    values = {key: value for key, value in _present(row).items() if key not in _PERFORMANCE_FIELDS}
+    values["row_id"] = values.pop("manifest_id")
+    values["figures"] = PerformanceResults.model_validate(
+        {key: row[key] for key in _PERFORMANCE_FIELDS if row.get(key) is not None})
+    values["result"] = _json(values.pop("result_json", None), {}) or None
+    values["details"] = _json(values.pop("details_json", None), {})
+    return ResultRecord.model_validate(values)

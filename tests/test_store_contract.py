@@ -1,0 +1,435 @@
+"""The ``Store`` contract: every promise of pytest_gpubench.store.base.Store, held to each
+implementation (parametrized, so the next store gets this suite for free).
+
+SQLite runs on a real file. A new implementation adds itself to ``IMPLEMENTATIONS``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_gpubench.cloud.processes import ProcessIdentity
+from pytest_gpubench.errors import Stage
+from pytest_gpubench.measure.results import RequestRecord
+from pytest_gpubench.store.base import Store
+from pytest_gpubench.store.records import AttemptRecord, CellRecord, ResultRecord
+from pytest_gpubench.store.schema import ATTEMPT_COLUMNS, BENCHMARK_COLUMNS, MANIFEST_COLUMNS, RUN_COLUMNS
+from pytest_gpubench.store.sqlite_store import SqliteStore
+from result_helpers import make_result
+
+RUN = "run-1"
+CELL = "rtx4090-vastai-qwen2_7b"
+
+
+def _sqlite(path: Path) -> Store:
+    return SqliteStore.open(path / "reports" / "manifest.db")
+
+
+#: name -> opens a fresh store under a directory (a second call on the same one opens
+#: the same store again, as a second process would).
+IMPLEMENTATIONS: dict[str, Callable[[Path], Store]] = {"sqlite": _sqlite}
+
+
+@pytest.fixture(params=sorted(IMPLEMENTATIONS))
+def opener(request, tmp_path) -> Callable[[], Store]:
+    opened: list[Store] = []
+
+    def open_store() -> Store:
+        opened.append(IMPLEMENTATIONS[request.param](tmp_path))
+        return opened[-1]
+
+    yield open_store
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(opener) -> Iterator[Store]:
+    store = opener()
+    store.start_run(RUN, ["pytest", "matrix/"], ["matrix/gpubench_seed.yaml"])
+    yield store
+
+
+def add(store: Store, cell: str = CELL, run: str = RUN) -> str:
+    return store.add_cell(run, cell, gpu_type="RTX 4090", provider="vastai", model="qwen2:7b",
+                          matrix_file="matrix/gpubench_seed.yaml")
+
+
+def requests() -> list[RequestRecord]:
+    return [RequestRecord(index=i, prompt_index=i % 2, started_at=1.0 + i, ttft_ms=40.0 + i, latency_ms=900.0,
+                          output_tokens=100, tokens_per_second=70.0 + i, warmup=i == 0) for i in range(4)]
+
+
+def test_it_is_a_store(store):
+    assert isinstance(store, Store)
+    assert store.location
+
+
+# ---------------------------------------------------------------------- runs
+
+
+def test_a_run_reads_back_and_finishes(store):
+    run = store.run(RUN)
+    assert run is not None and run.run_id == RUN and run.status == "running"
+    assert run.argv == ["pytest", "matrix/"] and run.matrix_files == ["matrix/gpubench_seed.yaml"]
+    assert run.started_at and run.finished_at is None
+    store.finish_run(RUN, "passed")
+    finished = store.run(RUN)
+    assert finished.status == "passed" and finished.finished_at
+    assert store.run("no-such-run") is None
+
+
+def test_starting_a_run_twice_changes_nothing_and_a_new_owner_takes_it_over(store):
+    me = ProcessIdentity(pid=101, host="here", start="boot:1")
+    store.start_run("owned", ["pytest"], [], owner=me, api="http://api", sandbox=True)
+    store.start_run("owned", ["pytest", "again"], [], owner=me)
+    run = store.run("owned")
+    assert run.owner == me and run.api == "http://api" and run.sandbox and run.argv == ["pytest"]
+    assert run.resumed_at is None
+    store.finish_run("owned", "failed")
+    other = ProcessIdentity(pid=202, host="here", start="boot:2")
+    store.start_run("owned", ["pytest"], [], owner=other)
+    taken = store.run("owned")
+    assert taken.owner == other and taken.status == "running" and taken.finished_at is None and taken.resumed_at
+
+
+def test_run_ids_are_most_recent_first(store):
+    store.start_run("run-2", [], [])
+    store.start_run("run-3", [], [])
+    assert store.run_ids() == ["run-3", "run-2", RUN]
+
+
+# --------------------------------------------------------------------- cells
+
+
+def test_a_cell_is_added_pending_once(store):
+    row_id = add(store)
+    assert row_id == f"{RUN}/{CELL}"
+    assert add(store) == row_id
+    cells = store.cells(RUN)
+    assert [c.row_id for c in cells] == [row_id]
+    cell = store.cell(row_id)
+    assert isinstance(cell, CellRecord)
+    assert (cell.run_id, cell.cell_id, cell.status, cell.gpu_type, cell.provider, cell.model) == (
+        RUN, CELL, "pending", "RTX 4090", "vastai", "qwen2:7b")
+    assert store.cell(f"{RUN}/nope") is None
+
+
+def test_cells_of_one_run_or_all_in_the_order_added(store):
+    store.start_run("run-2", [], [])
+    first, second, other = add(store, "b"), add(store, "a"), add(store, "c", run="run-2")
+    assert [c.row_id for c in store.cells(RUN)] == [first, second]
+    assert [c.row_id for c in store.cells()] == [first, second, other]
+
+
+def test_statuses_move_as_documented(store):
+    row_id = add(store)
+    store.update_cell(row_id, status="running", worker="gw0")
+    running = store.cell(row_id)
+    assert running.status == "running" and running.started_at and running.worker == "gw0"
+    store.update_cell(row_id, status="running")
+    assert store.cell(row_id).started_at == running.started_at  # stamped once
+    store.finish_cell(row_id, status="failed", failure_stage=Stage.BENCHMARK, failure_reason="timeout",
+                      error_message="[benchmark] too slow")
+    failed = store.cell(row_id)
+    assert (failed.status, failed.failure_stage, failed.failure_reason) == ("failed", "benchmark", "timeout")
+    assert failed.completed_at
+    store.finish_cell(row_id, status="success")
+    succeeded = store.cell(row_id)
+    assert succeeded.status == "success" and succeeded.failure_stage is None and succeeded.error_message is None
+    assert store.restart_cell(row_id) is True
+    restarted = store.cell(row_id)
+    assert restarted.status == "pending" and restarted.completed_at is None and restarted.worker is None
+    assert store.restart_cell(row_id) is False
+
+
+def test_bad_statuses_fields_and_rows_are_refused(store):
+    row_id = add(store)
+    with pytest.raises(ValueError):
+        store.update_cell(row_id, status="exploded")
+    with pytest.raises(ValueError):
+        store.update_cell(row_id, no_such_field=1)
+    with pytest.raises(ValueError):
+        store.finish_cell(row_id, status="running")
+    with pytest.raises(KeyError):
+        store.update_cell(f"{RUN}/nope", status="running")
+    with pytest.raises(ValueError):
+        store.update_cell(row_id, notes="-----BEGIN OPENSSH PRIVATE KEY-----")
+
+
+def test_finishing_prices_the_session(store):
+    row_id = add(store)
+    store.record_session(row_id, session_id="s-1", consumer_id="gpubench-run-1-x", offer_id="o-1",
+                         price_per_hour=3600.0)
+    store.finish_cell(row_id, status="success")
+    cell = store.cell(row_id)
+    assert cell.session_id == "s-1" and cell.price_per_hour == 3600.0
+    assert cell.cost_usd is not None and cell.cost_usd >= 0
+    store.finish_cell(row_id, status="success", cost_usd=1.25)
+    assert store.cell(row_id).cost_usd == 1.25
+
+
+# --------------------------------------------------------------------- claims
+
+
+def test_a_pending_cell_is_claimed_by_one_worker(store):
+    row_id = add(store)
+    first = store.claim_cell(row_id, "gw0")
+    second = store.claim_cell(row_id, "gw1")
+    assert first.won and first.holder == "gw0"
+    assert not second.won and second.holder == "gw0"
+    assert store.claim_cell(row_id, "gw0").won  # the holder again
+    cell = store.cell(row_id)
+    assert cell.status == "running" and cell.worker == "gw0" and cell.started_at
+
+
+def test_two_stores_racing_for_one_cell_one_wins(store, opener):
+    row_id = add(store)
+    others = [opener() for _ in range(4)]
+    start = threading.Barrier(len(others))
+    claims = []
+
+    def race(other: Store, worker: str) -> None:
+        start.wait(timeout=30)
+        claims.append(other.claim_cell(row_id, worker))
+
+    threads = [threading.Thread(target=race, args=(other, f"gw{i}")) for i, other in enumerate(others)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(claims) == len(others)
+    winners = [claim for claim in claims if claim.won]
+    assert len(winners) == 1
+    assert {claim.holder for claim in claims} == {winners[0].holder}
+    assert store.cell(row_id).worker == winners[0].holder
+
+
+def test_a_finished_cell_cannot_be_claimed(store):
+    row_id = add(store)
+    store.finish_cell(row_id, status="skipped")
+    assert not store.claim_cell(row_id, "gw0").won
+    with pytest.raises(KeyError):
+        store.claim_cell(f"{RUN}/nope", "gw0")
+
+
+# ---------------------------------------------------- attempts and sessions
+
+
+def test_attempts_read_back_end_once_and_admission_sees_the_run(store):
+    row_id = add(store)
+    other = add(store, "other-cell")
+    assert store.start_attempt(other, 1, offer_id="o-0", price_per_hour=1.0, expected_seconds=60.0) is None
+    seen: list[list[AttemptRecord]] = []
+
+    def admit(attempts: list[AttemptRecord]) -> str | None:
+        seen.append(attempts)
+        return None
+
+    assert store.start_attempt(row_id, 1, admit=admit, offer_id="o-1", price_per_hour=0.5) is None
+    assert [a.row_id for a in seen[0]] == [other]
+    assert store.start_attempt(row_id, 2, admit=lambda attempts: "budget used up", offer_id="o-2") == "budget used up"
+    store.update_attempt(row_id, 1, session_id="s-1")
+    store.end_attempt(row_id, 1, session_status="stopped")
+    attempts = store.attempts(row_id=row_id)
+    assert len(attempts) == 1  # the refused attempt wrote nothing
+    ended = attempts[0]
+    assert (ended.attempt, ended.offer_id, ended.session_id, ended.session_status) == (1, "o-1", "s-1", "stopped")
+    assert ended.session_started_at and ended.ended_at and ended.cost_usd is not None
+    store.end_attempt(row_id, 1, session_status="failed")
+    assert store.attempts(row_id=row_id)[0].ended_at == ended.ended_at  # the first end stays
+    assert store.cell(row_id).attempts == 1
+    assert {a.row_id for a in store.attempts(RUN)} == {row_id, other}
+    with pytest.raises(KeyError):
+        store.end_attempt(row_id, 9)
+
+
+def test_a_recorded_session_is_owned_until_its_release(store):
+    row_id = add(store)
+    store.start_attempt(row_id, 1, offer_id="o-1", price_per_hour=0.5)
+    store.update_attempt(row_id, 1, session_id="s-old", consumer_id="gpubench-run-1-x-a1")
+    store.start_attempt(row_id, 2, offer_id="o-2", price_per_hour=0.5)
+    store.record_session(row_id, session_id="s-1", consumer_id="gpubench-run-1-x-a2", offer_id="o-2",
+                         price_per_hour=0.5, worker="gw0")
+    owned = {found.session_id: found for found in store.unreleased_sessions(RUN)}
+    assert set(owned) == {"s-old", "s-1"}
+    assert owned["s-1"].row_id == row_id and owned["s-1"].worker == "gw0" and owned["s-1"].cell_id == CELL
+    assert owned["s-old"].attempt == 1
+    store.record_release(row_id, "s-old", session_status="stopped", released_by="cleanup", attempt=1)
+    assert [found.session_id for found in store.unreleased_sessions()] == ["s-1"]
+    store.record_release(row_id, "s-1", session_status="stopped", released_by="cleanup")
+    assert store.unreleased_sessions(RUN) == []
+    cell = store.cell(row_id)
+    assert cell.released_by == "cleanup" and cell.session_released_at and cell.session_status == "stopped"
+
+
+def test_a_shared_session_ends_for_every_cell_on_it(store):
+    rows = [add(store, name) for name in ("a", "b")]
+    for row_id in rows:
+        store.record_session(row_id, session_id="shared", consumer_id="gpubench-run-1-a", offer_id="o",
+                             price_per_hour=1.0)
+    assert store.end_shared_session("shared", session_status="stopped", released_by="pool") == 2
+    assert store.end_shared_session("shared", session_status="stopped", released_by="pool") == 0
+    assert store.unreleased_sessions() == []
+
+
+# -------------------------------------------------- results and requests
+
+
+def test_a_result_written_reads_back_equal(store):
+    row_id = add(store)
+    result = make_result(72.5)
+    result_id = store.add_result(row_id, result, requests())
+    stored = store.result(result_id)
+    assert isinstance(stored, ResultRecord)
+    assert stored.result == result.model_copy(update={"id": result_id}).model_dump(mode="json")
+    assert stored.figures == result.results
+    assert (stored.row_id, stored.run_id, stored.gpu_type, stored.provider, stored.model) == (
+        row_id, RUN, "RTX 4090", "vastai", "qwen2:7b")
+    assert stored.decode_tokens_per_second == 72.5
+    assert stored.output_tokens_per_second == pytest.approx(4000 / 60.0)
+    assert stored.cost_per_million_tokens == pytest.approx(result.cost_analysis().cost_per_million_tokens)
+    assert store.requests(result_id) == requests()
+    cell = store.cell(row_id)
+    assert cell.benchmark_id == result_id and cell.decode_tokens_per_second == 72.5
+    assert [r.id for r in store.results(RUN)] == [result_id] and store.results("other-run") == []
+    assert store.result("nope") is None
+
+
+def test_a_result_written_again_replaces_it_and_keeps_its_upload(store):
+    row_id = add(store)
+    result_id = store.add_result(row_id, make_result(70.0), requests())
+    store.mark_upload(result_id, status="uploaded", remote_id="remote-7")
+    store.add_result(row_id, make_result(80.0).model_copy(update={"id": result_id}), requests()[:2])
+    stored = store.result(result_id)
+    assert stored.decode_tokens_per_second == 80.0 and len(store.requests(result_id)) == 2
+    assert (stored.upload_status, stored.remote_id) == ("uploaded", "remote-7")
+    assert store.known_result("remote-7").id == result_id and store.known_result(result_id).id == result_id
+    assert store.known_result("unknown") is None
+
+
+def test_an_unpriced_result_has_no_cost_per_token(store):
+    result_id = store.add_result(add(store), make_result(70.0), unpriced=True)
+    assert store.result(result_id).cost_per_million_tokens is None
+
+
+def test_details_repeats_and_samples_are_kept_with_a_result(store):
+    row_id = add(store)
+    result_id = store.add_result(row_id, make_result(70.0))
+    store.set_result_details(result_id, {"fingerprint": {"hash": "abc", "fields": {}}, "metrics": {"x": 1}})
+    stored = store.result(result_id)
+    assert stored.details["metrics"] == {"x": 1} and stored.workload_fingerprint == "abc"
+    runs = [{"decode_tokens_per_second": 70.0 + i, "output_tokens_per_second": 60.0, "ttft_p50_ms": 40.0,
+             "requests": 10, "duration_seconds": 30.0, "outlier": i == 2} for i in range(3)]
+    assert store.add_repeats(result_id, runs) == 3
+    samples = [{"t": 1.0 + i, "gpu": 0, "utilization_pct": 90.0, "memory_used_mib": 5000,
+                "temperature_c": 70.0, "power_draw_w": 300.0} for i in range(2)]
+    assert store.add_gpu_samples(row_id, result_id, samples) == 2
+    with pytest.raises(KeyError):
+        store.add_repeats("nope", runs)
+    with pytest.raises(KeyError):
+        store.set_result_details("nope", {})
+
+
+def test_uploads_are_asked_for_once_and_tracked(store):
+    row_id = add(store)
+    first, second = (store.add_result(row_id, make_result(tps)) for tps in (70.0, 71.0))
+    assert store.pending_uploads() == []
+    assert store.request_uploads(RUN) == 2
+    assert store.request_uploads(RUN) == 0
+    assert [r.id for r in store.pending_uploads(RUN)] == [first, second]
+    store.mark_upload(first, status="uploaded", remote_id="r-1")
+    store.mark_upload(second, status="failed", error="HTTP 500")
+    pending = store.pending_uploads()
+    assert [(r.id, r.upload_status, r.upload_error) for r in pending] == [(second, "failed", "HTTP 500")]
+    assert store.result(first).uploaded_at
+    with pytest.raises(ValueError):
+        store.mark_upload(first, status="lost")
+    with pytest.raises(KeyError):
+        store.mark_upload("nope", status="pending")
+
+
+# ---------------------------------------------------------------- baselines
+
+
+def _finished(store: Store, run: str, status: str, tps: float | None) -> str:
+    store.start_run(run, [], [])
+    row_id = add(store, run=run)
+    if tps is not None:
+        store.add_result(row_id, make_result(tps))
+    store.finish_cell(row_id, status=status)
+    return row_id
+
+
+def test_a_baseline_is_the_latest_comparable_success(store):
+    assert store.baseline(CELL) is None
+    _finished(store, "old", "success", 60.0)
+    _finished(store, "partial", "partial", 65.0)
+    _finished(store, "failed", "failed", 10.0)
+    _finished(store, "no-figures", "success", None)
+    current = _finished(store, "current", "success", 70.0)
+    baseline = store.baseline(CELL, exclude_run="current")
+    assert baseline is not None and baseline.run_id == "partial"
+    assert baseline.cell.status == "partial" and baseline.result.decode_tokens_per_second == 65.0
+    assert store.baseline(CELL, "old").result.decode_tokens_per_second == 60.0
+    assert store.baseline(CELL).cell.row_id == current  # nothing excluded: the latest
+    assert store.baseline(CELL, "failed") is None
+    assert store.baseline("other-cell") is None
+
+
+# ------------------------------------------------ the SQLite store's mapping
+
+
+def test_sqlite_every_column_reaches_a_record():
+    """Each manifest column is a field of its record (renamed where the record says so)."""
+    renamed = {"id": "row_id", "manifest_id": "row_id", "pid": "owner", "pid_start": "owner",
+               "result_json": "result", "details_json": "details"}
+    from pytest_gpubench.measure.results import PerformanceResults
+    from pytest_gpubench.store.records import RunRecord
+
+    def fields(columns, record, extra=()):
+        return {renamed.get(name, name) for name in columns} - set(extra) - set(record.model_fields)
+
+    assert fields(RUN_COLUMNS, RunRecord) == set()
+    assert fields(MANIFEST_COLUMNS, CellRecord) == set()
+    assert fields(ATTEMPT_COLUMNS, AttemptRecord) == set()
+    assert fields(BENCHMARK_COLUMNS, ResultRecord, PerformanceResults.model_fields) == set()
+
+
+def test_a_baseline_s_figures_compare_and_carry_its_fingerprint(store):
+    from pytest_gpubench.measure.compare import compare, figures_of
+    from pytest_gpubench.measure.fingerprint import fingerprint, incomparable, stored_fingerprint
+
+    row_id = _finished(store, "old", "success", 60.0)
+    result_id = store.cell(row_id).benchmark_id
+    stored = fingerprint(prompts=["hi"], max_tokens=64, concurrency=1, rate=None, think=None,
+                         warmup_requests=0, runtime="ollama", runtime_version="0.5.7")
+    store.set_result_details(result_id, {"fingerprint": stored.model_dump(mode="json")})
+    figures = store.baseline(CELL, exclude_run="now").figures()
+    assert figures["run_id"] == "old" and stored_fingerprint(figures) == stored
+    assert incomparable(stored, figures) is None
+    comparison = compare(figures_of(make_result(30.0), "now"), figures)
+    baseline = {change.metric: change.baseline for change in comparison.changes}
+    assert comparison.baseline_run == "old"
+    assert baseline["ttft"] == 40.0 and baseline["error_rate"] == 0.05
+    assert baseline["cost"] == pytest.approx(store.result(result_id).cost_per_million_tokens)
+
+
+def test_sqlite_a_baseline_s_figures_compare_as_the_manifest_s_row_did(tmp_path):
+    """The typed baseline changes no comparison: the same figures as the raw row, also
+    where an older manifest left a figure NULL (the fallback column applies)."""
+    from pytest_gpubench.measure.compare import compare, figures_of
+
+    with SqliteStore.open(tmp_path / "m.db") as store:
+        _finished(store, "old", "success", 60.0)
+        store.manifest.db.execute("UPDATE benchmarks SET p50_tokens_per_second = NULL")
+        store.manifest.db.conn.commit()
+        current = figures_of(make_result(30.0), "now")
+        raw = compare(current, store.manifest.baseline(CELL, exclude_run="now"))
+        typed = compare(current, store.baseline(CELL, exclude_run="now").figures())
+        assert typed == raw
+        assert {c.metric: c.baseline for c in typed.changes}["tps"] == 60.0  # the fallback: decode tok/s
