@@ -36,6 +36,7 @@ _WHERE = {
     "UsageProblem": "pytest_gpubench.errors",
     # The seams (docs/architecture.md).
     "Runtime": "pytest_gpubench.runtimes.base",
+    "Store": "pytest_gpubench.store.base",
     # Settings as the run resolved them.
     "Settings": "pytest_gpubench.settings",
 }
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from .measure.thresholds import Slo
     from .plugin.cell_benchmark import Bench
     from .runtimes.base import Runtime
+    from .store.base import Store
     from .settings import Settings
 
 
