@@ -19,8 +19,10 @@ DEFAULT_TIME_SCALE = 0.01
 @pytest.fixture(scope="module")
 def sandbox(request: pytest.FixtureRequest) -> Iterator[SandboxThread]:
     """A sandbox on a free loopback port for this module's tests, at the module's
-    ``TIME_SCALE`` (default 0.01: a 5-minute wait takes 3 s)."""
-    with SandboxThread(time_scale=getattr(request.module, "TIME_SCALE", DEFAULT_TIME_SCALE)) as running:
+    ``TIME_SCALE`` (default 0.01: a 5-minute wait takes 3 s), with its ``SANDBOX_CATALOG``
+    (default: the shipped catalog)."""
+    with SandboxThread(time_scale=getattr(request.module, "TIME_SCALE", DEFAULT_TIME_SCALE),
+                       catalog=getattr(request.module, "SANDBOX_CATALOG", None)) as running:
         yield running
 
 

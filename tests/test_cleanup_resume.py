@@ -26,10 +26,12 @@ from polling import wait_for
 from pytest_gpubench.cloud.cleanup import Outcome, owning_run, release, stage_reached
 from pytest_gpubench.commands.cli import main as gpubench
 from pytest_gpubench.errors import Stage, UsageProblem
+from pytest_gpubench.settings import Settings
 from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.cloud.processes import ProcessIdentity, pid_alive, start_token
 from pytest_gpubench.store.progress import ProgressWriter
-from pytest_gpubench.cloud.shopper_provider import consumer_id
+from pytest_gpubench.cloud.provider import consumer_id
+from pytest_gpubench.cloud.shopper_provider import ShopperProvider
 from pytest_gpubench.store.resume import ResumePlan, plan_resume, still_to_run
 from pytest_gpubench.cloud.shopper_client import ShopperClient
 from pytest_gpubench.plugin.shutdown import GracefulTermination, Terminated
@@ -203,11 +205,11 @@ def test_cleanup_leaves_other_hosts_and_apis_alone_and_closes_dead_sandbox_runs(
 
 
 async def _release_all(url: str, leftovers):
-    client = ShopperClient(url)
+    provider = ShopperProvider(ShopperClient(url), Settings(api=url))
     try:
-        return [await release(client, lo) for lo in leftovers]
+        return [await release(provider, lo) for lo in leftovers]
     finally:
-        await client.aclose()
+        await provider.aclose()
 
 
 def test_release_copes_with_stopped_missing_and_failed_sessions(sandbox, api):

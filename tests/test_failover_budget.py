@@ -191,7 +191,7 @@ def test_provisioning_fails_over_with_a_template_and_releases_every_attempt(sand
                                       "times": 1}).raise_for_status()
     recorder = CellRecorder.start(run.manifest, run.run_id, cell, cell.cell_id, settings.progress_dir, "main")
     wanted = Constraints(cell.gpu, cell.provider, cell.vram_gb)
-    choice = run_async(run.provider.choose_offer(wanted), 30)
+    choice = run_async(run.provider_for(cell.cloud).choose_offer(wanted), 30)
     assert choice.offer.id == "vastai-18430701"
     try:
         first = Provisioning(run, recorder, cell, choice, wanted)

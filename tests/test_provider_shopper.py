@@ -5,7 +5,8 @@ import pytest
 
 from pytest_gpubench.errors import NoEligibleOffer, StageError
 from pytest_gpubench.cloud.offers import Constraints
-from pytest_gpubench.cloud.shopper_provider import ShopperProvider, consumer_id, reservation_hours
+from pytest_gpubench.cloud.provider import consumer_id
+from pytest_gpubench.cloud.shopper_provider import ShopperProvider, reservation_hours
 from pytest_gpubench.settings import resolve
 from pytest_gpubench.cloud.shopper_client import ShopperClient
 

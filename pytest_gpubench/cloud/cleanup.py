@@ -9,6 +9,8 @@ pytest-timeout's ``thread`` method, a power cut) is released here:
 * at the start of the next run that uses the same manifest;
 * by ``gpubench cleanup``.
 
+Sessions are listed and released through the run's :class:`~.provider.Provider`.
+
 **Ownership.** Only sessions this manifest owns are touched: a session id recorded
 in it, or a session whose ``consumer_id`` was made by
 :func:`~pytest_gpubench.cloud.shopper_provider.consumer_id` for one of its runs
@@ -19,7 +21,8 @@ without ``finished_at`` whose owning process (pid, host and start time in the
 ``runs`` table) is alive is left alone, and so is one on another host, where
 that cannot be checked.
 
-**Release.** ``done``, then ``DELETE`` if the session is still active (or
+**Release.** The provider's one release path (:meth:`.Provider.release`, the
+same teardown uses): ``done``, then ``DELETE`` if the session is still active (or
 ``failed``, which may still hold an instance). The manifest records the final
 status, who released it (``released_by``) and when; a cell its dead process left
 ``running`` is marked ``failed`` at the stage its progress file last reached.
@@ -42,18 +45,12 @@ from ..store.manifest import Manifest
 from .owned import OwnedSession
 from .processes import ProcessIdentity
 from ..store.progress import ProgressWriter, read_progress
-from .shopper_provider import consumer_id
-from .shopper_client import Session, ShopperClient
+from .provider import CONSUMER_PREFIX, Provider, Released, consumer_id
+from .shopper_client import Session
 
-CONSUMER_PREFIX = "gpubench-"
-#: Statuses in which a session may still hold (and bill for) an instance.
-ACTIVE_STATUSES = frozenset({"pending", "provisioning", "running", "stopping"})
 #: The API's longest reservation: a run with no recorded owner that started longer
 #: ago than this cannot hold a session any more, whatever became of its process.
 MAX_RESERVATION = timedelta(hours=12)
-#: How long a session may stay ``stopping`` after done/DELETE (the server answers
-#: those once it is stopped, within seconds).
-SETTLE_SECONDS = 30.0
 #: The stage a cell is in once its progress file shows this STATUS line.
 _STAGE_AFTER = {
     "STARTING": Stage.INVENTORY,
@@ -318,7 +315,7 @@ def _all_runs(manifest: Manifest) -> list[dict[str, Any]]:
 
 
 async def find_on_api(
-    client: ShopperClient, manifest: Manifest, found: Survey, *, run_id: str | None = None,
+    provider: Provider, manifest: Manifest, found: Survey, *, run_id: str | None = None,
     check_liveness: bool = True, me: ProcessIdentity | None = None,
 ) -> tuple[list[Leftover], list[Action]]:
     """Active sessions the API lists under this manifest's consumer ids that the manifest lacks.
@@ -330,8 +327,8 @@ async def find_on_api(
     known = {lo.session_id for lo in found.to_release} | {a.leftover.session_id for a in found.left_alone}
     known |= {lo.session_id for lo in found.ended_with_sandbox}
     leftovers, alone = [], []
-    for session in await client.list_sessions():
-        if session.id in known or session.status not in ACTIVE_STATUSES:
+    for session in await provider.owned_sessions():
+        if session.id in known:
             continue
         owner = owning_run(session.consumer_id, found.known_runs)
         if owner is None or (run_id is not None and owner != run_id):
@@ -357,48 +354,39 @@ def _cell_of_consumer(manifest: Manifest, run_id: str, consumer: str) -> dict[st
     return {}
 
 
-async def release(client: ShopperClient, leftover: Leftover, *, dry_run: bool = False) -> Action:
-    """End one session: ``done``, then ``DELETE`` while it is still active; never raises."""
+async def release(provider: Provider, leftover: Leftover, *, dry_run: bool = False) -> Action:
+    """End one session through the provider's one release path (:meth:`Provider.release`);
+    never raises."""
     try:
-        current = await _status(client, leftover.session_id)
-        if current is None:
-            return Action(leftover=leftover, outcome=Outcome.NOT_FOUND, detail="the API has no such session")
-        before = current.status
-        if before == "stopped":
-            return Action(leftover=leftover, outcome=Outcome.ALREADY_ENDED, before=before, after=before)
         if dry_run:
-            return Action(leftover=leftover, outcome=Outcome.WOULD_RELEASE, before=before)
-        if before != "failed":
-            await client.release(leftover.session_id)
-            current = await _status(client, leftover.session_id)
-        current = await _settled(client, leftover.session_id, current)
-        if current is not None and current.status in ACTIVE_STATUSES | {"failed"}:
-            # Still there after done, or failed (which may still hold an instance).
-            await client.destroy(leftover.session_id)
-            current = await _settled(client, leftover.session_id, await _status(client, leftover.session_id))
-        after = current.status if current is not None else "not_found"
-        if after in ACTIVE_STATUSES:
-            return Action(leftover=leftover, outcome=Outcome.FAILED, before=before, after=after,
-                          detail="still active after done and DELETE: check it on the provider's console")
-        return Action(leftover=leftover, outcome=Outcome.RELEASED, before=before, after=after)
+            current = await _status(provider, leftover.session_id)
+            before = current.status if current is not None else None
+            if before is not None and before != "stopped":
+                return Action(leftover=leftover, outcome=Outcome.WOULD_RELEASE, before=before)
+            released = Released(session_id=leftover.session_id, before=before, after=before)
+        else:
+            released = await provider.release(leftover.session_id)
     except (StageError, OSError) as exc:
         return Action(leftover=leftover, outcome=Outcome.FAILED, detail=str(exc))
+    return action_for(leftover, released)
 
 
-async def _settled(client: ShopperClient, session_id: str, current: Session | None,
-                   wait: float = SETTLE_SECONDS) -> Session | None:
-    """``current``, or the session once it has left ``stopping`` (at most ``wait`` seconds)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait
-    while current is not None and current.status == "stopping" and loop.time() < deadline:
-        await asyncio.sleep(0.5)
-        current = await _status(client, session_id)
-    return current
+def action_for(leftover: Leftover, released: Released) -> Action:
+    """What a release found and left, as cleanup reports and records it."""
+    before, after = released.before, released.after
+    if not released.found:
+        return Action(leftover=leftover, outcome=Outcome.NOT_FOUND, detail="the API has no such session")
+    if released.already_ended:
+        return Action(leftover=leftover, outcome=Outcome.ALREADY_ENDED, before=before, after=before)
+    if released.still_holding:
+        return Action(leftover=leftover, outcome=Outcome.FAILED, before=before, after=after,
+                      detail="still active after done and DELETE: check it on the provider's console")
+    return Action(leftover=leftover, outcome=Outcome.RELEASED, before=before, after=released.final_status)
 
 
-async def _status(client: ShopperClient, session_id: str) -> Session | None:
+async def _status(provider: Provider, session_id: str) -> Session | None:
     try:
-        return await client.get_session(session_id, Stage.CLEANUP)
+        return await provider.get_session(session_id, Stage.CLEANUP)
     except ApiError as exc:
         if exc.status == 404:
             return None
@@ -455,12 +443,12 @@ def close_cells(manifest: Manifest, row_ids: Iterable[str], reason: str, release
 
 
 async def clean(
-    manifest: Manifest, client: ShopperClient | None, *, api: str | None, released_by: str,
+    manifest: Manifest, provider: Provider | None, *, api: str | None, released_by: str,
     reason: str, run_id: str | None = None, worker: str | None = None, check_liveness: bool = True,
     search_api: bool = True, close_running: bool = False, dry_run: bool = False,
     me: ProcessIdentity | None = None,
 ) -> CleanupReport:
-    """One cleanup pass through ``api`` (``client``; None when it cannot be reached).
+    """One cleanup pass through ``api`` (``provider``; None when it cannot be reached).
 
     ``released_by`` is recorded with every release; ``reason`` says why the cells
     whose sessions are released stopped (e.g. ``worker gw1 crashed``).
@@ -471,9 +459,9 @@ async def clean(
     found = survey(manifest, api=api, run_id=run_id, worker=worker, check_liveness=check_liveness, me=me)
     report.actions += found.left_alone
     leftovers = list(found.to_release)
-    if client is not None and search_api:
+    if provider is not None and search_api:
         try:
-            extra, alone = await find_on_api(client, manifest, found, run_id=run_id,
+            extra, alone = await find_on_api(provider, manifest, found, run_id=run_id,
                                              check_liveness=check_liveness, me=me)
         except StageError as exc:
             report.notes.append(f"could not list the sessions at {api}: {exc}")
@@ -488,10 +476,10 @@ async def clean(
             record(manifest, action, "the run's sandbox, on exit")
     touched = []
     for leftover in leftovers:
-        if client is None:
+        if provider is None:
             action = Action(leftover=leftover, outcome=Outcome.FAILED, detail=f"the API at {api} cannot be reached")
         else:
-            action = await release(client, leftover, dry_run=dry_run)
+            action = await release(provider, leftover, dry_run=dry_run)
         report.actions.append(action)
         if not dry_run:
             await asyncio.to_thread(record, manifest, action, released_by)

@@ -28,7 +28,8 @@ from ..errors import ApiError, AttemptsFailed, BudgetRefused, NoEligibleOffer, S
 from ..matrix.cells import Cell
 from .offers import Constraints, next_offer
 from ..store.progress import ProgressWriter
-from .shopper_provider import OfferChoice, consumer_id, reservation_hours
+from .provider import OfferChoice, Provider, SshDetails, consumer_id
+from .shopper_provider import reservation_hours
 from ..plugin.record import CellRecorder
 from .reuse_estimates import disk_gb_for, estimated_cell_seconds, reservation_seconds
 from ..plugin.run_context import RunContext
@@ -76,6 +77,7 @@ class Ready:
     attempt: Attempt
     created: CreatedSession
     session: Session
+    ssh: SshDetails
 
 
 @dataclass
@@ -96,6 +98,11 @@ class Provisioning:
 
     def __post_init__(self) -> None:
         self.planned = self.planned or [self.cell]
+
+    @property
+    def provider(self) -> Provider:
+        """The provider the cell's ``cloud:`` names."""
+        return self.run.provider_for(self.cell.cloud)
 
     @property
     def shared(self) -> bool:
@@ -156,7 +163,7 @@ class Provisioning:
         template = self.cell.offer.template
         image = None
         if template:
-            provider, timeout = self.run.provider, self.run.settings.stage_timeout(Stage.PROVISION)
+            provider, timeout = self.provider, self.run.settings.stage_timeout(Stage.PROVISION)
             try:
                 image = run_async(provider.template_image(template), timeout + BRIDGE_SLACK)
             except TimeoutError:
@@ -186,7 +193,7 @@ class Provisioning:
         )
 
     def _try(self, attempt: Attempt, wait: SshWait) -> Ready:
-        recorder, settings, provider = self.recorder, self.run.settings, self.run.provider
+        recorder, settings, provider = self.recorder, self.run.settings, self.provider
         offer = attempt.offer
         recorder.enter(Stage.PROVISION)
         timeout = settings.stage_timeout(Stage.PROVISION)
@@ -215,7 +222,7 @@ class Provisioning:
         recorder.progress.status("SSH_READY", host=running.ssh_host, port=running.ssh_port)
         recorder.progress.status("ATTEMPT", attempt=attempt.number, offer_id=offer.id, outcome="ready",
                                  ssh_wait=wait.reason)
-        return Ready(attempt, created, running)
+        return Ready(attempt, created, running, provider.ssh_details(created, running))
 
     def _bridge(self, coro: Coroutine[Any, Any, T], timeout: float, stage: Stage, what: str) -> T:
         """Run ``coro`` on the loop; a bridge timeout is this stage's error (so failover can act)."""
@@ -236,7 +243,7 @@ class Provisioning:
 
     def _refresh(self, eligible: list[Offer]) -> list[Offer]:
         """The eligible offers now: refreshed from the inventory (stale ones drop out)."""
-        provider, timeout = self.run.provider, self.run.settings.stage_timeout(Stage.INVENTORY)
+        provider, timeout = self.provider, self.run.settings.stage_timeout(Stage.INVENTORY)
         try:
             return run_async(provider.choose_offer(self.wanted), timeout + BRIDGE_SLACK).eligible
         except NoEligibleOffer:
@@ -271,24 +278,28 @@ class Provisioning:
         progress = progress or recorder.progress
         timeout = self.run.settings.stage_timeout(Stage.CLEANUP) + BRIDGE_SLACK
         try:
-            provider = self.run.provider
+            provider = self.provider
             ids = [attempt.session_id] if attempt.session_id else []
             if not ids:  # the create may have reached the server before it broke off
-                found = run_async(provider.client.list_sessions(consumer_id=attempt.consumer_id), timeout)
-                ids = [s.id for s in found if s.is_active]
-            status, api_cost = None, None
+                found = run_async(provider.owned_sessions(attempt.consumer_id), timeout)
+                ids = [s.id for s in found]
+            status, api_cost, holding = None, None, []
             for session_id in ids:
-                final = run_async(provider.release(session_id), timeout)
-                cost = run_async(provider.client.session_cost(session_id), timeout)
-                status = final.status if final else None
+                released = run_async(provider.release(session_id), timeout)
+                cost = run_async(provider.session_cost(session_id), timeout)
+                status = released.final_status
                 api_cost = (api_cost or 0.0) + cost if cost is not None else api_cost
-                progress.status("CLEANUP", session_id=session_id, attempt=attempt.number,
-                                status=status or "unknown")
+                progress.status("CLEANUP", session_id=session_id, attempt=attempt.number, status=status)
+                if released.still_holding:
+                    holding.append(f"session {session_id} is still {status} after done and DELETE: "
+                                   "check it on the provider's console")
             if attempt.session_id and attempt.session_id == recorder.session_id:
                 recorder.session_released(status, api_cost)  # the cell's current session
             recorder.manifest.end_attempt(recorder.row_id, attempt.number, session_status=status,
                                           api_cost_usd=api_cost)
             attempt.released = True
+            if holding:
+                raise StageError(Stage.CLEANUP, "; ".join(holding))
         except Exception as exc:  # noqa: BLE001 - cleanup reports, it does not mask the cell's error
             progress.error(Stage.CLEANUP, f"releasing attempt {attempt.number}'s session failed: {exc}")
             recorder.cleanup_error = str(exc)

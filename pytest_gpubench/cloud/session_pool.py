@@ -103,9 +103,9 @@ class SessionPool:
 
     def _status_problem(self, lease: Lease) -> str | None:
         """What is wrong with the session per the API (not ``running``, or no answer); None if fine."""
-        provider, timeout = self.run.provider, self.run.settings.stage_timeout(Stage.CLEANUP)
+        provider, timeout = lease.provisioning.provider, self.run.settings.stage_timeout(Stage.CLEANUP)
         try:
-            session = run_async(provider.client.get_session(lease.session_id, Stage.INVENTORY), timeout + 10)
+            session = run_async(provider.get_session(lease.session_id, Stage.INVENTORY), timeout + 10)
         except Exception as exc:  # noqa: BLE001 - any doubt: rent a new one rather than fail the cell
             return f"its status could not be read ({exc})"
         if session.status != "running":

@@ -1,4 +1,4 @@
-"""GPU sessions through the Cloud GPU Shopper API: find, create, wait, release."""
+"""GPU sessions through the Cloud GPU Shopper API: the ``shopper`` :class:`~.provider.Provider`."""
 
 from __future__ import annotations
 
@@ -6,33 +6,16 @@ import asyncio
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from ..errors import ApiError, Stage, StageError
 from .offers import Constraints, select_offer
+from .provider import CONSUMER_PREFIX, HOLDING_STATUSES, OfferChoice, Released, SshDetails
 from ..settings import SEED_TOTAL_TIMEOUT, Settings
 from .shopper_client import CreatedSession, Offer, Session, SessionRequest, ShopperClient
 
-
-@dataclass
-class OfferChoice:
-    """The offer chosen for a cell and how many the inventory returned."""
-
-    offer: Offer
-    offers_found: int
-    eligible: list[Offer]
-    #: The constraints it was chosen by: failover asks the inventory again with them.
-    wanted: Constraints | None = None
-
-
-def consumer_id(run_id: str, cell_id: str, attempt: int = 1) -> str:
-    """Identifies the run and the cell, so the API alone can find what a run owns.
-
-    Unique per session: the server refuses a second active session with the same
-    consumer_id and offer.
-    """
-    safe_cell = "".join(ch if ch.isalnum() or ch in "-_.:" else "_" for ch in cell_id)
-    return f"gpubench-{run_id}-{safe_cell}-a{attempt}"
+#: How long a session may stay ``stopping`` after done/DELETE (the server answers
+#: those once it is stopped, within seconds).
+SETTLE_SECONDS = 30.0
 
 
 def reservation_hours(settings: Settings, duration: float) -> int:
@@ -51,6 +34,18 @@ class ShopperProvider:
     def __init__(self, client: ShopperClient, settings: Settings) -> None:
         self.client = client
         self.settings = settings
+        self.where = client.base_url
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ShopperProvider:
+        """The provider for the run's API (``--gpubench-api``, its token)."""
+        return cls(ShopperClient(settings.api, token=settings.api_token), settings)
+
+    async def ready(self, attempts: int = 10) -> None:
+        await self.client.wait_ready(attempts=attempts, interval=1.0)
+
+    async def offers(self) -> list[Offer]:
+        return await self.client.inventory()
 
     async def choose_offer(self, wanted: Constraints) -> OfferChoice:
         """Query the inventory for the cell's provider and pick per seed rule.
@@ -129,26 +124,69 @@ class ShopperProvider:
                 )
             await asyncio.sleep(min(self.settings.poll_interval, max(0.0, timeout - waited)))
 
-    async def release(self, session_id: str) -> Session | None:
-        """End the session and return its last state.
+    def ssh_details(self, created: CreatedSession, running: Session) -> SshDetails:
+        """The key comes once, with the create; host and port once the session runs."""
+        return SshDetails(host=running.ssh_host, port=running.ssh_port, user=running.ssh_user or "root",
+                          private_key=created.ssh_private_key)
 
-        ``done`` first (``DELETE`` if that fails). A ``failed`` session answers
-        ``done`` with 409 but may still hold an instance: ``DELETE`` ends it, and
-        the server then reports it ``stopped``.
-        """
+    async def get_session(self, session_id: str, stage: Stage = Stage.SSH_WAIT) -> Session:
+        return await self.client.get_session(session_id, stage)
+
+    async def owned_sessions(self, consumer: str | None = None) -> list[Session]:
+        sessions = await self.client.list_sessions(consumer_id=consumer)
+        return [s for s in sessions if s.status in HOLDING_STATUSES and s.consumer_id.startswith(CONSUMER_PREFIX)]
+
+    async def session_cost(self, session_id: str) -> float | None:
         try:
-            stopped_now = await self.client.release(session_id)
-        except (ApiError, StageError):
+            return await self.client.session_cost(session_id)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None  # a session the server does not know cost it nothing
+            raise
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def release(self, session_id: str) -> Released:
+        """End the session: the one release path, for teardown and cleanup alike.
+
+        A 404 means the server has no such session (nothing to end); a ``stopped``
+        one is left as it is. Otherwise ``done`` (unless ``failed``: that answers
+        409 but may still hold an instance), then ``DELETE`` while the session is
+        still active or ``failed``; a ``stopping`` one is given
+        :data:`SETTLE_SECONDS` to stop first. A ``done`` the server refuses is not
+        the end: ``DELETE`` follows. Raises ``StageError`` when the API cannot say.
+        """
+        current = await self._status(session_id)
+        if current is None or current.status == "stopped":
+            status = current.status if current is not None else None
+            return Released(session_id=session_id, before=status, after=status)
+        before = current.status
+        if before != "failed":
+            try:
+                await self.client.release(session_id)
+            except StageError:
+                pass  # refused or unanswered: DELETE below ends it
+            current = await self._settled(session_id, await self._status(session_id))
+        if current is not None and current.status in HOLDING_STATUSES | {"failed"}:
             await self.client.destroy(session_id)
-        else:
-            if not stopped_now:
-                try:
-                    current = await self.client.get_session(session_id, Stage.CLEANUP)
-                except StageError:
-                    current = None  # gone: nothing left to end
-                if current is not None and current.status == "failed":
-                    await self.client.destroy(session_id)
+            current = await self._settled(session_id, await self._status(session_id))
+        return Released(session_id=session_id, before=before, after=current.status if current else None)
+
+    async def _settled(self, session_id: str, current: Session | None) -> Session | None:
+        """``current``, or the session once it has left ``stopping`` (at most :data:`SETTLE_SECONDS`)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SETTLE_SECONDS
+        while current is not None and current.status == "stopping" and loop.time() < deadline:
+            await asyncio.sleep(0.5)
+            current = await self._status(session_id)
+        return current
+
+    async def _status(self, session_id: str) -> Session | None:
+        """The session now, None when the server does not know it (404)."""
         try:
             return await self.client.get_session(session_id, Stage.CLEANUP)
-        except StageError:
-            return None
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise

@@ -145,23 +145,26 @@ def _upload(args: argparse.Namespace) -> int:
 
 async def _cleanup_async(manifest, apis: list[str], token: str | None, dry_run: bool):
     from ..cloud.cleanup import CleanupReport, clean
+    from ..cloud.registry import build_provider
     from ..errors import ApiUnreachable
-    from ..cloud.shopper_client import ShopperClient
+    from ..matrix.cells import DEFAULT_CLOUD
+    from ..settings import Settings
 
     report = CleanupReport(dry_run=dry_run)
     for api in apis:
-        client = ShopperClient(api, token=token)
+        # Runs record their API, not their cloud: every one so far rented through GPU Shopper.
+        provider = build_provider(DEFAULT_CLOUD, Settings(api=api, api_token=token))
         try:
             try:
-                await client.wait_ready(attempts=5, interval=1.0)
-                reachable = client
+                await provider.ready(attempts=5)
+                reachable = provider
             except ApiUnreachable as exc:
                 reachable = None
                 report.notes.append(f"cannot reach the API: {exc.message}")
             report.merge(await clean(manifest, reachable, api=api, released_by="gpubench cleanup",
                                      reason="its run's process went away", dry_run=dry_run))
         finally:
-            await client.aclose()
+            await provider.aclose()
     return report
 
 

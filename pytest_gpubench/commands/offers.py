@@ -21,7 +21,10 @@ from ..errors import CommandProblem
 from ..plugin.hints import close_names
 from ..matrix.selection import filter_values, gpu_matches, normalize_provider, provider_matches
 from ..settings import DEFAULT_API
-from ..cloud.shopper_client import Offer, ShopperClient
+from ..cloud.registry import build_provider
+from ..cloud.shopper_client import Offer
+from ..matrix.cells import DEFAULT_CLOUD
+from ..settings import Settings
 
 #: Seed 000's bar: an offer at or below it is not rented unless the matrix lowers it.
 DEFAULT_BAR = 0.5
@@ -30,12 +33,12 @@ COLUMNS = ("GPU", "provider", "$/hour", "VRAM GB", "GPUs", "confidence", "locati
 
 async def fetch_offers(url: str, token: str | None = None) -> list[Offer]:
     """Every offer the API lists now (it lists available ones only)."""
-    client = ShopperClient(url, token=token)
+    provider = build_provider(DEFAULT_CLOUD, Settings(api=url, api_token=token))
     try:
-        await client.wait_ready(attempts=3, interval=1.0)
-        return await client.inventory()
+        await provider.ready(attempts=3)
+        return await provider.offers()
     finally:
-        await client.aclose()
+        await provider.aclose()
 
 
 def select(offers: Iterable[Offer], gpus: Sequence[str] = (), providers: Sequence[str] = ()) -> list[Offer]:

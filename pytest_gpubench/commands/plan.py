@@ -35,7 +35,8 @@ from ..matrix.cells import Cell
 from ..cloud.offers import Constraints, unfit
 from ..plugin.plan_collect import collect_cells
 from .plan_estimates import SETUP_STAGES, StageHistory
-from ..cloud.shopper_provider import OfferChoice, ShopperProvider
+from ..cloud.provider import OfferChoice
+from ..cloud.shopper_provider import ShopperProvider
 from ..cloud.reuse_estimates import order_for_reuse
 from ..cloud.reuse_split import SplitPolicy, split_groups
 from ..settings import Settings

@@ -93,6 +93,8 @@ DEFAULT_MIN_AVAILABILITY_CONFIDENCE = 0.5
 """Seed 000's bar; TensorDock offers always report 0.3, so give it its own bar."""
 DEFAULT_MAX_ATTEMPTS = 3
 """Offers a cell tries when provisioning fails (seed 001: "retry with different location")."""
+DEFAULT_CLOUD = "shopper"
+"""``cloud:``: the Provider a matrix rents through (``cloud/registry.py``); ``provider:`` is the marketplace."""
 _TEMPLATE_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")
 Reuse = Literal["group", "cell"]
 """``group``: cells of one GPU and provider share a rented session; ``cell``: one session each."""
@@ -227,6 +229,7 @@ class MatrixSpec(_Strict):
     slo: Slo = Slo()
     thresholds: Thresholds = Thresholds()
     reuse: Reuse = "group"
+    cloud: str = DEFAULT_CLOUD
 
     @field_validator("name", mode="before")
     @classmethod
@@ -235,6 +238,14 @@ class MatrixSpec(_Strict):
             raise invalid(
                 f"must be letters, digits, '.', '_', '-' (such as 'seed'); got {describe(value)}"
             )
+        return value
+
+    @field_validator("cloud", mode="before")
+    @classmethod
+    def _cloud(cls, value: Any) -> Any:
+        # Only the form here: which names exist is the registry's (cloud/), checked at collection.
+        if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+            raise invalid(f"must name a cloud such as '{DEFAULT_CLOUD}'; got {describe(value)}")
         return value
 
     @field_validator("description", mode="before")
@@ -271,6 +282,7 @@ class Matrix(BaseModel):
     name: str
     description: str = ""
     source: str
+    cloud: str = DEFAULT_CLOUD
     workload: Workload
     offer: OfferSpec
     runtime: str = DEFAULT_RUNTIME
@@ -294,6 +306,8 @@ class Cell(BaseModel):
     provider: str
     model: str
     model_ref: str
+    #: The Provider it rents through (``cloud:``); ``provider`` is the marketplace behind it.
+    cloud: str = DEFAULT_CLOUD
     workload: Workload
     offer: OfferConstraints
     vram_gb: int
@@ -417,6 +431,7 @@ def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -
         name=spec.name or re.sub(r"^gpubench[_-]", "", stem) or stem,
         description=spec.description or "",
         source=source,
+        cloud=spec.cloud,
         workload=spec.workload,
         offer=spec.offer,
         runtime=spec.runtime.name,
@@ -475,7 +490,8 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 **(row_offer.min_availability_confidence or {})}
         gpu_key = normalize_gpu(row.gpu)
         row_cells = Prototype(Cell, dict(
-            gpu=row.gpu, runtime=runtime, ollama_install=install, matrix_name=matrix.name, source=matrix.source,
+            gpu=row.gpu, runtime=runtime, cloud=matrix.cloud, ollama_install=install, matrix_name=matrix.name,
+            source=matrix.source,
             row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu),
         ), varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "concurrency", "rate",
                     "cell_id", "keywords", "reuse_group"))

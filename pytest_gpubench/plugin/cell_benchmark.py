@@ -22,9 +22,9 @@ from ..measure.compare import compare, figures_of, parse_compare_fail
 from ..errors import BenchmarkInterrupted, ResultsInvalid, Stage, ThresholdMissed
 from ..store.export import upload_result
 from ..measure.fingerprint import Fingerprint, fingerprint, incomparable
-from ..matrix.cells import Cell
+from ..matrix.cells import DEFAULT_CLOUD, Cell
 from ..measure.repeats import Measurement, details_of, enough_runs, measure_once
-from ..cloud.shopper_provider import OfferChoice
+from ..cloud.provider import OfferChoice
 from .record import CellRecorder, progress_path
 from ..remote.ssh import Connection, KeyFile
 from ..remote.system import compute_capability
@@ -52,6 +52,8 @@ class GpuSession:
     key_pem: str = field(repr=False)
     key_file: KeyFile = field(repr=False)
     offer: OfferChoice = field(repr=False)
+    #: The ``cloud:`` it was rented through: the provider that watches and releases it.
+    cloud: str = DEFAULT_CLOUD
 
 
 async def watched(run: RunContext, session: GpuSession, stage: Stage,
@@ -61,7 +63,7 @@ async def watched(run: RunContext, session: GpuSession, stage: Stage,
     With ``guard``, a lost instance cancels the work and raises ``InstanceLost``;
     without, the work itself reacts to ``watch`` (the benchmark keeps what it measured).
     """
-    async with SessionWatch(run.provider.client, session.session.id, watch_interval(run.settings), stage) as watch:
+    async with SessionWatch(run.provider_for(session.cloud), session.session.id, watch_interval(run.settings), stage) as watch:
         job = work(watch)
         return await (watch.guard(job, stage) if guard else job)
 
@@ -285,7 +287,7 @@ def build_result(cell: Cell, recorder: CellRecorder, runtime: Runtime, session: 
 
 def upload_now(run: RunContext, recorder: CellRecorder, benchmark_id: str) -> None:
     """POST a stored result to GPU Shopper now; a failure stays pending for ``gpubench upload``."""
-    error = run_async(upload_result(run.store, run.provider.client, benchmark_id), 60 + BRIDGE_SLACK)
+    error = run_async(upload_result(run.store, run.api_client, benchmark_id), 60 + BRIDGE_SLACK)
     if error:
         recorder.progress.error(Stage.RESULTS, f"upload failed (kept; retry with gpubench upload): {error}")
     else:

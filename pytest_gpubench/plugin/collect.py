@@ -16,6 +16,7 @@ from ..errors import GpubenchError, MatrixError, StageError
 from ..matrix.filters import CellFilters, split_by_filters
 from .hints import UnknownGpuWarning, check_gpu_names
 from ..matrix.cells import Cell, load_cells
+from ..cloud.registry import check_clouds
 from .stash import CELL_FILTERS_KEY, CELL_KEY, RECORD_KEY, RECORDER_KEY
 
 
@@ -33,6 +34,7 @@ def matrix_items(matrix_file: pytest.File) -> Iterator[pytest.Item]:
     a :class:`FilteredCell` placeholder per cell they keep out."""
     try:
         cells = load_cells(matrix_file.path)
+        check_clouds(cells)
     except MatrixError as exc:
         raise matrix_file.CollectError(str(exc)) from None
     typos, unknown = check_gpu_names(cells)  # a swapped-letters typo stops; a GPU we do not know warns
@@ -135,8 +137,10 @@ def cells_for_marker(marker: pytest.Mark, test_path: Path, rootpath: Path) -> li
     def as_list(value: Any) -> list[str]:
         return [value] if isinstance(value, str) else list(value or [])
 
+    cells = load_cells(path)
+    check_clouds(cells)
     return [
-        cell for cell in load_cells(path)
+        cell for cell in cells
         if cell_selected(cell, as_list(marker.kwargs.get("gpu")), as_list(marker.kwargs.get("provider")),
                          as_list(marker.kwargs.get("model")))
     ]

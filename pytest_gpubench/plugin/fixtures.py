@@ -23,7 +23,7 @@ from ..errors import BudgetRefused, NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell
 from ..cloud.offers import Constraints
 from .outcome import outcome_of
-from ..cloud.shopper_provider import OfferChoice
+from ..cloud.provider import OfferChoice
 from ..cloud.provisioning import Provisioning
 from .record import CellRecorder
 from ..remote.ssh import KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL, Connection, KeyFile
@@ -127,7 +127,7 @@ def gpu_offer(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench
             recorder.skip_reason = used_up
             pytest.skip(f"[inventory] {used_up}")
     wanted = Constraints.for_cell(cell)
-    provider = gpubench_run.provider
+    provider = gpubench_run.provider_for(cell.cloud)
     try:
         choice = run_async(provider.choose_offer(wanted),
                            gpubench_run.settings.stage_timeout(Stage.INVENTORY) + BRIDGE_SLACK)
@@ -176,10 +176,10 @@ def gpu_session(
         except BudgetRefused as exc:
             recorder.skip_reason = exc.message
             pytest.skip(f"[provision] {exc.message}")
-        key_file = KeyFile(ready.created.ssh_private_key, name=ready.session.id)
+        key_file = KeyFile(ready.ssh.private_key, name=ready.session.id)
         # The offer that came up, which after a failover is not the one first chosen.
-        session = GpuSession(ready.session, ready.created.ssh_private_key, key_file,
-                             replace(gpu_offer, offer=ready.attempt.offer))
+        session = GpuSession(ready.session, ready.ssh.private_key, key_file,
+                             replace(gpu_offer, offer=ready.attempt.offer), cloud=cell.cloud)
         if provisioning.shared:
             lease = node.stash[LEASE_KEY] = gpubench_pool.open(cell, provisioning, session)
             recorder.manifest.update_cell(recorder.row_id, reuse_group=cell.session_group, session_turn=1,

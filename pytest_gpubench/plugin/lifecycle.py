@@ -125,13 +125,13 @@ class RunLifecycle:
         if not settings.manifest.is_file():
             return None  # never create a manifest just to look into it
         try:
-            client = run_context(self.config).provider.client
+            provider = run_context(self.config).provider_for()
         except ApiUnreachable:
-            client = None
+            provider = None
         timeout = 3 * max(120.0, settings.stage_timeout(Stage.CLEANUP))
         try:
             with Manifest(settings.manifest) as manifest:
-                report = run_async(clean(manifest, client, api=settings.api, released_by=released_by, **scope),
+                report = run_async(clean(manifest, provider, api=settings.api, released_by=released_by, **scope),
                                    timeout)
         except Exception as exc:  # noqa: BLE001 - cleanup reports; it never breaks the run
             self._write(f"gpubench: cleanup by {released_by} failed: {type(exc).__name__}: {exc}", red=True)

@@ -168,7 +168,7 @@ class CellRecorder:
         self.session_ended = time.monotonic()
         self.session_status = status
         self.api_cost_usd = api_cost
-        if status in ("stopped", "failed") and self.session_id:
+        if status in ("stopped", "failed", "not_found") and self.session_id:
             self.manifest.record_release(self.row_id, self.session_id, session_status=status,
                                          released_by="teardown")
 

@@ -1,4 +1,4 @@
-"""The per-process run context: settings, manifest and the API, created on first use.
+"""The per-process run context: settings, manifest and the providers, created on first use.
 
 Nothing here is created at import or configure time, so a project that merely
 has the plugin installed gets no manifest file and no network traffic.
@@ -15,8 +15,10 @@ from ..errors import ApiUnreachable
 from ..store.base import Store
 from ..store.manifest import Manifest
 from ..store.sqlite_store import SqliteStore
-from ..matrix.cells import Cell
+from ..matrix.cells import DEFAULT_CLOUD, Cell
 from ..cloud.processes import ProcessIdentity
+from ..cloud.provider import Provider
+from ..cloud.registry import build_provider
 from ..cloud.shopper_provider import ShopperProvider
 from ..remote.ssh import HostKeyPins
 from ..settings import Settings
@@ -35,8 +37,10 @@ class RunContext:
     #: The process that owns the run (the xdist controller): cleanup checks it is alive.
     owner: ProcessIdentity = field(default_factory=ProcessIdentity.current)
     _manifest: Manifest | None = None
-    _provider: ShopperProvider | None = None
-    _unreachable: ApiUnreachable | None = None
+    #: The providers this process rents through, by ``cloud:`` name, and those that did not answer.
+    _providers: dict[str, Provider] = field(default_factory=dict, repr=False)
+    _unreachable: dict[str, ApiUnreachable] = field(default_factory=dict, repr=False)
+    _api_client: ShopperClient | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -57,30 +61,43 @@ class RunContext:
         """The run's store (the manifest, typed), started like :attr:`manifest`."""
         return SqliteStore(self.manifest)
 
-    @property
-    def provider(self) -> ShopperProvider:
-        """The GPU Shopper provider, checked to answer once per process."""
+    def provider_for(self, cloud: str = DEFAULT_CLOUD) -> Provider:
+        """The provider a matrix's ``cloud:`` names, checked to answer once per process."""
         with self._lock:
-            if self._unreachable is not None:
-                raise self._unreachable
-            if self._provider is None:
-                client = ShopperClient(self.settings.api, token=self.settings.api_token)
+            if cloud in self._unreachable:
+                raise self._unreachable[cloud]
+            if cloud not in self._providers:
+                provider = build_provider(cloud, self.settings)
                 try:
-                    run_async(client.wait_ready(), timeout=60)
+                    run_async(provider.ready(), timeout=60)
                 except ApiUnreachable as exc:
-                    self._unreachable = exc
-                    run_async(client.aclose(), timeout=5)
+                    self._unreachable[cloud] = exc
+                    run_async(provider.aclose(), timeout=5)
                     raise
-                self._provider = ShopperProvider(client, self.settings)
-            return self._provider
+                self._providers[cloud] = provider
+            return self._providers[cloud]
+
+    @property
+    def api_client(self) -> ShopperClient:
+        """The GPU Shopper API results are uploaded to (the ``shopper`` provider's client when it is one)."""
+        provider = self.provider_for(DEFAULT_CLOUD)
+        if isinstance(provider, ShopperProvider):
+            return provider.client
+        with self._lock:
+            if self._api_client is None:
+                self._api_client = ShopperClient(self.settings.api, token=self.settings.api_token)
+            return self._api_client
 
     def effective_cell(self, cell: Cell) -> Cell:
         """``cell`` with this run's command-line overrides applied."""
         return apply_overrides(cell, self.settings)
 
     def close(self) -> None:
-        if self._provider is not None:
+        closables: list[Provider | ShopperClient] = list(self._providers.values())
+        if self._api_client is not None:
+            closables.append(self._api_client)
+        for closable in closables:
             try:
-                run_async(self._provider.client.aclose(), timeout=5)
+                run_async(closable.aclose(), timeout=5)
             except Exception:  # noqa: BLE001 - closing must not fail the run
                 pass

@@ -36,7 +36,7 @@ class TerminalHooks:
         settings = config.stash[SETTINGS_KEY]
         if runs_matrix_files(config):
             try:
-                run_context(config).provider  # noqa: B018 - fail fast, before any worker starts
+                run_context(config).provider_for()  # fail fast, before any worker starts
             except ApiUnreachable as exc:
                 raise pytest.UsageError(str(exc)) from None
         if settings.live and config.option.verbose >= 0:

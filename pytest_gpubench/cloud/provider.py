@@ -1,0 +1,164 @@
+"""The ``Provider`` seam: where a cell's GPU session comes from.
+
+Everything above ``cloud/`` rents through this protocol, never through a
+concrete API: the fixtures and provisioning (offers, create, wait, SSH details),
+the session watch and the session pool (a session's state), and cleanup (the
+sessions a run owns, release). :class:`~pytest_gpubench.cloud.shopper_provider.ShopperProvider`
+(GPU Shopper) implements it; :mod:`.registry` maps a matrix's ``cloud:`` name to
+an implementation, and ``tests/test_provider_contract.py`` is the suite every
+implementation passes.
+
+The vocabulary (``Offer``, ``Session``, ``CreatedSession``) is GPU Shopper's,
+which is what the manifest and the results record; another provider translates
+into it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import Stage
+from .offers import Constraints
+from .shopper_client import CreatedSession, Offer, Session
+
+#: Every consumer id a run of this plugin makes starts so (see :func:`consumer_id`).
+CONSUMER_PREFIX = "gpubench-"
+#: Statuses in which a session may still hold (and bill for) an instance: ``stopping``
+#: too, until it has stopped.
+HOLDING_STATUSES = frozenset({"pending", "provisioning", "running", "stopping"})
+
+
+def consumer_id(run_id: str, cell_id: str, attempt: int = 1) -> str:
+    """Identifies the run and the cell, so the API alone can find what a run owns.
+
+    Unique per session: the server refuses a second active session with the same
+    consumer_id and offer.
+    """
+    safe_cell = "".join(ch if ch.isalnum() or ch in "-_.:" else "_" for ch in cell_id)
+    return f"{CONSUMER_PREFIX}{run_id}-{safe_cell}-a{attempt}"
+
+
+@dataclass
+class OfferChoice:
+    """The offer chosen for a cell and how many the inventory returned."""
+
+    offer: Offer
+    offers_found: int
+    eligible: list[Offer]
+    #: The constraints it was chosen by: failover asks the inventory again with them.
+    wanted: Constraints | None = None
+
+
+class SshDetails(BaseModel):
+    """How to reach a running session over SSH."""
+
+    model_config = ConfigDict(frozen=True)
+
+    host: str
+    port: int
+    user: str = "root"
+    private_key: str = Field(repr=False)
+
+
+class Released(BaseModel):
+    """What releasing one session found and left (:meth:`Provider.release`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: str
+    #: Its status before the release; None: the provider has no such session (404).
+    before: str | None
+    #: Its status after; None: the provider no longer knows it.
+    after: str | None
+
+    @property
+    def found(self) -> bool:
+        return self.before is not None
+
+    @property
+    def already_ended(self) -> bool:
+        """It had stopped before anything was asked of it."""
+        return self.before == "stopped"
+
+    @property
+    def still_holding(self) -> bool:
+        """Still active after ``done`` and ``DELETE``: it may still hold (and bill for) an instance."""
+        return self.after in HOLDING_STATUSES
+
+    @property
+    def final_status(self) -> str:
+        """The status to record: the last one seen, ``not_found`` once the provider forgot it."""
+        return self.after or "not_found"
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """Rents GPU sessions for cells and ends them; every method may raise ``StageError``.
+
+    ``where`` names what it rents through (the API URL) for messages and the manifest.
+    """
+
+    where: str
+
+    async def ready(self, attempts: int = 10) -> None:
+        """Check the provider answers (retrying a starting one); raises ``ApiUnreachable``."""
+        ...
+
+    async def offers(self) -> list[Offer]:
+        """Everything on offer now (``gpubench offers``)."""
+        ...
+
+    async def choose_offer(self, wanted: Constraints) -> OfferChoice:
+        """The offer a cell with ``wanted`` takes, and the other eligible ones (for failover);
+        raises ``NoEligibleOffer`` saying which constraint ruled each offer out."""
+        ...
+
+    async def template_image(self, hash_id: str) -> str | None:
+        """The image of a provider template, or None when it cannot say."""
+        ...
+
+    async def create(
+        self, offer: Offer, consumer: str, hours: int, *, template: str | None = None,
+        ssh_timeout_minutes: int | None = None, disk_gb: int | None = None,
+    ) -> CreatedSession:
+        """Rent ``offer`` for ``hours`` under the consumer id ``consumer`` (:func:`consumer_id`)."""
+        ...
+
+    async def wait_running(
+        self, session_id: str, on_poll: Callable[[Session, float], None] | None = None,
+        timeout: float | None = None,
+    ) -> Session:
+        """The session once it is ``running`` and reachable over SSH; a ``StageError`` at
+        ``provision`` or ``ssh_wait`` when it fails or does not come up in ``timeout`` seconds."""
+        ...
+
+    def ssh_details(self, created: CreatedSession, running: Session) -> SshDetails:
+        """Host, port, user and key of a running session."""
+        ...
+
+    async def get_session(self, session_id: str, stage: Stage = Stage.SSH_WAIT) -> Session:
+        """The session's state now (the watch asks it while a stage runs: anything other
+        than ``running`` means the instance is gone); an ``ApiError`` 404 once it is unknown."""
+        ...
+
+    async def owned_sessions(self, consumer: str | None = None) -> list[Session]:
+        """Sessions under this plugin's consumer ids (or only ``consumer``) that may still
+        hold an instance (:data:`HOLDING_STATUSES`): what cleanup looks for."""
+        ...
+
+    async def release(self, session_id: str) -> Released:
+        """End the session, whatever state it is in, and say what it found and left."""
+        ...
+
+    async def session_cost(self, session_id: str) -> float | None:
+        """The provider's own figure for what the session cost; None when it has none
+        (also for a session it does not know)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close connections; the provider is not used after."""
+        ...

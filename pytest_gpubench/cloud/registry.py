@@ -1,0 +1,54 @@
+"""Which :class:`~.provider.Provider` a matrix rents through: its ``cloud:`` name.
+
+A matrix file's top-level ``cloud:`` key (default ``shopper``) names the
+implementation; the matrix's ``provider:`` stays what it always was, the
+marketplace behind GPU Shopper (``vastai``, ``tensordock``). This is the one
+place a provider is built: the run (``RunContext.provider_for``), ``gpubench
+cleanup`` and ``gpubench offers`` come here. A new implementation adds a line to
+:data:`PROVIDERS` and gets the contract suite (``tests/test_provider_contract.py``)
+for free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..errors import MatrixError
+from ..matrix.cells import DEFAULT_CLOUD, Cell
+from ..settings import Settings
+
+if TYPE_CHECKING:
+    from .provider import Provider
+
+
+def _shopper(settings: Settings) -> Provider:
+    # Imported when a provider is built, not when a matrix is collected: collection
+    # stays free of httpx (a good citizen, DESIGN.md decision 11).
+    from .shopper_provider import ShopperProvider
+
+    return ShopperProvider.from_settings(settings)
+
+
+#: ``cloud:`` name -> how to build that provider for a run's settings.
+PROVIDERS: dict[str, Callable[[Settings], Provider]] = {
+    DEFAULT_CLOUD: _shopper,
+}
+
+
+def build_provider(cloud: str, settings: Settings) -> Provider:
+    """The provider named ``cloud`` for ``settings``; a ``KeyError`` naming the known ones otherwise."""
+    try:
+        factory = PROVIDERS[cloud]
+    except KeyError:
+        raise KeyError(f"unknown cloud {cloud!r}; known clouds: {', '.join(PROVIDERS)}") from None
+    return factory(settings)
+
+
+def check_clouds(cells: list[Cell]) -> None:
+    """Raise a :class:`MatrixError` (file, ``cloud``, the known names) for a cell whose
+    ``cloud:`` names no registered provider."""
+    for cell in cells:
+        if cell.cloud not in PROVIDERS:
+            raise MatrixError(cell.source, "cloud", f"unknown cloud {cell.cloud!r}; known clouds: "
+                                                    f"{', '.join(PROVIDERS)} (`provider:` names the marketplace)")

@@ -1,0 +1,243 @@
+"""The ``Provider`` contract (cloud/provider.py): every implementation in the registry
+passes it against the sandbox, so the next provider gets the suite for free.
+
+Each operation is exercised on the real sandbox API: offers, a cell's choice,
+create, wait running, SSH details (a real SSH login), watch, the sessions a run
+owns, release in every state a session can be in (running, stopped, unknown,
+failed, stopping), cost. The last test shows the two callers of release, a cell's
+teardown and cleanup, record the same outcome for the same state.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from polling import wait_for
+
+from pytest_gpubench.aio import run as run_async
+from pytest_gpubench.cloud.cleanup import Leftover, Outcome, record, release
+from pytest_gpubench.cloud.offers import Constraints
+from pytest_gpubench.cloud.provider import OfferChoice, Provider, consumer_id
+from pytest_gpubench.cloud.provisioning import Attempt, Provisioning
+from pytest_gpubench.cloud.registry import PROVIDERS, build_provider, check_clouds
+from pytest_gpubench.errors import ApiError, MatrixError, NoEligibleOffer, Stage, StageError
+from pytest_gpubench.matrix.cells import expand, parse_matrix
+from pytest_gpubench.plugin.record import CellRecorder
+from pytest_gpubench.plugin.run_context import RunContext
+from pytest_gpubench.remote.ssh import HostKeyPins
+from pytest_gpubench.sandbox.catalog import load_catalog
+from pytest_gpubench.settings import Settings
+
+TIME_SCALE = 0.01
+_SHIPPED = load_catalog()
+#: A destroy that takes 1 s here (100 s scaled): long enough to meet a session ``stopping``.
+SANDBOX_CATALOG = _SHIPPED.model_copy(update={"timings": _SHIPPED.timings.model_copy(update={"destroy_seconds": 100})})
+OFFER = "vastai-18430201"  # an RTX 4090 the catalog always has
+UNKNOWN = "44444444-4444-4444-8444-444444444444"
+CALL = 60.0  # bound on one provider call through the loop bridge
+
+
+@pytest.fixture(params=sorted(PROVIDERS))
+def provider(request: pytest.FixtureRequest, sandbox) -> Iterator[Provider]:
+    """Each registered provider, pointed at this module's sandbox."""
+    built = build_provider(request.param, Settings(api=sandbox.url, time_scale=TIME_SCALE))
+    run_async(built.ready(), CALL)
+    yield built
+    run_async(built.aclose(), CALL)
+
+
+def call(coro):
+    return run_async(coro, CALL)
+
+
+def rent(provider: Provider, name: str, offer_id: str = OFFER):
+    """A session created through ``provider`` for the sandbox offer ``offer_id``."""
+    (offer,) = [o for o in call(provider.offers()) if o.id == offer_id]
+    return call(provider.create(offer, consumer_id("contract", name), 1))
+
+
+def running(provider: Provider, name: str):
+    created = rent(provider, name)
+    return created, call(provider.wait_running(created.session.id, timeout=30))
+
+
+def status(api: httpx.Client, session_id: str) -> str:
+    return api.get(f"/api/v1/sessions/{session_id}").json()["status"]
+
+
+def start_deleting(api: httpx.Client, session_id: str) -> threading.Thread:
+    """DELETE the session in the background; returns once the API shows it ``stopping``."""
+    worker = threading.Thread(target=api.delete, args=(f"/api/v1/sessions/{session_id}",), daemon=True)
+    worker.start()
+    wait_for(lambda: status(api, session_id) == "stopping", 20, f"session {session_id} to be stopping")
+    return worker
+
+
+def test_every_registered_provider_is_a_provider(provider):
+    assert isinstance(provider, Provider)
+    assert provider.where
+
+
+def test_offers_and_the_choice_for_a_cell(provider):
+    offers = call(provider.offers())
+    assert offers and OFFER in {o.id for o in offers}
+    choice = call(provider.choose_offer(Constraints("RTX4090", "vastai", vram_gb=8)))
+    assert isinstance(choice, OfferChoice)
+    assert choice.offer in choice.eligible and choice.offers_found >= len(choice.eligible)
+    assert choice.offer.gpu_type == "RTX 4090" and choice.offer.provider == "vastai"
+    with pytest.raises(NoEligibleOffer, match="price"):
+        call(provider.choose_offer(Constraints("RTX4090", "vastai", vram_gb=8, max_price=0.001)))
+
+
+def test_a_session_from_create_to_release(provider, api):
+    created, session = running(provider, "lifecycle")
+    session_id = created.session.id
+    assert session.status == "running"
+    ssh = provider.ssh_details(created, session)
+    assert ssh.host and ssh.port and ssh.user and "PRIVATE KEY" in ssh.private_key
+    assert "PRIVATE KEY" not in repr(ssh)
+
+    async def login() -> str:  # the details are enough to log in
+        conn = await HostKeyPins().connect(session_id, ssh.host, ssh.port, ssh.user, ssh.private_key, timeout=20)
+        try:
+            return (await conn.run("echo contract-ok", stage=Stage.SSH_CONNECT, what="a login", timeout=20)).stdout
+        finally:
+            await conn.close()
+
+    assert "contract-ok" in call(login())
+    assert call(provider.get_session(session_id, Stage.BENCHMARK)).status == "running"  # what the watch asks
+    consumer = consumer_id("contract", "lifecycle")
+    assert [s.id for s in call(provider.owned_sessions(consumer))] == [session_id]
+    assert session_id in {s.id for s in call(provider.owned_sessions())}
+
+    released = call(provider.release(session_id))
+    assert (released.before, released.after, released.still_holding) == ("running", "stopped", False)
+    assert status(api, session_id) == "stopped"
+    assert session_id not in {s.id for s in call(provider.owned_sessions())}
+    cost = call(provider.session_cost(session_id))
+    assert cost is None or cost >= 0
+    again = call(provider.release(session_id))  # safe to repeat
+    assert again.already_ended and again.final_status == "stopped"
+
+
+def test_owned_sessions_leave_foreign_consumers_out(provider, api):
+    answer = api.post("/api/v1/sessions", json={"consumer_id": "someone-else", "offer_id": OFFER,
+                                                "workload_type": "interactive", "reservation_hours": 1})
+    foreign = answer.json()["session"]["id"]
+    try:
+        assert foreign not in {s.id for s in call(provider.owned_sessions())}
+    finally:
+        api.delete(f"/api/v1/sessions/{foreign}")
+
+
+def test_the_watch_sees_an_instance_the_provider_lost(provider, api):
+    created, _ = running(provider, "lost")
+    session_id = created.session.id
+    api.post("/sandbox/faults", json={"fault": "kill_instance", "session_id": session_id}).raise_for_status()
+    gone = call(provider.get_session(session_id, Stage.BENCHMARK))
+    assert gone.status != "running" and gone.error
+    assert call(provider.release(session_id)).final_status == "stopped"
+
+
+def test_release_of_an_unknown_session_finds_nothing(provider):
+    released = call(provider.release(UNKNOWN))
+    assert not released.found and released.final_status == "not_found"
+    assert call(provider.session_cost(UNKNOWN)) is None
+    with pytest.raises(ApiError) as info:
+        call(provider.get_session(UNKNOWN, Stage.CLEANUP))
+    assert info.value.status == 404
+
+
+def test_a_failed_session_fails_the_wait_and_release_ends_its_instance(provider, api):
+    api.post("/sandbox/faults", json={"offer_id": OFFER, "fault": "provision_error", "when": "boot",
+                                      "message": "No available public IPs", "times": 1}).raise_for_status()
+    created = rent(provider, "failed")
+    with pytest.raises(StageError) as info:
+        call(provider.wait_running(created.session.id, timeout=30))
+    assert info.value.stage is Stage.PROVISION and "No available public IPs" in str(info.value)
+    released = call(provider.release(created.session.id))
+    assert (released.before, released.after) == ("failed", "stopped")  # DELETE ended its instance
+
+
+def test_ssh_that_never_comes_up_fails_the_wait_at_ssh_wait(provider, api):
+    api.post("/sandbox/faults", json={"offer_id": OFFER, "fault": "no_ssh", "times": 1}).raise_for_status()
+    created = rent(provider, "no-ssh")
+    polls = []
+    with pytest.raises(StageError) as info:
+        call(provider.wait_running(created.session.id, lambda s, waited: polls.append(s.status), timeout=1))
+    assert info.value.stage is Stage.SSH_WAIT and polls and "running" not in polls
+    assert not call(provider.release(created.session.id)).still_holding
+
+
+def test_release_waits_for_a_stopping_session_to_stop(provider, api):
+    created, _ = running(provider, "stopping")
+    deleting = start_deleting(api, created.session.id)
+    released = call(provider.release(created.session.id))
+    deleting.join(30)
+    assert (released.before, released.after, released.still_holding) == ("stopping", "stopped", False)
+
+
+# --------------------------------------------------------------- the callers agree
+
+
+def test_unknown_cloud_names_the_file_the_field_and_the_known_clouds():
+    (cell,) = expand(parse_matrix("cloud: moon\nmatrix: [{gpu: RTX 4090, provider: vastai, model: qwen2:7b}]",
+                                  "gpubench_m.yaml"))
+    with pytest.raises(MatrixError, match=r"^gpubench_m.yaml: cloud: unknown cloud 'moon'; known clouds: shopper"):
+        check_clouds([cell])
+    check_clouds(expand(parse_matrix("matrix: [{gpu: RTX 4090, provider: vastai, model: qwen2:7b}]", "m.yaml")))
+
+
+def test_teardown_and_cleanup_release_alike(sandbox, api, tmp_path):
+    """One session-release path: for a session in each state, a cell's teardown
+    (``Provisioning.release_all``) and ``gpubench cleanup`` (``cleanup.release``)
+    record the same status."""
+    settings = Settings(api=sandbox.url, time_scale=TIME_SCALE, reports=tmp_path, manifest=tmp_path / "m.db",
+                        run_id="agree")
+    run = RunContext(settings)
+    (cell,) = expand(parse_matrix("matrix: [{gpu: RTX 4090, provider: vastai, model: qwen2:7b}]", "gpubench_a.yaml"))
+    provider = run.provider_for(cell.cloud)
+    offer = next(o for o in call(provider.offers()) if o.id == OFFER)
+    recorder = CellRecorder.start(run.manifest, run.run_id, cell, cell.cell_id, settings.progress_dir, "main")
+    teardown = Provisioning(run, recorder, cell, OfferChoice(offer, 1, [offer]), Constraints.for_cell(cell))
+
+    def session_in(state: str, name: str) -> str:
+        if state == "unknown":
+            return {"teardown": UNKNOWN, "cleanup": UNKNOWN.replace("4", "5")}[name]
+        if state == "failed":
+            api.post("/sandbox/faults", json={"offer_id": OFFER, "fault": "provision_error", "times": 1,
+                                              "message": "No available public IPs"}).raise_for_status()
+        created = rent(provider, f"{state}-{name}")
+        session_id = created.session.id
+        wait_for(lambda: status(api, session_id) in ("running", "failed"), 30, f"session {session_id} to settle")
+        if state == "stopped":
+            api.post(f"/api/v1/sessions/{session_id}/done").raise_for_status()
+        return session_id
+
+    recorded = {}
+    try:
+        for number, state in enumerate(("running", "stopped", "unknown", "failed", "stopping"), start=1):
+            ids = {name: session_in(state, name) for name in ("teardown", "cleanup")}
+            deleting = [start_deleting(api, s) for s in ids.values()] if state == "stopping" else []
+            for attempt, name in ((2 * number - 1, "teardown"), (2 * number, "cleanup")):
+                run.manifest.start_attempt(recorder.row_id, attempt, offer_id=OFFER, consumer_id=f"c{attempt}")
+                run.manifest.update_attempt(recorder.row_id, attempt, session_id=ids[name])
+            teardown.attempts = [Attempt(2 * number - 1, offer, f"c{2 * number - 1}", session_id=ids["teardown"])]
+            teardown.release_all()
+            action = call(release(provider, Leftover(session_id=ids["cleanup"], run_id=run.run_id,
+                                                     row_id=recorder.row_id, attempt=2 * number)))
+            assert action.outcome is not Outcome.FAILED, action
+            record(run.manifest, action, "gpubench cleanup")
+            for worker in deleting:
+                worker.join(30)
+            rows = {row["attempt"]: row for row in run.manifest.attempts(row_id=recorder.row_id)}
+            recorded[state] = (rows[2 * number - 1]["session_status"], rows[2 * number]["session_status"])
+        assert recorder.cleanup_error is None
+    finally:
+        run.close()
+    assert recorded == {"running": ("stopped", "stopped"), "stopped": ("stopped", "stopped"),
+                        "unknown": ("not_found", "not_found"), "failed": ("stopped", "stopped"),
+                        "stopping": ("stopped", "stopped")}
