@@ -35,6 +35,7 @@ _WHERE = {
     "MatrixError": "pytest_gpubench.errors",
     "UsageProblem": "pytest_gpubench.errors",
     # The seams (docs/architecture.md).
+    "Provider": "pytest_gpubench.cloud.provider",
     "Runtime": "pytest_gpubench.runtimes.base",
     "Store": "pytest_gpubench.store.base",
     # Settings as the run resolved them.
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from .measure.results import BenchmarkResult, PerformanceResults, RequestRecord
     from .measure.thresholds import Slo
     from .plugin.cell_benchmark import Bench
+    from .cloud.provider import Provider
     from .runtimes.base import Runtime
     from .store.base import Store
     from .settings import Settings
