@@ -34,6 +34,13 @@ MARKER = ("gpubench(matrix_file, gpu=None, provider=None, model=None): run this 
           "cell of a matrix file, with the gpubench fixtures")
 
 
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    """The hooks users implement (docs/hooks.md)."""
+    from . import hookspec
+
+    pluginmanager.add_hookspecs(hookspec)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("gpubench", "GPU benchmarks (pytest-gpubench)")
     for opt in OPTIONS:
