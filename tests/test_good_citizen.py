@@ -200,7 +200,8 @@ matrix:
 # ------------------------------------------------ item 3: load only what a run needs
 
 LIGHT = {"pytest_gpubench", "pytest_gpubench.plugin", "pytest_gpubench.plugin.hooks", "pytest_gpubench.options",
-         "pytest_gpubench.plugin.stash", "pytest_gpubench.plugin.matrix_scan"}
+         "pytest_gpubench.plugin.stash", "pytest_gpubench.plugin.matrix_scan",
+         "pytest_gpubench.plugin.hookspec"}
 REPORT_MODULES = """
     import sys
 

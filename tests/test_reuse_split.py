@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_gpubench.plugin.xdist import MatrixGroups
+from pytest_gpubench.plugin.xdist import GROUPS_INPUT, GroupsChannel, WorkerGroups
 from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.cloud.reuse_estimates import reservation_seconds
 from pytest_gpubench.plugin.reuse_order import arrange_reuse_groups
@@ -185,24 +185,6 @@ def test_settings_take_the_limit_and_the_accepted_cost():
             resolve(bad, {}, lambda key: None)
 
 
-def test_the_controller_splits_as_the_workers_do(tmp_path):
-    (tmp_path / "gpubench_split.yaml").write_text(FIVE)
-    cells = cells_of(FIVE, str(tmp_path / "gpubench_split.yaml"))
-    config = SimpleNamespace(rootpath=tmp_path, stash={SETTINGS_KEY: Settings(time_scale=0.0)})
-    workers, _ = split_groups(cells, SplitPolicy.from_settings(Settings(time_scale=0.0), 3))
-    assert len({c.session_group for c in workers}) == 3
-    controller = MatrixGroups(config)
-    # The controller sees the workers' collection in run order, some ids carrying xdist's @group.
-    nodeids = {c.cell_id: f"gpubench_split.yaml::{c.cell_id}" for c in reversed(cells)}
-    nodeids[cells[0].cell_id] += "@RTX_4090-vastai/2"
-    controller.split_for([*nodeids.values(), "tests/test_x.py::test_y"], 3)
-    assert {c.cell_id: controller.group_of(nodeids[c.cell_id]) for c in workers} == {
-        c.cell_id: f"reuse:{c.session_group}" for c in workers}
-    assert controller.group_of("tests/test_x.py::test_y") is None
-    # Before the collection is known (or with one worker): the whole group.
-    assert MatrixGroups(config).group_of(nodeids[cells[1].cell_id]) == "reuse:RTX_4090-vastai"
-
-
 class _Item:
     """What arrange_reuse_groups reads and writes of a pytest item: its stash and markers."""
 
@@ -243,6 +225,31 @@ def test_collection_on_a_worker_makes_each_sub_group_a_reuse_group_of_its_own():
         items = [_Item(c.cell_id, c) for c in cells]
         arrange_reuse_groups(config, items)  # type: ignore[arg-type]
         assert {item.stash[GROUP_KEY] for item in items} == {"RTX_4090-vastai"}
+
+
+def test_the_controller_s_scheduler_gets_the_sub_groups_the_workers_decided(tmp_path):
+    """Workers write their grouped cells before xdist sends their collection; the controller
+    decides nothing itself (no matrix parsed twice, Python tests on cells included)."""
+    cells = cells_of(FIVE)
+    config = SimpleNamespace(stash=pytest.Stash(), workerinput={"gpubench_loadgroup": True, "workercount": 2})
+    config.stash[SETTINGS_KEY] = Settings(time_scale=0.0)
+    items = [_Item(c.cell_id, c) for c in cells]
+    arrange_reuse_groups(config, items)  # type: ignore[arg-type]
+    lone = _Item("H100-vastai-m100:1b", cells_of(FIVE.replace("RTX 4090", "H100"))[0])
+    lone.stash[GROUP_KEY] = "H100-vastai"  # a group of one cell: a unit of its own, not reported
+    for item in [*items, lone]:
+        item.nodeid = f"gpubench_split.yaml::{item.stash[RECORD_KEY]}"
+    channel = GroupsChannel()
+    try:
+        node = SimpleNamespace(workerinput={GROUPS_INPUT: str(channel.path_for("gw0"))})
+        assert channel.groups_of(node) == {}  # nothing reported (yet): nothing grouped
+        WorkerGroups(channel.path_for("gw0")).pytest_collection_finish(
+            SimpleNamespace(config=config, items=[*items, lone]))  # type: ignore[arg-type]
+        assert channel.groups_of(node) == {item.nodeid: item.stash[GROUP_KEY] for item in items}
+        assert {g for g in channel.groups_of(node).values()} == {"RTX_4090-vastai/1", "RTX_4090-vastai/2"}
+    finally:
+        channel.remove()
+    assert not channel.folder.exists()
 
 
 def test_groups_that_tie_but_cannot_all_split_again_stay_as_they_are():

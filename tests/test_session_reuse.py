@@ -232,9 +232,9 @@ matrix:
 """
 
 
-#: pytest 9.2 keeps node ids in ``_id``, so xdist's ``nodeid@group`` renaming no longer takes
-#: and the controller finds (and splits) groups itself: this conftest undoes the renaming
-#: on pytest 9.0 to run that path too.
+#: pytest 9.2 keeps node ids in ``_id``, so xdist's ``nodeid@group`` renaming no longer takes:
+#: this conftest undoes the renaming on pytest 9.0, to check that the groups the workers
+#: report to the controller's scheduler are enough.
 IDS_AS_ON_PYTEST_9_2 = """
 import pytest
 
@@ -248,14 +248,15 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ids", ["xdist-renames", "pytest-9.2"])
+@pytest.mark.parametrize("dist", ["chosen-by-the-plugin", "loadgroup-xdist-renames", "loadgroup-pytest-9.2"])
 def test_with_idle_workers_a_group_is_split_over_sessions_that_each_serve_their_cells(
-        tmp_path, standalone_sandbox, ids):  # noqa: F811
+        tmp_path, standalone_sandbox, dist):  # noqa: F811
     url = standalone_sandbox
-    if ids == "pytest-9.2":
+    if dist == "loadgroup-pytest-9.2":
         (tmp_path / "conftest.py").write_text(IDS_AS_ON_PYTEST_9_2)
+    given = [] if dist == "chosen-by-the-plugin" else ["--dist", "loadgroup"]
     # One group, two workers: without the split one worker would idle (see test above).
-    done = run_matrix(tmp_path, url, SPLIT_MATRIX, "-n", "2", "--gpubench-sessions-per-group", "2",
+    done = run_matrix(tmp_path, url, SPLIT_MATRIX, "-n", "2", *given, "--gpubench-sessions-per-group", "2",
                       "--gpubench-split-cost", "50")
     assert done.returncode == 0, done.stdout[-3000:]
     assert "4 passed" in done.stdout
@@ -304,22 +305,3 @@ def test_earlier_models_are_removed_when_the_next_would_not_fit_the_disk(tmp_pat
     assert all(float(r["free_gb"]) < float(r["needed_gb"]) for r in removed)
     assert "llama3:8b" not in [r["model"] for r in removed]
     assert len({row["session_id"] for row in rows.values()}) == 1 == len(sandbox_sessions(url))
-
-
-def test_the_controller_finds_a_cell_s_group_from_its_node_id(tmp_path):
-    # pytest 9.2 ignores xdist's `nodeid@group` renaming: the scheduler reads the matrix instead.
-    from types import SimpleNamespace
-
-    from pytest_gpubench.plugin.xdist import MatrixGroups
-    from pytest_gpubench.settings import Settings
-    from pytest_gpubench.plugin.stash import SETTINGS_KEY
-
-    (tmp_path / "gpubench_o.yaml").write_text(ORDER_MATRIX)
-    config = SimpleNamespace(rootpath=tmp_path, stash={SETTINGS_KEY: Settings()})
-    groups = MatrixGroups(config)
-    assert groups.group_of("gpubench_o.yaml::RTX_4090-vastai-qwen2:1.5b") == "reuse:RTX_4090-vastai"
-    assert groups.group_of("gpubench_o.yaml::RTX_3090-tensordock-qwen2:7b") is None  # reuse: cell
-    assert groups.group_of("gpubench_o.yaml::no-such-cell") is None
-    assert groups.group_of("tests/test_x.py::test_y") is None
-    config.stash[SETTINGS_KEY] = Settings(reuse="cell")
-    assert MatrixGroups(config).group_of("gpubench_o.yaml::RTX_4090-vastai-qwen2:1.5b") is None

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..errors import NoEligibleOffer
+from ..errors import NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell, gpu_matches
 from .shopper_client import Offer
 
@@ -57,6 +57,18 @@ def select_offer(offers: Iterable[Offer], wanted: Constraints) -> tuple[Offer, l
         raise NoEligibleOffer(_explain(candidates, rejected, wanted))
     eligible.sort(key=lambda o: (o.price_per_hour, -o.availability_confidence, o.id))
     return eligible[0], eligible
+
+
+def put_first(eligible: Iterable[Offer], chosen: Offer, chooser: str) -> list[Offer]:
+    """``eligible`` with ``chosen`` (picked by ``chooser``, a user's hook) first, the rest in
+    :func:`select_offer`'s order for failover. Only an eligible offer may be chosen."""
+    eligible = list(eligible)
+    found = next((offer for offer in eligible if offer.id == getattr(chosen, "id", None)), None)
+    if found is None:
+        ids = ", ".join(offer.id for offer in eligible)
+        raise StageError(Stage.INVENTORY, f"{chooser} chose {getattr(chosen, 'id', chosen)!r}, which is not "
+                         f"one of the {len(eligible)} eligible offer(s): {ids}")
+    return [found, *(offer for offer in eligible if offer is not found)]
 
 
 def next_offer(eligible: Iterable[Offer], failed: Iterable[Offer]) -> Offer | None:

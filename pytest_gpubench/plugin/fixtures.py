@@ -28,6 +28,7 @@ from ..cloud.provisioning import Provisioning
 from .record import CellRecorder
 from ..remote.ssh import KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL, Connection, KeyFile
 from ..remote.system import probe_system
+from . import user_hooks
 from .run_context import RunContext
 from ..runtimes.base import Runtime
 from ..runtimes.registry import runtime_for
@@ -75,7 +76,7 @@ def gpubench_cell(request: pytest.FixtureRequest, gpubench_run: RunContext) -> C
     cell = request.node.stash.get(CELL_KEY, None) or getattr(request, "param", None)
     if not isinstance(cell, Cell):
         pytest.fail("gpubench_cell needs a matrix file item or @pytest.mark.gpubench(MATRIX_FILE)", pytrace=False)
-    return gpubench_run.effective_cell(cell)
+    return user_hooks.adjust_workload(request.config, gpubench_run.effective_cell(cell))
 
 
 @pytest.fixture
@@ -95,9 +96,12 @@ def gpubench_recorder(
     request.node.stash[RECORDER_KEY] = recorder
     yield recorder
     outcome = outcome_of(request.node, recorder.stage)
-    for name, value in recorder.finish(outcome).items():
+    properties = recorder.finish(outcome)
+    for name, value in properties.items():
         request.node.user_properties.append((name, value))
     request.node.user_properties.append(junit_property(gpubench_run.settings))
+    user_hooks.cell_finished(request.config, recorder, outcome.status, outcome.failure_stage, outcome.error_message,
+                             properties)
 
 
 @pytest.fixture
@@ -136,6 +140,7 @@ def gpu_offer(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench
             raise
         recorder.skip_reason = exc.message
         pytest.skip(f"[inventory] {exc.message}")
+    choice = user_hooks.select_offer(request.config, cell, choice)
     recorder.progress.status("INVENTORY_QUERY", offers_found=choice.offers_found,
                              selected_offer_id=choice.offer.id, price=choice.offer.price_per_hour)
     return choice

@@ -34,6 +34,13 @@ MARKER = ("gpubench(matrix_file, gpu=None, provider=None, model=None): run this 
           "cell of a matrix file, with the gpubench fixtures")
 
 
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    """The hooks users implement (docs/hooks.md)."""
+    from . import hookspec
+
+    pluginmanager.add_hookspecs(hookspec)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("gpubench", "GPU benchmarks (pytest-gpubench)")
     for opt in OPTIONS:
@@ -74,7 +81,7 @@ class Gate:
     def _distributes_to_a_sandbox(self) -> bool:
         """An xdist controller whose environment or ini asks for the sandbox: it must start it
         before its workers do anything, even if only they find cells (marked Python tests)."""
-        if self.config.getoption("dist", "no") == "no":
+        if self.config.getoption("dist", "no") == "no" and not self.config.getoption("numprocesses", None):
             return False
         wanted = os.environ.get("GPUBENCH_SANDBOX", "") or self.config.getini("gpubench_sandbox") or ""
         return str(wanted).strip().lower() in {"1", "true", "yes", "on"}
@@ -116,6 +123,20 @@ class Gate:
 
 
 GATE_KEY = pytest.StashKey[Gate]()
+
+
+@pytest.hookimpl(wrapper=True)  # around xdist's own, which turns "-n N" alone into --dist load
+def pytest_cmdline_main(config: pytest.Config):
+    """``-n N`` without a ``--dist`` of the user's, in a run with cells: ``--dist loadgroup``.
+
+    ``--dist load`` would spread a reuse group over workers, each renting its own
+    session. Before xdist reads the mode, an unset one is still xdist's default
+    ``no``: a mode the user chose (``--dist load`` too) is never changed.
+    """
+    if (config.getoption("numprocesses", None) and config.getoption("dist", "no") == "no"
+            and not config.getoption("distload", False) and Gate(config).needed_at_start()):
+        config.option.dist = "loadgroup"
+    return (yield)
 
 
 def pytest_configure(config: pytest.Config) -> None:

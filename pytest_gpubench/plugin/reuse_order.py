@@ -1,13 +1,10 @@
-"""Collection-time side of session reuse: run order, xdist groups, ``--dist loadgroup``.
+"""Collection-time side of session reuse: run order and xdist groups.
 
 Kept out of ``plugin.py`` so the hooks stay thin; the rules themselves (which cells
 share, which group is longest) are in :mod:`pytest_gpubench.cloud.session_pool`.
 """
 
 from __future__ import annotations
-
-import os
-import shlex
 
 import pytest
 
@@ -65,21 +62,3 @@ def loadgroup_workers(config: pytest.Config) -> int:
     if not workerinput or not workerinput.get("gpubench_loadgroup"):
         return 1
     return int(workerinput.get("workercount") or 1)
-
-
-def prefer_loadgroup(config: pytest.Config) -> None:
-    """``-n N`` alone distributes with ``--dist load``, which would split reuse groups
-    over workers (each renting its own session): use ``loadgroup`` unless the user
-    chose a distribution mode."""
-    if config.getoption("dist", None) == "load" and not _dist_given(config):
-        config.option.dist = "loadgroup"
-
-
-def _dist_given(config: pytest.Config) -> bool:
-    args = [str(a) for a in config.invocation_params.args]
-    args += shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))
-    try:
-        args += [str(a) for a in config.getini("addopts")]
-    except ValueError:
-        pass
-    return any(a in ("--dist", "-d") or a.startswith("--dist=") or a == "--distload" for a in args)

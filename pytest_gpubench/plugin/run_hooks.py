@@ -43,8 +43,10 @@ def start(config: pytest.Config, gate: Any) -> None:
         if workerinput.get("gpubench_api"):
             update["api"] = workerinput["gpubench_api"]
         settings = settings.model_copy(update=update)
-        if workerinput.get("gpubench_loadgroup"):
-            config.option.loadgroup = True  # xdist then names grouped items after their group
+        if workerinput.get("gpubench_groups"):  # the controller's scheduler learns the groups from this worker
+            from .xdist import GROUPS_INPUT, WorkerGroups
+
+            config.pluginmanager.register(WorkerGroups(Path(workerinput[GROUPS_INPUT])), "gpubench-xdist-groups")
         if workerinput.get("gpubench_resume"):
             from ..store.resume import ResumePlan
 
@@ -66,7 +68,6 @@ def start(config: pytest.Config, gate: Any) -> None:
         return  # nothing runs and no fixture is shown: the fixtures' imports can wait for a run
     from . import fixtures
     from .lifecycle import RunLifecycle
-    from .reuse_order import prefer_loadgroup
     from .terminal import TerminalHooks
 
     config.pluginmanager.register(fixtures, "gpubench-fixtures")
@@ -83,8 +84,6 @@ def start(config: pytest.Config, gate: Any) -> None:
             from .xdist import XdistHooks
 
             config.pluginmanager.register(XdistHooks(), "gpubench-xdist")
-            if gate.session is None:  # xdist chooses its scheduler at session start
-                prefer_loadgroup(config)
 
 
 def _resumed(config: pytest.Config, settings: Settings) -> Settings:
