@@ -16,6 +16,8 @@ from .shopper_client import CreatedSession, Offer, Session, SessionRequest, Shop
 #: How long a session may stay ``stopping`` after done/DELETE (the server answers
 #: those once it is stopped, within seconds).
 SETTLE_SECONDS = 30.0
+#: What a release records when the API answered but could not say what the session was doing.
+UNKNOWN_STATUS = "unknown"
 
 
 def reservation_hours(settings: Settings, duration: float) -> int:
@@ -155,9 +157,15 @@ class ShopperProvider:
         409 but may still hold an instance), then ``DELETE`` while the session is
         still active or ``failed``; a ``stopping`` one is given
         :data:`SETTLE_SECONDS` to stop first. A ``done`` the server refuses is not
-        the end: ``DELETE`` follows. Raises ``StageError`` when the API cannot say.
+        the end: ``DELETE`` follows. When the API answers but cannot say what the
+        session is doing (an error, a body that is not its JSON), ending it is the safe
+        side: ``done`` and ``DELETE`` blind, and the status is ``unknown``. Raises
+        ``StageError`` when the ``DELETE`` itself is refused.
         """
-        current = await self._status(session_id)
+        try:
+            current = await self._status(session_id)
+        except StageError:
+            return await self._release_blind(session_id)
         if current is None or current.status == "stopped":
             status = current.status if current is not None else None
             return Released(session_id=session_id, before=status, after=status)
@@ -172,6 +180,19 @@ class ShopperProvider:
             await self.client.destroy(session_id)
             current = await self._settled(session_id, await self._status(session_id))
         return Released(session_id=session_id, before=before, after=current.status if current else None)
+
+    async def _release_blind(self, session_id: str) -> Released:
+        """``done`` then ``DELETE`` for a session whose status cannot be read."""
+        try:
+            await self.client.release(session_id)
+        except StageError:
+            pass  # refused or unanswered: DELETE ends it
+        await self.client.destroy(session_id)
+        try:
+            after = await self._status(session_id)
+        except StageError:
+            return Released(session_id=session_id, before=UNKNOWN_STATUS, after=UNKNOWN_STATUS)
+        return Released(session_id=session_id, before=UNKNOWN_STATUS, after=after.status if after else None)
 
     async def _settled(self, session_id: str, current: Session | None) -> Session | None:
         """``current``, or the session once it has left ``stopping`` (at most :data:`SETTLE_SECONDS`)."""
