@@ -39,7 +39,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandProblem
+from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandProblem, UnknownRun
 from ..settings import DEFAULT_API
 
 
@@ -65,17 +65,15 @@ def _open_manifest(path: str | None):
 
 def _resolve_run(manifest, run: str | None) -> str | None:
     """``None`` (all runs), ``last`` (the latest), or a run id the manifest knows."""
+    from ..store.run_choice import resolve_run
+    from ..store.sqlite_store import SqliteStore
+
     if run is None:
         return None
-    known = manifest.run_ids()
-    if run == "last":
-        if not known:
-            raise CommandProblem(f"the manifest {manifest.path} has no runs yet")
-        return known[0]
-    if run not in known:
-        recent = ", ".join(known[:3]) or "none"
-        raise CommandProblem(f"no run {run!r} in the manifest {manifest.path} (most recent: {recent})")
-    return run
+    try:
+        return resolve_run(SqliteStore(manifest), run)
+    except UnknownRun as exc:
+        raise CommandProblem(exc.message) from None
 
 
 def _export(args: argparse.Namespace) -> int:
