@@ -141,7 +141,7 @@ def _upload(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
-async def _cleanup_async(manifest, apis: list[str], token: str | None, dry_run: bool):
+async def _cleanup_async(store, apis: list[str], token: str | None, dry_run: bool):
     from ..cloud.cleanup import CleanupReport, clean
     from ..cloud.registry import build_provider
     from ..errors import ApiUnreachable
@@ -159,7 +159,7 @@ async def _cleanup_async(manifest, apis: list[str], token: str | None, dry_run: 
             except ApiUnreachable as exc:
                 reachable = None
                 report.notes.append(f"cannot reach the API: {exc.message}")
-            report.merge(await clean(manifest, reachable, api=api, released_by="gpubench cleanup",
+            report.merge(await clean(store, reachable, api=api, released_by="gpubench cleanup",
                                      reason="its run's process went away", dry_run=dry_run))
         finally:
             await provider.aclose()
@@ -168,12 +168,14 @@ async def _cleanup_async(manifest, apis: list[str], token: str | None, dry_run: 
 
 def _cleanup(args: argparse.Namespace) -> int:
     from ..cloud.cleanup import apis_to_visit
+    from ..store.sqlite_store import SqliteStore
 
     token = os.environ.get("GPUBENCH_API_TOKEN") or None
     with _open_manifest(args.manifest) as manifest:
+        store = SqliteStore(manifest)
         default = os.environ.get("GPUBENCH_API_BASE") or DEFAULT_API
-        apis = [args.api] if args.api else apis_to_visit(manifest, default)
-        report = asyncio.run(_cleanup_async(manifest, apis, token, args.dry_run))
+        apis = [args.api] if args.api else apis_to_visit(store, default)
+        report = asyncio.run(_cleanup_async(store, apis, token, args.dry_run))
     for line in report.lines():
         print(line)
     print(f"gpubench cleanup: {report.summary()}")

@@ -68,7 +68,7 @@ def plan_resume(manifest_path: Path, wanted: str, me: ProcessIdentity | None = N
             raise UsageProblem(f"{FLAG}: {exc.message}") from None
         run = store.run(run_id)
         if run is not None:
-            running = RunInfo.model_validate(run, from_attributes=True).still_running(me)
+            running = RunInfo.of(run).still_running(me)
             if running:
                 raise UsageProblem(f"{FLAG}: {running}: wait for it to end or stop it, then resume")
         cells = store.cells(run_id)
