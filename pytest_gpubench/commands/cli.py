@@ -194,7 +194,7 @@ def _browse(args: argparse.Namespace) -> int:
 
 def _import(args: argparse.Namespace) -> int:
     from .importer import Assumed, expand_paths, import_files
-    from ..store.manifest import Manifest
+    from ..store.sqlite_store import SqliteStore
 
     if args.price is not None and args.price < 0:
         raise CommandProblem(f"--price must not be negative, got {args.price}")
@@ -202,21 +202,21 @@ def _import(args: argparse.Namespace) -> int:
     where = Path(args.manifest) if args.manifest else default_manifest()
     assumed = Assumed(gpu=args.gpu, provider=args.provider, price_per_hour=args.price, location=args.location)
     # A dry run never creates the manifest; a real import does, like a first pytest run.
-    manifest = None
+    store = None
     if where.is_file() or not args.dry_run:
         try:
-            manifest = Manifest(where, busy_timeout=5, retry_seconds=10)
+            store = SqliteStore.open(where, busy_timeout=5, retry_seconds=10)
         except Exception as exc:  # noqa: BLE001 - a corrupt or foreign file: say so in one line
             raise CommandProblem(f"cannot open the manifest {where}: {exc}") from None
     options = [f"--{name}={value}" for name, value in (("gpu", args.gpu), ("provider", args.provider),
                                                         ("price", args.price), ("location", args.location))
                if value is not None]
     try:
-        report = import_files(args.paths, manifest, assumed=assumed, dry_run=args.dry_run,
+        report = import_files(args.paths, store, assumed=assumed, dry_run=args.dry_run,
                               argv=["gpubench", "import", *options, *args.paths])
     finally:
-        if manifest is not None:
-            manifest.close()
+        if store is not None:
+            store.close()
     for outcome in report.files:
         print(outcome.line(args.dry_run), file=sys.stdout if outcome.problem is None else sys.stderr)
     print(f"gpubench import: {report.summary()}" + (f" (manifest {where})" if not args.dry_run else ""))
