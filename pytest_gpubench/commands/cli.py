@@ -99,10 +99,9 @@ def _export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _upload_async(manifest, run_id: str | None, api: str, token: str | None):
+async def _upload_async(store, run_id: str | None, api: str, token: str | None):
     from ..errors import ApiUnreachable
     from ..store.export import upload_pending
-    from ..store.sqlite_store import SqliteStore
     from ..cloud.shopper_client import ShopperClient
 
     client = ShopperClient(api, token=token)
@@ -113,26 +112,29 @@ async def _upload_async(manifest, run_id: str | None, api: str, token: str | Non
             raise CommandProblem(
                 f"{exc.message}; the results stay pending: run `gpubench upload` again", EXIT_FAILED
             ) from None
-        return await upload_pending(SqliteStore(manifest), client, run_id)
+        return await upload_pending(store, client, run_id)
     finally:
         await client.aclose()
 
 
 def _upload(args: argparse.Namespace) -> int:
+    from ..store.sqlite_store import SqliteStore
+
     api = args.api or os.environ.get("GPUBENCH_API_BASE") or DEFAULT_API
     token = os.environ.get("GPUBENCH_API_TOKEN") or None
     with _open_manifest(args.manifest) as manifest:
+        store = SqliteStore(manifest)
         run_id = _resolve_run(manifest, args.run)
         if run_id is not None:
             # Naming a run asks for its results to be uploaded, whether or not the
             # run itself was started with --gpubench-upload.
-            manifest.request_uploads(run_id)
-        pending = manifest.pending_uploads(run_id)
+            store.request_uploads(run_id)
+        pending = store.pending_uploads(run_id)
         if not pending:
             hint = "" if run_id else " (name a run to upload it: gpubench upload --run last)"
             print(f"nothing to upload{hint}", file=sys.stderr)
             return EXIT_OK
-        uploaded, failed = asyncio.run(_upload_async(manifest, run_id, api, token))
+        uploaded, failed = asyncio.run(_upload_async(store, run_id, api, token))
     for benchmark_id, error in failed.items():
         print(f"failed {benchmark_id}: {error}", file=sys.stderr)
     print(f"uploaded {len(uploaded)} of {len(pending)} result{'s' * (len(pending) != 1)} to {api}"
