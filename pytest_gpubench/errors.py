@@ -12,6 +12,7 @@
     ├── CollectionProblem         paths or options that do not collect (gpubench plan)
     ├── ImportProblem             a result file, or an item of it, that cannot be imported (field, message)
     ├── CommandProblem            a gpubench command cannot do what was asked: one line, its exit status
+    ├── UnknownRun                a run name (an id, or last) the store does not know
     └── StageError                a cell failed at one stage (stage, message, hint)
         ├── NoEligibleOffer       inventory: offers exist or not, none fits -> skipped
         ├── BudgetRefused         provision: the spend cap leaves no room for the session
@@ -150,6 +151,15 @@ class CommandProblem(GpubenchError):
     def __init__(self, message: str, status: int = EXIT_USAGE) -> None:
         super().__init__(message)
         self.status = status
+
+
+class UnknownRun(GpubenchError):
+    """A run name (a run id, or ``last``) that names no run of the store: the message
+    says which runs there are. Each way in words it as its own kind of problem."""
+
+    def __init__(self, wanted: str, message: str) -> None:
+        super().__init__(message)
+        self.wanted = wanted
 
 
 class StageError(GpubenchError):

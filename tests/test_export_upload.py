@@ -202,7 +202,7 @@ def test_cli_finds_the_manifest_like_the_plugin(manifest_path, monkeypatch, caps
     (["export", "--manifest", "{missing}"], "no manifest at {missing}"),
     (["upload", "--manifest", "{missing}"], "no manifest at {missing}"),
     (["export", "--manifest", "{manifest}", "--run", "run-9"], "no run 'run-9' in the manifest"),
-    (["upload", "--manifest", "{manifest}", "--run", "run-9"], "most recent: run-2, run-1"),
+    (["upload", "--manifest", "{manifest}", "--run", "run-9"], "most recent first: run-2, run-1"),
 ])
 def test_cli_usage_problems_are_one_line_and_exit_2(manifest_path, tmp_path, capsys, args, message):
     names = {"missing": str(tmp_path / "nope.db"), "manifest": str(manifest_path)}

@@ -59,7 +59,7 @@ def benchmarks(path: Path) -> list[dict]:
 
 def run_import(manifest_path: Path, *paths: Path | str, **kwargs):
     with Manifest(manifest_path) as m:
-        return import_files([str(p) for p in paths], m, argv=["gpubench", "import"], **kwargs)
+        return import_files([str(p) for p in paths], SqliteStore(m), argv=["gpubench", "import"], **kwargs)
 
 
 def cli(capsys, *args: str) -> tuple[int, str, str]:

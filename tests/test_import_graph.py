@@ -28,7 +28,6 @@ LAYERING_DEBT = {
     "cloud.provisioning -> plugin.record",
     "cloud.provisioning -> plugin.run_context",
     "cloud.session_pool -> plugin.record",
-    "cloud.cleanup -> store.manifest",
     "cloud.cleanup -> store.progress",
     "cloud.provisioning -> store.progress",
     "matrix.cells -> measure.thresholds",

@@ -230,7 +230,7 @@ def test_teardown_and_cleanup_release_alike(sandbox, api, tmp_path):
             action = call(release(provider, Leftover(session_id=ids["cleanup"], run_id=run.run_id,
                                                      row_id=recorder.row_id, attempt=2 * number)))
             assert action.outcome is not Outcome.FAILED, action
-            record(run.manifest, action, "gpubench cleanup")
+            record(run.store, action, "gpubench cleanup")
             for worker in deleting:
                 worker.join(30)
             rows = {row["attempt"]: row for row in run.manifest.attempts(row_id=recorder.row_id)}

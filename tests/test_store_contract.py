@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from pytest_gpubench.cloud.processes import ProcessIdentity
-from pytest_gpubench.errors import Stage
+from pytest_gpubench.errors import Stage, UnknownRun
 from pytest_gpubench.measure.results import RequestRecord
 from pytest_gpubench.store.base import Store
+from pytest_gpubench.store.run_choice import LAST, SHOWN_RUNS, resolve_run
 from pytest_gpubench.store.records import AttemptRecord, CellRecord, ResultRecord
 from pytest_gpubench.store.schema import ATTEMPT_COLUMNS, BENCHMARK_COLUMNS, MANIFEST_COLUMNS, RUN_COLUMNS
 from pytest_gpubench.store.sqlite_store import SqliteStore
@@ -101,6 +102,18 @@ def test_run_ids_are_most_recent_first(store):
     store.start_run("run-2", [], [])
     store.start_run("run-3", [], [])
     assert store.run_ids() == ["run-3", "run-2", RUN]
+
+
+def test_a_run_name_resolves_to_a_run_the_store_knows(store):
+    store.start_run("run-2", [], [])
+    assert resolve_run(store, LAST) == "run-2"
+    assert resolve_run(store, RUN) == RUN
+    with pytest.raises(UnknownRun, match=r"no run 'run-9' in the manifest .*most recent first: run-2, run-1$"):
+        resolve_run(store, "run-9")
+    for n in range(3, SHOWN_RUNS + 3):
+        store.start_run(f"run-{n}", [], [])
+    with pytest.raises(UnknownRun, match=r": run-12, run-11, .*, run-3 \(and 2 more\)$"):
+        resolve_run(store, "run-0")
 
 
 # --------------------------------------------------------------------- cells

@@ -9,7 +9,11 @@ pytest-timeout's ``thread`` method, a power cut) is released here:
 * at the start of the next run that uses the same manifest;
 * by ``gpubench cleanup``.
 
-Sessions are listed and released through the run's :class:`~.provider.Provider`.
+Sessions are listed and released through the run's :class:`~.provider.Provider`;
+what the run recorded is read and written through the
+:class:`~pytest_gpubench.store.base.Store` protocol and its typed records. That
+protocol is named for type checkers only: at run time ``cloud/`` imports nothing
+of ``store/``'s database side, whichever store is behind it.
 
 **Ownership.** Only sessions this manifest owns are touched: a session id recorded
 in it, or a session whose ``consumer_id`` was made by
@@ -36,17 +40,20 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import ApiError, Stage, StageError
-from ..store.manifest import Manifest
 from .owned import OwnedSession
 from .processes import ProcessIdentity
 from ..store.progress import ProgressWriter, read_progress
 from .provider import CONSUMER_PREFIX, Provider, Released, consumer_id
 from .shopper_client import Session
+
+if TYPE_CHECKING:
+    from ..store.base import Store
+    from ..store.records import RunRecord
 
 #: The API's longest reservation: a run with no recorded owner that started longer
 #: ago than this cannot hold a session any more, whatever became of its process.
@@ -99,7 +106,8 @@ def stage_reached(progress_file: str | None) -> Stage:
 
 
 class RunInfo(BaseModel):
-    """What the ``runs`` table says about one run, and whether it may still be going on."""
+    """What the store says about one run (a :class:`~pytest_gpubench.store.records.RunRecord`),
+    and whether it may still be going on."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -111,12 +119,9 @@ class RunInfo(BaseModel):
     sandbox: bool = False
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> RunInfo:
-        owner = None
-        if row.get("pid"):
-            owner = ProcessIdentity(pid=row["pid"], host=row.get("host") or "", start=row.get("pid_start"))
-        return cls(run_id=row["run_id"], started_at=row.get("started_at"), finished_at=row.get("finished_at"),
-                   owner=owner, api=row.get("api"), sandbox=bool(row.get("sandbox")))
+    def of(cls, run: RunRecord) -> RunInfo:
+        """The run as the store recorded it."""
+        return cls.model_validate(run, from_attributes=True)
 
     def still_running(self, me: ProcessIdentity | None = None) -> str | None:
         """Why this run may still be going on in another process, or None when it is over."""
@@ -254,18 +259,18 @@ class Survey(BaseModel):
 
 
 def survey(
-    manifest: Manifest, *, api: str | None, run_id: str | None = None, worker: str | None = None,
+    store: Store, *, api: str | None, run_id: str | None = None, worker: str | None = None,
     check_liveness: bool = True, me: ProcessIdentity | None = None,
 ) -> Survey:
-    """Sort the manifest's unreleased sessions: to release through ``api``, ended, left alone.
+    """Sort the store's unreleased sessions: to release through ``api``, ended, left alone.
 
     ``run_id`` and ``worker`` narrow the scope (a run's own end, a crashed worker);
     ``check_liveness=False`` is for the process that owns the run.
     """
-    runs = {row["run_id"]: RunInfo.from_row(row) for row in _all_runs(manifest)}
+    runs = _all_runs(store)
     result = Survey(known_runs=runs)
-    for found in manifest.unreleased_sessions(run_id):
-        leftover = Leftover.model_validate(found)
+    for found in store.unreleased_sessions(run_id):
+        leftover = Leftover.model_validate(found, from_attributes=True)
         if worker is not None and leftover.worker != worker:
             continue
         run = runs.get(leftover.run_id) or RunInfo(run_id=leftover.run_id)
@@ -292,16 +297,16 @@ def _releasable(run: RunInfo, api: str | None, check_liveness: bool, me: Process
     return None
 
 
-def apis_to_visit(manifest: Manifest, default: str) -> list[str]:
+def apis_to_visit(store: Store, default: str) -> list[str]:
     """The APIs that runs with unreleased sessions rented from (``default`` for an unknown one).
 
     A run's own sandbox is not among them: it is gone with the run. With nothing
     to release, ``default`` alone, to look for sessions only the API knows.
     """
-    runs = {row["run_id"]: RunInfo.from_row(row) for row in _all_runs(manifest)}
+    runs = _all_runs(store)
     apis: list[str] = []
-    for found in manifest.unreleased_sessions():
-        run = runs.get(found["run_id"])
+    for found in store.unreleased_sessions():
+        run = runs.get(found.run_id)
         if run is not None and run.sandbox:
             continue
         api = (run.api if run is not None else None) or default
@@ -310,15 +315,17 @@ def apis_to_visit(manifest: Manifest, default: str) -> list[str]:
     return apis or [default]
 
 
-def _all_runs(manifest: Manifest) -> list[dict[str, Any]]:
-    return [manifest.run(run_id) or {"run_id": run_id} for run_id in manifest.run_ids()]
+def _all_runs(store: Store) -> dict[str, RunInfo]:
+    """Every run the store knows, by id (one known only from its cells has no run record)."""
+    return {run_id: RunInfo.of(run) if (run := store.run(run_id)) is not None else RunInfo(run_id=run_id)
+            for run_id in store.run_ids()}
 
 
 async def find_on_api(
-    provider: Provider, manifest: Manifest, found: Survey, *, run_id: str | None = None,
+    provider: Provider, store: Store, found: Survey, *, run_id: str | None = None,
     check_liveness: bool = True, me: ProcessIdentity | None = None,
 ) -> tuple[list[Leftover], list[Action]]:
-    """Active sessions the API lists under this manifest's consumer ids that the manifest lacks.
+    """Active sessions the API lists under this store's consumer ids that the store lacks.
 
     A create that reached the server just before its process died leaves such a
     session. Returns what to release (matched to its cell's row where the consumer
@@ -334,7 +341,7 @@ async def find_on_api(
         if owner is None or (run_id is not None and owner != run_id):
             continue  # not ours (or not this pass's run): never touched
         leftover = Leftover(session_id=session.id, run_id=owner, consumer_id=session.consumer_id, found_by="api",
-                            **_cell_of_consumer(manifest, owner, session.consumer_id))
+                            **_cell_of_consumer(store, owner, session.consumer_id))
         running = found.known_runs[owner].still_running(me) if check_liveness else None
         if running is None:
             leftovers.append(leftover)
@@ -343,14 +350,14 @@ async def find_on_api(
     return leftovers, alone
 
 
-def _cell_of_consumer(manifest: Manifest, run_id: str, consumer: str) -> dict[str, Any]:
-    """The manifest row (and attempt) whose cell made ``consumer``, as Leftover fields."""
-    for row in manifest.cells(run_id):
-        base = consumer_id(run_id, row["cell_id"], 1).removesuffix("-a1")
+def _cell_of_consumer(store: Store, run_id: str, consumer: str) -> dict[str, Any]:
+    """The cell (and attempt) that made ``consumer``, as Leftover fields."""
+    for cell in store.cells(run_id):
+        base = consumer_id(run_id, cell.cell_id, 1).removesuffix("-a1")
         match = re.fullmatch(re.escape(base) + r"-a(\d+)", consumer)
         if match:
-            return {"row_id": row["id"], "cell_id": row["cell_id"], "cell_status": row["status"],
-                    "worker": row["worker"], "progress_file": row["progress_file"], "attempt": int(match[1])}
+            return {"row_id": cell.row_id, "cell_id": cell.cell_id, "cell_status": cell.status,
+                    "worker": cell.worker, "progress_file": cell.progress_file, "attempt": int(match[1])}
     return {}
 
 
@@ -393,8 +400,8 @@ async def _status(provider: Provider, session_id: str) -> Session | None:
         raise
 
 
-def record(manifest: Manifest, action: Action, released_by: str) -> None:
-    """Write what happened to a session into its cell row and progress file."""
+def record(store: Store, action: Action, released_by: str) -> None:
+    """Write what happened to a session into its cell and progress file."""
     leftover = action.leftover
     if action.outcome in (Outcome.RELEASED, Outcome.ALREADY_ENDED):
         status = action.after or "stopped"
@@ -407,7 +414,7 @@ def record(manifest: Manifest, action: Action, released_by: str) -> None:
     if leftover.row_id is None:
         return
     try:
-        manifest.record_release(leftover.row_id, leftover.session_id, session_status=status,
+        store.record_release(leftover.row_id, leftover.session_id, session_status=status,
                                 released_by=released_by, attempt=leftover.attempt)
     except KeyError:
         return
@@ -419,21 +426,21 @@ def record(manifest: Manifest, action: Action, released_by: str) -> None:
             writer.close()
 
 
-def close_cells(manifest: Manifest, row_ids: Iterable[str], reason: str, released_by: str) -> list[str]:
+def close_cells(store: Store, row_ids: Iterable[str], reason: str, released_by: str) -> list[str]:
     """Mark cells left ``pending``/``running`` by a process that is gone as ``failed``; returns them."""
     closed = []
     for row_id in dict.fromkeys(row_ids):
-        row = manifest.cell(row_id)
-        if row is None or row["status"] != "running":
+        cell = store.cell(row_id)
+        if cell is None or cell.status != "running":
             continue
-        stage = stage_reached(row["progress_file"])
+        stage = stage_reached(cell.progress_file)
         message = f"{reason} before this cell finished"
-        if row["session_id"]:
+        if cell.session_id:
             message += f"; its session was released by {released_by}"
-        manifest.finish_cell(row_id, status="failed", failure_stage=stage, failure_reason="interrupted",
-                             error_message=message)
-        if row["progress_file"] and Path(row["progress_file"]).parent.is_dir():
-            writer = ProgressWriter(row["progress_file"])
+        store.finish_cell(row_id, status="failed", failure_stage=stage, failure_reason="interrupted",
+                          error_message=message)
+        if cell.progress_file and Path(cell.progress_file).parent.is_dir():
+            writer = ProgressWriter(cell.progress_file)
             try:
                 writer.error(stage, message)
             finally:
@@ -443,7 +450,7 @@ def close_cells(manifest: Manifest, row_ids: Iterable[str], reason: str, release
 
 
 async def clean(
-    manifest: Manifest, provider: Provider | None, *, api: str | None, released_by: str,
+    store: Store, provider: Provider | None, *, api: str | None, released_by: str,
     reason: str, run_id: str | None = None, worker: str | None = None, check_liveness: bool = True,
     search_api: bool = True, close_running: bool = False, dry_run: bool = False,
     me: ProcessIdentity | None = None,
@@ -456,12 +463,12 @@ async def clean(
     crashed worker's, or those left at the end of a run).
     """
     report = CleanupReport(dry_run=dry_run)
-    found = survey(manifest, api=api, run_id=run_id, worker=worker, check_liveness=check_liveness, me=me)
+    found = survey(store, api=api, run_id=run_id, worker=worker, check_liveness=check_liveness, me=me)
     report.actions += found.left_alone
     leftovers = list(found.to_release)
     if provider is not None and search_api:
         try:
-            extra, alone = await find_on_api(provider, manifest, found, run_id=run_id,
+            extra, alone = await find_on_api(provider, store, found, run_id=run_id,
                                              check_liveness=check_liveness, me=me)
         except StageError as exc:
             report.notes.append(f"could not list the sessions at {api}: {exc}")
@@ -473,7 +480,7 @@ async def clean(
                         detail="the run's own sandbox stopped every session when the run ended")
         report.actions.append(action)
         if not dry_run:
-            record(manifest, action, "the run's sandbox, on exit")
+            record(store, action, "the run's sandbox, on exit")
     touched = []
     for leftover in leftovers:
         if provider is None:
@@ -482,12 +489,12 @@ async def clean(
             action = await release(provider, leftover, dry_run=dry_run)
         report.actions.append(action)
         if not dry_run:
-            await asyncio.to_thread(record, manifest, action, released_by)
+            await asyncio.to_thread(record, store, action, released_by)
             if action.outcome is not Outcome.FAILED and leftover.row_id:
                 touched.append(leftover.row_id)
     if not dry_run:
         if close_running:
-            touched += [row["id"] for row in manifest.cells(run_id)
-                        if row["status"] == "running" and (worker is None or row["worker"] == worker)]
-        report.closed_cells = await asyncio.to_thread(close_cells, manifest, touched, reason, released_by)
+            touched += [cell.row_id for cell in store.cells(run_id)
+                        if cell.status == "running" and (worker is None or cell.worker == worker)]
+        report.closed_cells = await asyncio.to_thread(close_cells, store, touched, reason, released_by)
     return report

@@ -39,7 +39,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandProblem
+from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandProblem, UnknownRun
 from ..settings import DEFAULT_API
 
 
@@ -65,17 +65,15 @@ def _open_manifest(path: str | None):
 
 def _resolve_run(manifest, run: str | None) -> str | None:
     """``None`` (all runs), ``last`` (the latest), or a run id the manifest knows."""
+    from ..store.run_choice import resolve_run
+    from ..store.sqlite_store import SqliteStore
+
     if run is None:
         return None
-    known = manifest.run_ids()
-    if run == "last":
-        if not known:
-            raise CommandProblem(f"the manifest {manifest.path} has no runs yet")
-        return known[0]
-    if run not in known:
-        recent = ", ".join(known[:3]) or "none"
-        raise CommandProblem(f"no run {run!r} in the manifest {manifest.path} (most recent: {recent})")
-    return run
+    try:
+        return resolve_run(SqliteStore(manifest), run)
+    except UnknownRun as exc:
+        raise CommandProblem(exc.message) from None
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -101,10 +99,9 @@ def _export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _upload_async(manifest, run_id: str | None, api: str, token: str | None):
+async def _upload_async(store, run_id: str | None, api: str, token: str | None):
     from ..errors import ApiUnreachable
     from ..store.export import upload_pending
-    from ..store.sqlite_store import SqliteStore
     from ..cloud.shopper_client import ShopperClient
 
     client = ShopperClient(api, token=token)
@@ -115,26 +112,29 @@ async def _upload_async(manifest, run_id: str | None, api: str, token: str | Non
             raise CommandProblem(
                 f"{exc.message}; the results stay pending: run `gpubench upload` again", EXIT_FAILED
             ) from None
-        return await upload_pending(SqliteStore(manifest), client, run_id)
+        return await upload_pending(store, client, run_id)
     finally:
         await client.aclose()
 
 
 def _upload(args: argparse.Namespace) -> int:
+    from ..store.sqlite_store import SqliteStore
+
     api = args.api or os.environ.get("GPUBENCH_API_BASE") or DEFAULT_API
     token = os.environ.get("GPUBENCH_API_TOKEN") or None
     with _open_manifest(args.manifest) as manifest:
+        store = SqliteStore(manifest)
         run_id = _resolve_run(manifest, args.run)
         if run_id is not None:
             # Naming a run asks for its results to be uploaded, whether or not the
             # run itself was started with --gpubench-upload.
-            manifest.request_uploads(run_id)
-        pending = manifest.pending_uploads(run_id)
+            store.request_uploads(run_id)
+        pending = store.pending_uploads(run_id)
         if not pending:
             hint = "" if run_id else " (name a run to upload it: gpubench upload --run last)"
             print(f"nothing to upload{hint}", file=sys.stderr)
             return EXIT_OK
-        uploaded, failed = asyncio.run(_upload_async(manifest, run_id, api, token))
+        uploaded, failed = asyncio.run(_upload_async(store, run_id, api, token))
     for benchmark_id, error in failed.items():
         print(f"failed {benchmark_id}: {error}", file=sys.stderr)
     print(f"uploaded {len(uploaded)} of {len(pending)} result{'s' * (len(pending) != 1)} to {api}"
@@ -143,7 +143,7 @@ def _upload(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
-async def _cleanup_async(manifest, apis: list[str], token: str | None, dry_run: bool):
+async def _cleanup_async(store, apis: list[str], token: str | None, dry_run: bool):
     from ..cloud.cleanup import CleanupReport, clean
     from ..cloud.registry import build_provider
     from ..errors import ApiUnreachable
@@ -161,7 +161,7 @@ async def _cleanup_async(manifest, apis: list[str], token: str | None, dry_run: 
             except ApiUnreachable as exc:
                 reachable = None
                 report.notes.append(f"cannot reach the API: {exc.message}")
-            report.merge(await clean(manifest, reachable, api=api, released_by="gpubench cleanup",
+            report.merge(await clean(store, reachable, api=api, released_by="gpubench cleanup",
                                      reason="its run's process went away", dry_run=dry_run))
         finally:
             await provider.aclose()
@@ -170,12 +170,14 @@ async def _cleanup_async(manifest, apis: list[str], token: str | None, dry_run: 
 
 def _cleanup(args: argparse.Namespace) -> int:
     from ..cloud.cleanup import apis_to_visit
+    from ..store.sqlite_store import SqliteStore
 
     token = os.environ.get("GPUBENCH_API_TOKEN") or None
     with _open_manifest(args.manifest) as manifest:
+        store = SqliteStore(manifest)
         default = os.environ.get("GPUBENCH_API_BASE") or DEFAULT_API
-        apis = [args.api] if args.api else apis_to_visit(manifest, default)
-        report = asyncio.run(_cleanup_async(manifest, apis, token, args.dry_run))
+        apis = [args.api] if args.api else apis_to_visit(store, default)
+        report = asyncio.run(_cleanup_async(store, apis, token, args.dry_run))
     for line in report.lines():
         print(line)
     print(f"gpubench cleanup: {report.summary()}")
@@ -194,7 +196,7 @@ def _browse(args: argparse.Namespace) -> int:
 
 def _import(args: argparse.Namespace) -> int:
     from .importer import Assumed, expand_paths, import_files
-    from ..store.manifest import Manifest
+    from ..store.sqlite_store import SqliteStore
 
     if args.price is not None and args.price < 0:
         raise CommandProblem(f"--price must not be negative, got {args.price}")
@@ -202,21 +204,21 @@ def _import(args: argparse.Namespace) -> int:
     where = Path(args.manifest) if args.manifest else default_manifest()
     assumed = Assumed(gpu=args.gpu, provider=args.provider, price_per_hour=args.price, location=args.location)
     # A dry run never creates the manifest; a real import does, like a first pytest run.
-    manifest = None
+    store = None
     if where.is_file() or not args.dry_run:
         try:
-            manifest = Manifest(where, busy_timeout=5, retry_seconds=10)
+            store = SqliteStore.open(where, busy_timeout=5, retry_seconds=10)
         except Exception as exc:  # noqa: BLE001 - a corrupt or foreign file: say so in one line
             raise CommandProblem(f"cannot open the manifest {where}: {exc}") from None
     options = [f"--{name}={value}" for name, value in (("gpu", args.gpu), ("provider", args.provider),
                                                         ("price", args.price), ("location", args.location))
                if value is not None]
     try:
-        report = import_files(args.paths, manifest, assumed=assumed, dry_run=args.dry_run,
+        report = import_files(args.paths, store, assumed=assumed, dry_run=args.dry_run,
                               argv=["gpubench", "import", *options, *args.paths])
     finally:
-        if manifest is not None:
-            manifest.close()
+        if store is not None:
+            store.close()
     for outcome in report.files:
         print(outcome.line(args.dry_run), file=sys.stdout if outcome.problem is None else sys.stderr)
     print(f"gpubench import: {report.summary()}" + (f" (manifest {where})" if not args.dry_run else ""))

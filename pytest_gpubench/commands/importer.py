@@ -36,7 +36,7 @@ from typing import Any
 from ..remote.gpuinfo import gpu_type_of
 from ..errors import CommandProblem, ImportProblem
 from .import_formats import Parsed, parse_document
-from ..store.manifest import Manifest
+from ..store.base import Store
 from ..store.sqlite import refuse_secrets
 from ..measure.results import BenchmarkResult
 from ..matrix.selection import cell_id
@@ -225,7 +225,7 @@ def read_file(path: Path) -> list[Parsed]:
 class _Importer:
     """One ``gpubench import``: its run (started with the first result stored) and what it saw."""
 
-    manifest: Manifest | None
+    store: Store | None
     assumed: Assumed
     dry_run: bool
     argv: list[str]
@@ -239,8 +239,8 @@ class _Importer:
     def holder(self, key: str) -> str | None:
         if key in self.seen:
             return self.seen[key]
-        known = self.manifest.known_result(key) if self.manifest is not None else None
-        return known["run_id"] if known is not None else None
+        known = self.store.known_result(key) if self.store is not None else None
+        return known.run_id if known is not None else None
 
     def prepare(self, parsed: Parsed) -> tuple[BenchmarkResult, str, str, str]:
         """The result to store (id set, gaps filled) and its GPU type, provider and model."""
@@ -266,8 +266,8 @@ class _Importer:
                 outcome.duplicates.append(holder)
                 continue
             try:
-                row_id = self.store(path, parsed, result, gpu_type, provider, model)
-            except (sqlite3.Error, ValueError, KeyError) as exc:  # the manifest refused it: say so, go on
+                row_id = self.keep(path, parsed, result, gpu_type, provider, model)
+            except (sqlite3.Error, ValueError, KeyError) as exc:  # the store refused it: say so, go on
                 outcome.problem = f"storing {parsed.where or 'it'} failed after {len(outcome.imported)} imported: {exc}"
                 return outcome
             self.seen[parsed.key] = self.run_id
@@ -276,9 +276,9 @@ class _Importer:
                 outcome.details.append(parsed.detail)
         return outcome
 
-    def store(self, path: Path, parsed: Parsed, result: BenchmarkResult, gpu_type: str, provider: str,
-              model: str) -> str:
-        """One manifest row and its benchmark (nothing in a dry run); returns the row id."""
+    def keep(self, path: Path, parsed: Parsed, result: BenchmarkResult, gpu_type: str, provider: str,
+             model: str) -> str:
+        """One cell and its result in the store (nothing in a dry run); returns the row id."""
         base = cell_id(gpu_type, provider, model, result.test_config.concurrent_reqs or 1)
         cell, n = base, 1
         while cell in self.cells:  # two results of one cell in one import
@@ -286,14 +286,14 @@ class _Importer:
             cell = f"{base}@{n}"
         self.cells.add(cell)
         row_id = f"{self.run_id}/{cell}"
-        if self.dry_run or self.manifest is None:
+        if self.dry_run or self.store is None:
             return row_id
         if not self.started:
-            self.manifest.start_run(self.run_id, argv=self.argv, matrix_files=self.sources)
+            self.store.start_run(self.run_id, argv=self.argv, matrix_files=self.sources)
             self.started = True
-        self.manifest.add_cell(self.run_id, cell, gpu_type=gpu_type, provider=provider, model=model,
-                               matrix_file=str(path))
-        self.manifest.add_benchmark(row_id, result, parsed.records, unpriced=not result.price_per_hour)
+        self.store.add_cell(self.run_id, cell, gpu_type=gpu_type, provider=provider, model=model,
+                            matrix_file=str(path))
+        self.store.add_result(row_id, result, parsed.records, unpriced=not result.price_per_hour)
         fields: dict[str, Any] = {
             "status": parsed.status,
             **_times(result),
@@ -305,12 +305,12 @@ class _Importer:
                 failure_reason="checkpoint",
                 error_message=f"imported from a {parsed.format} ({parsed.detail}): the benchmark had not finished",
             )
-        self.manifest.update_cell(row_id, **fields)
+        self.store.update_cell(row_id, **fields)
         return row_id
 
     def finish(self, status: str) -> None:
-        if self.started and self.manifest is not None:
-            self.manifest.finish_run(self.run_id, status)
+        if self.started and self.store is not None:
+            self.store.finish_run(self.run_id, status)
 
 
 def _place(path: Path, where: str) -> str:
@@ -338,23 +338,23 @@ def _times(result: BenchmarkResult) -> dict[str, str]:
 
 def import_files(
     paths: Sequence[str | Path],
-    manifest: Manifest | None,
+    store: Store | None,
     *,
     assumed: Assumed = Assumed(),
     dry_run: bool = False,
     argv: Sequence[str] | None = None,
 ) -> ImportReport:
-    """Import every result of ``paths`` (files, or directories of ``*.json``) into ``manifest``.
+    """Import every result of ``paths`` (files, or directories of ``*.json``) into ``store``.
 
-    ``manifest`` may be ``None`` in a dry run (no manifest file yet: only duplicates
+    ``store`` may be ``None`` in a dry run (no manifest file yet: only duplicates
     within the files are found). A dry run reads and checks everything and writes
     nothing. Bad files are reported in their :class:`FileOutcome`, never raised;
     a path that does not exist is an :class:`CommandProblem`, before anything is read.
     """
-    if manifest is None and not dry_run:
-        raise ValueError("a manifest is needed unless dry_run")
+    if store is None and not dry_run:
+        raise ValueError("a store is needed unless dry_run")
     files = expand_paths(paths)
-    importer = _Importer(manifest, assumed, dry_run, list(argv if argv is not None else sys.argv),
+    importer = _Importer(store, assumed, dry_run, list(argv if argv is not None else sys.argv),
                          [str(p) for p in paths])
     report = ImportReport(run_id=importer.run_id, dry_run=dry_run)
     status = "interrupted"

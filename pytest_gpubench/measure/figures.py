@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .results import cost_per_million_tokens
+
 __all__ = ["FIGURES", "Figure", "FigureSource", "figure_values", "output_tokens_per_second"]
 
 
@@ -105,7 +107,7 @@ def _cost_per_million(source: FigureSource) -> float | None:
     price, output = _number(source.result.get("price_per_hour")), output_tokens_per_second(source.results)
     if not price or not output:
         return None
-    return price / (output * 3600) * 1e6
+    return cost_per_million_tokens(price, output)
 
 
 def _concurrency(source: FigureSource) -> int | None:

@@ -29,6 +29,7 @@ __all__ = [
     "RequestRecord",
     "TestConfig",
     "cost_analysis",
+    "cost_per_million_tokens",
     "decode_tokens_per_second",
     "percentile",
     "quality",
@@ -298,12 +299,23 @@ def cost_analysis(price_per_hour: float, tokens_per_second: float) -> CostAnalys
     tokens_per_hour = tokens_per_second * 3600.0
     return CostAnalysis(
         tokens_per_dollar=tokens_per_hour / price_per_hour if price_per_hour > 0 else None,
-        cost_per_million_tokens=(
-            price_per_hour / tokens_per_hour * 1e6 if tokens_per_hour > 0 else None
-        ),
+        cost_per_million_tokens=cost_per_million_tokens(price_per_hour, tokens_per_second),
         cost_per_hour=price_per_hour,
         estimated_monthly_24x7=price_per_hour * 24 * 30,
     )
+
+
+def cost_per_million_tokens(price_per_hour: float, tokens_per_second: float) -> float | None:
+    """USD per million tokens of a GPU at ``price_per_hour`` producing ``tokens_per_second``:
+    ``price_per_hour / (tokens_per_second * 3600) * 1e6``; ``None`` without throughput.
+
+    The one cost formula: the stored headline figure (:func:`cost_analysis`), the
+    report's fallback for a result stored without one, and the figure registry's
+    ``cost_per_million_tokens`` all call it.
+    """
+    if tokens_per_second <= 0:
+        return None
+    return price_per_hour / (tokens_per_second * 3600.0) * 1e6
 
 
 def percentile(values: Iterable[float], p: float) -> float:

@@ -22,7 +22,7 @@ from ..aio import run as run_async
 from ..cloud.cleanup import CleanupReport, Outcome, clean
 from ..errors import ApiUnreachable, Stage
 from .live import own_line
-from ..store.manifest import Manifest
+from ..store.sqlite_store import SqliteStore
 from .matrix_scan import runs_matrix_files
 from .outcome import run_status
 from ..cloud.processes import xdist_worker_pids
@@ -70,10 +70,10 @@ class RunLifecycle:
                     check_liveness=True, search_api=True)
         plan = config.stash.get(RESUME_KEY, None)
         if plan is not None and settings.manifest.is_file():
-            with Manifest(settings.manifest) as manifest:
-                left = manifest.unreleased_sessions(plan.run_id)
+            with SqliteStore.open(settings.manifest) as store:
+                left = store.unreleased_sessions(plan.run_id)
             if left:
-                ids = ", ".join(s["session_id"] for s in left)
+                ids = ", ".join(s.session_id for s in left)
                 raise pytest.UsageError(
                     f"--gpubench-resume: run {plan.run_id} still has sessions that could not be released "
                     f"({ids}): run `gpubench cleanup --api {settings.api}` and resume again")
@@ -92,17 +92,17 @@ class RunLifecycle:
         settings = self.config.stash[SETTINGS_KEY]
         if not settings.manifest.is_file():
             return
-        with Manifest(settings.manifest) as manifest:
-            run = manifest.run(settings.run_id)
+        with SqliteStore.open(settings.manifest) as store:
+            run = store.run(settings.run_id)
         if run is None:
             return  # this run recorded nothing: nothing can be left
         # Listing the API is for sessions a dying process created but never recorded.
         interrupted = int(exitstatus) not in (0, 1) or bool(self.dead_workers)
         self._clean("the run's controller, at its end", reason="the run ended", run_id=settings.run_id,
                     check_liveness=False, search_api=interrupted, close_running=True)
-        if run["finished_at"] is None:
-            with Manifest(settings.manifest) as manifest:
-                manifest.finish_run(settings.run_id, run_status(exitstatus))
+        if run.finished_at is None:
+            with SqliteStore.open(settings.manifest) as store:
+                store.finish_run(settings.run_id, run_status(exitstatus))
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.termination.uninstall()
@@ -130,8 +130,8 @@ class RunLifecycle:
             provider = None
         timeout = 3 * max(120.0, settings.stage_timeout(Stage.CLEANUP))
         try:
-            with Manifest(settings.manifest) as manifest:
-                report = run_async(clean(manifest, provider, api=settings.api, released_by=released_by, **scope),
+            with SqliteStore.open(settings.manifest) as store:
+                report = run_async(clean(store, provider, api=settings.api, released_by=released_by, **scope),
                                    timeout)
         except Exception as exc:  # noqa: BLE001 - cleanup reports; it never breaks the run
             self._write(f"gpubench: cleanup by {released_by} failed: {type(exc).__name__}: {exc}", red=True)

@@ -89,9 +89,10 @@ def start(config: pytest.Config, gate: Any) -> None:
 def _resumed(config: pytest.Config, settings: Settings) -> Settings:
     """``--gpubench-resume``: record into that run; remember the cells it already finished."""
     from ..store.resume import plan_resume
+    from ..store.run_choice import LAST
 
     try:
-        plan = plan_resume(settings.manifest, settings.resume or "last")
+        plan = plan_resume(settings.manifest, settings.resume or LAST)
     except UsageProblem as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[RESUME_KEY] = plan

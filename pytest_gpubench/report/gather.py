@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 
 from ..errors import Stage
 from ..measure.figures import FigureSource, figure_values
+from ..measure.results import cost_per_million_tokens
 from ..store.base import Store
 from ..store.records import CellRecord, ResultRecord
 from .model import BestValue, FailureGroup, Matchup, ModelTable, ProviderWins, Report, ResultRow
@@ -108,7 +109,7 @@ def _result_row(cell: CellRecord, benchmarks: dict[str, ResultRecord]) -> Result
     if price is None:
         cost = None
     elif not cost and headline:
-        cost = price / (headline * 3600) * 1e6
+        cost = cost_per_million_tokens(price, headline)
     return ResultRow(
         run_id=cell.run_id, cell_id=cell.cell_id or cell.row_id, benchmark_id=bench.id,
         gpu=cell.gpu_type, provider=cell.provider, model=cell.model,

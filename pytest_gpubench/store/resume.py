@@ -20,13 +20,12 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from ..cloud.cleanup import RunInfo
-from ..errors import UsageProblem
+from ..errors import UnknownRun, UsageProblem
+from .run_choice import SHOWN_RUNS, resolve_run
 from .sqlite_store import SqliteStore
 from ..cloud.processes import ProcessIdentity
 
 FLAG = "--gpubench-resume"
-#: How many run ids an unknown-run error lists.
-SHOWN_RUNS = 10
 
 
 class ResumePlan(BaseModel):
@@ -63,18 +62,13 @@ def plan_resume(manifest_path: Path, wanted: str, me: ProcessIdentity | None = N
         raise UsageProblem(f"{FLAG}: no manifest at {manifest_path}, so no run to resume "
                            "(pass the run's --gpubench-manifest PATH)")
     with SqliteStore.open(manifest_path, busy_timeout=10, retry_seconds=30) as store:
-        known = store.run_ids()
-        if not known:
-            raise UsageProblem(f"{FLAG}: the manifest {manifest_path} has no runs yet")
-        run_id = known[0] if wanted == "last" else wanted
-        if run_id not in known:
-            shown = ", ".join(known[:SHOWN_RUNS]) + (f" (and {len(known) - SHOWN_RUNS} more)"
-                                                     if len(known) > SHOWN_RUNS else "")
-            raise UsageProblem(f"{FLAG}: no run {wanted!r} in the manifest {manifest_path}; "
-                               f"runs available, most recent first: {shown}")
+        try:
+            run_id = resolve_run(store, wanted)
+        except UnknownRun as exc:
+            raise UsageProblem(f"{FLAG}: {exc.message}") from None
         run = store.run(run_id)
         if run is not None:
-            running = RunInfo.model_validate(run, from_attributes=True).still_running(me)
+            running = RunInfo.of(run).still_running(me)
             if running:
                 raise UsageProblem(f"{FLAG}: {running}: wait for it to end or stop it, then resume")
         cells = store.cells(run_id)
