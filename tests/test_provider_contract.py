@@ -241,3 +241,27 @@ def test_teardown_and_cleanup_release_alike(sandbox, api, tmp_path):
     assert recorded == {"running": ("stopped", "stopped"), "stopped": ("stopped", "stopped"),
                         "unknown": ("not_found", "not_found"), "failed": ("stopped", "stopped"),
                         "stopping": ("stopped", "stopped")}
+
+
+def test_the_registry_is_the_only_place_a_provider_is_built():
+    """No module but ``cloud/registry.py`` constructs an implementation (``ShopperProvider(...)``,
+    ``ShopperProvider.from_settings``): commands and fixtures ask the registry by ``cloud:`` name."""
+    import ast
+    from pathlib import Path
+
+    import pytest_gpubench
+
+    package = Path(pytest_gpubench.__file__).parent
+    implementations = {"ShopperProvider"}
+    builders = []
+    for module in package.rglob("*.py"):
+        if module.relative_to(package).as_posix() == "cloud/registry.py":
+            continue
+        for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            target = func.value if isinstance(func, ast.Attribute) and func.attr == "from_settings" else func
+            if isinstance(target, ast.Name) and target.id in implementations:
+                builders.append(f"{module.relative_to(package)}:{node.lineno}")
+    assert builders == [], f"build providers through cloud/registry.py, not at {builders}"
