@@ -32,7 +32,7 @@ from . import user_hooks
 from .run_context import RunContext
 from ..runtimes.base import Runtime
 from ..runtimes.registry import runtime_for
-from ..runtimes.reuse import make_room, note_model
+from ..runtimes.reuse import make_room, note_model, take_over_server
 from ..store.sandbox_label import junit_property, progress_labels
 from ..cloud.session_pool import Lease, SessionPool
 from .stash import (
@@ -279,13 +279,11 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
     recorder.enter(Stage.OLLAMA_INSTALL)
     runtime = runtime_for(cell, gpu_ssh)
     lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
-    if lease is not None and lease.ollama_started_here:  # an earlier cell of the group started it
-        runtime.started_here, runtime.num_parallel = True, lease.ollama_parallel
+    known = take_over_server(lease, runtime)  # an earlier cell of the group started it
     timeout = settings.stage_timeout(Stage.OLLAMA_INSTALL)
 
     async def install_and_serve() -> tuple[bool, str]:
         # On a reused session an earlier cell installed it: serving is what is checked.
-        known = lease is not None and lease.ollama_started_here
         installed = False if known else await runtime.ensure_installed(timeout)
         await runtime.locate(timeout)
         return installed, await runtime.ensure_serving(timeout, num_parallel=server_parallelism(cell))
