@@ -18,7 +18,7 @@ import pytest
 
 from ..aio import run as run_async
 from ..cloud.budget import exhausted, spend_of
-from .cell_benchmark import BRIDGE_SLACK, Bench, GpuSession, upload_now, watched
+from .cell_benchmark import BRIDGE_SLACK, Bench, GpuSession, connect, upload_now, watched
 from ..errors import BudgetRefused, NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell
 from ..cloud.offers import Constraints
@@ -183,7 +183,7 @@ def gpu_session(
             pytest.skip(f"[provision] {exc.message}")
         key_file = KeyFile(ready.ssh.private_key, name=ready.session.id)
         # The offer that came up, which after a failover is not the one first chosen.
-        session = GpuSession(ready.session, ready.ssh.private_key, key_file,
+        session = GpuSession(ready.session, ready.ssh, key_file,
                              replace(gpu_offer, offer=ready.attempt.offer), cloud=cell.cloud)
         if provisioning.shared:
             lease = node.stash[LEASE_KEY] = gpubench_pool.open(cell, provisioning, session)
@@ -225,12 +225,8 @@ def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_c
     """
     settings, recorder = gpubench_run.settings, gpubench_recorder
     recorder.enter(Stage.SSH_CONNECT)
-    session = gpu_session.session
     timeout = settings.stage_timeout(Stage.SSH_CONNECT)
-    # The first connection to a session pins its host key; a later one that meets another key fails.
-    conn = run_async(gpubench_run.host_keys.connect(session.id, session.ssh_host, session.ssh_port,
-                                                    session.ssh_user or "root", gpu_session.key_pem,
-                                                    timeout=timeout), timeout + BRIDGE_SLACK)
+    conn = run_async(connect(gpubench_run, gpu_session, timeout), timeout + BRIDGE_SLACK)
     try:
         recorder.manifest.update_cell(recorder.row_id, host_key_fingerprint=conn.host_key_fingerprint)
         check = run_async(conn.run("echo gpubench-ssh-ok", stage=Stage.SSH_CONNECT,
