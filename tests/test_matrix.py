@@ -1201,3 +1201,58 @@ matrix:
     ])
     result = pytester.runpytest("--collect-only", "-q", "-k", "c8")
     result.stdout.fnmatch_lines(["gpubench_load.yaml::RTX_4090-vastai-qwen2:7b-c8", "*1/3 tests collected*"])
+
+
+# -- the cloud and the runtime in ids and reuse groups -------------------------------
+
+
+def test_the_default_cloud_and_runtime_keep_todays_ids_and_groups(tmp_path):
+    """Naming the defaults changes nothing: existing matrices keep their ids and reuse groups."""
+    plain = cells_of(tmp_path, "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: qwen2:7b, "
+                               "workload: {concurrency: [1, 8]}}\n")
+    named = cells_of(tmp_path, "cloud: shopper\nruntime: ollama\nmatrix:\n  - {gpu: RTX 4090, provider: vastai, "
+                               "model: qwen2:7b, runtime: ollama, workload: {concurrency: [1, 8]}}\n")
+    for cells in (plain, named):
+        assert [c.cell_id for c in cells] == ["RTX_4090-vastai-qwen2:7b", "RTX_4090-vastai-qwen2:7b-c8"]
+        assert {c.reuse_group for c in cells} == {"RTX_4090-vastai"}
+
+
+def test_another_cloud_is_another_reuse_group_and_id(tmp_path):
+    """Two matrix files with the same GPU and marketplace but different ``cloud:`` share no session."""
+    row = "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: qwen2:7b, workload: {concurrency: [1, 8]}}\n"
+    (shopper,) = {c.reuse_group for c in cells_of(tmp_path, row)}
+    moon = cells_of(tmp_path, "cloud: moon\noffer: {template: 9b2f3c0e8d7a4f61}\n" + row)
+    assert [c.cell_id for c in moon] == ["RTX_4090-vastai-qwen2:7b-cloud_moon",
+                                         "RTX_4090-vastai-qwen2:7b-c8-cloud_moon"]
+    assert {c.reuse_group for c in moon} == {"RTX_4090-vastai-t9b2f3c0e8d7a-cloud_moon"} != {shopper}
+    for cell in moon:  # expansion hands out what the cell would compute itself
+        validated = Cell.model_validate(dict(cell))
+        assert (cell.cell_id, cell.reuse_group) == (validated.cell_id, validated.reuse_group)
+
+
+@pytest.fixture
+def two_runtimes(monkeypatch):
+    """A second registered runtime name, as a new runtime adds it to ``RUNTIME_NAMES``."""
+    from pytest_gpubench.matrix import fields
+
+    monkeypatch.setattr(fields, "RUNTIME_NAMES", (*fields.RUNTIME_NAMES, "vllm"))
+
+
+def test_rows_differing_only_by_runtime_are_two_cells_in_two_groups(tmp_path, two_runtimes):
+    cells = cells_of(tmp_path, """\
+        cloud: moon
+        matrix:
+          - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}
+          - {gpu: RTX 4090, provider: vastai, model: qwen2:7b, runtime: vllm}
+        """)
+    assert [c.cell_id for c in cells] == ["RTX_4090-vastai-qwen2:7b-cloud_moon",
+                                          "RTX_4090-vastai-qwen2:7b-runtime_vllm-cloud_moon"]
+    assert [c.reuse_group for c in cells] == ["RTX_4090-vastai-cloud_moon", "RTX_4090-vastai-runtime_vllm-cloud_moon"]
+    for cell in cells:
+        assert Cell.model_validate(dict(cell)).cell_id == cell.cell_id
+    msg = error_of(tmp_path, """\
+        matrix:
+          - {gpu: RTX 4090, provider: vastai, model: qwen2:7b, runtime: vllm}
+          - {gpu: rtx-4090, provider: vastai, model: qwen2:7b, runtime: vllm}
+        """)
+    assert_all_in(msg, "matrix[1]: duplicate cell rtx-4090-vastai-qwen2:7b-runtime_vllm", "once per runtime")

@@ -241,3 +241,56 @@ def test_teardown_and_cleanup_release_alike(sandbox, api, tmp_path):
     assert recorded == {"running": ("stopped", "stopped"), "stopped": ("stopped", "stopped"),
                         "unknown": ("not_found", "not_found"), "failed": ("stopped", "stopped"),
                         "stopping": ("stopped", "stopped")}
+
+
+def test_the_registry_is_the_only_place_a_provider_is_built():
+    """No module but ``cloud/registry.py`` constructs an implementation (``ShopperProvider(...)``,
+    ``ShopperProvider.from_settings``): commands and fixtures ask the registry by ``cloud:`` name."""
+    import ast
+    from pathlib import Path
+
+    import pytest_gpubench
+
+    package = Path(pytest_gpubench.__file__).parent
+    implementations = {"ShopperProvider"}
+    builders = []
+    for module in package.rglob("*.py"):
+        if module.relative_to(package).as_posix() == "cloud/registry.py":
+            continue
+        for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            target = func.value if isinstance(func, ast.Attribute) and func.attr == "from_settings" else func
+            if isinstance(target, ast.Name) and target.id in implementations:
+                builders.append(f"{module.relative_to(package)}:{node.lineno}")
+    assert builders == [], f"build providers through cloud/registry.py, not at {builders}"
+
+
+def test_the_plugin_reaches_a_session_by_the_providers_ssh_details(provider, tmp_path):
+    """``gpu_ssh`` and a benchmark's reconnect log in with ``Provider.ssh_details``, not with
+    what one provider's ``Session`` happens to carry: here its host is one nothing answers on."""
+    from pytest_gpubench.plugin.cell_benchmark import GpuSession, connect
+    from pytest_gpubench.remote.ssh import KeyFile
+
+    created, session = running(provider, "details")
+    ssh = provider.ssh_details(created, session)
+    elsewhere = session.model_copy(update={"ssh_host": "192.0.2.1", "ssh_port": 9})  # TEST-NET-1: unreachable
+    run = RunContext(Settings(api=provider.where, manifest=tmp_path / "m.db", reports=tmp_path))
+    key_file = KeyFile(ssh.private_key, name=session.id)
+    offer = call(provider.offers())[0]
+    try:
+        gpu_session = GpuSession(elsewhere, ssh, key_file, OfferChoice(offer, 1, [offer]))
+
+        async def login() -> str:
+            conn = await connect(run, gpu_session, 20)
+            try:
+                return (await conn.run("echo via-details", stage=Stage.SSH_CONNECT, what="a login", timeout=20)).stdout
+            finally:
+                await conn.close()
+
+        assert "via-details" in call(login())
+    finally:
+        key_file.remove()
+        run.close()
+        call(provider.release(session.id))

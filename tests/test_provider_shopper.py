@@ -61,3 +61,23 @@ def test_choose_offer_skips_with_reason_when_nothing_fits():
         asyncio.run(provider.choose_offer(Constraints("RTX4090", "tensordock", vram_gb=8)))
     choice = asyncio.run(provider.choose_offer(Constraints("RTX4090", "tensordock", vram_gb=8, min_confidence=0.2)))
     assert choice.offer.id == "td-1" and choice.offers_found == 1
+
+
+@pytest.mark.parametrize("fixed_offers, readings", [(False, 3), (True, 2)])
+def test_fixed_offers_reads_each_marketplace_once(fixed_offers, readings):
+    """``gpubench plan`` prices every cell against one reading of each marketplace's inventory."""
+    asked = []
+    offers = {"offers": [{"id": "v-1", "provider": "vastai", "gpu_type": "RTX 4090", "vram_gb": 24,
+                          "price_per_hour": 0.35, "availability_confidence": 0.9}], "count": 1, "total": 1}
+
+    def answer(request):
+        asked.append(request.url.params.get("provider"))
+        return httpx.Response(200, json=offers)
+
+    provider = ShopperProvider(ShopperClient("http://shopper.test", transport=httpx.MockTransport(answer)), SETTINGS,
+                               fixed_offers=fixed_offers)
+    for wanted in (Constraints("RTX4090", "vastai", vram_gb=8), Constraints("RTX4090", "vastai", vram_gb=16)):
+        assert asyncio.run(provider.choose_offer(wanted)).offer.id == "v-1"
+    with pytest.raises(NoEligibleOffer):
+        asyncio.run(provider.choose_offer(Constraints("RTX4090", "tensordock", vram_gb=8)))
+    assert len(asked) == readings and set(asked) == {"vastai", "tensordock"}

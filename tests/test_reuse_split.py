@@ -265,3 +265,11 @@ def test_groups_that_tie_but_cannot_all_split_again_stay_as_they_are():
     assert [d.why for d in decisions] == [
         "splitting it would not end the run sooner: RTX_4090-vastai, RTX_5090-vastai set the wall time"] * 2 + [
         "no idle worker left (-n 10)"] * 2
+
+
+def test_cells_of_two_clouds_are_split_and_pooled_as_two_groups():
+    """The same GPU and marketplace through two ``cloud:``s: two reuse groups, never one session."""
+    shopper, moon = cells_of(FOUR), cells_of("cloud: moon\n" + FOUR, "gpubench_moon.yaml")
+    same, decisions = split_groups(shopper + moon, scaled0(workers=2))
+    assert {c.session_group for c in same} == {"RTX_4090-vastai", "RTX_4090-vastai-cloud_moon"}
+    assert len(decisions) == 2 and all(d.sessions == 1 for d in decisions)

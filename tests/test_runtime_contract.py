@@ -194,3 +194,28 @@ def test_stop_then_the_health_check_restarts_the_server_once(runtime, run):
     with pytest.raises(StageError) as info:
         run(runtime.ensure_healthy(60, Stage.BENCHMARK))
     assert info.value.stage is Stage.BENCHMARK and "again" in str(info.value)
+
+
+def test_the_next_cell_on_a_session_takes_over_the_server_an_earlier_one_started(instance, run):
+    """Session reuse (runtimes/reuse.py): the lease remembers a server a cell's runtime started,
+    and the next cell's runtime takes it over: no install, and it can still restart it."""
+    from pytest_gpubench.cloud.session_pool import Lease
+    from pytest_gpubench.runtimes.reuse import note_model, take_over_server
+
+    first = runtime_for(cell_for(instance[0]), instance[1])
+    serve(run, first)
+    run(first.stop(30))  # whatever an earlier test left running: this runtime starts its own
+    serve(run, first)
+    # Only what the lease records of the runtime matters here, not the session it holds.
+    lease = Lease("contract", provisioning=None, gpu_session=None)  # type: ignore[arg-type]
+    fresh = runtime_for(cell_for(instance[0]), instance[1])
+    assert take_over_server(lease, fresh) is False and not fresh.started_here
+    note_model(lease, first, MODEL)
+    assert (lease.runtime_started_here, lease.runtime_num_parallel) == (True, 2)
+    following = runtime_for(cell_for(instance[0]), instance[1])
+    assert take_over_server(lease, following) is True
+    assert (following.started_here, following.num_parallel) == (True, 2)
+    run(following.locate(30))
+    assert run(following.ensure_serving(60, num_parallel=2)) == first.version
+    run(following.stop(30))
+    assert run(following.ensure_healthy(60)) is True  # its own to restart

@@ -4,15 +4,14 @@ A matrix file's top-level ``cloud:`` key (default ``shopper``) names the
 implementation; the matrix's ``provider:`` stays what it always was, the
 marketplace behind GPU Shopper (``vastai``, ``tensordock``). This is the one
 place a provider is built: the run (``RunContext.provider_for``), ``gpubench
-cleanup`` and ``gpubench offers`` come here. A new implementation adds a line to
+cleanup``, ``gpubench offers`` and ``gpubench plan`` come here. A new implementation adds a line to
 :data:`PROVIDERS` and gets the contract suite (``tests/test_provider_contract.py``)
 for free.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import MatrixError
 from ..matrix.cells import DEFAULT_CLOUD, Cell
@@ -22,27 +21,41 @@ if TYPE_CHECKING:
     from .provider import Provider
 
 
-def _shopper(settings: Settings) -> Provider:
+class ProviderFactory(Protocol):
+    """Builds one implementation for a run's settings.
+
+    ``fixed_offers``: the provider reads its offers once and answers every later
+    :meth:`~.provider.Provider.choose_offer` from that reading (``gpubench plan``
+    prices all its cells against one snapshot of the inventory).
+    """
+
+    def __call__(self, settings: Settings, *, fixed_offers: bool = False) -> Provider: ...
+
+
+def _shopper(settings: Settings, *, fixed_offers: bool = False) -> Provider:
     # Imported when a provider is built, not when a matrix is collected: collection
     # stays free of httpx (a good citizen, DESIGN.md decision 11).
     from .shopper_provider import ShopperProvider
 
-    return ShopperProvider.from_settings(settings)
+    return ShopperProvider.from_settings(settings, fixed_offers=fixed_offers)
 
 
 #: ``cloud:`` name -> how to build that provider for a run's settings.
-PROVIDERS: dict[str, Callable[[Settings], Provider]] = {
+PROVIDERS: dict[str, ProviderFactory] = {
     DEFAULT_CLOUD: _shopper,
 }
 
 
-def build_provider(cloud: str, settings: Settings) -> Provider:
-    """The provider named ``cloud`` for ``settings``; a ``KeyError`` naming the known ones otherwise."""
+def build_provider(cloud: str, settings: Settings, *, fixed_offers: bool = False) -> Provider:
+    """The provider named ``cloud`` for ``settings``; a ``KeyError`` naming the known ones otherwise.
+
+    ``fixed_offers``: choose every offer from one reading of the inventory (:class:`ProviderFactory`).
+    """
     try:
         factory = PROVIDERS[cloud]
     except KeyError:
         raise KeyError(f"unknown cloud {cloud!r}; known clouds: {', '.join(PROVIDERS)}") from None
-    return factory(settings)
+    return factory(settings, fixed_offers=fixed_offers)
 
 
 def check_clouds(cells: list[Cell]) -> None:

@@ -59,9 +59,10 @@ class Lease:
     #: Models pulled on it, oldest first, and the one the last cell ran.
     models: list[str] = field(default_factory=list)
     last_model: str | None = None
-    #: OLLAMA_NUM_PARALLEL of a server a cell started (None: found running, unknown).
-    ollama_parallel: int | None = None
-    ollama_started_here: bool = False
+    #: A cell's runtime started the model server on it (``Runtime.started_here``), with
+    #: this many parallel requests (``Runtime.num_parallel``; None: unknown).
+    runtime_started_here: bool = False
+    runtime_num_parallel: int | None = None
     #: What nvidia-smi and the host said at the first connection (the machine stays the same).
     hardware: HardwareInfo | None = None
     released: bool = False

@@ -33,15 +33,22 @@ def reservation_hours(settings: Settings, duration: float) -> int:
 class ShopperProvider:
     """Sessions for cells, rented through one GPU Shopper server."""
 
-    def __init__(self, client: ShopperClient, settings: Settings) -> None:
+    def __init__(self, client: ShopperClient, settings: Settings, *, fixed_offers: bool = False) -> None:
         self.client = client
         self.settings = settings
         self.where = client.base_url
+        #: With ``fixed_offers``: each marketplace's listing, read once (see :meth:`from_settings`).
+        self._listings: dict[str | None, list[Offer]] | None = {} if fixed_offers else None
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ShopperProvider:
-        """The provider for the run's API (``--gpubench-api``, its token)."""
-        return cls(ShopperClient(settings.api, token=settings.api_token), settings)
+    def from_settings(cls, settings: Settings, *, fixed_offers: bool = False) -> ShopperProvider:
+        """The provider for the run's API (``--gpubench-api``, its token).
+
+        ``fixed_offers``: read each marketplace's inventory once and choose every later
+        offer from that reading, so ``gpubench plan`` prices all its cells against the
+        same offers.
+        """
+        return cls(ShopperClient(settings.api, token=settings.api_token), settings, fixed_offers=fixed_offers)
 
     async def ready(self, attempts: int = 10) -> None:
         await self.client.wait_ready(attempts=attempts, interval=1.0)
@@ -57,7 +64,7 @@ class ShopperProvider:
         """
         timeout = self.settings.stage_timeout(Stage.INVENTORY)
         try:
-            offers = await asyncio.wait_for(self.client.inventory(provider=wanted.provider), timeout)
+            offers = await asyncio.wait_for(self._inventory(wanted.provider), timeout)
         except asyncio.TimeoutError:
             raise StageError(
                 Stage.INVENTORY,
@@ -67,6 +74,14 @@ class ShopperProvider:
             ) from None
         offer, eligible = select_offer(offers, wanted)
         return OfferChoice(offer=offer, offers_found=len(offers), eligible=eligible, wanted=wanted)
+
+    async def _inventory(self, marketplace: str | None) -> list[Offer]:
+        """The listing for ``marketplace``: asked each time, or once with ``fixed_offers``."""
+        if self._listings is None:
+            return await self.client.inventory(provider=marketplace)
+        if marketplace not in self._listings:
+            self._listings[marketplace] = await self.client.inventory(provider=marketplace)
+        return list(self._listings[marketplace])
 
     async def create(
         self, offer: Offer, consumer: str, hours: int, *, template: str | None = None,

@@ -2,9 +2,10 @@
 
 For the cells pytest would run (:mod:`.plan_collect`), in run order, the plan
 asks the live inventory which offer each cell would take, with the fixtures' own
-constraints and rule (``Constraints.for_cell`` and
-:meth:`ShopperProvider.choose_offer <pytest_gpubench.cloud.shopper_provider.ShopperProvider.choose_offer>`,
-against one snapshot of the inventory per provider). Then it walks the cells as
+constraints and rule (``Constraints.for_cell`` and the cell's ``cloud:`` provider's
+:meth:`~pytest_gpubench.cloud.provider.Provider.choose_offer`, built by
+:mod:`pytest_gpubench.cloud.registry` with ``fixed_offers``: one snapshot of the
+inventory per marketplace). Then it walks the cells as
 the session pool would (:mod:`.session_pool`): a cell whose reuse group already
 holds a session that fits it runs on that session; otherwise it rents one. A
 session pays its setup (provision, SSH wait, connect, Ollama) once; each cell on
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -35,12 +36,12 @@ from ..matrix.cells import Cell
 from ..cloud.offers import Constraints, unfit
 from ..plugin.plan_collect import collect_cells
 from .plan_estimates import SETUP_STAGES, StageHistory
-from ..cloud.provider import OfferChoice
-from ..cloud.shopper_provider import ShopperProvider
+from ..cloud.provider import OfferChoice, Provider
+from ..cloud.registry import build_provider
 from ..cloud.reuse_estimates import order_for_reuse
 from ..cloud.reuse_split import SplitPolicy, split_groups
 from ..settings import Settings
-from ..cloud.shopper_client import Offer, ShopperClient
+from ..cloud.shopper_client import Offer
 
 Choice = OfferChoice | NoEligibleOffer
 
@@ -168,29 +169,13 @@ class Plan(_Model):
 # ----------------------------------------------------------------------------- choosing
 
 
-class _InventorySnapshot:
-    """A client for :class:`ShopperProvider` that lists each provider's inventory once,
-    so every cell of the plan is priced against the same offers."""
-
-    def __init__(self, client: ShopperClient) -> None:
-        self._client = client
-        self.base_url = client.base_url
-        self._listings: dict[tuple, list[Offer]] = {}
-
-    async def inventory(self, **filters: object) -> list[Offer]:
-        key = tuple(sorted(filters.items()))
-        if key not in self._listings:
-            self._listings[key] = await self._client.inventory(**filters)
-        return list(self._listings[key])
-
-
-async def choose_offers(cells: Sequence[Cell], client: ShopperClient, settings: Settings) -> list[Choice]:
-    """Each cell's offer choice, or the ``NoEligibleOffer`` the ``gpu_offer`` fixture would skip it with."""
-    provider = ShopperProvider(_InventorySnapshot(client), settings)  # type: ignore[arg-type]
+async def choose_offers(cells: Sequence[Cell], providers: Mapping[str, Provider]) -> list[Choice]:
+    """Each cell's offer choice from the provider its ``cloud:`` names in ``providers``, or the
+    ``NoEligibleOffer`` the ``gpu_offer`` fixture would skip it with."""
     choices: list[Choice] = []
     for cell in cells:
         try:
-            choices.append(await provider.choose_offer(Constraints.for_cell(cell)))
+            choices.append(await providers[cell.cloud].choose_offer(Constraints.for_cell(cell)))
         except NoEligibleOffer as exc:
             choices.append(exc)
     return choices
@@ -399,9 +384,14 @@ def make_plan(paths: list[str], *, keyword: str | None = None, gpus: list[str] |
 
 
 async def _read_inventory(url: str, settings: Settings, cells: list[Cell]) -> list[Choice]:
-    client = ShopperClient(url, token=settings.api_token)
+    """Choose every cell's offer through its cloud's provider, each reading its inventory once."""
+    at_url = settings.model_copy(update={"api": url})
+    providers = {cloud: build_provider(cloud, at_url, fixed_offers=True)
+                 for cloud in dict.fromkeys(cell.cloud for cell in cells)}
     try:
-        await client.wait_ready(attempts=5, interval=1.0)
-        return await choose_offers(cells, client, settings)
+        for provider in providers.values():
+            await provider.ready(attempts=5)
+        return await choose_offers(cells, providers)
     finally:
-        await client.aclose()
+        for provider in providers.values():
+            await provider.aclose()

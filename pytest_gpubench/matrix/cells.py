@@ -95,6 +95,20 @@ DEFAULT_MAX_ATTEMPTS = 3
 """Offers a cell tries when provisioning fails (seed 001: "retry with different location")."""
 DEFAULT_CLOUD = "shopper"
 """``cloud:``: the Provider a matrix rents through (``cloud/registry.py``); ``provider:`` is the marketplace."""
+
+
+def seam_suffix(runtime: str = DEFAULT_RUNTIME, cloud: str = DEFAULT_CLOUD) -> str:
+    """The part of a cell id and of a reuse group that names a runtime and a cloud other
+    than the defaults: ``""`` for ``ollama`` on ``shopper`` (ids and groups as they were
+    before these seams existed), ``-runtime_vllm``, ``-cloud_moon``, or both in that order.
+
+    Cells on another runtime or cloud are other cells (two rows differing only in
+    ``runtime:`` are no duplicates) and never share a session with the defaults' cells.
+    """
+    runtime_part = f"-runtime_{id_part(runtime)}" if runtime != DEFAULT_RUNTIME else ""
+    return runtime_part + (f"-cloud_{id_part(cloud)}" if cloud != DEFAULT_CLOUD else "")
+
+
 _TEMPLATE_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")
 Reuse = Literal["group", "cell"]
 """``group``: cells of one GPU and provider share a rented session; ``cell``: one session each."""
@@ -328,12 +342,14 @@ class Cell(BaseModel):
 
     # The id and names below are computed once per cell (collection asks for them often;
     # expansion gives them to the cells it builds); what they depend on (GPU, provider,
-    # model, load, template) no override changes.
+    # model, load, template, runtime, cloud) no override changes.
     @cached_property
     def cell_id(self) -> str:
         """``RTX_4090-vastai-qwen2:7b``: GPU (spaces as ``_``), provider, model as written;
-        then ``-c8`` for a concurrency other than 1, or ``-r2.5`` for a request rate."""
-        return cell_id(self.gpu, self.provider, self.model, self.concurrency, self.rate)
+        then ``-c8`` for a concurrency other than 1, or ``-r2.5`` for a request rate; then
+        a runtime and cloud other than the defaults (:func:`seam_suffix`)."""
+        return cell_id(self.gpu, self.provider, self.model, self.concurrency, self.rate) + seam_suffix(
+            self.runtime, self.cloud)
 
     @property
     def runs(self) -> Runs:
@@ -348,8 +364,9 @@ class Cell(BaseModel):
     @cached_property
     def reuse_group(self) -> str:
         """Cells in one group can share a rented session: ``RTX_4090-vastai``
-        (:func:`~pytest_gpubench.matrix.selection.reuse_group_name`)."""
-        return reuse_group_name(self.gpu, self.provider, self.offer.template)
+        (:func:`~pytest_gpubench.matrix.selection.reuse_group_name`), then a runtime and
+        cloud other than the defaults (:func:`seam_suffix`)."""
+        return reuse_group_name(self.gpu, self.provider, self.offer.template) + seam_suffix(self.runtime, self.cloud)
 
     @property
     def session_group(self) -> str | None:
@@ -489,6 +506,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
         bars = {**(matrix.offer.min_availability_confidence or {}),
                 **(row_offer.min_availability_confidence or {})}
         gpu_key = normalize_gpu(row.gpu)
+        seams = seam_suffix(runtime, matrix.cloud)
         row_cells = Prototype(Cell, dict(
             gpu=row.gpu, runtime=runtime, cloud=matrix.cloud, ollama_install=install, matrix_name=matrix.name,
             source=matrix.source,
@@ -503,7 +521,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 max_attempts=max_attempts or DEFAULT_MAX_ATTEMPTS,
                 template=template,
             )
-            group = reuse_group_name(row.gpu, provider, template)
+            group = reuse_group_name(row.gpu, provider, template) + seams
             for field, model in row.model_entries():
                 if model not in vram_of:
                     vram_of[model] = model_vram_gb(model, matrix.vram_overrides)
@@ -521,9 +539,9 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 for concurrency, rate, suffix, point_workload in point_parts:
                     cell = row_cells.new(
                         provider=provider, model=model, model_ref=ref, workload=point_workload, offer=offer,
-                        vram_gb=vram, concurrency=concurrency, rate=rate, cell_id=base_id + suffix,
+                        vram_gb=vram, concurrency=concurrency, rate=rate, cell_id=base_id + suffix + seams,
                         keywords=keywords, reuse_group=group)
-                    key = (gpu_key, provider, ref_key, concurrency, rate)
+                    key = (gpu_key, provider, ref_key, concurrency, rate, runtime)
                     id_key = cell.cell_id.lower()
                     first = seen.get(key, ids.get(id_key))
                     if first is not None:
@@ -531,7 +549,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
                             f"duplicate cell {cell.cell_id} ({row.gpu} / {provider} / {model}"
                             f"{_load_text(concurrency, rate)}), already in matrix[{first}]"
                             f"{at_line(_row_line(matrix, first))}; a GPU, provider, model and "
-                            f"load may appear once in a file{where}"))
+                            f"load may appear once per runtime in a file{where}"))
                     seen[key] = ids[id_key] = r
                     cells.append(cell)
     return cells

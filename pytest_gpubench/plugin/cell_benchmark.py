@@ -24,7 +24,7 @@ from ..store.export import upload_result
 from ..measure.fingerprint import Fingerprint, fingerprint, incomparable
 from ..matrix.cells import DEFAULT_CLOUD, Cell
 from ..measure.repeats import Measurement, details_of, enough_runs, measure_once
-from ..cloud.provider import OfferChoice
+from ..cloud.provider import OfferChoice, SshDetails
 from .record import CellRecorder, progress_path
 from ..remote.ssh import Connection, KeyFile
 from ..remote.system import compute_capability
@@ -46,14 +46,21 @@ T = TypeVar("T")
 
 @dataclass
 class GpuSession:
-    """A running GPU session and its key file."""
+    """A running GPU session, how to reach it over SSH (the provider's ``ssh_details``) and its key file."""
 
     session: Session
-    key_pem: str = field(repr=False)
+    ssh: SshDetails = field(repr=False)
     key_file: KeyFile = field(repr=False)
     offer: OfferChoice = field(repr=False)
     #: The ``cloud:`` it was rented through: the provider that watches and releases it.
     cloud: str = DEFAULT_CLOUD
+
+
+def connect(run: RunContext, session: GpuSession, timeout: float) -> Awaitable[Connection]:
+    """An SSH connection to ``session`` with the provider's details; its host key is pinned by
+    the first connection, and a later one that meets another key fails."""
+    ssh = session.ssh
+    return run.host_keys.connect(session.session.id, ssh.host, ssh.port, ssh.user, ssh.private_key, timeout=timeout)
 
 
 async def watched(run: RunContext, session: GpuSession, stage: Stage,
@@ -154,9 +161,7 @@ class Bench:
 
     def _reconnect(self) -> Awaitable[Connection]:
         """A new SSH connection to this cell's session (its host key must not have changed)."""
-        session, timeout = self.session.session, min(self._run.settings.stage_timeout(Stage.SSH_CONNECT), 60.0)
-        return self._run.host_keys.connect(session.id, session.ssh_host, session.ssh_port, session.ssh_user or "root",
-                                           self.session.key_pem, timeout=timeout)
+        return connect(self._run, self.session, min(self._run.settings.stage_timeout(Stage.SSH_CONNECT), 60.0))
 
     def _on_event(self, event: dict) -> None:
         if event["event"] == "progress":

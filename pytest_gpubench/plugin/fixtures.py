@@ -18,7 +18,7 @@ import pytest
 
 from ..aio import run as run_async
 from ..cloud.budget import exhausted, spend_of
-from .cell_benchmark import BRIDGE_SLACK, Bench, GpuSession, upload_now, watched
+from .cell_benchmark import BRIDGE_SLACK, Bench, GpuSession, connect, upload_now, watched
 from ..errors import BudgetRefused, NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell
 from ..cloud.offers import Constraints
@@ -32,7 +32,7 @@ from . import user_hooks
 from .run_context import RunContext
 from ..runtimes.base import Runtime
 from ..runtimes.registry import runtime_for
-from ..runtimes.reuse import make_room, note_model
+from ..runtimes.reuse import make_room, note_model, take_over_server
 from ..store.sandbox_label import junit_property, progress_labels
 from ..cloud.session_pool import Lease, SessionPool
 from .stash import (
@@ -183,7 +183,7 @@ def gpu_session(
             pytest.skip(f"[provision] {exc.message}")
         key_file = KeyFile(ready.ssh.private_key, name=ready.session.id)
         # The offer that came up, which after a failover is not the one first chosen.
-        session = GpuSession(ready.session, ready.ssh.private_key, key_file,
+        session = GpuSession(ready.session, ready.ssh, key_file,
                              replace(gpu_offer, offer=ready.attempt.offer), cloud=cell.cloud)
         if provisioning.shared:
             lease = node.stash[LEASE_KEY] = gpubench_pool.open(cell, provisioning, session)
@@ -225,12 +225,8 @@ def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_c
     """
     settings, recorder = gpubench_run.settings, gpubench_recorder
     recorder.enter(Stage.SSH_CONNECT)
-    session = gpu_session.session
     timeout = settings.stage_timeout(Stage.SSH_CONNECT)
-    # The first connection to a session pins its host key; a later one that meets another key fails.
-    conn = run_async(gpubench_run.host_keys.connect(session.id, session.ssh_host, session.ssh_port,
-                                                    session.ssh_user or "root", gpu_session.key_pem,
-                                                    timeout=timeout), timeout + BRIDGE_SLACK)
+    conn = run_async(connect(gpubench_run, gpu_session, timeout), timeout + BRIDGE_SLACK)
     try:
         recorder.manifest.update_cell(recorder.row_id, host_key_fingerprint=conn.host_key_fingerprint)
         check = run_async(conn.run("echo gpubench-ssh-ok", stage=Stage.SSH_CONNECT,
@@ -279,13 +275,11 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
     recorder.enter(Stage.OLLAMA_INSTALL)
     runtime = runtime_for(cell, gpu_ssh)
     lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
-    if lease is not None and lease.ollama_started_here:  # an earlier cell of the group started it
-        runtime.started_here, runtime.num_parallel = True, lease.ollama_parallel
+    known = take_over_server(lease, runtime)  # an earlier cell of the group started it
     timeout = settings.stage_timeout(Stage.OLLAMA_INSTALL)
 
     async def install_and_serve() -> tuple[bool, str]:
         # On a reused session an earlier cell installed it: serving is what is checked.
-        known = lease is not None and lease.ollama_started_here
         installed = False if known else await runtime.ensure_installed(timeout)
         await runtime.locate(timeout)
         return installed, await runtime.ensure_serving(timeout, num_parallel=server_parallelism(cell))

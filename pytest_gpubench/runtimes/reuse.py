@@ -53,4 +53,15 @@ def note_model(lease: Lease, runtime: Runtime, model: str) -> None:
         lease.models.append(model)
     lease.last_model = model
     if runtime.started_here:
-        lease.ollama_started_here, lease.ollama_parallel = True, runtime.num_parallel
+        lease.runtime_started_here, lease.runtime_num_parallel = True, runtime.num_parallel
+
+
+def take_over_server(lease: Lease | None, runtime: Runtime) -> bool:
+    """``runtime`` takes over the server an earlier cell's runtime started on the session
+    (:func:`note_model`): it may restart and stop it, with the same parallelism. True
+    then, and installing is done already; False on a fresh session or a server found running.
+    """
+    if lease is None or not lease.runtime_started_here:
+        return False
+    runtime.started_here, runtime.num_parallel = True, lease.runtime_num_parallel
+    return True
