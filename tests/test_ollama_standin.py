@@ -188,9 +188,11 @@ def test_streamed_generate_keeps_the_configured_rate_and_ttft(server: Server) ->
         assert final["total_duration"] >= final["prompt_eval_duration"] + final["eval_duration"]
         first, last = tokens[0][0], tokens[-1][0]
         measured_rate = (len(tokens) - 1) / (last - first)
-        assert measured_rate == pytest.approx(RATE, rel=0.02)
+        # Client-side figures: a busy machine may delay a read (the exact ones are the
+        # server's counters above), so the bounds leave room for that.
+        assert measured_rate == pytest.approx(RATE, rel=0.05)
         ttft_ms = (first - sent) * 1000
-        assert TTFT_MS - 1 <= ttft_ms <= TTFT_MS + 10
+        assert TTFT_MS - 1 <= ttft_ms <= TTFT_MS + 40
 
     retry_timing(check)
 
@@ -244,7 +246,8 @@ def test_parallel_requests_run_two_at_a_time_first_in_first_out(server: Server) 
 
         def run(i: int) -> None:
             client = clients[i]
-            body = {"model": "qwen2:7b", "prompt": f"parallel {i}", "options": {"num_predict": 30}}
+            # 100 tokens at RATE: a queued request would wait 0.5 s, far beyond any read delay.
+            body = {"model": "qwen2:7b", "prompt": f"parallel {i}", "options": {"num_predict": 100}}
             sent = time.perf_counter()
             times = []
             with client.stream("POST", "/api/generate", json=body) as response:
@@ -262,9 +265,9 @@ def test_parallel_requests_run_two_at_a_time_first_in_first_out(server: Server) 
         for thread in threads:
             thread.join(timeout=30)
         ttft = TTFT_MS / 1000
-        for i in (0, 1):
+        for i in (0, 1):  # not queued: their first token comes after the TTFT, not after an answer
             sent, first, _, _ = results[i]
-            assert first - sent < ttft + 0.015
+            assert first - sent < ttft + 0.25
         done_order = sorted(results[i][2] for i in (0, 1))
         assert results[2][1] >= done_order[0] + ttft - 0.005
         assert results[3][1] >= done_order[1] + ttft - 0.005
