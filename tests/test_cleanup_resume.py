@@ -23,7 +23,7 @@ import sqlite_utils
 from e2e_helpers import PytestRun, active_sessions
 from polling import wait_for
 
-from pytest_gpubench.cloud.cleanup import Outcome, owning_run, release, stage_reached
+from pytest_gpubench.cloud.cleanup import ReleaseOutcome, owning_run, release, stage_reached
 from pytest_gpubench.commands.cli import main as gpubench
 from pytest_gpubench.errors import Stage, UsageProblem
 from pytest_gpubench.settings import Settings
@@ -228,7 +228,7 @@ def test_release_copes_with_stopped_missing_and_failed_sessions(sandbox, api):
     missing = "44444444-4444-4444-8444-444444444444"
     actions = asyncio.run(_release_all(sandbox.url, [Leftover(session_id=s, run_id="x")
                                                      for s in (stopped, missing, failed)]))
-    assert [a.outcome for a in actions] == [Outcome.ALREADY_ENDED, Outcome.NOT_FOUND, Outcome.RELEASED]
+    assert [a.outcome for a in actions] == [ReleaseOutcome.ALREADY_ENDED, ReleaseOutcome.NOT_FOUND, ReleaseOutcome.RELEASED]
     assert (actions[2].before, actions[2].after) == ("failed", "stopped")  # DELETE ended its instance
 
 

@@ -18,7 +18,7 @@ import pytest
 from polling import wait_for
 
 from pytest_gpubench.aio import run as run_async
-from pytest_gpubench.cloud.cleanup import Leftover, Outcome, record, release
+from pytest_gpubench.cloud.cleanup import Leftover, ReleaseOutcome, record, release
 from pytest_gpubench.cloud.offers import Constraints
 from pytest_gpubench.cloud.provider import OfferChoice, Provider, consumer_id
 from pytest_gpubench.cloud.provisioning import Attempt, Provisioning
@@ -229,7 +229,7 @@ def test_teardown_and_cleanup_release_alike(sandbox, api, tmp_path):
             teardown.release_all()
             action = call(release(provider, Leftover(session_id=ids["cleanup"], run_id=run.run_id,
                                                      row_id=recorder.row_id, attempt=2 * number)))
-            assert action.outcome is not Outcome.FAILED, action
+            assert action.outcome is not ReleaseOutcome.FAILED, action
             record(run.store, action, "gpubench cleanup")
             for worker in deleting:
                 worker.join(30)

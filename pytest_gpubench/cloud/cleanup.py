@@ -165,7 +165,9 @@ class Leftover(OwnedSession):
         return f"session {self.session_id} (run {self.run_id}{cell})"
 
 
-class Outcome(str, Enum):
+class ReleaseOutcome(str, Enum):
+    """What releasing one leftover session came to (a cleanup action's outcome)."""
+
     RELEASED = "released"
     ALREADY_ENDED = "already ended"
     NOT_FOUND = "not found"
@@ -179,7 +181,7 @@ class Action(BaseModel):
     """What cleanup did (or would do) about one session."""
 
     leftover: Leftover
-    outcome: Outcome
+    outcome: ReleaseOutcome
     before: str | None = None
     after: str | None = None
     detail: str = ""
@@ -203,17 +205,17 @@ class CleanupReport(BaseModel):
     notes: list[str] = []
     dry_run: bool = False
 
-    def count(self, *outcomes: Outcome) -> int:
+    def count(self, *outcomes: ReleaseOutcome) -> int:
         return sum(1 for a in self.actions if a.outcome in outcomes)
 
     @property
     def failed(self) -> int:
-        return self.count(Outcome.FAILED)
+        return self.count(ReleaseOutcome.FAILED)
 
     @property
     def changed(self) -> bool:
         """Whether anything was released, found ended or recorded."""
-        return bool(self.closed_cells) or any(a.outcome is not Outcome.LEFT_ALONE for a in self.actions)
+        return bool(self.closed_cells) or any(a.outcome is not ReleaseOutcome.LEFT_ALONE for a in self.actions)
 
     def lines(self) -> list[str]:
         out = [a.line() for a in self.actions]
@@ -224,7 +226,7 @@ class CleanupReport(BaseModel):
         if not self.actions and not self.closed_cells:
             return "nothing to clean up: no session of this manifest's runs is left running"
         parts = []
-        for outcome in Outcome:
+        for outcome in ReleaseOutcome:
             n = self.count(outcome)
             if n:
                 parts.append(f"{n} {outcome.value}")
@@ -234,12 +236,12 @@ class CleanupReport(BaseModel):
 
     def merge(self, other: CleanupReport) -> None:
         """Add another pass's findings; a session appears once, as the pass that acted on it saw it."""
-        acted = {a.leftover.session_id for a in self.actions + other.actions if a.outcome is not Outcome.LEFT_ALONE}
-        seen: set[tuple[str, Outcome]] = set()
+        acted = {a.leftover.session_id for a in self.actions + other.actions if a.outcome is not ReleaseOutcome.LEFT_ALONE}
+        seen: set[tuple[str, ReleaseOutcome]] = set()
         merged = []
         for action in self.actions + other.actions:
             key = (action.leftover.session_id, action.outcome)
-            if key in seen or (action.outcome is Outcome.LEFT_ALONE and action.leftover.session_id in acted):
+            if key in seen or (action.outcome is ReleaseOutcome.LEFT_ALONE and action.leftover.session_id in acted):
                 continue
             seen.add(key)
             merged.append(action)
@@ -280,7 +282,7 @@ def survey(
         elif reason == "sandbox":
             result.ended_with_sandbox.append(leftover)
         else:
-            result.left_alone.append(Action(leftover=leftover, outcome=Outcome.LEFT_ALONE, detail=reason))
+            result.left_alone.append(Action(leftover=leftover, outcome=ReleaseOutcome.LEFT_ALONE, detail=reason))
     return result
 
 
@@ -346,7 +348,7 @@ async def find_on_api(
         if running is None:
             leftovers.append(leftover)
         else:
-            alone.append(Action(leftover=leftover, outcome=Outcome.LEFT_ALONE, before=session.status, detail=running))
+            alone.append(Action(leftover=leftover, outcome=ReleaseOutcome.LEFT_ALONE, before=session.status, detail=running))
     return leftovers, alone
 
 
@@ -369,12 +371,12 @@ async def release(provider: Provider, leftover: Leftover, *, dry_run: bool = Fal
             current = await _status(provider, leftover.session_id)
             before = current.status if current is not None else None
             if before is not None and before != "stopped":
-                return Action(leftover=leftover, outcome=Outcome.WOULD_RELEASE, before=before)
+                return Action(leftover=leftover, outcome=ReleaseOutcome.WOULD_RELEASE, before=before)
             released = Released(session_id=leftover.session_id, before=before, after=before)
         else:
             released = await provider.release(leftover.session_id)
     except (StageError, OSError) as exc:
-        return Action(leftover=leftover, outcome=Outcome.FAILED, detail=str(exc))
+        return Action(leftover=leftover, outcome=ReleaseOutcome.FAILED, detail=str(exc))
     return action_for(leftover, released)
 
 
@@ -382,13 +384,13 @@ def action_for(leftover: Leftover, released: Released) -> Action:
     """What a release found and left, as cleanup reports and records it."""
     before, after = released.before, released.after
     if not released.found:
-        return Action(leftover=leftover, outcome=Outcome.NOT_FOUND, detail="the API has no such session")
+        return Action(leftover=leftover, outcome=ReleaseOutcome.NOT_FOUND, detail="the API has no such session")
     if released.already_ended:
-        return Action(leftover=leftover, outcome=Outcome.ALREADY_ENDED, before=before, after=before)
+        return Action(leftover=leftover, outcome=ReleaseOutcome.ALREADY_ENDED, before=before, after=before)
     if released.still_holding:
-        return Action(leftover=leftover, outcome=Outcome.FAILED, before=before, after=after,
+        return Action(leftover=leftover, outcome=ReleaseOutcome.FAILED, before=before, after=after,
                       detail="still active after done and DELETE: check it on the provider's console")
-    return Action(leftover=leftover, outcome=Outcome.RELEASED, before=before, after=released.final_status)
+    return Action(leftover=leftover, outcome=ReleaseOutcome.RELEASED, before=before, after=released.final_status)
 
 
 async def _status(provider: Provider, session_id: str) -> Session | None:
@@ -403,11 +405,11 @@ async def _status(provider: Provider, session_id: str) -> Session | None:
 def record(store: Store, action: Action, released_by: str) -> None:
     """Write what happened to a session into its cell and progress file."""
     leftover = action.leftover
-    if action.outcome in (Outcome.RELEASED, Outcome.ALREADY_ENDED):
+    if action.outcome in (ReleaseOutcome.RELEASED, ReleaseOutcome.ALREADY_ENDED):
         status = action.after or "stopped"
-    elif action.outcome is Outcome.NOT_FOUND:
+    elif action.outcome is ReleaseOutcome.NOT_FOUND:
         status = "not_found"
-    elif action.outcome is Outcome.ENDED_WITH_SANDBOX:
+    elif action.outcome is ReleaseOutcome.ENDED_WITH_SANDBOX:
         status = "stopped"
     else:
         return
@@ -476,7 +478,7 @@ async def clean(
             leftovers += extra
             report.actions += alone
     for leftover in found.ended_with_sandbox:
-        action = Action(leftover=leftover, outcome=Outcome.ENDED_WITH_SANDBOX,
+        action = Action(leftover=leftover, outcome=ReleaseOutcome.ENDED_WITH_SANDBOX,
                         detail="the run's own sandbox stopped every session when the run ended")
         report.actions.append(action)
         if not dry_run:
@@ -484,13 +486,13 @@ async def clean(
     touched = []
     for leftover in leftovers:
         if provider is None:
-            action = Action(leftover=leftover, outcome=Outcome.FAILED, detail=f"the API at {api} cannot be reached")
+            action = Action(leftover=leftover, outcome=ReleaseOutcome.FAILED, detail=f"the API at {api} cannot be reached")
         else:
             action = await release(provider, leftover, dry_run=dry_run)
         report.actions.append(action)
         if not dry_run:
             await asyncio.to_thread(record, store, action, released_by)
-            if action.outcome is not Outcome.FAILED and leftover.row_id:
+            if action.outcome is not ReleaseOutcome.FAILED and leftover.row_id:
                 touched.append(leftover.row_id)
     if not dry_run:
         if close_running:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from ..aio import run as run_async
-from ..cloud.cleanup import CleanupReport, Outcome, clean
+from ..cloud.cleanup import CleanupReport, ReleaseOutcome, clean
 from ..errors import ApiUnreachable, Stage
 from .live import own_line
 from ..store.sqlite_store import SqliteStore
@@ -137,11 +137,11 @@ class RunLifecycle:
             self._write(f"gpubench: cleanup by {released_by} failed: {type(exc).__name__}: {exc}", red=True)
             return None
         for action in report.actions:
-            if action.outcome is not Outcome.LEFT_ALONE:
-                self._write(f"gpubench: {action.line()}", red=action.outcome is Outcome.FAILED)
+            if action.outcome is not ReleaseOutcome.LEFT_ALONE:
+                self._write(f"gpubench: {action.line()}", red=action.outcome is ReleaseOutcome.FAILED)
         for row_id in report.closed_cells:
             self._write(f"gpubench: cell {row_id} marked failed: {scope.get('reason', 'stopped')}")
-        alone = report.count(Outcome.LEFT_ALONE)
+        alone = report.count(ReleaseOutcome.LEFT_ALONE)
         if alone and scope.get("run_id") is None:
             self._write(f"gpubench: {alone} session(s) of other runs left alone (still running, or on another "
                         "API): see `gpubench cleanup --dry-run`")
