@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..errors import MatrixError
+from ..errors import MatrixError, dotted
 from .cells import Cell
 from .workload import Workload
 
@@ -28,7 +28,7 @@ def with_workload(cell: Cell, returned: Any, source: str) -> Cell:
         # Validated again: model_copy(update=...) in the user's hook skips validation.
         workload = Workload.model_validate(fields)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'workload'}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{dotted(e['loc']) or 'workload'}: {e['msg']}" for e in exc.errors())
         raise MatrixError(cell.source, "workload",
                           f"{source} returned an invalid workload for {cell.cell_id}: {problems}") from None
     for axis in ("concurrency", "rate"):
