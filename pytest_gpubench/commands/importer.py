@@ -40,6 +40,7 @@ from ..store.base import Store
 from ..store.sqlite import refuse_secrets
 from ..measure.results import BenchmarkResult
 from ..matrix.selection import cell_id
+from ..store.record_keys import matrix_key, numbered_key, row_id
 from ..settings import new_run_id
 
 __all__ = ["Assumed", "FileOutcome", "ImportReport", "expand_paths", "import_files",
@@ -279,21 +280,19 @@ class _Importer:
     def keep(self, path: Path, parsed: Parsed, result: BenchmarkResult, gpu_type: str, provider: str,
              model: str) -> str:
         """One cell and its result in the store (nothing in a dry run); returns the row id."""
-        base = cell_id(gpu_type, provider, model, result.test_config.concurrent_reqs or 1)
-        cell, n = base, 1
-        while cell in self.cells:  # two results of one cell in one import
-            n += 1
-            cell = f"{base}@{n}"
+        # Two results of one cell in one import keep two rows.
+        cell = numbered_key(matrix_key(cell_id(gpu_type, provider, model, result.test_config.concurrent_reqs or 1)),
+                            self.cells)
         self.cells.add(cell)
-        row_id = f"{self.run_id}/{cell}"
+        row = row_id(self.run_id, cell)
         if self.dry_run or self.store is None:
-            return row_id
+            return row
         if not self.started:
             self.store.start_run(self.run_id, argv=self.argv, matrix_files=self.sources)
             self.started = True
         self.store.add_cell(self.run_id, cell, gpu_type=gpu_type, provider=provider, model=model,
                             matrix_file=str(path))
-        self.store.add_result(row_id, result, parsed.records, unpriced=not result.price_per_hour)
+        self.store.add_result(row, result, parsed.records, unpriced=not result.price_per_hour)
         fields: dict[str, Any] = {
             "status": parsed.status,
             **_times(result),
@@ -305,8 +304,8 @@ class _Importer:
                 failure_reason="checkpoint",
                 error_message=f"imported from a {parsed.format} ({parsed.detail}): the benchmark had not finished",
             )
-        self.store.update_cell(row_id, **fields)
-        return row_id
+        self.store.update_cell(row, **fields)
+        return row
 
     def finish(self, status: str) -> None:
         if self.started and self.store is not None:

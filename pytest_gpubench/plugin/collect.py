@@ -18,6 +18,7 @@ from .hints import UnknownGpuWarning, check_gpu_names
 from ..matrix.cells import Cell, load_cells
 from ..cloud.registry import check_clouds
 from .stash import CELL_FILTERS_KEY, CELL_KEY, RECORD_KEY, RECORDER_KEY
+from ..store.record_keys import matrix_key
 
 
 def run_matrix_cell(request: pytest.FixtureRequest) -> None:
@@ -53,7 +54,7 @@ def matrix_items(matrix_file: pytest.File) -> Iterator[pytest.Item]:
                                          fixtureinfo=fixtureinfo)
         fixtureinfo = item._fixtureinfo
         item.stash[CELL_KEY] = cell
-        item.stash[RECORD_KEY] = cell.cell_id
+        item.stash[RECORD_KEY] = matrix_key(cell.cell_id)
         item.extra_keyword_matches.update(cell.keywords)
         yield item
     for cell in dropped:

@@ -34,6 +34,7 @@ from ..runtimes.base import Runtime
 from ..runtimes.registry import runtime_for
 from ..runtimes.reuse import make_room, note_model, take_over_server
 from ..store.sandbox_label import junit_property, progress_labels
+from ..store.record_keys import matrix_key
 from ..cloud.session_pool import Lease, SessionPool
 from .stash import (
     CELL_KEY,
@@ -88,7 +89,7 @@ def gpubench_recorder(
     Set up before anything is rented and finished after everything is released,
     so every outcome (success, partial, failed with its stage, skipped) is kept.
     """
-    key = request.node.stash.get(RECORD_KEY, gpubench_cell.cell_id)
+    key = request.node.stash.get(RECORD_KEY, matrix_key(gpubench_cell.cell_id))
     recorder = CellRecorder.start(
         gpubench_run.manifest, gpubench_run.run_id, gpubench_cell, key,
         gpubench_run.settings.progress_dir, gpubench_run.worker, labels=progress_labels(gpubench_run.settings),

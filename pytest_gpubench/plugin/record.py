@@ -23,6 +23,7 @@ from ..store.manifest import Manifest
 from ..store.sqlite_store import SqliteStore
 from ..matrix.cells import Cell
 from ..store.progress import ProgressWriter
+from ..store.record_keys import file_name
 from ..measure.results import BenchmarkResult, HardwareInfo, RequestRecord
 from ..runtimes.base import PulledModel
 
@@ -31,8 +32,7 @@ STATUSES = ("pending", "running", "success", "partial", "failed", "skipped")
 
 def progress_path(progress_dir: Path, run_id: str, record_key: str) -> Path:
     """``reports/progress/<run>/<cell>.log``, with a file-name-safe cell."""
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in record_key)
-    return progress_dir / run_id / f"{safe}.log"
+    return progress_dir / run_id / f"{file_name(record_key)}.log"
 
 
 @dataclass

@@ -8,7 +8,6 @@ are the heavy halves of the plugin's collection hooks.
 from __future__ import annotations
 
 import os
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from ..matrix.cells import Cell
 from .matrix_scan import real_run
 from .reuse_order import arrange_reuse_groups
 from ..settings import OPTIONS, Settings, resolve
+from ..store.record_keys import distinct_keys, marked_test_key
 from .stash import CELL_FILTERS_KEY, CELL_KEY, RECORD_KEY, RESUME_KEY, SANDBOX_KEY, SETTINGS_KEY, run_context
 
 # The fixtures, the lifecycle, the terminal and xdist hooks and resume import what a
@@ -173,17 +173,13 @@ def _group_by_file(items: list[pytest.Item]) -> None:
 
 
 def _disambiguate_record_keys(items: list[pytest.Item]) -> None:
-    """Two matrix files may hold the same cell: their manifest rows must not merge.
-
-    A key used by more than one item gets its matrix file's name appended
-    (``RTX_4090-vastai-qwen2:7b@gpubench_quick``); unique keys stay plain.
-    """
+    """Two matrix files may hold the same cell: their manifest rows must not merge
+    (:func:`~..store.record_keys.distinct_keys`)."""
     keyed = [item for item in items if RECORD_KEY in item.stash]
-    counts = Counter(item.stash[RECORD_KEY] for item in keyed)
-    for item in keyed:
-        key = item.stash[RECORD_KEY]
-        if counts[key] > 1:
-            item.stash[RECORD_KEY] = f"{key}@{Path(item.stash[CELL_KEY].source).stem}"
+    keys = distinct_keys([item.stash[RECORD_KEY] for item in keyed],
+                         [item.stash[CELL_KEY].source for item in keyed])
+    for item, key in zip(keyed, keys, strict=True):
+        item.stash[RECORD_KEY] = key
 
 
 def record_pending(session: pytest.Session) -> None:
@@ -202,6 +198,6 @@ def _cell_of(item: pytest.Item) -> Cell | None:
     cell = callspec.params.get("gpubench_cell") if callspec is not None else None
     if isinstance(cell, Cell):
         item.stash[CELL_KEY] = cell
-        item.stash[RECORD_KEY] = f"{cell.cell_id}@{getattr(item, 'originalname', item.name)}"
+        item.stash[RECORD_KEY] = marked_test_key(cell.cell_id, getattr(item, "originalname", item.name))
         return cell
     return None

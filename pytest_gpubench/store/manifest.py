@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import Stage
+from . import record_keys
 from .attempts import AttemptsMixin
 from .result_tables import ResultsMixin
 from .schema import (
@@ -171,7 +172,7 @@ class Manifest(ResultsMixin, AttemptsMixin, ManifestStore):
         """
         if not run_id or not cell_id:
             raise ValueError("run_id and cell_id must not be empty")
-        row_id = f"{run_id}/{cell_id}"
+        row_id = record_keys.row_id(run_id, cell_id)
         row = {
             "id": row_id,
             "run_id": run_id,
