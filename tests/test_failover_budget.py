@@ -189,7 +189,7 @@ def test_provisioning_fails_over_with_a_template_and_releases_every_attempt(sand
     (cell,) = expand(parse_matrix(TEMPLATE_MATRIX, "gpubench_t.yaml"))
     api.post("/sandbox/faults", json={"fault": "provision_error", "offer_id": "vastai-18430701",
                                       "times": 1}).raise_for_status()
-    recorder = CellRecorder.start(run.manifest, run.run_id, cell, cell.cell_id, settings.progress_dir, "main")
+    recorder = CellRecorder.start(run.store, run.run_id, cell, cell.cell_id, settings.progress_dir, "main")
     wanted = Constraints(cell.gpu, cell.provider, cell.vram_gb)
     choice = run_async(run.provider_for(cell.cloud).choose_offer(wanted), 30)
     assert choice.offer.id == "vastai-18430701"
@@ -207,10 +207,10 @@ def test_provisioning_fails_over_with_a_template_and_releases_every_attempt(sand
             assert again.run_until_ready().attempt.number == 3
         finally:
             again.release_all()
-        attempts = run.manifest.attempts(row_id=recorder.row_id)
-        assert [(a["attempt"], a["status"]) for a in attempts] == [(1, "failed"), (2, "ready"), (3, "ready")]
-        assert all(a["ended_at"] and a["session_status"] == "stopped" for a in attempts)
-        assert run.manifest.cell(recorder.row_id)["attempts"] == 1  # this try's count
+        attempts = run.store.attempts(row_id=recorder.row_id)
+        assert [(a.attempt, a.status) for a in attempts] == [(1, "failed"), (2, "ready"), (3, "ready")]
+        assert all(a.ended_at and a.session_status == "stopped" for a in attempts)
+        assert run.store.cell(recorder.row_id).attempts == 1  # this try's count
     finally:
         run.close()
     mine = [s for s in api.get("/sandbox/state").json()["sessions"] if s["consumer_id"].startswith("gpubench-inproc-")]

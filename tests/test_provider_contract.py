@@ -201,7 +201,7 @@ def test_teardown_and_cleanup_release_alike(sandbox, api, tmp_path):
     (cell,) = expand(parse_matrix("matrix: [{gpu: RTX 4090, provider: vastai, model: qwen2:7b}]", "gpubench_a.yaml"))
     provider = run.provider_for(cell.cloud)
     offer = next(o for o in call(provider.offers()) if o.id == OFFER)
-    recorder = CellRecorder.start(run.manifest, run.run_id, cell, cell.cell_id, settings.progress_dir, "main")
+    recorder = CellRecorder.start(run.store, run.run_id, cell, cell.cell_id, settings.progress_dir, "main")
     teardown = Provisioning(run, recorder, cell, OfferChoice(offer, 1, [offer]), Constraints.for_cell(cell))
 
     def session_in(state: str, name: str) -> str:
@@ -223,8 +223,8 @@ def test_teardown_and_cleanup_release_alike(sandbox, api, tmp_path):
             ids = {name: session_in(state, name) for name in ("teardown", "cleanup")}
             deleting = [start_deleting(api, s) for s in ids.values()] if state == "stopping" else []
             for attempt, name in ((2 * number - 1, "teardown"), (2 * number, "cleanup")):
-                run.manifest.start_attempt(recorder.row_id, attempt, offer_id=OFFER, consumer_id=f"c{attempt}")
-                run.manifest.update_attempt(recorder.row_id, attempt, session_id=ids[name])
+                run.store.start_attempt(recorder.row_id, attempt, offer_id=OFFER, consumer_id=f"c{attempt}")
+                run.store.update_attempt(recorder.row_id, attempt, session_id=ids[name])
             teardown.attempts = [Attempt(2 * number - 1, offer, f"c{2 * number - 1}", session_id=ids["teardown"])]
             teardown.release_all()
             action = call(release(provider, Leftover(session_id=ids["cleanup"], run_id=run.run_id,
@@ -233,8 +233,8 @@ def test_teardown_and_cleanup_release_alike(sandbox, api, tmp_path):
             record(run.store, action, "gpubench cleanup")
             for worker in deleting:
                 worker.join(30)
-            rows = {row["attempt"]: row for row in run.manifest.attempts(row_id=recorder.row_id)}
-            recorded[state] = (rows[2 * number - 1]["session_status"], rows[2 * number]["session_status"])
+            rows = {row.attempt: row for row in run.store.attempts(row_id=recorder.row_id)}
+            recorded[state] = (rows[2 * number - 1].session_status, rows[2 * number].session_status)
         assert recorder.cleanup_error is None
     finally:
         run.close()

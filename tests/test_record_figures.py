@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_gpubench.store.manifest import Manifest
+from pytest_gpubench.store.opening import open_store
 from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.measure.metrics import detailed_metrics
 from pytest_gpubench.store.progress import read_progress
@@ -37,9 +37,9 @@ def _records() -> list[RequestRecord]:
 @pytest.fixture
 def finished(tmp_path):
     (cell,) = expand(parse_matrix(MATRIX, "gpubench_t.yaml"))
-    with Manifest(tmp_path / "manifest.db") as manifest:
-        manifest.start_run("run-9", [], [])
-        recorder = CellRecorder.start(manifest, "run-9", cell, cell.cell_id, tmp_path / "progress", "main")
+    with open_store(tmp_path / "manifest.db") as store:
+        store.start_run("run-9", [], [])
+        recorder = CellRecorder.start(store, "run-9", cell, cell.cell_id, tmp_path / "progress", "main")
         records = _records()
         recorder.result = BenchmarkResult(test_config=TestConfig(concurrent_reqs=4), price_per_hour=0.36,
                                           results=summarize(records, DURATION))
@@ -50,7 +50,7 @@ def finished(tmp_path):
             "validity": {"valid": True, "reasons": []},
         }
         props = recorder.finish(CellOutcome("success"))
-        yield props, manifest.cell(recorder.row_id), recorder.progress.path
+        yield props, store.cell(recorder.row_id).model_dump(), recorder.progress.path
 
 
 def test_junit_properties_carry_every_figure_by_its_name(finished):

@@ -91,7 +91,7 @@ def test_sandbox_figures_are_labelled_in_the_terminal_junit_and_progress():
 def test_progress_file_starts_with_the_label(tmp_path, seed_cell):
     with Manifest(tmp_path / "m.db") as manifest:
         manifest.start_run("r1", [], [], sandbox=True)
-        recorder = CellRecorder.start(manifest, "r1", seed_cell, seed_cell.cell_id, tmp_path / "progress", "w0",
+        recorder = CellRecorder.start(SqliteStore(manifest), "r1", seed_cell, seed_cell.cell_id, tmp_path / "progress", "w0",
                                       labels=progress_labels(resolve({"sandbox": True}, {}, no_ini)))
         recorder.progress.close()
         first = read_progress(recorder.progress.path)[0]

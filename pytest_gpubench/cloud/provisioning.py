@@ -205,7 +205,7 @@ class Provisioning:
         session = created.session
         attempt.session_id = session.id
         recorder.session_created(session.id, attempt.consumer_id, offer.id, offer.price_per_hour)
-        recorder.manifest.update_attempt(recorder.row_id, attempt.number, session_id=session.id)
+        recorder.store.update_attempt(recorder.row_id, attempt.number, session_id=session.id)
         recorder.progress.status("PROVISIONING", session_id=session.id, offer_id=offer.id, attempt=attempt.number,
                                  location=offer.location or None)
 
@@ -217,8 +217,8 @@ class Provisioning:
         ssh_timeout = settings.scaled(wait.seconds, MIN_SCALED_TIMEOUT)
         running = self._bridge(provider.wait_running(session.id, polled, timeout=ssh_timeout),
                                ssh_timeout, Stage.SSH_WAIT, "waiting for SSH")
-        recorder.manifest.update_attempt(recorder.row_id, attempt.number, status="ready")
-        recorder.manifest.update_cell(recorder.row_id, instance_ip=running.ssh_host, ssh_port=running.ssh_port)
+        recorder.store.update_attempt(recorder.row_id, attempt.number, status="ready")
+        recorder.store.update_cell(recorder.row_id, instance_ip=running.ssh_host, ssh_port=running.ssh_port)
         recorder.progress.status("SSH_READY", host=running.ssh_host, port=running.ssh_port)
         recorder.progress.status("ATTEMPT", attempt=attempt.number, offer_id=offer.id, outcome="ready",
                                  ssh_wait=wait.reason)
@@ -235,7 +235,7 @@ class Provisioning:
         """Record the failed attempt and release its session now, before another is rented."""
         attempt.error = error
         recorder = self.recorder
-        recorder.manifest.update_attempt(recorder.row_id, attempt.number, status="failed", stage=error.stage,
+        recorder.store.update_attempt(recorder.row_id, attempt.number, status="failed", stage=error.stage,
                                          error=error.message)
         recorder.progress.status("ATTEMPT", attempt=attempt.number, offer_id=attempt.offer.id, outcome="failed",
                                  stage=error.stage, error=error.message)
@@ -295,7 +295,7 @@ class Provisioning:
                                    "check it on the provider's console")
             if attempt.session_id and attempt.session_id == recorder.session_id:
                 recorder.session_released(status, api_cost)  # the cell's current session
-            recorder.manifest.end_attempt(recorder.row_id, attempt.number, session_status=status,
+            recorder.store.end_attempt(recorder.row_id, attempt.number, session_status=status,
                                           api_cost_usd=api_cost)
             attempt.released = True
             if holding:

@@ -175,8 +175,8 @@ class SessionPool:
             recorder.session_released(status, None)
         if status in GONE_STATUSES:
             try:
-                self.run.manifest.end_shared_session(lease.session_id, session_status=status,
-                                                     released_by="teardown")
+                self.run.store.end_shared_session(lease.session_id, session_status=status,
+                                                  released_by="teardown")
             except Exception as exc:  # noqa: BLE001 - the release itself is done; only the bookkeeping failed
                 if progress is not None:
                     progress.error(Stage.CLEANUP, f"recording the release of {lease.session_id} failed: {exc}")

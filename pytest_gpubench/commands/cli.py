@@ -51,46 +51,49 @@ def default_manifest() -> Path:
     return Path(os.environ.get("GPUBENCH_REPORTS") or "reports") / "manifest.db"
 
 
-def _open_manifest(path: str | None):
-    from ..store.manifest import Manifest
+def _open_store(path: str | None, *, create: bool = False):
+    """The manifest's store (``--manifest``, else :func:`default_manifest`); a missing one is a
+    ``CommandProblem`` unless ``create``, and so is a file that is not a manifest."""
+    from ..errors import UsageProblem
+    from ..store.opening import open_store, store_exists
 
-    where = Path(path) if path else default_manifest()
-    if not where.is_file():
+    where = path or default_manifest()
+    if not create and not store_exists(where):
         raise CommandProblem(f"no manifest at {where} (run pytest with the plugin first, or pass --manifest PATH)")
     try:
-        return Manifest(where, busy_timeout=5, retry_seconds=10)
+        return open_store(where, busy_timeout=5, retry_seconds=10)
+    except UsageProblem as exc:
+        raise CommandProblem(exc.message) from None
     except Exception as exc:  # noqa: BLE001 - a corrupt or foreign file: say so in one line
         raise CommandProblem(f"cannot read the manifest {where}: {exc}") from None
 
 
-def _resolve_run(manifest, run: str | None) -> str | None:
-    """``None`` (all runs), ``last`` (the latest), or a run id the manifest knows."""
+def _resolve_run(store, run: str | None) -> str | None:
+    """``None`` (all runs), ``last`` (the latest), or a run id the store knows."""
     from ..store.run_choice import resolve_run
-    from ..store.sqlite_store import SqliteStore
 
     if run is None:
         return None
     try:
-        return resolve_run(SqliteStore(manifest), run)
+        return resolve_run(store, run)
     except UnknownRun as exc:
         raise CommandProblem(exc.message) from None
 
 
 def _export(args: argparse.Namespace) -> int:
     from ..store.export import export_results
-    from ..store.sqlite_store import SqliteStore
 
-    with _open_manifest(args.manifest) as manifest:
-        run_id = _resolve_run(manifest, args.run)
+    with _open_store(args.manifest) as store:
+        run_id = _resolve_run(store, args.run)
         if args.output in (None, "-"):
-            count = export_results(SqliteStore(manifest), run_id, args.format, sys.stdout)
+            count = export_results(store, run_id, args.format, sys.stdout)
             target = "stdout"
         else:
             target_path = Path(args.output)
             try:
                 target_path.parent.mkdir(parents=True, exist_ok=True)
                 with open(target_path, "w", encoding="utf-8", newline="") as out:
-                    count = export_results(SqliteStore(manifest), run_id, args.format, out)
+                    count = export_results(store, run_id, args.format, out)
             except OSError as exc:
                 raise CommandProblem(f"cannot write {target_path}: {exc.strerror or exc}", EXIT_FAILED) from None
             target = str(target_path)
@@ -118,13 +121,10 @@ async def _upload_async(store, run_id: str | None, api: str, token: str | None):
 
 
 def _upload(args: argparse.Namespace) -> int:
-    from ..store.sqlite_store import SqliteStore
-
     api = args.api or os.environ.get("GPUBENCH_API_BASE") or DEFAULT_API
     token = os.environ.get("GPUBENCH_API_TOKEN") or None
-    with _open_manifest(args.manifest) as manifest:
-        store = SqliteStore(manifest)
-        run_id = _resolve_run(manifest, args.run)
+    with _open_store(args.manifest) as store:
+        run_id = _resolve_run(store, args.run)
         if run_id is not None:
             # Naming a run asks for its results to be uploaded, whether or not the
             # run itself was started with --gpubench-upload.
@@ -170,11 +170,9 @@ async def _cleanup_async(store, apis: list[str], token: str | None, dry_run: boo
 
 def _cleanup(args: argparse.Namespace) -> int:
     from ..cloud.cleanup import apis_to_visit
-    from ..store.sqlite_store import SqliteStore
 
     token = os.environ.get("GPUBENCH_API_TOKEN") or None
-    with _open_manifest(args.manifest) as manifest:
-        store = SqliteStore(manifest)
+    with _open_store(args.manifest) as store:
         default = os.environ.get("GPUBENCH_API_BASE") or DEFAULT_API
         apis = [args.api] if args.api else apis_to_visit(store, default)
         report = asyncio.run(_cleanup_async(store, apis, token, args.dry_run))
@@ -196,7 +194,7 @@ def _browse(args: argparse.Namespace) -> int:
 
 def _import(args: argparse.Namespace) -> int:
     from .importer import Assumed, expand_paths, import_files
-    from ..store.sqlite_store import SqliteStore
+    from ..store.opening import store_exists
 
     if args.price is not None and args.price < 0:
         raise CommandProblem(f"--price must not be negative, got {args.price}")
@@ -205,11 +203,8 @@ def _import(args: argparse.Namespace) -> int:
     assumed = Assumed(gpu=args.gpu, provider=args.provider, price_per_hour=args.price, location=args.location)
     # A dry run never creates the manifest; a real import does, like a first pytest run.
     store = None
-    if where.is_file() or not args.dry_run:
-        try:
-            store = SqliteStore.open(where, busy_timeout=5, retry_seconds=10)
-        except Exception as exc:  # noqa: BLE001 - a corrupt or foreign file: say so in one line
-            raise CommandProblem(f"cannot open the manifest {where}: {exc}") from None
+    if store_exists(where) or not args.dry_run:
+        store = _open_store(str(where), create=True)
     options = [f"--{name}={value}" for name, value in (("gpu", args.gpu), ("provider", args.provider),
                                                         ("price", args.price), ("location", args.location))
                if value is not None]
@@ -228,14 +223,13 @@ def _import(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from ..report.gather import build_report
     from ..report.write import write_reports
-    from ..store.sqlite_store import SqliteStore
 
     directory = Path(args.output_dir or os.environ.get("GPUBENCH_REPORTS") or "reports")
-    with _open_manifest(args.manifest) as manifest:
-        if not manifest.run_ids():
-            raise CommandProblem(f"the manifest {manifest.path} has no runs yet: nothing to report")
-        runs = list(dict.fromkeys(_resolve_run(manifest, run) for run in args.run or []))
-        report = build_report(SqliteStore(manifest), runs or None)
+    with _open_store(args.manifest) as store:
+        if not store.run_ids():
+            raise CommandProblem(f"the manifest {store.location} has no runs yet: nothing to report")
+        runs = list(dict.fromkeys(_resolve_run(store, run) for run in args.run or []))
+        report = build_report(store, runs or None)
     try:
         markdown, html = write_reports(report, directory)
     except OSError as exc:

@@ -126,12 +126,12 @@ class StageHistory:
     def from_manifest(cls, path: Path, *, sandbox: bool, time_scale: float = 1.0) -> StageHistory:
         """Read the finished cells of ``path`` (left alone, and not created, when missing)."""
         history = cls(time_scale=time_scale)
-        if not path.is_file():
+        from ..store.opening import open_store, store_exists
+
+        if not store_exists(path):
             history.description = f"no manifest at {path}"
             return history
-        from ..store.sqlite_store import SqliteStore  # opened only when there is a file
-
-        with SqliteStore.open(path, busy_timeout=5, retry_seconds=10) as store:
+        with open_store(path, busy_timeout=5, retry_seconds=10) as store:
             runs = [store.run(run_id) for run_id in store.run_ids()]
             sandboxed = {run.run_id for run in runs if run is not None and run.sandbox}
             cells = [cell for cell in store.cells() if cell.status in _FINISHED

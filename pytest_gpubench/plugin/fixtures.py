@@ -91,7 +91,7 @@ def gpubench_recorder(
     """
     key = request.node.stash.get(RECORD_KEY, matrix_key(gpubench_cell.cell_id))
     recorder = CellRecorder.start(
-        gpubench_run.manifest, gpubench_run.run_id, gpubench_cell, key,
+        gpubench_run.store, gpubench_run.run_id, gpubench_cell, key,
         gpubench_run.settings.progress_dir, gpubench_run.worker, labels=progress_labels(gpubench_run.settings),
     )
     request.node.stash[RECORDER_KEY] = recorder
@@ -188,7 +188,7 @@ def gpu_session(
                              replace(gpu_offer, offer=ready.attempt.offer), cloud=cell.cloud)
         if provisioning.shared:
             lease = node.stash[LEASE_KEY] = gpubench_pool.open(cell, provisioning, session)
-            recorder.manifest.update_cell(recorder.row_id, reuse_group=cell.session_group, session_turn=1,
+            recorder.store.update_cell(recorder.row_id, reuse_group=cell.session_group, session_turn=1,
                                           session_owner=recorder.record_key)
         yield session
     finally:
@@ -229,7 +229,7 @@ def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_c
     timeout = settings.stage_timeout(Stage.SSH_CONNECT)
     conn = run_async(connect(gpubench_run, gpu_session, timeout), timeout + BRIDGE_SLACK)
     try:
-        recorder.manifest.update_cell(recorder.row_id, host_key_fingerprint=conn.host_key_fingerprint)
+        recorder.store.update_cell(recorder.row_id, host_key_fingerprint=conn.host_key_fingerprint)
         check = run_async(conn.run("echo gpubench-ssh-ok", stage=Stage.SSH_CONNECT,
                                    what="the SSH connectivity check", timeout=timeout), timeout + BRIDGE_SLACK)
         if "gpubench-ssh-ok" not in check.stdout:

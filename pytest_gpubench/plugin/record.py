@@ -19,8 +19,6 @@ from typing import Any
 from ..errors import Stage
 from ..measure.figures import FIGURES, FigureSource, figure_values
 from ..store.base import Store
-from ..store.manifest import Manifest
-from ..store.sqlite_store import SqliteStore
 from ..matrix.cells import Cell
 from ..store.progress import ProgressWriter
 from ..store.record_keys import file_name
@@ -49,7 +47,7 @@ class CellOutcome:
 class CellRecorder:
     """Everything recorded about one cell while it runs."""
 
-    manifest: Manifest
+    store: Store
     run_id: str
     cell: Cell
     record_key: str
@@ -91,25 +89,20 @@ class CellRecorder:
     _timed: str = str(Stage.INVENTORY)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    @property
-    def store(self) -> Store:
-        """The manifest as the :class:`~pytest_gpubench.store.base.Store` it is."""
-        return SqliteStore(self.manifest)
-
     @classmethod
-    def start(cls, manifest: Manifest, run_id: str, cell: Cell, record_key: str,
+    def start(cls, store: Store, run_id: str, cell: Cell, record_key: str,
               progress_dir: Path, worker: str, labels: dict[str, Any] | None = None) -> CellRecorder:
         """Record the cell as running; ``labels`` go on its progress file's first line
         (a sandbox run says so there: :func:`.sandbox_label.progress_labels`)."""
         path = progress_path(progress_dir, run_id, record_key)
-        recorder = cls(manifest, run_id, cell, record_key, ProgressWriter(path), worker)
-        recorder.row_id = manifest.add_cell(
+        recorder = cls(store, run_id, cell, record_key, ProgressWriter(path), worker)
+        recorder.row_id = store.add_cell(
             run_id, record_key, gpu_type=cell.gpu, provider=cell.provider, model=cell.model,
             matrix_file=cell.source,
         )
         # Run again in the same run (--gpubench-resume): the row starts clean, it is not duplicated.
-        manifest.restart_cell(recorder.row_id)
-        manifest.update_cell(recorder.row_id, status="running", started_at=_now(), worker=worker,
+        store.restart_cell(recorder.row_id)
+        store.update_cell(recorder.row_id, status="running", started_at=_now(), worker=worker,
                              progress_file=str(path))
         recorder.progress.status("STARTING", gpu=cell.gpu, provider=cell.provider, model=cell.model,
                                  worker=worker, run=run_id, **(labels or {}))
@@ -141,7 +134,7 @@ class CellRecorder:
         self.session_ended = self.session_status = self.api_cost_usd = None
         self.session_id, self.offer_id, self.price_per_hour = session_id, offer_id, price
         self.session_started = time.monotonic()
-        self.manifest.record_session(self.row_id, session_id=session_id, consumer_id=consumer_id,
+        self.store.record_session(self.row_id, session_id=session_id, consumer_id=consumer_id,
                                      offer_id=offer_id, price_per_hour=price)
 
     def session_adopted(self, owner: str, session: Any, offer: Any, *, consumer: str, turn: int) -> None:
@@ -152,7 +145,7 @@ class CellRecorder:
         """
         self.session_id, self.offer_id, self.price_per_hour = session.id, offer.id, offer.price_per_hour
         self.session_started, self.session_ended = time.monotonic(), None
-        self.manifest.record_session(self.row_id, session_id=session.id, consumer_id=consumer, offer_id=offer.id,
+        self.store.record_session(self.row_id, session_id=session.id, consumer_id=consumer, offer_id=offer.id,
                                      price_per_hour=offer.price_per_hour, instance_ip=session.ssh_host,
                                      ssh_port=session.ssh_port, reuse_group=self.cell.session_group,
                                      session_turn=turn, session_owner=owner)
@@ -169,7 +162,7 @@ class CellRecorder:
         self.session_status = status
         self.api_cost_usd = api_cost
         if status in ("stopped", "failed", "not_found") and self.session_id:
-            self.manifest.record_release(self.row_id, self.session_id, session_status=status,
+            self.store.record_release(self.row_id, self.session_id, session_status=status,
                                          released_by="teardown")
 
     @property
@@ -207,12 +200,12 @@ class CellRecorder:
         self.failed_now(outcome)
         benchmark_id = None
         if self.result is not None:
-            benchmark_id = self.manifest.add_benchmark(self.row_id, self.result, self.records)
-            self.manifest.add_gpu_samples(self.row_id, benchmark_id, self.samples)
+            benchmark_id = self.store.add_result(self.row_id, self.result, self.records)
+            self.store.add_gpu_samples(self.row_id, benchmark_id, self.samples)
             if self.runs:
-                self.manifest.add_benchmark_runs(benchmark_id, self.runs)
+                self.store.add_repeats(benchmark_id, self.runs)
             if self.details:
-                self.manifest.set_details(benchmark_id, self.details)
+                self.store.set_result_details(benchmark_id, self.details)
             if self.upload is not None:
                 self.upload(benchmark_id)
         results = self.result.results if self.result else None
@@ -235,7 +228,7 @@ class CellRecorder:
             "benchmark_id": benchmark_id,
         }
         # Unknown values are left out so they never overwrite what is already known.
-        self.manifest.finish_cell(
+        self.store.finish_cell(
             self.row_id,
             status=outcome.status,
             failure_stage=outcome.failure_stage,

@@ -1,7 +1,7 @@
-"""The per-process run context: settings, manifest and the providers, created on first use.
+"""The per-process run context: settings, store and the providers, created on first use.
 
 Nothing here is created at import or configure time, so a project that merely
-has the plugin installed gets no manifest file and no network traffic.
+has the plugin installed gets no store (manifest file) and no network traffic.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from ..aio import run as run_async
 from ..matrix.overrides import apply_overrides
 from ..errors import ApiUnreachable
 from ..store.base import Store
-from ..store.manifest import Manifest
-from ..store.sqlite_store import SqliteStore
+from ..store.opening import open_store
 from ..matrix.cells import DEFAULT_CLOUD, Cell
 from ..cloud.processes import ProcessIdentity
 from ..cloud.provider import Provider
@@ -36,7 +35,7 @@ class RunContext:
     host_keys: HostKeyPins = field(default_factory=HostKeyPins, repr=False)
     #: The process that owns the run (the xdist controller): cleanup checks it is alive.
     owner: ProcessIdentity = field(default_factory=ProcessIdentity.current)
-    _manifest: Manifest | None = None
+    _store: Store | None = None
     #: The providers this process rents through, by ``cloud:`` name, and those that did not answer.
     _providers: dict[str, Provider] = field(default_factory=dict, repr=False)
     _unreachable: dict[str, ApiUnreachable] = field(default_factory=dict, repr=False)
@@ -48,18 +47,14 @@ class RunContext:
         return self.settings.run_id
 
     @property
-    def manifest(self) -> Manifest:
-        with self._lock:
-            if self._manifest is None:
-                self._manifest = Manifest(self.settings.manifest)
-                self._manifest.start_run(self.run_id, argv=self.argv, matrix_files=[], owner=self.owner,
-                                         api=self.settings.api, sandbox=self.settings.sandbox)
-            return self._manifest
-
-    @property
     def store(self) -> Store:
-        """The run's store (the manifest, typed), started like :attr:`manifest`."""
-        return SqliteStore(self.manifest)
+        """The run's store (``--gpubench-manifest``), opened and its run recorded on first use."""
+        with self._lock:
+            if self._store is None:
+                self._store = open_store(self.settings.manifest)
+                self._store.start_run(self.run_id, argv=self.argv, matrix_files=[], owner=self.owner,
+                                      api=self.settings.api, sandbox=self.settings.sandbox)
+            return self._store
 
     def provider_for(self, cloud: str = DEFAULT_CLOUD) -> Provider:
         """The provider a matrix's ``cloud:`` names, checked to answer once per process."""

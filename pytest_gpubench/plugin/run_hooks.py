@@ -188,8 +188,8 @@ def record_pending(session: pytest.Session) -> None:
     if cells:
         context = run_context(session.config)
         for key, cell in cells:
-            context.manifest.add_cell(context.run_id, key, gpu_type=cell.gpu, provider=cell.provider,
-                                      model=cell.model, matrix_file=cell.source)
+            context.store.add_cell(context.run_id, key, gpu_type=cell.gpu, provider=cell.provider,
+                                   model=cell.model, matrix_file=cell.source)
 
 
 def _cell_of(item: pytest.Item) -> Cell | None:

@@ -56,6 +56,11 @@ class Store(Protocol):
     def close(self) -> None:
         """Let go of the connection; the store is not used afterwards."""
 
+    def __enter__(self) -> Store:
+        """``with open_store(...) as store:`` closes it on the way out."""
+
+    def __exit__(self, *exc: object) -> None: ...
+
     # ---------------------------------------------------------------------- runs
 
     def start_run(self, run_id: str, argv: list[str], matrix_files: list[str], *,

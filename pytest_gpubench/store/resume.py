@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from ..cloud.cleanup import RunInfo
 from ..errors import UnknownRun, UsageProblem
 from .run_choice import SHOWN_RUNS, resolve_run
-from .sqlite_store import SqliteStore
+from .opening import open_store, store_exists
 from ..cloud.processes import ProcessIdentity
 
 FLAG = "--gpubench-resume"
@@ -58,10 +58,10 @@ def plan_resume(manifest_path: Path, wanted: str, me: ProcessIdentity | None = N
 
     Refuses a run that is still going on in another process.
     """
-    if not Path(manifest_path).is_file():
+    if not store_exists(manifest_path):
         raise UsageProblem(f"{FLAG}: no manifest at {manifest_path}, so no run to resume "
                            "(pass the run's --gpubench-manifest PATH)")
-    with SqliteStore.open(manifest_path, busy_timeout=10, retry_seconds=30) as store:
+    with open_store(manifest_path, busy_timeout=10, retry_seconds=30) as store:
         try:
             run_id = resolve_run(store, wanted)
         except UnknownRun as exc:
