@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..errors import Stage
+from ..errors import Stage, StageError
 from ..measure.figures import FIGURES, FigureSource, figure_values
 from ..store.base import Store
 from ..matrix.cells import Cell
@@ -100,10 +100,16 @@ class CellRecorder:
             run_id, record_key, gpu_type=cell.gpu, provider=cell.provider, model=cell.model,
             matrix_file=cell.source,
         )
-        # Run again in the same run (--gpubench-resume): the row starts clean, it is not duplicated.
-        store.restart_cell(recorder.row_id)
-        store.update_cell(recorder.row_id, status="running", started_at=_now(), worker=worker,
-                             progress_file=str(path))
+        claim = store.claim_cell(recorder.row_id, worker)
+        if not claim.won and store.cell(recorder.row_id).status != "running":
+            # Run again in the same run (--gpubench-resume): the row starts clean, it is not duplicated.
+            store.restart_cell(recorder.row_id)
+            claim = store.claim_cell(recorder.row_id, worker)
+        if not claim.won:  # another process runs this very cell: it must not run twice
+            recorder.progress.close()
+            raise StageError(Stage.INVENTORY, f"cell {record_key} of run {run_id} is already running under "
+                                              f"worker {claim.holder}: not run a second time")
+        store.update_cell(recorder.row_id, started_at=_now(), progress_file=str(path))
         recorder.progress.status("STARTING", gpu=cell.gpu, provider=cell.provider, model=cell.model,
                                  worker=worker, run=run_id, **(labels or {}))
         return recorder
