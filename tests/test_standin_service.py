@@ -13,6 +13,7 @@ import asyncio
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -23,7 +24,8 @@ import httpx
 import pytest
 from polling import wait_for
 
-from pytest_gpubench.sandbox import SandboxThread, shims
+from pytest_gpubench.sandbox import SandboxThread, shims, standin_service
+from pytest_gpubench.sandbox.standin_answer import Answer
 
 TIME_SCALE = 0.01
 PREINSTALLED_4090 = "vastai-18430201"
@@ -181,3 +183,39 @@ def test_curl_shim_passes_other_urls_to_the_real_curl_without_python(instance):
 def test_socket_is_private(instance):
     socket = shims.socket_path_for(instance[2] / "bin")
     assert socket.is_socket() and socket.parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_replayed_answers_are_exact_for_any_text():
+    tricky = "it's \"$(x)\" `y` \\ $HOME\n\ttab\n\n%s %d\nü€\n"
+    for answer in (Answer(stdout=tricky, stderr=tricky[::-1], status=3), Answer(), Answer(stdout="no newline")):
+        done = subprocess.run(["sh", "-c", 'eval "$1"', "sh", standin_service.shell_replay(answer)],
+                              capture_output=True, check=False)
+        assert (done.stdout.decode(), done.stderr.decode(), done.returncode) == (
+            answer.stdout, answer.stderr, answer.status)
+
+
+def test_the_service_declines_what_it_cannot_answer_exactly(tmp_path):
+    service = standin_service.StandinService(tmp_path / "instance.json", tmp_path / "bin")
+    mine = str(tmp_path / "instance.json")
+    for program, instance, env in [
+        ("nvidia-smi", str(tmp_path / "other.json"), {}),  # another instance's file
+        ("nvidia-smi", mine, {"PATH": "/usr/bin"}),  # a variable its wrapper does not send
+        ("nvidia-smi", mine, {"TZ": "Asia/Tokyo" if os.environ.get("TZ") != "Asia/Tokyo" else "UTC"}),
+        ("python3", mine, {}),  # not a stand-in
+    ]:
+        with pytest.raises(standin_service.Declined):
+            asyncio.run(service.answer(program, ["-L"], instance, env, None))
+
+
+def test_long_instance_paths_put_the_socket_in_a_private_tmp_directory(tmp_path):
+    bin_dir = tmp_path / ("x" * 120) / "bin"
+    socket = shims.socket_path_for(bin_dir)
+    assert socket.parent.parent == Path("/tmp") and len(str(socket)) <= 100
+    assert shims.socket_path_for(bin_dir) == socket  # the curl shim finds it again from its argument
+    assert shims.socket_path_for(tmp_path / "bin") == tmp_path / "run" / shims.SOCKET_NAME
+    fresh = tmp_path / "fresh"
+    assert standin_service.private_directory(fresh) and fresh.stat().st_mode & 0o777 == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o755)
+    assert not standin_service.private_directory(shared)  # e.g. someone else's /tmp name: the service stays off
