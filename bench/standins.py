@@ -31,7 +31,9 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import start_sandbox  # noqa: E402
+from bench_common import REPO, start_sandbox  # noqa: E402
+
+sys.path.insert(0, str(REPO))  # this checkout's stand-ins, as the sandbox it starts (cwd=REPO) uses
 
 from pytest_gpubench.sandbox import shims  # noqa: E402
 
