@@ -9,10 +9,15 @@ dry-run matrices for free; the project's end-to-end tests run on it. Its parts:
 - ``instances.py``, ``sshd.py``, ``shims.py``: the emulated machines;
 - ``ollama_standin.py``, ``nvidia_smi_standin.py``, ``df_standin.py``: the programs
   on them (``disk.py``: the emulated disk that ``df`` and Ollama's pulls share);
+- ``standin_service.py``: each instance's answering service. The ``bin/`` wrappers
+  ask it over a Unix socket with the real ``curl``, and it answers one-shot calls
+  (``nvidia-smi --query-gpu``, ``-q``; ``ollama --version``; ``df``; ``curl`` of
+  the install URL) with the modules' own ``one_shot`` code as ``sh`` to replay, so
+  no Python starts; loops, ``ollama serve`` and declined calls run the module;
 - ``server.py``: :class:`Sandbox`, :class:`SandboxThread`, :func:`serve`, :func:`main`.
 
-Exports are resolved lazily: the stand-ins import this package on every command run
-on an instance and must not pay for aiohttp and asyncssh.
+Exports are resolved lazily: the stand-in modules import this package whenever they
+run on an instance and must not pay for aiohttp and asyncssh.
 """
 
 from __future__ import annotations

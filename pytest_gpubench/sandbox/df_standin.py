@@ -19,12 +19,13 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 from .disk import DiskUsage, read_disk_usage
 from .instance_spec import load_instance_spec
+from .standin_answer import Answer
 
 MOUNT_POINT = "/"
 _SHORT = {"P": "portability", "k": "kilo", "h": "human", "H": "si", "T": "type", "a": "all", "l": "local"}
@@ -155,36 +156,36 @@ def table(usage: DiskUsage, filesystem: str, options: Options, rows: int) -> str
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Print the emulated disk like ``df``; returns the exit status."""
-    args = list(sys.argv[1:] if argv is None else argv)
+def one_shot(argv: Sequence[str], environ: Mapping[str, str], cwd: str | None = None) -> Answer:
+    """The whole answer to ``df argv``; relative PATHs are looked up in ``cwd``
+    (None: this process's working directory)."""
     try:
-        options = parse_args(args)
+        options = parse_args(argv)
     except UsageError as exc:
-        print(f"df: {exc}\n{_TRY}", file=sys.stderr)
-        return 1
+        return Answer(stderr=f"df: {exc}\n{_TRY}\n", status=1)
     if options == "help":
-        sys.stdout.write(USAGE)
-        return 0
+        return Answer(stdout=USAGE)
     if options == "version":
-        print("df (GNU coreutils) 9.1 (gpubench sandbox)")
-        return 0
+        return Answer(stdout="df (GNU coreutils) 9.1 (gpubench sandbox)\n")
     assert isinstance(options, Options)
     try:
-        spec = load_instance_spec()
+        spec = load_instance_spec(environ)
     except RuntimeError as exc:
-        print(f"df: {exc}", file=sys.stderr)
-        return 1
-    status, rows = 0, 0
+        return Answer(stderr=f"df: {exc}\n", status=1)
+    status, rows, errors = 0, 0, []
     for path in options.paths or (MOUNT_POINT,):
-        if os.path.exists(path):
+        if os.path.exists(os.path.join(cwd, path) if cwd is not None and path else path):
             rows += 1
         else:
-            print(f"df: {path}: No such file or directory", file=sys.stderr)
+            errors.append(f"df: {path}: No such file or directory\n")
             status = 1
-    if rows:
-        sys.stdout.write(table(read_disk_usage(spec), spec.disk.filesystem, options, rows))
-    return status
+    out = table(read_disk_usage(spec), spec.disk.filesystem, options, rows) if rows else ""
+    return Answer(stdout=out, stderr="".join(errors), status=status)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the emulated disk like ``df``; returns the exit status."""
+    return one_shot(list(sys.argv[1:] if argv is None else argv), os.environ).emit()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ Layout of an instance (``<sandbox workdir>/instances/<session id>/``)::
     home/           $HOME and the working directory of every command
     state/          the stand-ins' shared state (pulled models, loaded models)
     tmp/            $TMPDIR
+    run/            the stand-ins' answering service socket (:mod:`.standin_service`)
     sshd/           with ``ssh_server="openssh"`` only: sshd's config, keys and log
 
 The SSH server is asyncssh in this process (:mod:`.sshd`, the default) or OpenSSH's
@@ -45,6 +46,7 @@ import asyncssh
 
 from . import lifeline, openssh, shims, sshd
 from .catalog import Catalog, OfferSpec
+from .standin_service import StandinService
 from .standin_state import StateStore, StreamFault
 
 log = logging.getLogger("pytest_gpubench.sandbox")
@@ -184,6 +186,7 @@ class Instance:
         self.state_dir = Path(document["state_dir"])
         self.tmp_dir = root / "tmp"
         self.spec_path = root / "instance.json"
+        self._service = StandinService(self.spec_path, self.bin_dir)
         self.ssh_port: int | None = None
         self._groups: set[int] = set()
         self._background: set[asyncio.Task[Any]] = set()
@@ -218,15 +221,15 @@ class Instance:
         for path in (self.bin_dir, self.home, self.state_dir, self.tmp_dir):
             path.mkdir(parents=True, exist_ok=True)
         self.spec_path.write_text(json.dumps(self.document, indent=2) + "\n", encoding="utf-8")
-        missing = self.missing_tools
+        missing, bin_dir = self.missing_tools, self.bin_dir
         if "nvidia-smi" not in missing:
-            shims.write_executable(self.bin_dir / "nvidia-smi", shims.nvidia_smi_wrapper())
+            shims.write_executable(bin_dir / "nvidia-smi", shims.nvidia_smi_wrapper(bin_dir))
         if "curl" not in missing:
-            shims.write_executable(self.bin_dir / "curl", shims.curl_wrapper(self.bin_dir))
+            shims.write_executable(bin_dir / "curl", shims.curl_wrapper(bin_dir))
         # Always there, as on any Linux box: it reports the emulated disk, not the host's.
-        shims.write_executable(self.bin_dir / "df", shims.df_wrapper())
+        shims.write_executable(bin_dir / "df", shims.df_wrapper(bin_dir))
         if self.ollama_preinstalled:
-            shims.write_executable(self.bin_dir / "ollama", shims.ollama_wrapper())
+            shims.write_executable(bin_dir / "ollama", shims.ollama_wrapper(bin_dir))
         python3 = self.bin_dir / "python3"
         if "python3" not in missing and not python3.exists():
             python3.symlink_to(sys.executable)
@@ -234,7 +237,9 @@ class Instance:
             link_system_programs(self.sysbin_dir, os.environ.get("PATH", "/usr/bin:/bin"), missing)
 
     async def start_ssh(self) -> int:
-        """Start the SSH server; returns its port once it accepts connections."""
+        """Start the stand-ins' answering service, then the SSH server; returns the
+        SSH port once it accepts connections."""
+        await self._service.start()
         self.ssh_port = await self._ssh.start()
         return self.ssh_port
 
@@ -297,6 +302,7 @@ class Instance:
         self.stopped = True
         ssh_groups = await self._ssh.stop_accepting()
         await kill_instance_processes(self._groups | ssh_groups, str(self.spec_path))
+        await self._service.stop()
         if silent:
             self._frozen_until = asyncio.create_task(self._thaw_later())
         else:

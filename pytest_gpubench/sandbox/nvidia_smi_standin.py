@@ -26,12 +26,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .gpu_readings import GpuReading, read_gpus
 from .instance_spec import InstanceSpec, load_instance_spec
 from .nvidia_smi_render import log_nodes, render_list, render_table, render_text, render_xml
+from .standin_answer import Answer
 
 INVALID_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
 DRIVER_FAILURE = (
@@ -210,12 +211,20 @@ def _select(gpus: list[GpuReading], ids: list[str] | None) -> list[GpuReading]:
     return chosen
 
 
-def _na_fields() -> set[str]:
-    return {f.strip() for f in os.environ.get(NA_ENV, "").split(",") if f.strip()}
+def na_fields(environ: Mapping[str, str]) -> frozenset[str]:
+    """The fields the ``GPUBENCH_SANDBOX_SMI_NA`` knob reports as ``[N/A]``."""
+    return frozenset(f.strip() for f in environ.get(NA_ENV, "").split(",") if f.strip())
 
 
-def gpu_csv(spec: InstanceSpec, gpus: list[GpuReading], names: list[str], fmt: set[str], header: bool) -> str:
-    """The CSV answer to ``--query-gpu``."""
+def gpu_csv(
+    spec: InstanceSpec,
+    gpus: list[GpuReading],
+    names: list[str],
+    fmt: set[str],
+    header: bool,
+    na: frozenset[str] = frozenset(),
+) -> str:
+    """The CSV answer to ``--query-gpu`` (``na``: fields to report as ``[N/A]``)."""
     fields = []
     for name in names:
         found = query_field(name)
@@ -223,7 +232,6 @@ def gpu_csv(spec: InstanceSpec, gpus: list[GpuReading], names: list[str], fmt: s
             raise UsageError(f'Field "{name}" is not a valid field to query.\n')
         fields.append(found)
     units = "nounits" not in fmt
-    na = _na_fields()
     lines = []
     if header and "noheader" not in fmt:
         lines.append(", ".join(f"{f.name} [{f.unit}]" if f.unit else f.name for f in fields))
@@ -282,49 +290,66 @@ def apps_csv(gpus: list[GpuReading], names: list[str], fmt: set[str], header: bo
     return "".join(line + "\n" for line in lines)
 
 
-def render(spec: InstanceSpec, opts: Options, first: bool) -> str:
+def render(spec: InstanceSpec, opts: Options, first: bool, na: frozenset[str] = frozenset()) -> str:
     """One answer (one loop iteration) as text."""
     gpus = _select(read_gpus(spec), opts.ids)
     if opts.query_gpu is not None:
-        return gpu_csv(spec, gpus, opts.query_gpu, opts.fmt or {"csv"}, header=first)
+        return gpu_csv(spec, gpus, opts.query_gpu, opts.fmt or {"csv"}, header=first, na=na)
     if opts.query_apps is not None:
         return apps_csv(gpus, opts.query_apps, opts.fmt or {"csv"}, header=first)
     if opts.list_gpus:
         return render_list(gpus)
     if opts.query or opts.xml:
-        nodes = log_nodes(spec, gpus, _na_fields())
+        nodes = log_nodes(spec, gpus, set(na))
         return render_xml(nodes) if opts.xml else render_text(nodes)
     return render_table(spec, gpus)
+
+
+def one_shot(argv: Sequence[str], environ: Mapping[str, str]) -> Answer | Options:
+    """The whole answer to ``nvidia-smi argv`` in ``environ``, or, for a loop
+    (``-l``/``-lms``), its parsed options: only a running process can answer that."""
+    try:
+        spec = load_instance_spec(environ)
+    except RuntimeError as exc:
+        return Answer(stderr=f"Error: {exc}\n", status=9)
+    if environ.get(FAULT_ENV, "").strip() == "driver":
+        return Answer(stdout=DRIVER_FAILURE + "\n", status=9)
+    if spec.gpu.count == 0:
+        return Answer(stdout="No devices were found\n", status=6)
+    try:
+        opts = parse_args(argv)
+        if opts.loop_s is not None:
+            return opts
+        return Answer(stdout=render(spec, opts, True, na_fields(environ)))
+    except UsageError as exc:
+        return Answer(stdout=f"{exc}\n", status=2)
+    except LookupError as exc:
+        return Answer(stdout=f"{exc}\n", status=6)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``nvidia-smi`` with ``argv``; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
+    answer = one_shot(args, os.environ)
+    if isinstance(answer, Answer):
+        return answer.emit()
+    return _loop(load_instance_spec(), answer, na_fields(os.environ))
+
+
+def _loop(spec: InstanceSpec, opts: Options, na: frozenset[str]) -> int:
+    """Print an answer every ``opts.loop_s`` seconds until interrupted."""
+    assert opts.loop_s is not None
     try:
-        spec = load_instance_spec()
-    except RuntimeError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        return 9
-    if os.environ.get(FAULT_ENV, "").strip() == "driver":
-        print(DRIVER_FAILURE)
-        return 9
-    if spec.gpu.count == 0:
-        print("No devices were found")
-        return 6
-    try:
-        opts = parse_args(args)
         first = True
         due = time.monotonic()
         while True:
-            sys.stdout.write(render(spec, opts, first))
+            sys.stdout.write(render(spec, opts, first, na))
             sys.stdout.flush()
             first = False
-            if opts.loop_s is None:
-                return 0
             # Absolute schedule: samples stay on the interval however long one takes.
             due += opts.loop_s
             time.sleep(max(0.0, due - time.monotonic()))
-    except UsageError as exc:
+    except UsageError as exc:  # an unknown field shows when the first sample renders
         print(exc)
         return 2
     except LookupError as exc:

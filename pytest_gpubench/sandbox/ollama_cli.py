@@ -10,15 +10,19 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import httpx
 
 from .ollama_common import OllamaHost, go_duration, human_bytes, human_time
+from .standin_answer import Answer
 
 NO_SERVER = "could not connect to ollama app, is it running?"
 _TIMEOUT = httpx.Timeout(None, connect=5.0)
+#: How long ``ollama --version`` waits for the server (connect, and then the answer).
+VERSION_TIMEOUT_S = 5.0
 
 
 class CliError(Exception):
@@ -77,19 +81,33 @@ def _parse_time(value: str) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-def print_version(host: OllamaHost, client_version: str) -> int:
-    """``ollama --version``: the server's version, warnings when there is none or it differs."""
-    server_version = ""
+@dataclass(frozen=True)
+class VersionQuery:
+    """``ollama --version``: its answer depends on what the server at ``host`` says."""
+
+    host: OllamaHost
+    client_version: str
+
+    def answer(self, server_version: str | None) -> Answer:
+        """The answer, given the server's version (None: no server answered)."""
+        lines = []
+        if server_version is None:
+            lines.append("Warning: could not connect to a running Ollama instance")
+        if server_version:
+            lines.append(f"ollama version is {server_version}")
+        if (server_version or "") != self.client_version:
+            lines.append(f"Warning: client version is {self.client_version}")
+        return Answer(stdout="".join(line + "\n" for line in lines))
+
+
+def fetch_server_version(host: OllamaHost) -> str | None:
+    """``GET /api/version`` of the server at ``host``: its version ("" if it names
+    none), or None when nothing answers."""
     try:
-        response = httpx.get(f"{host.base_url}/api/version", timeout=5.0, trust_env=False)
-        server_version = response.json().get("version", "")
+        response = httpx.get(f"{host.base_url}/api/version", timeout=VERSION_TIMEOUT_S, trust_env=False)
+        return response.json().get("version", "")
     except (httpx.HTTPError, ValueError):
-        print("Warning: could not connect to a running Ollama instance")
-    if server_version:
-        print(f"ollama version is {server_version}")
-    if server_version != client_version:
-        print(f"Warning: client version is {client_version}")
-    return 0
+        return None
 
 
 def cmd_pull(client: Client, args: argparse.Namespace) -> None:

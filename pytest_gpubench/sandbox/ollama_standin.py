@@ -40,11 +40,12 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from .instance_spec import load_instance_spec
-from .ollama_cli import COMMANDS, print_version, run_command
+from .ollama_cli import COMMANDS, VersionQuery, fetch_server_version, run_command
 from .ollama_common import parse_ollama_host
+from .standin_answer import Answer
 
 USAGE = """Large language model runner
 
@@ -67,20 +68,34 @@ Flags:
 """
 
 
+def one_shot(argv: Sequence[str], environ: Mapping[str, str]) -> Answer | VersionQuery | None:
+    """The answer to ``ollama argv`` when it needs no running process: an :class:`Answer`,
+    a :class:`VersionQuery` (``--version``: ask the server, then answer), or None for
+    ``serve`` and the HTTP client commands, which only this program runs."""
+    args = list(argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        return Answer(stdout=USAGE)
+    try:
+        spec = load_instance_spec(environ)
+    except RuntimeError as exc:
+        return Answer(stderr=f"Error: {exc}\n", status=1)
+    if args[0] in ("-v", "--version"):
+        return VersionQuery(parse_ollama_host(environ.get("OLLAMA_HOST")), spec.ollama.version)
+    if args[0] != "serve" and args[0] not in COMMANDS:
+        return Answer(stderr=f'Error: unknown command "{args[0]}" for "ollama"\n', status=1)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Dispatch ``ollama`` arguments; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help", "help"):
-        print(USAGE, end="")
-        return 0
-    try:
-        spec = load_instance_spec()
-    except RuntimeError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        return 1
+    step = one_shot(args, os.environ)
+    if isinstance(step, Answer):
+        return step.emit()
+    if isinstance(step, VersionQuery):
+        return step.answer(fetch_server_version(step.host)).emit()
+    spec = load_instance_spec()
     host = parse_ollama_host(os.environ.get("OLLAMA_HOST"))
-    if args[0] in ("-v", "--version"):
-        return print_version(host, spec.ollama.version)
     if args[0] == "serve":
         # Imported here so that CLI calls do not pay for loading aiohttp.
         from .ollama_engine import EngineSettings
@@ -94,9 +109,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("GPUBENCH_SANDBOX_FINE_TIMERS") == "1":
             return run_with_fine_timers(serve(spec, host, settings))
         return asyncio.run(serve(spec, host, settings))
-    if args[0] not in COMMANDS:
-        print(f'Error: unknown command "{args[0]}" for "ollama"', file=sys.stderr)
-        return 1
     return run_command(args, host)
 
 

@@ -1,11 +1,15 @@
 """The small programs in a sandbox instance's ``bin/``, and the ``curl`` shim itself.
 
-Each stand-in (``nvidia-smi``, ``ollama``, ``df``) is a two-line ``sh`` wrapper that runs a
-module of this package with the sandbox's own Python, so the instance needs nothing
+Each stand-in (``nvidia-smi``, ``ollama``, ``df``) is a small ``sh`` wrapper. Given the
+instance's answering-service socket (:mod:`.standin_service`), it first asks that
+service with the host's real ``curl --unix-socket``, which answers one-shot calls
+without starting Python; a call the service declines, or a sandbox that is gone, runs
+the stand-in module with the sandbox's own Python, so the instance needs nothing
 installed. ``curl`` is a wrapper too: for exactly ``https://ollama.com/install.sh``
 it answers an install script that, piped to ``sh``, takes the (time-scaled) install
 time and writes the ``ollama`` wrapper into ``bin/``; any other URL goes to the real
-``curl``. So the real default install command works unchanged on an instance::
+``curl``, found on ``PATH`` by the wrapper itself. So the real default install
+command works unchanged on an instance::
 
     curl -fsSL https://ollama.com/install.sh | sh
 
@@ -14,50 +18,166 @@ Run as ``python -m pytest_gpubench.sandbox.shims curl BIN_DIR ARGS...``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+
+from .standin_answer import Answer
 
 INSTALL_URL = "https://ollama.com/install.sh"
 INSTANCE_ENV = "GPUBENCH_SANDBOX_INSTANCE"
 # The directory that holds the pytest_gpubench package: wrappers put it on
 # PYTHONPATH so the stand-ins import even when the package is not installed.
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+SOCKET_NAME = "standin.sock"
+#: A Unix socket path must fit ``sun_path`` (108 bytes on Linux, 104 on macOS).
+_MAX_SOCKET_PATH = 100
+#: What each wrapper tells the service of its environment (when set). TZ for all:
+#: answers with a timestamp are local time, which the service only gives in its own zone.
+FORWARDED_ENV: dict[str, tuple[str, ...]] = {
+    "nvidia-smi": ("TZ", "GPUBENCH_SANDBOX_SMI_NA", "GPUBENCH_SANDBOX_SMI_FAULT"),
+    "ollama": ("TZ", "OLLAMA_HOST"),
+    "df": ("TZ",),
+    "curl": ("TZ",),
+}
+#: Programs that also send their working directory (``df PATH`` looks PATH up there).
+SENDS_CWD = frozenset({"df"})
+NVIDIA_SMI_MODULE = "pytest_gpubench.sandbox.nvidia_smi_standin"
+OLLAMA_MODULE = "pytest_gpubench.sandbox.ollama_standin"
+DF_MODULE = "pytest_gpubench.sandbox.df_standin"
+SHIMS_MODULE = "pytest_gpubench.sandbox.shims"
 
 
-def module_wrapper(module: str, *fixed_args: str, python: str | None = None) -> str:
-    """An ``sh`` script that runs ``python -m <module> [fixed args] "$@"``."""
+def socket_path_for(bin_dir: Path) -> Path:
+    """The answering service's socket of the instance whose ``bin/`` is ``bin_dir``:
+    ``<instance>/run/standin.sock``, or, when that path is too long for a socket, one
+    under ``/tmp`` named after ``bin_dir`` (so the ``curl`` shim finds it from its argument)."""
+    beside = bin_dir.parent / "run" / SOCKET_NAME
+    if len(os.fsencode(beside)) <= _MAX_SOCKET_PATH:
+        return beside
+    digest = hashlib.sha256(os.fsencode(bin_dir)).hexdigest()[:16]
+    return Path("/tmp") / f"gpubench-{digest}" / SOCKET_NAME
+
+
+def _python_lines(module: str, fixed_args: tuple[str, ...], python: str | None) -> str:
+    """The wrapper's tail: run ``python -m <module> [fixed args] "$@"``."""
     python = python or sys.executable
     fixed = "".join(f" {shlex.quote(arg)}" for arg in fixed_args)
     return (
-        "#!/bin/sh\n"
-        "# gpubench sandbox stand-in (pytest_gpubench.sandbox)\n"
         f'PYTHONPATH={shlex.quote(str(PACKAGE_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}\n'
         "export PYTHONPATH\n"
         f'exec {shlex.quote(python)} -m {module}{fixed} "$@"\n'
     )
 
 
-def ollama_wrapper() -> str:
+def module_wrapper(module: str, *fixed_args: str, python: str | None = None) -> str:
+    """An ``sh`` script that runs ``python -m <module> [fixed args] "$@"``."""
+    return "#!/bin/sh\n# gpubench sandbox stand-in (pytest_gpubench.sandbox)\n" + _python_lines(
+        module, fixed_args, python
+    )
+
+
+def _ask_service(program: str, socket: Path, curl: str) -> str:
+    """``sh`` lines that ask the service about ``program "$@"`` and replay its answer.
+
+    Arguments and variables travel as url-encoded form fields (curl encodes them, so
+    no text of the call is ever parsed by a shell); a variable that is unset is not
+    sent. A failed ask (no service, a declined call: HTTP 404) falls through.
+    """
+    env_fields = "".join(
+        f' ${{{name}+--data-urlencode}} ${{{name}+"env={name}=${name}"}}' for name in FORWARDED_ENV[program]
+    )
+    cwd_field = ' --data-urlencode "cwd=$PWD"' if program in SENDS_CWD else ""
+    return (
+        "gpubench_ask() {\n"
+        '  for gpubench_arg do shift; set -- "$@" --data-urlencode "arg=$gpubench_arg"; done\n'
+        f"  exec {shlex.quote(curl)} -q -sf --noproxy '*' --unix-socket {shlex.quote(str(socket))} \\\n"
+        f'    --data-urlencode "instance=${{{INSTANCE_ENV}-}}"{env_fields}{cwd_field} \\\n'
+        f'    "$@" {shlex.quote("http://standin/" + program)}\n'
+        "}\n"
+        'if gpubench_answer=$(gpubench_ask "$@" 2>/dev/null); then eval "$gpubench_answer"; fi\n'
+    )
+
+
+def host_curl(bin_dir: Path) -> str | None:
+    """The real ``curl`` the wrappers talk to the service with: the first on PATH that
+    is not the instance's shim, links resolved (so the sandbox and a Python stand-in on
+    the instance, whose PATH starts with ``bin/``, name the same one)."""
+    found = _real_curl(bin_dir)
+    return os.path.realpath(found) if found else None
+
+
+def service_wrapper(program: str, module: str, *fixed_args: str, bin_dir: Path | None) -> str:
+    """``program``'s wrapper for the instance whose ``bin/`` is ``bin_dir``: ask the
+    instance's service, else run the module.
+
+    Without ``bin_dir``, or without a real ``curl``, it is the plain :func:`module_wrapper`.
+    """
+    curl = host_curl(bin_dir) if bin_dir is not None else None
+    if bin_dir is None or curl is None:
+        return module_wrapper(module, *fixed_args)
+    return (
+        "#!/bin/sh\n"
+        "# gpubench sandbox stand-in (pytest_gpubench.sandbox): the instance's answering\n"
+        "# service answers one-shot calls; the calls it declines run the Python module.\n"
+        + _ask_service(program, socket_path_for(bin_dir), curl)
+        + _python_lines(module, fixed_args, None)
+    )
+
+
+def ollama_wrapper(bin_dir: Path | None = None) -> str:
     """The ``ollama`` command: the other stand-in module of this package."""
-    return module_wrapper("pytest_gpubench.sandbox.ollama_standin")
+    return service_wrapper("ollama", OLLAMA_MODULE, bin_dir=bin_dir)
 
 
-def nvidia_smi_wrapper() -> str:
+def nvidia_smi_wrapper(bin_dir: Path | None = None) -> str:
     """The ``nvidia-smi`` command."""
-    return module_wrapper("pytest_gpubench.sandbox.nvidia_smi_standin")
+    return service_wrapper("nvidia-smi", NVIDIA_SMI_MODULE, bin_dir=bin_dir)
 
 
-def df_wrapper() -> str:
+def df_wrapper(bin_dir: Path | None = None) -> str:
     """The ``df`` command: the instance's emulated disk."""
-    return module_wrapper("pytest_gpubench.sandbox.df_standin")
+    return service_wrapper("df", DF_MODULE, bin_dir=bin_dir)
 
 
 def curl_wrapper(bin_dir: Path) -> str:
-    """The ``curl`` command; it needs its own directory to find the real curl."""
-    return module_wrapper("pytest_gpubench.sandbox.shims", "curl", str(bin_dir))
+    """The ``curl`` command; it needs its own directory to find the real curl.
+
+    Only exactly the install URL is the shim's (asked of the service, else Python);
+    everything else is ``exec``'d from ``sh`` to the first other ``curl`` on ``PATH``,
+    as :func:`_real_curl` would choose it, without starting Python.
+    """
+    curl = host_curl(bin_dir)
+    if curl is None:
+        return module_wrapper(SHIMS_MODULE, "curl", str(bin_dir))
+    own = shlex.quote(str(bin_dir))
+    return (
+        "#!/bin/sh\n"
+        "# gpubench sandbox curl shim (pytest_gpubench.sandbox): the Ollama install URL is\n"
+        "# the sandbox's; any other call goes to the real curl.\n"
+        "gpubench_urls=0 gpubench_install=\n"
+        "for gpubench_arg do\n"
+        '  case $gpubench_arg in http://*|https://*)\n'
+        "    gpubench_urls=$((gpubench_urls + 1))\n"
+        f'    [ "$gpubench_arg" = {shlex.quote(INSTALL_URL)} ] && gpubench_install=1;;\n'
+        "  esac\n"
+        "done\n"
+        'if [ "$gpubench_urls" = 1 ] && [ -n "$gpubench_install" ]; then\n'
+        + _ask_service("curl", socket_path_for(bin_dir), curl)
+        + _python_lines(SHIMS_MODULE, ("curl", str(bin_dir)), None)
+        + "fi\n"
+        "set -f; IFS=:\n"
+        "for gpubench_dir in ${PATH-}; do\n"
+        f'  if [ -z "$gpubench_dir" ] || [ "$gpubench_dir" -ef {own} ]; then continue; fi\n'
+        '  if [ -f "$gpubench_dir/curl" ] && [ -x "$gpubench_dir/curl" ]; then exec "$gpubench_dir/curl" "$@"; fi\n'
+        "done\n"
+        "echo 'curl: command not found' >&2\n"
+        "exit 127\n"
+    )
 
 
 def write_executable(path: Path, text: str) -> None:
@@ -86,7 +206,7 @@ status "Installing ollama to /usr/local"
 status "Downloading Linux amd64 bundle"
 sleep {max(install_seconds, 0.0):.3f}
 cat > {partial} <<'GPUBENCH_SANDBOX_EOF'
-{ollama_wrapper()}GPUBENCH_SANDBOX_EOF
+{ollama_wrapper(bin_dir)}GPUBENCH_SANDBOX_EOF
 chmod 755 {partial}
 mv -f {partial} {shlex.quote(str(target))}
 status "Creating ollama user..."
@@ -98,9 +218,9 @@ status 'Install complete. Run "ollama" from the command line.'
 """
 
 
-def _scaled_install_seconds() -> float:
+def _scaled_install_seconds(environ: Mapping[str, str]) -> float:
     """The install time of this instance, shrunk by its time scale (0 if unknown)."""
-    path = os.environ.get(INSTANCE_ENV)
+    path = environ.get(INSTANCE_ENV)
     if not path:
         return 0.0
     try:
@@ -134,17 +254,27 @@ def _real_curl(bin_dir: Path) -> str | None:
     return None
 
 
+def _asks_install_url(args: list[str]) -> bool:
+    return [a for a in args if a.startswith(("http://", "https://"))] == [INSTALL_URL]
+
+
+def install_answer(bin_dir: Path, args: list[str], environ: Mapping[str, str]) -> Answer | None:
+    """What ``curl args`` prints when it asks for exactly the install URL on stdout,
+    else None (another URL, or ``-o FILE``: only a process on the instance does those)."""
+    if not _asks_install_url(args) or _output_target(args) is not None:
+        return None
+    return Answer(stdout=install_script(bin_dir, _scaled_install_seconds(environ)))
+
+
 def curl_main(bin_dir: Path, args: list[str]) -> int:
     """Answer the Ollama install URL here; hand anything else to the real curl."""
-    urls = [a for a in args if a.startswith(("http://", "https://"))]
-    if urls == [INSTALL_URL]:
-        script = install_script(bin_dir, _scaled_install_seconds())
+    if _asks_install_url(args):
+        answer = install_answer(bin_dir, args, os.environ)
+        if answer is not None:
+            return answer.emit()
         target = _output_target(args)
-        if target is None:
-            sys.stdout.write(script)
-            sys.stdout.flush()
-        else:
-            Path(target).write_text(script, encoding="utf-8")
+        assert target is not None
+        Path(target).write_text(install_script(bin_dir, _scaled_install_seconds(os.environ)), encoding="utf-8")
         return 0
     real = _real_curl(bin_dir)
     if real is None:
