@@ -1,51 +1,60 @@
-"""Fixtures shared by the tests: the emulated GPU Shopper in-process (one per test module)
-or standalone, as a user starts it. Shared helpers live in plain modules (e2e_helpers.py)."""
+"""What every tier shares: fixtures used in more than one tier, and the tiers themselves.
+
+The tests live in three folders (README, "Tests"): ``unit/`` (the package's logic in
+this process), ``plugin/`` (pytest running the plugin: pytester or a pytest
+subprocess, no sandbox) and ``e2e/`` (anything on the sandbox; its fixtures are in
+``e2e/conftest.py``). Each item gets its folder's marker, so ``-m "not e2e"`` works
+as ``pytest tests/unit tests/plugin`` does. Shared helpers live in plain modules next
+to this file (e2e_helpers.py, polling.py, ...): this folder is on ``sys.path`` for
+every tier (pytest's default ``prepend`` import mode puts a rootless conftest's folder there).
+"""
 
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
-from collections.abc import Iterator
+from pathlib import Path
 
-import httpx
 import pytest
 
-from pytest_gpubench.sandbox import SandboxThread
-
-DEFAULT_TIME_SCALE = 0.01
-
-
-@pytest.fixture(scope="module")
-def sandbox(request: pytest.FixtureRequest) -> Iterator[SandboxThread]:
-    """A sandbox on a free loopback port for this module's tests, at the module's
-    ``TIME_SCALE`` (default 0.01: a 5-minute wait takes 3 s), with its ``SANDBOX_CATALOG``
-    (default: the shipped catalog)."""
-    with SandboxThread(time_scale=getattr(request.module, "TIME_SCALE", DEFAULT_TIME_SCALE),
-                       catalog=getattr(request.module, "SANDBOX_CATALOG", None)) as running:
-        yield running
+HERE = Path(__file__).parent
+#: Folder -> marker, in the order the tiers start: the long end-to-end tests first, so
+#: that under ``-n auto`` no worker is left alone with one at the end of the run.
+TIERS = {"e2e": "end-to-end: runs on the sandbox (its API, instances or stand-in programs)",
+         "plugin": "pytest runs the plugin (pytester or a pytest subprocess), no sandbox",
+         "unit": "the package's logic in this process"}
 
 
-@pytest.fixture(scope="module")
-def api(sandbox: SandboxThread) -> Iterator[httpx.Client]:
-    """An HTTP client for :func:`sandbox`."""
-    with httpx.Client(base_url=sandbox.url, timeout=30) as client:
-        yield client
+def pytest_configure(config: pytest.Config) -> None:
+    for tier, what in TIERS.items():
+        config.addinivalue_line("markers", f"{tier}: {what}")
 
 
-@pytest.fixture
-def standalone_sandbox() -> Iterator[str]:
-    """``gpubench sandbox`` as a user starts it, on a free port; yields its URL."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pytest_gpubench.commands.cli", "sandbox", "--port", "0", "--time-scale", "0.02",
-         "--exit-with-stdin"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
-    line = process.stdout.readline()
-    assert line.startswith("GPUBENCH_SANDBOX_URL="), line
-    yield line.split("=", 1)[1].strip()
-    process.terminate()
-    process.wait(30)
+def tier_of(item: pytest.Item) -> str | None:
+    """The tier folder ``item`` lives in, if it is one of this suite's tests."""
+    try:
+        relative = Path(item.path).relative_to(HERE)
+    except ValueError:
+        return None
+    return relative.parts[0] if len(relative.parts) > 1 and relative.parts[0] in TIERS else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tier; start the slow tests, e2e before the rest, first.
+
+    xdist hands the first quarter of the tests out round robin and the rest on demand:
+    long tests at the front are spread over the workers, short ones fill the end. The
+    sort is stable, so a module's tests stay together and in their order.
+    """
+    rank = {tier: position for position, tier in enumerate(TIERS)}
+    for item in items:
+        tier = tier_of(item)
+        if tier is not None:
+            item.add_marker(tier)
+
+    def start_order(item: pytest.Item) -> tuple[int, int]:
+        return (0 if item.get_closest_marker("slow") else 1, rank.get(tier_of(item), len(rank)))
+
+    items.sort(key=start_order)
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from pytest_gpubench.report.html import render_html
 from pytest_gpubench.report.markdown import render_markdown
 from pytest_gpubench.measure.results import BenchmarkResult, HardwareInfo, ModelInfo, PerformanceResults, TestConfig
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DURATION = 200.0
 
 
