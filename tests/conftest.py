@@ -6,7 +6,8 @@ subprocess, no sandbox) and ``e2e/`` (anything on the sandbox; its fixtures are 
 ``e2e/conftest.py``). Each item gets its folder's marker, so ``-m "not e2e"`` works
 as ``pytest tests/unit tests/plugin`` does. Shared helpers live in plain modules next
 to this file (e2e_helpers.py, polling.py, ...): this folder is on ``sys.path`` for
-every tier (pytest's default ``prepend`` import mode puts a rootless conftest's folder there).
+every tier (under pytest's default ``prepend`` import mode, the folder of a conftest.py that is
+in no package goes on ``sys.path``).
 """
 
 from __future__ import annotations
@@ -17,16 +18,10 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
-#: Folder -> marker, in the order the tiers start: the long end-to-end tests first, so
-#: that under ``-n auto`` no worker is left alone with one at the end of the run.
-TIERS = {"e2e": "end-to-end: runs on the sandbox (its API, instances or stand-in programs)",
-         "plugin": "pytest runs the plugin (pytester or a pytest subprocess), no sandbox",
-         "unit": "the package's logic in this process"}
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    for tier, what in TIERS.items():
-        config.addinivalue_line("markers", f"{tier}: {what}")
+#: The tier folders, each its marker (registered in pyproject.toml), in the order they
+#: are collected: the long end-to-end tests first, so that under ``-n auto`` no worker
+#: is left alone with one at the end of the run.
+TIERS = ("e2e", "plugin", "unit")
 
 
 def tier_of(item: pytest.Item) -> str | None:
@@ -39,22 +34,20 @@ def tier_of(item: pytest.Item) -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its tier; start the slow tests, e2e before the rest, first.
+    """Mark each test with its tier, and collect the e2e tier first.
 
-    xdist hands the first quarter of the tests out round robin and the rest on demand:
-    long tests at the front are spread over the workers, short ones fill the end. The
-    sort is stable, so a module's tests stay together and in their order.
+    Under ``-n auto`` xdist's ``load`` schedule hands each worker a contiguous quarter
+    of its share of the collection first and the rest on demand, so the long e2e tests
+    start early on both workers and the short unit tests fill the end. (Putting every
+    ``slow`` test first is worse: they all land in the first worker's first chunk.)
+    The sort is stable: a module's tests stay together, in their order.
     """
     rank = {tier: position for position, tier in enumerate(TIERS)}
     for item in items:
         tier = tier_of(item)
         if tier is not None:
             item.add_marker(tier)
-
-    def start_order(item: pytest.Item) -> tuple[int, int]:
-        return (0 if item.get_closest_marker("slow") else 1, rank.get(tier_of(item), len(rank)))
-
-    items.sort(key=start_order)
+    items.sort(key=lambda item: rank.get(tier_of(item), len(rank)))
 
 
 @pytest.fixture

@@ -573,7 +573,7 @@ def test_index_html_renders_its_charts_in_chromium_without_errors(tmp_path, mani
 
 # ------------------------------------------------------- a real sandbox run
 
-TIME_SCALE = 0.02  # the module's sandbox (tests/conftest.py)
+TIME_SCALE = 0.02  # the module's sandbox (tests/e2e/conftest.py)
 
 
 @pytest.mark.slow
