@@ -1,51 +1,67 @@
-"""Fixtures shared by the tests: the emulated GPU Shopper in-process (one per test module)
-or standalone, as a user starts it. Shared helpers live in plain modules (e2e_helpers.py)."""
+"""What every tier shares: fixtures used in more than one tier, and the tiers themselves.
+
+The tests live in three folders (README, "Tests"): ``unit/`` (the package's logic in
+this process), ``plugin/`` (pytest running the plugin: pytester or a pytest
+subprocess, no sandbox) and ``e2e/`` (anything on the sandbox; its fixtures are in
+``e2e/conftest.py``). Each item gets its folder's marker, so ``-m "not e2e"`` works
+as ``pytest tests/unit tests/plugin`` does. Shared helpers live in plain modules next
+to this file (e2e_helpers.py, polling.py, ...): this folder is on ``sys.path`` for
+every tier (under pytest's default ``prepend`` import mode, the folder of a conftest.py that is
+in no package goes on ``sys.path``).
+"""
 
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
-from collections.abc import Iterator
+from pathlib import Path
 
-import httpx
 import pytest
 
-from pytest_gpubench.sandbox import SandboxThread
-
-DEFAULT_TIME_SCALE = 0.01
-
-
-@pytest.fixture(scope="module")
-def sandbox(request: pytest.FixtureRequest) -> Iterator[SandboxThread]:
-    """A sandbox on a free loopback port for this module's tests, at the module's
-    ``TIME_SCALE`` (default 0.01: a 5-minute wait takes 3 s), with its ``SANDBOX_CATALOG``
-    (default: the shipped catalog)."""
-    with SandboxThread(time_scale=getattr(request.module, "TIME_SCALE", DEFAULT_TIME_SCALE),
-                       catalog=getattr(request.module, "SANDBOX_CATALOG", None)) as running:
-        yield running
+HERE = Path(__file__).parent
+#: The tier folders, each its marker (registered in pyproject.toml), in the order they
+#: are collected: the long end-to-end tests first, so that under ``-n auto`` no worker
+#: is left alone with one at the end of the run.
+TIERS = ("e2e", "plugin", "unit")
 
 
-@pytest.fixture(scope="module")
-def api(sandbox: SandboxThread) -> Iterator[httpx.Client]:
-    """An HTTP client for :func:`sandbox`."""
-    with httpx.Client(base_url=sandbox.url, timeout=30) as client:
-        yield client
+def tier_of(item: pytest.Item) -> str | None:
+    """The tier folder ``item`` lives in, if it is one of this suite's tests."""
+    try:
+        relative = Path(item.path).relative_to(HERE)
+    except ValueError:
+        return None
+    return relative.parts[0] if len(relative.parts) > 1 and relative.parts[0] in TIERS else None
 
 
-@pytest.fixture
-def standalone_sandbox() -> Iterator[str]:
-    """``gpubench sandbox`` as a user starts it, on a free port; yields its URL."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pytest_gpubench.commands.cli", "sandbox", "--port", "0", "--time-scale", "0.02",
-         "--exit-with-stdin"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
-    line = process.stdout.readline()
-    assert line.startswith("GPUBENCH_SANDBOX_URL="), line
-    yield line.split("=", 1)[1].strip()
-    process.terminate()
-    process.wait(30)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tier, and collect the e2e tier first (the sort is stable:
+    a module's tests stay together, in their order)."""
+    rank = {tier: position for position, tier in enumerate(TIERS)}
+    for item in items:
+        tier = tier_of(item)
+        if tier is not None:
+            item.add_marker(tier)
+    items.sort(key=lambda item: rank.get(tier_of(item), len(rank)))
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent under -p no:xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``-n auto`` without a ``--dist`` of the caller's: xdist's ``worksteal`` schedule.
+
+    ``load`` hands out fixed runs of tests by count: the ~45 slow e2e tests, a few
+    percent of the suite and two thirds of its time, end up in one worker's share
+    while the other finishes early and idles (824 s against 505 s of work per worker,
+    simulated with measured durations; 826 s measured). ``worksteal`` splits the
+    collection in halves and lets an idle worker take half of the other's queue, so
+    with the long e2e tests collected first both workers finish together.
+    """
+    chosen = config.getoption("distload") or any(arg == "--dist" or arg.startswith("--dist=")
+                                                  for arg in config.invocation_params.args)
+    if config.getoption("dist") != "load" or chosen:
+        return None
+    from xdist.scheduler import WorkStealingScheduling
+
+    return WorkStealingScheduling(config, log)
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ concrete API: the fixtures and provisioning (offers, create, wait, SSH details),
 the session watch and the session pool (a session's state), and cleanup (the
 sessions a run owns, release). :class:`~pytest_gpubench.cloud.shopper_provider.ShopperProvider`
 (GPU Shopper) implements it; :mod:`.registry` maps a matrix's ``cloud:`` name to
-an implementation, and ``tests/test_provider_contract.py`` is the suite every
+an implementation, and ``tests/e2e/test_provider_contract.py`` is the suite every
 implementation passes.
 
 The vocabulary (``Offer``, ``Session``, ``CreatedSession``) is GPU Shopper's,

@@ -5,7 +5,7 @@ implementation; the matrix's ``provider:`` stays what it always was, the
 marketplace behind GPU Shopper (``vastai``, ``tensordock``). This is the one
 place a provider is built: the run (``RunContext.provider_for``), ``gpubench
 cleanup``, ``gpubench offers`` and ``gpubench plan`` come here. A new implementation adds a line to
-:data:`PROVIDERS` and gets the contract suite (``tests/test_provider_contract.py``)
+:data:`PROVIDERS` and gets the contract suite (``tests/e2e/test_provider_contract.py``)
 for free.
 """
 

@@ -25,7 +25,7 @@ KNOWN_PROVIDERS: tuple[str, ...] = ("vastai", "tensordock", "bluelobster")
 """Providers a matrix may name (GPU Shopper's provider names)."""
 RUNTIME_NAMES: tuple[str, ...] = ("ollama",)
 """Runtimes a matrix may name, the first the default: the names ``runtimes/registry.py`` implements
-(``tests/test_runtime_contract.py`` keeps the two lists equal; the matrix cannot import the runtimes)."""
+(``tests/e2e/test_runtime_contract.py`` keeps the two lists equal; the matrix cannot import the runtimes)."""
 DEFAULT_RUNTIME = RUNTIME_NAMES[0]
 
 MAX_DURATION_S = 24 * 3600.0

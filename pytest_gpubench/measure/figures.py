@@ -4,7 +4,7 @@ Every output that lists a result's figures reads this table: the JUnit propertie
 (``gpubench_<name>``, :mod:`.record`), the CSV export (a column ``<name>`` each,
 :mod:`.export`) and the terminal summary's columns (``--gpubench-columns``,
 :mod:`.summary_table`). Adding a figure is one :class:`Figure` entry here (and its
-definition in docs/metrics.md, which ``tests/test_figures.py`` checks).
+definition in docs/metrics.md, which ``tests/plugin/test_summary_columns.py`` checks).
 
 A figure is read from the stored result: the GPU Shopper ``BenchmarkResult`` as a
 JSON mapping, and the ``details`` mapping (``details_json``: ``metrics`` is

@@ -18,7 +18,7 @@ have no public way:
   minutes more, the manifest row overwritten). :func:`_count_crashed_as_done`
   reads the scheduler's ``assigned_work`` for that: the only private name used.
 
-``tests/test_xdist_contract.py`` drives this class through the ``Scheduling``
+``tests/plugin/test_xdist_contract.py`` drives this class through the ``Scheduling``
 protocol with the installed xdist and fails, naming what changed, when either
 behaviour breaks; pyproject.toml bounds the xdist versions it was checked with.
 """

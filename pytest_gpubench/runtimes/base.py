@@ -9,7 +9,7 @@ A cell's fixtures drive a runtime through one instance over SSH, in this order::
 
 Everything above this folder (fixtures, the cell's benchmark, repeats, session
 reuse) speaks :class:`Runtime`, never an implementation; :mod:`.registry` builds
-the one a cell's ``runtime:`` names. ``tests/test_runtime_contract.py`` runs the
+the one a cell's ``runtime:`` names. ``tests/e2e/test_runtime_contract.py`` runs the
 same suite against every registered implementation over real SSH to the sandbox.
 """
 

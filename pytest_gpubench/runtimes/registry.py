@@ -2,7 +2,7 @@
 
 A new runtime is a module in this folder implementing :class:`~.base.Runtime`, an
 entry in :data:`RUNTIMES`, and its name in ``matrix/fields.py``'s ``RUNTIME_NAMES``;
-``tests/test_runtime_contract.py`` then runs the contract suite against it.
+``tests/e2e/test_runtime_contract.py`` then runs the contract suite against it.
 """
 
 from __future__ import annotations

@@ -17,6 +17,11 @@ Sandbox-only routes (not part of the real API):
 ``POST /sandbox/clock`` ``{"advance_seconds": s}``
     move the server's clock forward (billing by the hour, expiry, 12-hour cap) and
     run one lifecycle tick at once.
+``POST /sandbox/reset`` ``{"time_scale": s, "catalog": "FILE"}`` (both optional)
+    back to a new sandbox's state on the same address: every instance stopped, no
+    session, fault, benchmark or bill, the clock unmoved; the time scale and catalog
+    file given replace the starting ones (omitted: the ones it started with). Tests
+    share one sandbox this way instead of starting one each.
 """
 
 from __future__ import annotations
@@ -33,10 +38,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from aiohttp import web
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .billing import month_bounds
-from .catalog import format_time, offer_json
+from .catalog import CatalogError, format_time, load_catalog, offer_json
 from .cloud import EmulatedCloud
 from .faults import OFFER_FAULTS, SESSION_FAULTS, FaultRequest
 from .inventory import OfferFilter
@@ -118,6 +123,7 @@ def make_app(cloud: EmulatedCloud) -> web.Application:
     app.router.add_post("/sandbox/faults", add_fault)
     app.router.add_delete("/sandbox/faults", clear_faults)
     app.router.add_post("/sandbox/clock", advance_clock)
+    app.router.add_post("/sandbox/reset", reset_sandbox)
     return app
 
 
@@ -429,3 +435,27 @@ async def advance_clock(request: web.Request) -> web.Response:
         raise ApiFailure(400, f"invalid clock request: {exc}") from None
     cloud.lifecycle_step()
     return _json({"now": cloud.clock.now(), "offset_seconds": cloud.clock.offset})
+
+
+class ResetRequest(BaseModel):
+    """The body of ``POST /sandbox/reset``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    time_scale: float | None = Field(default=None, ge=0)
+    catalog: str | None = None
+
+
+async def reset_sandbox(request: web.Request) -> web.Response:
+    cloud = request.app[CLOUD]
+    try:
+        wanted = ResetRequest.model_validate_json(await request.read() or b"{}")
+        catalog = load_catalog(wanted.catalog) if wanted.catalog else None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ApiFailure(400, f"invalid reset: {where + ': ' if where else ''}{first['msg']}") from None
+    except CatalogError as exc:
+        raise ApiFailure(400, f"invalid reset: {exc}") from None
+    stopped = await cloud.reset(catalog=catalog, time_scale=wanted.time_scale)
+    return _json({"stopped_sessions": stopped, "time_scale": cloud.time_scale})

@@ -24,6 +24,7 @@ import asyncio
 import itertools
 import logging
 import random
+import shutil
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -68,11 +69,19 @@ class EmulatedCloud:
     ) -> None:
         if ssh_server not in SSH_SERVERS:
             raise ValueError(f"ssh_server must be one of {', '.join(SSH_SERVERS)}, not {ssh_server!r}")
-        self.catalog = catalog
         self.ssh_server = ssh_server
-        self.time_scale = time_scale
         self.workdir = workdir
-        self.clock = clock or Clock()
+        #: What :meth:`reset` returns to when it is given no other catalog or time scale.
+        self.start_catalog, self.start_time_scale = catalog, time_scale
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._lifecycle: asyncio.Task[Any] | None = None
+        self._fresh_state(catalog, time_scale, clock or Clock())
+
+    def _fresh_state(self, catalog: Catalog, time_scale: float, clock: Clock) -> None:
+        """Everything a session, a fault or a request can change, as a new sandbox has it."""
+        self.catalog = catalog
+        self.time_scale = time_scale
+        self.clock = clock
         self.ledger = Ledger(self.clock.now())
         self.faults = FaultBook()
         self.sessions: dict[str, SessionRecord] = {}
@@ -82,8 +91,6 @@ class EmulatedCloud:
         #: sends its token without the sandbox ever keeping the token itself.
         self.bearer_digests: dict[str, int] = {}
         self.inventory = Inventory(catalog, time_scale)
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._lifecycle: asyncio.Task[Any] | None = None
         self._stream_fault_ids = itertools.count(1)
 
     # -- helpers --------------------------------------------------------------------
@@ -431,6 +438,22 @@ class EmulatedCloud:
         for status in ("provisioning", "running", "stopping", "stopped", "failed"):
             result[status] = sum(1 for s in self.sessions.values() if s.status == status)
         return result
+
+    async def reset(self, *, catalog: Catalog | None = None, time_scale: float | None = None) -> int:
+        """Back to a new sandbox's state, on the same address: every instance stopped (its
+        SSH server and processes ended, its directory removed), then no session, fault,
+        benchmark or bill, the clock unmoved and the inventory fresh. ``catalog`` and
+        ``time_scale`` replace the ones the sandbox started with (None: those).
+        Returns how many sessions were still active."""
+        if time_scale is not None and time_scale < 0:
+            raise ValueError("time_scale must be >= 0")
+        left = await self.close()
+        shutil.rmtree(self.workdir / "instances", ignore_errors=True)
+        self._fresh_state(catalog or self.start_catalog,
+                          self.start_time_scale if time_scale is None else time_scale, Clock())
+        self.start_lifecycle()
+        log.info("sandbox reset: %d active session(s) stopped (time scale %g)", left, self.time_scale)
+        return left
 
     async def close(self) -> int:
         """Stop every session and its instance; returns how many were still active."""

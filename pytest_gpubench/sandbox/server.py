@@ -132,6 +132,18 @@ class Sandbox:
             shutil.rmtree(self._workdir, ignore_errors=True)
         return SandboxSummary(created=created, left_running=left)
 
+    async def reset(self, *, catalog: Catalog | str | Path | None = None, time_scale: float | None = None) -> int:
+        """Back to the state this sandbox started in, on the same address (see
+        :meth:`EmulatedCloud.reset`); ``catalog`` (a :class:`Catalog` or a file) and
+        ``time_scale`` replace the starting ones until the next reset. Returns how many
+        sessions were still active."""
+        if self.cloud is None:
+            raise RuntimeError("the sandbox is not started")
+        chosen = catalog if catalog is None or isinstance(catalog, Catalog) else load_catalog(catalog)
+        left = await self.cloud.reset(catalog=chosen, time_scale=time_scale)
+        self.catalog, self.time_scale = self.cloud.catalog, self.cloud.time_scale
+        return left
+
     def state(self) -> dict[str, Any]:
         """Counts by status (as ``/sandbox/state`` reports them)."""
         return self.cloud.counts() if self.cloud else {}
@@ -185,6 +197,11 @@ class SandboxThread:
             self.stop()  # a sandbox that failed to start leaves no thread or files behind
             raise
         return self.url
+
+    def reset(self, *, catalog: Catalog | str | Path | None = None, time_scale: float | None = None,
+              timeout: float = 60.0) -> int:
+        """:meth:`Sandbox.reset` from a sync caller."""
+        return self.run(self.sandbox.reset(catalog=catalog, time_scale=time_scale), timeout)
 
     def stop(self, timeout: float = 60.0) -> SandboxSummary:
         try:

@@ -6,7 +6,7 @@ estimates, resume, the terminal) speaks this protocol and reads its typed record
 machines sharing one matrix) plugs in without touching them. The SQLite manifest
 (:class:`~.sqlite_store.SqliteStore`) is the embedded default.
 
-The nouns, and the promises every implementation keeps (``tests/test_store_contract.py``
+The nouns, and the promises every implementation keeps (``tests/unit/test_store_contract.py``
 holds each one to them):
 
 * **runs**: :meth:`start_run` is idempotent (a second call, an xdist worker's,

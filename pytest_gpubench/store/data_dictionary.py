@@ -3,7 +3,7 @@
 :mod:`.manifest_schema` says what the tables hold as SQLite types; this module
 says what they mean to a person reading them: ``gpubench browse`` turns it into
 Datasette's metadata (:mod:`.browse`), so every table and column page in the
-browser explains itself. ``tests/test_browse.py`` fails when a table or column of
+browser explains itself. ``tests/unit/test_browse.py`` fails when a table or column of
 the real schema has no description here, so add one with every column you add.
 
 Times are ISO-8601 UTC text unless a description says otherwise; money is USD.

@@ -42,7 +42,7 @@ from pytest_gpubench.runtimes.vram import vram_shortfall
 from pytest_gpubench.cloud.watch import SessionWatch
 from pytest_gpubench.errors import InstanceLost
 
-TIME_SCALE = 0.01  # the in-process sandbox of tests/conftest.py
+TIME_SCALE = 0.01  # the in-process sandbox of tests/e2e/conftest.py
 GHOST_ERROR = "Instance not found on provider during reconciliation"
 MODEL = "qwen2:1.5b"
 

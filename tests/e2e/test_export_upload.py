@@ -23,7 +23,7 @@ from pytest_gpubench.measure.results import BenchmarkResult
 from pytest_gpubench.sandbox import SandboxThread
 from pytest_gpubench.cloud.shopper_client import ShopperClient
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _cell(m: Manifest, run: str, cell: str, result: BenchmarkResult | None) -> str | None:

@@ -435,7 +435,7 @@ def test_catalog_covers_the_seed_matrix():
     ],
 )
 def test_bad_catalog_is_one_line_naming_file_and_field(tmp_path, mutation, field):
-    source = Path(__file__).parents[1] / "pytest_gpubench" / "sandbox" / "catalog.yaml"
+    source = Path(__file__).parents[2] / "pytest_gpubench" / "sandbox" / "catalog.yaml"
     bad = tmp_path / "catalog.yaml"
     bad.write_text(mutation(source.read_text()))
     with pytest.raises(CatalogError) as caught:
@@ -458,7 +458,7 @@ def test_program_prints_url_and_stops_sessions_on_sigterm():
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).parents[1],
+        cwd=Path(__file__).parents[2],
     )
     try:
         line = program.stdout.readline()

@@ -28,7 +28,7 @@ from pytest_gpubench.commands.cli import main
 from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.store.data_dictionary import TABLES, schema_of, undocumented
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from pytest_gpubench.commands.plan_estimates import (
 from pytest_gpubench.store.progress import ProgressWriter, read_progress
 from pytest_gpubench.settings import OPTIONS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 QUICK = REPO / "matrix" / "gpubench_quick.yaml"
 SEED = REPO / "matrix" / "gpubench_seed.yaml"
 #: Seed 000's setup stages, by default: 5 + 144 + 5 + 25 seconds.

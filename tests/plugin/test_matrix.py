@@ -42,7 +42,7 @@ from pytest_gpubench.matrix.cells import (
     select_cells,
 )
 
-MATRIX_DIR = Path(__file__).resolve().parents[1] / "matrix"
+MATRIX_DIR = Path(__file__).resolve().parents[2] / "matrix"
 SEED = MATRIX_DIR / "gpubench_seed.yaml"
 QUICK = MATRIX_DIR / "gpubench_quick.yaml"
 

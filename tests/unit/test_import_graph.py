@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "pytest_gpubench"
+PACKAGE = Path(__file__).resolve().parents[2] / "pytest_gpubench"
 ROOT = "pytest_gpubench"
 #: Imports only the plugin folder may make.
 PYTEST_SIDE = ("pytest", "_pytest", "xdist", "pluggy", "pytest_timeout")

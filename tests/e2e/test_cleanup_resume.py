@@ -305,7 +305,7 @@ def test_resume_plan_resolves_last_and_names_the_runs_it_knows(tmp_path):
 
 
 def test_resume_with_an_unknown_run_is_a_usage_error(pytester, tmp_path, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
     manifest_path = tmp_path / "m.db"
     with Manifest(manifest_path) as manifest:
         add_run(manifest, "20260101T000000Z-aaaaaa", dead_process(), None)

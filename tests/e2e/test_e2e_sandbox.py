@@ -98,7 +98,7 @@ def test_quick_matrix_with_xdist_records_everything(tmp_path):
 def test_standalone_sandbox_every_session_stopped_and_failures_recorded(tmp_path, standalone_sandbox):
     url = standalone_sandbox
     # One cell's offer fails to provision: the cell fails at its stage, the others go on.
-    # (Failover to the next offer is off here; tests/test_failover_budget.py covers it.)
+    # (Failover to the next offer is off here; tests/e2e/test_failover_budget.py covers it.)
     offers = httpx.get(f"{url}/api/v1/inventory", params={"provider": "vastai"}).json()["offers"]
     cheapest_3090 = min((o for o in offers if o["gpu_type"] == "RTX 3090"), key=lambda o: o["price_per_hour"])
     httpx.post(f"{url}/sandbox/faults", json={"offer_id": cheapest_3090["id"], "fault": "provision_error",

@@ -38,7 +38,7 @@ from pytest_gpubench.sandbox.instances import link_system_programs
 from pytest_gpubench.settings import resolve
 from pytest_gpubench.cloud.shopper_client import SessionRequest, ShopperClient
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ROW = "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}\n"
 
 # ------------------------------------------------------------------ matrix files

@@ -33,7 +33,7 @@ from pytest_gpubench.runtimes.ollama import check_model_name
 from pytest_gpubench.sandbox import SandboxThread
 from pytest_gpubench.settings import resolve
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 #: Built by concatenation so that secret scanners do not flag this file.
 KEY_MARKER = "PRIVATE" " KEY"
 BEGIN_MARKER = "-----" "BEGIN"

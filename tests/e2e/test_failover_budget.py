@@ -45,7 +45,7 @@ from pytest_gpubench.settings import resolve
 from pytest_gpubench.cloud.shopper_client import Offer, ShopperClient
 from pytest_gpubench.cloud.ssh_wait import ssh_wait_for
 
-TIME_SCALE = 0.01  # the in-process sandbox of tests/conftest.py
+TIME_SCALE = 0.01  # the in-process sandbox of tests/e2e/conftest.py
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
 
 

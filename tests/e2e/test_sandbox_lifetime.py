@@ -27,7 +27,7 @@ from pytest_gpubench.sandbox.lifeline import OWNER_ENV, owner_alive, owner_token
 from pytest_gpubench.sandbox.server import URL_PREFIX
 
 PREINSTALLED_4090 = "vastai-18430201"
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 

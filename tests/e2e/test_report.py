@@ -25,7 +25,7 @@ from pytest_gpubench.report.html import render_html
 from pytest_gpubench.report.markdown import render_markdown
 from pytest_gpubench.measure.results import BenchmarkResult, HardwareInfo, ModelInfo, PerformanceResults, TestConfig
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DURATION = 200.0
 
 
@@ -573,7 +573,7 @@ def test_index_html_renders_its_charts_in_chromium_without_errors(tmp_path, mani
 
 # ------------------------------------------------------- a real sandbox run
 
-TIME_SCALE = 0.02  # the module's sandbox (tests/conftest.py)
+TIME_SCALE = 0.02  # the module's sandbox (tests/e2e/conftest.py)
 
 
 @pytest.mark.slow

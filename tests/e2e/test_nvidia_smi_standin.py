@@ -19,7 +19,7 @@ import pytest
 
 from pytest_gpubench.sandbox.standin_state import LoadedModel, RuntimeState, StateStore
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SEED_QUERY = "--query-gpu=name,memory.total,memory.used,temperature.gpu,power.draw,utilization.gpu"
 ALL_FIELDS = (
     "name,memory.total,memory.used,memory.free,temperature.gpu,power.draw,power.limit,utilization.gpu,"

@@ -33,7 +33,9 @@ def test_no_test_module_imports_another():
     """Shared fixtures live in conftest.py and helpers in plain modules: a test module
     imported by another is collected twice over, its fixtures defined twice."""
     offenders = []
-    for path in sorted((REPO / "tests").glob("test_*.py")):
+    modules = sorted((REPO / "tests").rglob("test_*.py"))
+    assert len(modules) > 50
+    for path in modules:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])

@@ -16,7 +16,7 @@ from pytest_gpubench.commands.plan_estimates import DEFAULT_STAGE_SECONDS
 from pytest_gpubench.commands.plan_render import WRAP_AT, render, wrap_text
 from pytest_gpubench.settings import OPTIONS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SETUP = sum(DEFAULT_STAGE_SECONDS.values())  # 179 s on a real cloud's clock
 PRICE = 0.110  # the catalog's cheapest eligible RTX 4090 on vastai (vastai-18430205)
 

@@ -18,7 +18,7 @@ from pytest_gpubench.report.markdown import render_markdown
 from pytest_gpubench.store.sandbox_label import junit_property, progress_labels, summary_title
 from pytest_gpubench.settings import resolve
 
-SEED = Path(__file__).resolve().parents[1] / "matrix" / "gpubench_seed.yaml"
+SEED = Path(__file__).resolve().parents[2] / "matrix" / "gpubench_seed.yaml"
 
 
 def no_ini(_name):

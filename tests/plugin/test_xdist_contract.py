@@ -98,7 +98,7 @@ def test_the_installed_xdist_is_within_the_bounds_this_contract_was_checked_with
     import tomllib
     from pathlib import Path
 
-    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
     (spec,) = [Requirement(r) for r in project["dependencies"] if r.startswith("pytest-xdist")]
     assert spec.specifier and any(s.operator == "<" for s in spec.specifier), "bound xdist from above"
     assert Version(version("pytest-xdist")) in spec.specifier

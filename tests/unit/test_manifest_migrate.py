@@ -21,7 +21,7 @@ from pytest_gpubench.report.gather import build_report
 from pytest_gpubench.measure.results import BenchmarkResult
 from pytest_gpubench.store.resume import plan_resume
 
-OLD_SQL = Path(__file__).parent / "data" / "manifest_schema_v0.sql"
+OLD_SQL = Path(__file__).parents[1] / "data" / "manifest_schema_v0.sql"
 RUN, CELL = "20261120T100000Z-old", "RTX_4090-vastai-qwen2:7b-c4"
 #: The old file's c4 cell: 8 measured requests of 256 tokens in 3.2 s; a mean decode rate of 178.9.
 OUTPUT, DECODE = 8 * 256 / 3.2, 178.9

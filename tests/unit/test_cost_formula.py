@@ -17,7 +17,7 @@ from pytest_gpubench.report.gather import build_report
 from pytest_gpubench.store.sqlite_store import SqliteStore
 from result_helpers import make_result
 
-PACKAGE = Path(__file__).resolve().parents[1] / "pytest_gpubench"
+PACKAGE = Path(__file__).resolve().parents[2] / "pytest_gpubench"
 #: The one home of the formula.
 HOME = PACKAGE / "measure" / "results.py"
 

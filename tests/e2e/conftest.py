@@ -1,0 +1,73 @@
+"""The e2e tier's sandboxes, one of each kind per pytest process (per xdist worker),
+reset instead of started anew: ``POST /sandbox/reset`` (or :meth:`SandboxThread.reset`)
+stops every instance and returns the sandbox to its fresh state in milliseconds, where
+starting one took a Python process or an event loop with its API and SSH keys.
+
+- ``sandbox``/``api``: the in-process sandbox, reset for each test module to the
+  module's ``TIME_SCALE`` (default 0.01: a 5-minute wait takes 3 s) and its
+  ``SANDBOX_CATALOG`` (default: the shipped catalog);
+- ``standalone_sandbox``: ``gpubench sandbox`` as a user starts it (time scale 0.02),
+  reset before each test that uses it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from pytest_gpubench.sandbox import SandboxThread
+
+DEFAULT_TIME_SCALE = 0.01
+STANDALONE_TIME_SCALE = 0.02
+
+
+@pytest.fixture(scope="session")
+def shared_sandbox() -> Iterator[SandboxThread]:
+    """The in-process sandbox every module of this process shares (through :func:`sandbox`)."""
+    with SandboxThread(time_scale=DEFAULT_TIME_SCALE) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def sandbox(request: pytest.FixtureRequest, shared_sandbox: SandboxThread) -> Iterator[SandboxThread]:
+    """A fresh in-process sandbox for this module's tests, at the module's ``TIME_SCALE``
+    with its ``SANDBOX_CATALOG``; reset again when the module is done, so that no
+    instance of it keeps running under the next module's tests."""
+    shared_sandbox.reset(time_scale=getattr(request.module, "TIME_SCALE", DEFAULT_TIME_SCALE),
+                         catalog=getattr(request.module, "SANDBOX_CATALOG", None))
+    yield shared_sandbox
+    shared_sandbox.reset()
+
+
+@pytest.fixture(scope="module")
+def api(sandbox: SandboxThread) -> Iterator[httpx.Client]:
+    """An HTTP client for :func:`sandbox`."""
+    with httpx.Client(base_url=sandbox.url, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def shared_standalone_sandbox() -> Iterator[str]:
+    """``gpubench sandbox`` as a user starts it, on a free port, for this whole process; its URL."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pytest_gpubench.commands.cli", "sandbox", "--port", "0", "--time-scale",
+         str(STANDALONE_TIME_SCALE), "--exit-with-stdin"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    line = process.stdout.readline()
+    assert line.startswith("GPUBENCH_SANDBOX_URL="), line
+    yield line.split("=", 1)[1].strip()
+    process.terminate()
+    process.wait(30)
+
+
+@pytest.fixture
+def standalone_sandbox(shared_standalone_sandbox: str) -> str:
+    """The standalone sandbox (time scale 0.02), fresh for this test; yields its URL."""
+    answer = httpx.post(f"{shared_standalone_sandbox}/sandbox/reset", timeout=120)
+    assert answer.status_code == 200, answer.text
+    return shared_standalone_sandbox
