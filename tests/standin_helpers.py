@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from pytest_gpubench.sandbox.instances import free_port  # the sandbox's own choice of a port bound later
 
 REPO = Path(__file__).resolve().parents[1]
 RATE = 200.0  # qwen2:7b tokens per second in the test catalog
@@ -100,12 +101,6 @@ def write_instance(directory: Path, memory_mib: int = 24564, ram_gib: float = 64
     path = directory / "instance.json"
     path.write_text(json.dumps(spec))
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def standin_env(instance: Path, port: int, **extra: str) -> dict[str, str]:

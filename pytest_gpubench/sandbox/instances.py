@@ -35,6 +35,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -150,14 +151,37 @@ def link_system_programs(target: Path, search_path: str, hidden: frozenset[str])
     return linked
 
 
+#: Where ports that are chosen now and bound later come from: below the kernel's
+#: ephemeral range (``net.ipv4.ip_local_port_range``, 32768-60999 by default), from which
+#: every ``bind(0)`` and every outgoing connection on the machine takes its port. A port
+#: chosen there can be taken by any of them in the seconds before Ollama's stand-in binds
+#: it ("address already in use"); below it, only another sandbox could, by the same
+#: random pick.
+_CHOSEN_PORTS = range(20000, 32768)
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as ranges:
+            return int(ranges.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(avoid: set[int] | None = None) -> int:
-    """A loopback TCP port nobody listens on now (and not in ``avoid``)."""
-    for _ in range(50):
+    """A loopback TCP port nobody listens on now (and not in ``avoid``), for a server that
+    binds it later: outside the ephemeral range (see ``_CHOSEN_PORTS``)."""
+    low = min(_CHOSEN_PORTS.stop, _ephemeral_low())
+    for _ in range(200):
+        port = random.randrange(_CHOSEN_PORTS.start, low)
+        if avoid and port in avoid:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if not avoid or port not in avoid:
-            return port
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
     raise RuntimeError("no free loopback port found")
 
 
