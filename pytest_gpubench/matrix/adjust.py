@@ -24,6 +24,8 @@ def with_workload(cell: Cell, returned: Any, source: str) -> Cell:
         return cell
     # No serializer warnings: a wrong value is what validation below reports, in its words.
     fields = returned.model_dump(warnings=False) if isinstance(returned, Workload) else returned
+    if isinstance(returned, Workload):
+        fields["prompts"] = returned.prompts  # as they are: a dump would drop a dataset's source
     try:
         # Validated again: model_copy(update=...) in the user's hook skips validation.
         workload = Workload.model_validate(fields)

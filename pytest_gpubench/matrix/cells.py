@@ -440,7 +440,8 @@ def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -
             f"the top level must be a mapping with a `matrix:` list of rows; got {describe(data)}",
         )
     try:
-        spec = MatrixSpec.model_validate(data)
+        # A dataset's path in `workload.prompts` is relative to the matrix file's folder.
+        spec = MatrixSpec.model_validate(data, context={"base_dir": str(Path(source).parent)})
     except ValidationError as exc:
         raise translate(exc, source, root) from None
     stem = Path(source).stem

@@ -6,14 +6,18 @@ axes: each value becomes its own cell, and a rate cell has no concurrency axis.
 
 A prompt is its text, optionally with the answers that count as correct
 (``expect``: any one substring, case-insensitive, as the GPU Shopper benchmark
-script checks them). ``prompts`` is a list of plain strings and ``{prompt,
-expect}`` mappings, or the name of a built-in set: ``seed`` (seed 000's mix, the
-default) or ``quality`` (prompts with known answers, for the match rate).
+script checks them) and its own output length (``max_tokens``). ``prompts`` is a
+list of plain strings and ``{prompt, expect, max_tokens}`` mappings, the name of a
+built-in set: ``seed`` (seed 000's mix, the default) or ``quality`` (prompts with
+known answers, for the match rate), a dataset file (``{dataset: PATH, ...}``,
+``datasets.py``) or synthetic prompts (``{synthetic: {...}}``, ``synthetic.py``).
+docs/workloads.md is the users' reference.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator, ValidationInfo, field_validator, model_validator
@@ -33,11 +37,14 @@ from .fields import (
     did_you_mean,
     invalid,
 )
+from .datasets import PromptSource, load_dataset
+from .synthetic import MAX_LENGTH, synthetic_spec
 from .yaml_errors import describe
 
 
 class Prompt(str):
-    """A prompt: it *is* its text (a ``str``), and carries ``expect``, the answers that count.
+    """A prompt: it *is* its text (a ``str``), and carries ``expect``, the answers that count,
+    and ``max_tokens``, its own output length (None: the workload's).
 
     Being a string keeps code that sends ``list(workload.prompts)`` as JSON working
     (it sends the texts); :meth:`payload` is what tells the load generator the
@@ -46,10 +53,12 @@ class Prompt(str):
     """
 
     expect: tuple[str, ...]
+    max_tokens: int | None
 
-    def __new__(cls, text: str, expect: Iterable[str] = ()) -> Prompt:
+    def __new__(cls, text: str, expect: Iterable[str] = (), max_tokens: int | None = None) -> Prompt:
         self = super().__new__(cls, text)
         self.__dict__["expect"] = tuple(expect)
+        self.__dict__["max_tokens"] = max_tokens
         return self
 
     @property
@@ -57,8 +66,16 @@ class Prompt(str):
         return str.__str__(self)
 
     def payload(self) -> str | dict[str, Any]:
-        """The load generator's form: the text, or ``{"prompt": text, "expect": [...]}``."""
-        return {"prompt": self.text, "expect": list(self.expect)} if self.expect else self.text
+        """The load generator's form: the text, or ``{"prompt": text, "expect": [...], "max_tokens": N}``
+        (each key only when set)."""
+        if not self.expect and self.max_tokens is None:
+            return self.text
+        entry: dict[str, Any] = {"prompt": self.text}
+        if self.expect:
+            entry["expect"] = list(self.expect)
+        if self.max_tokens is not None:
+            entry["max_tokens"] = self.max_tokens
+        return entry
 
     def matches(self, answer: str) -> bool | None:
         """Whether ``answer`` contains any expected substring (case-insensitive); None without ``expect``."""
@@ -75,9 +92,9 @@ class Prompt(str):
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Prompt):
-            return str.__eq__(self, other) and self.expect == other.expect
+            return str.__eq__(self, other) and self.expect == other.expect and self.max_tokens == other.max_tokens
         if isinstance(other, str):
-            return not self.expect and str.__eq__(self, other)
+            return not self.expect and self.max_tokens is None and str.__eq__(self, other)
         return NotImplemented
 
     def __ne__(self, other: object) -> bool:
@@ -88,10 +105,12 @@ class Prompt(str):
         return str.__hash__(self)
 
     def __repr__(self) -> str:
-        return f"Prompt({self.text!r}, expect={self.expect!r})" if self.expect else f"Prompt({self.text!r})"
+        extra = (f", expect={self.expect!r}" if self.expect else "") + \
+            (f", max_tokens={self.max_tokens}" if self.max_tokens is not None else "")
+        return f"Prompt({self.text!r}{extra})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return Prompt, (self.text, self.expect)
+        return Prompt, (self.text, self.expect, self.max_tokens)
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> core_schema.CoreSchema:
@@ -101,6 +120,7 @@ class Prompt(str):
                 "prompt": core_schema.typed_dict_field(core_schema.str_schema()),
                 "expect": core_schema.typed_dict_field(
                     core_schema.list_schema(core_schema.str_schema()), required=False),
+                "max_tokens": core_schema.typed_dict_field(core_schema.int_schema(), required=False),
             }),
         ])
         return core_schema.no_info_plain_validator_function(
@@ -141,9 +161,49 @@ PROMPT_SETS: Mapping[str, tuple[Prompt, ...]] = {
 """The built-in prompt sets a workload may name."""
 
 _ALLOWED = (
-    "must be a non-empty list of non-empty strings or {prompt: ..., expect: [...]} mappings, "
-    f"or the name of a built-in set: {', '.join(PROMPT_SETS)}"
+    "must be a non-empty list of non-empty strings or {prompt: ..., expect: [...], max_tokens: N} mappings, "
+    f"the name of a built-in set ({', '.join(PROMPT_SETS)}), {{dataset: PATH}} or {{synthetic: {{...}}}}"
 )
+
+
+class PromptList(tuple):
+    """A workload's prompts (a tuple of :class:`Prompt`) and ``source``: where a dataset's or a
+    synthetic spec's prompts came from (None for written ones and the built-in sets).
+
+    The source travels with the prompts through ``model_copy``; a dump has only the
+    payloads (so :func:`~pytest_gpubench.matrix.adjust.with_workload` hands a hook's
+    workload its prompts as they are).
+    """
+
+    source: PromptSource | None
+
+    def __new__(cls, items: Iterable[Prompt] = (), source: PromptSource | None = None) -> PromptList:
+        self = super().__new__(cls, items)
+        self.source = source
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return PromptList, (tuple(self), self.source)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> core_schema.CoreSchema:
+        return core_schema.with_info_plain_validator_function(
+            _validated_prompts,
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                lambda value, info: tuple(p.payload() for p in value) if info.mode == "python"
+                else [p.payload() for p in value], info_arg=True),
+            json_schema_input_schema=core_schema.union_schema([
+                core_schema.str_schema(),
+                core_schema.list_schema(handler.generate_schema(Prompt)),
+                core_schema.dict_schema(core_schema.str_schema(), core_schema.any_schema()),
+            ]),
+        )
+
+
+def _validated_prompts(value: Any, info: ValidationInfo) -> PromptList:
+    # The matrix passes its folder as context: a dataset's path is relative to the matrix file.
+    context = info.context if isinstance(info.context, Mapping) else {}
+    return prompts(value, base_dir=Path(context.get("base_dir") or "."))
 
 
 def prompt_set_name(prompts: tuple[Prompt, ...]) -> str | None:
@@ -151,16 +211,20 @@ def prompt_set_name(prompts: tuple[Prompt, ...]) -> str | None:
     return next((name for name, known in PROMPT_SETS.items() if prompts == known), None)
 
 
-def prompts(value: Any) -> tuple[Prompt, ...]:
-    """``workload.prompts`` as written -> a tuple of :class:`Prompt`."""
+def prompts(value: Any, base_dir: Path = Path(".")) -> PromptList:
+    """``workload.prompts`` as written -> a :class:`PromptList` (a tuple of :class:`Prompt`)."""
+    if isinstance(value, PromptList):
+        return value
     if isinstance(value, str):
         name = value.strip().lower()
         if name in PROMPT_SETS:
-            return PROMPT_SETS[name]
+            return PromptList(PROMPT_SETS[name])
         raise invalid(
             f"unknown prompt set {value!r}{did_you_mean(name, PROMPT_SETS)}; built-in sets: "
             f"{', '.join(PROMPT_SETS)}; a single prompt is still a list: [\"...\"]"
         )
+    if isinstance(value, Mapping):
+        return generated_prompts(value, base_dir)
     if not isinstance(value, (list, tuple)) or not value:
         raise invalid(f"{_ALLOWED}; got {describe(value)}")
     out = []
@@ -169,11 +233,37 @@ def prompts(value: Any) -> tuple[Prompt, ...]:
             out.append(prompt_entry(entry))
         except ValueError as exc:
             raise invalid(f"{_ALLOWED}; item {i}: {exc}") from None
-    return tuple(out)
+    return PromptList(out)
+
+
+def generated_prompts(value: Mapping[str, Any], base_dir: Path) -> PromptList:
+    """``{dataset: PATH, ...}`` or ``{synthetic: {...}}`` -> the prompts, with their source."""
+    try:
+        if "dataset" in value:
+            found, source = load_dataset(value, base_dir)
+            return PromptList((Prompt(p.text, max_tokens=p.max_tokens) for p in found), source)
+        if "synthetic" in value:
+            if len(value) != 1:
+                extra = next(str(k) for k in value if k != "synthetic")
+                raise ValueError(f"`synthetic` goes alone; {extra!r} belongs inside it "
+                                 "(input_tokens, output_tokens, count, seed)")
+            spec = synthetic_spec(value["synthetic"])
+            made = spec.prompts()
+            label = f"synthetic ({spec.count} prompts, input {spec.input_tokens.describe()} tokens)"
+            return PromptList((Prompt(p.text, max_tokens=p.max_tokens) for p in made),
+                              PromptSource(label, spec.describe()))
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
+    keys = ", ".join(map(str, value)) or "none"
+    raise invalid(f"a prompts mapping needs `dataset: PATH` or `synthetic: {{...}}`; got keys {keys}"
+                  f"{did_you_mean(next(iter(map(str, value)), ''), ('dataset', 'synthetic'))}")
+
+
+_ENTRY_KEYS = ("prompt", "expect", "max_tokens")
 
 
 def prompt_entry(entry: Any) -> Prompt:
-    """One list item: a string, or ``{prompt: TEXT, expect: [SUBSTRING, ...]}``."""
+    """One list item: a string, or ``{prompt: TEXT, expect: [SUBSTRING, ...], max_tokens: N}``."""
     if isinstance(entry, Prompt):
         return entry
     if isinstance(entry, str):
@@ -182,10 +272,10 @@ def prompt_entry(entry: Any) -> Prompt:
         return Prompt(entry)
     if not isinstance(entry, Mapping):
         raise ValueError(f"is {describe(entry)}")
-    unknown = [str(k) for k in entry if k not in ("prompt", "expect")]
+    unknown = [str(k) for k in entry if k not in _ENTRY_KEYS]
     if unknown:
-        hint = did_you_mean(unknown[0], ("prompt", "expect"))
-        raise ValueError(f"unknown key {unknown[0]!r}{hint}; allowed keys: prompt, expect")
+        hint = did_you_mean(unknown[0], _ENTRY_KEYS)
+        raise ValueError(f"unknown key {unknown[0]!r}{hint}; allowed keys: {', '.join(_ENTRY_KEYS)}")
     text = entry.get("prompt")
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"`prompt` must be a non-empty string; got {describe(text)}")
@@ -197,10 +287,14 @@ def prompt_entry(entry: Any) -> Prompt:
     for answer in expect:
         if not isinstance(answer, str) or not answer.strip():
             raise ValueError(f"{allowed}; got {describe(answer)} in it")
-    return Prompt(text, expect)
+    max_tokens = entry.get("max_tokens")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                   or not 1 <= max_tokens <= MAX_LENGTH):
+        raise ValueError(f"`max_tokens` must be a whole number from 1 to {MAX_LENGTH}; got {describe(max_tokens)}")
+    return Prompt(text, expect, max_tokens)
 
 
-Prompts = Annotated[tuple[Prompt, ...], BeforeValidator(prompts)]
+Prompts = PromptList
 
 
 def think_value(value: Any) -> bool | None:
@@ -212,6 +306,17 @@ def think_value(value: Any) -> bool | None:
 
 
 Think = Annotated[bool | None, BeforeValidator(think_value)]
+
+
+def ignore_eos_value(value: Any) -> bool:
+    """``workload.ignore_eos``: exactly ``true`` or ``false``."""
+    if isinstance(value, bool):
+        return value
+    raise invalid("must be true or false (true: every answer runs to its max_tokens, as the peers' "
+                  f"--ignore-eos does, on runtimes that support it); got {describe(value)}")
+
+
+IgnoreEos = Annotated[bool, BeforeValidator(ignore_eos_value)]
 
 
 # -------------------------------------------------------------------------- workload
@@ -230,7 +335,7 @@ class Workload(StrictModel):
     warmup_requests: Warmup = 1
     progress_interval: Seconds = 60.0
     checkpoint_every: CheckpointEvery = 10
-    prompts: Prompts = PROMPT_SETS["seed"]
+    prompts: Prompts = PromptList(PROMPT_SETS["seed"])
     concurrency: Concurrency = (1,)
     rate: Rate = None
     runs: RunsField = Runs()
@@ -239,6 +344,8 @@ class Workload(StrictModel):
     stall_timeout: Seconds = 120.0
     #: Ollama's ``think``: None sends nothing, so the runtime's default applies.
     think: Think = None
+    #: Ask the server to ignore end-of-sequence, so each answer runs to its ``max_tokens``.
+    ignore_eos: IgnoreEos = False
 
     @model_validator(mode="after")
     def _one_load_axis(self) -> Workload:
@@ -258,13 +365,29 @@ class Workload(StrictModel):
         return prompt_set_name(self.prompts)
 
     @property
+    def prompt_source(self) -> PromptSource | None:
+        """Where a dataset's or synthetic spec's prompts came from; None for written and built-in ones."""
+        return getattr(self.prompts, "source", None)
+
+    @property
+    def prompts_label(self) -> str:
+        """The prompts as reports name them: ``seed``, ``quality``, ``custom``, or the dataset's or spec's label."""
+        source = self.prompt_source
+        return self.prompt_set or (source.label if source else "custom")
+
+    @property
     def has_expectations(self) -> bool:
         """True if any prompt has ``expect`` answers (so a match rate can be measured)."""
         return any(p.expect for p in self.prompts)
 
     def prompt_payload(self) -> list[str | dict[str, Any]]:
-        """The prompts as the load generator takes them: strings and ``{"prompt", "expect"}``."""
-        return [p.payload() for p in self.prompts]
+        """The prompts as the load generator takes them: strings, and ``{"prompt", "expect",
+        "max_tokens", "ignore_eos"}`` mappings with only the keys that are set."""
+        if not self.ignore_eos:
+            return [p.payload() for p in self.prompts]
+        entries = [p.payload() for p in self.prompts]
+        return [{"prompt": e, "ignore_eos": True} if isinstance(e, str) else {**e, "ignore_eos": True}
+                for e in entries]
 
 
 class WorkloadOverride(StrictModel):
@@ -282,6 +405,7 @@ class WorkloadOverride(StrictModel):
     telemetry_interval: Seconds | None = None
     stall_timeout: Seconds | None = None
     think: Think = None
+    ignore_eos: IgnoreEos | None = None
 
     @field_validator("*", mode="before")
     @classmethod

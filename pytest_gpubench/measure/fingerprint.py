@@ -11,7 +11,12 @@ a baseline whose fingerprint differs, or that has none, is not compared:
 
 What is in it, and why (see docs/metrics.md, "Comparable baselines"):
 
-* ``prompts``: a hash of the prompt texts and their expectations, in order;
+* ``prompts``: a hash of the prompt texts, their expectations and their own
+  output lengths (``max_tokens``, ``ignore_eos``), in order;
+* ``prompt_source``: for prompts from a dataset, its content hash and the options
+  that chose them; for synthetic prompts, the spec (``matrix/datasets.py``,
+  ``matrix/synthetic.py``). Only present for those, so fingerprints of written
+  and built-in prompts keep the hash they always had;
 * ``max_tokens``: the output cap, which sets answer lengths and the share of
   requests cut by it;
 * ``load``: ``concurrency N`` or ``rate R/s`` (the cell id has it too: kept so
@@ -41,7 +46,7 @@ from pydantic import BaseModel, ConfigDict
 __all__ = ["FIELDS", "Fingerprint", "fingerprint", "incomparable", "stored_fingerprint"]
 
 #: The fields, in the order a difference is told.
-FIELDS = ("prompts", "max_tokens", "load", "think", "warmup", "runtime", "model_digest")
+FIELDS = ("prompts", "prompt_source", "max_tokens", "load", "think", "warmup", "runtime", "model_digest")
 
 
 class Fingerprint(BaseModel):
@@ -60,7 +65,7 @@ def _digest(data: Any) -> str:
 
 def fingerprint(*, prompts: list[Any], max_tokens: int, concurrency: int, rate: float | None,
                 think: bool | None, warmup_requests: int, runtime: str, runtime_version: str,
-                model_digest: str = "") -> Fingerprint:
+                model_digest: str = "", prompt_source: str | None = None) -> Fingerprint:
     """The fingerprint of a cell's workload on a runtime (see the module docstring)."""
     fields = {
         "prompts": _digest(prompts)[:16],
@@ -71,6 +76,8 @@ def fingerprint(*, prompts: list[Any], max_tokens: int, concurrency: int, rate: 
         "runtime": f"{runtime} {runtime_version}".strip(),
         "model_digest": model_digest or None,
     }
+    if prompt_source:
+        fields["prompt_source"] = prompt_source
     return Fingerprint(hash=_digest(fields)[:16], fields=fields)
 
 
@@ -96,7 +103,7 @@ def _shown(field: str, value: Any) -> str:
     if field == "warmup":
         return "warm-up" if value else "no warm-up"
     if value is None:
-        return "unknown"
+        return "written or built-in prompts" if field == "prompt_source" else "unknown"
     return str(value)
 
 

@@ -207,7 +207,8 @@ class Bench:
         return fingerprint(prompts=workload.prompt_payload(), max_tokens=workload.max_tokens,
                            concurrency=self.cell.concurrency, rate=self.cell.rate, think=workload.think,
                            warmup_requests=workload.warmup_requests, runtime=self.cell.runtime,
-                           runtime_version=self.runtime.version, model_digest=pulled.digest if pulled else "")
+                           runtime_version=self.runtime.version, model_digest=pulled.digest if pulled else "",
+                           prompt_source=workload.prompt_source.identity if workload.prompt_source else None)
 
     def _invalid(self, problems: list[str], result: BenchmarkResult | None) -> ResultsInvalid:
         """Keep an invalid result raw under ``<reports>/invalid/`` and say so; nothing is recorded as measured."""
@@ -278,7 +279,7 @@ def build_result(cell: Cell, recorder: CellRecorder, runtime: Runtime, session: 
         test_config=TestConfig(
             duration_minutes=round(workload.duration / 60),
             max_tokens=workload.max_tokens,
-            prompt_types=[workload.prompt_set or "custom"],
+            prompt_types=[workload.prompts_label],
             concurrent_reqs=cell.concurrency,
             warmup_requests=workload.warmup_requests,
         ),
