@@ -3,7 +3,7 @@
 Layout of an instance (``<sandbox workdir>/instances/<session id>/``)::
 
     instance.json   the contract with the stand-ins (see :func:`instance_document`)
-    bin/            nvidia-smi, python3, curl, df and, when preinstalled, ollama
+    bin/            nvidia-smi, python3, curl, df, vllm, llama-server and, when preinstalled, ollama
     sysbin/         only with missing tools: links to the host's programs, minus those
     home/           $HOME and the working directory of every command
     state/          the stand-ins' shared state (pulled models, loaded models)
@@ -254,6 +254,9 @@ class Instance:
         shims.write_executable(bin_dir / "df", shims.df_wrapper(bin_dir))
         if self.ollama_preinstalled:
             shims.write_executable(bin_dir / "ollama", shims.ollama_wrapper(bin_dir))
+        # Always there: no flow runs them unless asked, so instances that never do are unchanged.
+        for program in shims.LAUNCHERS:
+            shims.write_executable(bin_dir / program, shims.launcher_wrapper(program))
         python3 = self.bin_dir / "python3"
         if "python3" not in missing and not python3.exists():
             python3.symlink_to(sys.executable)

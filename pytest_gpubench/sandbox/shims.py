@@ -50,6 +50,9 @@ NVIDIA_SMI_MODULE = "pytest_gpubench.sandbox.nvidia_smi_standin"
 OLLAMA_MODULE = "pytest_gpubench.sandbox.ollama_standin"
 DF_MODULE = "pytest_gpubench.sandbox.df_standin"
 SHIMS_MODULE = "pytest_gpubench.sandbox.shims"
+LAUNCHERS_MODULE = "pytest_gpubench.sandbox.openai_launchers"
+#: The OpenAI-compatible servers' launchers every instance has (:mod:`.openai_launchers`).
+LAUNCHERS = ("vllm", "llama-server")
 
 
 def socket_path_for(bin_dir: Path) -> Path:
@@ -142,6 +145,12 @@ def nvidia_smi_wrapper(bin_dir: Path | None = None) -> str:
 def df_wrapper(bin_dir: Path | None = None) -> str:
     """The ``df`` command: the instance's emulated disk."""
     return service_wrapper("df", DF_MODULE, bin_dir=bin_dir)
+
+
+def launcher_wrapper(program: str) -> str:
+    """``vllm`` or ``llama-server``: always the Python module (each call starts a
+    server or answers ``--version``, nothing the answering service would save)."""
+    return module_wrapper(LAUNCHERS_MODULE, program)
 
 
 def curl_wrapper(bin_dir: Path) -> str:
