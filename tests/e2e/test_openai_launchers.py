@@ -1,0 +1,175 @@
+"""The ``vllm`` and ``llama-server`` stand-ins on a sandbox instance, over real SSH.
+
+Each launcher is started on the instance with its real command line, its port reached
+through an SSH forward; readiness, a streamed chat completion (usage counts and timing
+against the instance's catalog model), ``/v1/models``, failures at load and SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sandbox_session import connect, new_session
+
+from pytest_gpubench.errors import Stage
+from pytest_gpubench.remote.ssh import Connection
+from pytest_gpubench.sandbox.instances import free_port
+from pytest_gpubench.sandbox.ollama_text import count_prompt_tokens
+
+MODEL = "qwen2:7b"
+PROMPT = "Explain what a GPU does in one paragraph."
+MAX_TOKENS = 40
+
+LAUNCHERS = {
+    "vllm": lambda port: f"vllm serve {MODEL} --port {port} --tensor-parallel-size 1 --max-model-len 4096",
+    "llama-server": lambda port: f"llama-server -m /models/{MODEL}.gguf --port {port} -c 4096 -np 2",
+}
+
+
+def instance_document(api: httpx.Client, session: dict[str, Any]) -> dict[str, Any]:
+    """The instance file the stand-ins read: the catalog's truths for this instance."""
+    entry = next(s for s in api.get("/sandbox/state").json()["sessions"] if s["id"] == session["id"])
+    return json.loads((Path(entry["instance_dir"]) / "instance.json").read_text())
+
+
+async def run(connection: Connection, command: str) -> Any:
+    return await connection.run(command, stage=Stage.BENCHMARK, what=command, timeout=60, check=False)
+
+
+async def stream_chat(client: httpx.AsyncClient, model: str) -> dict[str, Any]:
+    """One streamed chat completion: its token chunks' arrival times and the usage chunk."""
+    body = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "stream": True,
+            "max_tokens": MAX_TOKENS, "stream_options": {"include_usage": True}}
+    started = time.perf_counter()
+    arrivals: list[float] = []
+    usage: dict[str, int] | None = None
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200, await response.aread()
+        lines: list[str] = []
+        async for line in response.aiter_lines():
+            if not line:
+                continue
+            lines.append(line)
+            assert line.startswith("data: ")
+            if line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[len("data: "):])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            elif chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                arrivals.append(time.perf_counter() - started)
+    assert lines[-1] == "data: [DONE]"
+    assert usage is not None
+    return {"arrivals": arrivals, "usage": usage}
+
+
+@pytest.mark.parametrize("program", sorted(LAUNCHERS))
+def test_launcher_serves_the_catalog_model_and_stops_on_sigterm(api: httpx.Client, program: str) -> None:
+    session, key = new_session(api)
+    truth = instance_document(api, session)["models"][MODEL]
+    port = free_port()
+    log = f"/tmp/{program}.log"
+
+    async def scenario() -> None:
+        connection = await connect(session, key)
+        try:
+            version = await run(connection, f"{program} --version")
+            assert version.exit_status == 0 and (version.stdout + version.stderr).strip()
+            command = LAUNCHERS[program](port)
+            started = await run(connection, f"nohup sh -c {shlex.quote(command + '; echo exit=$?')} "
+                                             f"> {log} 2>&1 & echo $!")
+            pid = int(started.stdout.strip())
+            local = await connection.forward("127.0.0.1", port)
+            # Async HTTP: the SSH forward runs on this loop, a blocking call would stall it.
+            client = httpx.AsyncClient(base_url=f"http://127.0.0.1:{local}", timeout=30)
+            statuses: list[tuple[int, str]] = []
+
+            async def healthy() -> bool:
+                try:
+                    answer = await client.get("/health")
+                except httpx.TransportError:
+                    return False  # vLLM listens only once loaded; the forward refuses until then
+                statuses.append((answer.status_code, answer.text))
+                return answer.status_code == 200
+
+            deadline = time.monotonic() + 60
+            while not await healthy():
+                assert time.monotonic() < deadline, f"{program} was not ready within 60 s: {statuses[-3:]}"
+                await asyncio.sleep(0.05)
+            loading = [s for s in statuses if s[0] != 200]
+            if program == "llama-server":
+                assert statuses[-1] == (200, '{"status":"ok"}')
+                assert all(json.loads(text)["error"]["message"] == "Loading model" for code, text in loading)
+                assert {code for code, _ in loading} <= {503}
+            else:
+                assert not loading
+
+            models = (await client.get("/v1/models")).json()
+            served = models["data"][0]["id"]
+            assert models["object"] == "list" and models["data"][0]["owned_by"] == (
+                "vllm" if program == "vllm" else "llamacpp")
+
+            got = await stream_chat(client, served)
+            await client.aclose()
+            usage, arrivals = got["usage"], got["arrivals"]
+            assert usage["completion_tokens"] == len(arrivals) > 1
+            assert usage["prompt_tokens"] == count_prompt_tokens(PROMPT)
+            assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+            # The catalog's truths: noise only ever adds delay, so lower bounds are tight
+            # and upper bounds generous.
+            ttft, decode = arrivals[0], arrivals[-1] - arrivals[0]
+            expected_decode = (len(arrivals) - 1) / truth["tokens_per_second"]
+            assert truth["ttft_ms"] / 1000 * 0.9 <= ttft <= truth["ttft_ms"] / 1000 + 2.0
+            assert expected_decode * 0.9 <= decode <= expected_decode * 2 + 1.0
+
+            # The server is the child of the sh that reports its exit status.
+            await run(connection, f"pkill -TERM -P {pid}")
+
+            async def stopped() -> str:
+                return (await run(connection, f"cat {log}")).stdout
+
+            deadline = time.monotonic() + 30
+            output = await stopped()
+            while "exit=" not in output and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+                output = await stopped()
+            assert "exit=0" in output, output
+            assert ("Application startup complete." in output) if program == "vllm" else (
+                "starting the main loop" in output)
+        finally:
+            await connection.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        ("vllm serve no-such/model --port {port}", "is not a valid model identifier"),
+        ("llama-server -m /models/no-such.gguf --port {port}", "failed to open GGUF file '/models/no-such.gguf'"),
+        ("vllm serve deepseek-r1:70b --port {port}", "CUDA out of memory"),
+        ("llama-server -m /models/deepseek-r1:70b.gguf --port {port}", "cudaMalloc failed: out of memory"),
+    ],
+)
+def test_launcher_refuses_an_unknown_model_or_one_that_does_not_fit(api: httpx.Client, command: str,
+                                                                    message: str) -> None:
+    session, key = new_session(api)
+    assert "deepseek-r1:70b" in instance_document(api, session)["models"]  # 42 GB: more than an RTX 4090
+
+    async def scenario() -> Any:
+        connection = await connect(session, key)
+        try:
+            return await run(connection, command.format(port=free_port()))
+        finally:
+            await connection.close()
+
+    result = asyncio.run(scenario())
+    assert result.exit_status == 1
+    assert message in result.stderr, result.stderr
