@@ -10,13 +10,17 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from polling import wait_for
 from sandbox_session import connect, new_session
+from standin_helpers import standin_env, write_instance
 
 from pytest_gpubench.errors import Stage
 from pytest_gpubench.remote.ssh import Connection
@@ -173,3 +177,41 @@ def test_launcher_refuses_an_unknown_model_or_one_that_does_not_fit(api: httpx.C
     result = asyncio.run(scenario())
     assert result.exit_status == 1
     assert message in result.stderr, result.stderr
+
+
+def test_readiness_while_loading_is_each_servers_own(tmp_path: Path) -> None:
+    """llama.cpp answers 503 ``Loading model`` while it loads; vLLM does not listen until loaded."""
+    instance = write_instance(tmp_path)
+    document = json.loads(instance.read_text())
+    document["time_scale"] = 0.5  # qwen2:7b loads in 1.5 s: long enough to be seen loading
+    instance.write_text(json.dumps(document))
+    for program, args, loading in [
+        ("llama-server", ["-m", f"{MODEL}.gguf"], (503, {"error": {"code": 503, "message": "Loading model",
+                                                                  "type": "unavailable_error"}})),
+        ("vllm", ["serve", MODEL], None),
+    ]:
+        port = free_port()
+        server = subprocess.Popen([sys.executable, "-m", "pytest_gpubench.sandbox.openai_launchers", program, *args,
+                                   "--port", str(port)], env=standin_env(instance, port),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            seen: list[Any] = []
+
+            def answer() -> Any:
+                try:
+                    got = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+                except httpx.TransportError:
+                    seen.append(None)
+                    return None
+                seen.append((got.status_code, got.json() if got.content else None))
+                return got.status_code == 200
+
+            wait_for(answer, 30, f"{program} to be ready")
+            if loading is None:
+                assert seen[-1] == (200, None) and set(seen[:-1]) == {None}
+            else:
+                assert seen[-1] == (200, {"status": "ok"})
+                assert loading in seen and all(s == loading for s in seen[:-1] if s is not None)
+        finally:
+            server.terminate()
+            assert server.wait(10) == 0, server.stderr.read() if server.stderr else ""
