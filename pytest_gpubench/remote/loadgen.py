@@ -9,10 +9,17 @@ timestamp is ``perf_counter()`` taken as the bytes are received, and a token
 chunk costs a few substring tests, not a JSON parse: only the final chunk is
 parsed, and a token's text only when its prompt carries an expectation.
 
-Config (one JSON argument): ``ollama_url``, ``model``, ``prompts`` (strings, or
-objects ``{"prompt": str, "expect": [str, ...]}``: any one substring matching,
-case-insensitive), ``max_tokens``, ``think`` (sent as the request's ``think`` only
-when set: absent or null leaves the model's default), ``duration``,
+Config (one JSON argument): ``ollama_url`` (the server's base URL, whatever the
+protocol), ``protocol`` (below), ``model``, ``prompts`` (strings, or objects
+``{"prompt": str, "expect": [str, ...], "max_tokens": n}``: any one expected
+substring matching, case-insensitive; ``max_tokens`` there overrides the run's),
+``max_tokens``, ``think`` (Ollama only: sent as the request's ``think`` only
+when set: absent or null leaves the model's default), ``extra_body`` (fields
+merged into every request body last, e.g. ``ignore_eos`` or
+``chat_template_kwargs`` for a server that takes them), ``api_key_env`` (the
+name of an environment variable on the instance whose value is sent as
+``Authorization: Bearer``; the token itself is never in the config, a file, a
+log or an event; the run fails if the variable is unset), ``duration``,
 ``warmup_requests`` (sent first,
 one at a time, outside the run clock), ``progress_interval``, ``checkpoint_every``,
 ``checkpoint_path``, ``request_timeout`` (the stall timeout: a request that receives
@@ -26,6 +33,25 @@ duration finish and count; true: they are cut there, see below), and the load:
   ``random.Random(seed)``, sent on schedule whatever is in flight, up to
   ``max_in_flight`` (default 1024); arrivals still waiting at the end are
   ``unsent``.
+
+Protocols (``protocol``, default ``ollama``):
+
+* ``ollama``: ``POST /api/generate`` streamed as NDJSON, ``options.num_predict``
+  for ``max_tokens``; the final ``"done": true`` chunk's counters fill the record.
+* ``openai-chat`` / ``openai-completions``: ``POST /v1/chat/completions`` (one user
+  message) or ``/v1/completions`` (``prompt``) with ``stream: true``,
+  ``stream_options: {"include_usage": true}`` and ``max_tokens`` (a base URL
+  ending in ``/v1`` is taken as OpenAI clients take it). Server-Sent Events: a
+  ``data:`` chunk with non-empty ``delta.content`` (``text``) is an answer token,
+  one with ``delta.reasoning`` or ``delta.reasoning_content`` a thinking token;
+  ``data: [DONE]`` ends the request (a body that ends cleanly after the finish or
+  usage chunk without it counts too). The usage chunk's ``completion_tokens`` and
+  ``prompt_tokens`` go where Ollama's ``eval_count`` and ``prompt_eval_count`` go,
+  ``finish_reason`` to ``done_reason``; the server's durations are unknown
+  (llama.cpp's ``timings``, when sent, give ``eval_duration_ns`` and
+  ``prompt_eval_duration_ns``). Errors, ``{"error": {"message": ...}}`` with an
+  HTTP status, vLLM's ``{"object": "error", "message": ...}``, or an error event
+  mid-stream, are request errors carrying the message.
 
 Events, one JSON object per line on stdout (seed 004's protocol, extended)::
 

@@ -302,14 +302,19 @@ class FakeOllama(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
 
 
-@pytest.fixture(scope="module")
-def fake():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeOllama)
+def serve(handler, path=""):
+    """Serve ``handler`` on a free port in a thread; yields the base URL (with ``path``)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
+    yield f"http://127.0.0.1:{server.server_address[1]}{path}"
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture(scope="module")
+def fake():
+    yield from serve(FakeOllama)
 
 
 def fake_config(url, tmp_path, prompts, **extra):
@@ -435,6 +440,12 @@ def test_openai_max_tokens_per_prompt_and_quality_checks(ollama, tmp_path, proto
         assert (r.done_reason == "length") == (r.eval_count == limit)
         assert r.matched is (None if r.prompt_index == 0 else False)
     assert max(r.eval_count for r in records if r.prompt_index == 1) > 2  # the prompt's own cap, not the run's
+
+
+def test_extra_body_fields_reach_the_server_last(ollama, tmp_path):
+    records = measured(run_loadgen(config(ollama.url, tmp_path, protocol="openai-chat", duration=0.5,
+                                          extra_body={"max_tokens": 3})))
+    assert records and all(r.ok and r.eval_count == r.output_tokens <= 3 for r in records)
 
 
 def test_openai_chat_reasoning_deltas_are_thinking_tokens(ollama, tmp_path):
@@ -583,12 +594,7 @@ class FakeOpenAI(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def fake_openai():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeOpenAI)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"  # as OpenAI clients take it: the prefix is dropped
-    server.shutdown()
-    server.server_close()
+    yield from serve(FakeOpenAI, "/v1")  # a base URL as OpenAI clients take it: the generator drops the /v1
 
 
 @pytest.mark.parametrize("mode", ["reasoning", "crlf-comments", "no-done", "whole"])
