@@ -45,6 +45,11 @@ class BenchmarkPlan:
     request_timeout: float = 120.0
     think: bool | None = None  # the request's ``think``; None leaves the runtime's default
     cut_at_deadline: bool = False  # requests in flight at the deadline are cut (incomplete), not awaited
+    #: The streaming API spoken: "ollama" (/api/generate), "openai-chat" (/v1/chat/completions)
+    #: or "openai-completions" (/v1/completions); a Runtime chooses it.
+    protocol: str = "ollama"
+    #: The name (never the value) of an environment variable on the instance holding a bearer token.
+    api_key_env: str | None = None
 
     def config(self, ollama_url: str) -> dict[str, Any]:
         return {
@@ -63,6 +68,8 @@ class BenchmarkPlan:
             "request_timeout": self.request_timeout,
             "think": self.think,
             "cut_at_deadline": self.cut_at_deadline,
+            "protocol": self.protocol,
+            "api_key_env": self.api_key_env,
         }
 
 

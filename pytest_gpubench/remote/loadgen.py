@@ -9,10 +9,17 @@ timestamp is ``perf_counter()`` taken as the bytes are received, and a token
 chunk costs a few substring tests, not a JSON parse: only the final chunk is
 parsed, and a token's text only when its prompt carries an expectation.
 
-Config (one JSON argument): ``ollama_url``, ``model``, ``prompts`` (strings, or
-objects ``{"prompt": str, "expect": [str, ...]}``: any one substring matching,
-case-insensitive), ``max_tokens``, ``think`` (sent as the request's ``think`` only
-when set: absent or null leaves the model's default), ``duration``,
+Config (one JSON argument): ``ollama_url`` (the server's base URL, whatever the
+protocol), ``protocol`` (below), ``model``, ``prompts`` (strings, or objects
+``{"prompt": str, "expect": [str, ...], "max_tokens": n}``: any one expected
+substring matching, case-insensitive; ``max_tokens`` there overrides the run's),
+``max_tokens``, ``think`` (Ollama only: sent as the request's ``think`` only
+when set: absent or null leaves the model's default), ``extra_body`` (fields
+merged into every request body last, e.g. ``ignore_eos`` or
+``chat_template_kwargs`` for a server that takes them), ``api_key_env`` (the
+name of an environment variable on the instance whose value is sent as
+``Authorization: Bearer``; the token itself is never in the config, a file, a
+log or an event; the run fails if the variable is unset), ``duration``,
 ``warmup_requests`` (sent first,
 one at a time, outside the run clock), ``progress_interval``, ``checkpoint_every``,
 ``checkpoint_path``, ``request_timeout`` (the stall timeout: a request that receives
@@ -26,6 +33,25 @@ duration finish and count; true: they are cut there, see below), and the load:
   ``random.Random(seed)``, sent on schedule whatever is in flight, up to
   ``max_in_flight`` (default 1024); arrivals still waiting at the end are
   ``unsent``.
+
+Protocols (``protocol``, default ``ollama``):
+
+* ``ollama``: ``POST /api/generate`` streamed as NDJSON, ``options.num_predict``
+  for ``max_tokens``; the final ``"done": true`` chunk's counters fill the record.
+* ``openai-chat`` / ``openai-completions``: ``POST /v1/chat/completions`` (one user
+  message) or ``/v1/completions`` (``prompt``) with ``stream: true``,
+  ``stream_options: {"include_usage": true}`` and ``max_tokens`` (a base URL
+  ending in ``/v1`` is taken as OpenAI clients take it). Server-Sent Events: a
+  ``data:`` chunk with non-empty ``delta.content`` (``text``) is an answer token,
+  one with ``delta.reasoning`` or ``delta.reasoning_content`` a thinking token;
+  ``data: [DONE]`` ends the request (a body that ends cleanly after the finish or
+  usage chunk without it counts too). The usage chunk's ``completion_tokens`` and
+  ``prompt_tokens`` go where Ollama's ``eval_count`` and ``prompt_eval_count`` go,
+  ``finish_reason`` to ``done_reason``; the server's durations are unknown
+  (llama.cpp's ``timings``, when sent, give ``eval_duration_ns`` and
+  ``prompt_eval_duration_ns``). Errors, ``{"error": {"message": ...}}`` with an
+  HTTP status, vLLM's ``{"object": "error", "message": ...}``, or an error event
+  mid-stream, are request errors carrying the message.
 
 Events, one JSON object per line on stdout (seed 004's protocol, extended)::
 
@@ -92,9 +118,29 @@ THINKING, ANSWER = range(2)  # what a token chunk carries
 CHUNKED, LENGTH, UNTIL_CLOSE = range(3)
 
 
-def ollama_address(url):
+PROTOCOLS = ("ollama", "openai-chat", "openai-completions")
+ENDPOINTS = {"ollama": "/api/generate", "openai-chat": "/v1/chat/completions",
+             "openai-completions": "/v1/completions"}
+
+
+def server_address(url, protocol="ollama"):
+    """(host, port, path prefix) of the server's base URL; plain HTTP only."""
     parsed = urllib.parse.urlsplit(url if "://" in url else "http://" + url)
-    return parsed.hostname or "127.0.0.1", parsed.port or 11434
+    if parsed.scheme != "http":
+        raise ValueError("only http:// URLs are supported, not %r" % parsed.scheme)
+    prefix = parsed.path.rstrip("/")
+    if protocol != "ollama" and prefix.endswith("/v1"):
+        prefix = prefix[:-3]  # a base URL given as OpenAI clients take it, ending in /v1
+    return parsed.hostname or "127.0.0.1", parsed.port or (11434 if protocol == "ollama" else 80), prefix
+
+
+def error_message(payload):
+    """The message of an error body: Ollama's ``{"error": "..."}``, OpenAI's
+    ``{"error": {"message": ...}}`` or vLLM's ``{"object": "error", "message": ...}``."""
+    error = payload.get("error", payload.get("message"))
+    if isinstance(error, dict):
+        error = error.get("message") or json.dumps(error, sort_keys=True)
+    return str(error)
 
 
 def percentile(ordered, p):
@@ -112,14 +158,15 @@ def ms(seconds):
 
 
 def parse_prompt(entry):
-    """(text, lower-cased expectations or None) of one config prompt."""
+    """(text, lower-cased expectations or None, its own max_tokens or None) of one config prompt."""
     if isinstance(entry, dict):
         expect = entry.get("expect")
         if isinstance(expect, str):
             expect = [expect]
         expect = [str(e).lower() for e in expect or []] or None
-        return str(entry["prompt"]), expect
-    return str(entry), None
+        max_tokens = entry.get("max_tokens")
+        return str(entry["prompt"]), expect, None if max_tokens is None else int(max_tokens)
+    return str(entry), None, None
 
 
 class Output:
@@ -245,7 +292,9 @@ class Checkpoint:
 
 
 class Exchange:
-    """One streamed POST /api/generate: its socket, its parser and its clock."""
+    """One streamed POST /api/generate: its socket, its parser and its clock.
+
+    :class:`SSEExchange` speaks the OpenAI protocol over the same HTTP client."""
 
     __slots__ = (
         "run", "index", "warmup", "prompt_index", "expect", "scheduled", "sent", "started_at",
@@ -423,9 +472,12 @@ class Exchange:
                 start = header_end + 2
                 end = start + int(data[:header_end].split(b";", 1)[0], 16)
                 if len(data) == end + 2 and end > start:
-                    if (self.status == 200 and self.active and not self.partial and data[end - 1] == 10
-                            and data.find(b"\n", start, end - 1) < 0):
-                        return self.line(data[start:end - 1], now)
+                    if self.status == 200 and self.active and not self.partial and data[end - 1] == 10:
+                        stop = end - 1
+                        if stop > start and data[stop - 1] == 10:
+                            stop -= 1  # an SSE event ends with a blank line
+                        if data.find(b"\n", start, stop) < 0:
+                            return self.line(data[start:stop], now)
                     return self.content(data[start:end], now)
         if self.buffer:
             data, self.buffer = self.buffer + data, b""
@@ -493,7 +545,7 @@ class Exchange:
         if not isinstance(chunk, dict):
             raise ValueError("a stream line is not a JSON object")
         if "error" in chunk:
-            return self.fail(str(chunk["error"]), now)
+            return self.fail(error_message(chunk), now)
         text, thinking = chunk.get("response"), chunk.get("thinking")
         if text:
             self.token(now, ANSWER)
@@ -503,9 +555,21 @@ class Exchange:
             self.token(now, THINKING)
         if chunk.get("done"):
             self.final = chunk
-            self.active = False
-            self.end = now
-            self.run.finished(self, self.record(None), now)
+            self.complete(now)
+
+    def ended(self):
+        """Whether a body that ends here, without the protocol's own last word, is whole."""
+        return False
+
+    def complete(self, now):
+        """The final chunk is in: record the request."""
+        self.active = False
+        self.end = now
+        self.run.finished(self, self.record(None), now)
+
+    def answer_text(self, chunk):
+        """The answer text of a parsed token chunk."""
+        return chunk.get("response") or ""
 
     def token(self, now, kind):
         if kind == ANSWER:
@@ -526,12 +590,16 @@ class Exchange:
         self.tokens += 1
 
     def message_end(self, now):
+        if self.state == CLOSED:
+            return  # an error in the body closed it already
         if self.partial and self.active and self.status == 200:
             line, self.partial = self.partial, b""
             self.line(line, now)
         if self.active:
             if self.status != 200:
                 return self.fail(http_error(self.status, self.detail), now)
+            if self.ended():
+                return self.complete(now)
             return self.fail("stream ended before the final chunk", now)
         if self.keep_alive:
             self.want(0)
@@ -593,7 +661,8 @@ class Exchange:
             server_rate = round(eval_count / (eval_ns / 1e9), 4)
         matched = None
         if self.expect and error is None and not incomplete:
-            text = "".join(json.loads(t)["response"] if isinstance(t, bytes) else t for t in self.texts).lower()
+            text = "".join(self.answer_text(json.loads(t)) if isinstance(t, bytes) else t
+                           for t in self.texts).lower()
             matched = any(e in text for e in self.expect)
         return {
             "index": self.index,
@@ -628,10 +697,116 @@ class Exchange:
 def http_error(status, detail):
     text = detail.decode("utf-8", "replace").strip()
     try:
-        text = json.loads(text).get("error", text)
-    except (ValueError, AttributeError):
-        pass
+        payload = json.loads(text)
+    except ValueError:
+        payload = None
+    if isinstance(payload, dict) and ("error" in payload or "message" in payload):
+        text = error_message(payload)
     return "HTTP %d: %s" % (status, text)
+
+
+class SSEExchange(Exchange):
+    """One streamed OpenAI-compatible completion: Server-Sent Events, ``data: {chunk}``
+    per event, ``data: [DONE]`` last, the server's counts in the ``usage`` chunk.
+
+    Each ``data:`` line is taken as a whole event (every OpenAI-compatible server
+    writes its JSON on one line); blank lines, comments (``: ping``) and ``event:``,
+    ``id:``, ``retry:`` fields carry no token. As for Ollama, a token chunk costs a
+    few substring tests on the compact JSON servers write; a chunk that may end
+    the answer or carry ``usage`` or an error is parsed.
+    """
+
+    __slots__ = ("finish_reason", "usage", "timings")
+
+    def __init__(self, run, index, warmup, prompt_index, scheduled):
+        Exchange.__init__(self, run, index, warmup, prompt_index, scheduled)
+        self.finish_reason = self.usage = self.timings = None
+
+    def line(self, line, now):
+        if line[:5] != b"data:":
+            if line[:1] == b"{":  # a server that ignored "stream": one JSON answer
+                return self.parsed(line, now, whole=True)
+            return  # a blank line between events, a comment or another field
+        payload = line[6:] if line[5:6] == b" " else line[5:]
+        if b'"finish_reason":null' in payload and b'"usage":{' not in payload:
+            # A token chunk (compact JSON; a quote inside a string is escaped).
+            if self.run.chat:
+                if b'"content":"' in payload and b'"content":""' not in payload:
+                    self.answer(payload, now)
+                elif ((b'"reasoning":"' in payload and b'"reasoning":""' not in payload)
+                      or (b'"reasoning_content":"' in payload and b'"reasoning_content":""' not in payload)):
+                    self.token(now, THINKING)
+            elif b'"text":"' in payload and b'"text":""' not in payload:
+                self.answer(payload, now)
+            return
+        payload = payload.strip()
+        if payload == b"[DONE]":
+            return self.complete(now)
+        if payload:
+            self.parsed(payload, now)
+
+    def answer(self, payload, now):
+        self.token(now, ANSWER)
+        if self.texts is not None:
+            self.texts.append(payload)
+
+    def parsed(self, payload, now, whole=False):
+        chunk = json.loads(payload)
+        if not isinstance(chunk, dict):
+            raise ValueError("an event is not a JSON object")
+        if "error" in chunk or chunk.get("object") == "error":
+            return self.fail(error_message(chunk), now)
+        choices = chunk.get("choices") or []
+        choice = choices[0] if choices and isinstance(choices[0], dict) else {}
+        text = self.answer_text(chunk)
+        if text:
+            self.token(now, ANSWER)
+            if self.texts is not None:
+                self.texts.append(text)
+        elif self.reasoning_text(choice.get("message" if whole else "delta")):
+            self.token(now, THINKING)
+        if choice.get("finish_reason") is not None:
+            self.finish_reason = choice["finish_reason"]
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        if isinstance(chunk.get("timings"), dict):  # llama.cpp's server: its own clock
+            self.timings = chunk["timings"]
+        if whole:
+            self.complete(now)
+
+    def answer_text(self, chunk):
+        choices = chunk.get("choices") or []
+        if not choices or not isinstance(choices[0], dict):
+            return ""
+        choice = choices[0]
+        if not self.run.chat:
+            return choice.get("text") or ""
+        message = choice.get("delta") or choice.get("message")
+        return (message.get("content") or "") if isinstance(message, dict) else ""
+
+    @staticmethod
+    def reasoning_text(message):
+        """Reasoning in a delta: ``reasoning`` (vLLM, Ollama) or ``reasoning_content`` (older vLLM, SGLang)."""
+        if not isinstance(message, dict):
+            return ""
+        return message.get("reasoning") or message.get("reasoning_content") or ""
+
+    def ended(self):
+        # A body that ends cleanly after the finish or usage chunk but without [DONE].
+        return self.finish_reason is not None or self.usage is not None
+
+    def complete(self, now):
+        """Put the server's counts where the Ollama path puts ``eval_count`` and the like."""
+        usage, timings = self.usage or {}, self.timings or {}
+        final = {"eval_count": usage.get("completion_tokens"), "prompt_eval_count": usage.get("prompt_tokens"),
+                 "done_reason": self.finish_reason}
+        predicted_ms, prompt_ms = timings.get("predicted_ms"), timings.get("prompt_ms")
+        if isinstance(predicted_ms, (int, float)):
+            final["eval_duration"] = int(predicted_ms * 1e6)
+        if isinstance(prompt_ms, (int, float)):
+            final["prompt_eval_duration"] = int(prompt_ms * 1e6)
+        self.final = final
+        Exchange.complete(self, now)
 
 
 # -- load patterns ----------------------------------------------------------------
@@ -750,6 +925,9 @@ class LoadGenerator:
         self.config = config
         self.output = output
         self.prompts = [parse_prompt(p) for p in config["prompts"]]
+        self.protocol = config.get("protocol") or "ollama"
+        self.chat = self.protocol == "openai-chat"
+        self.exchange = Exchange if self.protocol == "ollama" else SSEExchange
         self.timeout = float(config.get("request_timeout", 120))
         # How often in-flight requests are checked for a stall: often enough that
         # one is noticed within a quarter of the timeout beyond it, at most each second.
@@ -774,7 +952,9 @@ class LoadGenerator:
         self.timer = 0.0  # when housekeeping is next due
 
     def prepare(self):
-        host, port = ollama_address(self.config["ollama_url"])
+        if self.protocol not in PROTOCOLS:
+            raise ValueError("unknown protocol %r (one of %s)" % (self.protocol, ", ".join(PROTOCOLS)))
+        host, port, prefix = server_address(self.config["ollama_url"], self.protocol)
         addresses = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
         self.family, self.sockaddr = addresses[0][0], addresses[0][4]
         # "localhost" may name ::1 first while the server listens on 127.0.0.1 only:
@@ -793,17 +973,43 @@ class LoadGenerator:
             self.idle.append(sock)
             break
         host_header = "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
+        head = ("POST %s%s HTTP/1.1\r\nHost: %s\r\nUser-Agent: gpubench-loadgen\r\n"
+                "Content-Type: application/json\r\n" % (prefix, ENDPOINTS[self.protocol], host_header))
+        head += "Accept: %s\r\n" % ("application/x-ndjson" if self.protocol == "ollama" else "text/event-stream")
+        head += self.authorization()
         self.requests = []
-        for text, _ in self.prompts:
-            request = {"model": self.config["model"], "prompt": text, "stream": True,
-                       "options": {"num_predict": self.config["max_tokens"]}}
-            if self.config.get("think") is not None:  # absent: the model's default (a thinking model thinks)
-                request["think"] = self.config["think"]
-            body = json.dumps(request).encode()
-            head = ("POST /api/generate HTTP/1.1\r\nHost: %s\r\nUser-Agent: gpubench-loadgen\r\n"
-                    "Content-Type: application/json\r\nAccept: application/x-ndjson\r\n"
-                    "Content-Length: %d\r\n\r\n" % (host_header, len(body)))
-            self.requests.append(head.encode("latin-1") + body)
+        for text, _, max_tokens in self.prompts:
+            body = json.dumps(self.request_body(text, self.config["max_tokens"] if max_tokens is None else max_tokens))
+            self.requests.append((head + "Content-Length: %d\r\n\r\n" % len(body.encode())).encode("latin-1")
+                                 + body.encode())
+
+    def request_body(self, text, max_tokens):
+        """One prompt's request in the configured protocol, ``extra_body`` merged in last."""
+        config = self.config
+        if self.protocol == "ollama":
+            request = {"model": config["model"], "prompt": text, "stream": True,
+                       "options": {"num_predict": max_tokens}}
+            if config.get("think") is not None:  # absent: the model's default (a thinking model thinks)
+                request["think"] = config["think"]
+        else:
+            request = {"model": config["model"], "stream": True, "stream_options": {"include_usage": True},
+                       "max_tokens": max_tokens}
+            if self.chat:
+                request["messages"] = [{"role": "user", "content": text}]
+            else:
+                request["prompt"] = text
+        request.update(config.get("extra_body") or {})
+        return request
+
+    def authorization(self):
+        """The bearer token's header, from the instance's environment: never in a file, log or event."""
+        name = self.config.get("api_key_env")
+        if not name:
+            return ""
+        token = os.environ.get(name)
+        if not token:
+            raise ValueError("api_key_env names %s, which is not set in the environment" % name)
+        return "Authorization: Bearer %s\r\n" % token
 
     def idle_socket(self):
         while self.idle:
@@ -820,7 +1026,7 @@ class LoadGenerator:
     def launch(self, warmup, scheduled):
         index = self.next_index
         self.next_index += 1
-        exchange = Exchange(self, index, warmup, index % len(self.prompts), scheduled)
+        exchange = self.exchange(self, index, warmup, index % len(self.prompts), scheduled)
         self.open.add(exchange)
         now = perf()
         self.account(now)

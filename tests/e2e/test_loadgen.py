@@ -14,11 +14,12 @@ import sys
 import threading
 
 import pytest
-from standin_helpers import RATE, TTFT_MS, Server, write_instance
+from standin_helpers import RATE, THINKING_MODEL, TTFT_MS, Server, write_instance
 
 from pytest_gpubench.measure.benchmark import LOADGEN_SOURCE, BenchmarkPlan, _local_lines
 from pytest_gpubench.matrix.cells import SEED_PROMPTS
 from pytest_gpubench.measure.results import RequestRecord, summarize
+from pytest_gpubench.sandbox.standin_state import StateStore, StreamFault
 
 PARALLEL = 4
 
@@ -301,14 +302,19 @@ class FakeOllama(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
 
 
-@pytest.fixture(scope="module")
-def fake():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeOllama)
+def serve(handler, path=""):
+    """Serve ``handler`` on a free port in a thread; yields the base URL (with ``path``)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
+    yield f"http://127.0.0.1:{server.server_address[1]}{path}"
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture(scope="module")
+def fake():
+    yield from serve(FakeOllama)
 
 
 def fake_config(url, tmp_path, prompts, **extra):
@@ -395,3 +401,246 @@ def test_runs_on_python_3_8(fake, tmp_path):
                                      concurrency=2), python=PYTHON_3_8)
     records = measured(events)
     assert events[-1]["status"] == "completed" and records and all(r.ok for r in records)
+
+
+# ------------------------------------- the OpenAI-compatible protocol (SSE), against the stand-in
+
+OPENAI = ["openai-chat", "openai-completions"]
+
+
+@pytest.mark.parametrize("protocol", OPENAI)
+def test_openai_streams_measure_the_truth_and_the_servers_counts(ollama, tmp_path, protocol):
+    events = run_loadgen(config(ollama.url, tmp_path, protocol=protocol, concurrency=2))
+    finish, records = events[-1], measured(events)
+    assert finish["status"] == "completed" and finish["incomplete"] == 0 and len(records) >= 4
+    for r in records:
+        assert r.ok, r.error
+        # The client's count of token chunks is the server's usage.completion_tokens.
+        assert r.output_tokens == r.eval_count > 1 and r.prompt_tokens > 0
+        assert r.done_reason in ("stop", "length") and r.thinking_tokens == 0 and r.ttfat_ms == r.ttft_ms
+        assert r.tpot_ms == pytest.approx((r.latency_ms - r.ttft_ms) / (r.output_tokens - 1), rel=1e-2)
+    results = summarize(records, finish["duration_seconds"])
+    assert results.p50_tokens_per_second == pytest.approx(RATE, rel=0.05)
+    assert results.p50_ttft_ms == pytest.approx(TTFT_MS, abs=15)
+    assert finish["itl_ms"]["count"] == sum(r.output_tokens - 1 for r in records)
+    assert finish["delivered_concurrency"] == pytest.approx(2, rel=0.1)
+    checkpoint = json.loads((tmp_path / "ck" / "checkpoint.json").read_text())
+    assert [RequestRecord.model_validate(r) for r in checkpoint["results"]] == [
+        RequestRecord.model_validate(e) for e in events if e["event"] == "request"]
+
+
+@pytest.mark.parametrize("protocol", OPENAI)
+def test_openai_max_tokens_per_prompt_and_quality_checks(ollama, tmp_path, protocol):
+    prompts = [{"prompt": SEED_PROMPTS[0], "max_tokens": 2}, {"prompt": SEED_PROMPTS[1], "expect": ["zzz-absent"]}]
+    records = measured(run_loadgen(config(ollama.url, tmp_path, protocol=protocol, prompts=prompts, max_tokens=9)))
+    assert {r.prompt_index for r in records} == {0, 1}
+    for r in records:
+        limit = 2 if r.prompt_index == 0 else 9
+        assert r.ok and r.output_tokens == r.eval_count <= limit
+        assert (r.done_reason == "length") == (r.eval_count == limit)
+        assert r.matched is (None if r.prompt_index == 0 else False)
+    assert max(r.eval_count for r in records if r.prompt_index == 1) > 2  # the prompt's own cap, not the run's
+
+
+def test_extra_body_fields_reach_the_server_last(ollama, tmp_path):
+    records = measured(run_loadgen(config(ollama.url, tmp_path, protocol="openai-chat", duration=0.5,
+                                          extra_body={"max_tokens": 3})))
+    assert records and all(r.ok and r.eval_count == r.output_tokens <= 3 for r in records)
+
+
+def test_openai_chat_reasoning_deltas_are_thinking_tokens(ollama, tmp_path):
+    ollama.pull(THINKING_MODEL)
+    records = measured(run_loadgen(config(ollama.url, tmp_path, protocol="openai-chat", model=THINKING_MODEL,
+                                          max_tokens=2000, duration=1.0)))
+    assert records
+    for r in records:
+        assert r.ok, r.error
+        assert 0 < r.thinking_tokens < r.output_tokens and r.ttfat_ms > r.ttft_ms > 0
+        # One token of slack, as on Ollama's API: the swallowed closing </think> tag.
+        assert r.eval_count - 1 <= r.output_tokens <= r.eval_count
+
+
+@pytest.mark.parametrize("protocol", OPENAI)
+def test_openai_unknown_model_is_a_clear_request_error(ollama, tmp_path, protocol):
+    events = run_loadgen(config(ollama.url, tmp_path, protocol=protocol, model="not-pulled:1b", duration=0.3,
+                                warmup_requests=0))
+    records = [e for e in events if e["event"] == "request"]
+    assert records and all(r["error"].startswith("HTTP 404: ") and "not found" in r["error"] for r in records)
+    assert "{" not in records[0]["error"]  # the message, not OpenAI's error object
+    assert events[-1]["status"] == "completed"
+
+
+def test_openai_stalled_stream_is_aborted_at_the_stall_timeout(ollama, tmp_path):
+    store = StateStore(ollama.instance.parent / "state")
+    store.write_stream_faults([StreamFault(id=1, kind="stall", after_tokens=3, times=1)])
+    try:
+        records = measured(run_loadgen(config(ollama.url, tmp_path, protocol="openai-chat", warmup_requests=0,
+                                              duration=0.5, request_timeout=1)))
+    finally:
+        store.write_stream_faults([])
+    stalled = records[0]
+    assert stalled.error == "stalled: no data for 1 s (stall timeout)" and stalled.output_tokens == 3
+    assert all(r.ok for r in records[1:])
+
+
+@pytest.mark.parametrize("protocol", OPENAI)
+def test_openai_cut_at_deadline_keeps_what_was_streamed(ollama, tmp_path, protocol):
+    max_tokens, duration = 4000, 1.0
+    events = run_loadgen(config(ollama.url, tmp_path, protocol=protocol, duration=duration, concurrency=2,
+                                warmup_requests=0, max_tokens=max_tokens, cut_at_deadline=True))
+    finish, records = events[-1], measured(events)
+    assert finish["incomplete"] == 2 and duration <= finish["duration_seconds"] < duration + 5
+    for r in records:
+        assert r.incomplete and r.error is None and 10 < r.output_tokens < max_tokens and r.eval_count is None
+        assert r.tokens_per_second == pytest.approx(RATE, rel=0.1)
+
+
+def test_openai_server_dying_mid_stream_is_a_request_error(tmp_path):
+    server = Server(write_instance(tmp_path / "dying"))
+    try:
+        server.pull("qwen2:7b")
+        process = subprocess.Popen(
+            [sys.executable, "-", json.dumps(config(server.url, tmp_path, protocol="openai-completions", duration=3,
+                                                    max_tokens=4000, progress_interval=0.2))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        process.stdin.write(LOADGEN_SOURCE)
+        process.stdin.close()
+        for line in process.stdout:
+            if json.loads(line)["event"] == "progress":  # the measured request is streaming (TTFT 40 ms)
+                break
+        server.proc.kill()
+        events = [json.loads(line) for line in process.stdout]
+        assert process.wait(30) == 0
+    finally:
+        server.stop()
+    records = measured(events)
+    assert records[0].error == "connection closed before the final chunk"
+    assert all(r.error for r in records) and events[-1]["status"] == "completed"
+
+
+# ------------------------------------------------ SSE framings and errors, against a fake
+
+
+def sse(chunks, done=True, newline=b"\n"):
+    events = [b"data: " + json.dumps(c, separators=(",", ":")).encode() + newline + newline for c in chunks]
+    return b"".join(events) + (b"data: [DONE]" + newline + newline if done else b"")
+
+
+def chat_chunk(finish=None, **delta):
+    return {"id": "c", "object": "chat.completion.chunk", "model": "m",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+
+
+USAGE = {"id": "c", "object": "chat.completion.chunk", "model": "m", "choices": [],
+         "usage": {"prompt_tokens": 7, "completion_tokens": 4, "total_tokens": 11}}
+# vLLM's shape: a role-only first chunk, reasoning under either name, the last token with the finish.
+REASONING_STREAM = [chat_chunk(role="assistant", content=""), chat_chunk(reasoning="Hm"),
+                    chat_chunk(reasoning_content=", ok", content=None), chat_chunk(content="Hi"),
+                    chat_chunk(finish="length", content=" there"), USAGE]
+
+
+class FakeOpenAI(http.server.BaseHTTPRequestHandler):
+    """Answers /v1/chat/completions in the way its (last) message names."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def reply(self, payload, status=200, content_type="text/event-stream", **headers):
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(payload)))
+        for name, value in headers.items():
+            self.send_header(name.replace("_", "-"), value)
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        assert self.path == "/v1/chat/completions" and body["stream"] and body["stream_options"]["include_usage"]
+        mode = body["messages"][-1]["content"]
+        if mode == "reasoning":
+            self.reply(sse(REASONING_STREAM))
+        elif mode == "crlf-comments":  # sse-starlette's line ends, and keep-alive comments
+            self.reply(b": ping\r\n\r\n" + sse(REASONING_STREAM, newline=b"\r\n"))
+        elif mode == "no-done":  # a body that ends after the usage chunk, without [DONE]
+            self.reply(sse(REASONING_STREAM, done=False))
+        elif mode == "whole":  # a server that ignored "stream"
+            answer = {"id": "c", "object": "chat.completion", "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "Hi there"}, "finish_reason": "stop"}],
+                "usage": USAGE["usage"]}
+            self.reply(json.dumps(answer).encode(), content_type="application/json")
+        elif mode == "auth":
+            if self.headers.get("Authorization") == "Bearer s3cret-token":
+                self.reply(sse(REASONING_STREAM))
+            else:
+                self.reply(b'{"error":{"message":"Invalid API key","type":"invalid_request_error"}}', 401,
+                           content_type="application/json")
+        elif mode == "vllm-error":
+            self.reply(b'{"object":"error","message":"max_tokens is too large","type":"BadRequestError",'
+                       b'"param":null,"code":400}', 400, content_type="application/json")
+        elif mode == "midstream":
+            self.reply(sse([chat_chunk(content="Hi"), {"error": {"message": "CUDA out of memory", "code": 500}}]))
+        elif mode == "truncated":  # the server went away after two tokens, before the finish
+            payload = sse([chat_chunk(content="Hi"), chat_chunk(content="!")], done=False)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(payload)
+            self.close_connection = True
+
+
+@pytest.fixture(scope="module")
+def fake_openai():
+    yield from serve(FakeOpenAI, "/v1")  # a base URL as OpenAI clients take it: the generator drops the /v1
+
+
+@pytest.mark.parametrize("mode", ["reasoning", "crlf-comments", "no-done", "whole"])
+def test_openai_framings_count_tokens_reasoning_and_usage(fake_openai, tmp_path, mode):
+    records = measured(run_loadgen(fake_config(fake_openai, tmp_path, [mode], protocol="openai-chat")))
+    assert records
+    for r in records:
+        assert r.ok, r.error
+        assert (r.eval_count, r.prompt_tokens) == (4, 7)
+        if mode == "whole":
+            assert (r.output_tokens, r.thinking_tokens, r.done_reason) == (1, 0, "stop")
+        else:
+            assert (r.output_tokens, r.thinking_tokens, r.done_reason) == (4, 2, "length")
+            assert r.ttfat_ms >= r.ttft_ms > 0
+
+
+def test_openai_bearer_token_comes_from_the_environment_and_goes_nowhere_else(fake_openai, tmp_path):
+    cfg = fake_config(fake_openai, tmp_path, ["auth"], protocol="openai-chat", api_key_env="GPUBENCH_TEST_KEY")
+    done = subprocess.run([sys.executable, "-", json.dumps(cfg)], input=LOADGEN_SOURCE, text=True,
+                          capture_output=True, timeout=120, env={**os.environ, "GPUBENCH_TEST_KEY": "s3cret-token"})
+    records = measured([json.loads(line) for line in done.stdout.splitlines()])
+    assert records and all(r.ok for r in records)
+    assert "s3cret" not in done.stdout + done.stderr + (tmp_path / "ck" / "checkpoint.json").read_text()
+    # Without the token: the server's 401 message; with the variable unset: a failed run that says so.
+    records = measured(run_loadgen(fake_config(fake_openai, tmp_path, ["auth"], protocol="openai-chat")))
+    assert records and all(r.error == "HTTP 401: Invalid API key" for r in records)
+    env = {k: v for k, v in os.environ.items() if k != "GPUBENCH_TEST_KEY"}
+    done = subprocess.run([sys.executable, "-", json.dumps(cfg)], input=LOADGEN_SOURCE, text=True,
+                          capture_output=True, timeout=120, env=env)
+    finish = json.loads(done.stdout.splitlines()[-1])
+    assert finish["status"] == "failed" and "GPUBENCH_TEST_KEY" in finish["message"]
+
+
+@pytest.mark.parametrize(("mode", "error", "tokens"), [
+    ("vllm-error", "HTTP 400: max_tokens is too large", 0),
+    ("midstream", "CUDA out of memory", 1),
+    ("truncated", "stream ended before the final chunk", 2),  # a close-delimited body: the close ends it
+])
+def test_openai_failures_are_error_records(fake_openai, tmp_path, mode, error, tokens):
+    records = measured(run_loadgen(fake_config(fake_openai, tmp_path, [mode], protocol="openai-chat")))
+    assert records and all(r.error == error and r.output_tokens == tokens for r in records)
+
+
+def test_unknown_protocol_fails_the_run_clearly(fake_openai, tmp_path):
+    done = subprocess.run([sys.executable, "-", json.dumps(fake_config(fake_openai, tmp_path, ["reasoning"],
+                                                                      protocol="grpc"))],
+                          input=LOADGEN_SOURCE, text=True, capture_output=True, timeout=120)
+    finish = json.loads(done.stdout.splitlines()[-1])
+    assert done.returncode == 1 and finish["status"] == "failed" and "unknown protocol 'grpc'" in finish["message"]
