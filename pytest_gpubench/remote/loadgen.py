@@ -11,8 +11,9 @@ parsed, and a token's text only when its prompt carries an expectation.
 
 Config (one JSON argument): ``ollama_url`` (the server's base URL, whatever the
 protocol), ``protocol`` (below), ``model``, ``prompts`` (strings, or objects
-``{"prompt": str, "expect": [str, ...], "max_tokens": n}``: any one expected
-substring matching, case-insensitive; ``max_tokens`` there overrides the run's),
+``{"prompt": str, "expect": [str, ...], "max_tokens": n, "ignore_eos": true}``: any
+one expected substring matching, case-insensitive; ``max_tokens`` there overrides the
+run's; ``ignore_eos`` is sent on the OpenAI protocols only),
 ``max_tokens``, ``think`` (Ollama only: sent as the request's ``think`` only
 when set: absent or null leaves the model's default), ``extra_body`` (fields
 merged into every request body last, e.g. ``ignore_eos`` or
@@ -158,15 +159,17 @@ def ms(seconds):
 
 
 def parse_prompt(entry):
-    """(text, lower-cased expectations or None, its own max_tokens or None) of one config prompt."""
+    """(text, lower-cased expectations or None, its own max_tokens or None, ignore_eos) of one
+    config prompt."""
     if isinstance(entry, dict):
         expect = entry.get("expect")
         if isinstance(expect, str):
             expect = [expect]
         expect = [str(e).lower() for e in expect or []] or None
         max_tokens = entry.get("max_tokens")
-        return str(entry["prompt"]), expect, None if max_tokens is None else int(max_tokens)
-    return str(entry), None, None
+        return (str(entry["prompt"]), expect, None if max_tokens is None else int(max_tokens),
+                entry.get("ignore_eos") is True)
+    return str(entry), None, None, False
 
 
 class Output:
@@ -978,13 +981,18 @@ class LoadGenerator:
         head += "Accept: %s\r\n" % ("application/x-ndjson" if self.protocol == "ollama" else "text/event-stream")
         head += self.authorization()
         self.requests = []
-        for text, _, max_tokens in self.prompts:
-            body = json.dumps(self.request_body(text, self.config["max_tokens"] if max_tokens is None else max_tokens))
+        for text, _, max_tokens, ignore_eos in self.prompts:
+            body = json.dumps(self.request_body(text, self.config["max_tokens"] if max_tokens is None else max_tokens,
+                                                ignore_eos))
             self.requests.append((head + "Content-Length: %d\r\n\r\n" % len(body.encode())).encode("latin-1")
                                  + body.encode())
 
-    def request_body(self, text, max_tokens):
-        """One prompt's request in the configured protocol, ``extra_body`` merged in last."""
+    def request_body(self, text, max_tokens, ignore_eos=False):
+        """One prompt's request in the configured protocol, ``extra_body`` merged in last.
+
+        ``ignore_eos`` (generate to ``max_tokens`` past end-of-sequence) is sent on the
+        OpenAI protocols only, as vLLM, SGLang and llama.cpp's server take it; Ollama has
+        no such option."""
         config = self.config
         if self.protocol == "ollama":
             request = {"model": config["model"], "prompt": text, "stream": True,
@@ -998,6 +1006,8 @@ class LoadGenerator:
                 request["messages"] = [{"role": "user", "content": text}]
             else:
                 request["prompt"] = text
+            if ignore_eos:
+                request["ignore_eos"] = True
         request.update(config.get("extra_body") or {})
         return request
 

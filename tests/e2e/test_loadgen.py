@@ -577,6 +577,12 @@ class FakeOpenAI(http.server.BaseHTTPRequestHandler):
             else:
                 self.reply(b'{"error":{"message":"Invalid API key","type":"invalid_request_error"}}', 401,
                            content_type="application/json")
+        elif mode == "ignore-eos":  # answers only a request that asks to generate past end-of-sequence
+            if body.get("ignore_eos") is True:
+                self.reply(sse(REASONING_STREAM))
+            else:
+                self.reply(b'{"object":"error","message":"expected ignore_eos","code":400}', 400,
+                           content_type="application/json")
         elif mode == "vllm-error":
             self.reply(b'{"object":"error","message":"max_tokens is too large","type":"BadRequestError",'
                        b'"param":null,"code":400}', 400, content_type="application/json")
@@ -644,3 +650,15 @@ def test_unknown_protocol_fails_the_run_clearly(fake_openai, tmp_path):
                           input=LOADGEN_SOURCE, text=True, capture_output=True, timeout=120)
     finish = json.loads(done.stdout.splitlines()[-1])
     assert done.returncode == 1 and finish["status"] == "failed" and "unknown protocol 'grpc'" in finish["message"]
+
+
+def test_a_prompt_s_ignore_eos_is_sent_on_the_openai_protocol_only(fake_openai, ollama, tmp_path):
+    entry = [{"prompt": "ignore-eos", "ignore_eos": True}]
+    records = measured(run_loadgen(fake_config(fake_openai, tmp_path, entry, protocol="openai-chat")))
+    assert records and all(r.ok and r.eval_count == 4 for r in records), [r.error for r in records]
+    plain = measured(run_loadgen(fake_config(fake_openai, tmp_path, ["ignore-eos"], protocol="openai-chat")))
+    assert plain and not any(r.ok for r in plain)
+    # Ollama has no such option: the same entry is a plain request there (its API refuses nothing).
+    prompts = [{"prompt": SEED_PROMPTS[0], "ignore_eos": True, "max_tokens": 3}]
+    on_ollama = measured(run_loadgen(config(ollama.url, tmp_path, prompts=prompts, duration=0.5)))
+    assert on_ollama and all(r.ok and r.eval_count <= 3 for r in on_ollama)
