@@ -98,6 +98,7 @@ class Bench:
             checkpoint_path=str(checkpoint), concurrency=self.cell.concurrency, rate=self.cell.rate,
             seed=run_index, request_timeout=self._run.settings.stall_seconds(workload.stall_timeout),
             think=workload.think, cut_at_deadline=self._run.settings.cut_at_deadline,
+            protocol=str(self.runtime.endpoint.api),  # the API the runtime serves, which the load generator speaks
         )
 
     def run(self) -> BenchmarkResult:

@@ -29,6 +29,10 @@ class ServingApi(str, Enum):
 
     #: Ollama's native ``POST /api/generate``, streamed as NDJSON with the server's own counters.
     OLLAMA = "ollama"
+    #: OpenAI's streaming ``POST /v1/chat/completions`` with ``stream_options.include_usage``.
+    OPENAI_CHAT = "openai-chat"
+    #: OpenAI's streaming ``POST /v1/completions``.
+    OPENAI_COMPLETIONS = "openai-completions"
 
     def __str__(self) -> str:
         return self.value

@@ -14,12 +14,14 @@ from ..matrix.cells import Cell
 from ..remote.ssh import Connection
 from .base import Runtime
 from .ollama import OllamaRuntime
+from .vllm import VllmRuntime
 
 #: Builds a cell's runtime on an open SSH connection to its instance.
 RuntimeFactory = Callable[[Connection, Cell], Runtime]
 
 RUNTIMES: dict[str, RuntimeFactory] = {
     OllamaRuntime.name: OllamaRuntime.for_cell,
+    VllmRuntime.name: VllmRuntime.for_cell,
 }
 
 

@@ -161,7 +161,8 @@ def test_the_load_generator_measures_through_the_endpoint(runtime, run):
     assert endpoint.api in set(ServingApi) and endpoint.remote_url and endpoint.local_url
     plan = BenchmarkPlan(model=MODEL, duration=1.0, max_tokens=8, prompts=list(SEED_PROMPTS[:2]), warmup_requests=0,
                          progress_interval=0.5, checkpoint_every=5,
-                         checkpoint_path=f".gpubench/contract/{runtime.name}.checkpoint.json", request_timeout=30)
+                         checkpoint_path=f".gpubench/contract/{runtime.name}.checkpoint.json", request_timeout=30,
+                         protocol=str(endpoint.api))
     outcome, _ = run(measure_once(runtime, plan, timeout=60, telemetry_interval=0.5, on_event=lambda event: None))
     measured = [record for record in outcome.records if not record.warmup]
     assert measured and all(record.ok and record.output_tokens > 0 for record in measured), measured[:3]
