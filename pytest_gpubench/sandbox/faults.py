@@ -20,8 +20,8 @@ fires ``times`` times (default: until cleared with ``DELETE /sandbox/faults``):
 ``missing_tools`` (``offer_id``, ``tools``)
     the instance boots without some of the programs a rented box usually has:
     any of ``nvidia-smi`` (a machine without an NVIDIA driver), ``python3`` (the
-    load generator must then run on the client) and ``curl`` (the default Ollama
-    install cannot download). Neither the stand-in nor the host's own copy is on
+    load generator must then run on the client), ``curl`` (the default Ollama
+    install cannot download) and ``vllm`` (the ``vllm`` runtime has nothing to serve with). Neither the stand-in nor the host's own copy is on
     the instance's ``PATH``.
 ``gpu_memory`` (``offer_id``, ``memory_mib``)
     the instance's GPU has ``memory_mib`` MiB, whatever the offer listed (a
@@ -65,8 +65,8 @@ SESSION_FAULTS = frozenset({"kill_instance", "drop_ssh", "stop_ollama", "stall_s
 FaultKind = Literal["provision_error", "stale_inventory", "no_ssh", "missing_tools", "gpu_memory", "kill_instance",
                     "drop_ssh", "stop_ollama", "stall_stream", "empty_output", "not_ready"]
 #: What ``missing_tools`` can leave out of an instance.
-OMITTABLE_TOOLS = ("nvidia-smi", "python3", "curl")
-Tool = Literal["nvidia-smi", "python3", "curl"]
+OMITTABLE_TOOLS = ("nvidia-smi", "python3", "curl", "vllm")
+Tool = Literal["nvidia-smi", "python3", "curl", "vllm"]
 
 
 class FaultRequest(BaseModel):

@@ -255,7 +255,7 @@ class Instance:
         if self.ollama_preinstalled:
             shims.write_executable(bin_dir / "ollama", shims.ollama_wrapper(bin_dir))
         # Always there: no flow runs them unless asked, so instances that never do are unchanged.
-        for program in shims.LAUNCHERS:
+        for program in (p for p in shims.LAUNCHERS if p not in missing):
             shims.write_executable(bin_dir / program, shims.launcher_wrapper(program))
         python3 = self.bin_dir / "python3"
         if "python3" not in missing and not python3.exists():
