@@ -164,6 +164,8 @@ class RuntimeSpec(_Strict):
 
     name: RuntimeName = DEFAULT_RUNTIME
     ollama_install: str | None = None
+    #: Extra arguments of the server's launch command (``vllm serve MODEL --port P ARGS``), each one word.
+    args: tuple[str, ...] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -182,6 +184,15 @@ class RuntimeSpec(_Strict):
         if not text.strip() or "\0" in text:
             raise invalid("must be a non-empty shell command without NUL characters")
         return text.strip()
+
+    @field_validator("args", mode="before")
+    @classmethod
+    def _arguments(cls, value: Any) -> Any:
+        if not isinstance(value, (list, tuple)) or not all(
+                isinstance(arg, str) and arg and arg.isprintable() and len(arg) <= 500 for arg in value):
+            raise invalid("must be a list of launch arguments such as ['--max-model-len', '4096'], "
+                          f"each one printable line; got {describe(value)}")
+        return tuple(value)
 
 
 class ModelSpec(_Strict):
@@ -301,6 +312,7 @@ class Matrix(BaseModel):
     offer: OfferSpec
     runtime: str = DEFAULT_RUNTIME
     ollama_install: str | None = None
+    runtime_args: tuple[str, ...] = ()
     vram_overrides: dict[str, int] = {}
     slo: Slo = Slo()
     thresholds: Thresholds = Thresholds()
@@ -328,6 +340,8 @@ class Cell(BaseModel):
     #: The model server (a name in ``runtimes/registry.py``).
     runtime: str = DEFAULT_RUNTIME
     ollama_install: str | None = None
+    #: The runtime's extra launch arguments (``runtime.args``), recorded with the result.
+    runtime_args: tuple[str, ...] = ()
     matrix_name: str
     source: str
     row: int
@@ -454,6 +468,7 @@ def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -
         offer=spec.offer,
         runtime=spec.runtime.name,
         ollama_install=spec.runtime.ollama_install,
+        runtime_args=spec.runtime.args,
         vram_overrides={model_ref(k).lower(): v.vram_gb for k, v in spec.models.items()},
         slo=spec.slo,
         thresholds=spec.thresholds,
@@ -499,6 +514,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
         runtime_set = row_runtime.model_fields_set
         runtime = row_runtime.name if "name" in runtime_set else matrix.runtime
         install = row_runtime.ollama_install if "ollama_install" in runtime_set else matrix.ollama_install
+        runtime_args = row_runtime.args if "args" in runtime_set else matrix.runtime_args
         row_offer = row.offer or OfferSpec()
         fields = row_offer.model_fields_set
         max_price = row_offer.max_price if "max_price" in fields else matrix.offer.max_price
@@ -510,6 +526,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
         seams = seam_suffix(runtime, matrix.cloud)
         row_cells = Prototype(Cell, dict(
             gpu=row.gpu, runtime=runtime, cloud=matrix.cloud, ollama_install=install, matrix_name=matrix.name,
+            runtime_args=runtime_args,
             source=matrix.source,
             row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu),
         ), varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "concurrency", "rate",

@@ -133,7 +133,8 @@ def details_of(cell: Cell, measurement: Measurement, runtime: Runtime, *,
         # "instance" (python3 there) or "local" (here, over the SSH forward): latency includes the tunnel.
         "loadgen_where": sorted({outcome.where for outcome in measurement.outcomes}),
         "runtime": {"name": runtime.name, "version": runtime.version, "num_parallel": runtime.num_parallel,
-                    "started_here": runtime.started_here},
+                    "started_here": runtime.started_here,
+                    **({"launch_args": list(cell.runtime_args)} if cell.runtime_args else {})},
         "hardware": {"compute_capability": compute_capability},
         # `requested`: the matrix's think (None: not sent, the runtime's default);
         # `effective`: whether the model did reason (None: nothing to tell from).

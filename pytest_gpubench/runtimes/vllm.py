@@ -81,7 +81,7 @@ class VllmRuntime:
     @classmethod
     def for_cell(cls, conn: Connection, cell: Cell) -> VllmRuntime:
         """The runtime for ``cell``'s model, on ``conn``."""
-        return cls(conn, model=cell.model)
+        return cls(conn, model=cell.model, args=tuple(cell.runtime_args))
 
     @property
     def endpoint(self) -> Endpoint:

@@ -10,7 +10,7 @@ import sqlite_utils
 from e2e_helpers import assert_every_session_released, run_pytest
 
 VLLM_MATRIX = """
-runtime: vllm
+runtime: {name: vllm, args: [--max-model-len, "4096"]}
 workload: {duration: 5s, max_tokens: 32, concurrency: 2}
 matrix:
   - {gpu: RTX 4090, provider: vastai, model: 'qwen2:1.5b'}
@@ -30,7 +30,8 @@ def test_a_vllm_cell_passes_and_records_vllm_its_version_and_tokens_per_second(t
     benchmark = next(db.query("select * from benchmarks where id = ?", [row["benchmark_id"]]))
     result, details = json.loads(benchmark["result_json"]), json.loads(benchmark["details_json"])
     assert (result["model"]["runtime"], result["model"]["runtime_version"]) == ("vllm", "0.10.1.1")
-    assert details["runtime"] == {"name": "vllm", "version": "0.10.1.1", "num_parallel": 2, "started_here": True}
+    assert details["runtime"] == {"name": "vllm", "version": "0.10.1.1", "num_parallel": 2, "started_here": True,
+                                  "launch_args": ["--max-model-len", "4096"]}
     assert benchmark["decode_tokens_per_second"] > 0 and benchmark["output_tokens_per_second"] > 0
     metrics = details["metrics"]
     assert metrics["errors"] == 0 and metrics["requests"] > 0

@@ -6,7 +6,8 @@ import shlex
 
 import pytest
 
-from pytest_gpubench.errors import Stage, StageError
+from pytest_gpubench.errors import MatrixError, Stage, StageError
+from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.runtimes.vllm import VllmRuntime
 
 
@@ -41,3 +42,22 @@ def test_an_argument_that_is_not_one_printable_line_is_refused(arg):
     with pytest.raises(StageError) as info:
         VllmRuntime(conn=None, args=(arg,)).serve_command("qwen2:1.5b", 1)
     assert info.value.stage is Stage.OLLAMA_INSTALL
+
+
+ROWS = "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:1.5b'}\n" \
+       "  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:7b', runtime: {args: [--enforce-eager]}}\n"
+
+
+def test_the_matrix_runtime_args_reach_each_cell_and_a_row_may_replace_them():
+    text = "runtime: {name: vllm, args: [--max-model-len, '4096']}\n" + ROWS
+    first, second = expand(parse_matrix(text, "gpubench_vllm.yaml"))
+    assert (first.runtime, first.runtime_args) == ("vllm", ("--max-model-len", "4096"))
+    assert (second.runtime, second.runtime_args) == ("vllm", ("--enforce-eager",))
+    assert VllmRuntime.for_cell(None, first).args == ("--max-model-len", "4096")
+
+
+@pytest.mark.parametrize("args", ["'--x 1'", "[1]", "['']", '["a\\nb"]'])
+def test_runtime_args_must_be_a_list_of_printable_words(args):
+    with pytest.raises(MatrixError) as info:
+        parse_matrix(f"runtime: {{name: vllm, args: {args}}}\n" + ROWS, "gpubench_vllm.yaml")
+    assert "runtime.args: must be a list of launch arguments" in str(info.value)
