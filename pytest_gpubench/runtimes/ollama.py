@@ -25,6 +25,7 @@ from ..matrix.cells import Cell
 from ..remote.ssh import Connection
 from ..settings import DEFAULT_OLLAMA_INSTALL
 from .base import Endpoint, PulledModel, ServingApi
+from .restart import restart_once
 
 #: Ollama model references: name[:tag], optionally namespaced. Nothing a shell
 #: or a URL would treat specially.
@@ -217,21 +218,12 @@ class OllamaRuntime:
         """
         if await self._version() is not None:
             return False
-        where = f"Ollama at {self.remote_url} on the instance"
-        if self.restarts:
-            raise StageError(stage, f"{where} stopped answering again after its one restart",
-                             hint=f"its log is {SERVE_LOG} on the instance")
-        self.restarts += 1
-        reason = f"{where} did not answer /api/version"
-        if on_restart is not None:
-            on_restart(reason)
-        if self.started_here:
-            # A hung server (alive, not answering) would keep the port: end the one we started.
-            await self.stop(timeout, stage)
-        try:
+
+        async def serve() -> None:
             self.version = await self._serve(self.num_parallel or self.wanted_parallel, timeout, stage)
-        except StageError as exc:
-            raise StageError(stage, f"{reason} and did not come back after one restart: {exc.message}") from None
+
+        await restart_once(self, where=f"Ollama at {self.remote_url} on the instance", probe="/api/version",
+                           log=SERVE_LOG, stage=stage, timeout=timeout, on_restart=on_restart, serve=serve)
         return True
 
     async def residency(self, model: str) -> dict[str, Any] | None:

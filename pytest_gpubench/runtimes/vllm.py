@@ -25,6 +25,7 @@ from ..errors import Stage, StageError
 from ..matrix.cells import Cell
 from ..remote.ssh import Connection
 from .base import Endpoint, PulledModel, ServingApi
+from .restart import restart_once
 
 DEFAULT_PORT = 8000
 #: Hugging Face repo ids (``org/name``), local paths, or catalog names with a tag; nothing a shell expands.
@@ -187,20 +188,10 @@ class VllmRuntime:
         """``/health`` must answer; a server that does not is started again, once per runtime."""
         if await self._healthy():
             return False
-        where = f"vLLM on port {self.remote_port} of the instance"
-        if self.restarts:
-            raise StageError(stage, f"{where} stopped answering again after its one restart",
-                             hint=f"its log is {SERVE_LOG} on the instance")
-        self.restarts += 1
-        reason = f"{where} did not answer /health"
-        if on_restart is not None:
-            on_restart(reason)
-        if self.started_here:
-            await self.stop(timeout, stage)
-        try:
-            await self._serve(self.model, self.num_parallel or self.wanted_parallel, timeout, stage)
-        except StageError as exc:
-            raise StageError(stage, f"{reason} and did not come back after one restart: {exc.message}") from None
+        await restart_once(
+            self, where=f"vLLM on port {self.remote_port} of the instance", probe="/health", log=SERVE_LOG,
+            stage=stage, timeout=timeout, on_restart=on_restart,
+            serve=lambda: self._serve(self.model, self.num_parallel or self.wanted_parallel, timeout, stage))
         return True
 
     async def stop(self, timeout: float, stage: Stage = Stage.OLLAMA_INSTALL) -> None:
