@@ -8,6 +8,11 @@ import httpx
 import pytest
 import sqlite_utils
 from e2e_helpers import assert_every_session_released, run_pytest
+from sandbox_session import connect, new_session
+
+from pytest_gpubench.aio import LoopThread
+from pytest_gpubench.errors import Stage, StageError
+from pytest_gpubench.runtimes.vllm import VllmRuntime
 
 VLLM_MATRIX = """
 runtime: {name: vllm, args: [--max-model-len, "4096"]}
@@ -55,3 +60,39 @@ def test_an_instance_without_vllm_fails_the_cell_at_install_with_a_clear_error(t
     assert (row["status"], row["failure_stage"]) == ("failed", "ollama_install"), row
     assert "vllm is not installed on the instance" in row["error_message"]
     assert_every_session_released(url)
+
+
+def test_a_vllm_serve_that_exits_fails_at_once_with_its_log_tail_and_stop_ends_a_running_one(api):
+    """Over real SSH to a sandbox instance: an unknown model makes ``vllm serve`` exit (its log's
+    tail is the error, long before the stage timeout); a good one serves until ``stop``."""
+    session, key = new_session(api)
+    loop = LoopThread("vllm-serve")
+    try:
+        conn = loop.run(connect(session, key), 60)
+
+        async def scenario() -> tuple[StageError, bool, bool]:
+            broken = VllmRuntime(conn, model="no-such-org/no-such-model")
+            await broken.ensure_installed(30)
+            await broken.locate(30)
+            try:
+                await broken.ensure_serving(600)
+            except StageError as exc:
+                failure = exc
+            else:
+                raise AssertionError("vllm serve of an unknown model served")
+            good = VllmRuntime(conn, model="qwen2:1.5b")
+            await good.locate(30)
+            await good.ensure_serving(120, num_parallel=3)
+            serving = await good._healthy()
+            await good.stop(30)
+            return failure, serving, await good._healthy()
+
+        failure, serving, after_stop = loop.run(scenario(), 300)
+        assert failure.stage is Stage.OLLAMA_INSTALL
+        assert "vllm serve exited before /health answered" in str(failure)
+        assert "is not a valid model identifier" in str(failure)  # the server's own words, from its log
+        assert (serving, after_stop) == (True, False)
+        loop.run(conn.close(), 15)
+    finally:
+        loop.close()
+        api.post(f"/api/v1/sessions/{session['id']}/done")
