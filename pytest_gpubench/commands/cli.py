@@ -58,12 +58,14 @@ def _open_store(path: str | None, *, create: bool = False):
     from ..store.opening import open_store, store_exists
 
     where = path or default_manifest()
-    if not create and not store_exists(where):
+    try:
+        exists = store_exists(where)
+    except UsageProblem as exc:  # a URL: say what is supported, not that it is missing
+        raise CommandProblem(exc.message) from None
+    if not create and not exists:
         raise CommandProblem(f"no manifest at {where} (run pytest with the plugin first, or pass --manifest PATH)")
     try:
         return open_store(where, busy_timeout=5, retry_seconds=10)
-    except UsageProblem as exc:
-        raise CommandProblem(exc.message) from None
     except Exception as exc:  # noqa: BLE001 - a corrupt or foreign file: say so in one line
         raise CommandProblem(f"cannot read the manifest {where}: {exc}") from None
 

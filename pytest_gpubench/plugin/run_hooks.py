@@ -54,6 +54,8 @@ def start(config: pytest.Config, gate: Any) -> None:
     else:
         if gate.run_id is not None:  # this controller's workers already run under this id
             settings = settings.model_copy(update={"run_id": gate.run_id})
+        if not shows_only and not config.option.collectonly:
+            _check_store(settings)  # before a sandbox starts or anything is written
         if settings.resume:
             settings = _resumed(config, settings)
         if settings.sandbox and not shows_only:
@@ -97,6 +99,16 @@ def _resumed(config: pytest.Config, settings: Settings) -> Settings:
         raise pytest.UsageError(str(exc)) from None
     config.stash[RESUME_KEY] = plan
     return settings.model_copy(update={"run_id": plan.run_id})
+
+
+def _check_store(settings: Settings) -> None:
+    """A store location that cannot be opened (a URL) is a usage error before anything runs."""
+    from ..store.opening import store_exists
+
+    try:
+        store_exists(settings.manifest)
+    except UsageProblem as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _settings(config: pytest.Config) -> Settings:

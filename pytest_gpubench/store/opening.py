@@ -14,8 +14,18 @@ from typing import Any
 from ..errors import UsageProblem
 from .base import Store
 
-#: ``scheme://...``: a location that names a server, not a file.
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+#: ``scheme://...`` (or ``scheme:/...``, what ``Path`` makes of it): a location that names
+#: a server, not a file. Two letters at least, so ``C:/...`` stays a path.
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/")
+
+
+def _sqlite_path(location: str | Path) -> Path:
+    """``location`` as the SQLite file it must be; a URL is a ``UsageProblem`` saying what is supported."""
+    found = _URL.match(str(location))
+    if found:
+        raise UsageProblem(f"store {found[1]}://...: only a SQLite file path is supported as a store "
+                           "(for example reports/manifest.db)")
+    return Path(location)
 
 
 def open_store(location: str | Path, **options: Any) -> Store:
@@ -25,16 +35,13 @@ def open_store(location: str | Path, **options: Any) -> Store:
     A URL (``postgresql://...``) is refused with what is supported, not opened as a
     file of that name.
     """
-    text = str(location)
-    if _URL.match(text):
-        scheme = text.split("://", 1)[0]
-        raise UsageProblem(f"store {scheme}://...: only a SQLite file path is supported as a store "
-                           "(for example reports/manifest.db)")
+    path = _sqlite_path(location)
     from .sqlite_store import SqliteStore  # sqlite-utils is loaded only when a store is opened
 
-    return SqliteStore.open(Path(text), **options)
+    return SqliteStore.open(path, **options)
 
 
 def store_exists(location: str | Path) -> bool:
-    """Whether ``location`` already holds a store: looking must never create one."""
-    return not _URL.match(str(location)) and Path(location).is_file()
+    """Whether ``location`` already holds a store: looking must never create one. A URL
+    is refused as :func:`open_store` refuses it, not reported as missing."""
+    return _sqlite_path(location).is_file()

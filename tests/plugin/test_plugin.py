@@ -155,3 +155,10 @@ def pytest_collection_finish(session):
     ])
     single = project.runpytest("--collect-only", "-q", "-s", "-k", "A100", "gpubench_demo.yaml")
     single.stdout.fnmatch_lines(["KEY A100_80GB-vastai-deepseek-r1:32b"])
+
+
+def test_a_store_url_is_a_usage_error_before_anything_is_written(project):
+    result = project.runpytest_subprocess("--gpubench-manifest", "postgresql://bench@db/gpubench")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["ERROR: store postgresql://...: only a SQLite file path is supported as a store*"])
+    assert not (project.path / "reports").exists() and not (project.path / "postgresql:").exists()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pytest_gpubench.errors import UsageProblem
@@ -24,7 +26,15 @@ def test_a_path_opens_a_sqlite_store_created_on_first_use(tmp_path):
 @pytest.mark.parametrize("url", ["postgresql://bench@db/gpubench", "sqlite:///x.db", "s3://bucket/m.db"])
 def test_a_url_is_refused_with_what_is_supported_and_nothing_is_created(tmp_path, monkeypatch, url):
     monkeypatch.chdir(tmp_path)
-    assert not store_exists(url)
-    with pytest.raises(UsageProblem, match=r"only a SQLite file path is supported"):
-        open_store(url)
+    for look in (store_exists, open_store):
+        for location in (url, Path(url)):  # a Path makes it scheme:/...: still a URL
+            with pytest.raises(UsageProblem, match=r"^store [a-z0-9]+://\.\.\.: only a SQLite file path is supported"):
+                look(location)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_cli_says_a_url_is_not_supported_rather_than_missing(tmp_path, capsys):
+    from pytest_gpubench.commands.cli import main
+
+    assert main(["report", "--manifest", "postgresql://bench@db/gpubench", "--output-dir", str(tmp_path)]) != 0
+    assert "only a SQLite file path is supported" in capsys.readouterr().err
