@@ -1,12 +1,14 @@
 """Does the load generator measure what the server really does, and cheaply?
 
-Run from the repository: ``python bench/fidelity.py [--duration 20] [--concurrency 1 8 64]
+Run from the repository: ``python bench/fidelity.py [--duration 20] [--concurrency 1 8 64 256]
 [--protocol ollama openai-chat]``.
 
 The Ollama stand-in streams at a known truth (issue 3's reference setup:
-``OLLAMA_NUM_PARALLEL=64``, TTFT 200 ms, 100 tokens/s i.e. 10 ms between tokens,
-jitter 0, ``max_tokens`` 256, and parallel streams that do not slow each other:
-its batching model off). At each concurrency the load generator
+``OLLAMA_NUM_PARALLEL=64`` (or the concurrency, if higher), TTFT 200 ms, 100 tokens/s
+i.e. 10 ms between tokens, jitter 0, ``max_tokens`` 256, and parallel streams that
+do not slow each other: its batching model off). From concurrency 256 up the truth
+is 25 tokens/s (40 ms between tokens), as issue 11 sets it, so that one stand-in
+process keeps up with 6,400 tokens/s on 2 cores. At each concurrency the load generator
 (``remote/loadgen.py``, run as ``benchmark.py`` runs it locally: ``python -`` with
 the script on stdin) and a reference client (httpx streaming under asyncio, N
 concurrent workers, in its own process) each run against a fresh stand-in for
@@ -59,6 +61,9 @@ from pytest_gpubench.measure.results import percentile  # noqa: E402
 MODEL = "qwen2:7b"
 TTFT_MS = 200.0
 TOKENS_PER_SECOND = 100.0
+#: From this concurrency up the truth is SLOW_TOKENS_PER_SECOND (issue 11: "256, with 40 ms between tokens").
+SLOW_FROM = 256
+SLOW_TOKENS_PER_SECOND = 25.0
 MAX_TOKENS = 256
 PROTOCOLS = ("ollama", "openai-chat")
 # Issue 11's targets, for both protocols.
@@ -79,10 +84,10 @@ LAG_LINE = re.compile(r"(\d+) tokens streamed, (\d+) more than 5 ms late, max la
 class StandIn(Server):
     """A fresh stand-in with the reference truth, the model pulled, its CPU use followed."""
 
-    def __init__(self, instance: Path, parallel: int) -> None:
+    def __init__(self, instance: Path, parallel: int, tokens_per_second: float = TOKENS_PER_SECOND) -> None:
         super().__init__(instance, OLLAMA_NUM_PARALLEL=str(parallel), GPUBENCH_SANDBOX_TTFT_MS=str(TTFT_MS),
                          GPUBENCH_SANDBOX_FINE_TIMERS="1",
-                         GPUBENCH_SANDBOX_TOKENS_PER_SECOND=str(TOKENS_PER_SECOND), GPUBENCH_SANDBOX_JITTER="0",
+                         GPUBENCH_SANDBOX_TOKENS_PER_SECOND=str(tokens_per_second), GPUBENCH_SANDBOX_JITTER="0",
                          # Every stream at the truth, however many: no batching slowdown.
                          GPUBENCH_SANDBOX_BATCH_CEILING_FACTOR="0")
         self.pull(MODEL)
@@ -379,6 +384,11 @@ def wake_floor(wakes: int = 600) -> float:
 # ------------------------------------------------------------------------ report
 
 
+def truth_tps(concurrency: int) -> float:
+    """The stand-in's decode rate at ``concurrency``: 100 tokens/s, 25 from :data:`SLOW_FROM` up."""
+    return SLOW_TOKENS_PER_SECOND if concurrency >= SLOW_FROM else TOKENS_PER_SECOND
+
+
 def rel(measured: float, truth: float) -> float:
     return (measured - truth) / truth
 
@@ -394,11 +404,12 @@ def report(protocol: str, concurrency: int, ours: Phase, ref: Phase) -> list[str
     print(f"{'figure':<30}{'truth':>9}{'loadgen':>10}{'error':>9}  {'target':<9}{'':<6}"
           f"{'httpx':>9}{'error':>9}{'loadgen/httpx':>15}")
     missed = []
+    tps = truth_tps(concurrency)
     rows = [
-        ("tokens/s per request (mean)", TOKENS_PER_SECOND, ours.tps_mean, ref.tps_mean, TARGET_TPS, "tps"),
-        ("tokens/s per request (p50)", TOKENS_PER_SECOND, ours.tps_p50, ref.tps_p50, None, "tps_p50"),
+        ("tokens/s per request (mean)", tps, ours.tps_mean, ref.tps_mean, TARGET_TPS, "tps"),
+        ("tokens/s per request (p50)", tps, ours.tps_p50, ref.tps_p50, None, "tps_p50"),
         ("TTFT p50 (ms)", TTFT_MS, ours.ttft_p50, ref.ttft_p50, TARGET_TTFT, "ttft"),
-        ("ITL p50 (ms)", 1000 / TOKENS_PER_SECOND, ours.itl_p50, ref.itl_p50, None, "itl"),
+        ("ITL p50 (ms)", 1000 / tps, ours.itl_p50, ref.itl_p50, None, "itl"),
         ("delivered concurrency", float(concurrency), ours.delivered, ref.delivered, TARGET_CONCURRENCY, "conc"),
     ]
     for name, truth, mine, theirs, target, key in rows:
@@ -461,7 +472,7 @@ def explain(protocol: str, concurrency: int, missed: list[str], ours: Phase, ref
 
 def measure(client: str, protocol: str, instance: Path, concurrency: int, duration: float, workdir: Path) -> Phase:
     """One client at one concurrency against a fresh stand-in, with the stand-in's health."""
-    server = StandIn(instance, parallel=64)
+    server = StandIn(instance, parallel=max(64, concurrency), tokens_per_second=truth_tps(concurrency))
     try:
         if client == "loadgen":
             phase = run_loadgen(server.url, protocol, concurrency, duration, workdir)
@@ -476,7 +487,7 @@ def measure(client: str, protocol: str, instance: Path, concurrency: int, durati
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per client and concurrency")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--protocol", nargs="+", choices=PROTOCOLS, default=list(PROTOCOLS),
                         help="the streaming API(s) measured, each on its own (default: both)")
     parser.add_argument("--reference", help=argparse.SUPPRESS)
@@ -488,7 +499,8 @@ def main() -> int:
         return 0
 
     print(f"Load generator fidelity: stand-in truth TTFT {TTFT_MS:.0f} ms, {TOKENS_PER_SECOND:.0f} tokens/s "
-          f"(ITL {1000 / TOKENS_PER_SECOND:.0f} ms), jitter 0, OLLAMA_NUM_PARALLEL=64, max_tokens {MAX_TOKENS}, "
+          f"(ITL {1000 / TOKENS_PER_SECOND:.0f} ms; {SLOW_TOKENS_PER_SECOND:.0f} tokens/s from concurrency {SLOW_FROM}), "
+          f"jitter 0, OLLAMA_NUM_PARALLEL=max(64, concurrency), max_tokens {MAX_TOKENS}, "
           f"{args.duration:g} s per client; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
     all_missed = []
     with tempfile.TemporaryDirectory(prefix="gpubench-fidelity-") as tmp:
