@@ -6,12 +6,7 @@ A plain module, not a test module: test modules import from here.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import tempfile
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -37,16 +32,3 @@ def new_session(api: httpx.Client) -> tuple[dict[str, Any], str]:
 async def connect(session: dict[str, Any], key: str) -> Connection:
     """An SSH connection to ``session`` as root (on the loop that awaits it)."""
     return await Connection.open(session["ssh_host"], session["ssh_port"], "root", key, timeout=30)
-
-
-@contextlib.contextmanager
-def vllm_port_held() -> Iterator[None]:
-    """vLLM serves on its fixed port 8000, and every sandbox instance shares this machine's
-    loopback: across xdist workers, one test at a time may run a vllm server (a file lock)."""
-    with open(Path(tempfile.gettempdir()) / "gpubench-tests-vllm-port-8000.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-

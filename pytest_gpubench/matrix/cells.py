@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from ..errors import MatrixError
 from .fields import (  # noqa: F401 - re-exported
@@ -166,6 +166,9 @@ class RuntimeSpec(_Strict):
     ollama_install: str | None = None
     #: Extra arguments of the server's launch command (``vllm serve MODEL --port P ARGS``), each one word.
     args: tuple[str, ...] = ()
+    #: A fixed port for the server: one found running there with the cell's model is used;
+    #: None: a free port picked on the instance (docs/runtimes.md).
+    port: int | None = Field(default=None, ge=1, le=65535)
 
     @model_validator(mode="before")
     @classmethod
@@ -313,6 +316,7 @@ class Matrix(BaseModel):
     runtime: str = DEFAULT_RUNTIME
     ollama_install: str | None = None
     runtime_args: tuple[str, ...] = ()
+    runtime_port: int | None = None
     vram_overrides: dict[str, int] = {}
     slo: Slo = Slo()
     thresholds: Thresholds = Thresholds()
@@ -342,6 +346,8 @@ class Cell(BaseModel):
     ollama_install: str | None = None
     #: The runtime's extra launch arguments (``runtime.args``), recorded with the result.
     runtime_args: tuple[str, ...] = ()
+    #: The server's fixed port (``runtime.port``); None: a free one picked on the instance.
+    runtime_port: int | None = None
     matrix_name: str
     source: str
     row: int
@@ -469,6 +475,7 @@ def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -
         runtime=spec.runtime.name,
         ollama_install=spec.runtime.ollama_install,
         runtime_args=spec.runtime.args,
+        runtime_port=spec.runtime.port,
         vram_overrides={model_ref(k).lower(): v.vram_gb for k, v in spec.models.items()},
         slo=spec.slo,
         thresholds=spec.thresholds,
@@ -515,6 +522,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
         runtime = row_runtime.name if "name" in runtime_set else matrix.runtime
         install = row_runtime.ollama_install if "ollama_install" in runtime_set else matrix.ollama_install
         runtime_args = row_runtime.args if "args" in runtime_set else matrix.runtime_args
+        runtime_port = row_runtime.port if "port" in runtime_set else matrix.runtime_port
         row_offer = row.offer or OfferSpec()
         fields = row_offer.model_fields_set
         max_price = row_offer.max_price if "max_price" in fields else matrix.offer.max_price
@@ -526,7 +534,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
         seams = seam_suffix(runtime, matrix.cloud)
         row_cells = Prototype(Cell, dict(
             gpu=row.gpu, runtime=runtime, cloud=matrix.cloud, ollama_install=install, matrix_name=matrix.name,
-            runtime_args=runtime_args,
+            runtime_args=runtime_args, runtime_port=runtime_port,
             source=matrix.source,
             row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu),
         ), varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "concurrency", "rate",

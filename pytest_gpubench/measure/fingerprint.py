@@ -25,7 +25,10 @@ What is in it, and why (see docs/metrics.md, "Comparable baselines"):
 * ``warmup``: whether the measured window starts on a warmed-up model;
 * ``runtime``: the runtime's name and version (an Ollama upgrade changes
   scheduling, batching and thinking defaults);
-* ``model_digest``: the weights behind the tag (a re-pushed tag is another model).
+* ``model_digest``: the weights behind the tag (a re-pushed tag is another model);
+* ``launch``: the runtime's launch arguments and fixed port (``runtime.args``,
+  ``runtime.port``): other arguments are another server configuration. Only
+  present when set, so fingerprints without them keep their hash.
 
 Left out on purpose: ``duration`` and ``runs`` (they set how precise the figures
 are, not what they measure: a short CI run is compared with a long nightly one),
@@ -38,7 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -46,7 +49,7 @@ from pydantic import BaseModel, ConfigDict
 __all__ = ["FIELDS", "Fingerprint", "fingerprint", "incomparable", "stored_fingerprint"]
 
 #: The fields, in the order a difference is told.
-FIELDS = ("prompts", "prompt_source", "max_tokens", "load", "think", "warmup", "runtime", "model_digest")
+FIELDS = ("prompts", "prompt_source", "max_tokens", "load", "think", "warmup", "runtime", "model_digest", "launch")
 
 
 class Fingerprint(BaseModel):
@@ -65,7 +68,8 @@ def _digest(data: Any) -> str:
 
 def fingerprint(*, prompts: list[Any], max_tokens: int, concurrency: int, rate: float | None,
                 think: bool | None, warmup_requests: int, runtime: str, runtime_version: str,
-                model_digest: str = "", prompt_source: str | None = None) -> Fingerprint:
+                model_digest: str = "", prompt_source: str | None = None,
+                launch_args: Sequence[str] = (), port: int | None = None) -> Fingerprint:
     """The fingerprint of a cell's workload on a runtime (see the module docstring)."""
     fields = {
         "prompts": _digest(prompts)[:16],
@@ -78,6 +82,8 @@ def fingerprint(*, prompts: list[Any], max_tokens: int, concurrency: int, rate: 
     }
     if prompt_source:
         fields["prompt_source"] = prompt_source
+    if launch_args or port is not None:  # only when set: fingerprints from before launch options stay equal
+        fields["launch"] = {"args": list(launch_args), "port": port}
     return Fingerprint(hash=_digest(fields)[:16], fields=fields)
 
 
@@ -102,6 +108,9 @@ def _shown(field: str, value: Any) -> str:
         return "default" if value is None else str(value).lower()
     if field == "warmup":
         return "warm-up" if value else "no warm-up"
+    if field == "launch":
+        return "default launch" if value is None else " ".join(
+            [*value.get("args", []), *([f"port {value['port']}"] if value.get("port") else [])]) or "default launch"
     if value is None:
         return "written or built-in prompts" if field == "prompt_source" else "unknown"
     return str(value)

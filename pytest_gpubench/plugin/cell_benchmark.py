@@ -209,7 +209,8 @@ class Bench:
                            concurrency=self.cell.concurrency, rate=self.cell.rate, think=workload.think,
                            warmup_requests=workload.warmup_requests, runtime=self.cell.runtime,
                            runtime_version=self.runtime.version, model_digest=pulled.digest if pulled else "",
-                           prompt_source=workload.prompt_source.identity if workload.prompt_source else None)
+                           prompt_source=workload.prompt_source.identity if workload.prompt_source else None,
+                           launch_args=self.cell.runtime_args, port=self.cell.runtime_port)
 
     def _invalid(self, problems: list[str], result: BenchmarkResult | None) -> ResultsInvalid:
         """Keep an invalid result raw under ``<reports>/invalid/`` and say so; nothing is recorded as measured."""
@@ -274,7 +275,7 @@ def build_result(cell: Cell, recorder: CellRecorder, runtime: Runtime, session: 
             parameter_count=pulled.parameter_size if pulled else "",
             quantization=pulled.quantization if pulled else "",
             size_gb=round(pulled.size_bytes / 1e9, 2) if pulled else 0.0,
-            runtime=cell.runtime,
+            runtime=runtime.name,
             runtime_version=runtime.version,
         ),
         test_config=TestConfig(

@@ -13,7 +13,10 @@ from ..errors import Stage, StageError
 from ..matrix.cells import Cell
 from ..remote.ssh import Connection
 from .base import Runtime
+from .llamacpp import LlamacppRuntime
 from .ollama import OllamaRuntime
+from .sglang import SglangRuntime
+from .tgi import TgiRuntime
 from .vllm import VllmRuntime
 
 #: Builds a cell's runtime on an open SSH connection to its instance.
@@ -22,6 +25,9 @@ RuntimeFactory = Callable[[Connection, Cell], Runtime]
 RUNTIMES: dict[str, RuntimeFactory] = {
     OllamaRuntime.name: OllamaRuntime.for_cell,
     VllmRuntime.name: VllmRuntime.for_cell,
+    SglangRuntime.name: SglangRuntime.for_cell,
+    TgiRuntime.name: TgiRuntime.for_cell,
+    LlamacppRuntime.name: LlamacppRuntime.for_cell,
 }
 
 

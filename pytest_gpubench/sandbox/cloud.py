@@ -380,7 +380,8 @@ class EmulatedCloud:
         return record.instance
 
     async def instance_fault(self, request: FaultRequest) -> dict[str, Any]:
-        """Faults on a running instance: ``drop_ssh``, ``stop_ollama``, ``stall_stream``, ``empty_output``."""
+        """Faults on a running instance: ``drop_ssh``, ``stop_ollama``, ``stop_server``, ``stall_stream``,
+        ``empty_output``."""
         assert request.session_id is not None
         instance = self.running_instance(request.session_id)
         if request.fault == "drop_ssh":
@@ -393,6 +394,11 @@ class EmulatedCloud:
             if pid is None:
                 raise ApiFailure(409, f"session {request.session_id}: ollama serve is not running")
             return {"stopped_pid": pid}
+        if request.fault == "stop_server":
+            pids = await instance.stop_servers(hang=request.hang)
+            if not pids:
+                raise ApiFailure(409, f"session {request.session_id}: no OpenAI server launcher is running")
+            return {"stopped_pids": pids}
         stall = request.fault == "stall_stream"
         fault = StreamFault(id=next(self._stream_fault_ids), kind="stall" if stall else "empty",
                             after_tokens=request.after_tokens if stall else 0, times=request.times)

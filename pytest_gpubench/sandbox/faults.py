@@ -21,8 +21,10 @@ fires ``times`` times (default: until cleared with ``DELETE /sandbox/faults``):
     the instance boots without some of the programs a rented box usually has:
     any of ``nvidia-smi`` (a machine without an NVIDIA driver), ``python3`` (the
     load generator must then run on the client), ``curl`` (the default Ollama
-    install cannot download) and ``vllm`` (the ``vllm`` runtime has nothing to serve with). Neither the stand-in nor the host's own copy is on
-    the instance's ``PATH``.
+    install cannot download) and the OpenAI servers' launchers ``vllm``,
+    ``llama-server``, ``text-generation-launcher`` and ``sglang`` (the Python
+    package): their runtime has nothing to serve with. Neither the stand-in nor
+    the host's own copy is on the instance's ``PATH``.
 ``gpu_memory`` (``offer_id``, ``memory_mib``)
     the instance's GPU has ``memory_mib`` MiB, whatever the offer listed (a
     mislisted machine): ``nvidia-smi`` and Ollama's memory check go by it.
@@ -42,9 +44,14 @@ Faults that act at once:
 ``stop_ollama`` (``session_id``, ``hang``)
     the instance's ``ollama serve`` crashes (SIGKILL); nothing restarts it. With
     ``hang: true`` it hangs instead (SIGSTOP): alive, holding its port, silent.
+``stop_server`` (``session_id``, ``hang``)
+    the instance's OpenAI-server launchers (``vllm``, ``llama-server``, SGLang's,
+    TGI's; every one running) crash (SIGKILL), or with ``hang: true`` hang (SIGSTOP).
 ``stall_stream`` (``session_id``, ``after_tokens``, ``times``)
     the next ``times`` generations (default: every one, until cleared) stop after
-    ``after_tokens`` tokens and stay silent until the client gives up.
+    ``after_tokens`` tokens and stay silent until the client gives up: under
+    ``ollama serve`` and every OpenAI-server launcher alike (one engine), as is
+    ``empty_output``.
 ``empty_output`` (``session_id``, ``times``)
     the next ``times`` generations end at once, done with no token at all.
 ``not_ready`` (``seconds``)
@@ -61,12 +68,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 OFFER_FAULTS = frozenset({"provision_error", "stale_inventory", "no_ssh", "missing_tools", "gpu_memory"})
 #: Faults that act on a running session's instance at once.
-SESSION_FAULTS = frozenset({"kill_instance", "drop_ssh", "stop_ollama", "stall_stream", "empty_output"})
+SESSION_FAULTS = frozenset({"kill_instance", "drop_ssh", "stop_ollama", "stop_server", "stall_stream",
+                            "empty_output"})
 FaultKind = Literal["provision_error", "stale_inventory", "no_ssh", "missing_tools", "gpu_memory", "kill_instance",
-                    "drop_ssh", "stop_ollama", "stall_stream", "empty_output", "not_ready"]
+                    "drop_ssh", "stop_ollama", "stop_server", "stall_stream", "empty_output", "not_ready"]
 #: What ``missing_tools`` can leave out of an instance.
-OMITTABLE_TOOLS = ("nvidia-smi", "python3", "curl", "vllm")
-Tool = Literal["nvidia-smi", "python3", "curl", "vllm"]
+OMITTABLE_TOOLS = ("nvidia-smi", "python3", "curl", "vllm", "llama-server", "text-generation-launcher", "sglang")
+Tool = Literal["nvidia-smi", "python3", "curl", "vllm", "llama-server", "text-generation-launcher", "sglang"]
 
 
 class FaultRequest(BaseModel):

@@ -3,7 +3,9 @@
 Layout of an instance (``<sandbox workdir>/instances/<session id>/``)::
 
     instance.json   the contract with the stand-ins (see :func:`instance_document`)
-    bin/            nvidia-smi, python3, curl, df, vllm, llama-server and, when preinstalled, ollama
+    bin/            nvidia-smi, python3, curl, df, vllm, llama-server, text-generation-launcher and,
+                    when preinstalled, ollama
+    python/         on PYTHONPATH: the ``sglang`` package (``python3 -m sglang.launch_server``)
     sysbin/         only with missing tools: links to the host's programs, minus those
     home/           $HOME and the working directory of every command
     state/          the stand-ins' shared state (pulled models, loaded models)
@@ -14,7 +16,7 @@ Layout of an instance (``<sandbox workdir>/instances/<session id>/``)::
 The SSH server is asyncssh in this process (:mod:`.sshd`, the default) or OpenSSH's
 ``sshd`` as a child process (:mod:`.openssh`); commands see the same machine either way.
 
-Every command runs with ``PATH=<bin>:<system PATH>``, ``HOME``, ``TMPDIR``,
+Every command runs with ``PATH=<bin>:<system PATH>``, ``PYTHONPATH=<python>``, ``HOME``, ``TMPDIR``,
 ``OLLAMA_HOST=127.0.0.1:<port of this instance>`` and
 ``GPUBENCH_SANDBOX_INSTANCE=<instance.json>``. An instance built with
 ``missing_tools`` (the ``missing_tools`` fault) has ``PATH=<bin>:<sysbin>`` instead,
@@ -209,6 +211,7 @@ class Instance:
         self.home = root / "home"
         self.state_dir = Path(document["state_dir"])
         self.tmp_dir = root / "tmp"
+        self.python_dir = root / "python"
         self.spec_path = root / "instance.json"
         self._service = StandinService(self.spec_path, self.bin_dir)
         self.ssh_port: int | None = None
@@ -257,6 +260,8 @@ class Instance:
         # Always there: no flow runs them unless asked, so instances that never do are unchanged.
         for program in (p for p in shims.LAUNCHERS if p not in missing):
             shims.write_executable(bin_dir / program, shims.launcher_wrapper(program))
+        if shims.SGLANG_PACKAGE not in missing:
+            shims.write_sglang_package(self.python_dir)
         python3 = self.bin_dir / "python3"
         if "python3" not in missing and not python3.exists():
             python3.symlink_to(sys.executable)
@@ -282,6 +287,7 @@ class Instance:
             "TMPDIR": str(self.tmp_dir),
             "LANG": os.environ.get("LANG", "C.UTF-8"),
             "OLLAMA_HOST": f"127.0.0.1:{self.ollama_port}",
+            "PYTHONPATH": str(self.python_dir),
             INSTANCE_ENV: str(self.spec_path),
             # Its daemons (ollama serve) end when the sandbox does, even a killed one.
             lifeline.OWNER_ENV: lifeline.owner_token(),
@@ -375,6 +381,18 @@ class Instance:
             await asyncio.sleep(0.02)
         return pid
 
+    async def stop_servers(self, hang: bool = False) -> list[int]:
+        """Crash every OpenAI-server launcher running on the instance (SIGKILL), or with ``hang``
+        freeze them (SIGSTOP); returns their pids (none: nothing ran)."""
+        marker = f"{INSTANCE_ENV}={self.spec_path}".encode()
+        pids = [pid for pid in _marked_processes(marker) if shims.LAUNCHERS_MODULE.encode() in _cmdline(pid)]
+        for pid in pids:
+            _signal(os.kill, pid, signal.SIGSTOP if hang else signal.SIGKILL)
+        deadline = asyncio.get_running_loop().time() + 5.0
+        while not hang and set(pids) & set(_marked_processes(marker)) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        return pids
+
     def arm_stream_fault(self, fault: StreamFault) -> None:
         """Add a stream fault for the instance's Ollama stand-in to apply."""
         store = StateStore(self.state_dir)
@@ -421,6 +439,14 @@ def _signal(send: Any, target: int, sig: signal.Signals) -> None:
         send(target, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read()
+    except OSError:
+        return b""
 
 
 def _marked_processes(marker: bytes) -> dict[int, int]:

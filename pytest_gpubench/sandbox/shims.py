@@ -52,7 +52,9 @@ DF_MODULE = "pytest_gpubench.sandbox.df_standin"
 SHIMS_MODULE = "pytest_gpubench.sandbox.shims"
 LAUNCHERS_MODULE = "pytest_gpubench.sandbox.openai_launchers"
 #: The OpenAI-compatible servers' launchers every instance has (:mod:`.openai_launchers`).
-LAUNCHERS = ("vllm", "llama-server")
+LAUNCHERS = ("vllm", "llama-server", "text-generation-launcher")
+#: SGLang is started as ``python3 -m sglang.launch_server``: a package, not a program in ``bin/``.
+SGLANG_PACKAGE = "sglang"
 
 
 def socket_path_for(bin_dir: Path) -> Path:
@@ -151,6 +153,26 @@ def launcher_wrapper(program: str) -> str:
     """``vllm`` or ``llama-server``: always the Python module (each call starts a
     server or answers ``--version``, nothing the answering service would save)."""
     return module_wrapper(LAUNCHERS_MODULE, program)
+
+
+def write_sglang_package(python_dir: Path) -> None:
+    """An importable ``sglang`` package in ``python_dir`` (on the instance's ``PYTHONPATH``):
+    ``sglang.__version__``, and ``python3 -m sglang.launch_server ARGS`` running the stand-in
+    (exec'd, so the pid ``nohup`` reported is the server's)."""
+    package = python_dir / SGLANG_PACKAGE
+    package.mkdir(parents=True, exist_ok=True)
+    from .launcher_programs import SGLANG_VERSION
+
+    (package / "__init__.py").write_text(
+        f'"""gpubench sandbox stand-in for SGLang (pytest_gpubench.sandbox)."""\n__version__ = {SGLANG_VERSION!r}\n',
+        encoding="utf-8")
+    (package / "launch_server.py").write_text(
+        '"""gpubench sandbox stand-in for `python3 -m sglang.launch_server`."""\n'
+        "import os\nimport sys\n\n"
+        f"os.environ['PYTHONPATH'] = os.pathsep.join(filter(None, [{str(PACKAGE_ROOT)!r}, "
+        "os.environ.get('PYTHONPATH')]))\n"
+        f"os.execv(sys.executable, [sys.executable, '-m', {LAUNCHERS_MODULE!r}, 'sglang', *sys.argv[1:]])\n",
+        encoding="utf-8")
 
 
 def curl_wrapper(bin_dir: Path) -> str:

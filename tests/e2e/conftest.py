@@ -20,7 +20,6 @@ import httpx
 import pytest
 
 from pytest_gpubench.sandbox import SandboxThread
-from sandbox_session import vllm_port_held
 
 DEFAULT_TIME_SCALE = 0.01
 STANDALONE_TIME_SCALE = 0.02
@@ -72,11 +71,3 @@ def standalone_sandbox(shared_standalone_sandbox: str) -> str:
     answer = httpx.post(f"{shared_standalone_sandbox}/sandbox/reset", timeout=120)
     assert answer.status_code == 200, answer.text
     return shared_standalone_sandbox
-
-
-
-@pytest.fixture
-def vllm_port() -> Iterator[None]:
-    """:func:`sandbox_session.vllm_port_held` for one test."""
-    with vllm_port_held():
-        yield

@@ -11,14 +11,13 @@ A new runtime in the registry is tested here without a line added.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 import httpx
 import pytest
 from polling import wait_for
-from sandbox_session import connect, new_session, vllm_port_held
+from sandbox_session import connect, new_session
 
 from pytest_gpubench.aio import LoopThread
 from pytest_gpubench.errors import Stage, StageError
@@ -51,14 +50,12 @@ def loop() -> Iterator[LoopThread]:
 
 @pytest.fixture(scope="module", params=sorted(RUNTIMES))
 def instance(request: pytest.FixtureRequest, api: httpx.Client, loop: LoopThread) -> Iterator[tuple[str, Connection]]:
-    """A running sandbox session per implementation, and an SSH connection to it (vLLM's
-    fixed port held while its server may run: :func:`sandbox_session.vllm_port_held`)."""
-    with vllm_port_held() if request.param == "vllm" else contextlib.nullcontext():
-        session, key = new_session(api)
-        conn = loop.run(connect(session, key), 60)
-        yield request.param, conn
-        loop.run(conn.close(), 15)
-        api.post(f"/api/v1/sessions/{session['id']}/done")
+    """A running sandbox session per implementation, and an SSH connection to it."""
+    session, key = new_session(api)
+    conn = loop.run(connect(session, key), 60)
+    yield request.param, conn
+    loop.run(conn.close(), 15)
+    api.post(f"/api/v1/sessions/{session['id']}/done")
 
 
 @pytest.fixture

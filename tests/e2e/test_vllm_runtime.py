@@ -23,8 +23,7 @@ matrix:
 
 
 @pytest.mark.slow
-def test_a_vllm_cell_passes_and_records_vllm_its_version_and_tokens_per_second(tmp_path, standalone_sandbox,
-                                                                              vllm_port):
+def test_a_vllm_cell_passes_and_records_vllm_its_version_and_tokens_per_second(tmp_path, standalone_sandbox):
     url = standalone_sandbox
     matrix = tmp_path / "gpubench_vllm.yaml"
     matrix.write_text(VLLM_MATRIX)
@@ -63,7 +62,7 @@ def test_an_instance_without_vllm_fails_the_cell_at_install_with_a_clear_error(t
     assert_every_session_released(url)
 
 
-def test_a_vllm_serve_that_exits_fails_at_once_with_its_log_tail_and_stop_ends_a_running_one(api, vllm_port):
+def test_a_vllm_serve_that_exits_fails_at_once_with_its_log_tail_and_stop_ends_a_running_one(api):
     """Over real SSH to a sandbox instance: an unknown model makes ``vllm serve`` exit (its log's
     tail is the error, long before the stage timeout); a good one serves until ``stop``."""
     session, key = new_session(api)

@@ -18,11 +18,12 @@ def argv_of(command: str) -> list[str]:
 
 
 def test_the_serve_command_is_vllm_serve_model_port_parallelism_and_the_arguments():
-    runtime = VllmRuntime(conn=None, model="Qwen/Qwen2-1.5B-Instruct", args=("--max-model-len", "4096"))
+    runtime = VllmRuntime(conn=None, model="Qwen/Qwen2-1.5B-Instruct", args=("--max-model-len", "4096"),
+                          remote_port=8000)
     command = runtime.serve_command(runtime.model, 8)
     assert argv_of(command) == ["vllm", "serve", "Qwen/Qwen2-1.5B-Instruct", "--port", "8000",
                                 "--max-num-seqs", "8", "--max-model-len", "4096"]
-    assert command.endswith('echo $! > "$HOME/.gpubench/vllm-serve.pid"')
+    assert command.endswith('echo $! > "$HOME/.gpubench/vllm-serve.pid"; echo 8000 > "$HOME/.gpubench/vllm-serve.port"')
 
 
 def test_an_argument_with_shell_syntax_is_one_quoted_word():
