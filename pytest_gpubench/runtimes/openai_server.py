@@ -328,11 +328,13 @@ class OpenAIServerRuntime:
         grace = max(0.5, min(TERM_GRACE_SECONDS, timeout / 2))
         steps = int(grace / 0.1)
         pid_file = self.spec.files("pid")
-        await self.conn.run(
+        result = await self.conn.run(
             f'pid=$(cat "{pid_file}" 2>/dev/null); [ -n "$pid" ] || exit 0; kill -TERM "$pid" 2>/dev/null; '
             f'i=0; while kill -0 "$pid" 2>/dev/null && [ $i -lt {steps} ]; do sleep 0.1; i=$((i+1)); done; '
-            f'kill -KILL "$pid" 2>/dev/null; rm -f "{pid_file}"; true',
+            f'kill -KILL "$pid" 2>/dev/null; rm -f "{pid_file}"; echo stopped',
             stage=stage, what=f"stopping the {self.spec.program} started earlier", timeout=timeout)
+        if "stopped" not in result.stdout:
+            return  # nothing of ours ran: a server answering is someone else's
         deadline = time.monotonic() + timeout
         while await self._healthy() and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
