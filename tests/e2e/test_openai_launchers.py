@@ -1,4 +1,5 @@
-"""The ``vllm`` and ``llama-server`` stand-ins on a sandbox instance, over real SSH.
+"""The OpenAI-server launchers' stand-ins (``vllm``, ``llama-server``, SGLang's, TGI's) on a sandbox
+instance, over real SSH.
 
 Each launcher is started on the instance with its real command line, its port reached
 through an SSH forward; readiness, a streamed chat completion (usage counts and timing
@@ -34,7 +35,17 @@ MAX_TOKENS = 40
 LAUNCHERS = {
     "vllm": lambda port: f"vllm serve {MODEL} --port {port} --tensor-parallel-size 1 --max-model-len 4096",
     "llama-server": lambda port: f"llama-server -m /models/{MODEL}.gguf --port {port} -c 4096 -np 2",
+    "sglang": lambda port: f"python3 -m sglang.launch_server --model-path {MODEL} --port {port} --tp-size 1 "
+                           f"--max-running-requests 4",
+    "text-generation-launcher": lambda port: f"text-generation-launcher --model-id {MODEL} --port {port} "
+                                             f"--num-shard 1 --max-concurrent-requests 4",
 }
+VERSION_COMMANDS = {"sglang": "python3 -c 'import sglang; print(sglang.__version__)'"}
+#: ``/v1/models``' ``owned_by``, and the line each server logs once it serves.
+OWNER = {"vllm": "vllm", "llama-server": "llamacpp", "sglang": "sglang", "text-generation-launcher": MODEL}
+READY_LINE = {"vllm": "Application startup complete.", "llama-server": "starting the main loop",
+              "sglang": "The server is fired up and ready to roll!",
+              "text-generation-launcher": "text_generation_router::server: Connected"}
 
 
 def instance_document(api: httpx.Client, session: dict[str, Any]) -> dict[str, Any]:
@@ -84,7 +95,7 @@ def test_launcher_serves_the_catalog_model_and_stops_on_sigterm(api: httpx.Clien
     async def scenario() -> None:
         connection = await connect(session, key)
         try:
-            version = await run(connection, f"{program} --version")
+            version = await run(connection, VERSION_COMMANDS.get(program, f"{program} --version"))
             assert version.exit_status == 0 and (version.stdout + version.stderr).strip()
             command = LAUNCHERS[program](port)
             started = await run(connection, f"nohup sh -c {shlex.quote(command + '; echo exit=$?')} "
@@ -117,8 +128,7 @@ def test_launcher_serves_the_catalog_model_and_stops_on_sigterm(api: httpx.Clien
 
             models = (await client.get("/v1/models")).json()
             served = models["data"][0]["id"]
-            assert models["object"] == "list" and models["data"][0]["owned_by"] == (
-                "vllm" if program == "vllm" else "llamacpp")
+            assert models["object"] == "list" and models["data"][0]["owned_by"] == OWNER[program]
 
             got = await stream_chat(client, served)
             await client.aclose()
@@ -145,8 +155,7 @@ def test_launcher_serves_the_catalog_model_and_stops_on_sigterm(api: httpx.Clien
                 await asyncio.sleep(0.1)
                 output = await stopped()
             assert "exit=0" in output, output
-            assert ("Application startup complete." in output) if program == "vllm" else (
-                "starting the main loop" in output)
+            assert READY_LINE[program] in output
         finally:
             await connection.close()
 
@@ -160,6 +169,13 @@ def test_launcher_serves_the_catalog_model_and_stops_on_sigterm(api: httpx.Clien
         ("llama-server -m /models/no-such.gguf --port {port}", "failed to open GGUF file '/models/no-such.gguf'"),
         ("vllm serve deepseek-r1:70b --port {port}", "CUDA out of memory"),
         ("llama-server -m /models/deepseek-r1:70b.gguf --port {port}", "cudaMalloc failed: out of memory"),
+        ("python3 -m sglang.launch_server --model-path no-such/model --port {port}", "is not a valid model identifier"),
+        ("python3 -m sglang.launch_server --model-path deepseek-r1:70b --port {port}",
+         "Not enough memory. Please try to increase --mem-fraction-static."),
+        ("text-generation-launcher --model-id no-such/model --port {port}", "Error: DownloadError"),
+        ("text-generation-launcher --model-id deepseek-r1:70b --port {port}", "Error: ShardCannotStart"),
+        ("text-generation-launcher --model-id qwen2:7b --num-shard 2 --port {port}",
+         "is greater than the number of GPUs (1)"),
     ],
 )
 def test_launcher_refuses_an_unknown_model_or_one_that_does_not_fit(api: httpx.Client, command: str,
@@ -180,7 +196,7 @@ def test_launcher_refuses_an_unknown_model_or_one_that_does_not_fit(api: httpx.C
 
 
 def test_readiness_while_loading_is_each_servers_own(tmp_path: Path) -> None:
-    """llama.cpp answers 503 ``Loading model`` while it loads; vLLM does not listen until loaded."""
+    """llama.cpp answers 503 ``Loading model`` while it loads; vLLM, SGLang and TGI do not listen until loaded."""
     instance = write_instance(tmp_path)
     document = json.loads(instance.read_text())
     document["time_scale"] = 0.5  # qwen2:7b loads in 1.5 s: long enough to be seen loading
@@ -189,6 +205,8 @@ def test_readiness_while_loading_is_each_servers_own(tmp_path: Path) -> None:
         ("llama-server", ["-m", f"{MODEL}.gguf"], (503, {"error": {"code": 503, "message": "Loading model",
                                                                   "type": "unavailable_error"}})),
         ("vllm", ["serve", MODEL], None),
+        ("sglang", ["--model-path", MODEL], None),
+        ("text-generation-launcher", ["--model-id", MODEL], None),
     ]:
         port = free_port()
         server = subprocess.Popen([sys.executable, "-m", "pytest_gpubench.sandbox.openai_launchers", program, *args,

@@ -183,3 +183,30 @@ def test_a_fixed_port_adopts_a_server_found_running_there_and_leaves_it_running(
         serve(run, runtime_for(cell_for("llamacpp", model="qwen2:7b", port=port), session[1]))
     assert "serves qwen2:1.5b, not qwen2:7b" in str(info.value)
     assert fault(api, session[0]["id"], "stop_server").status_code == 200  # the server found running
+
+
+@pytest.mark.parametrize("name", OPENAI_RUNTIMES)
+def test_a_stream_fault_stalls_every_servers_stream_mid_answer(api, session, run, started, name):
+    runtime = runtime_for(cell_for(name), session[1])
+    started.append(runtime)
+    serve(run, runtime)
+    armed = fault(api, session[0]["id"], "stall_stream", after_tokens=2, times=1)
+    assert armed.status_code == 200, armed.text
+
+    async def stream() -> tuple[int, bool]:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to twenty."}], "stream": True,
+                "max_tokens": 16}
+        tokens, stalled = 0, False
+        async with httpx.AsyncClient(base_url=runtime.url, timeout=httpx.Timeout(30, read=2.0)) as http:
+            try:
+                async with http.stream("POST", "/v1/chat/completions", json=body) as response:
+                    async for line in response.aiter_lines():
+                        if line.startswith("data: {") and '"content":"' in line and '"content":""' not in line:
+                            tokens += 1
+            except httpx.ReadTimeout:
+                stalled = True
+        return tokens, stalled
+
+    assert run(stream(), 60) == (2, True)  # two tokens, then silence
+    assert run(stream(), 60)[1] is False  # fired once: the next answer streams to its end
+    api.delete("/sandbox/faults")

@@ -1,4 +1,4 @@
-"""What reaches the instance's shell when VllmRuntime starts ``vllm serve``: validated, then quoted."""
+"""What reaches the instance's shell when an OpenAI-server runtime starts its server: validated, then quoted."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ import pytest
 
 from pytest_gpubench.errors import MatrixError, Stage, StageError
 from pytest_gpubench.matrix.cells import expand, parse_matrix
+from pytest_gpubench.measure.fingerprint import fingerprint, incomparable
+from pytest_gpubench.runtimes.llamacpp import LlamacppRuntime
+from pytest_gpubench.runtimes.sglang import SglangRuntime
+from pytest_gpubench.runtimes.tgi import TgiRuntime
 from pytest_gpubench.runtimes.vllm import VllmRuntime
 
 
@@ -62,3 +66,61 @@ def test_runtime_args_must_be_a_list_of_printable_words(args):
     with pytest.raises(MatrixError) as info:
         parse_matrix(f"runtime: {{name: vllm, args: {args}}}\n" + ROWS, "gpubench_vllm.yaml")
     assert "runtime.args: must be a list of launch arguments" in str(info.value)
+
+
+@pytest.mark.parametrize(("runtime_class", "argv"), [
+    (SglangRuntime, ["python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen2-1.5B-Instruct",
+                     "--port", "23456", "--max-running-requests", "8", "--tp-size", "2"]),
+    (TgiRuntime, ["text-generation-launcher", "--model-id", "Qwen/Qwen2-1.5B-Instruct", "--port", "23456",
+                  "--max-concurrent-requests", "8", "--tp-size", "2"]),
+    (LlamacppRuntime, ["llama-server", "-m", "Qwen/Qwen2-1.5B-Instruct", "--alias", "Qwen/Qwen2-1.5B-Instruct",
+                       "--port", "23456", "-np", "8", "--tp-size", "2"]),
+], ids=["sglang", "tgi", "llamacpp"])
+def test_each_servers_launch_command_is_its_template_with_model_port_parallelism_and_arguments(runtime_class, argv):
+    runtime = runtime_class(conn=None, model="Qwen/Qwen2-1.5B-Instruct", args=("--tp-size", "2"), remote_port=23456)
+    command = runtime.serve_command(runtime.model, 8)
+    assert argv_of(command) == argv
+    name = runtime_class.name
+    assert f'> "$HOME/.gpubench/{name}-serve.log" 2>&1' in command
+    assert command.endswith(f'echo $! > "$HOME/.gpubench/{name}-serve.pid"; '
+                            f'echo 23456 > "$HOME/.gpubench/{name}-serve.port"')
+
+
+@pytest.mark.parametrize("runtime_class", [SglangRuntime, TgiRuntime, LlamacppRuntime])
+def test_every_servers_command_quotes_an_argument_and_refuses_a_model_a_shell_would_read(runtime_class):
+    runtime = runtime_class(conn=None, args=("--chat-template", "{{ x }}; rm -rf / $(id)"), remote_port=20000)
+    assert argv_of(runtime.serve_command("qwen2:1.5b", 1))[-1] == "{{ x }}; rm -rf / $(id)"
+    with pytest.raises(StageError) as info:
+        runtime.serve_command("$(id)", 1)
+    assert info.value.stage is Stage.MODEL_PULL
+
+
+def test_runtime_port_reaches_each_cell_and_a_row_may_replace_or_drop_it():
+    text = ("runtime: {name: sglang, port: 30000}\n"
+            "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:1.5b'}\n"
+            "  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:7b', runtime: {port: null}}\n"
+            "  - {gpu: RTX 4090, provider: vastai, model: 'llama3:8b', runtime: {name: tgi, port: 8080}}\n")
+    first, second, third = expand(parse_matrix(text, "gpubench_ports.yaml"))
+    assert (first.runtime, first.runtime_port) == ("sglang", 30000)
+    assert (second.runtime, second.runtime_port) == ("sglang", None)
+    assert (third.runtime, third.runtime_port) == ("tgi", 8080)
+    assert SglangRuntime.for_cell(None, first).port == 30000 and SglangRuntime.for_cell(None, second).port is None
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "'x'"])
+def test_runtime_port_must_be_a_tcp_port(port):
+    with pytest.raises(MatrixError) as info:
+        parse_matrix(f"runtime: {{name: vllm, port: {port}}}\n" + ROWS, "gpubench_vllm.yaml")
+    assert "runtime.port" in str(info.value)
+
+
+def test_launch_arguments_and_port_are_part_of_the_workload_fingerprint():
+    def of(**launch):
+        return fingerprint(prompts=["hi"], max_tokens=64, concurrency=1, rate=None, think=None, warmup_requests=1,
+                           runtime="vllm", runtime_version="0.10.1.1", **launch)
+
+    plain, eager = of(), of(launch_args=("--enforce-eager",))
+    assert "launch" not in plain.fields  # a fingerprint without launch options keeps the hash it had
+    assert plain.hash != eager.hash != of(launch_args=("--enforce-eager",), port=8000).hash
+    baseline = {"run_id": "r1", "benchmark": {"details": {"fingerprint": plain.model_dump()}}}
+    assert incomparable(eager, baseline) == "run r1 differs: launch default launch -> --enforce-eager"
