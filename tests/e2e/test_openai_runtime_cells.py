@@ -1,4 +1,4 @@
-"""A cell whose matrix names ``runtime: vllm`` runs end to end on the sandbox's ``vllm`` stand-in."""
+"""Cells whose matrix names an OpenAI-server runtime run end to end on the sandbox's launcher stand-ins."""
 
 from __future__ import annotations
 
@@ -96,3 +96,40 @@ def test_a_vllm_serve_that_exits_fails_at_once_with_its_log_tail_and_stop_ends_a
     finally:
         loop.close()
         api.post(f"/api/v1/sessions/{session['id']}/done")
+
+
+FAMILY_MATRIX = """
+workload: {duration: 3s, max_tokens: 16, concurrency: 2, warmup_requests: 1}
+matrix:
+  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:1.5b', runtime: {name: sglang, args: [--mem-fraction-static, '0.8']}}
+  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:1.5b', runtime: tgi}
+  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:1.5b', runtime: llamacpp}
+"""
+VERSIONS = {"sglang": "0.5.1", "tgi": "3.3.4", "llamacpp": "6188 (21c17b5b)"}
+
+
+@pytest.mark.slow
+def test_cells_on_sglang_tgi_and_llamacpp_pass_through_the_whole_plugin(tmp_path, standalone_sandbox):
+    url = standalone_sandbox
+    matrix = tmp_path / "gpubench_family.yaml"
+    matrix.write_text(FAMILY_MATRIX)
+    done = run_pytest(tmp_path, str(matrix), "--gpubench-api", url, "--gpubench-time-scale", "0.02",
+                      "--rootdir", str(tmp_path), "-rs")
+    assert done.returncode == 0, done.stdout[-3000:]
+    db = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")
+    rows = list(db["benchmark_manifest"].rows)
+    assert len(rows) == 3 and {row["status"] for row in rows} == {"success"}, rows
+    seen = {}
+    for row in rows:
+        benchmark = next(db.query("select * from benchmarks where id = ?", [row["benchmark_id"]]))
+        result, details = json.loads(benchmark["result_json"]), json.loads(benchmark["details_json"])
+        name = result["model"]["runtime"]
+        seen[name] = result["model"]["runtime_version"]
+        assert details["runtime"]["name"] == name and details["runtime"]["started_here"] is True
+        metrics = details["metrics"]
+        assert metrics["errors"] == 0 and metrics["requests"] > 0
+        assert metrics["output_tokens_server"] == metrics["output_tokens_client"] > 0  # the server's usage counts
+        launch = details["fingerprint"]["fields"].get("launch")
+        assert launch == ({"args": ["--mem-fraction-static", "0.8"], "port": None} if name == "sglang" else None)
+    assert seen == VERSIONS
+    assert_every_session_released(url)
