@@ -124,3 +124,13 @@ def test_launch_arguments_and_port_are_part_of_the_workload_fingerprint():
     assert plain.hash != eager.hash != of(launch_args=("--enforce-eager",), port=8000).hash
     baseline = {"run_id": "r1", "benchmark": {"details": {"fingerprint": plain.model_dump()}}}
     assert incomparable(eager, baseline) == "run r1 differs: launch default launch -> --enforce-eager"
+
+
+def test_the_matrix_example_of_docs_runtimes_md_parses_into_a_cell_per_runtime():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "runtimes.md").read_text()
+    example = text.split("```yaml\n", 1)[1].split("```", 1)[0]
+    cells = expand(parse_matrix(example, "gpubench_runtimes_doc.yaml"))
+    assert [(c.runtime, c.runtime_port) for c in cells] == [("vllm", None), ("sglang", None), ("tgi", 3000),
+                                                            ("llamacpp", None)]
