@@ -385,7 +385,7 @@ class Instance:
         """Crash every OpenAI-server launcher running on the instance (SIGKILL), or with ``hang``
         freeze them (SIGSTOP); returns their pids (none: nothing ran)."""
         marker = f"{INSTANCE_ENV}={self.spec_path}".encode()
-        pids = [pid for pid in _marked_processes(marker) if shims.LAUNCHERS_MODULE.encode() in _cmdline(pid)]
+        pids = [pid for pid in _marked_processes(marker) if shims.LAUNCHERS_MODULE.encode() in process_cmdline(pid)]
         for pid in pids:
             _signal(os.kill, pid, signal.SIGSTOP if hang else signal.SIGKILL)
         deadline = asyncio.get_running_loop().time() + 5.0
@@ -441,7 +441,8 @@ def _signal(send: Any, target: int, sig: signal.Signals) -> None:
         pass
 
 
-def _cmdline(pid: int) -> bytes:
+def process_cmdline(pid: int) -> bytes:
+    """``/proc/PID/cmdline`` (NUL-separated words); empty for a process gone or not ours to read."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
             return handle.read()

@@ -22,15 +22,20 @@ matrix:
 """
 
 
-@pytest.mark.slow
-def test_a_vllm_cell_passes_and_records_vllm_its_version_and_tokens_per_second(tmp_path, standalone_sandbox):
-    url = standalone_sandbox
-    matrix = tmp_path / "gpubench_vllm.yaml"
-    matrix.write_text(VLLM_MATRIX)
+def run_matrix(tmp_path, url: str, name: str, text: str) -> sqlite_utils.Database:
+    """Run pytest on a matrix file against the standalone sandbox; it must pass; its manifest."""
+    matrix = tmp_path / name
+    matrix.write_text(text)
     done = run_pytest(tmp_path, str(matrix), "--gpubench-api", url, "--gpubench-time-scale", "0.02",
                       "--rootdir", str(tmp_path), "-rs")
     assert done.returncode == 0, done.stdout[-3000:]
-    db = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")
+    return sqlite_utils.Database(tmp_path / "reports" / "manifest.db")
+
+
+@pytest.mark.slow
+def test_a_vllm_cell_passes_and_records_vllm_its_version_and_tokens_per_second(tmp_path, standalone_sandbox):
+    url = standalone_sandbox
+    db = run_matrix(tmp_path, url, "gpubench_vllm.yaml", VLLM_MATRIX)
     (row,) = list(db["benchmark_manifest"].rows)
     benchmark = next(db.query("select * from benchmarks where id = ?", [row["benchmark_id"]]))
     result, details = json.loads(benchmark["result_json"]), json.loads(benchmark["details_json"])
@@ -111,12 +116,7 @@ VERSIONS = {"sglang": "0.5.1", "tgi": "3.3.4", "llamacpp": "6188 (21c17b5b)"}
 @pytest.mark.slow
 def test_cells_on_sglang_tgi_and_llamacpp_pass_through_the_whole_plugin(tmp_path, standalone_sandbox):
     url = standalone_sandbox
-    matrix = tmp_path / "gpubench_family.yaml"
-    matrix.write_text(FAMILY_MATRIX)
-    done = run_pytest(tmp_path, str(matrix), "--gpubench-api", url, "--gpubench-time-scale", "0.02",
-                      "--rootdir", str(tmp_path), "-rs")
-    assert done.returncode == 0, done.stdout[-3000:]
-    db = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")
+    db = run_matrix(tmp_path, url, "gpubench_family.yaml", FAMILY_MATRIX)
     rows = list(db["benchmark_manifest"].rows)
     assert len(rows) == 3 and {row["status"] for row in rows} == {"success"}, rows
     seen = {}

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from pytest_gpubench.sandbox import SandboxThread
+from pytest_gpubench.sandbox.instances import process_cmdline
 from pytest_gpubench.sandbox.shims import INSTANCE_ENV
 
 TIME_SCALE = 0.01
@@ -72,14 +73,6 @@ def _stat_fields(pid: int) -> list[bytes] | None:
 
 def _alive(pid: int) -> bool:
     return _stat_fields(pid) is not None
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read()
-    except OSError:
-        return b""
 
 
 def _children(pid: int) -> set[int]:
@@ -137,7 +130,7 @@ def test_session_on_real_sshd(sandbox):
             state = next(s for s in (await api.get("/sandbox/state")).json()["sessions"] if s["id"] == session["id"])
             root = Path(state["instance_dir"])
             sshd_pid = int((root / "sshd" / "sshd.pid").read_text())
-            assert b"sshd" in _cmdline(sshd_pid)
+            assert b"sshd" in process_cmdline(sshd_pid)
             assert (root / "sshd" / "ssh_host_ed25519_key").stat().st_mode & 0o777 == 0o600
 
             async with asyncssh.connect(
@@ -190,7 +183,7 @@ def test_session_on_real_sshd(sandbox):
                 listener.close()
 
                 instance_processes = _marked(str(root / "instance.json"))
-                servers = [pid for pid in instance_processes if b"ollama_standin\0serve" in _cmdline(pid)]
+                servers = [pid for pid in instance_processes if b"ollama_standin\0serve" in process_cmdline(pid)]
                 assert servers, "the Ollama server runs with the instance's environment"
                 connection_processes = _children(sshd_pid)
                 assert connection_processes, "the open connection has its own sshd process"
