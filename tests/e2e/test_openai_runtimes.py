@@ -100,8 +100,12 @@ def test_a_server_that_fails_at_load_fails_the_stage_at_once_with_its_own_words(
     assert words[name] in str(info.value)  # the log's tail, in the server's words
 
 
-@pytest.mark.parametrize("name", OPENAI_RUNTIMES)
-@pytest.mark.parametrize("hang", [False, True], ids=["crash", "hang"])
+@pytest.mark.parametrize(("name", "hang"), [
+    *[pytest.param(name, False, id=f"crash-{name}") for name in OPENAI_RUNTIMES],
+    # A hang costs a health timeout and a SIGTERM grace (~15 s): one runtime in the quick tier, the code is shared.
+    *[pytest.param(name, True, id=f"hang-{name}", marks=[] if name == "llamacpp" else [pytest.mark.slow])
+      for name in OPENAI_RUNTIMES],
+])
 def test_a_server_that_crashes_or_hangs_mid_run_is_restarted_once(api, session, run, started, name, hang):
     runtime = runtime_for(cell_for(name), session[1])
     started.append(runtime)
