@@ -85,6 +85,7 @@ from .selection import (  # noqa: F401 - re-exported: the matrix module is where
     select_cells,
     split_tag,
 )
+from .launch import LaunchSpec, launch_problem, resolved
 from .prototype import Prototype
 from ..measure.thresholds import Slo, Thresholds, merged
 from .yaml_errors import at_line, describe, node_line, parse_yaml, translate
@@ -166,6 +167,8 @@ class RuntimeSpec(_Strict):
     ollama_install: str | None = None
     #: Extra arguments of the server's launch command (``vllm serve MODEL --port P ARGS``), each one word.
     args: tuple[str, ...] = ()
+    #: How GPU Shopper launches the instance (``mode: entrypoint``: its image serves the model; see launch.py).
+    launch: LaunchSpec | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -313,6 +316,7 @@ class Matrix(BaseModel):
     runtime: str = DEFAULT_RUNTIME
     ollama_install: str | None = None
     runtime_args: tuple[str, ...] = ()
+    launch: LaunchSpec | None = None
     vram_overrides: dict[str, int] = {}
     slo: Slo = Slo()
     thresholds: Thresholds = Thresholds()
@@ -342,6 +346,8 @@ class Cell(BaseModel):
     ollama_install: str | None = None
     #: The runtime's extra launch arguments (``runtime.args``), recorded with the result.
     runtime_args: tuple[str, ...] = ()
+    #: ``runtime.launch`` with the server's defaults filled; None: a plain SSH launch.
+    launch: LaunchSpec | None = None
     matrix_name: str
     source: str
     row: int
@@ -469,6 +475,7 @@ def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -
         runtime=spec.runtime.name,
         ollama_install=spec.runtime.ollama_install,
         runtime_args=spec.runtime.args,
+        launch=spec.runtime.launch,
         vram_overrides={model_ref(k).lower(): v.vram_gb for k, v in spec.models.items()},
         slo=spec.slo,
         thresholds=spec.thresholds,
@@ -515,11 +522,16 @@ def _expand(matrix: Matrix) -> list[Cell]:
         runtime = row_runtime.name if "name" in runtime_set else matrix.runtime
         install = row_runtime.ollama_install if "ollama_install" in runtime_set else matrix.ollama_install
         runtime_args = row_runtime.args if "args" in runtime_set else matrix.runtime_args
+        launch = row_runtime.launch if "launch" in runtime_set else matrix.launch
         row_offer = row.offer or OfferSpec()
         fields = row_offer.model_fields_set
         max_price = row_offer.max_price if "max_price" in fields else matrix.offer.max_price
         max_attempts = (row_offer.max_attempts if "max_attempts" in fields else matrix.offer.max_attempts)
         template = row_offer.template if "template" in fields else matrix.offer.template
+        if launch is not None and (problem := launch_problem(launch, runtime, template)):
+            raise MatrixError(matrix.source, f"matrix[{r}].runtime.launch", problem + where)
+        if launch is not None and launch.entrypoint:
+            reuse = "cell"  # the image serves one model, started with the session: nothing to share
         bars = {**(matrix.offer.min_availability_confidence or {}),
                 **(row_offer.min_availability_confidence or {})}
         gpu_key = normalize_gpu(row.gpu)
@@ -530,7 +542,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
             source=matrix.source,
             row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu),
         ), varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "concurrency", "rate",
-                    "cell_id", "keywords", "reuse_group"))
+                    "cell_id", "keywords", "reuse_group", "launch"))
         for _, provider in row.provider_entries():
             offer = OfferConstraints(
                 max_price=max_price,
@@ -558,7 +570,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
                     cell = row_cells.new(
                         provider=provider, model=model, model_ref=ref, workload=point_workload, offer=offer,
                         vram_gb=vram, concurrency=concurrency, rate=rate, cell_id=base_id + suffix + seams,
-                        keywords=keywords, reuse_group=group)
+                        keywords=keywords, reuse_group=group, launch=resolved(launch, runtime, model))
                     key = (gpu_key, provider, ref_key, concurrency, rate, runtime)
                     id_key = cell.cell_id.lower()
                     first = seen.get(key, ids.get(id_key))
