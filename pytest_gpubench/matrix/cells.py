@@ -530,6 +530,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
         template = row_offer.template if "template" in fields else matrix.offer.template
         if launch is not None and (problem := launch_problem(launch, runtime, template)):
             raise MatrixError(matrix.source, f"matrix[{r}].runtime.launch", problem + where)
+        cell_launch = resolved(launch, runtime)
         if launch is not None and launch.entrypoint:
             reuse = "cell"  # the image serves one model, started with the session: nothing to share
         bars = {**(matrix.offer.min_availability_confidence or {}),
@@ -538,11 +539,11 @@ def _expand(matrix: Matrix) -> list[Cell]:
         seams = seam_suffix(runtime, matrix.cloud)
         row_cells = Prototype(Cell, dict(
             gpu=row.gpu, runtime=runtime, cloud=matrix.cloud, ollama_install=install, matrix_name=matrix.name,
-            runtime_args=runtime_args,
+            runtime_args=runtime_args, launch=cell_launch,
             source=matrix.source,
             row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu),
         ), varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "concurrency", "rate",
-                    "cell_id", "keywords", "reuse_group", "launch"))
+                    "cell_id", "keywords", "reuse_group"))
         for _, provider in row.provider_entries():
             offer = OfferConstraints(
                 max_price=max_price,
@@ -570,7 +571,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
                     cell = row_cells.new(
                         provider=provider, model=model, model_ref=ref, workload=point_workload, offer=offer,
                         vram_gb=vram, concurrency=concurrency, rate=rate, cell_id=base_id + suffix + seams,
-                        keywords=keywords, reuse_group=group, launch=resolved(launch, runtime, model))
+                        keywords=keywords, reuse_group=group)
                     key = (gpu_key, provider, ref_key, concurrency, rate, runtime)
                     id_key = cell.cell_id.lower()
                     first = seen.get(key, ids.get(id_key))

@@ -45,8 +45,6 @@ IMAGE_REFERENCE = re.compile(
     rf"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{{1,5}})?/)?{_COMPONENT}(?:/{_COMPONENT})*"
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
 )
-#: A Hugging Face repo id or a catalog name with a tag (the server passes it to the image as an env var).
-MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:-]{0,199}")
 
 
 def _port(value: Any, what: str = "must be") -> int:
@@ -61,8 +59,6 @@ class LaunchSpec(StrictModel):
     mode: Literal["ssh", "entrypoint"] = "ssh"
     #: The Docker image (``docker_image``); None: the server's default for the mode and runtime.
     image: str | None = None
-    #: The model the image serves (``model_id``); None: the cell's model.
-    model_id: str | None = None
     #: The port the image's server listens on (sent first in ``exposed_ports``); None: the runtime's default.
     api_port: int | None = None
     #: More ports to expose beside the API port.
@@ -85,16 +81,6 @@ class LaunchSpec(StrictModel):
                           f"([registry/]name[:tag][@sha256:digest], lower-case name); got {describe(value)}")
         return value
 
-    @field_validator("model_id", mode="before")
-    @classmethod
-    def _model_id(cls, value: Any) -> Any:
-        if value is None:
-            return None
-        if not isinstance(value, str) or not MODEL_ID.fullmatch(value) or ".." in value.split("/"):
-            raise invalid("must be a model id such as 'Qwen/Qwen2.5-7B-Instruct' (letters, digits, "
-                          f"'.', '_', '-', '/', ':'); got {describe(value)}")
-        return value
-
     @field_validator("api_port", mode="before")
     @classmethod
     def _api_port(cls, value: Any) -> Any:
@@ -114,7 +100,7 @@ class LaunchSpec(StrictModel):
     @model_validator(mode="after")
     def _entrypoint_only(self) -> LaunchSpec:
         if self.mode == "ssh":
-            extra = [key for key in ("model_id", "api_port", "exposed_ports") if key in self.model_fields_set]
+            extra = [key for key in ("api_port", "exposed_ports") if key in self.model_fields_set]
             if extra:
                 verb = "apply" if len(extra) > 1 else "applies"
                 raise invalid(f"{', '.join(extra)} {verb} only with `mode: entrypoint` (the image serves the "
@@ -141,15 +127,17 @@ def launch_problem(launch: LaunchSpec, runtime: str, template: str | None) -> st
     return None
 
 
-def resolved(launch: LaunchSpec | None, runtime: str, model: str) -> LaunchSpec | None:
-    """The launch a cell asks for, defaults filled (image, model id, API port); None for a plain SSH launch."""
+def resolved(launch: LaunchSpec | None, runtime: str) -> LaunchSpec | None:
+    """The launch a cell asks for, the server's defaults filled (image, API port); None for a plain SSH launch.
+
+    There is no ``model_id`` key: the image serves the cell's model (the create request's
+    ``model_id``), as the requests name the served model and another could not be measured."""
     if launch is None or (not launch.entrypoint and launch.image is None):
         return None
     if not launch.entrypoint:
         return launch
     return launch.model_copy(update={
         "image": launch.image or DEFAULT_IMAGES[runtime],
-        "model_id": launch.model_id or model,
         "api_port": launch.api_port or DEFAULT_API_PORTS[runtime],
     })
 

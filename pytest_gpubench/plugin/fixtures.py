@@ -31,6 +31,8 @@ from ..remote.system import probe_system
 from . import user_hooks
 from .run_context import RunContext
 from ..runtimes.base import Runtime
+from ..runtimes.entrypoint import adopt_image_server
+from ..cloud.ssh_wait import stage_timeout
 from ..runtimes.registry import runtime_for
 from ..runtimes.reuse import make_room, note_model, take_over_server
 from ..store.sandbox_label import junit_property, progress_labels
@@ -277,7 +279,8 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
     runtime = runtime_for(cell, gpu_ssh)
     lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
     known = take_over_server(lease, runtime)  # an earlier cell of the group started it
-    timeout = settings.stage_timeout(Stage.OLLAMA_INSTALL)
+    known = adopt_image_server(runtime, cell.launch) or known  # the session's image serves the model
+    timeout = stage_timeout(settings, Stage.OLLAMA_INSTALL, cell.launch.image if cell.launch else None)
 
     async def install_and_serve() -> tuple[bool, str]:
         # On a reused session an earlier cell installed it: serving is what is checked.
