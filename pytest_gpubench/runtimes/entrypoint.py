@@ -12,7 +12,7 @@ The load generator still runs on the instance over SSH and targets the port ther
 from __future__ import annotations
 
 from ..errors import Stage, StageError
-from ..matrix.launch import LaunchSpec
+from ..matrix.launch import IMAGE_RUNTIMES, LaunchSpec
 from .base import Runtime
 
 
@@ -26,9 +26,9 @@ def adopt_image_server(runtime: Runtime, launch: LaunchSpec | None) -> bool:
     """
     if launch is None or not launch.entrypoint:
         return False
-    if not hasattr(runtime, "remote_port") or launch.api_port is None:
+    if runtime.name not in IMAGE_RUNTIMES or launch.api_port is None:
         raise StageError(Stage.OLLAMA_INSTALL, f"runtime {runtime.name!r} cannot use a server its image started",
                          hint="use runtime vllm or tgi with `launch: {mode: entrypoint}`, or `mode: ssh`")
-    runtime.remote_port = launch.api_port  # type: ignore[attr-defined]  # the OpenAI-server runtimes have it
+    runtime.remote_port = launch.api_port  # type: ignore[attr-defined]  # the image runtimes' server port
     runtime.started_here = False
     return True
