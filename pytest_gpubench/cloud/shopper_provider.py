@@ -136,7 +136,8 @@ class ShopperProvider:
         ``ssh_wait`` stage timeout).
 
         A session the server failed fails at ``ssh_wait`` when its error is about SSH
-        ("SSH verification timeout"), else at ``provision`` ("No available public IPs").
+        ("SSH verification timeout"), else at ``provision`` ("No available public IPs"; in
+        entrypoint mode "API verification timeout": the image's server never answered).
         """
         if timeout is None:
             timeout = self.settings.stage_timeout(Stage.SSH_WAIT)
@@ -153,11 +154,10 @@ class ShopperProvider:
                 stage = Stage.SSH_WAIT if "ssh" in reason.lower() else Stage.PROVISION
                 raise StageError(stage, f"session {session_id} {session.status}: {reason}")
             if waited >= timeout:
-                raise StageError(
-                    Stage.SSH_WAIT,
-                    f"session {session_id} still {session.status} after {waited:.0f} s; "
-                    "SSH never became ready",
-                )
+                never = ("its image's model server never answered /health" if session.launch_mode == "entrypoint"
+                         else "SSH never became ready")
+                raise StageError(Stage.SSH_WAIT, f"session {session_id} still {session.status} after "
+                                                 f"{waited:.0f} s; {never}")
             await asyncio.sleep(min(self.settings.poll_interval, max(0.0, timeout - waited)))
 
     def ssh_details(self, created: CreatedSession, running: Session) -> SshDetails:

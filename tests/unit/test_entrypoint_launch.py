@@ -137,3 +137,12 @@ def test_a_runtime_adopts_the_images_server_only_in_entrypoint_mode():
     assert adopt_image_server(untouched, plain.launch) is False and untouched.remote_port == 8000
     with pytest.raises(Exception, match="cannot use a server its image started"):
         adopt_image_server(OllamaRuntime(conn=None), entry.launch)  # type: ignore[arg-type]
+
+
+def test_the_plugins_own_wait_names_the_images_server_in_entrypoint_mode():
+    answer = {"id": "s-1", "status": "provisioning", "launch_mode": "entrypoint", "api_port": 8000}
+    provider = ShopperProvider(ShopperClient("http://shopper.test", transport=httpx.MockTransport(
+        lambda r: httpx.Response(200, json=answer))), SETTINGS)
+    with pytest.raises(Exception, match="its image's model server never answered /health") as info:
+        asyncio.run(provider.wait_running("s-1", timeout=0.05))
+    assert str(info.value.stage) == "ssh_wait"
