@@ -35,7 +35,7 @@ from .reuse_estimates import disk_gb_for, estimated_cell_seconds, reservation_se
 from ..plugin.run_context import RunContext
 from ..settings import MIN_SCALED_TIMEOUT
 from .shopper_client import CreatedSession, Offer, Session
-from .ssh_wait import SshWait, entrypoint_wait, heavy_stage_seconds, image_wait, ssh_wait_for, stage_timeout
+from .ssh_wait import SshWait, entrypoint_wait, heavy_stage_seconds, ssh_wait_for, stage_timeout
 
 T = TypeVar("T")
 #: Seconds of slack on top of a stage timeout for the bridge into the loop.
@@ -78,6 +78,8 @@ class Ready:
     created: CreatedSession
     session: Session
     ssh: SshDetails
+    #: The session's Docker image, when known (a template's or an entrypoint launch's).
+    image: str | None = None
 
 
 @dataclass
@@ -161,8 +163,8 @@ class Provisioning:
 
     def _ssh_wait(self) -> SshWait:
         launch, template = self.cell.launch, self.cell.offer.template
-        if launch is not None and launch.image and not template:  # a template and an entrypoint never meet
-            return entrypoint_wait(launch.image) if launch.entrypoint else image_wait(launch.image)
+        if launch is not None and launch.image:  # only an entrypoint launch (never with a template)
+            return entrypoint_wait(launch.image)
         image = None
         if template:
             provider, timeout = self.provider, self.run.settings.stage_timeout(Stage.PROVISION)
@@ -233,7 +235,7 @@ class Provisioning:
                                      api_port=running.api_port or None)
         recorder.progress.status("ATTEMPT", attempt=attempt.number, offer_id=offer.id, outcome="ready",
                                  ssh_wait=wait.reason)
-        return Ready(attempt, created, running, provider.ssh_details(created, running))
+        return Ready(attempt, created, running, provider.ssh_details(created, running), image=wait.image)
 
     def _bridge(self, coro: Coroutine[Any, Any, T], timeout: float, stage: Stage, what: str) -> T:
         """Run ``coro`` on the loop; a bridge timeout is this stage's error (so failover can act)."""

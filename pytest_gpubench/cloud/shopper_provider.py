@@ -40,10 +40,8 @@ def launch_fields(launch: LaunchSpec | None, runtime: str, model: str) -> dict[s
     takes ``exposed_ports[0]`` as the session's API port (``internal/provider/vastai/client.go``) and
     passes ``model_id`` to the image (vLLM: ``VLLM_MODEL``; TGI: ``MODEL_ID``).
     """
-    if launch is None:
-        return {}
-    if not launch.entrypoint:
-        return {"launch_mode": "ssh", "docker_image": launch.image}
+    if launch is None or not launch.entrypoint:
+        return {}  # the server's default, ssh
     return {"launch_mode": "entrypoint", "workload_type": IMAGE_RUNTIMES[runtime], "docker_image": launch.image,
             "model_id": model, "exposed_ports": exposed_ports(launch)}
 

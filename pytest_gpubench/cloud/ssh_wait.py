@@ -124,17 +124,6 @@ def ssh_wait_for(template: str | None, image: str | None) -> SshWait:
                    image=image)
 
 
-def image_wait(image: str) -> SshWait:
-    """The SSH wait of a session launched over SSH from a custom ``image`` (no template): a heavy
-    image's minutes are sent as ``ssh_timeout_minutes``, else the server's default holds."""
-    heavy = heavy_image_minutes(image)
-    if heavy is None:
-        server = SERVER_DEFAULT_SSH_MINUTES
-        return SshWait(_wait(server), None, f"image {image}: server checks SSH for {server} min", image=image)
-    return SshWait(_wait(heavy), heavy, f"image {image} (heavy image): server checks SSH for {heavy} min",
-                   image=image)
-
-
 def stage_timeout(settings: Settings, stage: Stage, image: str | None) -> float:
     """``settings.stage_timeout(stage)``, raised for a heavy ``image`` (:func:`heavy_stage_seconds`)."""
     base = settings.stage_timeout(stage)

@@ -57,7 +57,7 @@ class LaunchSpec(StrictModel):
     """``runtime.launch``: the session's launch mode and, for ``entrypoint``, what its image serves."""
 
     mode: Literal["ssh", "entrypoint"] = "ssh"
-    #: The Docker image (``docker_image``); None: the server's default for the mode and runtime.
+    #: The Docker image (``docker_image``); None: the server's default for the runtime.
     image: str | None = None
     #: The port the image's server listens on (sent first in ``exposed_ports``); None: the runtime's default.
     api_port: int | None = None
@@ -100,7 +100,8 @@ class LaunchSpec(StrictModel):
     @model_validator(mode="after")
     def _entrypoint_only(self) -> LaunchSpec:
         if self.mode == "ssh":
-            extra = [key for key in ("api_port", "exposed_ports") if key in self.model_fields_set]
+            # The server passes docker_image on only in entrypoint mode (provisioner/service.go).
+            extra = [key for key in ("image", "api_port", "exposed_ports") if key in self.model_fields_set]
             if extra:
                 verb = "apply" if len(extra) > 1 else "applies"
                 raise invalid(f"{', '.join(extra)} {verb} only with `mode: entrypoint` (the image serves the "
@@ -128,14 +129,12 @@ def launch_problem(launch: LaunchSpec, runtime: str, template: str | None) -> st
 
 
 def resolved(launch: LaunchSpec | None, runtime: str) -> LaunchSpec | None:
-    """The launch a cell asks for, the server's defaults filled (image, API port); None for a plain SSH launch.
+    """The launch a cell asks for, the server's defaults filled (image, API port); None for an SSH launch.
 
     There is no ``model_id`` key: the image serves the cell's model (the create request's
     ``model_id``), as the requests name the served model and another could not be measured."""
-    if launch is None or (not launch.entrypoint and launch.image is None):
+    if launch is None or not launch.entrypoint:
         return None
-    if not launch.entrypoint:
-        return launch
     return launch.model_copy(update={
         "image": launch.image or DEFAULT_IMAGES[runtime],
         "api_port": launch.api_port or DEFAULT_API_PORTS[runtime],

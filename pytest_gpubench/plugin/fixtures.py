@@ -187,7 +187,7 @@ def gpu_session(
         key_file = KeyFile(ready.ssh.private_key, name=ready.session.id)
         # The offer that came up, which after a failover is not the one first chosen.
         session = GpuSession(ready.session, ready.ssh, key_file,
-                             replace(gpu_offer, offer=ready.attempt.offer), cloud=cell.cloud)
+                             replace(gpu_offer, offer=ready.attempt.offer), cloud=cell.cloud, image=ready.image)
         if provisioning.shared:
             lease = node.stash[LEASE_KEY] = gpubench_pool.open(cell, provisioning, session)
             recorder.store.update_cell(recorder.row_id, reuse_group=cell.session_group, session_turn=1,
@@ -280,7 +280,7 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
     lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
     known = take_over_server(lease, runtime)  # an earlier cell of the group started it
     known = adopt_image_server(runtime, cell.launch) or known  # the session's image serves the model
-    timeout = stage_timeout(settings, Stage.OLLAMA_INSTALL, cell.launch.image if cell.launch else None)
+    timeout = stage_timeout(settings, Stage.OLLAMA_INSTALL, gpu_session.image)  # longer for a heavy image
 
     async def install_and_serve() -> tuple[bool, str]:
         # On a reused session an earlier cell installed it: serving is what is checked.

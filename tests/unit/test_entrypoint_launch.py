@@ -11,7 +11,7 @@ import pytest
 
 from pytest_gpubench.cloud.shopper_client import Offer, ShopperClient
 from pytest_gpubench.cloud.shopper_provider import ShopperProvider
-from pytest_gpubench.cloud.ssh_wait import entrypoint_wait, heavy_stage_seconds, image_wait, stage_timeout
+from pytest_gpubench.cloud.ssh_wait import entrypoint_wait, heavy_stage_seconds, stage_timeout
 from pytest_gpubench.errors import MatrixError, Stage
 from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.runtimes.entrypoint import adopt_image_server
@@ -73,6 +73,8 @@ def test_a_row_sets_the_launch_over_the_files_runtime():
     ("{name: vllm, launch: {mode: entrypoint, exposed_ports: [8000, 8000]}}", "", "lists a port twice"),
     ("{name: vllm, launch: {mode: entrypoint, exposed_ports: [8000, 'x']}}", "", "every port must be a port"),
     ("{name: vllm, launch: {mode: ssh, api_port: 8000}}", "", "api_port applies only with `mode: entrypoint`"),
+    ("{name: vllm, launch: {mode: ssh, image: 'vllm/vllm-openai:v0.10.1'}}", "",
+     "image applies only with `mode: entrypoint`"),
     ("{name: vllm, launch: {mode: docker}}", "", "runtime.launch.mode: must be 'ssh' or 'entrypoint'"),
     ("{name: vllm, launch: {mode: entrypoint, model_id: x}}", "",
      "allowed keys: mode, image, api_port, exposed_ports"),
@@ -87,10 +89,7 @@ def test_the_create_body_of_each_mode():
     plain = create_body("vllm")
     assert plain == {"consumer_id": "gpubench-c", "offer_id": "vastai-1", "workload_type": "interactive",
                      "reservation_hours": 1, "idle_threshold_minutes": 5}
-    ssh = create_body("{name: vllm, launch: {mode: ssh, image: 'vllm/vllm-openai:v0.10.1'}}")
-    assert (ssh["launch_mode"], ssh["docker_image"], ssh["workload_type"]) == (
-        "ssh", "vllm/vllm-openai:v0.10.1", "interactive")
-    assert "model_id" not in ssh and "exposed_ports" not in ssh
+    assert create_body("{name: vllm, launch: {mode: ssh}}") == plain  # ssh: the server's default
     entry = create_body("{name: vllm, launch: {mode: entrypoint, api_port: 9000, exposed_ports: [22, 9000]}}")
     assert {k: entry[k] for k in ("launch_mode", "workload_type", "docker_image", "model_id", "exposed_ports")} == {
         "launch_mode": "entrypoint", "workload_type": "llm_vllm", "docker_image": "vllm/vllm-openai:latest",
@@ -117,8 +116,6 @@ def test_heavy_images_get_the_tables_minutes_for_provision_ssh_wait_and_install(
     assert entrypoint_wait("vllm/vllm-openai:x").seconds == 15 * 60 + 120
     assert entrypoint_wait("example/light:1").seconds == 10 * 60 + 120
     assert entrypoint_wait("vllm/vllm-openai:x").server_minutes is None
-    # A custom image over SSH: a heavy one's minutes are sent as the server's SSH timeout.
-    assert (image_wait("vllm/vllm-openai:x").server_minutes, image_wait("example/light:1").server_minutes) == (15, None)
     # On the run's clock; a light image keeps the seed's budget.
     assert stage_timeout(SETTINGS, Stage.OLLAMA_INSTALL, "vllm/vllm-openai:x") == 15.0  # 900 s x 0.01, floor 15
     full = resolve({}, {}, lambda name: None)
