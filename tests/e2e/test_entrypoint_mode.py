@@ -6,12 +6,9 @@ so these tests need not hold vLLM's fixed port 8000.
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import pytest
-import sqlite_utils
-from e2e_helpers import run_pytest, sandbox_sessions
+from e2e_helpers import manifest_rows, only_result, run_pytest, sandbox_sessions
 from polling import wait_for
 
 from pytest_gpubench.sandbox.instances import free_port
@@ -43,10 +40,7 @@ def test_an_entrypoint_vllm_cell_benchmarks_the_images_server_and_records_the_la
     url, port = standalone_sandbox, free_port()
     done = _run(tmp_path, url, "vllm/vllm-openai:v0.10.1", port)
     assert done.returncode == 0, done.stdout[-3000:]
-    db = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")
-    (row,) = list(db["benchmark_manifest"].rows)
-    benchmark = next(db.query("select * from benchmarks where id = ?", [row["benchmark_id"]]))
-    result, details = json.loads(benchmark["result_json"]), json.loads(benchmark["details_json"])
+    result, details = only_result(tmp_path)
     assert (result["model"]["runtime"], result["model"]["runtime_version"]) == ("vllm", "0.10.1.1")
     # Found running, not started (nor stopped) by the plugin; the launch as asked, recorded.
     assert details["runtime"]["started_here"] is False
@@ -71,7 +65,7 @@ def test_an_image_whose_server_never_answers_fails_the_cell_at_provision_with_th
     url = standalone_sandbox
     done = _run(tmp_path, url, "example/no-model-server:1", free_port())
     assert done.returncode == 1, done.stdout[-3000:]
-    (row,) = list(sqlite_utils.Database(tmp_path / "reports" / "manifest.db")["benchmark_manifest"].rows)
+    (row,) = manifest_rows(tmp_path)
     assert (row["status"], row["failure_stage"]) == ("failed", "provision"), row
     assert "API verification timeout" in row["error_message"]
     # The server destroyed the instance; the plugin's release ended the session: nothing left running.
