@@ -131,7 +131,8 @@ def test_a_runtime_adopts_the_images_server_only_in_entrypoint_mode():
     assert adopt_image_server(runtime, entry.launch) is True
     assert (runtime.remote_port, runtime.started_here) == (9000, False)
     untouched = VllmRuntime(conn=None, model=plain.model)  # type: ignore[arg-type]
-    assert adopt_image_server(untouched, plain.launch) is False and untouched.remote_port == 8000
+    port = untouched.remote_port
+    assert adopt_image_server(untouched, plain.launch) is False and untouched.remote_port == port
     with pytest.raises(Exception, match="cannot use a server its image started"):
         adopt_image_server(OllamaRuntime(conn=None), entry.launch)  # type: ignore[arg-type]
 
