@@ -11,10 +11,11 @@ import pytest
 from e2e_helpers import manifest_rows, only_result, run_pytest, sandbox_sessions
 from polling import wait_for
 
+from pytest_gpubench.matrix.fields import RUNTIME_NAMES
 from pytest_gpubench.sandbox.instances import free_port
 
 ENTRYPOINT_MATRIX = """
-runtime: {{name: vllm, launch: {{mode: entrypoint, image: {image}, api_port: {port}}}}}
+runtime: {{name: {runtime}, launch: {{mode: entrypoint, image: {image}, api_port: {port}}}}}
 workload: {{duration: 5s, max_tokens: 32, concurrency: 2}}
 offer: {{max_attempts: 1}}
 matrix:
@@ -23,9 +24,9 @@ matrix:
 SCALE = "0.02"  # the standalone sandbox's
 
 
-def _run(tmp_path, url: str, image: str, port: int):
+def _run(tmp_path, url: str, image: str, port: int, runtime: str = "vllm"):
     matrix = tmp_path / "gpubench_entry.yaml"
-    matrix.write_text(ENTRYPOINT_MATRIX.format(image=image, port=port))
+    matrix.write_text(ENTRYPOINT_MATRIX.format(runtime=runtime, image=image, port=port))
     return run_pytest(tmp_path, str(matrix), "--gpubench-api", url, "--gpubench-time-scale", SCALE,
                       "--rootdir", str(tmp_path), "-rs")
 
@@ -36,27 +37,36 @@ def _progress(tmp_path) -> str:
 
 
 @pytest.mark.slow
-def test_an_entrypoint_vllm_cell_benchmarks_the_images_server_and_records_the_launch(tmp_path, standalone_sandbox):
+@pytest.mark.parametrize(("runtime", "image", "budgets"), [
+    # A heavy image: longer provision, ssh_wait and ollama_install budgets (the server's table, time-scaled:
+    # vLLM 15 min, TGI 12 min; the floor of a scaled timeout is 15 s).
+    ("vllm", "vllm/vllm-openai:v0.10.1", "provision_s=18.0 ssh_wait_s=20.4 ollama_install_s=18.0"),
+    pytest.param("tgi", "ghcr.io/huggingface/text-generation-inference:3.3.4",
+                 "provision_s=15.0 ssh_wait_s=16.8 ollama_install_s=15.0",
+                 marks=pytest.mark.skipif("tgi" not in RUNTIME_NAMES, reason="no tgi runtime yet")),
+])
+def test_an_entrypoint_cell_benchmarks_the_images_server_and_records_the_launch(tmp_path, standalone_sandbox,
+                                                                                runtime, image, budgets):
     url, port = standalone_sandbox, free_port()
-    done = _run(tmp_path, url, "vllm/vllm-openai:v0.10.1", port)
+    done = _run(tmp_path, url, image, port, runtime)
     assert done.returncode == 0, done.stdout[-3000:]
     result, details = only_result(tmp_path)
-    assert (result["model"]["runtime"], result["model"]["runtime_version"]) == ("vllm", "0.10.1.1")
+    assert result["model"]["runtime"] == runtime and result["model"]["runtime_version"]
+    if runtime == "vllm":
+        assert result["model"]["runtime_version"] == "0.10.1.1"
     # Found running, not started (nor stopped) by the plugin; the launch as asked, recorded.
     assert details["runtime"]["started_here"] is False
-    assert details["runtime"]["launch"] == {"mode": "entrypoint", "image": "vllm/vllm-openai:v0.10.1",
-                                            "api_port": port, "exposed_ports": []}
+    assert details["runtime"]["launch"] == {"mode": "entrypoint", "image": image, "api_port": port,
+                                            "exposed_ports": []}
     metrics = details["metrics"]
     assert metrics["errors"] == 0 and metrics["output_tokens_server"] == metrics["output_tokens_client"] > 0
     progress = _progress(tmp_path)
     assert f"API_READY endpoint=http://127.0.0.1:{port} api_port={port}" in progress
-    # A heavy image: longer provision, ssh_wait and ollama_install budgets (the server's table, time-scaled).
-    assert "HEAVY_IMAGE image=vllm/vllm-openai:v0.10.1 provision_s=18.0 ssh_wait_s=20.4 ollama_install_s=18.0" \
-        in progress, progress
+    assert f"HEAVY_IMAGE image={image} {budgets}" in progress, progress
     # The server's session says how it was launched, and was released.
     (session,) = sandbox_sessions(url)
     assert (session["launch_mode"], session["api_port"], session["status"]) == ("entrypoint", port, "stopped")
-    assert session["docker_image"] == "vllm/vllm-openai:v0.10.1" and session["model_id"] == "qwen2:1.5b"
+    assert session["docker_image"] == image and session["model_id"] == "qwen2:1.5b"
 
 
 @pytest.mark.slow
