@@ -14,6 +14,7 @@ from pytest_gpubench.cloud.shopper_provider import ShopperProvider
 from pytest_gpubench.cloud.ssh_wait import entrypoint_wait, heavy_stage_seconds, stage_timeout
 from pytest_gpubench.errors import MatrixError, Stage
 from pytest_gpubench.matrix.cells import expand, parse_matrix
+from pytest_gpubench.matrix.overrides import apply_overrides
 from pytest_gpubench.runtimes.entrypoint import adopt_image_server
 from pytest_gpubench.runtimes.ollama import OllamaRuntime
 from pytest_gpubench.runtimes.vllm import VllmRuntime
@@ -48,6 +49,14 @@ def test_an_entrypoint_launch_fills_the_servers_defaults_and_gives_each_cell_its
     assert first.launch.api_port == 8000
     # The image serves one model, started with the session: no reuse group.
     assert first.reuse == second.reuse == "cell" and first.session_group is None
+
+
+def test_reuse_group_on_the_command_line_leaves_entrypoint_cells_alone():
+    settings = resolve({"reuse": "group"}, {}, lambda name: None)
+    (entry,) = cells("{name: vllm, launch: {mode: entrypoint}}", extra="reuse: cell\n",
+                     row="matrix:\n  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:7b'}\n")
+    (plain,) = cells("vllm", extra="reuse: cell\n", row="matrix:\n  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:7b'}\n")
+    assert (apply_overrides(entry, settings).reuse, apply_overrides(plain, settings).reuse) == ("cell", "group")
 
 
 def test_a_row_sets_the_launch_over_the_files_runtime():
