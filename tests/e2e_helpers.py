@@ -7,6 +7,7 @@ from ``conftest.py``), never from one another.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -49,6 +50,14 @@ def run_pytest(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.C
 def manifest_rows(tmp_path: Path) -> list[dict]:
     """The cells :func:`run_pytest` recorded."""
     return list(sqlite_utils.Database(tmp_path / "reports" / "manifest.db")["benchmark_manifest"].rows)
+
+
+def only_result(tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The result and details JSON of the one cell :func:`run_pytest` recorded."""
+    db = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")
+    (row,) = list(db["benchmark_manifest"].rows)
+    benchmark = next(db.query("select * from benchmarks where id = ?", [row["benchmark_id"]]))
+    return json.loads(benchmark["result_json"]), json.loads(benchmark["details_json"])
 
 
 class PytestRun:

@@ -22,6 +22,7 @@ from typing import Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import Stage
+from ..matrix.launch import LaunchSpec
 from .offers import Constraints
 from .shopper_client import CreatedSession, Offer, Session
 
@@ -123,9 +124,13 @@ class Provider(Protocol):
 
     async def create(
         self, offer: Offer, consumer: str, hours: int, *, template: str | None = None,
-        ssh_timeout_minutes: int | None = None, disk_gb: int | None = None,
+        ssh_timeout_minutes: int | None = None, disk_gb: int | None = None, launch: LaunchSpec | None = None,
+        runtime: str = "", model: str = "",
     ) -> CreatedSession:
-        """Rent ``offer`` for ``hours`` under the consumer id ``consumer`` (:func:`consumer_id`)."""
+        """Rent ``offer`` for ``hours`` under the consumer id ``consumer`` (:func:`consumer_id`).
+
+        ``launch``: how the instance starts; in ``entrypoint`` mode its image serves ``model``
+        with the server of ``runtime`` (the cell's)."""
         ...
 
     async def wait_running(

@@ -35,7 +35,7 @@ from .reuse_estimates import disk_gb_for, estimated_cell_seconds, reservation_se
 from ..plugin.run_context import RunContext
 from ..settings import MIN_SCALED_TIMEOUT
 from .shopper_client import CreatedSession, Offer, Session
-from .ssh_wait import SshWait, ssh_wait_for
+from .ssh_wait import SshWait, entrypoint_wait, heavy_stage_seconds, ssh_wait_for, stage_timeout
 
 T = TypeVar("T")
 #: Seconds of slack on top of a stage timeout for the bridge into the loop.
@@ -78,6 +78,8 @@ class Ready:
     created: CreatedSession
     session: Session
     ssh: SshDetails
+    #: The session's Docker image, when known (a template's or an entrypoint launch's).
+    image: str | None = None
 
 
 @dataclass
@@ -160,7 +162,9 @@ class Provisioning:
     # ------------------------------------------------------------------ one attempt
 
     def _ssh_wait(self) -> SshWait:
-        template = self.cell.offer.template
+        launch, template = self.cell.launch, self.cell.offer.template
+        if launch is not None and launch.image:  # only an entrypoint launch (never with a template)
+            return entrypoint_wait(launch.image)
         image = None
         if template:
             provider, timeout = self.provider, self.run.settings.stage_timeout(Stage.PROVISION)
@@ -196,11 +200,18 @@ class Provisioning:
         recorder, settings, provider = self.recorder, self.run.settings, self.provider
         offer = attempt.offer
         recorder.enter(Stage.PROVISION)
-        timeout = settings.stage_timeout(Stage.PROVISION)
+        timeout = stage_timeout(settings, Stage.PROVISION, wait.image)
+        ssh_timeout = settings.scaled(wait.seconds, MIN_SCALED_TIMEOUT)
+        if heavy_stage_seconds(wait.image) and len(self.attempts) == 1:
+            recorder.progress.status("HEAVY_IMAGE", image=wait.image, provision_s=round(timeout, 1),
+                                     ssh_wait_s=round(ssh_timeout, 1),
+                                     ollama_install_s=round(stage_timeout(settings, Stage.OLLAMA_INSTALL,
+                                                                          wait.image), 1))
         hours = reservation_hours(settings, reservation_seconds(self.planned, settings.runs))
         created = self._bridge(provider.create(offer, attempt.consumer_id, hours, template=self.cell.offer.template,
                                                ssh_timeout_minutes=wait.server_minutes,
-                                               disk_gb=disk_gb_for(self.planned)),
+                                               disk_gb=disk_gb_for(self.planned), launch=self.cell.launch,
+                                               runtime=self.cell.runtime, model=self.cell.model),
                                timeout, Stage.PROVISION, "creating the session")
         session = created.session
         attempt.session_id = session.id
@@ -214,15 +225,17 @@ class Provisioning:
             recorder.progress.progress(stage="provision", status=current.status, waited_s=round(waited, 1))
 
         recorder.enter(Stage.SSH_WAIT)
-        ssh_timeout = settings.scaled(wait.seconds, MIN_SCALED_TIMEOUT)
         running = self._bridge(provider.wait_running(session.id, polled, timeout=ssh_timeout),
                                ssh_timeout, Stage.SSH_WAIT, "waiting for SSH")
         recorder.store.update_attempt(recorder.row_id, attempt.number, status="ready")
         recorder.store.update_cell(recorder.row_id, instance_ip=running.ssh_host, ssh_port=running.ssh_port)
         recorder.progress.status("SSH_READY", host=running.ssh_host, port=running.ssh_port)
+        if running.launch_mode == "entrypoint":
+            recorder.progress.status("API_READY", endpoint=running.api_endpoint or None,
+                                     api_port=running.api_port or None)
         recorder.progress.status("ATTEMPT", attempt=attempt.number, offer_id=offer.id, outcome="ready",
                                  ssh_wait=wait.reason)
-        return Ready(attempt, created, running, provider.ssh_details(created, running))
+        return Ready(attempt, created, running, provider.ssh_details(created, running), image=wait.image)
 
     def _bridge(self, coro: Coroutine[Any, Any, T], timeout: float, stage: Stage, what: str) -> T:
         """Run ``coro`` on the loop; a bridge timeout is this stage's error (so failover can act)."""

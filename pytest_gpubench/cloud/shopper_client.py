@@ -65,6 +65,11 @@ class Session(BaseModel):
     created_at: datetime | None = None
     expires_at: datetime | None = None
     offer_id: str = ""
+    #: ``entrypoint`` when the image's own server was launched (``pkg/models/session.go``); "" is ``ssh``.
+    launch_mode: str = ""
+    #: ``http://host:api_port``, set by the server once the image's ``/health`` answered (entrypoint mode).
+    api_endpoint: str = ""
+    api_port: int = 0
 
     @property
     def is_active(self) -> bool:
@@ -93,6 +98,12 @@ class SessionRequest(BaseModel):
     template_hash_id: str | None = None
     #: The server's SSH verification timeout (1-30 minutes); None: its own default.
     ssh_timeout_minutes: int | None = Field(default=None, ge=1, le=30)
+    #: ``ssh`` or ``entrypoint`` (the image's entrypoint serves ``model_id`` on ``exposed_ports[0]``);
+    #: the fields of ``CreateSessionRequest`` in the server's ``internal/api/handlers.go``.
+    launch_mode: str | None = None
+    docker_image: str | None = None
+    model_id: str | None = None
+    exposed_ports: list[int] | None = None
 
 
 class Template(BaseModel):

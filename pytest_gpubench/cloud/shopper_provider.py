@@ -6,12 +6,14 @@ import asyncio
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..errors import ApiError, Stage, StageError
 from .offers import Constraints, select_offer
 from .provider import CONSUMER_PREFIX, HOLDING_STATUSES, OfferChoice, Released, SshDetails
 from ..settings import SEED_TOTAL_TIMEOUT, Settings
 from .shopper_client import CreatedSession, Offer, Session, SessionRequest, ShopperClient
+from ..matrix.launch import IMAGE_RUNTIMES, LaunchSpec, exposed_ports
 
 #: How long a session may stay ``stopping`` after done/DELETE (the server answers
 #: those once it is stopped, within seconds).
@@ -28,6 +30,20 @@ def reservation_hours(settings: Settings, duration: float) -> int:
     """
     seconds = settings.scaled(SEED_TOTAL_TIMEOUT) + duration
     return min(12, max(1, math.ceil(seconds / 3600)))
+
+
+def launch_fields(launch: LaunchSpec | None, runtime: str, model: str) -> dict[str, Any]:
+    """The create request's launch fields for a cell's ``runtime.launch`` (none for a plain SSH launch).
+
+    In entrypoint mode the server learns which server the image runs from ``workload_type``
+    (``llm_vllm``, ``llm_tgi``: ``buildWorkloadConfig`` in ``internal/service/provisioner/service.go``),
+    takes ``exposed_ports[0]`` as the session's API port (``internal/provider/vastai/client.go``) and
+    passes ``model_id`` to the image (vLLM: ``VLLM_MODEL``; TGI: ``MODEL_ID``).
+    """
+    if launch is None or not launch.entrypoint:
+        return {}  # the server's default, ssh
+    return {"launch_mode": "entrypoint", "workload_type": IMAGE_RUNTIMES[runtime], "docker_image": launch.image,
+            "model_id": model, "exposed_ports": exposed_ports(launch)}
 
 
 class ShopperProvider:
@@ -85,12 +101,13 @@ class ShopperProvider:
 
     async def create(
         self, offer: Offer, consumer: str, hours: int, *, template: str | None = None,
-        ssh_timeout_minutes: int | None = None, disk_gb: int | None = None,
+        ssh_timeout_minutes: int | None = None, disk_gb: int | None = None, launch: LaunchSpec | None = None,
+        runtime: str = "", model: str = "",
     ) -> CreatedSession:
         request = SessionRequest(
             consumer_id=consumer,
             offer_id=offer.id,
-            workload_type=self.settings.workload_type,
+            **{"workload_type": self.settings.workload_type, **launch_fields(launch, runtime, model)},
             reservation_hours=hours,
             # Idle sessions end server-side too: a dead pytest leaves no bill.
             idle_threshold_minutes=max(5, math.ceil(self.settings.scaled(1800) / 60)),
@@ -117,7 +134,8 @@ class ShopperProvider:
         ``ssh_wait`` stage timeout).
 
         A session the server failed fails at ``ssh_wait`` when its error is about SSH
-        ("SSH verification timeout"), else at ``provision`` ("No available public IPs").
+        ("SSH verification timeout"), else at ``provision`` ("No available public IPs"; in
+        entrypoint mode "API verification timeout": the image's server never answered).
         """
         if timeout is None:
             timeout = self.settings.stage_timeout(Stage.SSH_WAIT)
@@ -134,11 +152,10 @@ class ShopperProvider:
                 stage = Stage.SSH_WAIT if "ssh" in reason.lower() else Stage.PROVISION
                 raise StageError(stage, f"session {session_id} {session.status}: {reason}")
             if waited >= timeout:
-                raise StageError(
-                    Stage.SSH_WAIT,
-                    f"session {session_id} still {session.status} after {waited:.0f} s; "
-                    "SSH never became ready",
-                )
+                never = ("its image's model server never answered /health" if session.launch_mode == "entrypoint"
+                         else "SSH never became ready")
+                raise StageError(Stage.SSH_WAIT, f"session {session_id} still {session.status} after "
+                                                 f"{waited:.0f} s; {never}")
             await asyncio.sleep(min(self.settings.poll_interval, max(0.0, timeout - waited)))
 
     def ssh_details(self, created: CreatedSession, running: Session) -> SshDetails:

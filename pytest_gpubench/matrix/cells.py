@@ -85,6 +85,7 @@ from .selection import (  # noqa: F401 - re-exported: the matrix module is where
     select_cells,
     split_tag,
 )
+from .launch import LaunchSpec, launch_problem, resolved
 from .prototype import Prototype
 from ..measure.thresholds import Slo, Thresholds, merged
 from .yaml_errors import at_line, describe, node_line, parse_yaml, translate
@@ -169,6 +170,8 @@ class RuntimeSpec(_Strict):
     #: A fixed port for the server: one found running there with the cell's model is used;
     #: None: a free port picked on the instance (docs/runtimes.md).
     port: int | None = Field(default=None, ge=1, le=65535)
+    #: How GPU Shopper launches the instance (``mode: entrypoint``: its image serves the model; see launch.py).
+    launch: LaunchSpec | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -317,6 +320,7 @@ class Matrix(BaseModel):
     ollama_install: str | None = None
     runtime_args: tuple[str, ...] = ()
     runtime_port: int | None = None
+    launch: LaunchSpec | None = None
     vram_overrides: dict[str, int] = {}
     slo: Slo = Slo()
     thresholds: Thresholds = Thresholds()
@@ -348,6 +352,8 @@ class Cell(BaseModel):
     runtime_args: tuple[str, ...] = ()
     #: The server's fixed port (``runtime.port``); None: a free one picked on the instance.
     runtime_port: int | None = None
+    #: ``runtime.launch`` with the server's defaults filled; None: a plain SSH launch.
+    launch: LaunchSpec | None = None
     matrix_name: str
     source: str
     row: int
@@ -476,6 +482,7 @@ def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -
         ollama_install=spec.runtime.ollama_install,
         runtime_args=spec.runtime.args,
         runtime_port=spec.runtime.port,
+        launch=spec.runtime.launch,
         vram_overrides={model_ref(k).lower(): v.vram_gb for k, v in spec.models.items()},
         slo=spec.slo,
         thresholds=spec.thresholds,
@@ -523,11 +530,21 @@ def _expand(matrix: Matrix) -> list[Cell]:
         install = row_runtime.ollama_install if "ollama_install" in runtime_set else matrix.ollama_install
         runtime_args = row_runtime.args if "args" in runtime_set else matrix.runtime_args
         runtime_port = row_runtime.port if "port" in runtime_set else matrix.runtime_port
+        launch = row_runtime.launch if "launch" in runtime_set else matrix.launch
         row_offer = row.offer or OfferSpec()
         fields = row_offer.model_fields_set
         max_price = row_offer.max_price if "max_price" in fields else matrix.offer.max_price
         max_attempts = (row_offer.max_attempts if "max_attempts" in fields else matrix.offer.max_attempts)
         template = row_offer.template if "template" in fields else matrix.offer.template
+        if launch is not None and (problem := launch_problem(launch, runtime, template)):
+            raise MatrixError(matrix.source, f"matrix[{r}].runtime.launch", problem + where)
+        if launch is not None and launch.entrypoint and runtime_port is not None:
+            raise MatrixError(matrix.source, f"matrix[{r}].runtime.port",
+                              "runtime.port cannot be combined with runtime.launch mode entrypoint: the image's "
+                              "server listens on launch.api_port; set that instead" + where)
+        cell_launch = resolved(launch, runtime)
+        if launch is not None and launch.entrypoint:
+            reuse = "cell"  # the image serves one model, started with the session: nothing to share
         bars = {**(matrix.offer.min_availability_confidence or {}),
                 **(row_offer.min_availability_confidence or {})}
         gpu_key = normalize_gpu(row.gpu)
@@ -536,6 +553,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
             gpu=row.gpu, runtime=runtime, cloud=matrix.cloud, ollama_install=install, matrix_name=matrix.name,
             runtime_args=runtime_args, runtime_port=runtime_port,
             source=matrix.source,
+            launch=cell_launch,
             row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu),
         ), varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "concurrency", "rate",
                     "cell_id", "keywords", "reuse_group"))

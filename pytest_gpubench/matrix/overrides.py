@@ -42,6 +42,6 @@ def apply_overrides(cell: Cell, settings: Settings) -> Cell:
         update["offer"] = cell.offer.model_copy(update={"max_price": cap})
     if settings.ollama_install:
         update["ollama_install"] = settings.ollama_install
-    if settings.reuse is not None:
+    if settings.reuse is not None and cell.launch is None:  # an entrypoint session serves its one cell
         update["reuse"] = settings.reuse
     return cell.model_copy(update=update) if update else cell

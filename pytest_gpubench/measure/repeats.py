@@ -134,7 +134,9 @@ def details_of(cell: Cell, measurement: Measurement, runtime: Runtime, *,
         "loadgen_where": sorted({outcome.where for outcome in measurement.outcomes}),
         "runtime": {"name": runtime.name, "version": runtime.version, "num_parallel": runtime.num_parallel,
                     "started_here": runtime.started_here,
-                    **({"launch_args": list(cell.runtime_args)} if cell.runtime_args else {})},
+                    **({"launch_args": list(cell.runtime_args)} if cell.runtime_args else {}),
+                    # How GPU Shopper launched the instance: mode, image, the image's API port.
+                    **({"launch": cell.launch.model_dump(mode="json")} if cell.launch else {})},
         "hardware": {"compute_capability": compute_capability},
         # `requested`: the matrix's think (None: not sent, the runtime's default);
         # `effective`: whether the model did reason (None: nothing to tell from).

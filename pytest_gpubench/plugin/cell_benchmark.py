@@ -54,6 +54,8 @@ class GpuSession:
     offer: OfferChoice = field(repr=False)
     #: The ``cloud:`` it was rented through: the provider that watches and releases it.
     cloud: str = DEFAULT_CLOUD
+    #: The session's Docker image when known (a template's, an entrypoint launch's): heavy ones get longer stages.
+    image: str | None = None
 
 
 def connect(run: RunContext, session: GpuSession, timeout: float) -> Awaitable[Connection]:

@@ -31,6 +31,8 @@ from ..remote.system import probe_system
 from . import user_hooks
 from .run_context import RunContext
 from ..runtimes.base import Runtime
+from ..runtimes.entrypoint import adopt_image_server
+from ..cloud.ssh_wait import stage_timeout
 from ..runtimes.registry import runtime_for
 from ..runtimes.reuse import make_room, note_model, take_over_server
 from ..store.sandbox_label import junit_property, progress_labels
@@ -185,7 +187,7 @@ def gpu_session(
         key_file = KeyFile(ready.ssh.private_key, name=ready.session.id)
         # The offer that came up, which after a failover is not the one first chosen.
         session = GpuSession(ready.session, ready.ssh, key_file,
-                             replace(gpu_offer, offer=ready.attempt.offer), cloud=cell.cloud)
+                             replace(gpu_offer, offer=ready.attempt.offer), cloud=cell.cloud, image=ready.image)
         if provisioning.shared:
             lease = node.stash[LEASE_KEY] = gpubench_pool.open(cell, provisioning, session)
             recorder.store.update_cell(recorder.row_id, reuse_group=cell.session_group, session_turn=1,
@@ -277,7 +279,8 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
     runtime = runtime_for(cell, gpu_ssh)
     lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
     known = take_over_server(lease, runtime)  # an earlier cell of the group started it
-    timeout = settings.stage_timeout(Stage.OLLAMA_INSTALL)
+    known = adopt_image_server(runtime, cell.launch) or known  # the session's image serves the model
+    timeout = stage_timeout(settings, Stage.OLLAMA_INSTALL, gpu_session.image)  # longer for a heavy image
 
     async def install_and_serve() -> tuple[bool, str]:
         # On a reused session an earlier cell installed it: serving is what is checked.

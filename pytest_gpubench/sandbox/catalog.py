@@ -151,6 +151,9 @@ class Timings(_Entry):
     destroy_seconds: float = Field(default=5.0, ge=0)
     ssh_verify_timeout_seconds: float = Field(default=480.0, ge=0)
     ssh_check_interval_seconds: float = Field(default=15.0, ge=0)
+    #: Entrypoint mode: how long the server polls the image's ``/health`` (``DefaultAPIVerifyTimeout``).
+    api_verify_timeout_seconds: float = Field(default=600.0, ge=0)
+    api_check_interval_seconds: float = Field(default=15.0, ge=0)
     lifecycle_check_seconds: float = Field(default=60.0, ge=0)
 
 
@@ -189,7 +192,15 @@ class Catalog(_Entry):
     models: dict[str, ModelSpec]
     rates: list[RateSpec] = Field(default_factory=list)
     templates: list[TemplateSpec] = Field(default_factory=list)
+    #: Heavy images: a pattern in the image name -> emulated seconds its pull delays the image's server.
+    image_pull_seconds: dict[str, float] = Field(default_factory=dict)
     offers: list[OfferSpec]
+
+    def image_pull_seconds_for(self, image: str) -> float:
+        """Emulated seconds to pull ``image`` (the longest matching pattern's; 0 for a light image)."""
+        lowered = image.lower()
+        return max((seconds for pattern, seconds in self.image_pull_seconds.items() if pattern in lowered),
+                   default=0.0)
 
     @model_validator(mode="after")
     def _check_references(self) -> Catalog:

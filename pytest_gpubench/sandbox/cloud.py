@@ -32,7 +32,7 @@ from typing import Any
 
 import asyncssh
 
-from . import sshd
+from . import entrypoint, sshd
 from .billing import Clock, Ledger
 from .catalog import Catalog, OfferSpec
 from .faults import FaultBook, FaultRequest
@@ -151,6 +151,12 @@ class EmulatedCloud:
             disk_gb=req["disk_gb"],
             auto_retry=req["auto_retry"],
         )
+        if req["launch_mode"] == "entrypoint":
+            record.launch_mode, record.model_id = "entrypoint", req["model_id"]
+            record.docker_image = entrypoint.image_of(req["docker_image"], req["workload_type"])
+            record.exposed_ports = list(req["exposed_ports"] or [])
+            # Only the first exposed port becomes the API port: none given, none set (the server's rule).
+            record.api_port = record.exposed_ports[0] if record.exposed_ports else 0
         self.sessions[record.id] = record
         record.status = "provisioning"
         self._refuse_if_faulty(record, offer)
@@ -237,12 +243,34 @@ class EmulatedCloud:
         onstart = self._onstart_script(req, template)
         if onstart:
             instance.run_background(onstart, "onstart.log")
+        if record.launch_mode == "entrypoint":
+            await self._serve_from_image(record, instance)
+            return
         if await self._verify_ssh(record, key, req):
             record.status = "running"
             log.info("session %s running, ssh 127.0.0.1:%d", record.id, port)
         elif record.status == "provisioning":
             await instance.stop()
             self._fail(record, "SSH verification timeout")
+
+    async def _serve_from_image(self, record: SessionRecord, instance: Instance) -> None:
+        """Entrypoint mode: the image's server starts (after its pull); ``running`` once its
+        ``/health`` answers, else the instance is destroyed and the session failed."""
+        pull = self.scaled(self.catalog.image_pull_seconds_for(record.docker_image))
+        instance.run_background(entrypoint.server_script(record.docker_image, record.model_id, record.api_port, pull),
+                                "entrypoint.log")
+        timings = self.catalog.timings
+        healthy = await entrypoint.verify_api(
+            record.ssh_host, record.api_port, timeout=self.scaled(timings.api_verify_timeout_seconds),
+            interval=max(self.scaled(timings.api_check_interval_seconds), 0.02),
+            still_waiting=lambda: record.status == "provisioning")
+        if healthy:
+            record.api_endpoint = f"http://{record.ssh_host}:{record.api_port}"
+            record.status = "running"
+            log.info("session %s running, API %s", record.id, record.api_endpoint)
+        elif record.status == "provisioning":
+            await instance.stop()
+            self._fail(record, entrypoint.FAILED_MESSAGE)
 
     def _onstart_script(self, req: dict[str, Any], template: Any) -> str:
         if req["on_start_cmd"]:

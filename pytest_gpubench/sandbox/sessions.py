@@ -66,6 +66,13 @@ class SessionRecord:
     retry_count: int = 0
     failed_offers: str = ""
     stopped_at: datetime | None = None
+    #: Entrypoint mode (``launch_mode: entrypoint``): the image serves ``model_id`` on ``api_port``.
+    launch_mode: str = ""
+    docker_image: str = ""
+    model_id: str = ""
+    exposed_ports: list[int] = field(default_factory=list)
+    api_port: int = 0
+    api_endpoint: str = ""
     # -- sandbox only ----------------------------------------------------------
     instance: Instance | None = None
     ollama_port: int = 0
@@ -96,6 +103,10 @@ class SessionRecord:
             "ssh_host": self.ssh_host,
             "ssh_port": self.ssh_port,
             "ssh_user": self.ssh_user,
+            "launch_mode": self.launch_mode,
+            "api_endpoint": self.api_endpoint,
+            "api_port": self.api_port,
+            "model_id": self.model_id,
             "template_hash_id": self.template_hash_id,
             "disk_gb": self.disk_gb,
         }
@@ -124,6 +135,8 @@ class SessionRecord:
                 "storage_policy": self.storage_policy,
                 "stopped_at": format_time(self.stopped_at) if self.stopped_at else None,
                 "ollama_host": f"127.0.0.1:{self.ollama_port}" if self.ollama_port else None,
+                "docker_image": self.docker_image or None,
+                "exposed_ports": self.exposed_ports or None,
                 "instance_dir": str(self.instance.root) if self.instance and not self.instance.stopped else None,
                 "total_cost": cost,
             }
