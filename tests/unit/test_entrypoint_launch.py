@@ -87,6 +87,8 @@ def test_a_row_sets_the_launch_over_the_files_runtime():
     ("{name: vllm, launch: {mode: docker}}", "", "runtime.launch.mode: must be 'ssh' or 'entrypoint'"),
     ("{name: vllm, launch: {mode: entrypoint, model_id: x}}", "",
      "allowed keys: mode, image, api_port, exposed_ports"),
+    ("{name: vllm, port: 8000, launch: {mode: entrypoint}}", "",
+     "runtime.port cannot be combined with runtime.launch mode entrypoint"),
 ])
 def test_a_launch_that_cannot_work_stops_collection_with_a_clear_error(runtime, extra, message):
     with pytest.raises(MatrixError) as info:
