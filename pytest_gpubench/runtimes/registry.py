@@ -14,6 +14,7 @@ from ..matrix.cells import Cell
 from ..remote.ssh import Connection
 from .base import Runtime
 from .ollama import OllamaRuntime
+from .openai_endpoint import OpenAIEndpointRuntime
 from .vllm import VllmRuntime
 
 #: Builds a cell's runtime on an open SSH connection to its instance.
@@ -22,6 +23,7 @@ RuntimeFactory = Callable[[Connection, Cell], Runtime]
 RUNTIMES: dict[str, RuntimeFactory] = {
     OllamaRuntime.name: OllamaRuntime.for_cell,
     VllmRuntime.name: VllmRuntime.for_cell,
+    OpenAIEndpointRuntime.name: OpenAIEndpointRuntime.for_cell,
 }
 
 

@@ -9,14 +9,14 @@ and failure wording are its own:
 
 ``vllm serve MODEL [--port 8000] [--host H] [--served-model-name NAME...]
 [--max-num-seqs 256] [--max-model-len N] [--tensor-parallel-size N]
-[--gpu-memory-utilization 0.9] ...`` (other flags accepted and ignored)
+[--gpu-memory-utilization 0.9] [--api-key KEY] ...`` (other flags accepted and ignored)
     Loads first (the catalog's ``load_seconds``, time-scaled), then listens, as
     vLLM's API server does: ``GET /health`` answers 200 once anything answers.
     Requests must name a served model (404 ``The model `x` does not exist.``).
     Out of memory when the weights do not fit ``gpu-memory-utilization`` of the
     GPUs the tensor-parallel group spans.
 ``llama-server -m FILE|--model FILE [--port 8080] [--host 127.0.0.1] [-c N] [-np N]
-[-a ALIAS] ...``
+[-a ALIAS] [--api-key KEY] ...``
     Listens first; ``GET /health`` is 503 ``{"error": {"code": 503, "message":
     "Loading model", "type": "unavailable_error"}}`` while loading, then 200
     ``{"status": "ok"}``. The catalog model is the file's name without ``.gguf``
@@ -73,6 +73,8 @@ class Launch:
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.9
     model_arg: str = ""  # as given (vLLM's repo id or path, llama.cpp's file)
+    #: ``--api-key``: requests to ``/v1/*`` need ``Authorization: Bearer KEY`` (401 otherwise), as both servers do.
+    api_key: str | None = None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -92,6 +94,7 @@ def parse_vllm(argv: Sequence[str]) -> Launch:
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--api-key")
     args, _ = parser.parse_known_args(list(argv))
     model = args.model_tag or args.model
     if not model:
@@ -107,6 +110,7 @@ def parse_vllm(argv: Sequence[str]) -> Launch:
         max_model_len=args.max_model_len,
         gpu_memory_utilization=args.gpu_memory_utilization,
         model_arg=model,
+        api_key=args.api_key,
     )
 
 
@@ -119,6 +123,7 @@ def parse_llama_server(argv: Sequence[str]) -> Launch:
     parser.add_argument("-c", "--ctx-size", type=int)
     parser.add_argument("-np", "--parallel", type=int, default=-1)
     parser.add_argument("-a", "--alias")
+    parser.add_argument("--api-key")
     args, _ = parser.parse_known_args(list(argv))
     if not args.model:
         raise LaunchError("error: no model given: use -m FILE or --model FILE")
@@ -133,6 +138,7 @@ def parse_llama_server(argv: Sequence[str]) -> Launch:
         parallel=4 if args.parallel < 1 else args.parallel,
         max_model_len=args.ctx_size,
         model_arg=args.model,
+        api_key=args.api_key,
     )
 
 
@@ -276,8 +282,21 @@ def create_app(engine: LauncherEngine, ready: asyncio.Event) -> Any:
                      "meta": {"n_ctx_train": 32768, "n_params": 0, "size": engine.model_spec.size_bytes}}]
         return json_response({"object": "list", "data": data})
 
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    @web.middleware
+    async def authorized(request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+        # vLLM's and llama-server's --api-key: /v1 needs the bearer token; /health and /version do not.
+        if launch.api_key and request.path.startswith("/v1") and (
+                request.headers.get("Authorization") != f"Bearer {launch.api_key}"):
+            return json_response({"error": "Unauthorized"}, 401)
+        return await handler(request)
+
+    async def version(_: web.Request) -> web.Response:
+        return json_response({"version": VLLM_VERSION})
+
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[authorized])
     app[ENGINE] = engine
+    if launch.program == "vllm":
+        app.router.add_get("/version", version)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", guarded(handle_chat_completions))

@@ -29,6 +29,7 @@ from aiohttp import ClientSession, web
 
 from pytest_gpubench.errors import ApiError, MatrixError, Stage, StageError, UsageProblem
 from pytest_gpubench.matrix.cells import load_matrix
+from pytest_gpubench.matrix.fields import RUNTIME_NAMES
 from pytest_gpubench.cloud.offers import Constraints
 from pytest_gpubench.cloud.shopper_provider import ShopperProvider
 from pytest_gpubench.sandbox import SandboxThread
@@ -40,6 +41,7 @@ from pytest_gpubench.cloud.shopper_client import SessionRequest, ShopperClient
 
 REPO = Path(__file__).resolve().parents[2]
 ROW = "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}\n"
+KNOWN_RUNTIMES = f"known runtimes: {', '.join(RUNTIME_NAMES)}"
 
 # ------------------------------------------------------------------ matrix files
 
@@ -69,10 +71,10 @@ BAD_MATRICES = [
     ("workload: {max_tokens: 0}\n" + ROW, "workload.max_tokens: must be a whole number from 1 to 131072", "got 0"),
     ("workload: {concurrency: 100000}\n" + ROW, "workload.concurrency:", "from 1 to 1024"),
     ("runtime: {ollama_install: '  '}\n" + ROW, "runtime.ollama_install: must be a non-empty shell command", ""),
-    ("runtime: tgi\n" + ROW, "runtime: unknown runtime 'tgi'; known runtimes: ollama, vllm", "(line 1)"),
-    ("runtime: {name: tgi}\n" + ROW, "runtime.name: unknown runtime 'tgi'; known runtimes: ollama, vllm", "(line 1)"),
+    ("runtime: tgi\n" + ROW, f"runtime: unknown runtime 'tgi'; {KNOWN_RUNTIMES}", "(line 1)"),
+    ("runtime: {name: tgi}\n" + ROW, f"runtime.name: unknown runtime 'tgi'; {KNOWN_RUNTIMES}", "(line 1)"),
     ("matrix:\n  - {gpu: RTX 4090, provider: vastai, model: qwen2:7b, runtime: olama}\n",
-     "matrix[0].runtime: unknown runtime 'olama' (did you mean 'ollama'?); known runtimes: ollama, vllm", "(line 2)"),
+     f"matrix[0].runtime: unknown runtime 'olama' (did you mean 'ollama'?); {KNOWN_RUNTIMES}", "(line 2)"),
     ("runtime: [ollama]\n" + ROW, "runtime: must be a runtime name such as 'ollama', or a mapping", "got a list"),
     ("matrix:\n  - {gpu: 'RTX 4090; rm -rf /', provider: vastai, model: qwen2:7b}\n", "matrix[0].gpu:",
      "got 'RTX 4090; rm -rf /'"),
