@@ -4,8 +4,8 @@ For a session that has no SSH (``SshDetails.local``: a running endpoint, later t
 machine as a provider), the runtime and the benchmark run their commands here with
 the same interface and the same rules: a command is one already-quoted POSIX shell
 line (every word from a matrix through ``shlex.quote``), scripts go through stdin,
-never the command line. Commands run in a private working directory (the session's
-"home", where the load generator's relative checkpoint lands), with the plugin's
+never the command line. Commands run in a private working directory, which is also
+their ``HOME`` (the session's home, where the load generator's checkpoint lands), with the plugin's
 own Python first on ``PATH`` as ``python3``. ``forward`` is the identity: the
 server is reached directly.
 
@@ -53,7 +53,10 @@ class LocalShell:
             stub = bin_dir / "nvidia-smi"
             stub.write_text(_NO_DRIVER)
             stub.chmod(0o700)
-        self._env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', os.defpath)}"}
+        # HOME too: what a script keeps "in the home directory" (the load generator's checkpoint)
+        # stays in this private directory, not in the user's own.
+        self._env = {**os.environ, "HOME": str(home),
+                     "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', os.defpath)}"}
 
     @classmethod
     def open(cls, *, hide_gpu: bool = False) -> LocalShell:
