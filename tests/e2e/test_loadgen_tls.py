@@ -1,5 +1,6 @@
 """The load generator over TLS: an https:// endpoint, verified by default, against a CA
-file when given, with the bearer token sent inside the encrypted stream."""
+file when given, with the bearer token sent inside the encrypted stream; and the
+``runtime: openai`` cell that measures such an endpoint, its ``ca_file`` honoured."""
 
 import http.server
 import json
@@ -24,6 +25,16 @@ class StreamingOpenAI(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+    def do_GET(self):
+        authorized = self.headers.get("Authorization") == f"Bearer {TOKEN}"
+        payload = json.dumps({"object": "list", "data": [{"id": "m", "object": "model"}]} if authorized
+                             else {"error": {"message": "Invalid API key"}}).encode()
+        self.send_response(200 if authorized and self.path == "/v1/models" else 401 if not authorized else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -97,3 +108,44 @@ def test_https_verification_is_on_by_default(server, tmp_path):
 def test_a_wrong_token_over_https_is_the_server_s_401(server, certs, tmp_path):
     events, records = run(server, tmp_path, env_token="wrong", ca_file=str(certs.ca))
     assert records and all(r.error == "HTTP 401: Invalid API key" for r in records)
+
+
+def test_an_https_endpoint_cell_is_checked_and_measured_with_its_ca_file(server, certs, tmp_path, monkeypatch):
+    import asyncio
+
+    from pytest_gpubench.errors import Stage, StageError
+    from pytest_gpubench.matrix.cells import expand, parse_matrix
+    from pytest_gpubench.measure.repeats import measure_once
+    from pytest_gpubench.remote.local import LocalShell
+    from pytest_gpubench.runtimes.registry import runtime_for
+
+    monkeypatch.setenv("GPUBENCH_TLS_TEST_KEY", TOKEN)
+
+    def runtime(ca: str):
+        text = (f"runtime: {{name: openai, endpoint: '{server}/v1', api_key_env: GPUBENCH_TLS_TEST_KEY{ca}}}\n"
+                "matrix:\n  - {gpu: RTX 4090, model: m}\n")
+        (cell,) = expand(parse_matrix(text, str(tmp_path / "gpubench_tls.yaml")))
+        return runtime_for(cell, LocalShell.open(hide_gpu=True))
+
+    async def measured(verified):
+        try:
+            await verified.ensure_serving(10)
+            await verified.pull("m", 10)
+            plan = BenchmarkPlan(model="m", duration=0.3, max_tokens=8, prompts=["hi"], warmup_requests=0,
+                                 progress_interval=0.2, checkpoint_every=3, checkpoint_path=".gpubench/ck.json",
+                                 protocol=str(verified.endpoint.api), api_key_env=verified.endpoint.api_key_env,
+                                 ca_file=verified.endpoint.ca_file)
+            outcome, _ = await measure_once(verified, plan, timeout=60, telemetry_interval=0.5,
+                                            on_event=lambda event: None)
+            return [r for r in outcome.records if not r.warmup]
+        finally:
+            await verified.conn.close()
+
+    records = asyncio.run(measured(runtime(f", ca_file: '{certs.ca}'")))
+    assert records and all(r.ok and r.output_tokens == TOKENS for r in records)
+    unverified = runtime("")
+    with pytest.raises(StageError) as info:
+        asyncio.run(unverified.ensure_serving(1.5))
+    assert info.value.stage is Stage.OLLAMA_INSTALL and server in info.value.message
+    assert "CERTIFICATE_VERIFY_FAILED" in info.value.message and TOKEN not in info.value.message
+    asyncio.run(unverified.conn.close())
