@@ -88,7 +88,8 @@ from .selection import (  # noqa: F401 - re-exported: the matrix module is where
 )
 from .prototype import Prototype
 from . import endpoint as endpoint_fields
-from .endpoint import ENDPOINT_CLOUD, ENDPOINT_KEYS, ENDPOINT_PROVIDER, ENDPOINT_RUNTIME, EndpointSpec
+from .endpoint import (ENDPOINT_CLOUD, ENDPOINT_KEYS, ENDPOINT_PROVIDER, ENDPOINT_RUNTIME, EndpointPrice,
+                       EndpointSpec, EndpointUrl, EnvName)
 from ..measure.thresholds import Slo, Thresholds, merged
 from .yaml_errors import at_line, describe, node_line, parse_yaml, translate
 
@@ -172,10 +173,10 @@ class RuntimeSpec(_Strict):
     #: Extra arguments of the server's launch command (``vllm serve MODEL --port P ARGS``), each one word.
     args: tuple[str, ...] = ()
     # A running endpoint (``name: openai``, matrix/endpoint.py): nothing is rented or started.
-    endpoint: str | None = None
+    endpoint: EndpointUrl | None = None
     api: Literal["chat", "completions"] | None = None
-    api_key_env: str | None = None
-    price_per_hour: float | None = None
+    api_key_env: EnvName | None = None
+    price_per_hour: EndpointPrice | None = None
     ca_file: str | None = None
 
     @model_validator(mode="before")
@@ -204,21 +205,6 @@ class RuntimeSpec(_Strict):
             raise invalid("must be a list of launch arguments such as ['--max-model-len', '4096'], "
                           f"each one printable line; got {describe(value)}")
         return tuple(value)
-
-    @field_validator("endpoint", mode="before")
-    @classmethod
-    def _endpoint(cls, value: Any) -> Any:
-        return endpoint_fields.endpoint_url(value)
-
-    @field_validator("api_key_env", mode="before")
-    @classmethod
-    def _api_key_env(cls, value: Any) -> Any:
-        return endpoint_fields.api_key_env(value)
-
-    @field_validator("price_per_hour", mode="before")
-    @classmethod
-    def _price_per_hour(cls, value: Any) -> Any:
-        return endpoint_fields.endpoint_price(value)
 
     @field_validator("ca_file", mode="before")
     @classmethod

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 import urllib.parse
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from .fields import MAX_PRICE_PER_HOUR, _number, invalid
 from .yaml_errors import describe
@@ -97,3 +97,8 @@ def ca_file(value: Any, base_dir: Path) -> str:
     if not path.is_file():
         raise invalid(f"no such file: {str(path)!r}")
     return str(path.resolve())
+
+
+EndpointUrl = Annotated[str, BeforeValidator(endpoint_url)]
+EnvName = Annotated[str, BeforeValidator(api_key_env)]
+EndpointPrice = Annotated[float, BeforeValidator(endpoint_price)]
