@@ -154,6 +154,7 @@ def test_an_unreachable_endpoint_fails_at_ollama_install_with_its_url(token_env)
     run(runtime.conn.close())
 
 
+@pytest.mark.slow
 def test_pytest_measures_an_endpoint_and_fails_bad_ones_at_the_right_stage(server, token_env, tmp_path, monkeypatch):
     monkeypatch.setenv("ENDPOINT_TEST_WRONG_TOKEN", "wrong-" + TOKEN[::-1])
     nowhere = f"http://127.0.0.1:{free_port()}"
