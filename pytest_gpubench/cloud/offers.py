@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..errors import NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell, gpu_matches
+from ..matrix.endpoint import EndpointSpec
 from .shopper_client import Offer
 
 #: Vast.ai reports vram_gb as MiB / 1024 rounded down (an RTX 4090 shows 23),
@@ -27,12 +28,15 @@ class Constraints:
     vram_gb: float
     min_confidence: float = 0.5
     max_price: float | None = None
+    #: A running endpoint the cell declares (``runtime: openai``): its offer is this server, not a rental.
+    endpoint: EndpointSpec | None = None
 
     @classmethod
     def for_cell(cls, cell: Cell) -> Constraints:
         """What ``cell``'s matrix entry asks of an offer."""
         return cls(gpu=cell.gpu, provider=cell.provider, vram_gb=cell.vram_gb,
-                   min_confidence=cell.offer.min_availability_confidence, max_price=cell.offer.max_price)
+                   min_confidence=cell.offer.min_availability_confidence, max_price=cell.offer.max_price,
+                   endpoint=cell.endpoint)
 
 
 def select_offer(offers: Iterable[Offer], wanted: Constraints) -> tuple[Offer, list[Offer]]:

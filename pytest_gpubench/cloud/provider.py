@@ -63,6 +63,9 @@ class SshDetails(BaseModel):
     port: int
     user: str = "root"
     private_key: str = Field(repr=False)
+    #: No SSH: the session's commands run on this machine (``remote/local.py``'s ``LocalShell``),
+    #: for a provider that rents nothing (a running endpoint, this machine).
+    local: bool = False
 
 
 class Released(BaseModel):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..errors import MatrixError
 from ..matrix.cells import DEFAULT_CLOUD, Cell
+from ..matrix.endpoint import ENDPOINT_CLOUD
 from ..settings import Settings
 
 if TYPE_CHECKING:
@@ -40,10 +41,19 @@ def _shopper(settings: Settings, *, fixed_offers: bool = False) -> Provider:
     return ShopperProvider.from_settings(settings, fixed_offers=fixed_offers)
 
 
+def _endpoint(settings: Settings, *, fixed_offers: bool = False) -> Provider:
+    from .endpoint_provider import EndpointProvider
+
+    return EndpointProvider()
+
+
 #: ``cloud:`` name -> how to build that provider for a run's settings.
 PROVIDERS: dict[str, ProviderFactory] = {
     DEFAULT_CLOUD: _shopper,
+    ENDPOINT_CLOUD: _endpoint,
 }
+#: Providers that rent nothing (no inventory, no SSH): the contract suite's rental tests do not apply.
+RENTING_NOTHING: frozenset[str] = frozenset({ENDPOINT_CLOUD})
 
 
 def build_provider(cloud: str, settings: Settings, *, fixed_offers: bool = False) -> Provider:

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
 
 from ..errors import MatrixError
 from .fields import (  # noqa: F401 - re-exported
@@ -87,6 +88,9 @@ from .selection import (  # noqa: F401 - re-exported: the matrix module is where
 )
 from .launch import LaunchSpec, launch_problem, resolved
 from .prototype import Prototype
+from . import endpoint as endpoint_fields
+from .endpoint import (ENDPOINT_CLOUD, ENDPOINT_KEYS, ENDPOINT_PROVIDER, ENDPOINT_RUNTIME, EndpointPrice,
+                       EndpointSpec, EndpointUrl, EnvName)
 from ..measure.thresholds import Slo, Thresholds, merged
 from .yaml_errors import at_line, describe, node_line, parse_yaml, translate
 
@@ -107,7 +111,9 @@ def seam_suffix(runtime: str = DEFAULT_RUNTIME, cloud: str = DEFAULT_CLOUD) -> s
     ``runtime:`` are no duplicates) and never share a session with the defaults' cells.
     """
     runtime_part = f"-runtime_{id_part(runtime)}" if runtime != DEFAULT_RUNTIME else ""
-    return runtime_part + (f"-cloud_{id_part(cloud)}" if cloud != DEFAULT_CLOUD else "")
+    # A running endpoint's cloud goes with its runtime: `-runtime_openai` says both.
+    implied = cloud == DEFAULT_CLOUD or (cloud == ENDPOINT_CLOUD and runtime == ENDPOINT_RUNTIME)
+    return runtime_part + ("" if implied else f"-cloud_{id_part(cloud)}")
 
 
 _TEMPLATE_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -172,6 +178,12 @@ class RuntimeSpec(_Strict):
     port: int | None = Field(default=None, ge=1, le=65535)
     #: How GPU Shopper launches the instance (``mode: entrypoint``: its image serves the model; see launch.py).
     launch: LaunchSpec | None = None
+    # A running endpoint (``name: openai``, matrix/endpoint.py): nothing is rented or started.
+    endpoint: EndpointUrl | None = None
+    api: Literal["chat", "completions"] | None = None
+    api_key_env: EnvName | None = None
+    price_per_hour: EndpointPrice | None = None
+    ca_file: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -199,6 +211,33 @@ class RuntimeSpec(_Strict):
             raise invalid("must be a list of launch arguments such as ['--max-model-len', '4096'], "
                           f"each one printable line; got {describe(value)}")
         return tuple(value)
+
+    @field_validator("ca_file", mode="before")
+    @classmethod
+    def _ca_file(cls, value: Any, info: ValidationInfo) -> Any:
+        return endpoint_fields.ca_file(value, Path((info.context or {}).get("base_dir") or "."))
+
+    @model_validator(mode="after")
+    def _endpoint_goes_with_openai(self) -> RuntimeSpec:
+        given = [key for key in ENDPOINT_KEYS if key in self.model_fields_set]
+        if self.name != ENDPOINT_RUNTIME:
+            if given:
+                raise invalid(f"`{given[0]}` describes a running endpoint: it goes with `name: {ENDPOINT_RUNTIME}` "
+                              f"in the same mapping")
+            return self
+        if self.endpoint is None:
+            raise invalid(f"`name: {ENDPOINT_RUNTIME}` benchmarks a server that is already up: give its "
+                          "`endpoint: URL` beside the name, such as {name: openai, endpoint: 'http://127.0.0.1:8000'}")
+        if self.ollama_install is not None or self.args:
+            raise invalid(f"`name: {ENDPOINT_RUNTIME}` starts nothing: `ollama_install` and `args` do not apply")
+        return self
+
+    def endpoint_spec(self) -> EndpointSpec | None:
+        """The running endpoint this mapping describes, or None for a runtime the plugin starts."""
+        if self.endpoint is None:
+            return None
+        return EndpointSpec(url=self.endpoint, api=self.api or "chat", api_key_env=self.api_key_env,
+                            price_per_hour=self.price_per_hour or 0.0, ca_file=self.ca_file)
 
 
 class ModelSpec(_Strict):
@@ -228,7 +267,7 @@ class RowSpec(_Strict):
             given = getattr(self, one) is not None, getattr(self, many) is not None
             if all(given):
                 raise invalid(f"give either `{one}` or `{many}`, not both")
-            if not any(given):
+            if not any(given) and one == "model":  # a row without a provider: checked with the file's runtime
                 raise invalid(f"needs `{one}: ...` or `{many}: [...]`")
             if getattr(self, many) == []:
                 raise invalid(f"`{many}` is empty; list at least one")
@@ -321,6 +360,7 @@ class Matrix(BaseModel):
     runtime_args: tuple[str, ...] = ()
     runtime_port: int | None = None
     launch: LaunchSpec | None = None
+    endpoint: EndpointSpec | None = None
     vram_overrides: dict[str, int] = {}
     slo: Slo = Slo()
     thresholds: Thresholds = Thresholds()
@@ -354,6 +394,8 @@ class Cell(BaseModel):
     runtime_port: int | None = None
     #: ``runtime.launch`` with the server's defaults filled; None: a plain SSH launch.
     launch: LaunchSpec | None = None
+    #: The running server a ``runtime: openai`` cell benchmarks (matrix/endpoint.py); None otherwise.
+    endpoint: EndpointSpec | None = None
     matrix_name: str
     source: str
     row: int
@@ -470,6 +512,11 @@ def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -
         spec = MatrixSpec.model_validate(data, context={"base_dir": str(Path(source).parent)})
     except ValidationError as exc:
         raise translate(exc, source, root) from None
+    for r, row in enumerate(spec.matrix):
+        runtime = row.runtime if row.runtime is not None and "name" in row.runtime.model_fields_set else spec.runtime
+        if row.provider is None and row.providers is None and runtime.name != ENDPOINT_RUNTIME:
+            raise MatrixError(source, f"matrix[{r}]", "needs `provider: ...` or `providers: [...]`"
+                                                      + at_line(node_line(root, ("matrix", r))))
     stem = Path(source).stem
     matrix = Matrix(
         name=spec.name or re.sub(r"^gpubench[_-]", "", stem) or stem,
@@ -483,6 +530,7 @@ def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -
         runtime_args=spec.runtime.args,
         runtime_port=spec.runtime.port,
         launch=spec.runtime.launch,
+        endpoint=spec.runtime.endpoint_spec(),
         vram_overrides={model_ref(k).lower(): v.vram_gb for k, v in spec.models.items()},
         slo=spec.slo,
         thresholds=spec.thresholds,
@@ -531,6 +579,9 @@ def _expand(matrix: Matrix) -> list[Cell]:
         runtime_args = row_runtime.args if "args" in runtime_set else matrix.runtime_args
         runtime_port = row_runtime.port if "port" in runtime_set else matrix.runtime_port
         launch = row_runtime.launch if "launch" in runtime_set else matrix.launch
+        # A running endpoint is described beside its name (RuntimeSpec), so it comes with the name.
+        endpoint = row_runtime.endpoint_spec() if "name" in runtime_set else matrix.endpoint
+        cloud = ENDPOINT_CLOUD if runtime == ENDPOINT_RUNTIME else matrix.cloud
         row_offer = row.offer or OfferSpec()
         fields = row_offer.model_fields_set
         max_price = row_offer.max_price if "max_price" in fields else matrix.offer.max_price
@@ -548,16 +599,16 @@ def _expand(matrix: Matrix) -> list[Cell]:
         bars = {**(matrix.offer.min_availability_confidence or {}),
                 **(row_offer.min_availability_confidence or {})}
         gpu_key = normalize_gpu(row.gpu)
-        seams = seam_suffix(runtime, matrix.cloud)
+        seams = seam_suffix(runtime, cloud)
         row_cells = Prototype(Cell, dict(
-            gpu=row.gpu, runtime=runtime, cloud=matrix.cloud, ollama_install=install, matrix_name=matrix.name,
-            runtime_args=runtime_args, runtime_port=runtime_port,
+            gpu=row.gpu, runtime=runtime, cloud=cloud, ollama_install=install, matrix_name=matrix.name,
+            runtime_args=runtime_args, runtime_port=runtime_port, endpoint=endpoint,
             source=matrix.source,
             launch=cell_launch,
             row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu),
         ), varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "concurrency", "rate",
                     "cell_id", "keywords", "reuse_group"))
-        for _, provider in row.provider_entries():
+        for _, provider in row.provider_entries() or [("provider", ENDPOINT_PROVIDER)]:
             offer = OfferConstraints(
                 max_price=max_price,
                 min_availability_confidence=bars.get(
@@ -570,6 +621,8 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 if model not in vram_of:
                     vram_of[model] = model_vram_gb(model, matrix.vram_overrides)
                 vram = vram_of[model]
+                if vram is None and endpoint is not None:
+                    vram = 0  # nothing is rented for a running endpoint: no VRAM to look for
                 if vram is None:
                     raise MatrixError(matrix.source, f"matrix[{r}].{field}", (
                         f"cannot tell how much VRAM {model!r} needs: it is not in the seed table "

@@ -50,6 +50,8 @@ class BenchmarkPlan:
     protocol: str = "ollama"
     #: The name (never the value) of an environment variable on the instance holding a bearer token.
     api_key_env: str | None = None
+    #: An https:// endpoint's certificate is verified against this CA file (None: the system's trust store).
+    ca_file: str | None = None
 
     def config(self, ollama_url: str) -> dict[str, Any]:
         return {
@@ -70,6 +72,7 @@ class BenchmarkPlan:
             "cut_at_deadline": self.cut_at_deadline,
             "protocol": self.protocol,
             "api_key_env": self.api_key_env,
+            "ca_file": self.ca_file,
         }
 
 

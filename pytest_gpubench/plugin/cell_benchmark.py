@@ -26,6 +26,7 @@ from ..matrix.cells import DEFAULT_CLOUD, Cell
 from ..measure.repeats import Measurement, details_of, enough_runs, measure_once
 from ..cloud.provider import OfferChoice, SshDetails
 from .record import CellRecorder, progress_path
+from ..remote.local import LocalShell
 from ..remote.ssh import Connection, KeyFile
 from ..remote.system import compute_capability
 from ..measure.sanity import keep_raw, result_problems
@@ -60,9 +61,17 @@ class GpuSession:
 
 def connect(run: RunContext, session: GpuSession, timeout: float) -> Awaitable[Connection]:
     """An SSH connection to ``session`` with the provider's details; its host key is pinned by
-    the first connection, and a later one that meets another key fails."""
+    the first connection, and a later one that meets another key fails. A session without SSH
+    (``SshDetails.local``) gets a :class:`LocalShell` on this machine instead."""
     ssh = session.ssh
+    if ssh.local:
+        return _local_shell()
     return run.host_keys.connect(session.session.id, ssh.host, ssh.port, ssh.user, ssh.private_key, timeout=timeout)
+
+
+async def _local_shell() -> Connection:
+    # The GPU of a session without SSH is the declared one: this machine's must not be sampled.
+    return LocalShell.open(hide_gpu=True)  # type: ignore[return-value]  # Connection's interface
 
 
 async def watched(run: RunContext, session: GpuSession, stage: Stage,
@@ -101,6 +110,7 @@ class Bench:
             seed=run_index, request_timeout=self._run.settings.stall_seconds(workload.stall_timeout),
             think=workload.think, cut_at_deadline=self._run.settings.cut_at_deadline,
             protocol=str(self.runtime.endpoint.api),  # the API the runtime serves, which the load generator speaks
+            api_key_env=self.runtime.endpoint.api_key_env, ca_file=self.runtime.endpoint.ca_file,
         )
 
     def run(self) -> BenchmarkResult:
@@ -200,6 +210,8 @@ class Bench:
         }
         # What a baseline must share to be compared with this result (fingerprint.py).
         self.details["fingerprint"] = self.fingerprint().model_dump(mode="json")
+        if self.session.ssh.local:  # nothing to probe: the hardware is what the matrix says
+            self.details["hardware_declared"] = True
         recorder.result, recorder.records, recorder.samples = result, list(measurement.records), measurement.samples
         recorder.runs, recorder.details, self.result = measurement.runs, self.details, result
         return result

@@ -28,6 +28,7 @@ from ..cloud.provisioning import Provisioning
 from .record import CellRecorder
 from ..remote.ssh import KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL, Connection, KeyFile
 from ..remote.system import probe_system
+from ..measure.results import HardwareInfo
 from . import user_hooks
 from .run_context import RunContext
 from ..runtimes.base import Runtime
@@ -237,7 +238,9 @@ def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_c
         if "gpubench-ssh-ok" not in check.stdout:
             raise StageError(Stage.SSH_CONNECT, "the SSH connectivity check printed nothing")
         lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
-        if lease is not None and lease.hardware is not None:
+        if gpu_session.ssh.local:  # no SSH, nothing to probe (a running endpoint): the matrix's GPU
+            recorder.hardware = HardwareInfo(gpu_name=gpubench_cell.gpu, gpu_count=1)
+        elif lease is not None and lease.hardware is not None:
             recorder.hardware = lease.hardware
         else:
             recorder.hardware = run_async(probe_system(conn, gpubench_cell.gpu, timeout),
@@ -246,7 +249,8 @@ def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_c
                 lease.hardware = recorder.hardware
         recorder.progress.status("SYSTEM_INFO", gpu=recorder.hardware.gpu_name,
                                  memory_mib=recorder.hardware.gpu_memory_mib,
-                                 driver=recorder.hardware.driver_version, cuda=recorder.hardware.cuda_version)
+                                 driver=recorder.hardware.driver_version, cuda=recorder.hardware.cuda_version,
+                                 **({"declared": True} if gpu_session.ssh.local else {}))
         yield conn
     finally:
         run_async(conn.close(), 15)

@@ -113,8 +113,8 @@ def check_gpu_names(cells: Iterable[Any]) -> tuple[list[tuple[Any, str]], list[t
     found: dict[str, list[tuple[Any, str]]] = {"error": [], "warning": []}
     seen: set[str] = set()
     for cell in cells:
-        if cell.gpu in seen:
-            continue
+        if cell.gpu in seen or getattr(cell, "endpoint", None) is not None:
+            continue  # a running endpoint's GPU is what its owner says it is: nothing is rented by that name
         seen.add(cell.gpu)
         problem = gpu_name_problem(cell.gpu)
         if problem is not None:

@@ -14,7 +14,7 @@ import pytest
 from ..cloud.budget import skipped_by_budget, spend_of, summary_line
 from ..errors import ApiUnreachable
 from .live import LiveProgress, own_line
-from .matrix_scan import runs_matrix_files
+from .matrix_scan import matrix_files, runs_matrix_files
 from .outcome import run_status
 from ..store.sandbox_label import summary_title
 from .stash import SANDBOX_KEY, SETTINGS_KEY, run_context
@@ -36,7 +36,8 @@ class TerminalHooks:
         settings = config.stash[SETTINGS_KEY]
         if runs_matrix_files(config):
             try:
-                run_context(config).provider_for()  # fail fast, before any worker starts
+                for cloud in _clouds_of_run(config):
+                    run_context(config).provider_for(cloud)  # fail fast, before any worker starts
             except ApiUnreachable as exc:
                 raise pytest.UsageError(str(exc)) from None
         if settings.live and config.option.verbose >= 0:
@@ -111,3 +112,19 @@ class TerminalHooks:
             if left:
                 terminalreporter.write_line(
                     f"gpubench sandbox: {len(left)} session(s) still running: {', '.join(left)}", red=True)
+
+
+def _clouds_of_run(config: pytest.Config) -> list[str]:
+    """The registered clouds the run's matrix files rent through, to check before any cell runs:
+    a run of running endpoints only (``runtime: openai``) needs no GPU Shopper API. A file that
+    cannot be read counts as the default cloud (collection reports what is wrong with it)."""
+    from ..cloud.registry import PROVIDERS
+    from ..matrix.cells import DEFAULT_CLOUD, load_cells
+
+    clouds: set[str] = set()
+    for path in matrix_files(config):
+        try:
+            clouds.update(cell.cloud for cell in load_cells(path))
+        except Exception:  # noqa: BLE001 - a broken file is collection's to report
+            clouds.add(DEFAULT_CLOUD)
+    return sorted(cloud for cloud in clouds if cloud in PROVIDERS)

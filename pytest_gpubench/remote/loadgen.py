@@ -20,7 +20,9 @@ merged into every request body last, e.g. ``ignore_eos`` or
 ``chat_template_kwargs`` for a server that takes them), ``api_key_env`` (the
 name of an environment variable on the instance whose value is sent as
 ``Authorization: Bearer``; the token itself is never in the config, a file, a
-log or an event; the run fails if the variable is unset), ``duration``,
+log or an event; the run fails if the variable is unset), ``ca_file`` (an https://
+server's certificate is verified against this CA file alone; without it, against the
+system's trust store), ``duration``,
 ``warmup_requests`` (sent first,
 one at a time, outside the run clock), ``progress_interval``, ``checkpoint_every``,
 ``checkpoint_path``, ``request_timeout`` (the stall timeout: a request that receives
@@ -102,6 +104,7 @@ import random
 import selectors
 import signal
 import socket
+import ssl
 import stat
 import sys
 import time
@@ -114,7 +117,7 @@ READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 RECV_SIZE = 65536
 GAPS_SORTED_MAX = 4000000  # beyond this many gaps, ITL percentiles come from an even sample
 OUTPUT_MAX = 32 * 1024 * 1024  # unread stdout beyond this: the reader is gone
-CONNECTING, SENDING, HEAD, BODY, CLOSED = range(5)
+CONNECTING, SENDING, HEAD, BODY, CLOSED, HANDSHAKE = range(6)
 THINKING, ANSWER = range(2)  # what a token chunk carries
 CHUNKED, LENGTH, UNTIL_CLOSE = range(3)
 
@@ -125,14 +128,27 @@ ENDPOINTS = {"ollama": "/api/generate", "openai-chat": "/v1/chat/completions",
 
 
 def server_address(url, protocol="ollama"):
-    """(host, port, path prefix) of the server's base URL; plain HTTP only."""
+    """(host, port, path prefix) of the server's base URL, http:// or https://."""
     parsed = urllib.parse.urlsplit(url if "://" in url else "http://" + url)
-    if parsed.scheme != "http":
-        raise ValueError("only http:// URLs are supported, not %r" % parsed.scheme)
+    if parsed.scheme not in ("http", "https"):
+        raise ValueError("only http:// and https:// URLs are supported, not %r" % parsed.scheme)
     prefix = parsed.path.rstrip("/")
     if protocol != "ollama" and prefix.endswith("/v1"):
         prefix = prefix[:-3]  # a base URL given as OpenAI clients take it, ending in /v1
-    return parsed.hostname or "127.0.0.1", parsed.port or (11434 if protocol == "ollama" else 80), prefix
+    default_port = 443 if parsed.scheme == "https" else 11434 if protocol == "ollama" else 80
+    return parsed.hostname or "127.0.0.1", parsed.port or default_port, prefix
+
+
+def tls_context(url, ca_file=None):
+    """The TLS context of an https:// URL (None for http://): certificates and host names
+    verified, against ``ca_file`` alone when given, else the system's trust store."""
+    if urllib.parse.urlsplit(url if "://" in url else "http://" + url).scheme != "https":
+        return None
+    return ssl.create_default_context(cafile=ca_file or None)
+
+
+#: A non-blocking TLS socket's "not yet": the handshake, a read or a write waits for the socket.
+TLS_WAIT = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
 def error_message(payload):
@@ -342,9 +358,12 @@ class Exchange:
         if sock is None:
             try:
                 sock = socket.socket(self.run.family, socket.SOCK_STREAM)
-                self.sock = sock
                 sock.setblocking(False)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self.run.tls is not None:  # the handshake follows the TCP connect (state HANDSHAKE)
+                    sock = self.run.tls.wrap_socket(sock, server_hostname=self.run.host,
+                                                    do_handshake_on_connect=False)
+                self.sock = sock
                 code = sock.connect_ex(self.run.sockaddr)
             except OSError as exc:
                 return self.broken(exc)
@@ -353,7 +372,24 @@ class Exchange:
                 return self.want(WRITE)
             if code:
                 return self.broken(OSError(code, os.strerror(code)))
+            if self.run.tls is not None:
+                self.sock = sock
+                return self.handshake()
         self.sock = sock
+        self.send()
+
+    def handshake(self):
+        """TLS on a new connection, one step per readiness of its socket."""
+        self.state = HANDSHAKE
+        try:
+            self.sock.do_handshake()
+        except ssl.SSLWantReadError:
+            return self.want(READ)
+        except ssl.SSLWantWriteError:
+            return self.want(WRITE)
+        except OSError as exc:  # includes a certificate that fails verification
+            return self.fail("TLS handshake failed: %s" % exc, perf())
+        self.state = SENDING
         self.send()
 
     def want(self, events):
@@ -371,7 +407,7 @@ class Exchange:
     def send(self):
         try:
             sent = self.sock.send(self.out)
-        except BlockingIOError:
+        except (BlockingIOError,) + TLS_WAIT:
             sent = 0
         except OSError as exc:
             return self.broken(exc)
@@ -385,21 +421,29 @@ class Exchange:
         state = self.state
         if state == BODY or state == HEAD:
             self.read()
+            # TLS decrypts a whole record at once: bytes already read from the socket
+            # wait in the TLS object, and the selector would not say so.
+            while self.state in (HEAD, BODY) and self.run.tls is not None and self.sock.pending():
+                self.read()
         elif state == SENDING:
             self.send()
         elif state == CONNECTING:
             code = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             if code:
                 return self.broken(OSError(code, os.strerror(code)))
+            if self.run.tls is not None:
+                return self.handshake()
             self.state = SENDING
             self.send()
+        elif state == HANDSHAKE:
+            self.handshake()
 
     # -- response ---------------------------------------------------------------
 
     def read(self):
         try:
             data = self.sock.recv(RECV_SIZE)
-        except BlockingIOError:
+        except (BlockingIOError,) + TLS_WAIT:
             return
         except OSError as exc:
             return self.broken(exc)
@@ -929,6 +973,7 @@ class LoadGenerator:
         self.output = output
         self.prompts = [parse_prompt(p) for p in config["prompts"]]
         self.protocol = config.get("protocol") or "ollama"
+        self.host, self.tls = "", None  # the server's host name and TLS context (https://), set by prepare
         self.chat = self.protocol == "openai-chat"
         self.exchange = Exchange if self.protocol == "ollama" else SSEExchange
         self.timeout = float(config.get("request_timeout", 120))
@@ -958,6 +1003,8 @@ class LoadGenerator:
         if self.protocol not in PROTOCOLS:
             raise ValueError("unknown protocol %r (one of %s)" % (self.protocol, ", ".join(PROTOCOLS)))
         host, port, prefix = server_address(self.config["ollama_url"], self.protocol)
+        self.host = host
+        self.tls = tls_context(self.config["ollama_url"], self.config.get("ca_file"))
         addresses = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
         self.family, self.sockaddr = addresses[0][0], addresses[0][4]
         # "localhost" may name ::1 first while the server listens on 127.0.0.1 only:
@@ -970,6 +1017,12 @@ class LoadGenerator:
             except OSError:
                 sock.close()
                 continue
+            if self.tls is not None:  # a certificate that fails verification stops the run here, clearly
+                try:
+                    sock = self.tls.wrap_socket(sock, server_hostname=host)
+                except ssl.SSLError as exc:
+                    sock.close()
+                    raise ValueError("TLS to %s:%d failed: %s" % (host, port, exc))
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self.family, self.sockaddr = family, sockaddr
@@ -1025,7 +1078,8 @@ class LoadGenerator:
         while self.idle:
             sock = self.idle.pop()
             try:
-                sock.recv(1, socket.MSG_PEEK)  # closed by the server (b"") or stray bytes
+                # Closed by the server (b"") or stray bytes; a TLS socket is peeked beneath its TLS.
+                socket.socket.recv(sock, 1, socket.MSG_PEEK)
             except BlockingIOError:
                 return sock
             except OSError:

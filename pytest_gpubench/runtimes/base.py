@@ -49,6 +49,10 @@ class Endpoint:
     remote_url: str
     local_url: str
     api: ServingApi
+    #: The environment variable (where the load generator runs) holding a bearer token; None: no token.
+    api_key_env: str | None = None
+    #: A CA file an https:// endpoint's certificate is verified against; None: the system's trust store.
+    ca_file: str | None = None
 
 
 @dataclass

@@ -17,6 +17,7 @@ from .llamacpp import LlamacppRuntime
 from .ollama import OllamaRuntime
 from .sglang import SglangRuntime
 from .tgi import TgiRuntime
+from .openai_endpoint import OpenAIEndpointRuntime
 from .vllm import VllmRuntime
 
 #: Builds a cell's runtime on an open SSH connection to its instance.
@@ -28,6 +29,7 @@ RUNTIMES: dict[str, RuntimeFactory] = {
     SglangRuntime.name: SglangRuntime.for_cell,
     TgiRuntime.name: TgiRuntime.for_cell,
     LlamacppRuntime.name: LlamacppRuntime.for_cell,
+    OpenAIEndpointRuntime.name: OpenAIEndpointRuntime.for_cell,
 }
 
 

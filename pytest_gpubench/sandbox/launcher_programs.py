@@ -56,6 +56,8 @@ class Launch:
     #: The share of each card the server takes up front (None: it takes what the model needs).
     memory_fraction: float | None = 0.9
     model_arg: str = ""  # as given (a repo id or path, llama.cpp's file)
+    #: ``--api-key``: requests to ``/v1/*`` need ``Authorization: Bearer KEY`` (401 otherwise), as the servers do.
+    api_key: str | None = None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -77,6 +79,7 @@ def parse_vllm(argv: Sequence[str]) -> Launch:
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--api-key")
     args, _ = parser.parse_known_args(list(argv[1:]))
     model = args.model_tag or args.model
     if not model:
@@ -84,7 +87,7 @@ def parse_vllm(argv: Sequence[str]) -> Launch:
     return Launch(program="vllm", model=model, served_names=tuple(args.served_model_name or [model]),
                   host=args.host, port=args.port, parallel=max(1, args.max_num_seqs),
                   tensor_parallel=max(1, args.tensor_parallel_size), max_model_len=args.max_model_len,
-                  memory_fraction=args.gpu_memory_utilization, model_arg=model)
+                  memory_fraction=args.gpu_memory_utilization, model_arg=model, api_key=args.api_key)
 
 
 def parse_llama_server(argv: Sequence[str]) -> Launch:
@@ -96,6 +99,7 @@ def parse_llama_server(argv: Sequence[str]) -> Launch:
     parser.add_argument("-c", "--ctx-size", type=int)
     parser.add_argument("-np", "--parallel", type=int, default=-1)
     parser.add_argument("-a", "--alias")
+    parser.add_argument("--api-key")
     args, _ = parser.parse_known_args(list(argv))
     if not args.model:
         raise LaunchError("error: no model given: use -m FILE or --model FILE")
@@ -103,7 +107,7 @@ def parse_llama_server(argv: Sequence[str]) -> Launch:
     name = name[: -len(".gguf")] if name.endswith(".gguf") else name
     return Launch(program="llama-server", model=name, served_names=(args.alias or args.model,), host=args.host,
                   port=args.port, parallel=4 if args.parallel < 1 else args.parallel, max_model_len=args.ctx_size,
-                  memory_fraction=None, model_arg=args.model)
+                  memory_fraction=None, model_arg=args.model, api_key=args.api_key)
 
 
 def parse_sglang(argv: Sequence[str]) -> Launch:
@@ -117,13 +121,14 @@ def parse_sglang(argv: Sequence[str]) -> Launch:
     parser.add_argument("--tp-size", "--tp", type=int, default=1)
     parser.add_argument("--mem-fraction-static", type=float, default=0.88)
     parser.add_argument("--context-length", type=int)
+    parser.add_argument("--api-key")
     args, _ = parser.parse_known_args(list(argv))
     if not args.model_path:
         raise LaunchError("launch_server.py: error: the following arguments are required: --model-path")
     return Launch(program="sglang", model=args.model_path, served_names=(args.served_model_name or args.model_path,),
                   host=args.host, port=args.port, parallel=max(1, args.max_running_requests),
                   tensor_parallel=max(1, args.tp_size), max_model_len=args.context_length,
-                  memory_fraction=args.mem_fraction_static, model_arg=args.model_path)
+                  memory_fraction=args.mem_fraction_static, model_arg=args.model_path, api_key=args.api_key)
 
 
 def parse_tgi(argv: Sequence[str]) -> Launch:

@@ -20,6 +20,8 @@ launcher's flags, logs, readiness, ``/v1/models`` and failure wording are its ow
 - Memory: vLLM, SGLang and TGI take their memory fraction of every card of the
   tensor-parallel group up front and fail (exit 1, the server's words) when the
   weights do not fit it; llama.cpp needs weights, KV cache for ``-np`` slots and graph.
+- ``--api-key KEY`` (vLLM, SGLang, llama-server): ``/v1/*`` answers 401 without
+  ``Authorization: Bearer KEY``; ``/health`` and vLLM's ``/version`` stay open.
 
 All: ``--version``; exit 1 with a message for an unknown model, one that does not
 fit, or a port in use; stop cleanly on SIGTERM/SIGINT (exit 0), or when the sandbox dies.
@@ -39,7 +41,7 @@ from typing import Any
 
 from . import launcher_programs as programs
 from .instance_spec import BASELINE_MIB, MIB, InstanceSpec, ModelSpec, load_instance_spec, normalize_model_name
-from .launcher_programs import PROGRAMS, Launch, LaunchError
+from .launcher_programs import PROGRAMS, VLLM_VERSION, Launch, LaunchError
 from .lifeline import watch_owner
 from .ollama_common import FOREVER
 from .ollama_engine import Engine, EngineSettings
@@ -176,8 +178,21 @@ def create_app(engine: LauncherEngine, ready: asyncio.Event) -> Any:
                     for name in launch.served_names]
         return json_response({"object": "list", "data": data})
 
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+    @web.middleware
+    async def authorized(request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+        # vLLM's, SGLang's and llama-server's --api-key: /v1 needs the bearer token; /health and /version do not.
+        if launch.api_key and request.path.startswith("/v1") and (
+                request.headers.get("Authorization") != f"Bearer {launch.api_key}"):
+            return json_response({"error": "Unauthorized"}, 401)
+        return await handler(request)
+
+    async def version(_: web.Request) -> web.Response:
+        return json_response({"version": VLLM_VERSION})
+
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[authorized])
     app[ENGINE] = engine
+    if launch.program == "vllm":
+        app.router.add_get("/version", version)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", guarded(handle_chat_completions))

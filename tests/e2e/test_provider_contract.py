@@ -22,7 +22,7 @@ from pytest_gpubench.cloud.cleanup import Leftover, ReleaseOutcome, record, rele
 from pytest_gpubench.cloud.offers import Constraints
 from pytest_gpubench.cloud.provider import OfferChoice, Provider, consumer_id
 from pytest_gpubench.cloud.provisioning import Attempt, Provisioning
-from pytest_gpubench.cloud.registry import PROVIDERS, build_provider, check_clouds
+from pytest_gpubench.cloud.registry import PROVIDERS, RENTING_NOTHING, build_provider, check_clouds
 from pytest_gpubench.errors import ApiError, MatrixError, NoEligibleOffer, Stage, StageError
 from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.plugin.record import CellRecorder
@@ -40,9 +40,10 @@ UNKNOWN = "44444444-4444-4444-8444-444444444444"
 CALL = 60.0  # bound on one provider call through the loop bridge
 
 
-@pytest.fixture(params=sorted(PROVIDERS))
+@pytest.fixture(params=sorted(set(PROVIDERS) - RENTING_NOTHING))
 def provider(request: pytest.FixtureRequest, sandbox) -> Iterator[Provider]:
-    """Each registered provider, pointed at this module's sandbox."""
+    """Each registered provider that rents, pointed at this module's sandbox (the ones that rent
+    nothing have their own part of the contract at the end)."""
     built = build_provider(request.param, Settings(api=sandbox.url, time_scale=TIME_SCALE))
     run_async(built.ready(), CALL)
     yield built
@@ -294,3 +295,43 @@ def test_the_plugin_reaches_a_session_by_the_providers_ssh_details(provider, tmp
         key_file.remove()
         run.close()
         call(provider.release(session.id))
+
+
+# ------------------------------------------------- providers that rent nothing (a running endpoint)
+
+
+@pytest.fixture(params=sorted(RENTING_NOTHING))
+def rentless(request: pytest.FixtureRequest) -> Iterator[Provider]:
+    built = build_provider(request.param, Settings(api="http://127.0.0.1:9", time_scale=TIME_SCALE))
+    call(built.ready())  # asks nothing of any API
+    yield built
+    call(built.aclose())
+
+
+def test_a_provider_that_rents_nothing_offers_the_declared_endpoint_and_lets_go(rentless):
+    from pytest_gpubench.matrix.endpoint import EndpointSpec
+
+    assert isinstance(rentless, Provider) and rentless.where
+    spec = EndpointSpec(url="https://llm.example.com:8443/v1", price_per_hour=1.25)
+    choice = call(rentless.choose_offer(Constraints("RTX 4090", "endpoint", vram_gb=0, endpoint=spec)))
+    assert (choice.offer.gpu_type, choice.offer.price_per_hour, choice.offer.provider) == ("RTX 4090", 1.25, "endpoint")
+    assert choice.eligible == [choice.offer] and choice.offers_found == 1
+    with pytest.raises(NoEligibleOffer, match="runtime: openai"):
+        call(rentless.choose_offer(Constraints("RTX 4090", "vastai", vram_gb=8)))
+    consumer = consumer_id("contract", "endpoint")
+    created = call(rentless.create(choice.offer, consumer, 1))
+    running = call(rentless.wait_running(created.session.id, timeout=1))
+    assert running.status == "running" and running.price_per_hour == 1.25
+    ssh = rentless.ssh_details(created, running)
+    assert ssh.local and ssh.private_key == ""  # no SSH: commands run on this machine
+    assert [s.id for s in call(rentless.owned_sessions(consumer))] == [created.session.id]
+    assert call(rentless.owned_sessions(consumer_id("contract", "other"))) == []
+    released = call(rentless.release(created.session.id))
+    assert (released.before, released.final_status, released.still_holding) == ("running", "stopped", False)
+    assert call(rentless.release(created.session.id)).already_ended
+    assert call(rentless.owned_sessions(consumer)) == []
+    assert not call(rentless.release(UNKNOWN)).found
+    assert call(rentless.session_cost(created.session.id)) is None
+    with pytest.raises(ApiError) as info:
+        call(rentless.get_session(UNKNOWN))
+    assert info.value.status == 404

@@ -22,6 +22,7 @@ from sandbox_session import connect, new_session
 from pytest_gpubench.aio import LoopThread
 from pytest_gpubench.errors import Stage, StageError
 from pytest_gpubench.matrix.cells import SEED_PROMPTS, Cell, expand, parse_matrix
+from pytest_gpubench.matrix.endpoint import ENDPOINT_RUNTIME
 from pytest_gpubench.matrix.fields import DEFAULT_RUNTIME, RUNTIME_NAMES
 from pytest_gpubench.measure.benchmark import BenchmarkPlan
 from pytest_gpubench.measure.repeats import measure_once
@@ -48,7 +49,12 @@ def loop() -> Iterator[LoopThread]:
     thread.close()
 
 
-@pytest.fixture(scope="module", params=sorted(RUNTIMES))
+#: Runtimes that start a server on an instance. ``openai`` measures a server already up elsewhere
+#: (nothing to install, stop or unload): tests/e2e/test_endpoint_runtime.py holds it to what applies.
+ON_AN_INSTANCE = sorted(name for name in RUNTIMES if name != ENDPOINT_RUNTIME)
+
+
+@pytest.fixture(scope="module", params=ON_AN_INSTANCE)
 def instance(request: pytest.FixtureRequest, api: httpx.Client, loop: LoopThread) -> Iterator[tuple[str, Connection]]:
     """A running sandbox session per implementation, and an SSH connection to it."""
     session, key = new_session(api)
