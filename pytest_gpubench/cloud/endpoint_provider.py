@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 
 from ..errors import ApiError, NoEligibleOffer, Stage
 from ..matrix.endpoint import ENDPOINT_PROVIDER
+from ..matrix.launch import LaunchSpec
 from .offers import Constraints
 from .provider import HOLDING_STATUSES, OfferChoice, Released, SshDetails
 from .shopper_client import CreatedSession, Offer, Session
@@ -55,7 +56,8 @@ class EndpointProvider:
         return None
 
     async def create(self, offer: Offer, consumer: str, hours: int, *, template: str | None = None,
-                     ssh_timeout_minutes: int | None = None, disk_gb: int | None = None) -> CreatedSession:
+                     ssh_timeout_minutes: int | None = None, disk_gb: int | None = None,
+                     launch: LaunchSpec | None = None, runtime: str = "", model: str = "") -> CreatedSession:
         now = datetime.now(timezone.utc)
         session = Session(id=f"{ENDPOINT_PROVIDER}-{next(self._numbers)}-{consumer}", consumer_id=consumer,
                           provider=offer.provider, gpu_type=offer.gpu_type, status="running",

@@ -10,6 +10,7 @@ teardown and cleanup, record the same outcome for the same state.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Iterator
 
@@ -29,7 +30,7 @@ from pytest_gpubench.plugin.record import CellRecorder
 from pytest_gpubench.plugin.run_context import RunContext
 from pytest_gpubench.remote.ssh import HostKeyPins
 from pytest_gpubench.sandbox.catalog import load_catalog
-from pytest_gpubench.settings import Settings
+from pytest_gpubench.settings import Settings, resolve
 
 TIME_SCALE = 0.01
 _SHIPPED = load_catalog()
@@ -80,6 +81,16 @@ def start_deleting(api: httpx.Client, session_id: str) -> threading.Thread:
 def test_every_registered_provider_is_a_provider(provider):
     assert isinstance(provider, Provider)
     assert provider.where
+
+
+@pytest.mark.parametrize("cloud", sorted(PROVIDERS))
+def test_every_providers_methods_take_the_protocols_parameters(cloud):
+    """isinstance only checks that the methods exist: a keyword the protocol gained (``create``'s
+    ``launch``) and one implementation lacks would fail only when a cell calls it."""
+    built = build_provider(cloud, resolve({}, {}, lambda name: None))
+    for name in ("create", "choose_offer", "wait_running", "get_session", "owned_sessions", "release"):
+        wanted = list(inspect.signature(getattr(Provider, name)).parameters)[1:]
+        assert list(inspect.signature(getattr(built, name)).parameters) == wanted, (cloud, name)
 
 
 def test_offers_and_the_choice_for_a_cell(provider):
