@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, PrivateAttr, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from ..errors import MatrixError
 from .fields import (  # noqa: F401 - re-exported
@@ -52,6 +53,7 @@ from .fields import (  # noqa: F401 - re-exported
     text_field,
     whole,
 )
+from .worker_presets import PresetsError, load_presets
 from .workload import (  # noqa: F401 - re-exported
     PROMPT_SETS,
     QUALITY_PROMPTS,
@@ -166,6 +168,8 @@ class RuntimeSpec(_Strict):
     ollama_install: str | None = None
     #: Extra arguments of the server's launch command (``vllm serve MODEL --port P ARGS``), each one word.
     args: tuple[str, ...] = ()
+    #: ``runtime: worker``'s ``model_presets.yaml`` (seed 004), relative to the matrix file; checked here.
+    presets: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -184,6 +188,18 @@ class RuntimeSpec(_Strict):
         if not text.strip() or "\0" in text:
             raise invalid("must be a non-empty shell command without NUL characters")
         return text.strip()
+
+    @field_validator("presets", mode="before")
+    @classmethod
+    def _presets_file(cls, value: Any, info: ValidationInfo) -> Any:
+        text = text_field("a presets file", "'model_presets.yaml'")(value)
+        context = info.context if isinstance(info.context, Mapping) else {}
+        path = Path(text) if Path(text).is_absolute() else Path(context.get("base_dir") or ".") / text
+        try:
+            load_presets(path)
+        except PresetsError as exc:
+            raise invalid(str(exc)) from None
+        return str(path)
 
     @field_validator("args", mode="before")
     @classmethod
@@ -313,6 +329,7 @@ class Matrix(BaseModel):
     runtime: str = DEFAULT_RUNTIME
     ollama_install: str | None = None
     runtime_args: tuple[str, ...] = ()
+    runtime_presets: str | None = None
     vram_overrides: dict[str, int] = {}
     slo: Slo = Slo()
     thresholds: Thresholds = Thresholds()
@@ -342,6 +359,8 @@ class Cell(BaseModel):
     ollama_install: str | None = None
     #: The runtime's extra launch arguments (``runtime.args``), recorded with the result.
     runtime_args: tuple[str, ...] = ()
+    #: ``runtime: worker``'s presets file (resolved path), where the cell's model is a key.
+    runtime_presets: str | None = None
     matrix_name: str
     source: str
     row: int
@@ -469,6 +488,7 @@ def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -
         runtime=spec.runtime.name,
         ollama_install=spec.runtime.ollama_install,
         runtime_args=spec.runtime.args,
+        runtime_presets=spec.runtime.presets,
         vram_overrides={model_ref(k).lower(): v.vram_gb for k, v in spec.models.items()},
         slo=spec.slo,
         thresholds=spec.thresholds,
@@ -485,6 +505,21 @@ def expand(matrix: Matrix) -> list[Cell]:
     if matrix._cells is None:
         matrix._cells = tuple(_expand(matrix))
     return list(matrix._cells)
+
+
+def _check_worker_models(matrix: Matrix, r: int, row: RowSpec, runtime: str, presets: str | None) -> None:
+    """A ``worker`` row needs a presets file holding each of its models (seed 004)."""
+    if runtime != "worker":
+        return
+    if presets is None:
+        raise MatrixError(matrix.source, f"matrix[{r}].runtime", (
+            "runtime worker needs `presets: model_presets.yaml`, the file naming each model's docker_image "
+            "(seed 004's shape), in the row's or the file's runtime"))
+    known = load_presets(presets)
+    for field, model in row.model_entries():
+        if model not in known:
+            raise MatrixError(matrix.source, f"matrix[{r}].{field}", (
+                f"{model!r} is not in the presets file {presets}; models there: {', '.join(sorted(known))}"))
 
 
 def _expand(matrix: Matrix) -> list[Cell]:
@@ -515,6 +550,8 @@ def _expand(matrix: Matrix) -> list[Cell]:
         runtime = row_runtime.name if "name" in runtime_set else matrix.runtime
         install = row_runtime.ollama_install if "ollama_install" in runtime_set else matrix.ollama_install
         runtime_args = row_runtime.args if "args" in runtime_set else matrix.runtime_args
+        presets = row_runtime.presets if "presets" in runtime_set else matrix.runtime_presets
+        _check_worker_models(matrix, r, row, runtime, presets)
         row_offer = row.offer or OfferSpec()
         fields = row_offer.model_fields_set
         max_price = row_offer.max_price if "max_price" in fields else matrix.offer.max_price
@@ -526,7 +563,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
         seams = seam_suffix(runtime, matrix.cloud)
         row_cells = Prototype(Cell, dict(
             gpu=row.gpu, runtime=runtime, cloud=matrix.cloud, ollama_install=install, matrix_name=matrix.name,
-            runtime_args=runtime_args,
+            runtime_args=runtime_args, runtime_presets=presets,
             source=matrix.source,
             row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu),
         ), varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "concurrency", "rate",

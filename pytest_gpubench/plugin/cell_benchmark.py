@@ -165,7 +165,10 @@ class Bench:
         return connect(self._run, self.session, min(self._run.settings.stage_timeout(Stage.SSH_CONNECT), 60.0))
 
     def _on_event(self, event: dict) -> None:
-        if event["event"] == "progress":
+        if event["event"] == "worker" and "container" in event:  # a container worker's own status (seed 004)
+            self.recorder.progress.status("WORKER", container=event["container"], status=event.get("status"),
+                                          message=event.get("message"))
+        elif event["event"] == "progress":
             # The load generator's "tps" is its tokens so far / time so far: output throughput.
             self.recorder.progress.progress(requests=event.get("requests"), tokens=event.get("tokens"),
                                             output_tokens_per_second=event.get("tps"), errors=event.get("errors"))

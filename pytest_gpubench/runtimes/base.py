@@ -33,6 +33,8 @@ class ServingApi(str, Enum):
     OPENAI_CHAT = "openai-chat"
     #: OpenAI's streaming ``POST /v1/completions``.
     OPENAI_COMPLETIONS = "openai-completions"
+    #: Seed 004's container workers: JSON request lines on stdin, JSON events on stdout.
+    WORKER = "worker"
 
     def __str__(self) -> str:
         return self.value
@@ -49,6 +51,8 @@ class Endpoint:
     remote_url: str
     local_url: str
     api: ServingApi
+    #: ``WORKER`` only: the argv that starts one container (``docker run ... IMAGE``).
+    worker_command: tuple[str, ...] = ()
 
 
 @dataclass

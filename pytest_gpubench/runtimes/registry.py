@@ -15,6 +15,7 @@ from ..remote.ssh import Connection
 from .base import Runtime
 from .ollama import OllamaRuntime
 from .vllm import VllmRuntime
+from .worker import WorkerRuntime
 
 #: Builds a cell's runtime on an open SSH connection to its instance.
 RuntimeFactory = Callable[[Connection, Cell], Runtime]
@@ -22,6 +23,7 @@ RuntimeFactory = Callable[[Connection, Cell], Runtime]
 RUNTIMES: dict[str, RuntimeFactory] = {
     OllamaRuntime.name: OllamaRuntime.for_cell,
     VllmRuntime.name: VllmRuntime.for_cell,
+    WorkerRuntime.name: WorkerRuntime.for_cell,
 }
 
 

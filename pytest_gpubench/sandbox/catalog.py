@@ -189,6 +189,9 @@ class Catalog(_Entry):
     models: dict[str, ModelSpec]
     rates: list[RateSpec] = Field(default_factory=list)
     templates: list[TemplateSpec] = Field(default_factory=list)
+    #: Container images' sizes (GB) by repository, for the ``docker`` stand-in's pulls; ``default``
+    #: for any other image. A heavy one (an inference server's) pulls for minutes.
+    docker_images: dict[str, float] = Field(default_factory=lambda: {"default": 0.5})
     offers: list[OfferSpec]
 
     @model_validator(mode="after")

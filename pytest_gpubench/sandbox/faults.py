@@ -47,6 +47,12 @@ Faults that act at once:
     ``after_tokens`` tokens and stay silent until the client gives up.
 ``empty_output`` (``session_id``, ``times``)
     the next ``times`` generations end at once, done with no token at all.
+``worker_crash``, ``worker_malformed``, ``worker_failed`` (``session_id``, ``after_tokens``, ``times``)
+    the next ``times`` requests to the instance's worker containers (``docker run``,
+    every one until cleared) meet, after ``after_tokens`` deltas: an exit with status
+    3 and a CUDA error on stderr; a line on stdout that is not JSON; a ``finish``
+    with ``status: failed``. (A heavy image is no fault: the catalog's
+    ``docker_images`` sizes make ``vllm/vllm-openai`` pull for minutes.)
 ``not_ready`` (``seconds``)
     ``/health`` and ``/ready`` answer 503 for that many (real) seconds, like the
     server's start-up sweep.
@@ -61,12 +67,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 OFFER_FAULTS = frozenset({"provision_error", "stale_inventory", "no_ssh", "missing_tools", "gpu_memory"})
 #: Faults that act on a running session's instance at once.
-SESSION_FAULTS = frozenset({"kill_instance", "drop_ssh", "stop_ollama", "stall_stream", "empty_output"})
+#: Faults of the ``docker`` stand-in's worker containers (:mod:`.worker_standin`).
+WORKER_FAULTS = frozenset({"worker_crash", "worker_malformed", "worker_failed"})
+SESSION_FAULTS = frozenset({"kill_instance", "drop_ssh", "stop_ollama", "stall_stream", "empty_output"}) | WORKER_FAULTS
 FaultKind = Literal["provision_error", "stale_inventory", "no_ssh", "missing_tools", "gpu_memory", "kill_instance",
-                    "drop_ssh", "stop_ollama", "stall_stream", "empty_output", "not_ready"]
+                    "drop_ssh", "stop_ollama", "stall_stream", "empty_output", "not_ready", "worker_crash",
+                    "worker_malformed", "worker_failed"]
 #: What ``missing_tools`` can leave out of an instance.
-OMITTABLE_TOOLS = ("nvidia-smi", "python3", "curl", "vllm")
-Tool = Literal["nvidia-smi", "python3", "curl", "vllm"]
+OMITTABLE_TOOLS = ("nvidia-smi", "python3", "curl", "vllm", "docker")
+Tool = Literal["nvidia-smi", "python3", "curl", "vllm", "docker"]
 
 
 class FaultRequest(BaseModel):
