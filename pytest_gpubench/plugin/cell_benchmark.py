@@ -28,7 +28,7 @@ from ..cloud.provider import OfferChoice, SshDetails
 from .record import CellRecorder, progress_path
 from ..remote.ssh import Connection, KeyFile
 from ..remote.system import compute_capability
-from ..measure.sanity import keep_raw, result_problems
+from ..measure.sanity import commonest_error, keep_raw, result_problems
 from ..measure.results import BenchmarkResult, HardwareInfo, ModelInfo, TestConfig, summarize
 from .run_context import RunContext
 from ..runtimes.base import Runtime
@@ -186,7 +186,8 @@ class Bench:
             raise self._invalid([str(exc).replace("\n", " ")], None) from None
         problems = result_problems(result)
         if problems:
-            raise self._invalid(problems, result)
+            why = commonest_error(self.measurement.records) if result.results.total_errors else None
+            raise self._invalid([*problems, why] if why else problems, result)
         self.details = details_of(self.cell, measurement, runtime, residency=residency,
                                   compute_capability=capability)
         recorder = self.recorder

@@ -62,8 +62,8 @@ Protocols (``protocol``, default ``ollama``):
   "model"}``, ``ignore_eos`` when asked, ``extra_body`` merged); the container answers
   with events on stdout, one JSON object per line: ``text_delta`` (``delta``) is a token,
   ``text`` (``content``) the whole answer for expectations, ``worker`` (``status``,
-  ``message``) is passed on as a ``worker`` event with its ``container`` number when it
-  changes, ``finish`` (``status: completed`` or ``failed`` with ``message``) ends the
+  ``message``) is passed on as a ``worker`` event with its ``container`` number the
+  first time the run sees that pair, ``finish`` (``status: completed`` or ``failed`` with ``message``) ends the
   request. A session worker then reads the next line; a one-off worker exits, and
   the request sent to it meanwhile starts a new container (its wait for the first
   event is the record's ``startup_ms``, outside the TTFT). Output tokens are the
@@ -881,7 +881,6 @@ class WorkerProcess:
         self.pending = b""  # request bytes not yet written to stdin
         self.stdout = bytearray()
         self.stderr = b""
-        self.shown = None  # the last worker status passed on as an event
         self.code = None
         # Its own process group: stopping it reaches the container's client and what it started.
         self.proc = subprocess.Popen(run.config["worker_command"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -972,11 +971,10 @@ class WorkerProcess:
             if self.alive and self.exchange is None and self.code is None:
                 self.run.idle_workers.append(self)
         elif kind == "worker":
-            shown = (event.get("status"), event.get("message"))
-            if shown != self.shown:  # status changes only: a session worker repeats them per request
-                self.shown = shown
-                self.run.output.emit("worker", container=self.number, status=str(shown[0]),
-                                     message=str(shown[1] or ""))
+            shown = (str(event.get("status")), str(event.get("message") or ""))
+            if shown not in self.run.worker_statuses:  # each once a run: one-off workers repeat them all
+                self.run.worker_statuses.add(shown)
+                self.run.output.emit("worker", container=self.number, status=shown[0], message=shown[1])
 
     def eof(self, now):
         """Its stdout closed: it exited (or is about to)."""
@@ -1145,6 +1143,7 @@ class WorkerPool:
         """Start ``worker_pool`` containers (default: the concurrency) and wait for each one's
         first event, outside the run clock; one that exits first ends the run with why."""
         self.workers, self.idle_workers, self.worker_problem = [], [], None
+        self.worker_statuses = set()  # the containers' (status, message) pairs passed on so far
         self.requests = [worker_request(self.config, text, self.config["max_tokens"] if mt is None else mt, eos)
                          for text, _, mt, eos in self.prompts]
         count = int(self.config.get("worker_pool") or self.config.get("concurrency") or 1)

@@ -72,11 +72,16 @@ def _normal(image: str) -> str:
     return image if ":" in image.rsplit("/", 1)[-1] or "@" in image else image + ":latest"
 
 
+def pull_seconds(spec: InstanceSpec, image: str) -> float:
+    """Emulated seconds a pull of ``image`` takes (before the time scale): its size at the pull rate."""
+    return image_size(spec, image) / MIB / spec.ollama.pull_mb_per_s
+
+
 def pull(spec: InstanceSpec, image: str, out: object = sys.stdout) -> None:
     """Download ``image`` (time-scaled), printing Docker's progress lines."""
     image = _normal(image)
     size = image_size(spec, image)
-    seconds = spec.scaled(size / MIB / spec.ollama.pull_mb_per_s)
+    seconds = spec.scaled(pull_seconds(spec, image))
     digest = "sha256:" + hashlib.sha256(image.encode()).hexdigest()
     layer = digest[7:19]
     print(f"{image.rsplit(':', 1)[-1]}: Pulling from {repository(image)}", file=out, flush=True)

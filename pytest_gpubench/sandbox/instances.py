@@ -393,8 +393,7 @@ class Instance:
 
     def arm_worker_fault(self, fault: dict[str, Any]) -> dict[str, Any]:
         """Add a fault for the instance's worker containers (:mod:`.worker_standin`)."""
-        worker_standin.arm_fault(self.state_dir, fault)
-        return fault
+        return worker_standin.arm_fault(self.state_dir, fault)
 
 
 async def kill_instance_processes(groups: set[int], marker_value: str) -> int:

@@ -21,7 +21,8 @@ stream: containers on one GPU do not slow each other here (the stand-in has no
 shared batch between processes).
 
 Faults (armed through ``/sandbox/faults``, kept in the instance's state directory,
-each firing ``times`` times across all containers): ``worker_crash`` exits 3 after
+each firing ``times`` times across all containers, on requests whose answer reaches
+``after_tokens`` deltas, so a short warm-up passes): ``worker_crash`` exits 3 after
 ``after_tokens`` deltas with a CUDA error on stderr; ``worker_malformed`` writes a
 line that is not JSON there; ``worker_failed`` ends the request with a failed
 ``finish``. Outside a sandbox instance (no instance file) ``GPUBENCH_WORKER_TTFT_MS``,
@@ -50,13 +51,21 @@ def emit(event: str, **fields: Any) -> None:
     sys.stdout.flush()
 
 
-def arm_fault(state_dir: Path, fault: dict[str, Any]) -> None:
-    """Add a worker fault (``kind``, ``after_tokens``, ``times``: None for every request)."""
-    _update_faults(state_dir, lambda faults: [*faults, fault])
+def arm_fault(state_dir: Path, fault: dict[str, Any]) -> dict[str, Any]:
+    """Add a worker fault (``kind``, ``after_tokens``, ``times``: None for every request); it gets an ``id``."""
+    armed: list[dict[str, Any]] = []
+
+    def add(faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        armed.append({**fault, "id": max((f.get("id", 0) for f in faults), default=0) + 1})
+        return [*faults, armed[0]]
+    _update_faults(state_dir, add)
+    return armed[0]
 
 
 def clear_faults(state_dir: Path) -> int:
     """Disarm every worker fault of the instance; how many there were."""
+    if not (Path(state_dir) / FAULTS_FILE).exists():
+        return 0
     removed: list[int] = []
 
     def clear(faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -66,20 +75,29 @@ def clear_faults(state_dir: Path) -> int:
     return removed[0]
 
 
-def take_fault(state_dir: Path) -> dict[str, Any] | None:
-    """The armed fault this request meets (one firing counted, across containers), or None."""
-    taken: list[dict[str, Any]] = []
+def armed_fault(state_dir: Path) -> dict[str, Any] | None:
+    """The first fault still armed, without counting a firing (a request checks once, at its start)."""
+    path = Path(state_dir) / FAULTS_FILE
+    try:
+        faults = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return next((f for f in faults if f.get("times") is None or f["times"] > 0), None)
+
+
+def take_fault(state_dir: Path, fault_id: int) -> bool:
+    """Count one firing of fault ``fault_id``, across containers; False when it is no longer armed."""
+    taken: list[bool] = []
 
     def take(faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for fault in faults:
-            if fault.get("times") is None or fault["times"] > 0:
-                taken.append(dict(fault))
+            if fault.get("id") == fault_id and (fault.get("times") is None or fault["times"] > 0):
+                taken.append(True)
                 if fault.get("times") is not None:
                     fault["times"] -= 1
-                break
         return [f for f in faults if f.get("times") is None or f["times"] > 0]
     _update_faults(state_dir, take)
-    return taken[0] if taken else None
+    return bool(taken)
 
 
 def _update_faults(state_dir: Path, change: Any) -> None:
@@ -91,7 +109,12 @@ def _update_faults(state_dir: Path, change: Any) -> None:
             faults = json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
         except ValueError:
             faults = []
-        path.write_text(json.dumps(change(faults)), encoding="utf-8")
+        before = json.dumps(faults)
+        after = json.dumps(change(faults))
+        if after != before or not path.exists():
+            # Atomically: a request reads the file without the lock (armed_fault).
+            path.with_suffix(".tmp").write_text(after, encoding="utf-8")
+            path.with_suffix(".tmp").replace(path)
 
 
 class Timing:
@@ -121,7 +144,8 @@ class Timing:
 def answer(request: dict[str, Any], model: str, timing: Timing, *, last: bool = False) -> bool:
     """Stream one request's answer (``last``: a one-off worker's, cleaning up before its
     ``finish``); False when the worker must exit (a crash fault)."""
-    fault = take_fault(timing.state_dir) if timing.state_dir is not None else None
+    fault = armed_fault(timing.state_dir) if timing.state_dir is not None else None
+    fires_at = int(fault.get("after_tokens", 0)) if fault is not None else -1
     max_tokens = request.get("max_tokens")
     plan = plan_output(str(request.get("prompt", "")), int(max_tokens) if max_tokens is not None else None,
                        model=model)
@@ -129,7 +153,7 @@ def answer(request: dict[str, Any], model: str, timing: Timing, *, last: bool = 
     due = started + timing.ttft
     text = []
     for count, token in enumerate(plan.tokens):
-        if fault is not None and count == int(fault.get("after_tokens", 0)):
+        if count == fires_at and take_fault(timing.state_dir, fault["id"]):
             return _fire(fault)
         delay = due - time.perf_counter()
         if delay > 0:
@@ -137,8 +161,6 @@ def answer(request: dict[str, Any], model: str, timing: Timing, *, last: bool = 
         emit("text_delta", delta=token)
         text.append(token)
         due += 1 / timing.tps
-    if fault is not None:
-        return _fire(fault)
     emit("text", content="".join(text))
     if last:
         emit("worker", status="cleaning_up", message="Unloading model")
@@ -149,7 +171,7 @@ def answer(request: dict[str, Any], model: str, timing: Timing, *, last: bool = 
 def _fire(fault: dict[str, Any]) -> bool:
     kind = fault.get("kind")
     if kind == "worker_malformed":
-        sys.stdout.write("Traceback (most recent call last): worker printed this to stdout\n")
+        sys.stdout.write("Loading checkpoint shards: 100%|##########| 2/2 [00:03<00:00]\n")  # a library's print
         sys.stdout.flush()
         return True
     if kind == "worker_failed":
