@@ -53,7 +53,7 @@ from .fields import (  # noqa: F401 - re-exported
     text_field,
     whole,
 )
-from .worker_presets import PresetsError, load_presets
+from .worker_presets import load_presets
 from .workload import (  # noqa: F401 - re-exported
     PROMPT_SETS,
     QUALITY_PROMPTS,
@@ -197,7 +197,7 @@ class RuntimeSpec(_Strict):
         path = Path(text) if Path(text).is_absolute() else Path(context.get("base_dir") or ".") / text
         try:
             load_presets(path)
-        except PresetsError as exc:
+        except MatrixError as exc:  # the presets file's own path and key: the message says it all
             raise invalid(str(exc)) from None
         return str(path)
 

@@ -13,7 +13,7 @@ A matrix names it with ``runtime: {name: worker, presets: PATH}`` (relative to t
 matrix file) and each cell's model must be a key of ``models``. Everything in it
 reaches the instance's shell through ``docker run``, so it is validated here, at
 collection: an image reference, environment names and printable values, command
-words. Every problem is a :class:`PresetsError` naming the file, the key path and
+words. Every problem is a :class:`~pytest_gpubench.errors.MatrixError` naming the file, the key path and
 what is allowed (never a traceback); :mod:`..runtimes.worker` quotes what passes.
 """
 
@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from ..errors import MatrixError
 from .yaml_errors import describe
 
 #: ``[registry[:port]/]name[/more][:tag][@sha256:digest]``, lower-case path as Docker wants it.
@@ -36,14 +37,6 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Set by the runtime itself for every worker (seed 004); a preset may override MODEL_NAME only.
 RESERVED_ENV = ("MODEL_PATH", "GPU_DEVICE")
 _KEYS = {"docker_image", "command", "env_vars"}
-
-
-class PresetsError(ValueError):
-    """A presets file that cannot be used: ``file: key.path: what is wrong``."""
-
-    def __init__(self, path: str, where: str, message: str) -> None:
-        self.path, self.where, self.message = path, where, message
-        super().__init__(f"{path}: {where + ': ' if where else ''}{message}")
 
 
 @dataclass(frozen=True)
@@ -64,38 +57,38 @@ def parse_preset(path: str, model: str, entry: Any) -> WorkerPreset:
     """Validate ``models.MODEL`` of the file at ``path``."""
     where = f"models.{model}"
     if not isinstance(entry, Mapping) or not isinstance(entry.get("inference"), Mapping):
-        raise PresetsError(path, where, f"must be a mapping with `inference: {{docker_image: ...}}`; "
+        raise MatrixError(path, where, f"must be a mapping with `inference: {{docker_image: ...}}`; "
                                         f"got {describe(entry)}")
     inference = entry["inference"]
     where += ".inference"
     unknown = sorted(set(map(str, inference)) - _KEYS)
     if unknown:
-        raise PresetsError(path, f"{where}.{unknown[0]}", f"unknown key; allowed: {', '.join(sorted(_KEYS))}")
+        raise MatrixError(path, f"{where}.{unknown[0]}", f"unknown key; allowed: {', '.join(sorted(_KEYS))}")
     image = inference.get("docker_image")
     if image is None:
-        raise PresetsError(path, f"{where}.docker_image", "missing: every worker needs a docker_image "
+        raise MatrixError(path, f"{where}.docker_image", "missing: every worker needs a docker_image "
                                                           "such as 'loading-worker:latest'")
     if not isinstance(image, str) or not IMAGE.fullmatch(image) or len(image) > 255:
-        raise PresetsError(path, f"{where}.docker_image", f"must be a Docker image reference such as "
+        raise MatrixError(path, f"{where}.docker_image", f"must be a Docker image reference such as "
                                                           f"'registry.example.com/team/worker:1.2'; got {image!r}")
     command = inference.get("command") or []
     if not isinstance(command, list) or not all(isinstance(w, str) and _printable(w) for w in command):
-        raise PresetsError(path, f"{where}.command", f"must be a list of words such as "
+        raise MatrixError(path, f"{where}.command", f"must be a list of words such as "
                                                      f"['python', '/app/worker.py'], each printable text; "
                                                      f"got {describe(command)}")
     env = inference.get("env_vars") or {}
     if not isinstance(env, Mapping):
-        raise PresetsError(path, f"{where}.env_vars", f"must be a mapping of NAME: 'value'; got {describe(env)}")
+        raise MatrixError(path, f"{where}.env_vars", f"must be a mapping of NAME: 'value'; got {describe(env)}")
     pairs = []
     for name, value in env.items():
         if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
-            raise PresetsError(path, f"{where}.env_vars", f"{name!r} is not an environment variable name "
+            raise MatrixError(path, f"{where}.env_vars", f"{name!r} is not an environment variable name "
                                                           "(letters, digits and _, not first a digit)")
         if name in RESERVED_ENV:
-            raise PresetsError(path, f"{where}.env_vars.{name}", "is set by gpubench for every worker "
+            raise MatrixError(path, f"{where}.env_vars.{name}", "is set by gpubench for every worker "
                                                                  f"({', '.join(RESERVED_ENV)}); remove it")
         if not isinstance(value, str) or not (value == "" or _printable(value)):
-            raise PresetsError(path, f"{where}.env_vars.{name}", f"must be a string (quote it in YAML) of "
+            raise MatrixError(path, f"{where}.env_vars.{name}", f"must be a string (quote it in YAML) of "
                                                                  f"printable text; got {describe(value)}")
         pairs.append((name, value))
     return WorkerPreset(model=model, docker_image=image, command=tuple(command), env_vars=tuple(pairs))
@@ -107,20 +100,20 @@ def load_presets(path: str | Path) -> dict[str, WorkerPreset]:
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
-        raise PresetsError(shown, "", f"cannot read the presets file: {exc.strerror or exc}") from None
+        raise MatrixError(shown, "", f"cannot read the presets file: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
-        raise PresetsError(shown, "", f"not valid YAML: {str(exc).splitlines()[0]}") from None
+        raise MatrixError(shown, "", f"not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, Mapping) or not isinstance(data.get("models"), Mapping) or not data["models"]:
-        raise PresetsError(shown, "models", "the file needs `models:` mapping model names to "
+        raise MatrixError(shown, "models", "the file needs `models:` mapping model names to "
                                             "`{inference: {docker_image: ...}}` (seed 004's model_presets.yaml)")
     return {str(name): parse_preset(shown, str(name), entry) for name, entry in data["models"].items()}
 
 
 def preset_for(path: str | Path, model: str) -> WorkerPreset:
-    """The preset of ``model`` in the file at ``path``; a model it lacks is a :class:`PresetsError`."""
+    """The preset of ``model`` in the file at ``path``; a model it lacks is a :class:`~pytest_gpubench.errors.MatrixError`."""
     presets = load_presets(path)
     if model not in presets:
-        raise PresetsError(str(path), f"models.{model}",
+        raise MatrixError(str(path), f"models.{model}",
                            f"missing: the matrix's model {model!r} has no worker here; models in the file: "
                            f"{', '.join(sorted(presets))}")
     return presets[model]

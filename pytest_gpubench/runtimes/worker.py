@@ -40,9 +40,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..errors import Stage, StageError
+from ..errors import MatrixError, Stage, StageError
 from ..matrix.cells import Cell
-from ..matrix.worker_presets import PresetsError, WorkerPreset, load_presets
+from ..matrix.worker_presets import WorkerPreset, load_presets
 from ..remote.loadgen import parse_worker_line
 from ..remote.ssh import Connection
 from .base import Endpoint, PulledModel, ServingApi
@@ -90,7 +90,7 @@ class WorkerRuntime:
             raise StageError(Stage.OLLAMA_INSTALL, "runtime worker needs `presets: model_presets.yaml`")
         try:
             presets = load_presets(cell.runtime_presets)
-        except PresetsError as exc:
+        except MatrixError as exc:
             raise StageError(Stage.OLLAMA_INSTALL, str(exc)) from None
         return cls(conn, presets=presets, model=cell.model, args=check_arguments(cell.runtime_args))
 

@@ -11,7 +11,7 @@ import pytest
 
 from pytest_gpubench.errors import MatrixError, Stage, StageError
 from pytest_gpubench.matrix.cells import expand, load_matrix
-from pytest_gpubench.matrix.worker_presets import PresetsError, load_presets
+from pytest_gpubench.matrix.worker_presets import load_presets
 from pytest_gpubench.remote.loadgen import parse_worker_line, worker_request
 from pytest_gpubench.runtimes.worker import WorkerRuntime, check_finished
 
