@@ -9,10 +9,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import httpx
 import pytest
 import sqlite_utils
-from e2e_helpers import assert_every_session_released, manifest_rows, run_pytest
+from e2e_helpers import assert_every_session_released, assert_fails_at_install_without, manifest_rows, run_pytest
 from sandbox_session import connect, new_session
 
 from pytest_gpubench.aio import LoopThread
@@ -34,7 +33,6 @@ matrix:
 
 #: Python tests over the same cell, each arming one worker fault on its session before measuring.
 FAULTED = '''
-import httpx
 import pytest
 
 API = {api!r}
@@ -106,17 +104,9 @@ def test_a_worker_cell_passes_through_the_plugin_and_leaves_no_container(tmp_pat
 
 @pytest.mark.slow
 def test_an_instance_without_docker_fails_the_cell_at_install(tmp_path, standalone_sandbox):
-    url = standalone_sandbox
-    httpx.post(f"{url}/sandbox/faults", json={"fault": "missing_tools", "offer_id": "vastai-18430205",
-                                              "tools": ["docker"]}).raise_for_status()
-    matrix = write_matrix(tmp_path, WORKER_MATRIX.replace("model: 'qwen2:1.5b'}",
-                                                          "model: 'qwen2:1.5b', offer: {max_price: 0.115}}"))
-    done = sandbox_run(tmp_path, url, str(matrix))
-    assert done.returncode == 1, done.stdout[-3000:]
-    (row,) = manifest_rows(tmp_path)
-    assert (row["status"], row["failure_stage"]) == ("failed", "ollama_install"), row
-    assert "docker is not installed on the instance" in row["error_message"]
-    assert_every_session_released(url)
+    write_matrix(tmp_path)  # its presets file beside the matrix
+    assert_fails_at_install_without(tmp_path, standalone_sandbox, "docker", WORKER_MATRIX,
+                                    "docker is not installed on the instance")
 
 
 @pytest.mark.slow
