@@ -166,3 +166,26 @@ def instance_file(conn, loop) -> str:
     result = loop.run(conn.run("echo $GPUBENCH_SANDBOX_INSTANCE", stage=Stage.MODEL_PULL, what="env", timeout=30),
                       60)
     return result.stdout.strip()
+
+
+def test_a_worker_that_never_starts_fails_the_warm_up_at_model_pull_with_dockers_reason(api, tmp_path):
+    """Over real SSH: ``docker run`` refusing the container (a flag it does not know, from
+    ``runtime.args``) fails the warm-up with docker's own words; the image pulled fine."""
+    (cell,) = expand(load_matrix(str(write_matrix(tmp_path, WORKER_MATRIX.replace(
+        "presets: model_presets.yaml}", "presets: model_presets.yaml, args: [--no-such-flag, x]}")))))
+    session, key = new_session(api)
+    loop = LoopThread("worker-start")
+    try:
+        conn = loop.run(connect(session, key), 60)
+        runtime = WorkerRuntime.for_cell(conn, cell)
+        loop.run(runtime.ensure_installed(60), 90)
+        loop.run(runtime.pull(cell.model, 60), 90)
+        with pytest.raises(StageError) as info:
+            loop.run(runtime.warm_up(cell.model, 60), 90)
+        assert info.value.stage is Stage.MODEL_PULL
+        assert str(info.value) == ("the worker did not start: it exited with status 125 before its first event; "
+                                   "its stderr ends: unknown flag: --no-such-flag")
+        loop.run(conn.close(), 15)
+    finally:
+        loop.close()
+        api.post(f"/api/v1/sessions/{session['id']}/done")
