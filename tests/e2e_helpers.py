@@ -124,3 +124,20 @@ def assert_every_session_released(url: str, create_refused: int = 0) -> None:
     assert len(refused) == create_refused, sessions
     assert all(s["error"].startswith("provider create failed") and not s.get("ssh_host") for s in refused)
     assert all(s["status"] == "stopped" for s in sessions if s not in refused), sessions
+
+
+def assert_fails_at_install_without(tmp_path: Path, url: str, tool: str, matrix_text: str, message: str) -> None:
+    """A one-cell matrix (``model: 'qwen2:1.5b'}`` in its row) run on the cheapest RTX 4090 offer,
+    whose instances lack ``tool``: the cell fails at ``ollama_install`` with ``message``, and every
+    session is released."""
+    httpx.post(f"{url}/sandbox/faults", json={"fault": "missing_tools", "offer_id": "vastai-18430205",
+                                              "tools": [tool]}).raise_for_status()
+    matrix = tmp_path / f"gpubench_without_{tool}.yaml"
+    matrix.write_text(matrix_text.replace("model: 'qwen2:1.5b'}", "model: 'qwen2:1.5b', offer: {max_price: 0.115}}"))
+    done = run_pytest(tmp_path, str(matrix), "--gpubench-api", url, "--gpubench-time-scale", "0.02",
+                      "--rootdir", str(tmp_path), "-rs")
+    assert done.returncode == 1, done.stdout[-3000:]
+    (row,) = manifest_rows(tmp_path)
+    assert (row["status"], row["failure_stage"]) == ("failed", "ollama_install"), row
+    assert message in row["error_message"]
+    assert_every_session_released(url)

@@ -53,6 +53,7 @@ from .fields import (  # noqa: F401 - re-exported
     text_field,
     whole,
 )
+from .worker_presets import load_presets
 from .workload import (  # noqa: F401 - re-exported
     PROMPT_SETS,
     QUALITY_PROMPTS,
@@ -184,6 +185,8 @@ class RuntimeSpec(_Strict):
     api_key_env: EnvName | None = None
     price_per_hour: EndpointPrice | None = None
     ca_file: str | None = None
+    #: ``runtime: worker``'s ``model_presets.yaml`` (seed 004), relative to the matrix file; checked here.
+    presets: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -202,6 +205,18 @@ class RuntimeSpec(_Strict):
         if not text.strip() or "\0" in text:
             raise invalid("must be a non-empty shell command without NUL characters")
         return text.strip()
+
+    @field_validator("presets", mode="before")
+    @classmethod
+    def _presets_file(cls, value: Any, info: ValidationInfo) -> Any:
+        text = text_field("a presets file", "'model_presets.yaml'")(value)
+        context = info.context if isinstance(info.context, Mapping) else {}
+        path = Path(text) if Path(text).is_absolute() else Path(context.get("base_dir") or ".") / text
+        try:
+            load_presets(path)
+        except MatrixError as exc:  # the presets file's own path and key: the message says it all
+            raise invalid(str(exc)) from None
+        return str(path)
 
     @field_validator("args", mode="before")
     @classmethod
@@ -361,6 +376,7 @@ class Matrix(BaseModel):
     runtime_port: int | None = None
     launch: LaunchSpec | None = None
     endpoint: EndpointSpec | None = None
+    runtime_presets: str | None = None
     vram_overrides: dict[str, int] = {}
     slo: Slo = Slo()
     thresholds: Thresholds = Thresholds()
@@ -396,6 +412,8 @@ class Cell(BaseModel):
     launch: LaunchSpec | None = None
     #: The running server a ``runtime: openai`` cell benchmarks (matrix/endpoint.py); None otherwise.
     endpoint: EndpointSpec | None = None
+    #: ``runtime: worker``'s presets file (resolved path), where the cell's model is a key.
+    runtime_presets: str | None = None
     matrix_name: str
     source: str
     row: int
@@ -531,6 +549,7 @@ def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -
         runtime_port=spec.runtime.port,
         launch=spec.runtime.launch,
         endpoint=spec.runtime.endpoint_spec(),
+        runtime_presets=spec.runtime.presets,
         vram_overrides={model_ref(k).lower(): v.vram_gb for k, v in spec.models.items()},
         slo=spec.slo,
         thresholds=spec.thresholds,
@@ -547,6 +566,21 @@ def expand(matrix: Matrix) -> list[Cell]:
     if matrix._cells is None:
         matrix._cells = tuple(_expand(matrix))
     return list(matrix._cells)
+
+
+def _check_worker_models(matrix: Matrix, r: int, row: RowSpec, runtime: str, presets: str | None) -> None:
+    """A ``worker`` row needs a presets file holding each of its models (seed 004)."""
+    if runtime != "worker":
+        return
+    if presets is None:
+        raise MatrixError(matrix.source, f"matrix[{r}].runtime", (
+            "runtime worker needs `presets: model_presets.yaml`, the file naming each model's docker_image "
+            "(seed 004's shape), in the row's or the file's runtime"))
+    known = load_presets(presets)
+    for field, model in row.model_entries():
+        if model not in known:
+            raise MatrixError(matrix.source, f"matrix[{r}].{field}", (
+                f"{model!r} is not in the presets file {presets}; models there: {', '.join(sorted(known))}"))
 
 
 def _expand(matrix: Matrix) -> list[Cell]:
@@ -582,6 +616,8 @@ def _expand(matrix: Matrix) -> list[Cell]:
         # A running endpoint is described beside its name (RuntimeSpec), so it comes with the name.
         endpoint = row_runtime.endpoint_spec() if "name" in runtime_set else matrix.endpoint
         cloud = ENDPOINT_CLOUD if runtime == ENDPOINT_RUNTIME else matrix.cloud
+        presets = row_runtime.presets if "presets" in runtime_set else matrix.runtime_presets
+        _check_worker_models(matrix, r, row, runtime, presets)
         row_offer = row.offer or OfferSpec()
         fields = row_offer.model_fields_set
         max_price = row_offer.max_price if "max_price" in fields else matrix.offer.max_price
@@ -602,7 +638,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
         seams = seam_suffix(runtime, cloud)
         row_cells = Prototype(Cell, dict(
             gpu=row.gpu, runtime=runtime, cloud=cloud, ollama_install=install, matrix_name=matrix.name,
-            runtime_args=runtime_args, runtime_port=runtime_port, endpoint=endpoint,
+            runtime_args=runtime_args, runtime_port=runtime_port, endpoint=endpoint, runtime_presets=presets,
             source=matrix.source,
             launch=cell_launch,
             row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu),

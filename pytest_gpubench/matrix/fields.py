@@ -23,7 +23,7 @@ from .yaml_errors import describe
 
 KNOWN_PROVIDERS: tuple[str, ...] = ("vastai", "tensordock", "bluelobster")
 """Providers a matrix may name (GPU Shopper's provider names)."""
-RUNTIME_NAMES: tuple[str, ...] = ("ollama", "vllm", "sglang", "tgi", "llamacpp", "openai")
+RUNTIME_NAMES: tuple[str, ...] = ("ollama", "vllm", "sglang", "tgi", "llamacpp", "openai", "worker")
 """Runtimes a matrix may name, the first the default: the names ``runtimes/registry.py`` implements
 (``tests/e2e/test_runtime_contract.py`` keeps the two lists equal; the matrix cannot import the runtimes)."""
 DEFAULT_RUNTIME = RUNTIME_NAMES[0]

@@ -52,6 +52,8 @@ class BenchmarkPlan:
     api_key_env: str | None = None
     #: An https:// endpoint's certificate is verified against this CA file (None: the system's trust store).
     ca_file: str | None = None
+    #: ``protocol: worker``: the argv of one container (``docker run ... IMAGE``), run on the instance.
+    worker_command: list[str] | None = None
 
     def config(self, ollama_url: str) -> dict[str, Any]:
         return {
@@ -73,6 +75,7 @@ class BenchmarkPlan:
             "protocol": self.protocol,
             "api_key_env": self.api_key_env,
             "ca_file": self.ca_file,
+            **({"worker_command": self.worker_command} if self.worker_command else {}),
         }
 
 
@@ -143,6 +146,9 @@ async def run_benchmark(
     if has_python:
         command = "python3 - " + quote(json.dumps(plan.config(remote_ollama_url)))
         lines = conn.stream_lines(command, stdin=LOADGEN_SOURCE)
+    elif plan.worker_command:
+        raise StageError(Stage.BENCHMARK, "runtime worker needs python3 on the instance: the load generator "
+                                          "runs there, next to the containers it starts")
     else:
         outcome.where = "local"
         # Here the stream is local and cannot be lost, so no checkpoint: a relative

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .benchmark import LoadgenPass, BenchmarkPlan, run_benchmark
@@ -93,6 +93,8 @@ async def measure_once(runtime: Runtime, plan: BenchmarkPlan, *, timeout: float,
     """
     stop = asyncio.Event()
     endpoint = runtime.endpoint
+    if endpoint.worker_command and not plan.worker_command:  # container workers: what the generator starts
+        plan = replace(plan, worker_command=list(endpoint.worker_command))
     sampler = asyncio.ensure_future(sample_gpus(runtime.conn, telemetry_interval, stop))
     try:
         outcome = await run_benchmark(runtime.conn, plan, remote_ollama_url=endpoint.remote_url,

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .results import BenchmarkResult
+from .results import BenchmarkResult, RequestRecord
 
 #: Sections whose numbers are counts, rates, times or readings: never negative.
 NON_NEGATIVE_SECTIONS = ("results", "gpu_stats")
@@ -37,6 +38,16 @@ def result_problems(result: BenchmarkResult) -> list[str]:
         elif value < 0 and name.split(".", 1)[0] in NON_NEGATIVE_SECTIONS:
             problems.append(f"{name} is negative ({value:g})")
     return problems
+
+
+def commonest_error(records: Iterable[RequestRecord]) -> str | None:
+    """``the requests failed with: ERROR (n of m)``, the most frequent error of the measured requests
+    (what a cell with no successful request failed of); None when none failed."""
+    errors = Counter(r.error for r in records if not r.warmup and r.error)
+    if not errors:
+        return None
+    error, count = errors.most_common(1)[0]
+    return f"the requests failed with: {error} ({count} of {sum(errors.values())})"
 
 
 def _numbers(data: Any, prefix: str = "") -> Iterator[tuple[str, float]]:

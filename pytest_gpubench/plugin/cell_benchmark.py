@@ -29,7 +29,7 @@ from .record import CellRecorder, progress_path
 from ..remote.local import LocalShell
 from ..remote.ssh import Connection, KeyFile
 from ..remote.system import compute_capability
-from ..measure.sanity import keep_raw, result_problems
+from ..measure.sanity import commonest_error, keep_raw, result_problems
 from ..measure.results import BenchmarkResult, HardwareInfo, ModelInfo, TestConfig, summarize
 from .run_context import RunContext
 from ..runtimes.base import Runtime
@@ -177,7 +177,10 @@ class Bench:
         return connect(self._run, self.session, min(self._run.settings.stage_timeout(Stage.SSH_CONNECT), 60.0))
 
     def _on_event(self, event: dict) -> None:
-        if event["event"] == "progress":
+        if event["event"] == "worker" and "container" in event:  # a container worker's own status (seed 004)
+            self.recorder.progress.status("WORKER", container=event["container"], status=event.get("status"),
+                                          message=event.get("message"))
+        elif event["event"] == "progress":
             # The load generator's "tps" is its tokens so far / time so far: output throughput.
             self.recorder.progress.progress(requests=event.get("requests"), tokens=event.get("tokens"),
                                             output_tokens_per_second=event.get("tps"), errors=event.get("errors"))
@@ -195,7 +198,8 @@ class Bench:
             raise self._invalid([str(exc).replace("\n", " ")], None) from None
         problems = result_problems(result)
         if problems:
-            raise self._invalid(problems, result)
+            why = commonest_error(self.measurement.records) if result.results.total_errors else None
+            raise self._invalid([*problems, why] if why else problems, result)
         self.details = details_of(self.cell, measurement, runtime, residency=residency,
                                   compute_capability=capability)
         recorder = self.recorder

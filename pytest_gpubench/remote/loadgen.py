@@ -56,6 +56,24 @@ Protocols (``protocol``, default ``ollama``):
   HTTP status, vLLM's ``{"object": "error", "message": ...}``, or an error event
   mid-stream, are request errors carrying the message.
 
+* ``worker``: seed 004's container workers. ``worker_command`` is the argv of one
+  container (``docker run --rm -i --gpus device=N -e ... IMAGE [CMD]``); ``worker_pool``
+  containers (default: the concurrency) are started and must send their first event
+  before the run clock starts, more start when more requests are in flight. Each
+  request is one JSON line on the container's stdin (``{"prompt", "max_tokens",
+  "model"}``, ``ignore_eos`` when asked, ``extra_body`` merged); the container answers
+  with events on stdout, one JSON object per line: ``text_delta`` (``delta``) is a token,
+  ``text`` (``content``) the whole answer for expectations, ``worker`` (``status``,
+  ``message``) is passed on as a ``worker`` event with its ``container`` number the
+  first time the run sees that pair, ``finish`` (``status: completed`` or ``failed`` with ``message``) ends the
+  request. A session worker then reads the next line; a one-off worker exits, and
+  the request sent to it meanwhile starts a new container (its wait for the first
+  event is the record's ``startup_ms``, outside the TTFT). Output tokens are the
+  ``text_delta`` count (workers report no counts). A line that is not a JSON object
+  with an ``event``, a failed ``finish``, an exit before ``finish`` (with the stderr
+  tail) and a stall are request errors; the container is then stopped. At the end
+  every container's stdin closes, then SIGTERM, then SIGKILL to its process group.
+
 Events, one JSON object per line on stdout (seed 004's protocol, extended)::
 
     {"event": "connection", "status": "connected", "url": ...}
@@ -106,6 +124,7 @@ import signal
 import socket
 import ssl
 import stat
+import subprocess
 import sys
 import time
 import traceback
@@ -122,7 +141,7 @@ THINKING, ANSWER = range(2)  # what a token chunk carries
 CHUNKED, LENGTH, UNTIL_CLOSE = range(3)
 
 
-PROTOCOLS = ("ollama", "openai-chat", "openai-completions")
+PROTOCOLS = ("ollama", "openai-chat", "openai-completions", "worker")
 ENDPOINTS = {"ollama": "/api/generate", "openai-chat": "/v1/chat/completions",
              "openai-completions": "/v1/completions"}
 
@@ -856,6 +875,372 @@ class SSEExchange(Exchange):
         Exchange.complete(self, now)
 
 
+# -- container workers (seed 004) --------------------------------------------------
+
+
+WORKER_TAIL = 1500  # bytes of a worker's stderr kept for its error message
+WORKER_GRACE = 3.0  # seconds a stopped worker gets after its stdin closes, then SIGTERM, then SIGKILL
+
+
+def parse_worker_line(line):
+    """One line of a worker's stdout as its event dict; ValueError names what is wrong.
+
+    Seed 004: every line is one JSON object with a string ``event``."""
+    text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+    try:
+        event = json.loads(text)
+    except ValueError:
+        raise ValueError("not JSON: %r" % text[:200])
+    if not isinstance(event, dict):
+        raise ValueError("not a JSON object: %r" % text[:200])
+    if not isinstance(event.get("event"), str):
+        raise ValueError("no \"event\" name: %r" % text[:200])
+    return event
+
+
+def worker_request(config, text, max_tokens, ignore_eos=False):
+    """The request line a worker reads on stdin: ``{"prompt", "max_tokens", "model"}``, ``extra_body`` last."""
+    request = {"prompt": text, "max_tokens": max_tokens, "model": config["model"]}
+    if ignore_eos:
+        request["ignore_eos"] = True
+    request.update(config.get("extra_body") or {})
+    return (json.dumps(request, separators=(",", ":")) + "\n").encode()
+
+
+class WorkerProcess:
+    """One worker container (``worker_command``, e.g. ``docker run --rm -i ... IMAGE``) and its pipes.
+
+    It reads request lines on stdin and writes seed-004 events on stdout; it is *up*
+    from its first event on. A session worker then takes request after request; a
+    one-off worker exits after its ``finish``, and the next request starts another
+    (the time to its first event is the record's ``startup_ms``, outside the TTFT).
+    """
+
+    def __init__(self, run, number):
+        self.run = run
+        self.number = number
+        self.started = perf()
+        self.up = False
+        self.exchange = None
+        self.pending = b""  # request bytes not yet written to stdin
+        self.stdout = bytearray()
+        self.stderr = b""
+        self.code = None
+        # Its own process group: stopping it reaches the container's client and what it started.
+        self.proc = subprocess.Popen(run.config["worker_command"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, bufsize=0, start_new_session=True)
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            os.set_blocking(pipe.fileno(), False)
+        self.out = WorkerPipe(self, "out")
+        self.err = WorkerPipe(self, "err")
+        run.selector.register(self.proc.stdout, READ, self.out)
+        run.selector.register(self.proc.stderr, READ, self.err)
+        self.writing = False
+
+    @property
+    def alive(self):
+        return self.code is None and self.proc.poll() is None
+
+    def send(self, data):
+        self.pending += data
+        self.flush()
+
+    def flush(self):
+        try:
+            written = os.write(self.proc.stdin.fileno(), self.pending) if self.pending else 0
+        except BlockingIOError:
+            written = 0
+        except OSError as exc:
+            self.pending = b""
+            if self.exchange is not None:
+                self.exchange.fail("worker's stdin closed: %s" % (exc.strerror or exc), perf())
+            return
+        self.pending = self.pending[written:]
+        want = bool(self.pending)
+        if want != self.writing:
+            if want:
+                self.run.selector.register(self.proc.stdin, WRITE, WorkerPipe(self, "in"))
+            else:
+                self.run.selector.unregister(self.proc.stdin)
+            self.writing = want
+
+    def received(self, data, now):
+        self.stdout += data
+        while True:
+            newline = self.stdout.find(b"\n")
+            if newline < 0:
+                return
+            line = bytes(self.stdout[:newline]).strip()
+            del self.stdout[:newline + 1]
+            if line:
+                self.line(line, now)
+            if self.code is not None:
+                return
+
+    def line(self, line, now):
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.last_io = now
+            exchange.received = True
+        try:
+            event = parse_worker_line(line)
+        except ValueError as exc:
+            message = "malformed worker output: %s" % exc
+            if exchange is not None:
+                exchange.fail(message, now)  # this stops the worker too
+            else:
+                self.run.worker_problem = message
+                self.stop()
+            return
+        kind = event["event"]
+        if not self.up:
+            self.up = True
+            if exchange is not None:
+                exchange.startup = now - self.started
+                exchange.write(now)
+        if kind == "text_delta" and exchange is not None:
+            if exchange.sent is not None:
+                exchange.token(now, ANSWER)
+                if exchange.texts is not None:
+                    exchange.texts.append(str(event.get("delta") or ""))
+        elif kind == "text" and exchange is not None and exchange.texts is not None:
+            exchange.whole = str(event.get("content") or "")
+        elif kind == "finish" and exchange is not None and exchange.sent is not None:
+            self.exchange = None
+            if event.get("status", "completed") == "completed":
+                exchange.complete(now)
+            else:
+                exchange.fail("worker finished with status %s: %s" % (
+                    event.get("status"), event.get("message") or event.get("error") or "no message"), now)
+            if self.alive and self.exchange is None and self.code is None:
+                self.run.idle_workers.append(self)
+        elif kind == "worker":
+            shown = (str(event.get("status")), str(event.get("message") or ""))
+            if shown not in self.run.worker_statuses:  # each once a run: one-off workers repeat them all
+                self.run.worker_statuses.add(shown)
+                self.run.output.emit("worker", container=self.number, status=shown[0], message=shown[1])
+
+    def eof(self, now):
+        """Its stdout closed: it exited (or is about to)."""
+        self.close_pipes()
+        try:
+            self.code = self.proc.wait(timeout=5)
+        except Exception:
+            self.stop()
+            self.code = -1
+        exchange, self.exchange = self.exchange, None
+        if self in self.run.idle_workers:
+            self.run.idle_workers.remove(self)
+        if exchange is None or not exchange.active:
+            return
+        if self.code == 0 and exchange.sent is not None and not exchange.received and not exchange.retried:
+            return exchange.restart(now)  # a one-off worker that ended after its last finish
+        tail = self.stderr.decode("utf-8", "replace").strip()[-300:]
+        if not self.up:
+            what = "worker exited with status %d before its first event" % self.code
+        elif self.code:
+            what = "worker exited with status %d before its finish event" % self.code
+        else:
+            what = "worker exited before its finish event"
+        exchange.fail(what + ("; its stderr ends: %s" % tail if tail else ""), now)
+
+    def close_pipes(self):
+        for pipe in (self.proc.stdout, self.proc.stderr, self.proc.stdin):
+            try:
+                self.run.selector.unregister(pipe)
+            except (KeyError, ValueError):
+                pass
+        self.writing = False
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
+    def stop(self):
+        """End it now (a request failed mid-stream, or the run is over): stdin closed, SIGTERM."""
+        if self in self.run.idle_workers:
+            self.run.idle_workers.remove(self)
+        self.close_pipes()
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except OSError:
+                pass
+        if self.code is None:
+            self.code = -signal.SIGTERM
+
+
+class WorkerPipe:
+    """A worker's stdin, stdout or stderr in the selector."""
+
+    __slots__ = ("worker", "which")
+
+    def __init__(self, worker, which):
+        self.worker, self.which = worker, which
+
+    def ready(self, mask):
+        worker = self.worker
+        if self.which == "in":
+            return worker.flush()
+        pipe = worker.proc.stdout if self.which == "out" else worker.proc.stderr
+        try:
+            data = os.read(pipe.fileno(), RECV_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        now = perf()
+        if self.which == "err":
+            if data:
+                worker.stderr = (worker.stderr + data)[-WORKER_TAIL:]
+            else:
+                try:
+                    worker.run.selector.unregister(pipe)
+                except (KeyError, ValueError):
+                    pass
+            return
+        if data:
+            worker.received(data, now)
+        else:
+            worker.eof(now)
+
+
+class WorkerExchange(Exchange):
+    """One request to a container worker: a JSON line on its stdin, seed-004 events back.
+
+    TTFT runs from writing the request to the first ``text_delta``, the decode rate
+    from ``text_delta`` timing, and ``output_tokens`` counts ``text_delta`` events
+    (workers report no token counts). A request waits for a new container's first
+    event before it is written; that wait is its ``startup_ms``.
+    """
+
+    __slots__ = ("worker", "startup", "whole")
+
+    def __init__(self, run, index, warmup, prompt_index, scheduled):
+        Exchange.__init__(self, run, index, warmup, prompt_index, scheduled)
+        self.worker = None
+        self.startup = None
+        self.whole = None
+        self.sent = None
+        self.received = False
+
+    def start(self, now):
+        self.last_io = now
+        self.started_at = time.time()
+        self.assign(self.run.worker_for_request(), now)
+
+    def assign(self, worker, now):
+        self.worker = worker
+        worker.exchange = self
+        if worker.up:
+            self.write(now)
+
+    def write(self, now):
+        self.sent = self.last_io = now
+        self.worker.send(self.run.requests[self.prompt_index])
+
+    def restart(self, now):
+        """The worker had exited after its last request: once more on a new container."""
+        self.retried = True
+        self.sent = None
+        self.assign(self.run.start_worker(), now)
+
+    def answer_text(self, chunk):
+        return chunk
+
+    def fail(self, message, now):
+        if self.active and self.sent is None:
+            self.sent = now  # it never reached the worker: its latency is the wait
+        Exchange.fail(self, message, now)
+
+    def cut(self, now):
+        if self.sent is None:
+            self.sent = now
+        Exchange.cut(self, now)
+
+    def close(self, keep_open=False):
+        worker, self.worker = self.worker, None
+        if worker is not None and worker.exchange is self:
+            worker.exchange = None
+            worker.stop()  # mid-request: its state is unknown, so it goes
+        self.state = CLOSED
+        self.run.open.discard(self)
+
+    def complete(self, now):
+        if self.whole is not None and self.texts is not None:
+            self.texts = [self.whole]
+        self.final = {}
+        self.worker = None
+        Exchange.complete(self, now)
+        self.close()
+
+    def record(self, error, incomplete=False):
+        record = Exchange.record(self, error, incomplete)
+        record["startup_ms"] = ms(self.startup) if self.startup is not None else None
+        return record
+
+
+class WorkerPool:
+    """The load generator's containers: idle ones are reused, new ones started on demand."""
+
+    def prepare_workers(self):
+        """Start ``worker_pool`` containers (default: the concurrency) and wait for each one's
+        first event, outside the run clock; one that exits first ends the run with why."""
+        self.workers, self.idle_workers, self.worker_problem = [], [], None
+        self.worker_statuses = set()  # the containers' (status, message) pairs passed on so far
+        self.requests = [worker_request(self.config, text, self.config["max_tokens"] if mt is None else mt, eos)
+                         for text, _, mt, eos in self.prompts]
+        count = int(self.config.get("worker_pool") or self.config.get("concurrency") or 1)
+        starting = [self.start_worker() for _ in range(max(1, count))]
+        deadline = perf() + self.timeout
+        while any(not w.up and w.alive for w in starting) and perf() < deadline and not self.stopping:
+            for key, mask in self.selector.select(max(0.0, min(1.0, deadline - perf()))):
+                key.data.ready(mask)
+        for worker in starting:
+            if not worker.up:
+                tail = worker.stderr.decode("utf-8", "replace").strip()[-300:]
+                reason = ("exited with status %s" % worker.proc.poll() if worker.proc.poll() is not None
+                          else "sent no event within %g s" % self.timeout)
+                if self.worker_problem:
+                    reason = self.worker_problem
+                raise RuntimeError("the worker did not start: %s%s" % (reason, "; its stderr ends: %s" % tail
+                                                                      if tail else ""))
+            self.idle_workers.append(worker)
+
+    def start_worker(self):
+        worker = WorkerProcess(self, len(self.workers))
+        self.workers.append(worker)
+        return worker
+
+    def worker_for_request(self):
+        while self.idle_workers:
+            worker = self.idle_workers.pop()
+            if worker.alive:
+                return worker
+        return self.start_worker()
+
+    def stop_workers(self, grace=WORKER_GRACE):
+        """Close every worker's stdin (a session worker ends there), then SIGTERM, then SIGKILL."""
+        for worker in getattr(self, "workers", ()):
+            worker.close_pipes()
+        deadline = perf() + grace
+        for worker in getattr(self, "workers", ()):
+            while worker.proc.poll() is None and perf() < deadline:
+                time.sleep(0.02)
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                if worker.proc.poll() is not None:
+                    break
+                try:
+                    os.killpg(worker.proc.pid, sig)
+                    worker.proc.wait(timeout=grace)
+                except Exception:
+                    pass
+            try:
+                os.killpg(worker.proc.pid, signal.SIGKILL)  # anything the worker left in its group
+            except OSError:
+                pass
+
+
 # -- load patterns ----------------------------------------------------------------
 
 
@@ -965,7 +1350,7 @@ class Wakeup:
 # -- the run ----------------------------------------------------------------------
 
 
-class LoadGenerator:
+class LoadGenerator(WorkerPool):
     """One pass of the load generator: its connections, its load pattern and its clock."""
 
     def __init__(self, config, output):
@@ -975,7 +1360,7 @@ class LoadGenerator:
         self.protocol = config.get("protocol") or "ollama"
         self.host, self.tls = "", None  # the server's host name and TLS context (https://), set by prepare
         self.chat = self.protocol == "openai-chat"
-        self.exchange = Exchange if self.protocol == "ollama" else SSEExchange
+        self.exchange = {"ollama": Exchange, "worker": WorkerExchange}.get(self.protocol, SSEExchange)
         self.timeout = float(config.get("request_timeout", 120))
         # How often in-flight requests are checked for a stall: often enough that
         # one is noticed within a quarter of the timeout beyond it, at most each second.
@@ -1002,6 +1387,8 @@ class LoadGenerator:
     def prepare(self):
         if self.protocol not in PROTOCOLS:
             raise ValueError("unknown protocol %r (one of %s)" % (self.protocol, ", ".join(PROTOCOLS)))
+        if self.protocol == "worker":
+            return self.prepare_workers()
         host, port, prefix = server_address(self.config["ollama_url"], self.protocol)
         self.host = host
         self.tls = tls_context(self.config["ollama_url"], self.config.get("ca_file"))
@@ -1205,6 +1592,8 @@ class LoadGenerator:
         for sock in self.idle:
             sock.close()
         self.idle = []
+        if self.protocol == "worker":
+            self.stop_workers()
 
     def run(self):
         config, output = self.config, self.output

@@ -214,9 +214,10 @@ class Connection:
                 if not line:  # EOF
                     break
                 yield line.rstrip("\n")
-            await process.wait()
+            # wait() collects what is left of stderr: read it from its result, not the drained stream.
+            completed = await process.wait()
             self.last_exit_status = process.exit_status
-            self.last_stderr = (await process.stderr.read())[-2000:]
+            self.last_stderr = _text(completed.stderr)[-2000:]
         finally:
             if process.exit_status is None:
                 process.terminate()

@@ -33,6 +33,8 @@ class ServingApi(str, Enum):
     OPENAI_CHAT = "openai-chat"
     #: OpenAI's streaming ``POST /v1/completions``.
     OPENAI_COMPLETIONS = "openai-completions"
+    #: Seed 004's container workers: JSON request lines on stdin, JSON events on stdout.
+    WORKER = "worker"
 
     def __str__(self) -> str:
         return self.value
@@ -53,6 +55,8 @@ class Endpoint:
     api_key_env: str | None = None
     #: A CA file an https:// endpoint's certificate is verified against; None: the system's trust store.
     ca_file: str | None = None
+    #: ``WORKER`` only: the argv that starts one container (``docker run ... IMAGE``).
+    worker_command: tuple[str, ...] = ()
 
 
 @dataclass

@@ -19,6 +19,7 @@ from .sglang import SglangRuntime
 from .tgi import TgiRuntime
 from .openai_endpoint import OpenAIEndpointRuntime
 from .vllm import VllmRuntime
+from .worker import WorkerRuntime
 
 #: Builds a cell's runtime on an open SSH connection to its instance.
 RuntimeFactory = Callable[[Connection, Cell], Runtime]
@@ -30,6 +31,7 @@ RUNTIMES: dict[str, RuntimeFactory] = {
     TgiRuntime.name: TgiRuntime.for_cell,
     LlamacppRuntime.name: LlamacppRuntime.for_cell,
     OpenAIEndpointRuntime.name: OpenAIEndpointRuntime.for_cell,
+    WorkerRuntime.name: WorkerRuntime.for_cell,
 }
 
 

@@ -194,6 +194,9 @@ class Catalog(_Entry):
     templates: list[TemplateSpec] = Field(default_factory=list)
     #: Heavy images: a pattern in the image name -> emulated seconds its pull delays the image's server.
     image_pull_seconds: dict[str, float] = Field(default_factory=dict)
+    #: Container images' sizes (GB) by repository, for the ``docker`` stand-in's pulls; ``default``
+    #: for any other image. A heavy one (an inference server's) pulls for minutes.
+    docker_images: dict[str, float] = Field(default_factory=lambda: {"default": 0.5})
     offers: list[OfferSpec]
 
     def image_pull_seconds_for(self, image: str) -> float:

@@ -35,7 +35,7 @@ import asyncssh
 from . import entrypoint, sshd
 from .billing import Clock, Ledger
 from .catalog import Catalog, OfferSpec
-from .faults import FaultBook, FaultRequest
+from .faults import WORKER_FAULTS, FaultBook, FaultRequest
 from .instances import SSH_SERVERS, Instance, UnsupportedFault, free_port, instance_document
 from .inventory import Inventory
 from .schemas import RETRY_SCOPES, WORKLOAD_TYPES
@@ -427,6 +427,9 @@ class EmulatedCloud:
             if not pids:
                 raise ApiFailure(409, f"session {request.session_id}: no OpenAI server launcher is running")
             return {"stopped_pids": pids}
+        if request.fault in WORKER_FAULTS:
+            return {"worker_fault": instance.arm_worker_fault(
+                {"kind": request.fault, "after_tokens": request.after_tokens, "times": request.times})}
         stall = request.fault == "stall_stream"
         fault = StreamFault(id=next(self._stream_fault_ids), kind="stall" if stall else "empty",
                             after_tokens=request.after_tokens if stall else 0, times=request.times)

@@ -54,6 +54,12 @@ Faults that act at once:
     ``empty_output``.
 ``empty_output`` (``session_id``, ``times``)
     the next ``times`` generations end at once, done with no token at all.
+``worker_crash``, ``worker_malformed``, ``worker_failed`` (``session_id``, ``after_tokens``, ``times``)
+    the next ``times`` requests to the instance's worker containers (``docker run``,
+    every one until cleared) meet, after ``after_tokens`` deltas: an exit with status
+    3 and a CUDA error on stderr; a line on stdout that is not JSON; a ``finish``
+    with ``status: failed``. (A heavy image is no fault: the catalog's
+    ``docker_images`` sizes make ``vllm/vllm-openai`` pull for minutes.)
 ``not_ready`` (``seconds``)
     ``/health`` and ``/ready`` answer 503 for that many (real) seconds, like the
     server's start-up sweep.
@@ -68,13 +74,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 OFFER_FAULTS = frozenset({"provision_error", "stale_inventory", "no_ssh", "missing_tools", "gpu_memory"})
 #: Faults that act on a running session's instance at once.
+#: Faults of the ``docker`` stand-in's worker containers (:mod:`.worker_standin`).
+WORKER_FAULTS = frozenset({"worker_crash", "worker_malformed", "worker_failed"})
 SESSION_FAULTS = frozenset({"kill_instance", "drop_ssh", "stop_ollama", "stop_server", "stall_stream",
-                            "empty_output"})
+                            "empty_output"}) | WORKER_FAULTS
 FaultKind = Literal["provision_error", "stale_inventory", "no_ssh", "missing_tools", "gpu_memory", "kill_instance",
-                    "drop_ssh", "stop_ollama", "stop_server", "stall_stream", "empty_output", "not_ready"]
+                    "drop_ssh", "stop_ollama", "stop_server", "stall_stream", "empty_output", "not_ready",
+                    "worker_crash", "worker_malformed", "worker_failed"]
 #: What ``missing_tools`` can leave out of an instance.
-OMITTABLE_TOOLS = ("nvidia-smi", "python3", "curl", "vllm", "llama-server", "text-generation-launcher", "sglang")
-Tool = Literal["nvidia-smi", "python3", "curl", "vllm", "llama-server", "text-generation-launcher", "sglang"]
+OMITTABLE_TOOLS = ("nvidia-smi", "python3", "curl", "vllm", "llama-server", "text-generation-launcher", "sglang",
+                   "docker")
+Tool = Literal["nvidia-smi", "python3", "curl", "vllm", "llama-server", "text-generation-launcher", "sglang", "docker"]
 
 
 class FaultRequest(BaseModel):

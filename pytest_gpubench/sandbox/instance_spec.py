@@ -132,6 +132,8 @@ class InstanceSpec(_Value):
     #: (the catalog's ``offload_penalty``): a layer on the CPU decodes ~8x slower.
     offload_penalty: float = Field(default=0.12, gt=0, le=1)
     disk: DiskSpec = Field(default_factory=DiskSpec)
+    #: Image sizes in bytes by repository for the ``docker`` stand-in's pulls (``default`` for the rest).
+    docker_images: dict[str, int] = Field(default_factory=dict)
 
     def find_model(self, name: str) -> tuple[str, ModelSpec] | None:
         """The catalog entry for ``name`` (tag defaulting to ``latest``), or None."""

@@ -3,8 +3,8 @@
 Layout of an instance (``<sandbox workdir>/instances/<session id>/``)::
 
     instance.json   the contract with the stand-ins (see :func:`instance_document`)
-    bin/            nvidia-smi, python3, curl, df, vllm, llama-server, text-generation-launcher and,
-                    when preinstalled, ollama
+    bin/            nvidia-smi, python3, curl, df, vllm, llama-server, text-generation-launcher,
+                    docker and, when preinstalled, ollama
     python/         on PYTHONPATH: the ``sglang`` package (``python3 -m sglang.launch_server``)
     sysbin/         only with missing tools: links to the host's programs, minus those
     home/           $HOME and the working directory of every command
@@ -47,7 +47,7 @@ from typing import Any, Protocol
 
 import asyncssh
 
-from . import lifeline, openssh, shims, sshd
+from . import lifeline, openssh, shims, sshd, worker_standin
 from .catalog import Catalog, OfferSpec
 from .standin_service import StandinService
 from .standin_state import StateStore, StreamFault
@@ -126,6 +126,7 @@ def instance_document(
         "state_dir": str(state_dir),
         "offload_penalty": catalog.offload_penalty,
         "disk": {"size_gb": catalog.disk_gb(offer, disk_gb), "system_gb": catalog.system_disk_gb},
+        "docker_images": {name: int(gb * 1024 ** 3) for name, gb in catalog.docker_images.items()},
     }
 
 
@@ -262,6 +263,8 @@ class Instance:
             shims.write_executable(bin_dir / program, shims.launcher_wrapper(program))
         if shims.SGLANG_PACKAGE not in missing:
             shims.write_sglang_package(self.python_dir)
+        if "docker" not in missing:
+            shims.write_executable(bin_dir / "docker", shims.module_wrapper(shims.DOCKER_MODULE))
         python3 = self.bin_dir / "python3"
         if "python3" not in missing and not python3.exists():
             python3.symlink_to(sys.executable)
@@ -399,12 +402,16 @@ class Instance:
         store.write_stream_faults([*store.read_stream_faults(), fault])
 
     def clear_stream_faults(self) -> int:
-        """Disarm the instance's stream faults; returns how many there were."""
+        """Disarm the instance's stream faults (its worker containers' too); returns how many there were."""
         store = StateStore(self.state_dir)
         count = len(store.read_stream_faults())
         if count:
             store.write_stream_faults([])
-        return count
+        return count + worker_standin.clear_faults(self.state_dir)
+
+    def arm_worker_fault(self, fault: dict[str, Any]) -> dict[str, Any]:
+        """Add a fault for the instance's worker containers (:mod:`.worker_standin`)."""
+        return worker_standin.arm_fault(self.state_dir, fault)
 
 
 async def kill_instance_processes(groups: set[int], marker_value: str) -> int:

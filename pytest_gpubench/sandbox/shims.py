@@ -51,6 +51,8 @@ OLLAMA_MODULE = "pytest_gpubench.sandbox.ollama_standin"
 DF_MODULE = "pytest_gpubench.sandbox.df_standin"
 SHIMS_MODULE = "pytest_gpubench.sandbox.shims"
 LAUNCHERS_MODULE = "pytest_gpubench.sandbox.openai_launchers"
+#: ``docker``: images, pulls and seed-004 worker containers (:mod:`.docker_standin`).
+DOCKER_MODULE = "pytest_gpubench.sandbox.docker_standin"
 #: The OpenAI-compatible servers' launchers every instance has (:mod:`.openai_launchers`).
 LAUNCHERS = ("vllm", "llama-server", "text-generation-launcher")
 #: SGLang is started as ``python3 -m sglang.launch_server``: a package, not a program in ``bin/``.

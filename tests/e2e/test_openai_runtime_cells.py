@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 import sqlite_utils
-from e2e_helpers import assert_every_session_released, run_pytest
+from e2e_helpers import assert_every_session_released, assert_fails_at_install_without, run_pytest
 from sandbox_session import connect, new_session
 
 from pytest_gpubench.aio import LoopThread
@@ -53,18 +52,8 @@ def test_a_vllm_cell_passes_and_records_vllm_its_version_and_tokens_per_second(t
 
 @pytest.mark.slow
 def test_an_instance_without_vllm_fails_the_cell_at_install_with_a_clear_error(tmp_path, standalone_sandbox):
-    url = standalone_sandbox
-    httpx.post(f"{url}/sandbox/faults", json={"fault": "missing_tools", "offer_id": "vastai-18430205",
-                                              "tools": ["vllm"]}).raise_for_status()
-    matrix = tmp_path / "gpubench_vllm.yaml"
-    matrix.write_text(VLLM_MATRIX.replace("model: 'qwen2:1.5b'}", "model: 'qwen2:1.5b', offer: {max_price: 0.115}}"))
-    done = run_pytest(tmp_path, str(matrix), "--gpubench-api", url, "--gpubench-time-scale", "0.02",
-                      "--rootdir", str(tmp_path), "-rs")
-    assert done.returncode == 1, done.stdout[-3000:]
-    (row,) = list(sqlite_utils.Database(tmp_path / "reports" / "manifest.db")["benchmark_manifest"].rows)
-    assert (row["status"], row["failure_stage"]) == ("failed", "ollama_install"), row
-    assert "vllm is not installed on the instance" in row["error_message"]
-    assert_every_session_released(url)
+    assert_fails_at_install_without(tmp_path, standalone_sandbox, "vllm", VLLM_MATRIX,
+                                    "vllm is not installed on the instance")
 
 
 def test_a_vllm_serve_that_exits_fails_at_once_with_its_log_tail_and_stop_ends_a_running_one(api):

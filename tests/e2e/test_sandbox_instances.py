@@ -23,7 +23,8 @@ TIME_SCALE = 0.01
 PLAIN_4090 = "vastai-18430202"  # Ollama not preinstalled
 PREINSTALLED_4090 = "vastai-18430201"
 PLAIN_3090 = "vastai-18430101"
-INSTANCE_KEYS = {"session_id", "time_scale", "gpu", "host", "ollama", "models", "state_dir", "offload_penalty", "disk"}
+INSTANCE_KEYS = {"session_id", "time_scale", "gpu", "host", "ollama", "models", "state_dir", "offload_penalty", "disk",
+                 "docker_images"}
 
 
 
