@@ -33,6 +33,7 @@ matrix:
 
 #: Python tests over the same cell, each arming one worker fault on its session before measuring.
 FAULTED = '''
+import httpx
 import pytest
 
 API = {api!r}
