@@ -103,15 +103,18 @@ DEFAULT_CLOUD = "shopper"
 """``cloud:``: the Provider a matrix rents through (``cloud/registry.py``); ``provider:`` is the marketplace."""
 
 
-def seam_suffix(runtime: str = DEFAULT_RUNTIME, cloud: str = DEFAULT_CLOUD) -> str:
+def seam_suffix(runtime: str = DEFAULT_RUNTIME, cloud: str = DEFAULT_CLOUD, *, entrypoint: bool = False) -> str:
     """The part of a cell id and of a reuse group that names a runtime and a cloud other
     than the defaults: ``""`` for ``ollama`` on ``shopper`` (ids and groups as they were
-    before these seams existed), ``-runtime_vllm``, ``-cloud_moon``, or both in that order.
+    before these seams existed), ``-runtime_vllm``, ``-cloud_moon``, or both in that order;
+    ``-entrypoint`` after the runtime when GPU Shopper's image starts the server
+    (``runtime.launch``), which is another measurement than the plugin starting it.
 
     Cells on another runtime or cloud are other cells (two rows differing only in
     ``runtime:`` are no duplicates) and never share a session with the defaults' cells.
     """
     runtime_part = f"-runtime_{id_part(runtime)}" if runtime != DEFAULT_RUNTIME else ""
+    runtime_part += "-entrypoint" if entrypoint else ""
     # A running endpoint's cloud goes with its runtime: `-runtime_openai` says both.
     implied = cloud == DEFAULT_CLOUD or (cloud == ENDPOINT_CLOUD and runtime == ENDPOINT_RUNTIME)
     return runtime_part + ("" if implied else f"-cloud_{id_part(cloud)}")
@@ -435,7 +438,7 @@ class Cell(BaseModel):
         then ``-c8`` for a concurrency other than 1, or ``-r2.5`` for a request rate; then
         a runtime and cloud other than the defaults (:func:`seam_suffix`)."""
         return cell_id(self.gpu, self.provider, self.model, self.concurrency, self.rate) + seam_suffix(
-            self.runtime, self.cloud)
+            self.runtime, self.cloud, entrypoint=self.launch is not None and self.launch.entrypoint)
 
     @property
     def runs(self) -> Runs:
@@ -635,7 +638,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
         bars = {**(matrix.offer.min_availability_confidence or {}),
                 **(row_offer.min_availability_confidence or {})}
         gpu_key = normalize_gpu(row.gpu)
-        seams = seam_suffix(runtime, cloud)
+        seams = seam_suffix(runtime, cloud, entrypoint=cell_launch is not None and cell_launch.entrypoint)
         row_cells = Prototype(Cell, dict(
             gpu=row.gpu, runtime=runtime, cloud=cloud, ollama_install=install, matrix_name=matrix.name,
             runtime_args=runtime_args, runtime_port=runtime_port, endpoint=endpoint, runtime_presets=presets,
@@ -674,7 +677,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
                         provider=provider, model=model, model_ref=ref, workload=point_workload, offer=offer,
                         vram_gb=vram, concurrency=concurrency, rate=rate, cell_id=base_id + suffix + seams,
                         keywords=keywords, reuse_group=group)
-                    key = (gpu_key, provider, ref_key, concurrency, rate, runtime)
+                    key = (gpu_key, provider, ref_key, concurrency, rate, runtime, seams)
                     id_key = cell.cell_id.lower()
                     first = seen.get(key, ids.get(id_key))
                     if first is not None:
@@ -682,7 +685,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
                             f"duplicate cell {cell.cell_id} ({row.gpu} / {provider} / {model}"
                             f"{_load_text(concurrency, rate)}), already in matrix[{first}]"
                             f"{at_line(_row_line(matrix, first))}; a GPU, provider, model and "
-                            f"load may appear once per runtime in a file{where}"))
+                            f"load may appear once per runtime (and launch mode) in a file{where}"))
                     seen[key] = ids[id_key] = r
                     cells.append(cell)
     return cells

@@ -155,3 +155,11 @@ def test_the_plugins_own_wait_names_the_images_server_in_entrypoint_mode():
     with pytest.raises(Exception, match="its image's model server never answered /health") as info:
         asyncio.run(provider.wait_running("s-1", timeout=0.05))
     assert str(info.value.stage) == "ssh_wait"
+
+
+def test_an_entrypoint_cell_is_another_cell_than_the_same_server_started_over_ssh():
+    row = ("matrix:\n  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:7b'}\n"
+           "  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:7b', runtime: {launch: {mode: entrypoint}}}\n")
+    plain, image = cells("vllm", row=row)
+    assert (plain.cell_id, image.cell_id) == ("RTX_4090-vastai-qwen2:7b-runtime_vllm",
+                                              "RTX_4090-vastai-qwen2:7b-runtime_vllm-entrypoint")
