@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from pytest_gpubench.matrix.fields import RUNTIME_NAMES
 from pytest_gpubench.errors import MatrixError
 from pytest_gpubench.matrix.cells import (
     KNOWN_PROVIDERS,
@@ -82,6 +83,16 @@ SEED_ROWS = [  # seed 001's "Planned Test Matrix", row by row
     ("RTX 5060 Ti", "vastai", ["qwen2:1.5b"]),
     ("RTX 5070", "vastai", ["qwen2:1.5b"]),
 ]
+
+
+def test_every_shipped_matrix_loads_and_the_runtimes_example_has_a_cell_per_runtime():
+    for path in sorted(MATRIX_DIR.glob("gpubench_*.yaml")):
+        assert expand(load_matrix(path)), path
+    cells = expand(load_matrix(MATRIX_DIR / "gpubench_runtimes.yaml"))
+    started_here = sorted(name for name in RUNTIME_NAMES if name != "openai")  # openai needs the user's endpoint
+    assert sorted({c.runtime for c in cells}) == started_here
+    assert [c.cell_id for c in cells if c.launch is not None and c.launch.entrypoint] == [
+        "RTX_4090-vastai-qwen2:1.5b-c4-runtime_vllm-entrypoint"]
 
 
 def test_seed_matrix_is_seed_001_table():
