@@ -92,6 +92,7 @@ from .prototype import Prototype
 from . import endpoint as endpoint_fields
 from .endpoint import (ENDPOINT_CLOUD, ENDPOINT_KEYS, ENDPOINT_PROVIDER, ENDPOINT_RUNTIME, EndpointPrice,
                        EndpointSpec, EndpointUrl, EnvName)
+from .sweep import SWEEP, SweepSpec, sweep_problem
 from ..measure.thresholds import Slo, Thresholds, merged
 from .yaml_errors import at_line, describe, node_line, parse_yaml, translate
 
@@ -435,10 +436,16 @@ class Cell(BaseModel):
     @cached_property
     def cell_id(self) -> str:
         """``RTX_4090-vastai-qwen2:7b``: GPU (spaces as ``_``), provider, model as written;
-        then ``-c8`` for a concurrency other than 1, or ``-r2.5`` for a request rate; then
+        then ``-c8`` for a concurrency other than 1, ``-r2.5`` for a request rate or ``-sweep``; then
         a runtime and cloud other than the defaults (:func:`seam_suffix`)."""
-        return cell_id(self.gpu, self.provider, self.model, self.concurrency, self.rate) + seam_suffix(
+        return cell_id(self.gpu, self.provider, self.model, self.concurrency, self.rate,
+                       self.sweep is not None) + seam_suffix(
             self.runtime, self.cloud, entrypoint=self.launch is not None and self.launch.entrypoint)
+
+    @property
+    def sweep(self) -> SweepSpec | None:
+        """A ``rate: sweep`` cell's sweep settings (``matrix/sweep.py``); None for a cell at one load."""
+        return self.workload.sweep_spec
 
     @property
     def runs(self) -> Runs:
@@ -602,11 +609,15 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 "thresholds.min_match_rate is set but no prompt of this row has `expect` answers, "
                 "so no match rate can be measured; use `prompts: quality`, give prompts "
                 f"{{prompt: ..., expect: [...]}}, or set `min_match_rate: null` in the row{where}"))
-        points = ([(1, rate) for rate in workload.rate] if workload.rate is not None
+        problem = sweep_problem(workload.rate, workload.sweep, slo.is_set)
+        if problem and (workload.rate == SWEEP or "sweep" in (row.workload.model_fields_set if row.workload else ())):
+            raise MatrixError(matrix.source, f"matrix[{r}].workload", problem + where)
+        sweeping = workload.rate == SWEEP
+        points = ([(1, None)] if sweeping else [(1, rate) for rate in workload.rate] if workload.rate is not None
                   else [(c, None) for c in workload.concurrency])
         # One workload and id suffix per load point, shared by the row's cells (frozen, so sharing is safe).
-        point_parts = [(concurrency, rate, axes_suffix(concurrency, rate), workload.model_copy(update={
-            "concurrency": (concurrency,), "rate": None if rate is None else (rate,)}))
+        point_parts = [(concurrency, rate, axes_suffix(concurrency, rate, sweeping), workload.model_copy(update={
+            "concurrency": (concurrency,), "rate": SWEEP if sweeping else None if rate is None else (rate,)}))
             for concurrency, rate in points]
         reuse = row.reuse or matrix.reuse
         row_runtime = row.runtime or RuntimeSpec()
@@ -677,17 +688,19 @@ def _expand(matrix: Matrix) -> list[Cell]:
                         provider=provider, model=model, model_ref=ref, workload=point_workload, offer=offer,
                         vram_gb=vram, concurrency=concurrency, rate=rate, cell_id=base_id + suffix + seams,
                         keywords=keywords, reuse_group=group)
-                    key = (gpu_key, provider, ref_key, concurrency, rate, runtime, seams)
+                    key = (gpu_key, provider, ref_key, concurrency, SWEEP if sweeping else rate, runtime, seams)
                     id_key = cell.cell_id.lower()
                     first = seen.get(key, ids.get(id_key))
                     if first is not None:
                         raise MatrixError(matrix.source, f"matrix[{r}]", (
                             f"duplicate cell {cell.cell_id} ({row.gpu} / {provider} / {model}"
-                            f"{_load_text(concurrency, rate)}), already in matrix[{first}]"
+                            f"{_load_text(concurrency, rate, sweeping)}), already in matrix[{first}]"
                             f"{at_line(_row_line(matrix, first))}; a GPU, provider, model and "
                             f"load may appear once per runtime (and launch mode) in a file{where}"))
                     seen[key] = ids[id_key] = r
                     cells.append(cell)
+    if matrix.workload.sweep is not None and not any(cell.sweep for cell in cells):
+        raise MatrixError(matrix.source, "workload.sweep", sweep_problem(None, matrix.workload.sweep, True) or "")
     return cells
 
 
@@ -707,7 +720,9 @@ def _row_workload(matrix: Matrix, r: int, row: RowSpec) -> Workload:
     return workload
 
 
-def _load_text(concurrency: int, rate: float | None) -> str:
+def _load_text(concurrency: int, rate: float | None, sweep: bool = False) -> str:
+    if sweep:
+        return " / rate sweep"
     if rate is not None:
         return f" / rate {number_text(rate)}/s"
     return f" / concurrency {concurrency}" if concurrency != 1 else ""

@@ -13,7 +13,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
 from pydantic_core import PydanticCustomError
@@ -234,11 +234,11 @@ def _concurrency(value: Any) -> tuple[int, ...]:
     return _axis(value, allowed, check)
 
 
-def _rate(value: Any) -> tuple[float, ...] | None:
-    if value is None:
-        return None
+def _rate(value: Any) -> tuple[float, ...] | str | None:
+    if value is None or value == "sweep":  # `rate: sweep`: a saturation sweep (matrix/sweep.py)
+        return value
     allowed = (f"must be a number of requests per second, more than 0 and at most {MAX_RATE:g}, "
-               "or a non-empty list of them such as [0.5, 1, 2.5]")
+               "a non-empty list of them such as [0.5, 1, 2.5], or `sweep` for a saturation sweep")
 
     def check(item: Any) -> float | None:
         ok = isinstance(item, (int, float)) and not isinstance(item, bool) and _finite(item)
@@ -247,8 +247,10 @@ def _rate(value: Any) -> tuple[float, ...] | None:
     return _axis(value, allowed, check)
 
 
-def axis_text(values: tuple[Any, ...]) -> str:
-    """An axis as it would be written: ``8`` or ``[1, 8, 32]``."""
+def axis_text(values: tuple[Any, ...] | str) -> str:
+    """An axis as it would be written: ``8``, ``[1, 8, 32]`` or ``sweep``."""
+    if isinstance(values, str):
+        return values
     shown = [number_text(v) for v in values]
     return shown[0] if len(shown) == 1 else f"[{', '.join(shown)}]"
 
@@ -369,5 +371,5 @@ Warmup = Annotated[int, whole(0, 1000)]
 CheckpointEvery = Annotated[int, whole(1, 1_000_000)]
 Price = Annotated[float, BeforeValidator(_price)]
 Concurrency = Annotated[tuple[int, ...], BeforeValidator(_concurrency)]
-Rate = Annotated[tuple[float, ...] | None, BeforeValidator(_rate)]
+Rate = Annotated[tuple[float, ...] | Literal["sweep"] | None, BeforeValidator(_rate)]
 RunsField = Annotated[Runs, BeforeValidator(_runs)]

@@ -172,14 +172,15 @@ def id_part(text: str) -> str:
     return re.sub(r"[\s/]+", "_", text.strip())
 
 
-def cell_id(gpu: str, provider: str, model: str, concurrency: int = 1, rate: float | None = None) -> str:
+def cell_id(gpu: str, provider: str, model: str, concurrency: int = 1, rate: float | None = None,
+            sweep: bool = False) -> str:
     """The test id of a cell: ``{GPU with _ for spaces}-{provider}-{model}``, then its load.
 
     ``RTX_4090-vastai-qwen2:7b`` at concurrency 1 without a rate (so ids from
     before load axes existed stay the same), ``...-c8`` at concurrency 8,
-    ``...-r2.5`` at 2.5 requests/s.
+    ``...-r2.5`` at 2.5 requests/s, ``...-sweep`` for a saturation sweep (``rate: sweep``).
     """
-    return cell_id_base(gpu, provider, model) + axes_suffix(concurrency, rate)
+    return cell_id_base(gpu, provider, model) + axes_suffix(concurrency, rate, sweep)
 
 
 def cell_id_base(gpu: str, provider: str, model: str) -> str:
@@ -203,8 +204,10 @@ def cell_keywords(gpu: str, ref: str) -> frozenset[str]:
     return frozenset({compact_gpu(gpu), ref, split_tag(ref)[0]})
 
 
-def axes_suffix(concurrency: int = 1, rate: float | None = None) -> str:
-    """``""``, ``"-c8"`` or ``"-r2.5"``: the load part of a cell id."""
+def axes_suffix(concurrency: int = 1, rate: float | None = None, sweep: bool = False) -> str:
+    """``""``, ``"-c8"``, ``"-r2.5"`` or ``"-sweep"``: the load part of a cell id."""
+    if sweep:
+        return "-sweep"
     if rate is not None:
         return f"-r{number_text(rate)}"
     return f"-c{concurrency}" if concurrency != 1 else ""

@@ -39,6 +39,7 @@ from .fields import (
 )
 from .datasets import PromptSource, load_dataset
 from .synthetic import MAX_LENGTH, synthetic_spec
+from .sweep import SweepSpec
 from .yaml_errors import describe
 
 
@@ -338,6 +339,8 @@ class Workload(StrictModel):
     prompts: Prompts = PromptList(PROMPT_SETS["seed"])
     concurrency: Concurrency = (1,)
     rate: Rate = None
+    #: ``rate: sweep``'s settings (``matrix/sweep.py``); None with a sweep: the defaults.
+    sweep: SweepSpec | None = None
     runs: RunsField = Runs()
     telemetry_interval: Seconds = 5.0
     #: Seconds without a token before a request is aborted as stalled (an error).
@@ -353,6 +356,11 @@ class Workload(StrictModel):
         if conflict:
             raise invalid(conflict)
         return self
+
+    @property
+    def sweep_spec(self) -> SweepSpec | None:
+        """The saturation sweep this workload asks for (``rate: sweep``), or None."""
+        return (self.sweep or SweepSpec()) if self.rate == "sweep" else None
 
     @property
     def duration_minutes(self) -> float:
@@ -401,6 +409,7 @@ class WorkloadOverride(StrictModel):
     prompts: Prompts | None = None
     concurrency: Concurrency | None = None
     rate: Rate = None
+    sweep: SweepSpec | None = None
     runs: RunsField | None = None
     telemetry_interval: Seconds | None = None
     stall_timeout: Seconds | None = None
@@ -410,8 +419,9 @@ class WorkloadOverride(StrictModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_null(cls, value: Any, info: ValidationInfo) -> Any:
-        # `rate: null` drops the file's rate, `think: null` its think (the runtime's default again).
-        if value is None and info.field_name not in ("rate", "think"):
+        # `rate: null` drops the file's rate, `sweep: null` its sweep settings, `think: null` its
+        # think (the runtime's default again).
+        if value is None and info.field_name not in ("rate", "sweep", "think"):
             raise invalid("must not be null; leave the key out to use the file's value")
         return value
 

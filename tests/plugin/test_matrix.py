@@ -847,14 +847,15 @@ def test_error_bad_rate(tmp_path, value, shown):
     msg = error_of(tmp_path, "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: qwen2:7b, "
                              f"workload: {{rate: {value}}}}}\n")
     assert_all_in(msg, "matrix[0].workload.rate: must be a number of requests per second, more "
-                  "than 0 and at most 1000, or a non-empty list of them", shown)
+                  "than 0 and at most 1000, a non-empty list of them such as [0.5, 1, 2.5], or `sweep` for a "
+                  "saturation sweep", shown)
 
 
 def test_error_lists_the_new_workload_keys(tmp_path):
     msg = error_of(tmp_path, "workload: {concurrancy: 8}\n" + ONE_ROW)
     assert_all_in(msg, "workload.concurrancy: unknown key (did you mean 'concurrency'?)",
                   "allowed keys: duration, max_tokens, warmup_requests, progress_interval, "
-                  "checkpoint_every, prompts, concurrency, rate, runs, telemetry_interval")
+                  "checkpoint_every, prompts, concurrency, rate, sweep, runs, telemetry_interval")
 
 
 def test_expanded_cells_are_what_validation_would_build(tmp_path):
