@@ -34,6 +34,9 @@ def apply_overrides(cell: Cell, settings: Settings) -> Cell:
             telemetry_interval=settings.benchmark_seconds(current.telemetry_interval, MIN_SANDBOX_INTERVAL),
             warmup_requests=0,
         )
+        sweep = current.sweep
+        if sweep is not None and sweep.duration is not None:  # each step of a saturation sweep, likewise
+            workload["sweep"] = sweep.model_copy(update={"duration": settings.benchmark_seconds(sweep.duration)})
     update: dict[str, object] = {}
     if workload:
         update["workload"] = cell.workload.model_copy(update=workload)

@@ -17,7 +17,7 @@ from typing import TypeVar
 from pydantic import ValidationError
 
 from ..aio import run as run_async
-from ..measure.benchmark import BenchmarkPlan
+from ..measure.benchmark import BenchmarkPlan, LoadgenPass
 from ..measure.compare import compare, figures_of, parse_compare_fail
 from ..errors import BenchmarkInterrupted, ResultsInvalid, Stage, ThresholdMissed
 from ..store.export import upload_result
@@ -25,6 +25,7 @@ from ..measure.fingerprint import Fingerprint, fingerprint, incomparable
 from ..matrix.cells import DEFAULT_CLOUD, Cell
 from ..measure.repeats import Measurement, details_of, enough_runs, measure_once
 from ..cloud.provider import OfferChoice, SshDetails
+from .cell_sweep import SweepRun
 from .record import CellRecorder, progress_path
 from ..remote.local import LocalShell
 from ..remote.ssh import Connection, KeyFile
@@ -34,7 +35,8 @@ from ..measure.results import BenchmarkResult, HardwareInfo, ModelInfo, TestConf
 from .run_context import RunContext
 from ..runtimes.base import Runtime
 from ..cloud.shopper_client import Session
-from ..remote.telemetry import summarize_gpu
+from ..remote.telemetry import GpuSample, summarize_gpu
+from ..settings import Settings
 from ..measure.thresholds import check_thresholds, describe_violations
 from ..cloud.watch import SessionWatch, watch_interval
 
@@ -113,25 +115,38 @@ class Bench:
             api_key_env=self.runtime.endpoint.api_key_env, ca_file=self.runtime.endpoint.ca_file,
         )
 
+    @property
+    def settings(self) -> Settings:
+        return self._run.settings
+
+    def measure(self, plan: BenchmarkPlan, timeout: float) -> Awaitable[tuple[LoadgenPass, list[GpuSample]]]:
+        """One load-generator run of ``plan`` with telemetry beside it, the session watched."""
+        interval = self.cell.workload.telemetry_interval  # the effective cell: overrides and sandbox clock applied
+        return watched(self._run, self.session, Stage.BENCHMARK, lambda watch:
+                       measure_once(self.runtime, plan, timeout=timeout, telemetry_interval=interval,
+                                    on_event=self._on_event, watch=watch, reconnect=self._reconnect),
+                       guard=False)
+
+    @staticmethod
+    def measure_timeout(timeout: float) -> float:
+        """The bridge's bound on :meth:`measure`: after a stream cut at the deadline, reading the
+        checkpoint still takes a moment."""
+        return timeout + CHECKPOINT_SLACK + BRIDGE_SLACK
+
     def run(self) -> BenchmarkResult:
-        """Stages ``benchmark`` then ``results``: measure (every run), summarise, judge, record."""
+        """Stages ``benchmark`` then ``results``: measure (every run), summarise, judge, record.
+        A ``rate: sweep`` cell runs its saturation sweep instead (``cell_sweep.py``)."""
+        if self.cell.sweep is not None:
+            return SweepRun(self).run()
         recorder, settings, cell = self.recorder, self._run.settings, self.cell
         recorder.enter(Stage.BENCHMARK)
-        interval = cell.workload.telemetry_interval  # the effective cell: overrides and sandbox clock applied
         run_index = 0
         while True:
             plan = self.plan(run_index)
             self._ensure_healthy()
             timeout = settings.stage_timeout(Stage.BENCHMARK, plan.duration)
             try:
-                outcome, samples = run_async(
-                    watched(self._run, self.session, Stage.BENCHMARK, lambda watch, plan=plan, timeout=timeout:
-                             measure_once(self.runtime, plan, timeout=timeout, telemetry_interval=interval,
-                                          on_event=self._on_event, watch=watch, reconnect=self._reconnect),
-                             guard=False),
-                    # After a stream cut at the deadline, reading the checkpoint still takes a moment.
-                    timeout + CHECKPOINT_SLACK + BRIDGE_SLACK,
-                )
+                outcome, samples = run_async(self.measure(plan, timeout), self.measure_timeout(timeout))
             except BenchmarkInterrupted as exc:
                 self.measurement.add(exc.partial, getattr(exc, "samples", []), run_index)
                 self._keep()

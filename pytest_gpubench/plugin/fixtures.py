@@ -323,6 +323,8 @@ RATE_MODE_PARALLEL = 64
 
 def server_parallelism(cell: Cell) -> int:
     """The requests the cell's server must take at once: at least its concurrency (Ollama queues the rest)."""
+    if cell.sweep is not None:  # its probe and its rate steps
+        return max(cell.sweep.probe_concurrency, RATE_MODE_PARALLEL)
     return cell.concurrency if cell.rate is None else max(cell.concurrency, RATE_MODE_PARALLEL)
 
 

@@ -123,6 +123,7 @@ def _result_row(cell: CellRecord, benchmarks: dict[str, ResultRecord]) -> Result
         valid=validity.get("valid"), invalid_because="; ".join(validity.get("reasons") or []),
         finished_at=cell.completed_at or bench.created_at or "",
         figures=figure_values(FigureSource(result, details, cell.run_id)),
+        saturation=details.get("sweep") if isinstance(details.get("sweep"), dict) else None,
     )
 
 

@@ -13,6 +13,7 @@ from html import escape
 from . import tables as fmt
 from .model import Report, ResultRow
 from .charts import Bar, Point, bar_chart, line_chart, provider_color, scatter_chart
+from .saturation import SATURATION_INTRO, saturated, saturation_table, step_points, steps_table
 from .sweep import percentile_table, sweep_table, sweeps
 
 __all__ = ["render_html"]
@@ -180,6 +181,24 @@ def _sweeps(report: Report) -> list[str]:
     return parts
 
 
+def _saturation(report: Report) -> list[str]:
+    swept = saturated(report)
+    if not swept:
+        return []
+    parts = ["<h2>Saturation</h2>", f'<p class="note">{_e(SATURATION_INTRO)}</p>',
+             _table(saturation_table(swept), "saturation")]
+    for row in swept:
+        name = f"{row.gpu} / {row.provider} / {row.model}"
+        points = [Point(x=x, y=y, series=row.provider, label=label, title=title)
+                  for x, y, label, title in step_points(row)]
+        parts.append(f"<h3>{_e(name)}: sweep steps</h3>")
+        if points:
+            parts.append(line_chart({row.provider: points}, name=f"sweep steps {name}", x_label="output tokens/s",
+                                    y_label="TTFT p95 (ms)", colors={row.provider: provider_color(row.provider)}))
+        parts.append(_table(steps_table(row), f"sweep steps {name}"))
+    return parts
+
+
 def _percentiles(report: Report) -> list[str]:
     parts = ["<h2>Latency percentiles</h2>",
              '<p class="note">Per cell, in ms: time to first token, time per output token, inter-token latency '
@@ -219,6 +238,7 @@ def render_html(report: Report) -> str:
         if invalid:
             parts.append('<ul class="notes">' + "".join(f"<li>! {_e(note)}</li>" for note in invalid) + "</ul>")
     parts += _sweeps(report)
+    parts += _saturation(report)
     parts += _percentiles(report)
     parts.append("<h2>Provider head-to-head</h2>")
     if report.matchups:

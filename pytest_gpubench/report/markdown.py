@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from . import tables as fmt
 from .model import Report
+from .saturation import SATURATION_INTRO, saturated, saturation_table, steps_table
 from .sweep import percentile_table, sweep_table, sweeps
 
 __all__ = ["cell", "render_markdown"]
@@ -58,6 +59,12 @@ def render_markdown(report: Report) -> str:
         lines += ["## Load sweeps", "", SWEEP_INTRO, ""]
         for sweep in found:
             lines += [f"### {cell(sweep.name)}", "", *_table(sweep_table(sweep))]
+    swept = saturated(report)
+    if swept:
+        lines += ["## Saturation", "", SATURATION_INTRO, "", *_table(saturation_table(swept))]
+        for row in swept:
+            lines += [f"### {cell(row.gpu)} / {cell(row.provider)} / {cell(row.model)}: sweep steps", "",
+                      *_table(steps_table(row))]
     lines += ["## Latency percentiles", "", PERCENTILES_INTRO, ""]
     for table in report.models:
         lines += [f"### {cell(table.model)}", ""]

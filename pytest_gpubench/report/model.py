@@ -49,10 +49,14 @@ class ResultRow(_Frozen):
     finished_at: str = ""
     #: Every registered figure of the result (:mod:`.figures`), by name; None where not measured.
     figures: dict[str, Any] = {}
+    #: A ``rate: sweep`` cell's sweep (the result's ``details["sweep"]``); None for a cell at one load.
+    saturation: dict[str, Any] | None = None
 
     @property
     def load(self) -> str:
-        """``c1``, ``c8`` or ``r2.5/s``: the load the cell ran at."""
+        """``c1``, ``c8``, ``r2.5/s`` or ``sweep``: the load the cell ran at."""
+        if self.saturation is not None:
+            return "sweep"
         if self.rate is not None:
             return f"r{self.rate:g}/s"
         return f"c{self.concurrency or 1}"

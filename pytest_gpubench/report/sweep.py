@@ -15,14 +15,15 @@ from pydantic import BaseModel, ConfigDict
 from .model import Report, ResultRow
 from .tables import Figure, Table, ms, tps
 
-__all__ = ["PERCENTILES", "Sweep", "percentile_table", "sweep_table", "sweeps"]
+__all__ = ["PERCENTILES", "Sweep", "ms_figure", "percentile_table", "sweep_table", "sweeps"]
 
 #: The rows of a percentile table: (label, figure name prefix in :mod:`.figures`).
 PERCENTILES = (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"), ("e2e latency", "e2e"))
 _LEVELS = ("p50", "p95", "p99")
 
 
-def _ms(value: object) -> Figure:
+def ms_figure(value: object) -> Figure:
+    """A latency in ms as a table figure: whole ms from 10 ms up, one decimal below (``-``: not measured)."""
     number = float(value) if isinstance(value, (int, float)) else None
     text = ms(number) if number is None or number >= 10 else f"{number:.1f}"
     return Figure(text, number)
@@ -31,7 +32,7 @@ def _ms(value: object) -> Figure:
 def percentile_table(row: ResultRow) -> Table:
     """Rows TTFT, TPOT, ITL, e2e latency; columns p50, p95, p99, in ms (``-`` not measured)."""
     return Table(("Latency", *(f"{level} ms" for level in _LEVELS)),
-                 [(label, *(_ms(row.figures.get(f"{prefix}_{level}_ms")) for level in _LEVELS))
+                 [(label, *(ms_figure(row.figures.get(f"{prefix}_{level}_ms")) for level in _LEVELS))
                   for label, prefix in PERCENTILES])
 
 
@@ -76,7 +77,7 @@ def sweep_table(sweep: Sweep) -> Table:
         for r in results:
             rows.append((series, r.load, Figure(tps(r.output_tokens_per_second), r.output_tokens_per_second),
                          Figure(tps(r.decode_tokens_per_second), r.decode_tokens_per_second),
-                         _ms(r.figures.get("ttft_p50_ms")), _ms(r.figures.get("e2e_p50_ms")),
-                         _ms(r.figures.get("e2e_p99_ms"))))
+                         ms_figure(r.figures.get("ttft_p50_ms")), ms_figure(r.figures.get("e2e_p50_ms")),
+                         ms_figure(r.figures.get("e2e_p99_ms"))))
     return Table(("Provider", "Load", "output tok/s", "decode tok/s", "TTFT p50 ms", "e2e p50 ms", "e2e p99 ms"),
                  rows)
