@@ -26,6 +26,11 @@ if TYPE_CHECKING:
     from .cell_benchmark import Bench
 
 
+#: A rate step lasts long enough for this many arrivals on average: a goodput share of two or
+#: three Poisson arrivals says more about the dice than about the server.
+MIN_STEP_ARRIVALS = 10
+
+
 def _significant(rate: float) -> float:
     """A rate with 4 significant digits: what the plan sends, the step records and the report shows."""
     return float(f"{rate:.4g}")
@@ -48,7 +53,8 @@ class SweepRun:
         """One load-generator run of ``duration`` at this load; its records join the measurement."""
         bench, settings = self.bench, self.bench.settings
         index = len(self.everything.outcomes)
-        plan = replace(bench.plan(index), duration=self.duration, concurrency=concurrency, rate=rate)
+        duration = max(self.duration, MIN_STEP_ARRIVALS / rate) if rate else self.duration
+        plan = replace(bench.plan(index), duration=duration, concurrency=concurrency, rate=rate)
         bench._ensure_healthy()
         timeout = settings.stage_timeout(Stage.BENCHMARK, plan.duration)
         try:

@@ -1,0 +1,70 @@
+"""A ``rate: sweep`` cell end to end on the sandbox: the Ollama stand-in batches requests, so TPOT
+(and with it goodput under a TPOT SLO) gets worse as the offered rate rises; the sweep must find a
+rate between its lowest one and the throughput probe's, keep every step's requests, and the report
+must show the answer and the steps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlite_utils
+from e2e_helpers import assert_every_session_released, run_pytest
+
+from pytest_gpubench.commands.cli import main
+
+SWEEP_MATRIX = """
+name: sweep
+workload: {duration: 3s, max_tokens: 32, rate: sweep,
+           sweep: {min_rate: 2, steps: 5, precision: 25%, duration: 3s, probe_concurrency: 16}}
+slo: {tpot_ms: 15}
+matrix:
+  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:7b'}
+"""
+
+
+@pytest.mark.slow
+def test_a_sweep_finds_the_highest_rate_meeting_the_slo_and_the_report_shows_it(tmp_path, standalone_sandbox):
+    url = standalone_sandbox
+    matrix = tmp_path / "gpubench_sweep.yaml"
+    matrix.write_text(SWEEP_MATRIX)
+    done = run_pytest(tmp_path, str(matrix), "--gpubench-api", url, "--gpubench-time-scale", "0.02",
+                      "--rootdir", str(tmp_path), "-rs")
+    assert done.returncode == 0, done.stdout[-3000:]
+    db = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")
+    (row,) = list(db["benchmark_manifest"].rows)
+    assert row["cell_id"].endswith("-sweep") and row["status"] == "success"
+    benchmark = next(db.query("select * from benchmarks where id = ?", [row["benchmark_id"]]))
+    details = json.loads(benchmark["details_json"])
+    sweep = details["sweep"]
+    probe, *steps = sweep["steps"]
+    assert probe["kind"] == "probe" and probe["concurrency"] == 16 and probe["request_throughput_rps"] > 1
+    assert steps and all(step["kind"] == "rate" for step in steps)
+    # The top rate is the probe's achieved rate: past saturation, goodput under the SLO collapses.
+    assert steps[0]["rate"] == pytest.approx(probe["request_throughput_rps"], rel=1e-3)
+    assert steps[0]["met"] is False and steps[0]["goodput_share"] < 0.95
+    answer = sweep["max_rate_meeting_slo"]
+    assert answer is not None and 2 <= answer < steps[0]["rate"]
+    assert answer == max(step["rate"] for step in steps if step["met"])
+    assert sweep["stop_reason"] in ("within precision", "out of steps") and len(steps) <= 5
+    # The headline is the step at that rate: its output throughput and $/M tokens.
+    at_answer = next(step for step in steps if step["rate"] == answer)
+    assert benchmark["output_tokens_per_second"] == pytest.approx(at_answer["output_tokens_per_second"], rel=1e-3)
+    assert sweep["cost_per_million_tokens"] == pytest.approx(benchmark["cost_per_million_tokens"], rel=1e-3)
+    # Every step's requests are kept, not only the answer's.
+    stored = db.execute("select count(*) from requests where benchmark_id = ? and warmup = 0",
+                        [row["benchmark_id"]]).fetchone()[0]
+    assert stored == sum(step["requests"] for step in sweep["steps"])
+    progress = (tmp_path / "reports" / "progress").rglob("*.log")
+    text = "".join(path.read_text() for path in progress)
+    assert text.count("PROGRESS: stage=sweep") == len(sweep["steps"])
+    assert "STATUS: SWEEP_COMPLETE max_rate_meeting_slo=" in text
+
+    assert main(["report", "--manifest", str(tmp_path / "reports" / "manifest.db"),
+                 "--output-dir", str(tmp_path / "out")]) == 0
+    report = (tmp_path / "out" / "BENCHMARK_REPORT.md").read_text()
+    assert "## Saturation" in report and f"| RTX 4090 / vastai | qwen2:7b | {answer:g} |" in report
+    assert "### RTX 4090 / vastai / qwen2:7b: sweep steps" in report
+    html = (tmp_path / "out" / "index.html").read_text()
+    assert "<h2>Saturation</h2>" in html and 'data-chart="sweep steps RTX 4090 / vastai / qwen2:7b"' in html
+    assert_every_session_released(url)
