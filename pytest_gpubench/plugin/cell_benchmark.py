@@ -119,19 +119,28 @@ class Bench:
     def settings(self) -> Settings:
         return self._run.settings
 
-    def measure(self, plan: BenchmarkPlan, timeout: float) -> Awaitable[tuple[LoadgenPass, list[GpuSample]]]:
-        """One load-generator run of ``plan`` with telemetry beside it, the session watched."""
+    def measure_run(self, plan: BenchmarkPlan, run_index: int) -> tuple[LoadgenPass, list[GpuSample]]:
+        """One load-generator run of ``plan`` after the health check, with telemetry beside it and
+        the session watched; its records join :attr:`measurement` (an interrupted run's too, kept
+        before the interruption is raised)."""
+        self._ensure_healthy()
+        timeout = self.settings.stage_timeout(Stage.BENCHMARK, plan.duration)
         interval = self.cell.workload.telemetry_interval  # the effective cell: overrides and sandbox clock applied
-        return watched(self._run, self.session, Stage.BENCHMARK, lambda watch:
-                       measure_once(self.runtime, plan, timeout=timeout, telemetry_interval=interval,
-                                    on_event=self._on_event, watch=watch, reconnect=self._reconnect),
-                       guard=False)
-
-    @staticmethod
-    def measure_timeout(timeout: float) -> float:
-        """The bridge's bound on :meth:`measure`: after a stream cut at the deadline, reading the
-        checkpoint still takes a moment."""
-        return timeout + CHECKPOINT_SLACK + BRIDGE_SLACK
+        try:
+            outcome, samples = run_async(
+                watched(self._run, self.session, Stage.BENCHMARK, lambda watch:
+                        measure_once(self.runtime, plan, timeout=timeout, telemetry_interval=interval,
+                                     on_event=self._on_event, watch=watch, reconnect=self._reconnect),
+                        guard=False),
+                # After a stream cut at the deadline, reading the checkpoint still takes a moment.
+                timeout + CHECKPOINT_SLACK + BRIDGE_SLACK,
+            )
+        except BenchmarkInterrupted as exc:
+            self.measurement.add(exc.partial, getattr(exc, "samples", []), run_index)
+            self._keep()
+            raise
+        self.measurement.add(outcome, samples, run_index)
+        return outcome, samples
 
     def run(self) -> BenchmarkResult:
         """Stages ``benchmark`` then ``results``: measure (every run), summarise, judge, record.
@@ -142,16 +151,7 @@ class Bench:
         recorder.enter(Stage.BENCHMARK)
         run_index = 0
         while True:
-            plan = self.plan(run_index)
-            self._ensure_healthy()
-            timeout = settings.stage_timeout(Stage.BENCHMARK, plan.duration)
-            try:
-                outcome, samples = run_async(self.measure(plan, timeout), self.measure_timeout(timeout))
-            except BenchmarkInterrupted as exc:
-                self.measurement.add(exc.partial, getattr(exc, "samples", []), run_index)
-                self._keep()
-                raise
-            self.measurement.add(outcome, samples, run_index)
+            self.measure_run(self.plan(run_index), run_index)
             run_index += 1
             values = [r["decode_tokens_per_second"] for r in self.measurement.runs]
             if enough_runs(cell, settings.runs, values):

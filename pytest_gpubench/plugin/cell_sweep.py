@@ -14,8 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..aio import run as run_async
-from ..errors import BenchmarkInterrupted, Stage, StageError, ThresholdMissed
+from ..errors import Stage, StageError, ThresholdMissed
 from ..measure.repeats import Measurement
 from ..measure.results import BenchmarkResult
 from ..measure.saturation import RateSearch, SweepOutcome, SweepStep, step_figures
@@ -51,20 +50,12 @@ class SweepRun:
 
     def _step(self, concurrency: int, rate: float | None) -> tuple[LoadgenPass, list[GpuSample], int]:
         """One load-generator run of ``duration`` at this load; its records join the measurement."""
-        bench, settings = self.bench, self.bench.settings
+        bench = self.bench
         index = len(self.everything.outcomes)
         duration = max(self.duration, MIN_STEP_ARRIVALS / rate) if rate else self.duration
         plan = replace(bench.plan(index), duration=duration, concurrency=concurrency, rate=rate)
-        bench._ensure_healthy()
-        timeout = settings.stage_timeout(Stage.BENCHMARK, plan.duration)
-        try:
-            outcome, samples = run_async(bench.measure(plan, timeout), bench.measure_timeout(timeout))
-        except BenchmarkInterrupted as exc:
-            self.everything.add(exc.partial, getattr(exc, "samples", []), index)
-            bench.measurement = self.everything
-            bench._keep()
-            raise
-        self.everything.add(outcome, samples, index)
+        bench.measurement = self.everything  # an interrupted step keeps every step's records
+        outcome, samples = bench.measure_run(plan, index)
         self.samples_of[index] = samples
         return outcome, samples, index
 

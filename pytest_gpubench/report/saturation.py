@@ -56,7 +56,8 @@ def saturation_table(rows: list[ResultRow]) -> Table:
         sweep = row.saturation or {}
         output = _number(sweep.get("output_tokens_per_second"))
         cost = _number(sweep.get("cost_per_million_tokens"))
-        body.append((f"{row.gpu} / {row.provider}", row.model, _rate(sweep.get("max_rate_meeting_slo")), Figure(tps(output), output),
+        body.append((f"{row.gpu} / {row.provider}", row.model, _rate(sweep.get("max_rate_meeting_slo")),
+                     Figure(tps(output), output),
                      Figure(per_million(cost), cost), f"goodput_share >= {sweep.get('goal', 0):g}",
                      _slo_text(sweep.get("slo")), str(len(sweep.get("steps") or [])),
                      str(sweep.get("stop_reason") or "-")))
@@ -77,7 +78,8 @@ def steps_table(row: ResultRow) -> Table:
         met = {True: "yes", False: "no"}.get(step.get("met"), "-")
         output = _number(step.get("output_tokens_per_second"))
         achieved = _number(step.get("request_throughput_rps"))
-        body.append((str(step.get("kind", "")), load, Figure(f"{achieved:.2f}" if achieved is not None else "-", achieved),
+        achieved_text = f"{achieved:.2f}" if achieved is not None else "-"
+        body.append((str(step.get("kind", "")), load, Figure(achieved_text, achieved),
                      _share(step.get("goodput_share")), Figure(tps(output), output),
                      ms_figure(step.get("ttft_p50_ms")), ms_figure(step.get("ttft_p95_ms")),
                      ms_figure(step.get("tpot_p50_ms")), ms_figure(step.get("tpot_p95_ms")), met))

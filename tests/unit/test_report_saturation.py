@@ -30,7 +30,8 @@ def _sweep(answer: float | None, output: float | None) -> dict:
             "steps": [{"step": 0, "kind": "probe", "concurrency": 32, "run_index": 0, "requests": 90,
                        "duration_seconds": 10.0, "request_throughput_rps": 9.0, "goodput_share": 0.0,
                        "output_tokens_per_second": 900.0, "met": None},
-                      _step(1, 9.0, 0.2, 800.0, False), _step(2, 0.9, 1.0, 90.0, True), _step(3, 2.85, 0.97, 280.0, True)],
+                      _step(1, 9.0, 0.2, 800.0, False), _step(2, 0.9, 1.0, 90.0, True),
+                      _step(3, 2.85, 0.97, 280.0, True)],
             "max_rate_meeting_slo": answer, "output_tokens_per_second": output,
             "cost_per_million_tokens": 0.4 / (output * 3600) * 1e6 if output else None, "stop_reason": "out of steps"}
 
