@@ -31,7 +31,7 @@ from ..store.progress import ProgressWriter
 from .provider import OfferChoice, Provider, SshDetails, consumer_id
 from .shopper_provider import reservation_hours
 from ..plugin.record import CellRecorder
-from .reuse_estimates import disk_gb_for, estimated_cell_seconds, reservation_seconds
+from .reuse_estimates import disk_gb_for, estimated_cell_seconds, planned_benchmark_seconds, reservation_seconds
 from ..plugin.run_context import RunContext
 from ..settings import MIN_SCALED_TIMEOUT
 from .shopper_client import CreatedSession, Offer, Session
@@ -118,9 +118,8 @@ class Provisioning:
     @property
     def expected_seconds(self) -> float:
         """The session lifetime the budget reserves: this cell's, plus the later cells' of its group."""
-        settings, runs = self.run.settings, self.cell.runs
-        count = settings.runs or runs.count or runs.max
-        first = expected_session_seconds(self.cell.workload.duration, count, settings.time_scale)
+        settings = self.run.settings
+        first = expected_session_seconds(planned_benchmark_seconds(self.cell, settings.runs), 1, settings.time_scale)
         return first + sum(estimated_cell_seconds(cell, settings.runs, settings.time_scale)
                            for cell in self.planned[1:])
 

@@ -26,10 +26,19 @@ def planned_runs(cell: Cell, runs: int | None = None) -> int:
     return max(runs or cell.runs.count or cell.runs.max, 1)
 
 
+def planned_benchmark_seconds(cell: Cell, runs: int | None = None) -> float:
+    """A cell's benchmark length to plan for: ``duration`` x its runs; for a saturation sweep
+    (``rate: sweep``) its most steps, the throughput probe included, x their duration."""
+    sweep = cell.sweep
+    if sweep is not None:
+        return (sweep.duration or cell.workload.duration) * (sweep.steps + (sweep.max_rate is None))
+    return cell.workload.duration * planned_runs(cell, runs)
+
+
 def estimated_cell_seconds(cell: Cell, runs: int | None = None, time_scale: float = 1.0) -> float:
     """A cell's expected time on a session it did not rent: its model's pull (a wait, on the
     run's clock), then its benchmark (real time)."""
-    return PULL_SECONDS_PER_GB * cell.vram_gb * time_scale + cell.workload.duration * planned_runs(cell, runs)
+    return PULL_SECONDS_PER_GB * cell.vram_gb * time_scale + planned_benchmark_seconds(cell, runs)
 
 
 def order_for_reuse(cells: Sequence[Cell | None], runs: int | None = None) -> list[int]:
@@ -68,4 +77,4 @@ def reservation_seconds(cells: Sequence[Cell], runs: int | None = None) -> float
     if not cells:
         return 0.0
     first, rest = cells[0], cells[1:]
-    return first.workload.duration * planned_runs(first, runs) + sum(estimated_cell_seconds(c, runs) for c in rest)
+    return planned_benchmark_seconds(first, runs) + sum(estimated_cell_seconds(c, runs) for c in rest)

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from ..matrix.cells import Cell
 from ..commands.plan_estimates import DEFAULT_STAGE_SECONDS
-from .reuse_estimates import PULL_SECONDS_PER_GB, planned_runs
+from .reuse_estimates import PULL_SECONDS_PER_GB, planned_benchmark_seconds
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
     from ..settings import Settings
@@ -81,7 +81,7 @@ class SplitPolicy:
         return PULL_SECONDS_PER_GB * cell.vram_gb * self.time_scale
 
     def bench_seconds(self, cell: Cell) -> float:
-        return cell.workload.duration * planned_runs(cell, self.runs)
+        return planned_benchmark_seconds(cell, self.runs)
 
     def session_seconds(self, cells: Sequence[Cell]) -> float:
         """One session for ``cells``: its setup, each model pulled once, every benchmark."""

@@ -38,7 +38,7 @@ from ..plugin.plan_collect import collect_cells
 from .plan_estimates import SETUP_STAGES, StageHistory
 from ..cloud.provider import OfferChoice, Provider
 from ..cloud.registry import build_provider
-from ..cloud.reuse_estimates import order_for_reuse
+from ..cloud.reuse_estimates import order_for_reuse, planned_benchmark_seconds
 from ..cloud.reuse_split import SplitPolicy, split_groups
 from ..settings import Settings
 from ..cloud.shopper_client import Offer
@@ -191,13 +191,17 @@ def planned_runs(cell: Cell, runs_override: int | None) -> int:
 
 
 def benchmark_time(cell: Cell, history: StageHistory, runs: int) -> StageTime:
-    """Duration x runs, plus the first run's warm-up requests (``max_tokens`` each at the
-    expected tokens/s). Real time: the sandbox's clock does not scale token streams."""
+    """Duration x runs (a saturation sweep: its most steps x their duration), plus the first
+    run's warm-up requests (``max_tokens`` each at the expected tokens/s). Real time: the
+    sandbox's clock does not scale token streams."""
     workload = cell.workload
     rate = history.tokens_per_second(cell)
     warmup = workload.warmup_requests * workload.max_tokens / rate.seconds
-    return StageTime(stage=Stage.BENCHMARK.value, seconds=workload.duration * runs + warmup,
-                     source=(f"{workload.duration:g} s x {runs} run(s) + {workload.warmup_requests} warm-up "
+    seconds = planned_benchmark_seconds(cell, runs)
+    what = (f"saturation sweep: at most {seconds:g} s of steps" if cell.sweep is not None
+            else f"{workload.duration:g} s x {runs} run(s)")
+    return StageTime(stage=Stage.BENCHMARK.value, seconds=seconds + warmup,
+                     source=(f"{what} + {workload.warmup_requests} warm-up "
                              f"request(s) at {rate.seconds:.1f} tokens/s ({rate.source})"))
 
 

@@ -99,3 +99,16 @@ def test_the_sandbox_clock_scales_each_steps_duration(tmp_path: Path) -> None:
     (cell,) = cells(tmp_path, "workload: {rate: sweep, sweep: {duration: 10m}}\nslo: {ttft_ms: 500}\n")
     settings = Settings(sandbox=True, time_scale=0.02)
     assert apply_overrides(cell, settings).sweep.duration == pytest.approx(12.0)
+
+
+def test_a_sweep_is_planned_and_reserved_for_all_its_steps(tmp_path: Path) -> None:
+    from pytest_gpubench.cloud.reuse_estimates import planned_benchmark_seconds, reservation_seconds
+
+    probed, bounded = cells(tmp_path, "workload: {duration: 60s, rate: sweep}\nslo: {ttft_ms: 500}\n", """
+matrix:
+  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:7b'}
+  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:1.5b', workload: {sweep: {max_rate: 4, steps: 5, duration: 30s}}}
+""")
+    assert planned_benchmark_seconds(probed) == 60.0 * (8 + 1)  # 8 rate steps and the throughput probe
+    assert planned_benchmark_seconds(bounded) == 30.0 * 5  # max_rate given: no probe
+    assert reservation_seconds([probed]) == 540.0
