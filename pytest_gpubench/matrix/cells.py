@@ -609,7 +609,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 "thresholds.min_match_rate is set but no prompt of this row has `expect` answers, "
                 "so no match rate can be measured; use `prompts: quality`, give prompts "
                 f"{{prompt: ..., expect: [...]}}, or set `min_match_rate: null` in the row{where}"))
-        problem = sweep_problem(workload.rate, workload.sweep, slo.is_set)
+        problem = sweep_problem(workload.rate, workload.sweep, slo.is_set, workload.runs != Runs())
         if problem and (workload.rate == SWEEP or "sweep" in (row.workload.model_fields_set if row.workload else ())):
             raise MatrixError(matrix.source, f"matrix[{r}].workload", problem + where)
         sweeping = workload.rate == SWEEP

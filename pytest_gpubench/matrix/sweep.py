@@ -104,11 +104,15 @@ class SweepSpec(StrictModel):
         return f"goodput_share >= {self.goal:g}"
 
 
-def sweep_problem(rate: Any, sweep: SweepSpec | None, slo_set: bool) -> str | None:
-    """Why a (merged) workload's ``rate`` and ``sweep`` cannot run with this SLO, or None."""
+def sweep_problem(rate: Any, sweep: SweepSpec | None, slo_set: bool, repeated: bool = False) -> str | None:
+    """Why a (merged) workload's ``rate`` and ``sweep`` cannot run with this SLO (and ``runs:``
+    other than one when ``repeated``), or None."""
     if rate == SWEEP and not slo_set:
         return ("`rate: sweep` needs an `slo:` (ttft_ms, tpot_ms or e2e_ms): the sweep finds the highest "
                 "rate whose goodput_share under that SLO meets its goal")
+    if rate == SWEEP and repeated:
+        return ("`runs:` does not apply to `rate: sweep`: each step of the sweep is one run; "
+                "drop `runs:` or use `sweep.steps`")
     if sweep is not None and rate != SWEEP:
         return "`sweep:` settings apply only with `rate: sweep`; set `rate: sweep` or drop `sweep:`"
     return None

@@ -81,6 +81,8 @@ matrix:
      "workload.sweep.max_rate: must be a number of requests per second, more than 0 and at most 1000"),
     ("workload: {rate: sweep, sweep: {steps: 0}}\nslo: {ttft_ms: 500}\n",
      "workload.sweep.steps: must be a whole number from 1 to 50; got 0"),
+    ("workload: {rate: sweep, runs: 3}\nslo: {ttft_ms: 500}\n",
+     "matrix[0].workload: `runs:` does not apply to `rate: sweep`: each step of the sweep is one run"),
 ])
 def test_a_bad_sweep_is_a_clear_error_with_file_and_field(tmp_path: Path, head: str, expected: str) -> None:
     message = error(tmp_path, head)
