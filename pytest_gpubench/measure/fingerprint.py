@@ -69,12 +69,13 @@ def _digest(data: Any) -> str:
 def fingerprint(*, prompts: list[Any], max_tokens: int, concurrency: int, rate: float | None,
                 think: bool | None, warmup_requests: int, runtime: str, runtime_version: str,
                 model_digest: str = "", prompt_source: str | None = None,
-                launch_args: Sequence[str] = (), port: int | None = None) -> Fingerprint:
-    """The fingerprint of a cell's workload on a runtime (see the module docstring)."""
+                launch_args: Sequence[str] = (), port: int | None = None, sweep: str | None = None) -> Fingerprint:
+    """The fingerprint of a cell's workload on a runtime (see the module docstring); ``sweep``
+    describes a saturation sweep's goal, SLO and bounds, which stand for its load."""
     fields = {
         "prompts": _digest(prompts)[:16],
         "max_tokens": max_tokens,
-        "load": f"rate {rate:g}/s" if rate is not None else f"concurrency {concurrency}",
+        "load": sweep or (f"rate {rate:g}/s" if rate is not None else f"concurrency {concurrency}"),
         "think": think,
         "warmup": warmup_requests > 0,
         "runtime": f"{runtime} {runtime_version}".strip(),

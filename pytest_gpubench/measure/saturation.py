@@ -34,7 +34,7 @@ from .metrics import detailed_metrics
 from .results import RequestRecord, cost_per_million_tokens
 from .thresholds import Slo
 
-__all__ = ["RateSearch", "SweepOutcome", "SweepStep", "step_figures"]
+__all__ = ["RateSearch", "SweepOutcome", "SweepStep", "step_figures", "sweep_identity"]
 
 
 class RateSearch:
@@ -185,3 +185,12 @@ class SweepOutcome(BaseModel):
         where = (f"; best {best.goodput_share:.1%} at {best.rate:g} req/s"
                  if best is not None and best.goodput_share is not None and best.rate is not None else "")
         return f"saturation sweep: no rate met goodput_share >= {self.goal:g} under the SLO{where}"
+
+
+def sweep_identity(spec: SweepSpec, slo: Slo) -> str:
+    """What makes two sweeps' answers comparable, for the workload fingerprint: the goal, the SLO
+    and the search's bounds (``sweep goodput_share >= 0.95 ttft_ms<=500 rates 0.5-probe``)."""
+    bounds = (f"{spec.min_rate:g}" if spec.min_rate is not None else "top/10") + "-" + \
+        (f"{spec.max_rate:g}" if spec.max_rate is not None else f"probe c{spec.probe_concurrency}")
+    slo_text = " ".join(f"{key}<={value:g}" for key, value in slo.model_dump().items() if value is not None)
+    return f"sweep {spec.goal_text} {slo_text} rates {bounds}"

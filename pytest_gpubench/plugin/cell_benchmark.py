@@ -32,6 +32,7 @@ from ..remote.ssh import Connection, KeyFile
 from ..remote.system import compute_capability
 from ..measure.sanity import commonest_error, keep_raw, result_problems
 from ..measure.results import BenchmarkResult, HardwareInfo, ModelInfo, TestConfig, summarize
+from ..measure.saturation import sweep_identity
 from .run_context import RunContext
 from ..runtimes.base import Runtime
 from ..cloud.shopper_client import Session
@@ -243,7 +244,8 @@ class Bench:
                            warmup_requests=workload.warmup_requests, runtime=self.cell.runtime,
                            runtime_version=self.runtime.version, model_digest=pulled.digest if pulled else "",
                            prompt_source=workload.prompt_source.identity if workload.prompt_source else None,
-                           launch_args=self.cell.runtime_args, port=self.cell.runtime_port)
+                           launch_args=self.cell.runtime_args, port=self.cell.runtime_port,
+                           sweep=sweep_identity(self.cell.sweep, self.cell.slo) if self.cell.sweep else None)
 
     def _invalid(self, problems: list[str], result: BenchmarkResult | None) -> ResultsInvalid:
         """Keep an invalid result raw under ``<reports>/invalid/`` and say so; nothing is recorded as measured."""

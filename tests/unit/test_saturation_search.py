@@ -95,3 +95,12 @@ def test_the_outcome_prices_the_step_at_the_answer() -> None:
     assert outcome.output_tokens_per_second == 200.0
     assert outcome.cost_per_million_tokens == pytest.approx(0.72 / (200.0 * 3600) * 1e6)
     assert outcome.answer_step is steps[3]
+
+
+def test_sweeps_compare_only_with_the_same_goal_slo_and_bounds() -> None:
+    from pytest_gpubench.measure.saturation import sweep_identity
+
+    assert sweep_identity(SweepSpec(min_rate=0.5), Slo(ttft_ms=500, tpot_ms=50)) == \
+        "sweep goodput_share >= 0.95 ttft_ms<=500 tpot_ms<=50 rates 0.5-probe c32"
+    assert sweep_identity(SweepSpec(max_rate=4, goal=0.9), Slo(e2e_ms=2000)) == \
+        "sweep goodput_share >= 0.9 e2e_ms<=2000 rates top/10-4"
