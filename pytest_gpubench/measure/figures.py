@@ -112,8 +112,8 @@ def _cost_per_million(source: FigureSource) -> float | None:
 
 def _concurrency(source: FigureSource) -> int | None:
     load = source.details.get("load") or {}
-    if load.get("rate") is not None:
-        return None  # an open-loop (rate) cell has no fixed concurrency
+    if load.get("rate") is not None or load.get("sweep"):
+        return None  # an open-loop (rate) cell, or a sweep of rates, has no fixed concurrency
     value = load.get("concurrency") or (source.result.get("test_config") or {}).get("concurrent_reqs")
     return int(value) if value else None
 

@@ -94,4 +94,6 @@ def test_a_report_without_a_sweep_has_no_saturation_section(tmp_path: Path) -> N
 def test_max_rate_meeting_slo_is_a_registered_figure() -> None:
     figures = figure_values(FigureSource({}, {"sweep": _sweep(2.85, 280.0)}))
     assert figures["max_rate_meeting_slo"] == 2.85
+    sweep_cell = FigureSource({"test_config": {"concurrent_reqs": 1}}, {"load": {"concurrency": 1, "sweep": True}})
+    assert figure_values(sweep_cell)["concurrency"] is None  # a sweep of rates has no fixed concurrency
     assert figure_values(FigureSource({}, {}))["max_rate_meeting_slo"] is None
