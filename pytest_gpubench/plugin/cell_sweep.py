@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..errors import Stage, StageError, ThresholdMissed
+from ..errors import BenchmarkInterrupted, Stage, StageError, ThresholdMissed
 from ..measure.repeats import Measurement
 from ..measure.results import BenchmarkResult
 from ..measure.saturation import RateSearch, SweepOutcome, SweepStep, step_figures
@@ -90,12 +90,27 @@ class SweepRun:
         bench = self.bench
         recorder = bench.recorder
         recorder.enter(Stage.BENCHMARK)
-        search = RateSearch.of(self.spec, self.top_rate())
-        while (rate := search.next_rate()) is not None:
-            rate = _significant(rate)
-            outcome, _, index = self._step(1, rate)
-            self._record("rate", outcome, index, rate=rate, search=search)
         price = bench.session.offer.offer.price_per_hour
+        search: RateSearch | None = None
+        try:
+            search = RateSearch.of(self.spec, self.top_rate())
+            while (rate := search.next_rate()) is not None:
+                rate = _significant(rate)
+                outcome, _, index = self._step(1, rate)
+                self._record("rate", outcome, index, rate=rate, search=search)
+        except StageError as exc:
+            # An interrupted step's records were kept by Bench.measure_run. A step that measured
+            # nothing (the instance lost as it began) is no reason to lose the steps before it.
+            interrupted = isinstance(exc, BenchmarkInterrupted)
+            if not interrupted and any(record.ok for record in self.everything.records):
+                bench.measurement = self.everything
+                bench._keep()
+                interrupted = True
+                exc = BenchmarkInterrupted(f"saturation sweep interrupted after {len(self.steps)} step(s): {exc}")
+            if interrupted and search is not None:
+                bench.details["sweep"] = SweepOutcome.of(search, self.steps, bench.cell.slo, price).model_dump(
+                    mode="json")
+            raise exc
         outcome = SweepOutcome.of(search, self.steps, bench.cell.slo, price)
         recorder.enter(Stage.RESULTS)
         headline = outcome.closest_step

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 import sqlite_utils
-from e2e_helpers import assert_every_session_released, run_pytest
+from e2e_helpers import PytestRun, assert_every_session_released, run_pytest
+from polling import wait_for
 
 from pytest_gpubench.commands.cli import main
 
@@ -67,4 +69,38 @@ def test_a_sweep_finds_the_highest_rate_meeting_the_slo_and_the_report_shows_it(
     assert "### RTX 4090 / vastai / qwen2:7b: sweep steps" in report
     html = (tmp_path / "out" / "index.html").read_text()
     assert "<h2>Saturation</h2>" in html and 'data-chart="sweep steps RTX 4090 / vastai / qwen2:7b"' in html
+    assert_every_session_released(url)
+
+
+@pytest.mark.slow
+def test_a_sweep_cut_short_keeps_the_steps_it_ran_and_their_requests(tmp_path, standalone_sandbox):
+    """The instance vanishes after the first step: the cell is partial, and the first step and its
+    requests are stored with the sweep so far (whether the second step had measured anything yet)."""
+    url = standalone_sandbox
+    matrix = tmp_path / "gpubench_sweep.yaml"
+    matrix.write_text(SWEEP_MATRIX.replace("min_rate: 2, steps: 5, precision: 25%, duration: 3s",
+                                           "min_rate: 2, max_rate: 8, steps: 5, precision: 25%, duration: 6s"))
+    run = PytestRun(tmp_path, url, "--rootdir", str(tmp_path), target=matrix)
+    try:
+        progress = wait_for(lambda: [p for p in run.reports.glob("progress/*/*.log")
+                                     if "PROGRESS: stage=sweep step=0" in p.read_text()], 120, "the first step")
+        (session,) = [s for s in httpx.get(f"{url}/sandbox/state").json()["sessions"] if s["status"] == "running"]
+        httpx.post(f"{url}/sandbox/faults", json={"fault": "kill_instance", "session_id": session["id"],
+                                                  "silent": True}).raise_for_status()
+        output = run.finish()
+    finally:
+        run.finish(5)
+    assert run.process.returncode == 1, output[-3000:]
+    (row,) = run.rows()
+    assert row["status"] == "partial" and row["failure_stage"] == "benchmark", (row, output[-3000:])
+    db = sqlite_utils.Database(run.manifest)
+    benchmark = next(db.query("select * from benchmarks where id = ?", [row["benchmark_id"]]))
+    sweep = json.loads(benchmark["details_json"])["sweep"]
+    (first,) = sweep["steps"]  # max_rate given: no probe; the top rate ran to its end
+    assert first["kind"] == "rate" and first["rate"] == 8 and first["requests"] > 0
+    stored = db.execute("select count(*) from requests where benchmark_id = ? and warmup = 0",
+                        [row["benchmark_id"]]).fetchone()[0]
+    assert stored >= first["requests"]  # and the interrupted step's records, if it had any
+    assert "saturation sweep interrupted after 1 step(s)" in row["error_message"] or \
+        "benchmark interrupted after" in row["error_message"], row["error_message"]
     assert_every_session_released(url)
