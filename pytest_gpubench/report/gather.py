@@ -23,10 +23,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
+from typing import Any
 
 from ..errors import Stage
 from ..measure.figures import FigureSource, figure_values
 from ..measure.results import cost_per_million_tokens
+from ..matrix.fields import DEFAULT_RUNTIME
 from ..store.base import Store
 from ..store.records import CellRecord, ResultRecord
 from .model import BestValue, FailureGroup, Matchup, ModelTable, ProviderWins, Report, ResultRow
@@ -112,7 +114,7 @@ def _result_row(cell: CellRecord, benchmarks: dict[str, ResultRecord]) -> Result
         cost = cost_per_million_tokens(price, headline)
     return ResultRow(
         run_id=cell.run_id, cell_id=cell.cell_id or cell.row_id, benchmark_id=bench.id,
-        gpu=cell.gpu_type, provider=cell.provider, model=cell.model,
+        gpu=cell.gpu_type, provider=cell.provider, model=cell.model, runtime=_runtime(result, details),
         concurrency=int(concurrency) if concurrency else None, rate=load.get("rate"),
         status=cell.status, output_tokens_per_second=headline, decode_tokens_per_second=per_stream,
         per_stream_only=output is None and per_stream is not None,
@@ -127,19 +129,27 @@ def _result_row(cell: CellRecord, benchmarks: dict[str, ResultRecord]) -> Result
     )
 
 
+def _runtime(result: dict[str, Any], details: dict[str, Any]) -> str:
+    """The server a result was measured on: ``vllm``, ``vllm (entrypoint)``; Ollama for results
+    from before runtimes were recorded (and imports that name none)."""
+    name = str((result.get("model") or {}).get("runtime") or DEFAULT_RUNTIME)
+    launch = (details.get("runtime") or {}).get("launch") or {}
+    return name + (" (entrypoint)" if launch.get("mode") == "entrypoint" else "")
+
+
 def _latest(rows: list[ResultRow], order: dict[str, int]) -> list[ResultRow]:
     """One result per cell: a successful one before a partial one, then the latest run's
     (``order[run]`` is 0 for the most recent), then the latest finished."""
     newest_first = sorted(rows, key=lambda row: row.finished_at, reverse=True)
     ranked = sorted(newest_first, key=lambda row: (row.status != "success", order.get(row.run_id, 0)))
-    chosen: dict[tuple[str, str, str, str], ResultRow] = {}
+    chosen: dict[tuple[str, str, str, str, str], ResultRow] = {}
     for row in ranked:
         chosen.setdefault(row.key, row)
     return list(chosen.values())
 
 
-def _tie(row: ResultRow) -> tuple[str, str, str, float, float]:
-    return (row.gpu, row.provider, row.model, row.concurrency or 1, row.rate or 0.0)
+def _tie(row: ResultRow) -> tuple[str, str, str, str, float, float]:
+    return (row.gpu, row.provider, row.model, row.runtime, row.concurrency or 1, row.rate or 0.0)
 
 
 def _model_tables(by_tokens: list[ResultRow]) -> list[ModelTable]:
@@ -168,18 +178,19 @@ def _best_value(models: list[ModelTable]) -> BestValue | None:
 
 
 def _matchups(results: list[ResultRow]) -> list[Matchup]:
-    groups: dict[tuple[str, str, str], list[ResultRow]] = {}
+    # Providers are compared on the same GPU, model, server and load.
+    groups: dict[tuple[str, str, str, str], list[ResultRow]] = {}
     for row in results:
-        groups.setdefault((row.gpu, row.model, row.load), []).append(row)
+        groups.setdefault((row.gpu, row.model, row.runtime, row.load), []).append(row)
     matchups = []
-    for (gpu, model, load), rows in sorted(groups.items()):
+    for (gpu, model, runtime, load), rows in sorted(groups.items()):
         if len({row.provider for row in rows}) < 2:
             continue
         rows = sorted(rows, key=lambda r: r.provider)
         faster = min(rows, key=lambda r: (-(r.output_tokens_per_second or 0.0), r.provider))
         priced = [r for r in rows if r.cost_per_million_tokens is not None]
         cheaper = min(priced, key=lambda r: (r.cost_per_million_tokens, r.provider)) if priced else None
-        matchups.append(Matchup(gpu=gpu, model=model, load=load, entries=rows, faster=faster.provider,
+        matchups.append(Matchup(gpu=gpu, model=model, runtime=runtime, load=load, entries=rows, faster=faster.provider,
                                 cheaper=cheaper.provider if cheaper else None))
     return matchups
 

@@ -128,8 +128,9 @@ def _bars(rows: list[ResultRow]) -> list[Bar]:
 
 
 def _point_label(row: ResultRow) -> str:
-    """``RTX 4090 / vastai / qwen2:7b``, with the load when it is not concurrency 1."""
-    return f"{row.gpu} / {row.provider} / {row.model}" + ("" if row.load == "c1" else f" ({row.load})")
+    """``RTX 4090 / vastai / qwen2:7b`` (``/ vllm`` before the model for another runtime), with the
+    load when it is not concurrency 1."""
+    return f"{row.machine} / {row.model}" + ("" if row.load == "c1" else f" ({row.load})")
 
 
 def _charts(report: Report) -> list[str]:
@@ -188,7 +189,7 @@ def _saturation(report: Report) -> list[str]:
     parts = ["<h2>Saturation</h2>", f'<p class="note">{_e(SATURATION_INTRO)}</p>',
              _table(saturation_table(swept), "saturation")]
     for row in swept:
-        name = f"{row.gpu} / {row.provider} / {row.model}"
+        name = f"{row.machine} / {row.model}"
         points = [Point(x=x, y=y, series=row.provider, label=label, title=title)
                   for x, y, label, title in step_points(row)]
         parts.append(f"<h3>{_e(name)}: sweep steps</h3>")

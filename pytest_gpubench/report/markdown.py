@@ -63,7 +63,7 @@ def render_markdown(report: Report) -> str:
     if swept:
         lines += ["## Saturation", "", SATURATION_INTRO, "", *_table(saturation_table(swept))]
         for row in swept:
-            lines += [f"### {cell(row.gpu)} / {cell(row.provider)} / {cell(row.model)}: sweep steps", "",
+            lines += [f"### {cell(row.machine)} / {cell(row.model)}: sweep steps", "",
                       *_table(steps_table(row))]
     lines += ["## Latency percentiles", "", PERCENTILES_INTRO, ""]
     for table in report.models:

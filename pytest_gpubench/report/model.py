@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from ..matrix.fields import DEFAULT_RUNTIME
 from ..store.sandbox_label import report_note, report_title
 from .spend import RunSpend
 
@@ -29,6 +30,9 @@ class ResultRow(_Frozen):
     gpu: str
     provider: str
     model: str
+    #: The server that served it (the result's ``model.runtime``), `` (entrypoint)`` added when
+    #: GPU Shopper's image started it: another runtime is another measurement of the same model.
+    runtime: str = DEFAULT_RUNTIME
     concurrency: int | None = None
     rate: float | None = None
     status: str
@@ -62,14 +66,24 @@ class ResultRow(_Frozen):
         return f"c{self.concurrency or 1}"
 
     @property
-    def key(self) -> tuple[str, str, str, str]:
+    def key(self) -> tuple[str, str, str, str, str]:
         """What makes two results the same cell, across runs."""
-        return (self.gpu, self.provider, self.model, self.load)
+        return (self.gpu, self.provider, self.model, self.runtime, self.load)
+
+    @property
+    def served_by(self) -> str:
+        """``vllm`` for a runtime other than the default, else "": how labels name it."""
+        return "" if self.runtime == DEFAULT_RUNTIME else self.runtime
+
+    @property
+    def machine(self) -> str:
+        """``RTX 4090 / vastai``, then ``/ vllm`` for a runtime other than the default."""
+        return f"{self.gpu} / {self.provider}" + (f" / {self.served_by}" if self.served_by else "")
 
     @property
     def label(self) -> str:
-        """``RTX 4090 / vastai``, with the load when it is not the default."""
-        return f"{self.gpu} / {self.provider}" + ("" if self.load == "c1" else f" ({self.load})")
+        """:attr:`machine`, with the load when it is not the default."""
+        return self.machine + ("" if self.load == "c1" else f" ({self.load})")
 
 
 class ModelTable(_Frozen):
@@ -91,10 +105,11 @@ class BestValue(_Frozen):
 
 
 class Matchup(_Frozen):
-    """Two or more providers measured on the same GPU, model and load."""
+    """Two or more providers measured on the same GPU, model, runtime and load."""
 
     gpu: str
     model: str
+    runtime: str = DEFAULT_RUNTIME
     load: str
     entries: list[ResultRow]
     faster: str

@@ -56,12 +56,12 @@ def saturation_table(rows: list[ResultRow]) -> Table:
         sweep = row.saturation or {}
         output = _number(sweep.get("output_tokens_per_second"))
         cost = _number(sweep.get("cost_per_million_tokens"))
-        body.append((f"{row.gpu} / {row.provider}", row.model, _rate(sweep.get("max_rate_meeting_slo")),
+        body.append((row.machine, row.model, _rate(sweep.get("max_rate_meeting_slo")),
                      Figure(tps(output), output),
                      Figure(per_million(cost), cost), f"goodput_share >= {sweep.get('goal', 0):g}",
                      _slo_text(sweep.get("slo")), str(len(sweep.get("steps") or [])),
                      str(sweep.get("stop_reason") or "-")))
-    return Table(("GPU / provider", "Model", "max rate/s", "output tok/s", "$/M tokens", "goal", "SLO", "steps",
+    return Table(("GPU / provider (/ runtime)", "Model", "max rate/s", "output tok/s", "$/M tokens", "goal", "SLO", "steps",
                   "stopped"), body)
 
 

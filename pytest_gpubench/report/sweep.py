@@ -59,7 +59,7 @@ def sweeps(report: Report) -> list[Sweep]:
     """Every GPU x model with a series measured at two loads or more, sorted by GPU then model."""
     groups: dict[tuple[str, str], dict[str, list[ResultRow]]] = {}
     for row in report.results:
-        series = row.provider + (" (rate)" if row.rate is not None else "")
+        series = row.provider + (f" / {row.served_by}" if row.served_by else "") + (" (rate)" if row.rate is not None else "")
         groups.setdefault((row.gpu, row.model), {}).setdefault(series, []).append(row)
     found = []
     for (gpu, model), lines in sorted(groups.items()):

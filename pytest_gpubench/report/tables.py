@@ -76,6 +76,11 @@ def gpu_label(row: ResultRow) -> str:
     return row.gpu + (" (partial)" if row.status == "partial" else "")
 
 
+def has_runtimes(rows: list[ResultRow]) -> bool:
+    """Whether a table needs a runtime column: some result was served by another server than Ollama."""
+    return any(row.served_by for row in rows)
+
+
 def has_loads(rows: list[ResultRow]) -> bool:
     """Whether a table needs a load column: some result ran at another load than concurrency 1."""
     return any(row.load != "c1" for row in rows)
@@ -111,22 +116,24 @@ def _fig(text: str, value: float | None) -> Figure:
 
 
 def tokens_leaderboard(report: Report) -> Table:
-    loads = has_loads(report.results)
+    loads, runtimes = has_loads(report.results), has_runtimes(report.results)
     return Table(
-        ("Rank", "GPU", "Model", "Provider", *(["Load"] if loads else []), "output tok/s", "$/h", "$/M tokens",
-         "Location"),
-        [(_fig(str(rank), rank), gpu_label(r), r.model, r.provider, *([r.load] if loads else []),
+        ("Rank", "GPU", "Model", "Provider", *(["Runtime"] if runtimes else []), *(["Load"] if loads else []),
+         "output tok/s", "$/h", "$/M tokens", "Location"),
+        [(_fig(str(rank), rank), gpu_label(r), r.model, r.provider, *([r.runtime] if runtimes else []),
+          *([r.load] if loads else []),
           _fig(tps_marked(r), r.output_tokens_per_second), _fig(price(r.price_per_hour), r.price_per_hour),
           _fig(per_million(r.cost_per_million_tokens), r.cost_per_million_tokens), r.location or "-")
          for rank, r in enumerate(report.by_tokens, 1)])
 
 
 def cost_leaderboard(report: Report) -> Table:
-    loads = has_loads(report.results)
+    loads, runtimes = has_loads(report.results), has_runtimes(report.results)
     return Table(
-        ("Rank", "GPU", "Model", "Provider", *(["Load"] if loads else []), "$/M tokens", "output tok/s", "$/h",
-         "Location"),
-        [(_fig(str(rank), rank), gpu_label(r), r.model, r.provider, *([r.load] if loads else []),
+        ("Rank", "GPU", "Model", "Provider", *(["Runtime"] if runtimes else []), *(["Load"] if loads else []),
+         "$/M tokens", "output tok/s", "$/h", "Location"),
+        [(_fig(str(rank), rank), gpu_label(r), r.model, r.provider, *([r.runtime] if runtimes else []),
+          *([r.load] if loads else []),
           _fig(per_million(r.cost_per_million_tokens), r.cost_per_million_tokens),
           _fig(tps_marked(r), r.output_tokens_per_second), _fig(price(r.price_per_hour), r.price_per_hour),
           r.location or "-")
@@ -134,11 +141,12 @@ def cost_leaderboard(report: Report) -> Table:
 
 
 def model_table(table: ModelTable) -> Table:
-    loads = has_loads(table.rows)
+    loads, runtimes = has_loads(table.rows), has_runtimes(table.rows)
     return Table(
-        ("GPU", "Provider", *(["Load"] if loads else []), "output tok/s", "decode tok/s", "TTFT p50 ms", "$/h",
-         "$/M tokens", "Requests", "Errors"),
-        [(gpu_label(r), r.provider, *([r.load] if loads else []), _fig(tps_marked(r), r.output_tokens_per_second),
+        ("GPU", "Provider", *(["Runtime"] if runtimes else []), *(["Load"] if loads else []), "output tok/s",
+         "decode tok/s", "TTFT p50 ms", "$/h", "$/M tokens", "Requests", "Errors"),
+        [(gpu_label(r), r.provider, *([r.runtime] if runtimes else []), *([r.load] if loads else []),
+          _fig(tps_marked(r), r.output_tokens_per_second),
           _fig(tps(r.decode_tokens_per_second), r.decode_tokens_per_second),
           _fig(ms(r.ttft_p50_ms), r.ttft_p50_ms), _fig(price(r.price_per_hour), r.price_per_hour),
           _fig(per_million(r.cost_per_million_tokens), r.cost_per_million_tokens),
@@ -148,10 +156,11 @@ def model_table(table: ModelTable) -> Table:
 
 def head_to_head_table(report: Report) -> Table:
     loads = any(m.load != "c1" for m in report.matchups)
+    runtimes = has_runtimes([r for m in report.matchups for r in m.entries])
     return Table(
-        ("GPU", "Model", *(["Load"] if loads else []), "output tok/s by provider", "$/h by provider",
-         "$/M tokens by provider", "Faster", "Cheaper"),
-        [(m.gpu, m.model, *([m.load] if loads else []),
+        ("GPU", "Model", *(["Runtime"] if runtimes else []), *(["Load"] if loads else []),
+         "output tok/s by provider", "$/h by provider", "$/M tokens by provider", "Faster", "Cheaper"),
+        [(m.gpu, m.model, *([m.runtime] if runtimes else []), *([m.load] if loads else []),
           ", ".join(f"{r.provider} {tps_marked(r)}" for r in m.entries),
           ", ".join(f"{r.provider} {price(r.price_per_hour)}" for r in m.entries),
           ", ".join(f"{r.provider} {per_million(r.cost_per_million_tokens)}" for r in m.entries),
@@ -191,8 +200,10 @@ def when(text: str) -> str:
 
 
 def where(row: ResultRow) -> str:
-    """``RTX 4090 on vastai`` (``at c8`` for another load than concurrency 1)."""
-    return f"{row.gpu} on {row.provider}" + ("" if row.load == "c1" else f" at {row.load}")
+    """``RTX 4090 on vastai`` (``with vllm`` for another runtime than Ollama, ``at c8`` for another
+    load than concurrency 1)."""
+    return (f"{row.gpu} on {row.provider}" + (f" with {row.served_by}" if row.served_by else "")
+            + ("" if row.load == "c1" else f" at {row.load}"))
 
 
 def _plural(count: int, word: str) -> str:
@@ -273,7 +284,7 @@ def spend_notes(report: Report) -> list[str]:
 
 
 #: Section texts both reports show under their headings.
-TOKENS_INTRO = "Ranked by output throughput (output tok/s); ties by GPU, provider, model."
+TOKENS_INTRO = "Ranked by output throughput (output tok/s); ties by GPU, provider, model, runtime."
 COST_INTRO = "Ranked by $/M tokens, cheapest first; results without a price are left out."
 HEAD_TO_HEAD_INTRO = "The same GPU and model (and load) measured on more than one provider."
 NO_HEAD_TO_HEAD = "No GPU and model was measured on more than one provider."
