@@ -11,7 +11,6 @@ import pytest
 from e2e_helpers import manifest_rows, only_result, run_pytest, sandbox_sessions
 from polling import wait_for
 
-from pytest_gpubench.matrix.fields import RUNTIME_NAMES
 from pytest_gpubench.sandbox.instances import free_port
 
 ENTRYPOINT_MATRIX = """
@@ -41,9 +40,7 @@ def _progress(tmp_path) -> str:
     # A heavy image: longer provision, ssh_wait and ollama_install budgets (the server's table, time-scaled:
     # vLLM 15 min, TGI 12 min; the floor of a scaled timeout is 15 s).
     ("vllm", "vllm/vllm-openai:v0.10.1", "provision_s=18.0 ssh_wait_s=20.4 ollama_install_s=18.0"),
-    pytest.param("tgi", "ghcr.io/huggingface/text-generation-inference:3.3.4",
-                 "provision_s=15.0 ssh_wait_s=16.8 ollama_install_s=15.0",
-                 marks=pytest.mark.skipif("tgi" not in RUNTIME_NAMES, reason="no tgi runtime yet")),
+    ("tgi", "ghcr.io/huggingface/text-generation-inference:3.3.4", "provision_s=15.0 ssh_wait_s=16.8 ollama_install_s=15.0"),
 ])
 def test_an_entrypoint_cell_benchmarks_the_images_server_and_records_the_launch(tmp_path, standalone_sandbox,
                                                                                 runtime, image, budgets):
