@@ -122,7 +122,8 @@ class Phase:
     tps_mean: float = float("nan")
     tps_p50: float = float("nan")
     tps_max: float = float("nan")
-    ttft_p50: float = float("nan")
+    ttft_p50: float = float("nan")  # requests sent after the opening burst (see summarize_requests)
+    ttft_p50_all: float = float("nan")  # every request, the opening burst's too
     itl_p50: float = float("nan")
     delivered: float = float("nan")
     cpu_seconds: float = float("nan")
@@ -142,7 +143,15 @@ def summarize_requests(phase: Phase, records: list[dict[str, Any]]) -> None:
     rates = [r["tokens_per_second"] for r in ok if r.get("tokens_per_second") is not None]
     phase.tps_mean = sum(rates) / len(rates) if rates else float("nan")
     phase.tps_p50, phase.tps_max = percentile(rates, 50), max(rates, default=float("nan"))
-    phase.ttft_p50 = percentile([r["ttft_ms"] for r in ok if r.get("ttft_ms") is not None], 50)
+    timed = sorted((r for r in ok if r.get("ttft_ms") is not None), key=lambda r: r["index"])
+    phase.ttft_p50_all = percentile([r["ttft_ms"] for r in timed], 50)
+    # The opening burst (the first `concurrency` requests, sent at once) also waits for the stand-in to
+    # accept and parse that many requests before any gets its slot: at 256 about 50 ms, the server's own
+    # arrival queue, which both clients see alike and which the truth (TTFT from the slot) leaves out.
+    # Its requests last longer than a short run, so they would be most of the p50; the target is judged
+    # on the requests sent after it, and the p50 of all is printed beside it.
+    steady = timed[phase.concurrency:] or timed
+    phase.ttft_p50 = percentile([r["ttft_ms"] for r in steady], 50)
     overheads = [(r["total_duration_ns"] - r["prompt_eval_duration_ns"] - r["eval_duration_ns"]) / 1e6
                  for r in ok if r.get("total_duration_ns") and r.get("eval_duration_ns") is not None
                  and r.get("prompt_eval_duration_ns") is not None]
@@ -256,7 +265,7 @@ async def reference_client(url: str, protocol: str, concurrency: int, duration: 
             end = end or perf()
             account(end, -1)
             records.append({
-                "warmup": warmup, "error": error, "output_tokens": count,
+                "index": index, "warmup": warmup, "error": error, "output_tokens": count,
                 "ttft_ms": (first - sent) * 1000 if first is not None else None,
                 "tokens_per_second": (count - 1) / (last - first) if count >= 2 and last > first else None,
                 "total_duration_ns": final.get("total_duration"), "eval_duration_ns": final.get("eval_duration"),
@@ -408,7 +417,8 @@ def report(protocol: str, concurrency: int, ours: Phase, ref: Phase) -> list[str
     rows = [
         ("tokens/s per request (mean)", tps, ours.tps_mean, ref.tps_mean, TARGET_TPS, "tps"),
         ("tokens/s per request (p50)", tps, ours.tps_p50, ref.tps_p50, None, "tps_p50"),
-        ("TTFT p50 (ms)", TTFT_MS, ours.ttft_p50, ref.ttft_p50, TARGET_TTFT, "ttft"),
+        ("TTFT p50 (ms), after the burst", TTFT_MS, ours.ttft_p50, ref.ttft_p50, TARGET_TTFT, "ttft"),
+        ("TTFT p50 (ms), every request", TTFT_MS, ours.ttft_p50_all, ref.ttft_p50_all, None, "ttft_all"),
         ("ITL p50 (ms)", 1000 / tps, ours.itl_p50, ref.itl_p50, None, "itl"),
         ("delivered concurrency", float(concurrency), ours.delivered, ref.delivered, TARGET_CONCURRENCY, "conc"),
     ]
@@ -470,9 +480,17 @@ def explain(protocol: str, concurrency: int, missed: list[str], ours: Phase, ref
                   f"{floor.wake_cpu_per_1k:.3f} s per 1,000 wake-ups on this machine.")
 
 
-def measure(client: str, protocol: str, instance: Path, concurrency: int, duration: float, workdir: Path) -> Phase:
+def instance_for(concurrency: int, workdir: Path) -> Path:
+    """An RTX 4090 instance, its memory grown with the slots past 64: the KV cache of 256 slots of
+    the model does not fit 24 GB, and a model spilling to system memory would decode slower than the truth."""
+    grow = max(1, -(-concurrency // 64))
+    return write_instance(workdir / f"instance-x{grow}", memory_mib=24564 * grow)
+
+
+def measure(client: str, protocol: str, concurrency: int, duration: float, workdir: Path) -> Phase:
     """One client at one concurrency against a fresh stand-in, with the stand-in's health."""
-    server = StandIn(instance, parallel=max(64, concurrency), tokens_per_second=truth_tps(concurrency))
+    server = StandIn(instance_for(concurrency, workdir), parallel=max(64, concurrency),
+                     tokens_per_second=truth_tps(concurrency))
     try:
         if client == "loadgen":
             phase = run_loadgen(server.url, protocol, concurrency, duration, workdir)
@@ -505,7 +523,7 @@ def main() -> int:
     all_missed = []
     with tempfile.TemporaryDirectory(prefix="gpubench-fidelity-") as tmp:
         workdir = Path(tmp)
-        instance = write_instance(workdir / "instance")
+        instance = instance_for(1, workdir)
         floor = Floor(requests=15, wake_cpu_per_1k=wake_floor())
         server = StandIn(instance, parallel=64)
         try:
@@ -523,7 +541,7 @@ def main() -> int:
             phases, discarded = {}, []
             for client in ("loadgen", "httpx"):
                 for _ in range(ATTEMPTS):
-                    phase = measure(client, protocol, instance, concurrency, args.duration, workdir)
+                    phase = measure(client, protocol, concurrency, args.duration, workdir)
                     if phase.server["max_lag_ms"] < STALL_MS:
                         break
                     discarded.append(phase)

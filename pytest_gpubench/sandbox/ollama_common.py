@@ -16,6 +16,10 @@ DEFAULT_PORT = 11434
 DEFAULT_KEEP_ALIVE_S = 300.0
 # Ollama answers a negative keep_alive with "keep loaded forever".
 FOREVER = math.inf
+#: The stand-ins' listen backlog, as the real servers': Go's ``net.Listen`` (Ollama) takes the kernel's
+#: ``somaxconn`` (4096), uvicorn (vLLM, SGLang) 2048. aiohttp's default of 128 left the connects of 256
+#: clients starting at once waiting a second for the kernel to retry their SYN.
+LISTEN_BACKLOG = 2048
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from .instance_spec import InstanceSpec, ModelSpec
 from .lifeline import watch_owner
-from .ollama_common import OllamaHost, bind_host, parse_keep_alive, rfc3339
+from .ollama_common import LISTEN_BACKLOG, OllamaHost, bind_host, parse_keep_alive, rfc3339
 from .ollama_engine import Engine, EngineError, EngineSettings, log
 from .ollama_http import (
     ENGINE,
@@ -387,7 +387,7 @@ async def serve(spec: InstanceSpec, host: OllamaHost, settings: EngineSettings) 
     runner = web.AppRunner(create_app(engine), access_log=None)
     await runner.setup()
     address = bind_host(host)
-    site = web.TCPSite(runner, address, host.port, shutdown_timeout=1.0)
+    site = web.TCPSite(runner, address, host.port, shutdown_timeout=1.0, backlog=LISTEN_BACKLOG)
     try:
         await site.start()
     except OSError as exc:

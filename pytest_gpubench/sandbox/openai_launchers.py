@@ -43,7 +43,7 @@ from . import launcher_programs as programs
 from .instance_spec import BASELINE_MIB, MIB, InstanceSpec, ModelSpec, load_instance_spec, normalize_model_name
 from .launcher_programs import PROGRAMS, VLLM_VERSION, Launch, LaunchError
 from .lifeline import watch_owner
-from .ollama_common import FOREVER
+from .ollama_common import FOREVER, LISTEN_BACKLOG
 from .ollama_engine import Engine, EngineSettings
 from .standin_state import PulledModel, StateStore
 
@@ -218,7 +218,7 @@ async def serve(spec: InstanceSpec, launch: Launch) -> int:
 
     async def listen() -> None:
         try:
-            await web.TCPSite(runner, launch.host, launch.port, shutdown_timeout=1.0).start()
+            await web.TCPSite(runner, launch.host, launch.port, shutdown_timeout=1.0, backlog=LISTEN_BACKLOG).start()
         except OSError as exc:
             raise LaunchError(programs.address_in_use(launch, os.strerror(exc.errno or 0))) from exc
 
