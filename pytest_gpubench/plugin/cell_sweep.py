@@ -102,12 +102,18 @@ class SweepRun:
             # An interrupted step's records were kept by Bench.measure_run. A step that measured
             # nothing (the instance lost as it began) is no reason to lose the steps before it.
             interrupted = isinstance(exc, BenchmarkInterrupted)
+            kept = interrupted
             if not interrupted and any(record.ok for record in self.everything.records):
                 bench.measurement = self.everything
                 bench._keep()
-                interrupted = True
-                exc = BenchmarkInterrupted(f"saturation sweep interrupted after {len(self.steps)} step(s): {exc}")
-            if interrupted and search is not None:
+                kept = True
+                # A benchmark-stage failure after measured steps is a partial sweep; a failure at
+                # another stage (a reconnect at ssh_connect, a restart's warm-up at model_pull)
+                # keeps its own stage and hint, with the steps kept beside it.
+                if exc.stage is Stage.BENCHMARK:
+                    exc = BenchmarkInterrupted(f"saturation sweep interrupted after {len(self.steps)} step(s): "
+                                               f"{exc.message}")
+            if kept and search is not None:
                 bench.details["sweep"] = SweepOutcome.of(search, self.steps, bench.cell.slo, price).model_dump(
                     mode="json")
             raise exc

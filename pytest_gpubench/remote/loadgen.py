@@ -376,7 +376,7 @@ class Exchange:
         self.received = False
         if sock is None:
             try:
-                sock = socket.socket(self.run.family, socket.SOCK_STREAM)
+                sock = self.sock = socket.socket(self.run.family, socket.SOCK_STREAM)  # closed if what follows fails
                 sock.setblocking(False)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 if self.run.tls is not None:  # the handshake follows the TCP connect (state HANDSHAKE)

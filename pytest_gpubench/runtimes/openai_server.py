@@ -135,6 +135,9 @@ class OpenAIServerRuntime:
     #: The parallel requests of a server started here; None for one found running.
     num_parallel: int | None = None
     started_here: bool = False
+    #: The session's image started the server (GPU Shopper's entrypoint mode): it is measured as
+    #: found and never replaced by one of the plugin's (``runtimes/entrypoint.py`` sets it).
+    image_served: bool = False
     wanted_parallel: int = 1
     restarts: int = 0
     #: Seconds from launch to ``/health`` of the last start here (the model's load).
@@ -255,6 +258,11 @@ class OpenAIServerRuntime:
     async def _serve(self, model: str, parallel: int, timeout: float, stage: Stage) -> None:
         """Launch the server and wait for its health path; the log's tail in the error when it does not
         come. On a picked port the server found taken, another one is tried."""
+        if self.image_served:  # entrypoint mode: the image's server is the one measured, never replaced
+            raise StageError(stage, f"the {self.spec.program} the session's image started does not answer "
+                                    f"{self.spec.health_path} on port {self.remote_port}",
+                             hint="in entrypoint mode the plugin starts no server of its own: check the image, "
+                                  "its model and runtime.launch.api_port")
         deadline = time.monotonic() + timeout
         for attempt in range(PORT_ATTEMPTS):
             started = time.monotonic()
@@ -273,10 +281,9 @@ class OpenAIServerRuntime:
             self.model = model
             return
 
-    async def _alive(self) -> bool:
+    async def _alive(self, stage: Stage) -> bool:
         result = await self.conn.run(f'kill -0 "$(cat "{self.spec.files("pid")}" 2>/dev/null)" 2>/dev/null',
-                                     stage=Stage.OLLAMA_INSTALL, what=f"checking {self.spec.program}", timeout=30,
-                                     check=False)
+                                     stage=stage, what=f"checking {self.spec.program}", timeout=30, check=False)
         return result.ok
 
     async def _wait_healthy(self, deadline: float, stage: Stage) -> None:
@@ -284,7 +291,7 @@ class OpenAIServerRuntime:
         while time.monotonic() < deadline:
             if await self._healthy():
                 return
-            if not await self._alive():
+            if not await self._alive(stage):
                 tail = await self._log_tail(stage)
                 if "address already in use" in tail.lower():
                     raise _PortTaken(tail.strip())

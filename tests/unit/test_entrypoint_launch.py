@@ -12,7 +12,7 @@ import pytest
 from pytest_gpubench.cloud.shopper_client import Offer, ShopperClient
 from pytest_gpubench.cloud.shopper_provider import ShopperProvider
 from pytest_gpubench.cloud.ssh_wait import entrypoint_wait, heavy_stage_seconds, stage_timeout
-from pytest_gpubench.errors import MatrixError, Stage
+from pytest_gpubench.errors import MatrixError, Stage, StageError
 from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.matrix.overrides import apply_overrides
 from pytest_gpubench.runtimes.entrypoint import adopt_image_server
@@ -146,6 +146,17 @@ def test_a_runtime_adopts_the_images_server_only_in_entrypoint_mode():
     assert adopt_image_server(untouched, plain.launch) is False and untouched.remote_port == port
     with pytest.raises(Exception, match="cannot use a server its image started"):
         adopt_image_server(OllamaRuntime(conn=None), entry.launch)  # type: ignore[arg-type]
+
+
+def test_an_image_server_that_does_not_answer_is_never_replaced_by_one_of_the_plugins():
+    (entry,) = cells("{name: vllm, launch: {mode: entrypoint, api_port: 9000}}",
+                     row="matrix:\n  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:7b'}\n")
+    runtime = VllmRuntime(conn=None, model=entry.model)  # type: ignore[arg-type]  # no command may run
+    adopt_image_server(runtime, entry.launch)
+    with pytest.raises(StageError) as info:
+        asyncio.run(runtime._serve(entry.model, 1, 5, Stage.BENCHMARK))
+    assert info.value.stage is Stage.BENCHMARK
+    assert "the vllm serve the session's image started does not answer /health on port 9000" in str(info.value)
 
 
 def test_the_plugins_own_wait_names_the_images_server_in_entrypoint_mode():
