@@ -155,6 +155,20 @@ def confidences(value: Any) -> dict[str, float]:
     return out
 
 
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+#: A plain Docker image reference: ``[registry[:port]/]path[:tag][@sha256:digest]``, nothing a shell expands.
+IMAGE_REFERENCE = re.compile(
+    rf"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{{1,5}})?/)?{_COMPONENT}(?:/{_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
+)
+
+
+def is_image_reference(value: Any) -> bool:
+    """A plain Docker image reference (:data:`IMAGE_REFERENCE`) of at most 255 characters: the one
+    check for ``runtime.launch.image`` and a worker preset's ``docker_image``."""
+    return isinstance(value, str) and len(value) <= 255 and IMAGE_REFERENCE.fullmatch(value) is not None
+
+
 def text_field(what: str, example: str):
     def check(value: Any) -> str:
         if not isinstance(value, str):

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
 
-from .fields import StrictModel, describe, invalid
+from .fields import StrictModel, describe, invalid, is_image_reference
 
 #: Runtimes GPU Shopper can start from an image, and the ``workload_type`` that tells it which
 #: (``pkg/models/session.go``: ``llm_vllm``, ``llm_tgi``; ``buildWorkloadConfig`` in
@@ -38,14 +38,6 @@ DEFAULT_IMAGES: dict[str, str] = {
 #: The server's default API port per runtime (``GetPortForWorkload``: ``DefaultVLLMPort``, ``DefaultTGIPort``).
 DEFAULT_API_PORTS: dict[str, int] = {"vllm": 8000, "tgi": 80}
 MAX_EXPOSED_PORTS = 16
-
-_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-#: A plain Docker image reference: ``[registry[:port]/]path[:tag][@sha256:digest]``, nothing a shell expands.
-IMAGE_REFERENCE = re.compile(
-    rf"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{{1,5}})?/)?{_COMPONENT}(?:/{_COMPONENT})*"
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
-)
-
 
 def _port(value: Any, what: str = "must be") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
@@ -76,7 +68,7 @@ class LaunchSpec(StrictModel):
     def _image(cls, value: Any) -> Any:
         if value is None:
             return None
-        if not isinstance(value, str) or len(value) > 255 or not IMAGE_REFERENCE.fullmatch(value):
+        if not is_image_reference(value):
             raise invalid("must be a plain Docker image reference such as 'vllm/vllm-openai:v0.10.1' "
                           f"([registry/]name[:tag][@sha256:digest], lower-case name); got {describe(value)}")
         return value

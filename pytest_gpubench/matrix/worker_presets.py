@@ -28,11 +28,9 @@ from typing import Any
 import yaml
 
 from ..errors import MatrixError
+from .fields import is_image_reference
 from .yaml_errors import describe
 
-#: ``[registry[:port]/]name[/more][:tag][@sha256:digest]``, lower-case path as Docker wants it.
-IMAGE = re.compile(r"^[a-z0-9][a-z0-9._-]*(:[0-9]+)?(/[a-z0-9][a-z0-9._-]*)*(:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?"
-                   r"(@sha256:[0-9a-f]{64})?$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Set by the runtime itself for every worker (seed 004); a preset may override MODEL_NAME only.
 RESERVED_ENV = ("MODEL_PATH", "GPU_DEVICE")
@@ -68,7 +66,7 @@ def parse_preset(path: str, model: str, entry: Any) -> WorkerPreset:
     if image is None:
         raise MatrixError(path, f"{where}.docker_image", "missing: every worker needs a docker_image "
                                                           "such as 'loading-worker:latest'")
-    if not isinstance(image, str) or not IMAGE.fullmatch(image) or len(image) > 255:
+    if not is_image_reference(image):
         raise MatrixError(path, f"{where}.docker_image", f"must be a Docker image reference such as "
                                                           f"'registry.example.com/team/worker:1.2'; got {image!r}")
     command = inference.get("command") or []

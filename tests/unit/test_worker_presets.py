@@ -142,3 +142,24 @@ def test_a_warm_up_that_breaks_says_how_at_model_pull():
         with pytest.raises(StageError) as info:
             check_finished(got, status, stderr)
         assert info.value.stage is Stage.MODEL_PULL and str(info.value).endswith(message), str(info.value)
+
+
+@pytest.mark.parametrize(("image", "accepted"), [
+    ("Registry.Example.com:5000/team/worker:1.2", True), ("ghcr.io/acme/vllm@sha256:" + "a" * 64, True),
+    ("Team/Worker", False), ("w; rm -rf /", False), ("w:" + "x" * 300, False),
+])
+def test_a_preset_image_and_a_launch_image_are_judged_alike(tmp_path, image, accepted):
+    """One image-reference rule (fields.is_image_reference) for workers' presets and entrypoint launches."""
+    presets_file(tmp_path, f"models:\n  llama:7b:\n    inference: {{docker_image: '{image}'}}\n")
+    launch = tmp_path / "gpubench_launch.yaml"
+    launch.write_text(f"runtime: {{name: vllm, launch: {{mode: entrypoint, image: '{image}'}}}}\n"
+                      "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:7b'}\n")
+    outcomes = []
+    for path in (matrix_file(tmp_path, "{name: worker, presets: model_presets.yaml}"), launch):
+        try:
+            load_matrix(str(path))
+            outcomes.append(True)
+        except MatrixError as exc:
+            assert "image" in str(exc)
+            outcomes.append(False)
+    assert outcomes == [accepted, accepted]
