@@ -105,13 +105,3 @@ def load_presets(path: str | Path) -> dict[str, WorkerPreset]:
         raise MatrixError(shown, "models", "the file needs `models:` mapping model names to "
                                             "`{inference: {docker_image: ...}}` (seed 004's model_presets.yaml)")
     return {str(name): parse_preset(shown, str(name), entry) for name, entry in data["models"].items()}
-
-
-def preset_for(path: str | Path, model: str) -> WorkerPreset:
-    """The preset of ``model`` in the file at ``path``; a model it lacks is a :class:`~pytest_gpubench.errors.MatrixError`."""
-    presets = load_presets(path)
-    if model not in presets:
-        raise MatrixError(str(path), f"models.{model}",
-                           f"missing: the matrix's model {model!r} has no worker here; models in the file: "
-                           f"{', '.join(sorted(presets))}")
-    return presets[model]
