@@ -70,6 +70,8 @@ class PytestRun:
         self.url = url
         self.output = tmp_path / f"{name}.out"
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
+        # A run that hangs is sent SIGABRT by finish(): every thread's stack then lands in the output.
+        env["PYTHONFAULTHANDLER"] = "1"
         cache_args = ["-o", f"cache_dir={tmp_path / 'cache'}"] if cache else ["-p", "no:cacheprovider"]
         command = [sys.executable, "-m", "pytest", str(target), *cache_args, "--gpubench-api", url,
                    "--gpubench-time-scale", "0.02", "--gpubench-progress-interval", "0.5",
@@ -80,8 +82,18 @@ class PytestRun:
                                             text=True, start_new_session=True)
 
     def finish(self, timeout: float = 300) -> str:
+        """Wait for the run to end; one still running after ``timeout`` fails the test with its
+        threads' stacks (faulthandler on SIGABRT) and its output's tail."""
         try:
             self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(self.process.pid, signal.SIGABRT)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+            raise AssertionError(f"pytest still running after {timeout:g} s; its output ends:\n"
+                                 f"{self.output.read_text()[-6000:]}") from None
         finally:
             if self.process.poll() is None:
                 os.killpg(self.process.pid, signal.SIGKILL)

@@ -192,18 +192,11 @@ class Catalog(_Entry):
     models: dict[str, ModelSpec]
     rates: list[RateSpec] = Field(default_factory=list)
     templates: list[TemplateSpec] = Field(default_factory=list)
-    #: Heavy images: a pattern in the image name -> emulated seconds its pull delays the image's server.
-    image_pull_seconds: dict[str, float] = Field(default_factory=dict)
-    #: Container images' sizes (GB) by repository, for the ``docker`` stand-in's pulls; ``default``
-    #: for any other image. A heavy one (an inference server's) pulls for minutes.
+    #: Container images' sizes (GB) by repository, ``default`` for any other image: the ``docker``
+    #: stand-in's pulls and an entrypoint image's pull before its server starts, both at the
+    #: instance's pull rate. A heavy one (an inference server's) pulls for minutes.
     docker_images: dict[str, float] = Field(default_factory=lambda: {"default": 0.5})
     offers: list[OfferSpec]
-
-    def image_pull_seconds_for(self, image: str) -> float:
-        """Emulated seconds to pull ``image`` (the longest matching pattern's; 0 for a light image)."""
-        lowered = image.lower()
-        return max((seconds for pattern, seconds in self.image_pull_seconds.items() if pattern in lowered),
-                   default=0.0)
 
     @model_validator(mode="after")
     def _check_references(self) -> Catalog:

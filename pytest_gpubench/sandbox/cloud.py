@@ -32,11 +32,12 @@ from typing import Any
 
 import asyncssh
 
-from . import entrypoint, sshd
+from . import docker_standin, entrypoint, sshd
 from .billing import Clock, Ledger
 from .catalog import Catalog, OfferSpec
 from .faults import WORKER_FAULTS, FaultBook, FaultRequest
 from .instances import SSH_SERVERS, Instance, UnsupportedFault, free_port, instance_document
+from .instance_spec import InstanceSpec
 from .inventory import Inventory
 from .schemas import RETRY_SCOPES, WORKLOAD_TYPES
 from .sessions import ApiFailure, SessionRecord, SessionTerminal
@@ -256,7 +257,8 @@ class EmulatedCloud:
     async def _serve_from_image(self, record: SessionRecord, instance: Instance) -> None:
         """Entrypoint mode: the image's server starts (after its pull); ``running`` once its
         ``/health`` answers, else the instance is destroyed and the session failed."""
-        pull = self.scaled(self.catalog.image_pull_seconds_for(record.docker_image))
+        spec = InstanceSpec.model_validate(instance.document)
+        pull = self.scaled(docker_standin.pull_seconds(spec, record.docker_image))  # as `docker pull` would take
         instance.run_background(entrypoint.server_script(record.docker_image, record.model_id, record.api_port, pull),
                                 "entrypoint.log")
         timings = self.catalog.timings

@@ -9,8 +9,9 @@ check polls ``GET http://host:api_port/health`` every 15 s (2xx or 404 count as 
 10 minutes: up, the session turns ``running`` with ``api_endpoint = http://host:api_port``;
 not, it destroys the instance and fails the session "API verification timeout".
 
-Here the "image" is a script run on the instance: the image's pull (the catalog's
-``image_pull_seconds``, time-scaled: heavy images take minutes), then the launcher
+Here the "image" is a script run on the instance: the image's pull (its size in the
+catalog's ``docker_images`` at the instance's pull rate, as the ``docker`` stand-in pulls
+it, time-scaled: heavy images take minutes), then the launcher
 stand-in the image name implies, on the API port. An image the sandbox knows no server
 for starts none, and its session times out like a real one whose server never comes up.
 """

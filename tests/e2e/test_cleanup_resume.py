@@ -363,7 +363,7 @@ def test_ctrl_c_releases_the_session_in_teardown(tmp_path, sandbox_url):
     run.measuring()
     assert len(active_sessions(sandbox_url)) == 1
     os.killpg(run.process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-    output = run.finish()
+    output = run.finish(timeout=90)  # seconds: the session is released in teardown
     assert run.process.returncode == pytest.ExitCode.INTERRUPTED, output[-3000:]
     assert active_sessions(sandbox_url) == [], "released in-process, before any cleanup"
     (row,) = run.rows()
