@@ -4,6 +4,12 @@ asyncssh connections and the httpx.AsyncClient must live on one loop for their
 whole life, while pytest fixtures and test bodies are synchronous. Running the
 loop in a daemon thread keeps the main thread free, so pytest-timeout's signal
 method and Ctrl-C still interrupt a test that waits on the network.
+
+The main thread waits in short slices (:data:`SIGNAL_SLICE_SECONDS`): the kernel hands
+a process-wide signal (Ctrl-C to the process group, SIGALRM) to any thread, and when
+that is the loop's thread, Python runs the handler (KeyboardInterrupt) only once the
+main thread next executes bytecode, which one long blocking wait would put off until
+the whole benchmark ended.
 """
 
 from __future__ import annotations
@@ -11,12 +17,17 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from .errors import BridgeTimeout
 
 T = TypeVar("T")
+
+#: The longest the main thread blocks at once while waiting on the loop: how late, at
+#: most, a signal the kernel gave another thread is acted on.
+SIGNAL_SLICE_SECONDS = 0.25
 
 
 class LoopThread:
@@ -40,11 +51,17 @@ class LoopThread:
         ``TimeoutError``) is raised on timeout.
         """
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise BridgeTimeout(timeout) from None
+            while True:
+                left = SIGNAL_SLICE_SECONDS if deadline is None else deadline - time.monotonic()
+                try:
+                    return future.result(max(0.0, min(left, SIGNAL_SLICE_SECONDS)))
+                except concurrent.futures.TimeoutError:
+                    if future.done():  # the coroutine's own TimeoutError, not the wait's
+                        raise
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise BridgeTimeout(timeout) from None
         except BaseException:
             future.cancel()
             raise

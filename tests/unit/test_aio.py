@@ -72,3 +72,42 @@ def test_close_stops_pending_work():
     assert started.wait(10)
     thread.close()
     assert thread.loop.is_closed()
+
+
+SIGNAL_ON_THE_LOOP_THREAD = """
+import asyncio, signal, sys, time
+from pytest_gpubench.aio import LoopThread
+
+thread = LoopThread("probe-loop")
+started = time.monotonic()
+# Ctrl-C to a process group goes to any thread; here, deliberately, to the loop's.
+thread.loop.call_later(0.3, signal.pthread_kill, thread._thread.ident, signal.SIGINT)
+try:
+    thread.run(asyncio.sleep(30), timeout=60)
+except KeyboardInterrupt:
+    print(f"interrupted after {time.monotonic() - started:.2f} s")
+    sys.exit(0)
+print("not interrupted")
+"""
+
+
+def test_ctrl_c_delivered_to_the_loops_thread_still_interrupts_the_waiting_main_thread():
+    """The kernel gives a process-wide SIGINT to any thread. Python runs the handler in the main
+    thread only when it next runs bytecode: one long blocking wait put Ctrl-C off until the
+    benchmark ended (a run under CI load hung for minutes)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", SIGNAL_ON_THE_LOOP_THREAD], capture_output=True, text=True,
+                          timeout=50)
+    assert done.stdout.startswith("interrupted after"), (done.stdout, done.stderr[-2000:])
+    assert float(done.stdout.split()[2]) < 5.0
+
+
+def test_a_coroutines_own_timeout_error_is_raised_as_it_is_not_as_the_bridges(loop_thread):
+    async def gives_up():
+        raise TimeoutError("the server did not answer")
+
+    with pytest.raises(TimeoutError, match="the server did not answer") as caught:
+        loop_thread.run(gives_up(), timeout=10)
+    assert not isinstance(caught.value, BridgeTimeout)
