@@ -60,6 +60,11 @@ def only_result(tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return json.loads(benchmark["result_json"]), json.loads(benchmark["details_json"])
 
 
+#: ``python -c`` this, then the real arguments: SIGINT back to its default, then exec Python with them.
+RESTORE_SIGINT_AND_EXEC = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                           "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+
+
 class PytestRun:
     """``pytest`` as a user runs it, in its own process group, against a standalone sandbox."""
 
@@ -73,7 +78,10 @@ class PytestRun:
         # A run that hangs is sent SIGABRT by finish(): every thread's stack then lands in the output.
         env["PYTHONFAULTHANDLER"] = "1"
         cache_args = ["-o", f"cache_dir={tmp_path / 'cache'}"] if cache else ["-p", "no:cacheprovider"]
-        command = [sys.executable, "-m", "pytest", str(target), *cache_args, "--gpubench-api", url,
+        # Ctrl-C as a terminal delivers it, whatever this process inherited: a shell running CI in the
+        # background starts it with SIGINT ignored, and an ignored signal stays ignored across exec.
+        command = [sys.executable, "-c", RESTORE_SIGINT_AND_EXEC, "-m", "pytest", str(target), *cache_args,
+                   "--gpubench-api", url,
                    "--gpubench-time-scale", "0.02", "--gpubench-progress-interval", "0.5",
                    "--gpubench-reports", str(self.reports), "--gpubench-manifest", str(self.manifest), *args]
         with open(self.output, "w") as out:

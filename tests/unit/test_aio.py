@@ -78,6 +78,8 @@ SIGNAL_ON_THE_LOOP_THREAD = """
 import asyncio, signal, sys, time
 from pytest_gpubench.aio import LoopThread
 
+# Python's own Ctrl-C handler, also when this process was started with SIGINT ignored (CI in the background).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 thread = LoopThread("probe-loop")
 started = time.monotonic()
 # Ctrl-C to a process group goes to any thread; here, deliberately, to the loop's.
