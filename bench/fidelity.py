@@ -25,7 +25,9 @@ the CPU a do-nothing select+recv loop spends per wake-up on this machine. A
 missed target is printed against the truth as it is, with the reason.
 
 Figures: tokens/s is the mean per-request decode rate, (n - 1) / (last token -
-first token); TTFT p50 is from send to the first token; ITL p50 is over every
+first token); TTFT p50 is from send to the first token, judged over the requests sent
+after the opening burst of ``concurrency`` requests (which also wait for the stand-in to
+accept and parse them all; the p50 of every request is printed beside it); ITL p50 is over every
 gap between consecutive tokens; delivered concurrency is the time-weighted mean
 of requests in flight (sent, final chunk not yet received) over the run; CPU is
 the client process's own CPU time over the measured run per 1,000 output tokens.
