@@ -30,13 +30,15 @@ class Constraints:
     max_price: float | None = None
     #: A running endpoint the cell declares (``runtime: openai``): its offer is this server, not a rental.
     endpoint: EndpointSpec | None = None
+    #: GPUs the offer (or host) must give the cell on one machine.
+    gpu_count: int = 1
 
     @classmethod
     def for_cell(cls, cell: Cell) -> Constraints:
         """What ``cell``'s matrix entry asks of an offer."""
         return cls(gpu=cell.gpu, provider=cell.provider, vram_gb=cell.vram_gb,
                    min_confidence=cell.offer.min_availability_confidence, max_price=cell.offer.max_price,
-                   endpoint=cell.endpoint)
+                   endpoint=cell.endpoint, gpu_count=cell.gpus)
 
 
 def select_offer(offers: Iterable[Offer], wanted: Constraints) -> tuple[Offer, list[Offer]]:

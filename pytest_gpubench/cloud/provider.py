@@ -66,6 +66,9 @@ class SshDetails(BaseModel):
     #: No SSH: the session's commands run on this machine (``remote/local.py``'s ``LocalShell``),
     #: for a provider that rents nothing (a running endpoint, this machine).
     local: bool = False
+    #: The machine's GPUs (nvidia-smi indices) the cell may use; empty: all of them. A provider
+    #: of shared machines (``hosts``, ``local``) sets it from the GPUs it leased to the cell.
+    gpu_indices: tuple[int, ...] = ()
 
 
 class Released(BaseModel):

@@ -405,6 +405,8 @@ class Cell(BaseModel):
     workload: Workload
     offer: OfferConstraints
     vram_gb: int
+    #: GPUs the cell runs on, all on one machine (``gpus:``); the runtime spans them.
+    gpus: int = 1
     #: The model server (a name in ``runtimes/registry.py``).
     runtime: str = DEFAULT_RUNTIME
     ollama_install: str | None = None

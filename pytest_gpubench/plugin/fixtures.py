@@ -243,7 +243,8 @@ def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_c
         elif lease is not None and lease.hardware is not None:
             recorder.hardware = lease.hardware
         else:
-            recorder.hardware = run_async(probe_system(conn, gpubench_cell.gpu, timeout),
+            recorder.hardware = run_async(probe_system(conn, gpubench_cell.gpu, timeout, gpu_count=gpubench_cell.gpus,
+                                                       gpu_indices=gpu_session.ssh.gpu_indices),
                                           timeout * 3 + BRIDGE_SLACK)
             if lease is not None:
                 lease.hardware = recorder.hardware

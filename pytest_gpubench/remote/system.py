@@ -24,8 +24,13 @@ async def compute_capability(conn: Connection, timeout: float) -> str:
     return lines[0].strip() if lines and lines[0].strip()[:1].isdigit() else ""
 
 
-async def probe_system(conn: Connection, expected_gpu: str, timeout: float) -> HardwareInfo:
-    """Describe the machine; fail at ``ssh_connect`` if it is not ``expected_gpu``."""
+async def probe_system(conn: Connection, expected_gpu: str, timeout: float, *, gpu_count: int = 1,
+                       gpu_indices: tuple[int, ...] = ()) -> HardwareInfo:
+    """Describe the machine; fail at ``ssh_connect`` if it is not ``expected_gpu``.
+
+    ``gpu_indices``: the GPUs the cell was given (nvidia-smi indices; empty: all of them);
+    there must be ``gpu_count`` of them and each must be ``expected_gpu``.
+    """
     query = await conn.run(
         f"nvidia-smi --query-gpu={GPU_FIELDS} --format=csv,noheader,nounits",
         stage=Stage.SSH_CONNECT, what="nvidia-smi", timeout=timeout, check=False,
@@ -45,12 +50,22 @@ async def probe_system(conn: Connection, expected_gpu: str, timeout: float) -> H
             f"{(query.stderr or query.stdout).strip()[-300:] or 'no output'}",
             hint="the instance has no working NVIDIA driver",
         )
-    gpus = parse_gpu_query_csv(query.stdout, GPU_FIELDS)
-    if not gpus:
+    listed = parse_gpu_query_csv(query.stdout, GPU_FIELDS)
+    if not listed:
         raise StageError(Stage.SSH_CONNECT, "nvidia-smi lists no GPU")
+    missing = [i for i in gpu_indices if not 0 <= i < len(listed)]
+    if missing:
+        raise StageError(Stage.SSH_CONNECT, f"the cell was given GPU(s) {missing} but nvidia-smi lists "
+                                            f"{len(listed)} GPU(s)")
+    gpus = [listed[i] for i in gpu_indices] if gpu_indices else listed
+    if len(gpus) < gpu_count:
+        raise StageError(Stage.SSH_CONNECT, f"expected {gpu_count} x {expected_gpu} but nvidia-smi lists "
+                                            f"{len(gpus)} GPU(s)")
+    for gpu in gpus:
+        name = str(gpu.get("name") or "")
+        if not gpu_name_matches(expected_gpu, name):
+            raise StageError(Stage.SSH_CONNECT, f"expected a {expected_gpu} but nvidia-smi reports {name!r}")
     name = str(gpus[0].get("name") or "")
-    if not gpu_name_matches(expected_gpu, name):
-        raise StageError(Stage.SSH_CONNECT, f"expected a {expected_gpu} but nvidia-smi reports {name!r}")
     xml = await conn.run("nvidia-smi -q -x", stage=Stage.SSH_CONNECT, what="nvidia-smi -q -x",
                          timeout=timeout, check=False)
     cuda = ""
