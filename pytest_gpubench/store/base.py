@@ -24,13 +24,17 @@ holds each one to them):
 * **baselines**: the latest (by run start) ``success`` or ``partial`` of the same
   cell key that has figures, outside the run being compared.
 * **claims**: of two workers claiming one pending cell, exactly one wins.
+* **GPU leases**: of a machine's GPUs, a claim gets ``count`` not held by another lease
+  (released or expired ones are free) or nothing, atomically across processes; a lease
+  renewed before it expires holds on, an expired or released one cannot be renewed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from ..cloud.gpu_lease import GpuLease
 from ..cloud.processes import ProcessIdentity
 from ..errors import Stage
 from ..measure.results import BenchmarkResult, RequestRecord
@@ -188,3 +192,19 @@ class Store(Protocol):
 
         In run ``run_id``, or (``"last"``/None) the most recent run other than ``exclude_run``.
         """
+
+    # ---------------------------------------------------------------- GPU leases
+
+    def claim_gpus(self, machine: str, gpus: Sequence[int], count: int, *, holder: str, ttl: float,
+                   run_id: str | None = None, now: float | None = None) -> GpuLease | None:
+        """Lease ``count`` of ``gpus`` (nvidia-smi indices) of ``machine`` for ``ttl`` seconds,
+        the lowest free ones; None when fewer are free. ``now``: seconds since the epoch (tests)."""
+
+    def renew_gpu_lease(self, lease_id: str, ttl: float, *, now: float | None = None) -> bool:
+        """Hold the lease ``ttl`` seconds from now; False when it was released or had expired."""
+
+    def release_gpu_lease(self, lease_id: str, *, now: float | None = None) -> None:
+        """End the lease (idempotent); an expired one keeps its expiry as its end."""
+
+    def gpu_leases(self, machine: str | None = None, *, active_at: float | None = None) -> list[GpuLease]:
+        """Leases (of ``machine``, or all) oldest first; with ``active_at``, those held then."""

@@ -34,6 +34,7 @@ from typing import Any
 from ..errors import Stage
 from . import record_keys
 from .attempts import AttemptsMixin
+from .gpu_leases import GpuLeasesMixin
 from .result_tables import ResultsMixin
 from .schema import (
     CELL_STATUSES,
@@ -51,7 +52,7 @@ __all__ = ["CELL_STATUSES", "FINAL_STATUSES", "UPLOAD_STATUSES", "Manifest"]
 _GONE_SESSION_STATUSES = ("stopped", "failed", "not_found")
 
 
-class Manifest(ResultsMixin, AttemptsMixin, ManifestStore):
+class Manifest(ResultsMixin, AttemptsMixin, GpuLeasesMixin, ManifestStore):
     """The SQLite manifest at ``path``; one instance per process, shareable by threads.
 
     Opening creates the file, its parent directories and the schema as needed.

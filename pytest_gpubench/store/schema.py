@@ -202,6 +202,28 @@ ATTEMPT_COLUMNS: dict[str, type] = {
     "worker": str,
 }
 
+#: ``gpu_leases`` (store/gpu_leases.py): one row per leased GPU of a shared machine (hosts, local).
+GPU_LEASES_TABLE = "gpu_leases"
+GPU_LEASE_COLUMNS: dict[str, type] = {
+    "lease_id": str,
+    "machine": str,
+    "gpu_index": int,
+    "holder": str,
+    "run_id": str,
+    "acquired_at": float,  # seconds since the epoch
+    "expires_at": float,  # renewed by the holder's heartbeat
+    "released_at": float,
+}
+
+
+def create_gpu_leases_table(db: sqlite_utils.Database) -> None:
+    """The GPU leases table and its index, when missing."""
+    db[GPU_LEASES_TABLE].create(GPU_LEASE_COLUMNS, pk=("lease_id", "gpu_index"),
+                                not_null={"lease_id", "machine", "gpu_index", "holder", "acquired_at",
+                                          "expires_at"}, if_not_exists=True)
+    db.table(GPU_LEASES_TABLE).create_index(["machine"], index_name=f"idx_{GPU_LEASES_TABLE}_machine",
+                                            if_not_exists=True)
+
 
 def create_schema(db: sqlite_utils.Database, path: object = "") -> None:
     """Create the tables and indexes that are missing, and bring an older file up to
@@ -277,5 +299,6 @@ def create_schema(db: sqlite_utils.Database, path: object = "") -> None:
         db.table(name).create_index(
             [column], index_name=f"idx_{name}_{column}", if_not_exists=True
         )
+    create_gpu_leases_table(db)
     fill_in(db, version)
     set_version(db)

@@ -10,10 +10,11 @@ its typed face: it turns rows into :mod:`.records` and back. Wrap an open manife
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..cloud.gpu_lease import GpuLease
 from ..cloud.processes import ProcessIdentity
 from ..errors import Stage
 from ..measure.results import BenchmarkResult, PerformanceResults, RequestRecord
@@ -198,6 +199,22 @@ class SqliteStore:
 
 
 # ----------------------------------------------------------------- rows -> records
+
+    # ---------------------------------------------------------------- GPU leases
+
+    def claim_gpus(self, machine: str, gpus: Sequence[int], count: int, *, holder: str, ttl: float,
+                   run_id: str | None = None, now: float | None = None) -> GpuLease | None:
+        return self.manifest.claim_gpus(machine, gpus, count, holder=holder, ttl=ttl, run_id=run_id, now=now)
+
+    def renew_gpu_lease(self, lease_id: str, ttl: float, *, now: float | None = None) -> bool:
+        return self.manifest.renew_gpu_lease(lease_id, ttl, now=now)
+
+    def release_gpu_lease(self, lease_id: str, *, now: float | None = None) -> None:
+        self.manifest.release_gpu_lease(lease_id, now=now)
+
+    def gpu_leases(self, machine: str | None = None, *, active_at: float | None = None) -> list[GpuLease]:
+        return self.manifest.gpu_leases(machine, active_at=active_at)
+
 
 
 def _present(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -447,3 +447,64 @@ def test_sqlite_a_baseline_s_figures_compare_as_the_manifest_s_row_did(tmp_path)
         typed = compare(current, store.baseline(CELL, exclude_run="now").figures())
         assert typed == raw
         assert {c.metric: c.baseline for c in typed.changes}["tps"] == 60.0  # the fallback: decode tok/s
+
+
+# ----------------------------------------------------------------- GPU leases
+
+
+def test_a_gpu_lease_takes_the_lowest_free_gpus_and_none_is_held_twice(store):
+    first = store.claim_gpus("lab1", [0, 1, 2], 2, holder="run-1/gw0", ttl=60, run_id=RUN, now=1000.0)
+    assert first is not None and first.gpu_indices == (0, 1) and first.machine == "lab1"
+    assert first.acquired_at == 1000.0 and first.expires_at == 1060.0 and first.run_id == RUN
+    assert store.claim_gpus("lab1", [0, 1, 2], 2, holder="run-1/gw1", ttl=60, now=1001.0) is None
+    second = store.claim_gpus("lab1", [0, 1, 2], 1, holder="run-1/gw1", ttl=60, now=1001.0)
+    assert second is not None and second.gpu_indices == (2,)
+    # Another machine's GPU 0 is another GPU.
+    assert store.claim_gpus("lab2", [0], 1, holder="run-1/gw1", ttl=60, now=1001.0).gpu_indices == (0,)
+    held = store.gpu_leases("lab1", active_at=1002.0)
+    assert [lease.lease_id for lease in held] == [first.lease_id, second.lease_id]
+    with pytest.raises(ValueError):
+        store.claim_gpus("lab1", [0], 0, holder="x", ttl=60)
+
+
+def test_a_released_gpu_lease_frees_its_gpus_and_cannot_be_renewed(store):
+    lease = store.claim_gpus("lab1", [0], 1, holder="a", ttl=60, now=1000.0)
+    store.release_gpu_lease(lease.lease_id, now=1010.0)
+    store.release_gpu_lease(lease.lease_id, now=1020.0)  # idempotent: the first release is its end
+    (ended,) = store.gpu_leases("lab1")
+    assert ended.released_at == 1010.0 and not ended.active(1011.0)
+    assert not store.renew_gpu_lease(lease.lease_id, 60, now=1011.0)
+    assert store.claim_gpus("lab1", [0], 1, holder="b", ttl=60, now=1011.0) is not None
+
+
+def test_a_gpu_lease_expires_unless_renewed(store):
+    lease = store.claim_gpus("lab1", [0], 1, holder="a", ttl=30, now=1000.0)
+    assert store.renew_gpu_lease(lease.lease_id, 30, now=1020.0)  # the heartbeat: held until 1050
+    assert store.claim_gpus("lab1", [0], 1, holder="b", ttl=30, now=1040.0) is None
+    # Not renewed again: a dead run's lease ends by itself.
+    taken = store.claim_gpus("lab1", [0], 1, holder="b", ttl=30, now=1051.0)
+    assert taken is not None and taken.gpu_indices == (0,)
+    assert not store.renew_gpu_lease(lease.lease_id, 30, now=1052.0)  # expired: its GPU is another's now
+    store.release_gpu_lease(lease.lease_id, now=1060.0)
+    old = next(found for found in store.gpu_leases("lab1") if found.lease_id == lease.lease_id)
+    assert old.ended_at == 1050.0  # it stopped holding at its expiry, not at the late release
+
+
+def test_stores_racing_for_one_gpu_one_wins(store, opener):
+    others = [opener() for _ in range(4)]
+    start = threading.Barrier(len(others))
+    leases = []
+
+    def race(other: Store, worker: str) -> None:
+        start.wait(timeout=30)
+        leases.append(other.claim_gpus("lab1", [0], 1, holder=worker, ttl=60))
+
+    threads = [threading.Thread(target=race, args=(other, f"gw{i}")) for i, other in enumerate(others)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(leases) == len(others)
+    won = [lease for lease in leases if lease is not None]
+    assert len(won) == 1
+    assert [lease.holder for lease in store.gpu_leases("lab1")] == [won[0].holder]
