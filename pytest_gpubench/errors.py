@@ -6,6 +6,7 @@
     ├── UsageProblem              bad options or environment (-> pytest.UsageError)
     │   └── ManifestTooNew        a manifest written by a newer pytest-gpubench
     ├── MatrixError               a matrix file that does not validate (file, field, message)
+    │   └── InventoryError        a hosts inventory (hosts.yaml) that does not validate
     ├── ApiUnreachable            nothing answers at the GPU Shopper URL: the run stops
     ├── BridgeTimeout             a call through the event-loop bridge ran out of time
     │                             (also a TimeoutError; reported at the cell's current stage)
@@ -83,6 +84,10 @@ class MatrixError(GpubenchError):
         self.path = path
         self.field = field
         super().__init__(f"{path}: {field}: {message}" if field else f"{path}: {message}")
+
+
+class InventoryError(MatrixError):
+    """A hosts inventory (``hosts.yaml``) that cannot be used; names the file and the field."""
 
 
 class ApiUnreachable(GpubenchError):

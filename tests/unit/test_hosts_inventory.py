@@ -1,0 +1,70 @@
+"""hosts.yaml: what the ``hosts`` provider reads, and the errors a bad file gets (file, field, allowed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_gpubench.cloud.hosts_inventory import load_inventory
+from pytest_gpubench.errors import InventoryError
+
+
+def write(tmp_path, text: str):
+    (tmp_path / "id_test").write_text("KEY")
+    path = tmp_path / "hosts.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_an_inventory_reads_with_its_defaults_and_paths_relative_to_it(tmp_path):
+    path = write(tmp_path, """
+hosts:
+  lab1:
+    address: 10.0.0.5
+    port: 2222
+    user: bench
+    key_file: id_test
+    gpu: RTX 4090
+    gpus: 2
+    price_per_hour: 0.4
+    tags: [lab, ada]
+    keep_models: false
+    known_hosts: kh
+  lab2: {address: lab2.example, agent: true, gpu: A100 80GB}
+local: {price_per_hour: 0.1}
+""")
+    inventory = load_inventory(path)
+    lab1, lab2 = inventory.hosts["lab1"], inventory.hosts["lab2"]
+    assert (lab1.name, lab1.port, lab1.user, lab1.gpus, lab1.price_per_hour) == ("lab1", 2222, "bench", 2, 0.4)
+    assert lab1.key_file == str((tmp_path / "id_test").resolve()) and lab1.private_key() == "KEY"
+    assert lab1.known_hosts == str((tmp_path / "kh").resolve()) and not lab1.keep_models
+    assert (lab2.port, lab2.user, lab2.gpus, lab2.price_per_hour, lab2.keep_models) == (22, "root", 1, 0.0, True)
+    assert lab2.agent and lab2.private_key() == ""
+    assert inventory.local.price_per_hour == 0.1
+    assert lab1.matches("hosts") and lab1.matches("lab1") and lab1.matches("ADA") and not lab1.matches("lab2")
+
+
+@pytest.mark.parametrize(("text", "field", "words"), [
+    ("hosts: {lab1: {address: a, key_file: id_test, gpu: T4, gpus: 0}}", "hosts.lab1.gpus", "from 1 to 64"),
+    ("hosts: {lab1: {address: a, key_file: id_test, gpu: T4, port: 70000}}", "hosts.lab1.port", "from 1 to 65535"),
+    ("hosts: {lab1: {address: a, gpu: T4}}", "hosts.lab1", "needs `key_file: PATH`"),
+    ("hosts: {lab1: {address: a, key_file: id_test, agent: true, gpu: T4}}", "hosts.lab1", "not both"),
+    ("hosts: {lab1: {address: a, key_file: nope, gpu: T4}}", "hosts.lab1.key_file", "no such file"),
+    ("hosts: {lab1: {address: a, key_file: id_test, gpu: T4, price_per_hour: -1}}", "hosts.lab1.price_per_hour",
+     "from 0 to 1000"),
+    ("hosts: {lab1: {address: a, key_file: id_test, gpu: T4, colour: red}}", "hosts.lab1",
+     "allowed keys: name, address"),
+    ("hosts: {lab1: {key_file: id_test, gpu: T4}}", "hosts.lab1.address", "required key is missing"),
+    ("hosts: {lab1: {address: a, key_file: id_test, gpu: T4, tags: [a b]}}", "hosts.lab1.tags", "list of tags"),
+])
+def test_a_bad_inventory_names_the_file_the_field_and_what_is_allowed(tmp_path, text, field, words):
+    path = write(tmp_path, text)
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path.resolve()}: {field}") and words in message, message
+    assert "line 1" in message or field == "hosts.lab1.key_file"
+
+
+def test_a_missing_inventory_says_so(tmp_path):
+    with pytest.raises(InventoryError, match="cannot read the hosts inventory"):
+        load_inventory(tmp_path / "nothing.yaml")
