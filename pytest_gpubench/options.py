@@ -177,6 +177,17 @@ OPTIONS: tuple[Option, ...] = (
            type=_positive_float, env="GPUBENCH_TIME_SCALE", metavar="FACTOR"),
     Option("manifest", "--gpubench-manifest", "SQLite manifest path (default <reports dir>/manifest.db)",
            env="GPUBENCH_MANIFEST", metavar="PATH"),
+    Option("hosts", "--gpubench-hosts",
+           "the hosts inventory (hosts.yaml) for `cloud: hosts` and `cloud: local` (overrides the matrix's `hosts:`)",
+           env="GPUBENCH_HOSTS", metavar="FILE"),
+    Option("known_hosts", "--gpubench-known-hosts",
+           "where gpubench pins the SSH host keys of hosts found in no known_hosts file, on first use "
+           "(default ~/.gpubench/known_hosts)",
+           env="GPUBENCH_KNOWN_HOSTS", metavar="FILE"),
+    Option("gpu_lease_ttl", "--gpubench-gpu-lease-ttl",
+           "how long a host's GPU lease lasts unless its run renews it (a dead run's GPUs come free after it), "
+           "e.g. 2m (default 2m, time-scaled in the sandbox)",
+           type=_duration, env="GPUBENCH_GPU_LEASE_TTL", metavar="DURATION"),
     Option("reports", "--gpubench-reports", "directory for progress files and reports (default reports)",
            env="GPUBENCH_REPORTS", metavar="DIR"),
     Option("duration", "--gpubench-duration",

@@ -48,6 +48,12 @@ DEFAULT_OLLAMA_INSTALL = "curl -fsSL https://ollama.com/install.sh | sh"
 MIN_SCALED_TIMEOUT = 15.0
 #: The same for the stall timeout (seconds without a token).
 MIN_STALL_TIMEOUT = 5.0
+#: gpubench's own known_hosts: host keys pinned on first use (a host in no known_hosts file).
+DEFAULT_KNOWN_HOSTS = "~/.gpubench/known_hosts"
+#: A GPU lease lasts this long unless renewed; its heartbeat renews it three times as often.
+DEFAULT_GPU_LEASE_TTL = 120.0
+#: However small the time scale: a busy machine's heartbeat must not lose a lease.
+MIN_GPU_LEASE_SECONDS = 6.0
 #: In the sandbox, a benchmark's scaled duration is never below this (unless the
 #: matrix asks for less): enough for a few requests of most cells.
 MIN_SANDBOX_BENCHMARK = 5.0
@@ -76,6 +82,12 @@ class Settings(BaseModel):
     time_scale: float = 1.0
     manifest: Path = Path("reports/manifest.db")
     reports: Path = Path("reports")
+    #: ``--gpubench-hosts``: the hosts inventory (over the matrix's ``hosts:``).
+    hosts: str | None = None
+    #: Where host keys found in no known_hosts file are pinned on first use.
+    known_hosts: str = DEFAULT_KNOWN_HOSTS
+    #: How long a GPU lease holds unless renewed (seconds, unscaled: see ``gpu_lease_seconds``).
+    gpu_lease_ttl: float = DEFAULT_GPU_LEASE_TTL
     duration: float | None = None
     max_price: float | None = None
     progress_interval: float | None = None
@@ -99,6 +111,11 @@ class Settings(BaseModel):
     compare_fail: str | None = None
     upload: bool = False
     columns: tuple[str, ...] | None = None  # --gpubench-columns; None: the summary table's default
+
+    @property
+    def gpu_lease_seconds(self) -> float:
+        """A GPU lease's time to live on the run's clock (scaled in the sandbox, never below a few seconds)."""
+        return self.scaled(self.gpu_lease_ttl, MIN_GPU_LEASE_SECONDS)
 
     @property
     def progress_dir(self) -> Path:

@@ -88,6 +88,7 @@ from .selection import (  # noqa: F401 - re-exported: the matrix module is where
     split_tag,
 )
 from .launch import LaunchSpec, launch_problem, resolved
+from .machines import KEPT_MACHINES, hosts_file
 from .prototype import Prototype
 from . import endpoint as endpoint_fields
 from .endpoint import (ENDPOINT_CLOUD, ENDPOINT_KEYS, ENDPOINT_PROVIDER, ENDPOINT_RUNTIME, EndpointPrice,
@@ -319,6 +320,13 @@ class MatrixSpec(_Strict):
     thresholds: Thresholds = Thresholds()
     reuse: Reuse = "group"
     cloud: str = DEFAULT_CLOUD
+    #: The hosts inventory for ``cloud: hosts`` / ``local`` (matrix/machines.py), relative to this file.
+    hosts: str | None = None
+
+    @field_validator("hosts", mode="before")
+    @classmethod
+    def _hosts(cls, value: Any, info: ValidationInfo) -> Any:
+        return hosts_file(value, Path((info.context or {}).get("base_dir") or "."))
 
     @field_validator("name", mode="before")
     @classmethod
@@ -372,6 +380,7 @@ class Matrix(BaseModel):
     description: str = ""
     source: str
     cloud: str = DEFAULT_CLOUD
+    hosts_file: str | None = None
     workload: Workload
     offer: OfferSpec
     runtime: str = DEFAULT_RUNTIME
@@ -407,6 +416,8 @@ class Cell(BaseModel):
     vram_gb: int
     #: GPUs the cell runs on, all on one machine (``gpus:``); the runtime spans them.
     gpus: int = 1
+    #: The hosts inventory the matrix names (``hosts:``, resolved path); None: none.
+    hosts_file: str | None = None
     #: The model server (a name in ``runtimes/registry.py``).
     runtime: str = DEFAULT_RUNTIME
     ollama_install: str | None = None
@@ -553,6 +564,7 @@ def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -
         description=spec.description or "",
         source=source,
         cloud=spec.cloud,
+        hosts_file=spec.hosts,
         workload=spec.workload,
         offer=spec.offer,
         runtime=spec.runtime.name,
@@ -648,12 +660,15 @@ def _expand(matrix: Matrix) -> list[Cell]:
         cell_launch = resolved(launch, runtime)
         if launch is not None and launch.entrypoint:
             reuse = "cell"  # the image serves one model, started with the session: nothing to share
+        if cloud in KEPT_MACHINES:
+            reuse = "cell"  # a leased GPU, not a rented session: each cell holds only its own GPUs
         bars = {**(matrix.offer.min_availability_confidence or {}),
                 **(row_offer.min_availability_confidence or {})}
         gpu_key = normalize_gpu(row.gpu)
         seams = seam_suffix(runtime, cloud, entrypoint=cell_launch is not None and cell_launch.entrypoint)
         row_cells = Prototype(Cell, dict(
-            gpu=row.gpu, runtime=runtime, cloud=cloud, ollama_install=install, matrix_name=matrix.name,
+            gpu=row.gpu, runtime=runtime, cloud=cloud, hosts_file=matrix.hosts_file, ollama_install=install,
+            matrix_name=matrix.name,
             runtime_args=runtime_args, runtime_port=runtime_port, endpoint=endpoint, runtime_presets=presets,
             source=matrix.source,
             launch=cell_launch,
