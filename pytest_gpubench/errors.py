@@ -246,17 +246,24 @@ class InstanceLost(StageError):
 
 
 class HostKeyChanged(StageError):
-    """A later connection to a session met another host key than its first one did."""
+    """A later connection to a session met another host key than its first one did, or a
+    host presented another key than its known_hosts entry (``where``: the files checked)."""
 
-    def __init__(self, host: str, port: int, pinned: str) -> None:
-        super().__init__(
-            Stage.SSH_CONNECT,
-            f"the SSH host key of {host}:{port} changed: this session's first connection saw {pinned}, "
-            "now the server presents another key; refusing to connect",
-            hint="the instance was replaced or someone is intercepting the connection; do not reuse it, "
-            "rerun the cell to rent a fresh session",
-        )
+    def __init__(self, host: str, port: int, pinned: str, *, presented: str = "", where: str = "") -> None:
+        now = f"now the server presents {presented}" if presented else "now the server presents another key"
+        if where:
+            message = (f"the SSH host key of {host}:{port} changed: known_hosts ({where}) expects {pinned}, "
+                       f"{now}; refusing to connect")
+            hint = ("the machine was reinstalled or someone is intercepting the connection; if the new key is "
+                    f"right, remove the old entry (ssh-keygen -R '[{host}]:{port}' -f FILE) and run again")
+        else:
+            message = (f"the SSH host key of {host}:{port} changed: this session's first connection saw {pinned}, "
+                       f"{now}; refusing to connect")
+            hint = ("the instance was replaced or someone is intercepting the connection; do not reuse it, "
+                    "rerun the cell to rent a fresh session")
+        super().__init__(Stage.SSH_CONNECT, message, hint=hint)
         self.pinned = pinned
+        self.presented = presented
 
 
 class ThresholdMissed(StageError):

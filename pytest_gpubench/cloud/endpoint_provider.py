@@ -71,7 +71,8 @@ class EndpointProvider:
         return await self.get_session(session_id, Stage.SSH_WAIT)
 
     def ssh_details(self, created: CreatedSession, running: Session) -> SshDetails:
-        return SshDetails(host=running.ssh_host or "localhost", port=0, user="", private_key="", local=True)
+        return SshDetails(host=running.ssh_host or "localhost", port=0, user="", private_key="", local=True,
+                          declared_hardware=True)
 
     async def get_session(self, session_id: str, stage: Stage = Stage.SSH_WAIT) -> Session:
         session = self._sessions.get(session_id)

@@ -69,6 +69,19 @@ class SshDetails(BaseModel):
     #: The machine's GPUs (nvidia-smi indices) the cell may use; empty: all of them. A provider
     #: of shared machines (``hosts``, ``local``) sets it from the GPUs it leased to the cell.
     gpu_indices: tuple[int, ...] = ()
+    #: The GPU is the one the matrix declares, not probed (a running endpoint: this machine's
+    #: GPU, if any, is not the one measured); False: ``gpu_ssh`` asks nvidia-smi, also on ``local``.
+    declared_hardware: bool = False
+    #: Authenticate with the running ssh-agent (``SSH_AUTH_SOCK``) instead of ``private_key``.
+    agent: bool = False
+    #: known_hosts files the host key is checked against, in order (``remote/known_hosts.py``);
+    #: empty: a rented instance, whose key is pinned per session on first use.
+    known_hosts: tuple[str, ...] = ()
+    #: Where a host key found in none of ``known_hosts`` is pinned on first use ("": nowhere).
+    pin_file: str = ""
+    #: Models a cell pulls stay on the machine (a cache); False: a machine the run does not own
+    #: (``hosts: keep_models: false``) gets the ones it pulled removed after the cell.
+    keep_models: bool = True
 
 
 class Released(BaseModel):

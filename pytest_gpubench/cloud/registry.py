@@ -11,15 +11,21 @@ for free.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import MatrixError
 from ..matrix.cells import DEFAULT_CLOUD, Cell
 from ..matrix.endpoint import ENDPOINT_CLOUD
+from ..matrix.machines import HOSTS_CLOUD, LOCAL_CLOUD
 from ..settings import Settings
 
 if TYPE_CHECKING:
+    from ..store.base import Store
     from .provider import Provider
+
+#: Opens (or returns) the run's store, when a provider first needs it.
+StoreOpener = Callable[[], "Store"]
 
 
 class ProviderFactory(Protocol):
@@ -27,13 +33,16 @@ class ProviderFactory(Protocol):
 
     ``fixed_offers``: the provider reads its offers once and answers every later
     :meth:`~.provider.Provider.choose_offer` from that reading (``gpubench plan``
-    prices all its cells against one snapshot of the inventory).
+    prices all its cells against one snapshot of the inventory). ``store``: opens the run's
+    store, for providers that lease GPUs through it (``hosts``, ``local``); None where a
+    command has none (they then list offers but cannot lease).
     """
 
-    def __call__(self, settings: Settings, *, fixed_offers: bool = False) -> Provider: ...
+    def __call__(self, settings: Settings, *, fixed_offers: bool = False,
+                 store: StoreOpener | None = None) -> Provider: ...
 
 
-def _shopper(settings: Settings, *, fixed_offers: bool = False) -> Provider:
+def _shopper(settings: Settings, *, fixed_offers: bool = False, store: StoreOpener | None = None) -> Provider:
     # Imported when a provider is built, not when a matrix is collected: collection
     # stays free of httpx (a good citizen, DESIGN.md decision 11).
     from .shopper_provider import ShopperProvider
@@ -41,22 +50,37 @@ def _shopper(settings: Settings, *, fixed_offers: bool = False) -> Provider:
     return ShopperProvider.from_settings(settings, fixed_offers=fixed_offers)
 
 
-def _endpoint(settings: Settings, *, fixed_offers: bool = False) -> Provider:
+def _endpoint(settings: Settings, *, fixed_offers: bool = False, store: StoreOpener | None = None) -> Provider:
     from .endpoint_provider import EndpointProvider
 
     return EndpointProvider()
+
+
+def _hosts(settings: Settings, *, fixed_offers: bool = False, store: StoreOpener | None = None) -> Provider:
+    from .hosts_provider import HostsProvider
+
+    return HostsProvider(settings, store)
+
+
+def _local(settings: Settings, *, fixed_offers: bool = False, store: StoreOpener | None = None) -> Provider:
+    from .hosts_provider import LocalProvider
+
+    return LocalProvider(settings, store)
 
 
 #: ``cloud:`` name -> how to build that provider for a run's settings.
 PROVIDERS: dict[str, ProviderFactory] = {
     DEFAULT_CLOUD: _shopper,
     ENDPOINT_CLOUD: _endpoint,
+    HOSTS_CLOUD: _hosts,
+    LOCAL_CLOUD: _local,
 }
 #: Providers that rent nothing (no inventory, no SSH): the contract suite's rental tests do not apply.
 RENTING_NOTHING: frozenset[str] = frozenset({ENDPOINT_CLOUD})
 
 
-def build_provider(cloud: str, settings: Settings, *, fixed_offers: bool = False) -> Provider:
+def build_provider(cloud: str, settings: Settings, *, fixed_offers: bool = False,
+                   store: StoreOpener | None = None) -> Provider:
     """The provider named ``cloud`` for ``settings``; a ``KeyError`` naming the known ones otherwise.
 
     ``fixed_offers``: choose every offer from one reading of the inventory (:class:`ProviderFactory`).
@@ -65,7 +89,7 @@ def build_provider(cloud: str, settings: Settings, *, fixed_offers: bool = False
         factory = PROVIDERS[cloud]
     except KeyError:
         raise KeyError(f"unknown cloud {cloud!r}; known clouds: {', '.join(PROVIDERS)}") from None
-    return factory(settings, fixed_offers=fixed_offers)
+    return factory(settings, fixed_offers=fixed_offers, store=store)
 
 
 def check_clouds(cells: list[Cell]) -> None:

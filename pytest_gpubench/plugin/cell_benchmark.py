@@ -27,6 +27,7 @@ from ..measure.repeats import Measurement, details_of, enough_runs, measure_once
 from ..cloud.provider import OfferChoice, SshDetails
 from .cell_sweep import SweepRun
 from .record import CellRecorder, progress_path
+from ..remote.known_hosts import connect_checked
 from ..remote.local import LocalShell
 from ..remote.ssh import Connection, KeyFile
 from ..remote.system import compute_capability
@@ -62,19 +63,25 @@ class GpuSession:
     image: str | None = None
 
 
-def connect(run: RunContext, session: GpuSession, timeout: float) -> Awaitable[Connection]:
-    """An SSH connection to ``session`` with the provider's details; its host key is pinned by
-    the first connection, and a later one that meets another key fails. A session without SSH
-    (``SshDetails.local``) gets a :class:`LocalShell` on this machine instead."""
+def connect(run: RunContext, session: GpuSession, timeout: float,
+            on_pinned: Callable[[str, Path], None] | None = None) -> Awaitable[Connection]:
+    """An SSH connection to ``session`` with the provider's details. A rented session's host key
+    is pinned by its first connection, and a later one that meets another key fails; a host
+    with ``known_hosts`` is checked against them, or pinned into gpubench's file on first use
+    (``on_pinned`` is told). A session without SSH (``SshDetails.local``) gets a
+    :class:`LocalShell` on this machine instead."""
     ssh = session.ssh
     if ssh.local:
-        return _local_shell()
+        return _local_shell(hide_gpu=ssh.declared_hardware)
+    if ssh.known_hosts or ssh.pin_file:
+        return connect_checked(ssh.host, ssh.port, ssh.user, ssh.private_key, known_hosts=ssh.known_hosts,
+                               pin_file=ssh.pin_file, timeout=timeout, agent=ssh.agent, on_pinned=on_pinned)
     return run.host_keys.connect(session.session.id, ssh.host, ssh.port, ssh.user, ssh.private_key, timeout=timeout)
 
 
-async def _local_shell() -> Connection:
-    # The GPU of a session without SSH is the declared one: this machine's must not be sampled.
-    return LocalShell.open(hide_gpu=True)  # type: ignore[return-value]  # Connection's interface
+async def _local_shell(*, hide_gpu: bool) -> Connection:
+    # A session whose GPU is declared (a running endpoint): this machine's must not be sampled.
+    return LocalShell.open(hide_gpu=hide_gpu)  # type: ignore[return-value]  # Connection's interface
 
 
 async def watched(run: RunContext, session: GpuSession, stage: Stage,

@@ -10,9 +10,11 @@ happened; ``pytest --fixtures`` documents them.
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,9 @@ from ..cloud.budget import exhausted, spend_of
 from .cell_benchmark import BRIDGE_SLACK, Bench, GpuSession, connect, upload_now, watched
 from ..errors import BudgetRefused, NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell
+from ..matrix.machines import KEPT_MACHINES
+from .hints import HostKeyPinnedWarning
+from ..runtimes.leave_as_found import has_model, leave_as_found
 from ..cloud.offers import Constraints
 from .outcome import outcome_of
 from ..cloud.provider import OfferChoice
@@ -230,7 +235,8 @@ def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_c
     settings, recorder = gpubench_run.settings, gpubench_recorder
     recorder.enter(Stage.SSH_CONNECT)
     timeout = settings.stage_timeout(Stage.SSH_CONNECT)
-    conn = run_async(connect(gpubench_run, gpu_session, timeout), timeout + BRIDGE_SLACK)
+    conn = run_async(connect(gpubench_run, gpu_session, timeout, on_pinned=host_key_pinned(recorder)),
+                     timeout + BRIDGE_SLACK)
     try:
         recorder.store.update_cell(recorder.row_id, host_key_fingerprint=conn.host_key_fingerprint)
         check = run_async(conn.run("echo gpubench-ssh-ok", stage=Stage.SSH_CONNECT,
@@ -238,7 +244,7 @@ def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_c
         if "gpubench-ssh-ok" not in check.stdout:
             raise StageError(Stage.SSH_CONNECT, "the SSH connectivity check printed nothing")
         lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
-        if gpu_session.ssh.local:  # no SSH, nothing to probe (a running endpoint): the matrix's GPU
+        if gpu_session.ssh.declared_hardware:  # nothing to probe (a running endpoint): the matrix's GPU
             recorder.hardware = HardwareInfo(gpu_name=gpubench_cell.gpu, gpu_count=1)
         elif lease is not None and lease.hardware is not None:
             recorder.hardware = lease.hardware
@@ -251,15 +257,32 @@ def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_c
         recorder.progress.status("SYSTEM_INFO", gpu=recorder.hardware.gpu_name,
                                  memory_mib=recorder.hardware.gpu_memory_mib,
                                  driver=recorder.hardware.driver_version, cuda=recorder.hardware.cuda_version,
-                                 **({"declared": True} if gpu_session.ssh.local else {}))
+                                 **({"declared": True} if gpu_session.ssh.declared_hardware else {}))
         yield conn
     finally:
         run_async(conn.close(), 15)
 
 
+def host_key_pinned(recorder: CellRecorder):
+    """Say plainly that a host's key was trusted on first use: a progress line and a warning."""
+
+    def said(fingerprint: str, pin_file: Path) -> None:
+        recorder.progress.status("HOST_KEY_PINNED", fingerprint=fingerprint, known_hosts=str(pin_file))
+        warnings.warn(HostKeyPinnedWarning(
+            f"{recorder.record_key}: the SSH host key of {gpu_host(recorder)} was in no known_hosts file; "
+            f"trusted on first use and pinned ({fingerprint}) in {pin_file}: later runs refuse another key"))
+
+    return said
+
+
+def gpu_host(recorder: CellRecorder) -> str:
+    cell = recorder.store.cell(recorder.row_id)
+    return f"{cell.instance_ip}:{cell.ssh_port}" if cell is not None and cell.instance_ip else "the host"
+
+
 @pytest.fixture
 def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_cell: Cell,
-                gpubench_recorder: CellRecorder, gpu_session: GpuSession, gpu_ssh: Connection) -> Runtime:
+                gpubench_recorder: CellRecorder, gpu_session: GpuSession, gpu_ssh: Connection) -> Iterator[Runtime]:
     """Stages ``ollama_install`` and ``model_pull``: the cell's runtime serving its model, warm.
 
     The runtime is the one the cell's ``runtime:`` names (default ``ollama``), built
@@ -269,6 +292,10 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
     the cell (stage ``model_pull``) before anything is installed or pulled. While the
     model is pulled the session is watched through the API: an instance the
     provider stops ends the stage at once, with the API's reason.
+
+    On a machine the run does not own (``cloud: hosts``, ``local``), teardown leaves it as
+    found: a server started here is stopped, a pulled model removed when the inventory says
+    ``keep_models: false`` (``runtimes/leave_as_found.py``).
     """
     settings, recorder, cell = gpubench_run.settings, gpubench_recorder, gpubench_cell
     # Keepalives on the run's clock: a link that went silent is noticed in seconds in the sandbox too.
@@ -302,9 +329,14 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
     recorder.enter(Stage.MODEL_PULL)
     timeout = settings.stage_timeout(Stage.MODEL_PULL)
 
+    kept_machine = cell.cloud in KEPT_MACHINES
+    pulled_here = {"model": False}
+
     async def pull_and_warm_up() -> float:
         if lease is not None and lease.models:  # a reused session: earlier cells' models are there
             await make_room(runtime, lease, cell, recorder.progress.status, min(timeout, 60.0))
+        if kept_machine and not gpu_session.ssh.keep_models:
+            pulled_here["model"] = not await has_model(runtime, cell.model)
         await runtime.pull(cell.model, timeout, _pull_reporter(recorder))
         recorder.pulled = await asyncio.wait_for(runtime.model_info(cell.model), 30)
         # The model the previous cell ran is still loaded: its load is no cold start.
@@ -315,7 +347,24 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
     if lease is not None:
         note_model(lease, runtime, cell.model)
     recorder.progress.status("MODEL_READY", model=cell.model, load_s=round(load, 2))
-    return runtime
+    try:
+        yield runtime
+    finally:
+        if kept_machine and (lease is None or request.node.stash.get(NEXT_GROUP_KEY, None) != lease.group):
+            _leave_as_found(gpubench_run, recorder, runtime, cell.model, pulled_here["model"])
+
+
+def _leave_as_found(run: RunContext, recorder: CellRecorder, runtime: Runtime, model: str, remove: bool) -> None:
+    """Stage ``cleanup`` on a machine the run does not own; never raises (it reports)."""
+    timeout = run.settings.stage_timeout(Stage.CLEANUP)
+    try:
+        done = run_async(leave_as_found(runtime, model, remove_model=remove, timeout=timeout),
+                         2 * timeout + BRIDGE_SLACK)
+        if done:
+            recorder.progress.status("LEFT_AS_FOUND", done="; ".join(done))
+    except Exception as exc:  # noqa: BLE001 - the cell's own outcome stands; the leftover is reported
+        recorder.progress.error(Stage.CLEANUP, f"leaving the machine as found failed: {exc}")
+        recorder.cleanup_error = str(exc)
 
 
 #: Parallel requests (Ollama: OLLAMA_NUM_PARALLEL) for a request-rate cell, whose in-flight count is not fixed.

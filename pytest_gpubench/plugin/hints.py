@@ -107,6 +107,10 @@ class UnknownGpuWarning(UserWarning):
     """A matrix names a GPU that neither the seeds nor the sandbox catalog know."""
 
 
+class HostKeyPinnedWarning(UserWarning):
+    """A host's SSH key was in no known_hosts file: trusted on first use and pinned."""
+
+
 def check_gpu_names(cells: Iterable[Any]) -> tuple[list[tuple[Any, str]], list[tuple[Any, str]]]:
     """The matrix cells' GPU names, checked once per name: ``(errors, warnings)``, each a
     list of ``(first cell with that name, "matrix[ROW].gpu: message")``."""

@@ -62,7 +62,7 @@ class RunContext:
             if cloud in self._unreachable:
                 raise self._unreachable[cloud]
             if cloud not in self._providers:
-                provider = build_provider(cloud, self.settings)
+                provider = build_provider(cloud, self.settings, store=lambda: self.store)
                 try:
                     run_async(provider.ready(), timeout=60)
                 except ApiUnreachable as exc:

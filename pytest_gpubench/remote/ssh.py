@@ -131,16 +131,21 @@ class Connection:
         timeout: float,
         keepalive_interval: float = KEEPALIVE_INTERVAL,
         host_key: asyncssh.SSHKey | None = None,
+        host_keys: list[asyncssh.SSHKey] | None = None,
+        agent_path: str | None = None,
     ) -> Connection:
         """Connect with the session key; failures become ``ssh_connect`` errors.
 
         With ``host_key``, the server must present exactly that key: anything else
         is refused during the key exchange, before the client authenticates.
         Without it any host key is accepted (a fresh instance has no known one);
-        :class:`HostKeyPins` remembers the first one per session.
+        :class:`HostKeyPins` remembers the first one per session. ``host_keys``: any of them
+        (a host's known_hosts entries). ``agent_path``: authenticate with that ssh-agent
+        (``key_pem`` may then be empty).
         """
+        trusted = host_keys or ([host_key] if host_key is not None else None)
         try:
-            key = asyncssh.import_private_key(key_pem)
+            key = asyncssh.import_private_key(key_pem) if key_pem or agent_path is None else None
         except (asyncssh.KeyImportError, ValueError) as exc:
             # The exception text never quotes the key; keep it that way.
             raise StageError(Stage.SSH_CONNECT, f"the session's private key is unusable: {exc}") from None
@@ -150,10 +155,10 @@ class Connection:
                     host,
                     port,
                     username=user,
-                    client_keys=[key],
+                    client_keys=[key] if key is not None else None,
                     # (trusted host keys, trusted CA keys, revoked keys), or no check at all.
-                    known_hosts=None if host_key is None else ([host_key], [], []),
-                    agent_path=None,
+                    known_hosts=None if trusted is None else (trusted, [], []),
+                    agent_path=agent_path,
                     config=(),
                     keepalive_interval=keepalive_interval,
                     keepalive_count_max=KEEPALIVE_COUNT_MAX,
@@ -162,10 +167,10 @@ class Connection:
                 timeout,
             )
         except (asyncssh.HostKeyNotVerifiable, asyncssh.KeyExchangeFailed) as exc:
-            if host_key is None:
+            if trusted is None:
                 raise StageError(Stage.SSH_CONNECT, f"cannot open SSH to {user}@{host}:{port}: {exc}") from None
             # A server without the pinned key's algorithm fails the key exchange instead.
-            raise HostKeyChanged(host, port, host_key.get_fingerprint()) from None
+            raise HostKeyChanged(host, port, trusted[0].get_fingerprint()) from None
         except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
             reason = str(exc) or type(exc).__name__
             raise StageError(

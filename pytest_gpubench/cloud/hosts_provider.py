@@ -1,0 +1,356 @@
+"""The ``hosts`` and ``local`` providers: machines a run does not rent but leases GPUs on.
+
+``cloud: hosts`` benchmarks on the machines of an inventory (:mod:`.hosts_inventory`,
+named by the matrix's ``hosts:`` or ``--gpubench-hosts``); ``cloud: local`` on this
+machine, with no SSH (``SshDetails.local``), its GPUs read from its own ``nvidia-smi``.
+Cells go through the same stages, records and reports as rented ones; cost is the
+declared price (the inventory's, 0 by default) for the GPUs the cell holds.
+
+Nothing is created or destroyed: an offer is a machine with enough GPUs of the cell's
+type (a row's ``provider:`` is ``hosts`` for any host, or a host's name or tag to pin it);
+:meth:`create` leases the GPUs through the store (:class:`.gpu_leasing.GpuLeaseKeeper`),
+and the session is ``running`` once it holds them: :meth:`wait_running` waits, with
+progress, while every matching GPU is busy (another cell, worker or run holds it), up to
+the provision timeout. :attr:`SshDetails.gpu_indices` are the leased GPUs. Ollama serves
+one server per machine (on its ``OLLAMA_HOST``), so an Ollama cell leases every GPU of the
+machine: two cells never share one server. Other runtimes start a server of their own on
+a free port, pinned to the cell's GPUs. :meth:`release` ends the lease; the machine stays
+as it was (the cell's teardown stops servers it started, ``plugin/fixtures.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import ApiError, InventoryError, NoEligibleOffer, Stage, StageError
+from ..matrix.launch import LaunchSpec
+from ..matrix.machines import HOSTS_CLOUD, LOCAL_CLOUD
+from ..matrix.selection import gpu_matches
+from ..settings import Settings
+from .gpu_leasing import WAIT_POLL_SECONDS, GpuLeaseKeeper
+from .hosts_inventory import Host, HostsInventory, load_inventory
+from .offers import Constraints
+from .provider import HOLDING_STATUSES, OfferChoice, Released, SshDetails
+from .shopper_client import CreatedSession, Offer, Session
+
+if TYPE_CHECKING:
+    from ..store.base import Store
+
+#: Runtimes that serve from one server per machine (Ollama: its OLLAMA_HOST): a cell of one
+#: leases every GPU of the machine, so no other cell shares (and disturbs) its server.
+ONE_SERVER_PER_MACHINE = frozenset({"ollama"})
+#: ``~/.ssh/known_hosts``: checked after an inventory's own known_hosts file.
+USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
+
+
+#: Words nvidia-smi puts before the model that an inventory's GPU names leave out.
+_VENDOR_WORDS = ("nvidia", "geforce", "tesla", "quadro")
+
+
+def inventory_name(product_name: str) -> str:
+    """nvidia-smi's ``NVIDIA GeForce RTX 4090`` as a matrix names it, ``RTX 4090`` (the probe at
+    ``ssh_connect`` then checks the GPU strictly)."""
+    words = product_name.split()
+    while words and words[0].lower() in _VENDOR_WORDS:
+        words = words[1:]
+    return " ".join(words) or product_name
+
+
+class Machine:
+    """One leasable machine: how to reach it and what it declares."""
+
+    def __init__(self, name: str, key: str, gpu: str, gpus: int, price_per_hour: float, *, host: Host | None = None,
+                 location: str = "") -> None:
+        self.name, self.key, self.gpu, self.gpus = name, key, gpu, gpus
+        self.price_per_hour, self.host, self.location = price_per_hour, host, location
+        self.keep_models = True
+
+
+class _Pending:
+    """A session created for an offer, waiting for (or holding) its GPUs."""
+
+    def __init__(self, session: Session, machine: Machine, count: int) -> None:
+        self.session, self.machine, self.count = session, machine, count
+        self.lease_id: str | None = None
+        self.gpu_indices: tuple[int, ...] = ()
+
+
+class MachineProvider:
+    """What the ``hosts`` and ``local`` providers share: offers from machines, GPU leases, sessions."""
+
+    where = ""
+    cloud = ""
+
+    def __init__(self, settings: Settings, store: Callable[[], Store] | None = None) -> None:
+        self.settings = settings
+        self._store = store
+        self._keeper: GpuLeaseKeeper | None = None
+        self._sessions: dict[str, _Pending] = {}
+        self._numbers = itertools.count(1)
+
+    # ------------------------------------------------------------------ machines
+
+    def machines(self, wanted: Constraints | None) -> list[Machine]:
+        """The machines this provider offers (for a cell's constraints, or all)."""
+        raise NotImplementedError
+
+    def machine_matches(self, machine: Machine, wanted: Constraints) -> bool:
+        """Whether the row's ``provider:`` picks ``machine``."""
+        return True
+
+    def ssh_for(self, machine: Machine, gpu_indices: tuple[int, ...]) -> SshDetails:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ the Provider protocol
+
+    async def ready(self, attempts: int = 10) -> None:
+        return None
+
+    async def offers(self) -> list[Offer]:
+        return [self._offer(machine, machine.gpus, self.cloud) for machine in self.machines(None)]
+
+    def _offer(self, machine: Machine, count: int, provider: str) -> Offer:
+        share = machine.price_per_hour * count / machine.gpus  # the GPUs the cell holds, of the whole machine
+        offer_id = machine.name if count == machine.gpus else f"{machine.name}/gpus={count}"
+        return Offer(id=offer_id, provider=provider, provider_id=machine.name, gpu_type=machine.gpu,
+                     gpu_count=count, price_per_hour=round(share, 6), location=machine.location,
+                     machine_id=machine.name, fetched_at=datetime.now(timezone.utc))
+
+    async def choose_offer(self, wanted: Constraints) -> OfferChoice:
+        machines = self.machines(wanted)
+        candidates = [m for m in machines if self.machine_matches(m, wanted) and gpu_matches(wanted.gpu, m.gpu)]
+        if not candidates:
+            known = ", ".join(f"{m.name} ({m.gpus} x {m.gpu})" for m in machines) or "none"
+            raise NoEligibleOffer(f"no {self.cloud} machine with a {wanted.gpu} for provider {wanted.provider!r} "
+                                  f"(machines: {known})")
+        eligible, too_small, too_dear = [], [], []
+        for machine in candidates:
+            if machine.gpus < wanted.gpu_count:
+                too_small.append(machine.name)
+            elif wanted.max_price is not None and machine.price_per_hour > wanted.max_price:
+                too_dear.append(machine.name)
+            else:
+                eligible.append(machine)
+        if not eligible:
+            parts = [f"{', '.join(too_small)}: fewer than {wanted.gpu_count} GPUs"] if too_small else []
+            parts += [f"{', '.join(too_dear)}: over the price cap of ${wanted.max_price:.2f}/h"] if too_dear else []
+            raise NoEligibleOffer(f"{len(candidates)} {self.cloud} machine(s) with a {wanted.gpu}, none eligible: "
+                                  + "; ".join(parts))
+        free = {m.name: await self._free_gpus(m) for m in eligible}
+        # Free GPUs now first, then the cheapest: cells spread over idle machines rather than queue on one.
+        eligible.sort(key=lambda m: (free[m.name] < wanted.gpu_count, m.price_per_hour, m.name))
+        offers = [self._offer(m, wanted.gpu_count, wanted.provider) for m in eligible]
+        return OfferChoice(offers[0], len(candidates), offers, wanted)
+
+    async def _free_gpus(self, machine: Machine) -> int:
+        if self._store is None:
+            return machine.gpus
+        held = await self.keeper().busy_with(machine.key)
+        return machine.gpus - len({i for lease in held for i in lease.gpu_indices})
+
+    async def template_image(self, hash_id: str) -> str | None:
+        return None
+
+    async def create(self, offer: Offer, consumer: str, hours: int, *, template: str | None = None,
+                     ssh_timeout_minutes: int | None = None, disk_gb: int | None = None,
+                     launch: LaunchSpec | None = None, runtime: str = "", model: str = "") -> CreatedSession:
+        machine = self._machine_of(offer)
+        count = machine.gpus if runtime in ONE_SERVER_PER_MACHINE else offer.gpu_count
+        session = Session(id=f"{self.cloud}-{machine.name}-{next(self._numbers)}-{uuid.uuid4().hex[:6]}",
+                          consumer_id=consumer, provider=offer.provider, gpu_type=machine.gpu, gpu_count=count,
+                          status="pending", ssh_host=machine.location, price_per_hour=offer.price_per_hour,
+                          reservation_hours=hours, created_at=datetime.now(timezone.utc), offer_id=offer.id)
+        pending = self._sessions[session.id] = _Pending(session, machine, count)
+        await self._claim(pending)
+        return CreatedSession(session=session, ssh_private_key="")
+
+    def _machine_of(self, offer: Offer) -> Machine:
+        name = str(offer.machine_id or offer.id.partition("/")[0])
+        for machine in self.machines(None) + self._machines_seen():
+            if machine.name == name:
+                return machine
+        raise StageError(Stage.PROVISION, f"no {self.cloud} machine {name!r} any more")
+
+    def _machines_seen(self) -> list[Machine]:
+        return [pending.machine for pending in self._sessions.values()]
+
+    async def _claim(self, pending: _Pending) -> bool:
+        machine = pending.machine
+        lease = await self.keeper().try_claim(machine.key, list(range(machine.gpus)), pending.count,
+                                              holder=pending.session.consumer_id)
+        if lease is None:
+            return False
+        pending.lease_id, pending.gpu_indices = lease.lease_id, lease.gpu_indices
+        pending.session.status = "running"
+        return True
+
+    async def wait_running(self, session_id: str, on_poll: Callable[[Session, float], None] | None = None,
+                           timeout: float | None = None) -> Session:
+        pending = self._pending(session_id, Stage.PROVISION)
+        bound = self.settings.stage_timeout(Stage.PROVISION)
+        bound = min(bound, timeout) if timeout else bound
+        started = time.monotonic()
+        while pending.session.status == "pending":
+            waited = time.monotonic() - started
+            if waited >= bound:
+                holders = await self.keeper().busy_with(pending.machine.key)
+                held = "; ".join(f"GPU(s) {list(lease.gpu_indices)} by {lease.holder}" for lease in holders)
+                raise StageError(Stage.PROVISION, f"{pending.count} GPU(s) of {self.cloud} machine "
+                                                  f"{pending.machine.name} stayed busy for {waited:.0f} s "
+                                                  f"({held or 'no lease now'})",
+                                 hint="another cell, worker or run holds them; a dead run's lease expires after "
+                                      "--gpubench-gpu-lease-ttl")
+            if on_poll is not None:
+                on_poll(pending.session.model_copy(update={"status": "waiting_for_gpu"}), waited)
+            await asyncio.sleep(min(WAIT_POLL_SECONDS, max(self.settings.gpu_lease_seconds / 6, 0.05)))
+            if pending.session.status == "pending":
+                await self._claim(pending)
+        if pending.session.status != "running":
+            raise StageError(Stage.PROVISION, f"session {session_id} is {pending.session.status}")
+        return pending.session
+
+    def ssh_details(self, created: CreatedSession, running: Session) -> SshDetails:
+        pending = self._pending(running.id, Stage.SSH_CONNECT)
+        return self.ssh_for(pending.machine, pending.gpu_indices)
+
+    async def get_session(self, session_id: str, stage: Stage = Stage.SSH_WAIT) -> Session:
+        pending = self._pending(session_id, stage)
+        if pending.lease_id and pending.session.status == "running" and self.keeper().lost(pending.lease_id):
+            pending.session.status = "failed"  # its GPUs may be another's now: the cell must not go on
+            pending.session.error = self.keeper().lost(pending.lease_id)
+        return pending.session
+
+    def _pending(self, session_id: str, stage: Stage) -> _Pending:
+        pending = self._sessions.get(session_id)
+        if pending is None:
+            raise ApiError(stage, 404, f"no {self.cloud} session {session_id}", call=f"session {session_id}")
+        return pending
+
+    async def owned_sessions(self, consumer: str | None = None) -> list[Session]:
+        return [p.session for p in self._sessions.values()
+                if p.session.status in HOLDING_STATUSES and (consumer is None or p.session.consumer_id == consumer)]
+
+    async def release(self, session_id: str) -> Released:
+        pending = self._sessions.get(session_id)
+        if pending is None:
+            return Released(session_id=session_id, before=None, after=None)
+        before = pending.session.status
+        if pending.lease_id is not None:
+            await self.keeper().release(pending.lease_id)
+        pending.session.status = "stopped"  # the GPUs are free; the machine itself stays as it is
+        return Released(session_id=session_id, before=before, after="stopped")
+
+    async def session_cost(self, session_id: str) -> float | None:
+        return None  # nobody bills it: the declared price and the time held are the cost
+
+    async def aclose(self) -> None:
+        if self._keeper is not None:
+            await self._keeper.release_all()
+        self._sessions.clear()
+
+    def keeper(self) -> GpuLeaseKeeper:
+        if self._keeper is None:
+            if self._store is None:
+                raise StageError(Stage.PROVISION, f"the {self.cloud} provider leases GPUs through the run's store; "
+                                                  "this command has none")
+            self._keeper = GpuLeaseKeeper(self._store, self.settings.gpu_lease_seconds,
+                                          holder_prefix=f"{self.settings.run_id}/", run_id=self.settings.run_id)
+        return self._keeper
+
+
+class HostsProvider(MachineProvider):
+    """``cloud: hosts``: the machines of a hosts inventory, over SSH."""
+
+    where = "hosts"
+    cloud = HOSTS_CLOUD
+
+    def inventory(self, wanted: Constraints | None) -> HostsInventory | None:
+        """The inventory: ``--gpubench-hosts``, else the cell's matrix's ``hosts:``; a bad one is an
+        ``inventory`` stage error naming the file and field."""
+        path = self.settings.hosts or (wanted.hosts_file if wanted is not None else None)
+        if path is None:
+            if wanted is None:
+                return None
+            raise StageError(Stage.INVENTORY, "`cloud: hosts` needs a hosts inventory: `hosts: FILE` in the matrix "
+                                              "or --gpubench-hosts FILE (docs/providers.md)")
+        try:
+            return load_inventory(path)
+        except InventoryError as exc:
+            raise StageError(Stage.INVENTORY, str(exc)) from None
+
+    def machines(self, wanted: Constraints | None) -> list[Machine]:
+        inventory = self.inventory(wanted)
+        if inventory is None:
+            return []
+        return [Machine(host.name, f"{host.address}:{host.port}", host.gpu, host.gpus, host.price_per_hour,
+                        host=host, location=host.address) for host in inventory.hosts.values()]
+
+    def machine_matches(self, machine: Machine, wanted: Constraints) -> bool:
+        return machine.host is not None and machine.host.matches(wanted.provider)
+
+    def ssh_for(self, machine: Machine, gpu_indices: tuple[int, ...]) -> SshDetails:
+        host = machine.host
+        assert host is not None
+        known = tuple(path for path in (host.known_hosts, str(Path(USER_KNOWN_HOSTS).expanduser())) if path)
+        return SshDetails(host=host.address, port=host.port, user=host.user, private_key=host.private_key(),
+                          agent=host.agent, gpu_indices=gpu_indices, known_hosts=known,
+                          pin_file=str(Path(self.settings.known_hosts).expanduser()), keep_models=host.keep_models)
+
+
+class LocalProvider(MachineProvider):
+    """``cloud: local``: this machine, no SSH; its GPUs from its own ``nvidia-smi``."""
+
+    where = "local"
+    cloud = LOCAL_CLOUD
+
+    def __init__(self, settings: Settings, store: Callable[[], Store] | None = None) -> None:
+        super().__init__(settings, store)
+        self._gpus: list[str] | None = None
+
+    def gpus_here(self) -> list[str]:
+        """This machine's GPU names (``nvidia-smi``), read once; empty without a driver."""
+        if self._gpus is None:
+            program = shutil.which("nvidia-smi")
+            names: list[str] = []
+            if program is not None:
+                try:
+                    done = subprocess.run([program, "--query-gpu=name", "--format=csv,noheader"],
+                                          capture_output=True, text=True, timeout=30, check=False)
+                    names = [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else []
+                except (OSError, subprocess.TimeoutExpired):
+                    names = []
+            self._gpus = names
+        return self._gpus
+
+    def machines(self, wanted: Constraints | None) -> list[Machine]:
+        gpus = self.gpus_here()
+        if not gpus:
+            if wanted is None:
+                return []
+            raise NoEligibleOffer("this machine has no NVIDIA GPU to lease (nvidia-smi is missing or lists none)")
+        price, keep = 0.0, True
+        path = self.settings.hosts or (wanted.hosts_file if wanted is not None else None)
+        if path is not None:
+            try:
+                declared = load_inventory(path).local
+                price, keep = declared.price_per_hour, declared.keep_models
+            except InventoryError as exc:
+                raise StageError(Stage.INVENTORY, str(exc)) from None
+        name = socket.gethostname() or "localhost"
+        machine = Machine(LOCAL_CLOUD, f"local:{name}", inventory_name(gpus[0]), len(gpus), price, location=name)
+        machine.keep_models = keep
+        return [machine]
+
+    def ssh_for(self, machine: Machine, gpu_indices: tuple[int, ...]) -> SshDetails:
+        return SshDetails(host="localhost", port=0, user="", private_key="", local=True, gpu_indices=gpu_indices,
+                          keep_models=machine.keep_models)
