@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..errors import MatrixError
 from ..matrix.cells import DEFAULT_CLOUD, Cell
 from ..matrix.endpoint import ENDPOINT_CLOUD
-from ..matrix.machines import HOSTS_CLOUD, LOCAL_CLOUD
+from ..matrix.machines import HOSTS_CLOUD, KEPT_MACHINES, LOCAL_CLOUD
 from ..settings import Settings
 
 if TYPE_CHECKING:
@@ -77,6 +77,9 @@ PROVIDERS: dict[str, ProviderFactory] = {
 }
 #: Providers that rent nothing (no inventory, no SSH): the contract suite's rental tests do not apply.
 RENTING_NOTHING: frozenset[str] = frozenset({ENDPOINT_CLOUD})
+#: Providers that lease GPUs of machines the run does not own (``hosts``, ``local``): no API to
+#: rent from, so the rental tests do not apply either; their own part of the contract does.
+LEASING_MACHINES: frozenset[str] = KEPT_MACHINES
 
 
 def build_provider(cloud: str, settings: Settings, *, fixed_offers: bool = False,

@@ -23,7 +23,7 @@ from pytest_gpubench.cloud.cleanup import Leftover, ReleaseOutcome, record, rele
 from pytest_gpubench.cloud.offers import Constraints
 from pytest_gpubench.cloud.provider import OfferChoice, Provider, consumer_id
 from pytest_gpubench.cloud.provisioning import Attempt, Provisioning
-from pytest_gpubench.cloud.registry import PROVIDERS, RENTING_NOTHING, build_provider, check_clouds
+from pytest_gpubench.cloud.registry import LEASING_MACHINES, PROVIDERS, RENTING_NOTHING, build_provider, check_clouds
 from pytest_gpubench.errors import ApiError, MatrixError, NoEligibleOffer, Stage, StageError
 from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.plugin.record import CellRecorder
@@ -41,10 +41,10 @@ UNKNOWN = "44444444-4444-4444-8444-444444444444"
 CALL = 60.0  # bound on one provider call through the loop bridge
 
 
-@pytest.fixture(params=sorted(set(PROVIDERS) - RENTING_NOTHING))
+@pytest.fixture(params=sorted(set(PROVIDERS) - RENTING_NOTHING - LEASING_MACHINES))
 def provider(request: pytest.FixtureRequest, sandbox) -> Iterator[Provider]:
     """Each registered provider that rents, pointed at this module's sandbox (the ones that rent
-    nothing have their own part of the contract at the end)."""
+    nothing, and those leasing GPUs of machines, have their own parts of the contract at the end)."""
     built = build_provider(request.param, Settings(api=sandbox.url, time_scale=TIME_SCALE))
     run_async(built.ready(), CALL)
     yield built
@@ -346,3 +346,97 @@ def test_a_provider_that_rents_nothing_offers_the_declared_endpoint_and_lets_go(
     with pytest.raises(ApiError) as info:
         call(rentless.get_session(UNKNOWN))
     assert info.value.status == 404
+
+
+# ------------------------------------- providers leasing GPUs of machines the run does not own
+
+
+@pytest.fixture(params=sorted(LEASING_MACHINES))
+def machines(request: pytest.FixtureRequest, tmp_path, monkeypatch) -> Iterator[tuple[Provider, object]]:
+    """Each provider of machines, on a sandbox machine with two RTX 4090s (``hosts``: one over SSH;
+    ``local``: this machine, given the stand-in nvidia-smi), leasing through a fresh store."""
+    from pytest_gpubench.sandbox.hosts import HostPlan, SandboxHostsThread, local_machine
+    from pytest_gpubench.store.sqlite_store import SqliteStore
+
+    store = SqliteStore.open(tmp_path / "manifest.db")
+    machines_thread = None
+    if request.param == "hosts":
+        machines_thread = SandboxHostsThread(tmp_path / "hosts", [HostPlan("lab1", "RTX 4090", 2)])
+        inventory = str(machines_thread.start())
+    else:
+        machine = local_machine(tmp_path, "RTX 4090", 2)
+        for name in ("PATH", "OLLAMA_HOST", "GPUBENCH_SANDBOX_INSTANCE"):
+            monkeypatch.setenv(name, machine.environment()[name])
+        inventory = None
+    settings = Settings(hosts=inventory, known_hosts=str(tmp_path / "known_hosts"), gpu_lease_ttl=6,
+                        run_id="contract")
+    built = build_provider(request.param, settings, store=lambda: store)
+    call(built.ready())
+    try:
+        yield built, store
+    finally:
+        call(built.aclose())
+        store.close()
+        if machines_thread is not None:
+            machines_thread.stop()
+
+
+def test_a_machine_provider_offers_its_machines_and_leases_their_gpus(machines, tmp_path):
+    provider, store = machines
+    (offer,) = call(provider.offers())
+    assert (offer.gpu_type, offer.gpu_count, offer.price_per_hour) == ("RTX 4090", 2, 0.0)
+    row = "hosts" if provider.where == "hosts" else "local"
+    choice = call(provider.choose_offer(Constraints("RTX4090", row, vram_gb=8, gpu_count=1)))
+    assert choice.offer.gpu_count == 1 and choice.eligible == [choice.offer]
+    with pytest.raises(NoEligibleOffer, match="fewer than 4 GPUs"):
+        call(provider.choose_offer(Constraints("RTX4090", row, vram_gb=8, gpu_count=4)))
+    with pytest.raises(NoEligibleOffer):
+        call(provider.choose_offer(Constraints("A100 80GB", row, vram_gb=8)))
+
+    consumer = consumer_id("contract", "machine")
+    first = call(provider.create(choice.offer, consumer, 1, runtime="vllm"))
+    running = call(provider.wait_running(first.session.id, timeout=10))
+    ssh = provider.ssh_details(first, running)
+    assert running.status == "running" and ssh.gpu_indices == (0,) and not ssh.declared_hardware
+    assert ssh.local == (provider.where == "local")
+    second = call(provider.create(choice.offer, consumer_id("contract", "other"), 1, runtime="vllm"))
+    assert provider.ssh_details(second, call(provider.wait_running(second.session.id, timeout=10))).gpu_indices == (1,)
+    # Ollama serves one server per machine: its cell waits for every GPU, shown while it waits.
+    third = call(provider.create(choice.offer, consumer_id("contract", "ollama"), 1, runtime="ollama"))
+    assert third.session.status == "pending"
+    polls: list[str] = []
+    with pytest.raises(StageError, match="stayed busy") as waited:
+        call(provider.wait_running(third.session.id, lambda s, _: polls.append(s.status), timeout=1))
+    assert waited.value.stage == Stage.PROVISION and "contract/gpubench-contract-machine" in str(waited.value)
+    assert polls and set(polls) == {"waiting_for_gpu"}
+    call(provider.release(first.session.id))
+    call(provider.release(second.session.id))
+    running = call(provider.wait_running(third.session.id, timeout=10))
+    assert provider.ssh_details(third, running).gpu_indices == (0, 1)
+
+    assert [s.id for s in call(provider.owned_sessions(consumer_id("contract", "ollama")))] == [third.session.id]
+    released = call(provider.release(third.session.id))
+    assert (released.before, released.final_status, released.still_holding) == ("running", "stopped", False)
+    assert call(provider.owned_sessions()) == []
+    assert not call(provider.release(UNKNOWN)).found
+    assert call(provider.session_cost(third.session.id)) is None
+    with pytest.raises(ApiError) as info:
+        call(provider.get_session(UNKNOWN))
+    assert info.value.status == 404
+    leases = store.gpu_leases()
+    assert len(leases) == 3 and all(lease.released_at is not None for lease in leases)
+
+
+def test_a_machine_session_whose_lease_was_lost_is_gone(machines):
+    """A lease that could not be renewed (expired, or ended by someone else) may be another's now:
+    the session reads ``failed`` with the reason, which the cell's watch turns into InstanceLost."""
+    provider, store = machines
+    row = "hosts" if provider.where == "hosts" else "local"
+    choice = call(provider.choose_offer(Constraints("RTX4090", row, vram_gb=8)))
+    created = call(provider.create(choice.offer, consumer_id("contract", "lost"), 1, runtime="vllm"))
+    call(provider.wait_running(created.session.id, timeout=10))
+    (lease,) = store.gpu_leases(active_at=__import__("time").time())
+    store.release_gpu_lease(lease.lease_id)
+    wait_for(lambda: call(provider.get_session(created.session.id)).status == "failed", 20,
+             "the heartbeat to find its lease gone")
+    assert "expired before it could be renewed" in call(provider.get_session(created.session.id)).error

@@ -1,0 +1,140 @@
+"""Sandbox machines for the ``hosts`` and ``local`` providers: no GPU Shopper API, just machines.
+
+:class:`SandboxHosts` starts N standalone "host" machines, each a sandbox
+:class:`~.instances.Instance` (real SSH on loopback, the nvidia-smi, ollama, df and
+launcher stand-ins) built from a catalog offer of the GPU asked for, with as many GPUs as
+asked, and writes what a user would: a private key (0600) and a ``hosts.yaml`` naming the
+machines (docs/providers.md). ``gpubench sandbox hosts`` runs it from the command line.
+
+:func:`local_machine` is the ``local`` provider's counterpart: an instance with no SSH
+whose ``environment()`` (``PATH`` with its ``bin/`` first, ``OLLAMA_HOST``, the stand-ins'
+``GPUBENCH_SANDBOX_INSTANCE``) gives this machine the stand-in GPUs and Ollama; a test
+runs pytest with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncssh
+import yaml
+
+from .catalog import Catalog, OfferSpec, load_catalog
+from .instances import Instance, free_port, instance_document
+
+T = TypeVar("T")
+#: The sandbox's clock for its machines: a 30 s Ollama install takes 0.6 s.
+HOSTS_TIME_SCALE = 0.02
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """One machine to start: its inventory name, GPU type and GPU count."""
+
+    name: str
+    gpu: str = "RTX 4090"
+    gpus: int = 1
+
+
+def catalog_offer(catalog: Catalog, gpu: str, gpus: int) -> OfferSpec:
+    """A catalog offer of ``gpu`` (its rates, pull speed and disk), with ``gpus`` GPUs."""
+    for offer in catalog.offers:
+        if offer.gpu_type.lower() == gpu.lower():
+            return offer.model_copy(update={"gpu_count": gpus})
+    known = sorted({offer.gpu_type for offer in catalog.offers})
+    raise ValueError(f"the sandbox catalog has no {gpu!r}; known GPUs: {', '.join(known)}")
+
+
+class SandboxHosts:
+    """N sandbox machines reachable over SSH, and the inventory that names them."""
+
+    def __init__(self, workdir: Path, plans: Sequence[HostPlan], *, catalog: Catalog | str | Path | None = None,
+                 time_scale: float = HOSTS_TIME_SCALE, ssh_server: str = "asyncssh",
+                 inventory_extra: dict[str, Any] | None = None) -> None:
+        self.workdir = Path(workdir)
+        self.plans = list(plans)
+        self.catalog = catalog if isinstance(catalog, Catalog) else load_catalog(catalog)
+        self.time_scale = time_scale
+        self.ssh_server = ssh_server
+        self.inventory_extra = inventory_extra or {}
+        self.key_file = self.workdir / "id_sandbox_hosts"
+        self.inventory = self.workdir / "hosts.yaml"
+        self.machines: dict[str, Instance] = {}
+
+    async def start(self) -> Path:
+        """Start every machine and write the key and ``hosts.yaml``; returns the inventory's path."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        key = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: asyncssh.generate_private_key("ssh-ed25519"))
+        fd = os.open(self.key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(key.export_private_key())
+        hosts: dict[str, Any] = {}
+        used: set[int] = set()
+        for plan in self.plans:
+            instance = self._instance(plan, key, used)
+            port = await instance.start_ssh()
+            self.machines[plan.name] = instance
+            hosts[plan.name] = {"address": "127.0.0.1", "port": port, "user": "root", "key_file": self.key_file.name,
+                                "gpu": plan.gpu, "gpus": plan.gpus, **self.inventory_extra.get(plan.name, {})}
+        self.inventory.write_text(yaml.safe_dump({"hosts": hosts}, sort_keys=False), encoding="utf-8")
+        return self.inventory
+
+    def _instance(self, plan: HostPlan, key: asyncssh.SSHKey, used: set[int]) -> Instance:
+        offer = catalog_offer(self.catalog, plan.gpu, plan.gpus)
+        root = self.workdir / "machines" / plan.name
+        document = instance_document(self.catalog, offer, f"host-{plan.name}", self.time_scale, root / "state")
+        ollama_port = free_port(used)
+        used.add(ollama_port)
+        instance = Instance(root, document, key, ollama_port=ollama_port, ollama_preinstalled=False,
+                            ssh_server=self.ssh_server)
+        instance.build()
+        return instance
+
+    async def stop(self) -> None:
+        """Stop every machine (its SSH server and every process it started)."""
+        for instance in self.machines.values():
+            await instance.stop(remove=False)
+        self.machines.clear()
+
+
+def local_machine(workdir: Path, gpu: str = "RTX 4090", gpus: int = 1, *, catalog: Catalog | None = None,
+                  time_scale: float = HOSTS_TIME_SCALE) -> Instance:
+    """A machine with no SSH whose ``environment()`` gives this one the stand-in GPUs and Ollama."""
+    catalog = catalog or load_catalog()
+    offer = catalog_offer(catalog, gpu, gpus)
+    root = Path(workdir) / "local"
+    document = instance_document(catalog, offer, "local", time_scale, root / "state")
+    key = asyncssh.generate_private_key("ssh-ed25519")  # never listened with: it has no SSH
+    instance = Instance(root, document, key, ollama_port=free_port(), ollama_preinstalled=True)
+    instance.build()
+    return instance
+
+
+class SandboxHostsThread:
+    """:class:`SandboxHosts` on an event loop of its own in a daemon thread, for sync callers (tests, the CLI)."""
+
+    def __init__(self, workdir: Path, plans: Sequence[HostPlan], **options: Any) -> None:
+        self.hosts = SandboxHosts(workdir, plans, **options)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="gpubench-sandbox-hosts", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def start(self) -> Path:
+        return self.run(self.hosts.start())
+
+    def stop(self) -> None:
+        try:
+            self.run(self.hosts.stop())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
