@@ -38,9 +38,11 @@ matrix:
 ACTIVE = {"pending", "provisioning", "running", "stopping"}
 
 
-def run_pytest(tmp_path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """``pytest ARGS`` in the repository, recording into ``tmp_path/reports``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
+def run_pytest(tmp_path: Path, *args: str, timeout: float = 600,
+               extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``pytest ARGS`` in the repository, recording into ``tmp_path/reports``; the environment is
+    this one without ``GPUBENCH_*`` settings, plus ``extra_env``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")} | (extra_env or {})
     command = [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider",
                "--gpubench-reports", str(tmp_path / "reports"),
                "--gpubench-manifest", str(tmp_path / "reports" / "manifest.db")]

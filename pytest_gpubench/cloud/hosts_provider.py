@@ -70,8 +70,8 @@ class Machine:
     """One leasable machine: how to reach it and what it declares."""
 
     def __init__(self, name: str, key: str, gpu: str, gpus: int, price_per_hour: float, *, host: Host | None = None,
-                 location: str = "") -> None:
-        self.name, self.key, self.gpu, self.gpus = name, key, gpu, gpus
+                 location: str = "", port: int = 0) -> None:
+        self.name, self.key, self.gpu, self.gpus, self.port = name, key, gpu, gpus, port
         self.price_per_hour, self.host, self.location = price_per_hour, host, location
         self.keep_models = True
 
@@ -97,6 +97,8 @@ class MachineProvider:
         self._keeper: GpuLeaseKeeper | None = None
         self._sessions: dict[str, _Pending] = {}
         self._numbers = itertools.count(1)
+        #: Every machine offered so far, by name: an offer names its machine (the inventory is the cell's).
+        self._known: dict[str, Machine] = {}
 
     # ------------------------------------------------------------------ machines
 
@@ -116,8 +118,13 @@ class MachineProvider:
     async def ready(self, attempts: int = 10) -> None:
         return None
 
+    def _machines(self, wanted: Constraints | None) -> list[Machine]:
+        found = self.machines(wanted)
+        self._known.update((machine.name, machine) for machine in found)
+        return found
+
     async def offers(self) -> list[Offer]:
-        return [self._offer(machine, machine.gpus, self.cloud) for machine in self.machines(None)]
+        return [self._offer(machine, machine.gpus, self.cloud) for machine in self._machines(None)]
 
     def _offer(self, machine: Machine, count: int, provider: str) -> Offer:
         share = machine.price_per_hour * count / machine.gpus  # the GPUs the cell holds, of the whole machine
@@ -127,7 +134,7 @@ class MachineProvider:
                      machine_id=machine.name, fetched_at=datetime.now(timezone.utc))
 
     async def choose_offer(self, wanted: Constraints) -> OfferChoice:
-        machines = self.machines(wanted)
+        machines = self._machines(wanted)
         candidates = [m for m in machines if self.machine_matches(m, wanted) and gpu_matches(wanted.gpu, m.gpu)]
         if not candidates:
             known = ", ".join(f"{m.name} ({m.gpus} x {m.gpu})" for m in machines) or "none"
@@ -168,7 +175,7 @@ class MachineProvider:
         count = machine.gpus if runtime in ONE_SERVER_PER_MACHINE else offer.gpu_count
         session = Session(id=f"{self.cloud}-{machine.name}-{next(self._numbers)}-{uuid.uuid4().hex[:6]}",
                           consumer_id=consumer, provider=offer.provider, gpu_type=machine.gpu, gpu_count=count,
-                          status="pending", ssh_host=machine.location, price_per_hour=offer.price_per_hour,
+                          status="pending", ssh_host=machine.location, ssh_port=machine.port, price_per_hour=offer.price_per_hour,
                           reservation_hours=hours, created_at=datetime.now(timezone.utc), offer_id=offer.id)
         pending = self._sessions[session.id] = _Pending(session, machine, count)
         await self._claim(pending)
@@ -176,13 +183,12 @@ class MachineProvider:
 
     def _machine_of(self, offer: Offer) -> Machine:
         name = str(offer.machine_id or offer.id.partition("/")[0])
-        for machine in self.machines(None) + self._machines_seen():
-            if machine.name == name:
-                return machine
-        raise StageError(Stage.PROVISION, f"no {self.cloud} machine {name!r} any more")
-
-    def _machines_seen(self) -> list[Machine]:
-        return [pending.machine for pending in self._sessions.values()]
+        if name not in self._known:
+            self._machines(None)
+        try:
+            return self._known[name]
+        except KeyError:
+            raise StageError(Stage.PROVISION, f"no {self.cloud} machine {name!r} was offered") from None
 
     async def _claim(self, pending: _Pending) -> bool:
         machine = pending.machine
@@ -293,7 +299,7 @@ class HostsProvider(MachineProvider):
         if inventory is None:
             return []
         return [Machine(host.name, f"{host.address}:{host.port}", host.gpu, host.gpus, host.price_per_hour,
-                        host=host, location=host.address) for host in inventory.hosts.values()]
+                        host=host, location=host.address, port=host.port) for host in inventory.hosts.values()]
 
     def machine_matches(self, machine: Machine, wanted: Constraints) -> bool:
         return machine.host is not None and machine.host.matches(wanted.provider)

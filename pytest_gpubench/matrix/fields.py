@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
 from .selection import normalize_provider, number_text
@@ -189,8 +189,15 @@ def _gpu(value: Any) -> str:
     return name
 
 
-def _provider(value: Any) -> str:
+def _provider(value: Any, info: ValidationInfo) -> str:
     raw = text_field("a provider name", "'vastai'")(value)
+    from .machines import KEPT_MACHINES  # here: machines.py imports this module
+
+    if (info.context or {}).get("cloud") in KEPT_MACHINES:
+        # Machines, not a marketplace: `hosts` (any host), a host's name or a tag pins it.
+        if not NAME_RE.fullmatch(raw.strip()):
+            raise invalid(f"must be `hosts` (any host), a host's name or a tag of the inventory; got {raw!r}")
+        return raw.strip()
     name = normalize_provider(raw)
     if name not in KNOWN_PROVIDERS:
         raise invalid(

@@ -26,9 +26,10 @@ from .ssh import KEEPALIVE_INTERVAL, Connection
 _PIN_LOCK = threading.Lock()
 
 
-def known_keys(files: Sequence[str], host: str, port: int) -> list[asyncssh.SSHKey]:
-    """The trusted host keys of ``host:port`` in ``files`` (missing files are skipped)."""
-    keys: list[asyncssh.SSHKey] = []
+def known_keys(files: Sequence[str], host: str, port: int) -> tuple[list[asyncssh.SSHKey], str]:
+    """The trusted host keys of ``host:port`` and the file they are from: the first of ``files``
+    that knows the host decides (an inventory's own file over the user's over gpubench's pins);
+    ``([], "")`` when none does. Missing files are skipped."""
     for name in files:
         path = Path(name).expanduser()
         if not path.is_file():
@@ -37,8 +38,9 @@ def known_keys(files: Sequence[str], host: str, port: int) -> list[asyncssh.SSHK
             trusted = asyncssh.read_known_hosts(str(path)).match(host, "", port)[0]
         except (OSError, ValueError, asyncssh.Error) as exc:
             raise StageError(Stage.SSH_CONNECT, f"cannot read the known_hosts file {path}: {exc}") from None
-        keys.extend(trusted)
-    return keys
+        if trusted:
+            return list(trusted), str(path)
+    return [], ""
 
 
 def host_pattern(host: str, port: int) -> str:
@@ -66,7 +68,7 @@ async def connect_checked(
     """SSH to a host whose key is checked against ``known_hosts`` (and ``pin_file``), or pinned
     into ``pin_file`` on first use (``on_pinned(fingerprint, pin_file)`` is told)."""
     files = [*known_hosts, pin_file] if pin_file else list(known_hosts)
-    trusted = known_keys(files, host, port)
+    trusted, source = known_keys(files, host, port)
     agent_path = os.environ.get("SSH_AUTH_SOCK") if agent else None
     if agent and not agent_path:
         raise StageError(Stage.SSH_CONNECT, f"{user}@{host}:{port} authenticates with the ssh-agent, "
@@ -79,8 +81,7 @@ async def connect_checked(
         except HostKeyChanged:
             presented = await _presented_key(host, port, trusted, timeout)
             expected = ", ".join(sorted({key.get_fingerprint() for key in trusted}))
-            raise HostKeyChanged(host, port, expected, presented=presented,
-                                 where=", ".join(str(Path(f).expanduser()) for f in files)) from None
+            raise HostKeyChanged(host, port, expected, presented=presented, where=source) from None
     if not pin_file:
         raise StageError(Stage.SSH_CONNECT, f"the host key of {host}:{port} is in no known_hosts file and "
                                             "pinning on first use is off")

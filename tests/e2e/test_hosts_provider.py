@@ -1,0 +1,149 @@
+"""Your own GPUs as providers, end to end: ``cloud: hosts`` on sandbox machines with real SSH on
+loopback (no GPU Shopper API), ``cloud: local`` on this machine given the stand-ins, and the
+host-key rules (known_hosts, pinning on first use, a changed key refused naming both keys)."""
+
+from __future__ import annotations
+
+import socket
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import sqlite_utils
+from e2e_helpers import manifest_rows, run_pytest
+
+from pytest_gpubench.aio import run as run_async
+from pytest_gpubench.errors import HostKeyChanged
+from pytest_gpubench.remote.known_hosts import connect_checked, host_pattern
+from pytest_gpubench.remote.ssh import Stage
+from pytest_gpubench.sandbox.hosts import HostPlan, SandboxHostsThread, local_machine
+
+MATRIX = """\
+    cloud: {cloud}
+    {hosts}
+    workload: {{duration: 3s, max_tokens: 32, warmup_requests: 1}}
+    matrix:
+      - gpu: RTX 4090
+        provider: {provider}
+        models: [{models}]
+    """
+
+
+def write_matrix(tmp_path: Path, *, cloud: str, models: str, provider: str = "hosts", hosts: str = "") -> Path:
+    path = tmp_path / "gpubench_machines.yaml"
+    path.write_text(textwrap.dedent(MATRIX.format(cloud=cloud, models=models, provider=provider,
+                                                  hosts=f"hosts: {hosts}" if hosts else "")))
+    return path
+
+
+def leases(tmp_path: Path) -> list[dict]:
+    return list(sqlite_utils.Database(tmp_path / "reports" / "manifest.db")["gpu_leases"].rows)
+
+
+def assert_no_gpu_held_twice_at_once(rows: list[dict]) -> None:
+    by_gpu: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for row in rows:
+        end = row["released_at"] if row["released_at"] is not None else row["expires_at"]
+        by_gpu.setdefault((row["machine"], row["gpu_index"]), []).append((row["acquired_at"], end))
+    for gpu, spans in by_gpu.items():
+        spans.sort()
+        for (_, end), (start, _) in zip(spans, spans[1:]):
+            assert start >= end, f"GPU {gpu} was leased twice at once: {spans}"
+
+
+def ollama_answers(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(2)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture
+def two_hosts(tmp_path) -> SandboxHostsThread:
+    machines = SandboxHostsThread(tmp_path / "machines", [HostPlan("lab1"), HostPlan("lab2")])
+    machines.start()
+    yield machines
+    machines.stop()
+
+
+@pytest.mark.slow
+def test_three_cells_on_two_hosts_with_two_workers_never_share_a_gpu(tmp_path, two_hosts):
+    inventory = two_hosts.hosts.inventory
+    matrix = write_matrix(tmp_path, cloud="hosts", models="qwen2:1.5b, qwen2:7b, llama3:8b",
+                          hosts=str(inventory.relative_to(tmp_path)))
+    known_hosts = tmp_path / "gpubench_known_hosts"
+    done = run_pytest(tmp_path, str(matrix), "-n", "2", "-W", "default", "--gpubench-known-hosts", str(known_hosts))
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    rows = manifest_rows(tmp_path)
+    assert len(rows) == 3 and {row["status"] for row in rows} == {"success"}
+    assert {row["provider"] for row in rows} == {"hosts"}
+    held = leases(tmp_path)
+    assert len(held) == 3 and all(row["released_at"] is not None for row in held)
+    assert_no_gpu_held_twice_at_once(held)
+    # Both machines worked (the busy one is passed over for the idle one), each cell on one of them.
+    ports = {str(m.ssh_port) for m in two_hosts.hosts.machines.values()}
+    assert {row["machine"].rpartition(":")[2] for row in held} == ports
+    assert {str(row["ssh_port"]) for row in rows} <= ports
+    # Their keys were in no known_hosts file: pinned on first use, and said so.
+    pinned = known_hosts.read_text().splitlines()
+    assert {line.split()[0] for line in pinned} == {host_pattern("127.0.0.1", int(port)) for port in ports}
+    assert "trusted on first use and pinned" in done.stdout
+    # Left as found: the Ollama servers the cells started are stopped.
+    for machine in two_hosts.hosts.machines.values():
+        assert not ollama_answers(machine.ollama_port)
+
+
+@pytest.mark.slow
+def test_the_local_provider_benchmarks_this_machine(tmp_path):
+    machine = local_machine(tmp_path, "RTX 4090", 1)
+    # This machine, given the stand-in nvidia-smi and Ollama (its GPU is the stand-in's).
+    here = {name: machine.environment()[name] for name in ("PATH", "OLLAMA_HOST", "GPUBENCH_SANDBOX_INSTANCE")}
+    (tmp_path / "hosts.yaml").write_text("local: {price_per_hour: 0.5}\n")
+    matrix = write_matrix(tmp_path, cloud="local", provider="local", models="qwen2:1.5b", hosts="hosts.yaml")
+    done = run_pytest(tmp_path, str(matrix), extra_env=here)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    (row,) = manifest_rows(tmp_path)
+    assert row["status"] == "success" and row["price_per_hour"] == 0.5, done.stdout[-3000:]
+    (lease,) = leases(tmp_path)
+    assert lease["machine"].startswith("local:") and lease["released_at"] is not None
+    assert not ollama_answers(int(machine.environment()["OLLAMA_HOST"].rpartition(":")[2]))
+
+
+def test_host_keys_are_pinned_on_first_use_checked_after_and_a_changed_one_refused(tmp_path, two_hosts):
+    lab1 = two_hosts.hosts.machines["lab1"]
+    key = two_hosts.hosts.key_file.read_text()
+    pin_file = tmp_path / "pins" / "known_hosts"
+    told: list[str] = []
+
+    def login(known: tuple[str, ...] = ()) -> str:
+        async def go() -> str:
+            conn = await connect_checked("127.0.0.1", lab1.ssh_port, "root", key, known_hosts=known,
+                                         pin_file=str(pin_file), timeout=20,
+                                         on_pinned=lambda fingerprint, _: told.append(fingerprint))
+            try:
+                return conn.host_key_fingerprint
+            finally:
+                await conn.close()
+        return run_async(go(), 60)
+
+    first = login()
+    assert told == [first] and first in pinned_fingerprints(pin_file)
+    assert (pin_file.stat().st_mode & 0o777) == 0o600
+    assert login() == first and told == [first]  # known now: checked, not pinned again
+    # The machine's key changes (reinstalled, or someone in between): refused, naming both keys.
+    other = __import__("asyncssh").generate_private_key("ssh-ed25519")
+    stale = tmp_path / "inventory_known_hosts"
+    stale.write_text(f"{host_pattern('127.0.0.1', lab1.ssh_port)} "
+                     f"{other.export_public_key('openssh').decode().strip()}\n")
+    with pytest.raises(HostKeyChanged) as refused:
+        login((str(stale),))
+    message = str(refused.value)
+    assert refused.value.stage == Stage.SSH_CONNECT
+    assert other.get_fingerprint() in message and first in message and str(stale) in message
+
+
+def pinned_fingerprints(path: Path) -> str:
+    import asyncssh
+
+    return " ".join(asyncssh.import_public_key(" ".join(line.split()[1:])).get_fingerprint()
+                    for line in path.read_text().splitlines())
