@@ -3,6 +3,9 @@
 ``gpubench sandbox`` serves the emulated GPU Shopper cloud standalone, for
 other clients (curl, the GPU Shopper CLI, CI pipelines) to rent from for free.
 
+``gpubench sandbox hosts [NAME[=GPU[*COUNT]]...]`` starts sandbox machines for ``cloud: hosts``
+(real SSH on loopback, no API) and prints ``GPUBENCH_HOSTS=<hosts.yaml>`` (``sandbox/hosts.py``).
+
 ``gpubench cleanup [--manifest PATH] [--api URL] [--dry-run]`` releases the GPU
 sessions that dead runs of the manifest left running (see ``cleanup.py``).
 
@@ -410,6 +413,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:2] == ["sandbox", "hosts"]:  # machines for `cloud: hosts`, no GPU Shopper API
+        from ..sandbox.hosts import main as hosts_main
+
+        return hosts_main(args[2:])
     if args[:1] == ["sandbox"]:
         from ..sandbox.server import main as sandbox_main
 

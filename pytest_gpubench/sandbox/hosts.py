@@ -40,6 +40,8 @@ class HostPlan:
     name: str
     gpu: str = "RTX 4090"
     gpus: int = 1
+    #: Ollama installed already (else the cell's install command installs the stand-in).
+    ollama: bool = False
 
 
 def catalog_offer(catalog: Catalog, gpu: str, gpus: int) -> OfferSpec:
@@ -92,7 +94,7 @@ class SandboxHosts:
         document = instance_document(self.catalog, offer, f"host-{plan.name}", self.time_scale, root / "state")
         ollama_port = free_port(used)
         used.add(ollama_port)
-        instance = Instance(root, document, key, ollama_port=ollama_port, ollama_preinstalled=False,
+        instance = Instance(root, document, key, ollama_port=ollama_port, ollama_preinstalled=plan.ollama,
                             ssh_server=self.ssh_server)
         instance.build()
         return instance
@@ -138,3 +140,71 @@ class SandboxHostsThread:
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
+
+
+# ------------------------------------------------------------------ gpubench sandbox hosts
+
+#: The line ``gpubench sandbox hosts`` prints once its machines answer: the inventory's path.
+INVENTORY_PREFIX = "GPUBENCH_HOSTS="
+
+
+def parse_host(text: str) -> HostPlan:
+    """``NAME``, ``NAME=GPU`` or ``NAME=GPU*COUNT`` (``lab1=RTX 4090*2``)."""
+    name, _, rest = text.partition("=")
+    gpu, _, count = rest.partition("*")
+    if not name.strip() or (count and not count.strip().isdigit()):
+        raise ValueError(f"{text!r}: give NAME, NAME=GPU or NAME=GPU*COUNT, such as 'lab1=RTX 4090*2'")
+    return HostPlan(name.strip(), gpu.strip() or HostPlan.gpu, int(count) if count else 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``gpubench sandbox hosts``: start machines, print ``GPUBENCH_HOSTS=<hosts.yaml>``, serve until stopped."""
+    import argparse
+    import signal
+    import sys
+    import tempfile
+
+    from .server import _stop_on_eof
+
+    parser = argparse.ArgumentParser(
+        prog="gpubench sandbox hosts",
+        description="Start sandbox machines with real SSH on loopback and the stand-ins (no GPU Shopper API), "
+                    "and write a hosts.yaml naming them, for `cloud: hosts` (docs/providers.md).")
+    parser.add_argument("hosts", nargs="*", default=["lab1", "lab2"], metavar="NAME[=GPU[*COUNT]]",
+                        help="the machines (default: lab1 lab2, one RTX 4090 each)")
+    parser.add_argument("--dir", help="where the key, hosts.yaml and the machines go (default: a new temporary one)")
+    parser.add_argument("--time-scale", type=float, default=HOSTS_TIME_SCALE,
+                        help=f"the stand-ins' clock (installs, pulls, loads; default {HOSTS_TIME_SCALE})")
+    parser.add_argument("--ssh-server", choices=("asyncssh", "openssh"), default="asyncssh")
+    parser.add_argument("--exit-with-stdin", action="store_true", help="stop when standard input closes")
+    args = parser.parse_args(argv)
+    try:
+        plans = [parse_host(text) for text in args.hosts]
+        workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="gpubench-hosts-"))
+        machines = SandboxHosts(workdir, plans, time_scale=args.time_scale, ssh_server=args.ssh_server)
+        for plan in plans:
+            catalog_offer(machines.catalog, plan.gpu, plan.gpus)
+    except ValueError as exc:
+        print(f"gpubench sandbox hosts: {exc}", file=sys.stderr)
+        return 2
+
+    async def serve() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        if args.exit_with_stdin:
+            loop.add_reader(sys.stdin.fileno(), _stop_on_eof, loop, stop)
+        try:
+            inventory = await machines.start()
+            print(f"{INVENTORY_PREFIX}{inventory}", flush=True)
+            for plan in plans:
+                instance = machines.machines[plan.name]
+                print(f"  {plan.name}: {plan.gpus} x {plan.gpu}, ssh -i {machines.key_file} -p {instance.ssh_port} "
+                      "root@127.0.0.1", file=sys.stderr, flush=True)
+            await stop.wait()
+        finally:
+            await machines.stop()
+        return 0
+
+    return asyncio.run(serve())

@@ -52,7 +52,8 @@ def assert_no_gpu_held_twice_at_once(rows: list[dict]) -> None:
             assert start >= end, f"GPU {gpu} was leased twice at once: {spans}"
 
 
-def ollama_answers(port: int) -> bool:
+def answers(port: int) -> bool:
+    """Something listens on loopback ``port``."""
     with socket.socket() as probe:
         probe.settimeout(2)
         return probe.connect_ex(("127.0.0.1", port)) == 0
@@ -90,7 +91,7 @@ def test_three_cells_on_two_hosts_with_two_workers_never_share_a_gpu(tmp_path, t
     assert "trusted on first use and pinned" in done.stdout
     # Left as found: the Ollama servers the cells started are stopped.
     for machine in two_hosts.hosts.machines.values():
-        assert not ollama_answers(machine.ollama_port)
+        assert not answers(machine.ollama_port)
 
 
 @pytest.mark.slow
@@ -106,7 +107,7 @@ def test_the_local_provider_benchmarks_this_machine(tmp_path):
     assert row["status"] == "success" and row["price_per_hour"] == 0.5, done.stdout[-3000:]
     (lease,) = leases(tmp_path)
     assert lease["machine"].startswith("local:") and lease["released_at"] is not None
-    assert not ollama_answers(int(machine.environment()["OLLAMA_HOST"].rpartition(":")[2]))
+    assert not answers(int(machine.environment()["OLLAMA_HOST"].rpartition(":")[2]))
 
 
 def test_host_keys_are_pinned_on_first_use_checked_after_and_a_changed_one_refused(tmp_path, two_hosts):
@@ -147,3 +148,57 @@ def pinned_fingerprints(path: Path) -> str:
 
     return " ".join(asyncssh.import_public_key(" ".join(line.split()[1:])).get_fingerprint()
                     for line in path.read_text().splitlines())
+
+
+@pytest.mark.slow
+def test_a_server_already_running_is_used_and_left_running_and_pulled_models_go_when_asked(tmp_path):
+    """Leave a host as found: the Ollama server that was running serves the cell and runs on after
+    it; ``keep_models: false`` removes the model the cell pulled (and only that one)."""
+    machines = SandboxHostsThread(tmp_path / "machines", [HostPlan("lab1", ollama=True)],
+                                  inventory_extra={"lab1": {"keep_models": False}})
+    machines.start()
+    try:
+        lab1 = machines.hosts.machines["lab1"]
+        machines.run(lab1._run_logged("nohup ollama serve >/dev/null 2>&1 &", lab1.home / "serve.log"))
+        wait_until_answers(lab1.ollama_port)
+        matrix = write_matrix(tmp_path, cloud="hosts", provider="lab1", models="qwen2:1.5b",
+                              hosts=str(machines.hosts.inventory))
+        done = run_pytest(tmp_path, str(matrix), "--gpubench-known-hosts", str(tmp_path / "kh"))
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+        assert answers(lab1.ollama_port)  # the server found running still runs
+        tags = __import__("httpx").get(f"http://127.0.0.1:{lab1.ollama_port}/api/tags", timeout=10).json()
+        assert [m["name"] for m in tags.get("models", [])] == []  # the model this cell pulled is gone
+        log = next((tmp_path / "reports" / "progress").rglob("*.log")).read_text()
+        (left,) = [line for line in log.splitlines() if "LEFT_AS_FOUND" in line]
+        assert "removed qwen2:1.5b" in left and "stopped" not in left
+    finally:
+        machines.stop()
+
+
+def wait_until_answers(port: int) -> None:
+    deadline = time.monotonic() + 60
+    while not answers(port):
+        assert time.monotonic() < deadline, f"nothing answers on {port}"
+        time.sleep(0.1)
+
+
+def test_gpubench_sandbox_hosts_starts_machines_and_writes_their_inventory(tmp_path):
+    import subprocess
+    import sys
+
+    from pytest_gpubench.cloud.hosts_inventory import load_inventory
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pytest_gpubench.commands.cli", "sandbox", "hosts", "lab1=RTX 4090*2", "lab2",
+         "--dir", str(tmp_path / "m"), "--exit-with-stdin"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("GPUBENCH_HOSTS="), line + process.stderr.read()
+        inventory = load_inventory(line.split("=", 1)[1].strip())
+        assert {name: (h.gpu, h.gpus) for name, h in inventory.hosts.items()} == {
+            "lab1": ("RTX 4090", 2), "lab2": ("RTX 4090", 1)}
+        assert all(answers(h.port) for h in inventory.hosts.values())  # their SSH servers listen
+    finally:
+        process.stdin.close()
+        assert process.wait(60) == 0
