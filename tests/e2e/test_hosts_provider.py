@@ -202,3 +202,27 @@ def test_gpubench_sandbox_hosts_starts_machines_and_writes_their_inventory(tmp_p
     finally:
         process.stdin.close()
         assert process.wait(60) == 0
+
+
+def test_a_cell_on_a_host_whose_key_changed_fails_at_ssh_connect_naming_both_keys(tmp_path, two_hosts):
+    import asyncssh
+    import yaml
+
+    lab1 = two_hosts.hosts.machines["lab1"]
+    impostor = asyncssh.generate_private_key("ssh-ed25519")
+    known = tmp_path / "lab_known_hosts"
+    known.write_text(f"{host_pattern('127.0.0.1', lab1.ssh_port)} "
+                     f"{impostor.export_public_key('openssh').decode().strip()}\n")
+    inventory = two_hosts.hosts.inventory
+    data = yaml.safe_load(inventory.read_text())
+    data["hosts"]["lab1"]["known_hosts"] = str(known)
+    inventory.write_text(yaml.safe_dump(data))
+    matrix = write_matrix(tmp_path, cloud="hosts", provider="lab1", models="qwen2:1.5b", hosts=str(inventory))
+    done = run_pytest(tmp_path, str(matrix), "--gpubench-known-hosts", str(tmp_path / "kh"))
+    assert done.returncode == 1, done.stdout[-3000:]
+    (row,) = manifest_rows(tmp_path)
+    assert row["status"] == "failed" and row["failure_stage"] == "ssh_connect"
+    assert impostor.get_fingerprint() in row["error_message"] and str(known) in row["error_message"]
+    assert "now the server presents SHA256:" in row["error_message"]
+    assert not (tmp_path / "kh").exists()  # a known host is checked, never pinned over
+    assert all(lease["released_at"] is not None for lease in leases(tmp_path))

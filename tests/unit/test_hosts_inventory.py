@@ -68,3 +68,45 @@ def test_a_bad_inventory_names_the_file_the_field_and_what_is_allowed(tmp_path, 
 def test_a_missing_inventory_says_so(tmp_path):
     with pytest.raises(InventoryError, match="cannot read the hosts inventory"):
         load_inventory(tmp_path / "nothing.yaml")
+
+
+# ------------------------------------------------------------ how a matrix and the options name it
+
+
+def test_a_hosts_matrix_names_its_inventory_relative_to_itself_and_pins_hosts_by_provider(tmp_path):
+    from pytest_gpubench.cloud.offers import Constraints
+    from pytest_gpubench.matrix.cells import load_cells
+
+    (tmp_path / "lab").mkdir()
+    matrix = tmp_path / "lab" / "gpubench_lab.yaml"
+    matrix.write_text("cloud: hosts\nhosts: ../hosts.yaml\nreuse: group\n"
+                      "matrix:\n  - {gpu: RTX 4090, providers: [hosts, lab1, ada], model: qwen2:7b}\n")
+    cells = load_cells(matrix)
+    assert [cell.provider for cell in cells] == ["hosts", "lab1", "ada"]
+    assert {cell.hosts_file for cell in cells} == {str((tmp_path / "hosts.yaml").resolve())}
+    # A GPU lease, not a rented session: each cell holds only its own GPUs.
+    assert {cell.reuse for cell in cells} == {"cell"}
+    assert Constraints.for_cell(cells[1]).hosts_file == cells[1].hosts_file
+
+
+def test_a_host_name_is_no_provider_of_a_rented_cloud(tmp_path):
+    from pytest_gpubench.errors import MatrixError
+    from pytest_gpubench.matrix.cells import load_cells
+
+    matrix = tmp_path / "gpubench_x.yaml"
+    matrix.write_text("matrix:\n  - {gpu: RTX 4090, provider: lab1, model: qwen2:7b}\n")
+    with pytest.raises(MatrixError, match="unknown provider 'lab1'"):
+        load_cells(matrix)
+    matrix.write_text("cloud: hosts\nmatrix:\n  - {gpu: RTX 4090, provider: 'lab 1', model: qwen2:7b}\n")
+    with pytest.raises(MatrixError, match="a host's name or a tag"):
+        load_cells(matrix)
+
+
+def test_the_hosts_options_resolve_and_the_lease_ttl_follows_the_sandbox_clock():
+    from pytest_gpubench.settings import MIN_GPU_LEASE_SECONDS, resolve
+
+    settings = resolve({"hosts": "lab/hosts.yaml"}, {"GPUBENCH_GPU_LEASE_TTL": "5m",
+                                                    "GPUBENCH_KNOWN_HOSTS": "/tmp/kh"}, lambda name: None)
+    assert (settings.hosts, settings.gpu_lease_seconds, settings.known_hosts) == ("lab/hosts.yaml", 300.0, "/tmp/kh")
+    sandboxed = resolve({"sandbox": True}, {}, lambda name: None)
+    assert sandboxed.gpu_lease_seconds == MIN_GPU_LEASE_SECONDS  # 120 s x 0.02, but never below the floor
