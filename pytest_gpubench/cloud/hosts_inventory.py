@@ -42,6 +42,13 @@ __all__ = ["Host", "HostsInventory", "LocalMachine", "load_inventory"]
 _PORTS = range(1, 65536)
 
 
+def _named(value: Any, what: str) -> str:
+    """A name-like word (letters, digits, '.', '_', '-'), or an error saying ``what`` it must be."""
+    if not isinstance(value, str) or not NAME_RE.fullmatch(value):
+        raise invalid(f"must be {what} (letters, digits, '.', '_', '-'); got {describe(value)}")
+    return value
+
+
 def _path(value: Any, info: ValidationInfo, what: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise invalid(f"must be the path of {what}; got {describe(value)}")
@@ -84,9 +91,7 @@ class Host(StrictModel):
     @field_validator("user", mode="before")
     @classmethod
     def _user(cls, value: Any) -> Any:
-        if not isinstance(value, str) or not NAME_RE.fullmatch(value):
-            raise invalid(f"must be a user name (letters, digits, '.', '_', '-'); got {describe(value)}")
-        return value
+        return _named(value, "a user name")
 
     @field_validator("gpu", mode="before")
     @classmethod
@@ -115,9 +120,9 @@ class Host(StrictModel):
     def _tags(cls, value: Any) -> Any:
         if isinstance(value, str):
             value = [value]
-        if not isinstance(value, list) or not all(isinstance(t, str) and NAME_RE.fullmatch(t) for t in value):
-            raise invalid(f"must be a list of tags (letters, digits, '.', '_', '-'); got {describe(value)}")
-        return tuple(value)
+        if not isinstance(value, list):
+            raise invalid(f"must be a list of tags, such as [lab, ada]; got {describe(value)}")
+        return tuple(_named(tag, "a list of tags") for tag in value)
 
     @field_validator("key_file", mode="before")
     @classmethod
@@ -179,8 +184,7 @@ class HostsInventory(StrictModel):
     def _names(cls, value: Any) -> Any:
         if isinstance(value, dict):
             for name, host in value.items():
-                if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-                    raise invalid(f"host names are letters, digits, '.', '_', '-'; got {describe(name)}")
+                _named(name, "a host name")
                 if isinstance(host, dict):
                     host.setdefault("name", name)
         return value

@@ -160,11 +160,10 @@ def parse_host(text: str) -> HostPlan:
 def main(argv: list[str] | None = None) -> int:
     """``gpubench sandbox hosts``: start machines, print ``GPUBENCH_HOSTS=<hosts.yaml>``, serve until stopped."""
     import argparse
-    import signal
     import sys
     import tempfile
 
-    from .server import _stop_on_eof
+    from .server import stop_on_signals
 
     parser = argparse.ArgumentParser(
         prog="gpubench sandbox hosts",
@@ -189,12 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     async def serve() -> int:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        if args.exit_with_stdin:
-            loop.add_reader(sys.stdin.fileno(), _stop_on_eof, loop, stop)
+        stop = stop_on_signals(args.exit_with_stdin)
         try:
             inventory = await machines.start()
             print(f"{INVENTORY_PREFIX}{inventory}", flush=True)

@@ -309,6 +309,17 @@ def _stop_on_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
         stop.set()
 
 
+def stop_on_signals(exit_with_stdin: bool) -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT (and, with ``exit_with_stdin``, by standard input closing)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    if exit_with_stdin:
+        loop.add_reader(sys.stdin.fileno(), _stop_on_eof, loop, stop)
+    return stop
+
+
 async def _serve_until_signal(catalog: Catalog, args: argparse.Namespace) -> int:
     sandbox = Sandbox(
         catalog=catalog,
@@ -318,12 +329,7 @@ async def _serve_until_signal(catalog: Catalog, args: argparse.Namespace) -> int
         access_log=args.verbose,
         ssh_server=args.ssh_server,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    if args.exit_with_stdin:
-        loop.add_reader(sys.stdin.fileno(), _stop_on_eof, loop, stop)
+    stop = stop_on_signals(args.exit_with_stdin)
     try:
         url = await sandbox.start()
         sys.stdout.write(f"{URL_PREFIX}{url}\n")

@@ -201,22 +201,28 @@ def test_a_pending_cell_is_claimed_by_one_worker(store):
     assert cell.status == "running" and cell.worker == "gw0" and cell.started_at
 
 
-def test_two_stores_racing_for_one_cell_one_wins(store, opener):
-    row_id = add(store)
-    others = [opener() for _ in range(4)]
+def race(opener, claim: Callable[[Store, str], object], stores: int = 4) -> list:
+    """``claim(store, worker)`` from ``stores`` stores (as many processes would) at once; every answer."""
+    others = [opener() for _ in range(stores)]
     start = threading.Barrier(len(others))
-    claims = []
+    answers = []
 
-    def race(other: Store, worker: str) -> None:
+    def one(other: Store, worker: str) -> None:
         start.wait(timeout=30)
-        claims.append(other.claim_cell(row_id, worker))
+        answers.append(claim(other, worker))
 
-    threads = [threading.Thread(target=race, args=(other, f"gw{i}")) for i, other in enumerate(others)]
+    threads = [threading.Thread(target=one, args=(other, f"gw{i}")) for i, other in enumerate(others)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
-    assert len(claims) == len(others)
+    assert len(answers) == len(others)
+    return answers
+
+
+def test_two_stores_racing_for_one_cell_one_wins(store, opener):
+    row_id = add(store)
+    claims = race(opener, lambda other, worker: other.claim_cell(row_id, worker))
     winners = [claim for claim in claims if claim.won]
     assert len(winners) == 1
     assert {claim.holder for claim in claims} == {winners[0].holder}
@@ -491,20 +497,7 @@ def test_a_gpu_lease_expires_unless_renewed(store):
 
 
 def test_stores_racing_for_one_gpu_one_wins(store, opener):
-    others = [opener() for _ in range(4)]
-    start = threading.Barrier(len(others))
-    leases = []
-
-    def race(other: Store, worker: str) -> None:
-        start.wait(timeout=30)
-        leases.append(other.claim_gpus("lab1", [0], 1, holder=worker, ttl=60))
-
-    threads = [threading.Thread(target=race, args=(other, f"gw{i}")) for i, other in enumerate(others)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert len(leases) == len(others)
+    leases = race(opener, lambda other, worker: other.claim_gpus("lab1", [0], 1, holder=worker, ttl=60))
     won = [lease for lease in leases if lease is not None]
     assert len(won) == 1
     assert [lease.holder for lease in store.gpu_leases("lab1")] == [won[0].holder]
