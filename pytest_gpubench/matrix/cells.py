@@ -88,7 +88,8 @@ from .selection import (  # noqa: F401 - re-exported: the matrix module is where
     split_tag,
 )
 from .launch import LaunchSpec, launch_problem, resolved
-from .machines import KEPT_MACHINES, hosts_file
+from .fields import hosts_file
+from .machines import KEPT_MACHINES
 from .prototype import Prototype
 from . import endpoint as endpoint_fields
 from .endpoint import (ENDPOINT_CLOUD, ENDPOINT_KEYS, ENDPOINT_PROVIDER, ENDPOINT_RUNTIME, EndpointPrice,

@@ -13,11 +13,13 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
+from .machines import KEPT_MACHINES
 from .selection import normalize_provider, number_text
 from .yaml_errors import describe
 
@@ -191,8 +193,6 @@ def _gpu(value: Any) -> str:
 
 def _provider(value: Any, info: ValidationInfo) -> str:
     raw = text_field("a provider name", "'vastai'")(value)
-    from .machines import KEPT_MACHINES  # here: machines.py imports this module
-
     if (info.context or {}).get("cloud") in KEPT_MACHINES:
         # Machines, not a marketplace: `hosts` (any host), a host's name or a tag pins it.
         if not NAME_RE.fullmatch(raw.strip()):
@@ -205,6 +205,14 @@ def _provider(value: Any, info: ValidationInfo) -> str:
             f"known providers: {', '.join(KNOWN_PROVIDERS)}"
         )
     return name
+
+
+def hosts_file(value: Any, base_dir: Path) -> str:
+    """A hosts inventory's path (``hosts:``); a relative one is relative to the matrix file's folder."""
+    if not isinstance(value, str) or not value.strip():
+        raise invalid(f"must be the path of a hosts inventory, such as 'hosts.yaml'; got {describe(value)}")
+    path = Path(value.strip()).expanduser()
+    return str((path if path.is_absolute() else base_dir / path).resolve())
 
 
 def runtime_name(value: Any) -> str:

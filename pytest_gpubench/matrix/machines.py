@@ -9,20 +9,8 @@ holds only its own GPUs, which lets workers spread cells over hosts.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
-from .fields import describe, invalid
-
 HOSTS_CLOUD = "hosts"
 LOCAL_CLOUD = "local"
 #: Clouds whose machines stay after a run: servers a cell started are stopped in its teardown.
 KEPT_MACHINES = frozenset({HOSTS_CLOUD, LOCAL_CLOUD})
 
-
-def hosts_file(value: Any, base_dir: Path) -> str:
-    """The inventory's path; a relative one is relative to the matrix file's folder."""
-    if not isinstance(value, str) or not value.strip():
-        raise invalid(f"must be the path of a hosts inventory, such as 'hosts.yaml'; got {describe(value)}")
-    path = Path(value.strip()).expanduser()
-    return str((path if path.is_absolute() else base_dir / path).resolve())

@@ -326,12 +326,34 @@ ATTEMPTS = TableDoc(
     },
 )
 
+GPU_LEASES = TableDoc(
+    title="GPU leases",
+    description=(
+        "One row per GPU a cell leased on a machine the run does not own (cloud: hosts or local, "
+        "docs/providers.md): no two leases hold one GPU at once. A lease is renewed while its cell runs and "
+        "ends when released, or at expires_at if its run died."
+    ),
+    sort_desc="acquired_at",
+    facets=("machine", "run_id"),
+    columns={
+        "lease_id": "The lease: its GPUs' rows share it.",
+        "machine": "The machine: a host's address:port, or local:<hostname>.",
+        "gpu_index": "The GPU, as nvidia-smi numbers it on the machine.",
+        "holder": "Who holds it: <run>/<consumer_id> (the run and the cell).",
+        "run_id": "The run (runs.run_id).",
+        "acquired_at": "When it was claimed, seconds since the epoch.",
+        "expires_at": "When it runs out unless renewed, seconds since the epoch (renewed every third of its life).",
+        "released_at": "When it was released, seconds since the epoch; empty while held (or if its run died).",
+    },
+)
+
 #: Every manifest table, in the order a reader meets them.
 TABLES: dict[str, TableDoc] = {
     "benchmark_manifest": BENCHMARK_MANIFEST,
     "benchmarks": BENCHMARKS,
     "runs": RUNS,
     "attempts": ATTEMPTS,
+    "gpu_leases": GPU_LEASES,
     "requests": REQUESTS,
     "gpu_samples": GPU_SAMPLES,
     "benchmark_runs": BENCHMARK_RUNS,

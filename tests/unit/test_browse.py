@@ -114,7 +114,7 @@ def test_an_undescribed_table_or_column_is_reported(tmp_path):
     try:
         conn.execute("ALTER TABLE benchmark_manifest ADD COLUMN mystery TEXT")
         conn.execute("CREATE TABLE imports (id TEXT)")
-        assert undocumented(conn) == ["benchmark_manifest.mystery", "imports"]
+        assert undocumented(conn) == ["benchmark_manifest.mystery", "imports"], undocumented(conn)
     finally:
         conn.close()
 
