@@ -282,7 +282,7 @@ def gpu_host(recorder: CellRecorder) -> str:
 
 @pytest.fixture
 def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_cell: Cell,
-                gpubench_recorder: CellRecorder, gpu_session: GpuSession, gpu_ssh: Connection) -> Iterator[Runtime]:
+                gpubench_recorder: CellRecorder, gpu_session: GpuSession, gpu_ssh: Connection) -> Runtime:
     """Stages ``ollama_install`` and ``model_pull``: the cell's runtime serving its model, warm.
 
     The runtime is the one the cell's ``runtime:`` names (default ``ollama``), built
@@ -313,6 +313,14 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
     known = take_over_server(lease, runtime)  # an earlier cell of the group started it
     known = adopt_image_server(runtime, cell.launch) or known  # the session's image serves the model
     timeout = stage_timeout(settings, Stage.OLLAMA_INSTALL, gpu_session.image)  # longer for a heavy image
+    kept_machine, pulled_here = cell.cloud in KEPT_MACHINES, {"model": False}
+
+    def leave_machine() -> None:
+        if lease is None or request.node.stash.get(NEXT_GROUP_KEY, None) != lease.group:  # its last cell here
+            _leave_as_found(gpubench_run, recorder, runtime, cell.model, pulled_here["model"])
+
+    if kept_machine:  # not ours: left as found in teardown, also after a failed install or pull
+        request.addfinalizer(leave_machine)
 
     async def install_and_serve() -> tuple[bool, str]:
         # On a reused session an earlier cell installed it: serving is what is checked.
@@ -329,15 +337,12 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
     recorder.enter(Stage.MODEL_PULL)
     timeout = settings.stage_timeout(Stage.MODEL_PULL)
 
-    kept_machine = cell.cloud in KEPT_MACHINES
-    pulled_here = {"model": False}
-
     async def pull_and_warm_up() -> float:
         if lease is not None and lease.models:  # a reused session: earlier cells' models are there
             await make_room(runtime, lease, cell, recorder.progress.status, min(timeout, 60.0))
-        if kept_machine and not gpu_session.ssh.keep_models:
-            pulled_here["model"] = not await has_model(runtime, cell.model)
+        absent = kept_machine and not gpu_session.ssh.keep_models and not await has_model(runtime, cell.model)
         await runtime.pull(cell.model, timeout, _pull_reporter(recorder))
+        pulled_here["model"] = absent
         recorder.pulled = await asyncio.wait_for(runtime.model_info(cell.model), 30)
         # The model the previous cell ran is still loaded: its load is no cold start.
         return await runtime.warm_up(cell.model, timeout, cold_start=lease is None or lease.last_model != cell.model)
@@ -347,11 +352,7 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
     if lease is not None:
         note_model(lease, runtime, cell.model)
     recorder.progress.status("MODEL_READY", model=cell.model, load_s=round(load, 2))
-    try:
-        yield runtime
-    finally:
-        if kept_machine and (lease is None or request.node.stash.get(NEXT_GROUP_KEY, None) != lease.group):
-            _leave_as_found(gpubench_run, recorder, runtime, cell.model, pulled_here["model"])
+    return runtime
 
 
 def _leave_as_found(run: RunContext, recorder: CellRecorder, runtime: Runtime, model: str, remove: bool) -> None:

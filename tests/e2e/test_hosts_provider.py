@@ -226,3 +226,13 @@ def test_a_cell_on_a_host_whose_key_changed_fails_at_ssh_connect_naming_both_key
     assert "now the server presents SHA256:" in row["error_message"]
     assert not (tmp_path / "kh").exists()  # a known host is checked, never pinned over
     assert all(lease["released_at"] is not None for lease in leases(tmp_path))
+
+
+@pytest.mark.slow
+def test_a_cell_that_fails_after_starting_the_server_still_stops_it(tmp_path, two_hosts):
+    matrix = write_matrix(tmp_path, cloud="hosts", provider="lab1", models="nosuchmodel:1b",
+                          hosts=str(two_hosts.hosts.inventory))
+    done = run_pytest(tmp_path, str(matrix), "--gpubench-known-hosts", str(tmp_path / "kh"))
+    (row,) = manifest_rows(tmp_path)
+    assert row["status"] == "failed" and row["failure_stage"] == "model_pull", done.stdout[-3000:]
+    assert not answers(two_hosts.hosts.machines["lab1"].ollama_port)

@@ -440,3 +440,22 @@ def test_a_machine_session_whose_lease_was_lost_is_gone(machines):
     wait_for(lambda: call(provider.get_session(created.session.id)).status == "failed", 20,
              "the heartbeat to find its lease gone")
     assert "expired before it could be renewed" in call(provider.get_session(created.session.id)).error
+
+
+def test_a_dead_runs_lease_runs_out_and_a_waiting_cell_gets_its_gpus(machines):
+    """A run that died stops renewing: its lease expires and the cell waiting for the GPUs takes them."""
+    provider, store = machines
+    row = "hosts" if provider.where == "hosts" else "local"
+    choice = call(provider.choose_offer(Constraints("RTX4090", row, vram_gb=8)))
+    created = call(provider.create(choice.offer, consumer_id("contract", "first"), 1, runtime="ollama"))
+    machine = store.gpu_leases(active_at=__import__("time").time())[0].machine
+    call(provider.release(created.session.id))
+    dead = store.claim_gpus(machine, [0, 1], 2, holder="dead-run/cell", ttl=2.0)  # never renewed
+    assert dead is not None
+    waiting = call(provider.create(choice.offer, consumer_id("contract", "waiting"), 1, runtime="ollama"))
+    assert waiting.session.status == "pending"
+    polls: list[float] = []
+    running = call(provider.wait_running(waiting.session.id, lambda _, waited: polls.append(waited), timeout=30))
+    ssh = provider.ssh_details(waiting, running)
+    assert running.status == "running" and ssh.gpu_indices == (0, 1) and polls
+    assert not store.renew_gpu_lease(dead.lease_id, 60)  # the dead run's lease is over
