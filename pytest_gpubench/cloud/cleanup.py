@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
 from enum import Enum
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import ApiError, Stage, StageError
+from .hosts_provider import on_leased_machine
 from .owned import OwnedSession
 from .processes import ProcessIdentity
 from ..store.progress import ProgressWriter, read_progress
@@ -173,6 +175,7 @@ class ReleaseOutcome(str, Enum):
     NOT_FOUND = "not found"
     WOULD_RELEASE = "would release"
     ENDED_WITH_SANDBOX = "ended with its sandbox"
+    LEASE_ENDED = "GPU lease ended"
     LEFT_ALONE = "left alone"
     FAILED = "failed"
 
@@ -255,6 +258,8 @@ class Survey(BaseModel):
 
     to_release: list[Leftover] = []
     ended_with_sandbox: list[Leftover] = []
+    #: Sessions on machines the run does not own (hosts, local): their GPU lease is ended, nothing rented.
+    leased_machines: list[Leftover] = []
     left_alone: list[Action] = []
     #: Every run the manifest knows, for telling owned consumer ids.
     known_runs: dict[str, RunInfo] = {}
@@ -276,6 +281,13 @@ def survey(
         if worker is not None and leftover.worker != worker:
             continue
         run = runs.get(leftover.run_id) or RunInfo(run_id=leftover.run_id)
+        if on_leased_machine(leftover.session_id):  # no API holds it: only a live run must be left alone
+            running = run.still_running(me) if check_liveness else None
+            if running:
+                result.left_alone.append(Action(leftover=leftover, outcome=ReleaseOutcome.LEFT_ALONE, detail=running))
+            else:
+                result.leased_machines.append(leftover)
+            continue
         reason = _releasable(run, api, check_liveness, me)
         if reason is None:
             result.to_release.append(leftover)
@@ -409,7 +421,7 @@ def record(store: Store, action: Action, released_by: str) -> None:
         status = action.after or "stopped"
     elif action.outcome is ReleaseOutcome.NOT_FOUND:
         status = "not_found"
-    elif action.outcome is ReleaseOutcome.ENDED_WITH_SANDBOX:
+    elif action.outcome in (ReleaseOutcome.ENDED_WITH_SANDBOX, ReleaseOutcome.LEASE_ENDED):
         status = "stopped"
     else:
         return
@@ -426,6 +438,15 @@ def record(store: Store, action: Action, released_by: str) -> None:
             writer.status("CLEANUP", session_id=leftover.session_id, status=status, by=released_by)
         finally:
             writer.close()
+
+
+def end_gpu_leases(store: Store, leftover: Leftover) -> int:
+    """End the GPU leases the session's cell held (``hosts``/``local``); how many."""
+    holder = f"{leftover.run_id}/{leftover.consumer_id}"
+    held = [lease for lease in store.gpu_leases(active_at=time.time()) if lease.holder == holder]
+    for lease in held:
+        store.release_gpu_lease(lease.lease_id)
+    return len(held)
 
 
 def close_cells(store: Store, row_ids: Iterable[str], reason: str, released_by: str) -> list[str]:
@@ -483,6 +504,13 @@ async def clean(
         report.actions.append(action)
         if not dry_run:
             record(store, action, "the run's sandbox, on exit")
+    for leftover in found.leased_machines:
+        action = Action(leftover=leftover, outcome=ReleaseOutcome.LEASE_ENDED,
+                        detail="a machine the run does not own: its GPU lease is ended (it would run out anyway)")
+        report.actions.append(action)
+        if not dry_run:
+            await asyncio.to_thread(end_gpu_leases, store, leftover)
+            await asyncio.to_thread(record, store, action, released_by)
     touched = []
     for leftover in leftovers:
         if provider is None:

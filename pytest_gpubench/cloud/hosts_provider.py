@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ApiError, InventoryError, NoEligibleOffer, Stage, StageError
 from ..matrix.launch import LaunchSpec
-from ..matrix.machines import HOSTS_CLOUD, LOCAL_CLOUD
+from ..matrix.machines import HOSTS_CLOUD, KEPT_MACHINES, LOCAL_CLOUD
 from ..matrix.selection import gpu_matches
 from ..settings import Settings
 from .gpu_leasing import WAIT_POLL_SECONDS, GpuLeaseKeeper
@@ -49,6 +49,15 @@ if TYPE_CHECKING:
 #: Runtimes that serve from one server per machine (Ollama: its OLLAMA_HOST): a cell of one
 #: leases every GPU of the machine, so no other cell shares (and disturbs) its server.
 ONE_SERVER_PER_MACHINE = frozenset({"ollama"})
+#: How these providers' session ids start (``hosts-lab1-3-ab12cd``): cleanup knows them by it.
+MACHINE_SESSION_PREFIXES = tuple(f"{cloud}-" for cloud in sorted(KEPT_MACHINES))
+
+
+def on_leased_machine(session_id: str) -> bool:
+    """Whether ``session_id`` is a ``hosts``/``local`` session: a GPU lease, nothing any API can release."""
+    return session_id.startswith(MACHINE_SESSION_PREFIXES)
+
+
 #: ``~/.ssh/known_hosts``: checked after an inventory's own known_hosts file.
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
 

@@ -549,3 +549,26 @@ def test_a_worker_killed_mid_group_fails_its_cell_once_and_the_group_goes_on(tmp
     assert output.count("crashed") >= 1 and "1 failed, 1 passed" in output, output[-3000:]
     assert active_sessions(sandbox_url) == []
     cleanup_finds_nothing(run)
+
+
+def test_cleanup_ends_a_dead_runs_gpu_leases_on_hosts_without_asking_any_api(tmp_path, capsys):
+    """A ``hosts``/``local`` session is a GPU lease, nothing an API rented: cleanup of a dead run ends
+    the lease at once (it would run out anyway) and records the session stopped; a live run's is left."""
+    from pytest_gpubench.store.sqlite_store import SqliteStore
+
+    path = tmp_path / "manifest.db"
+    with Manifest(path) as manifest:
+        add_run(manifest, "dead", dead_process(), "http://127.0.0.1:9")
+        add_run(manifest, "alive", ProcessIdentity.current(), "http://127.0.0.1:9")
+        row = add_cell(manifest, "dead", "c1", tmp_path, "hosts-lab1-1-abc123")
+        add_cell(manifest, "alive", "c2", tmp_path, "hosts-lab2-1-def456")
+    with SqliteStore.open(path) as store:
+        dead = store.claim_gpus("127.0.0.1:2201", [0], 1, holder=f"dead/{consumer_id('dead', 'c1')}", ttl=600)
+        alive = store.claim_gpus("127.0.0.1:2202", [0], 1, holder=f"alive/{consumer_id('alive', 'c2')}", ttl=600)
+    assert gpubench(["cleanup", "--manifest", str(path)]) == 0  # no API reached, none needed
+    out = capsys.readouterr().out
+    assert "GPU lease ended session hosts-lab1-1-abc123" in out and "left alone session hosts-lab2" in out
+    with SqliteStore.open(path) as store:
+        held = {lease.lease_id for lease in store.gpu_leases(active_at=time.time())}
+        assert held == {alive.lease_id} and dead.lease_id not in held
+        assert store.cell(row).session_status == "stopped"
