@@ -75,6 +75,12 @@ def inventory_name(product_name: str) -> str:
     return " ".join(words) or product_name
 
 
+def leased(machine: Machine, wanted: Constraints) -> int:
+    """How many of ``machine``'s GPUs a cell with ``wanted`` leases: its ``gpus``, or all of them
+    for a runtime serving one server per machine (:data:`ONE_SERVER_PER_MACHINE`)."""
+    return machine.gpus if wanted.runtime in ONE_SERVER_PER_MACHINE else wanted.gpu_count
+
+
 class Machine:
     """One leasable machine: how to reach it and what it declares."""
 
@@ -153,7 +159,8 @@ class MachineProvider:
         for machine in candidates:
             if machine.gpus < wanted.gpu_count:
                 too_small.append(machine.name)
-            elif wanted.max_price is not None and machine.price_per_hour > wanted.max_price:
+            elif wanted.max_price is not None and self._offer(machine, leased(machine, wanted),
+                                                               wanted.provider).price_per_hour > wanted.max_price:
                 too_dear.append(machine.name)
             else:
                 eligible.append(machine)
@@ -162,11 +169,12 @@ class MachineProvider:
             parts += [f"{', '.join(too_dear)}: over the price cap of ${wanted.max_price:.2f}/h"] if too_dear else []
             raise NoEligibleOffer(f"{len(candidates)} {self.cloud} machine(s) with a {wanted.gpu}, none eligible: "
                                   + "; ".join(parts))
+        offers = {m.name: self._offer(m, leased(m, wanted), wanted.provider) for m in eligible}
         free = {m.name: await self._free_gpus(m) for m in eligible}
         # Free GPUs now first, then the cheapest: cells spread over idle machines rather than queue on one.
-        eligible.sort(key=lambda m: (free[m.name] < wanted.gpu_count, m.price_per_hour, m.name))
-        offers = [self._offer(m, wanted.gpu_count, wanted.provider) for m in eligible]
-        return OfferChoice(offers[0], len(candidates), offers, wanted)
+        eligible.sort(key=lambda m: (free[m.name] < offers[m.name].gpu_count, offers[m.name].price_per_hour, m.name))
+        ordered = [offers[m.name] for m in eligible]
+        return OfferChoice(ordered[0], len(candidates), ordered, wanted)
 
     async def _free_gpus(self, machine: Machine) -> int:
         if self._store is None:

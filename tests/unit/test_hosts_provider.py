@@ -1,0 +1,76 @@
+"""The ``hosts`` provider's choice of a machine for a cell (no SSH, no store: offers only)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pytest_gpubench.cloud.hosts_provider import HostsProvider, inventory_name, on_leased_machine
+from pytest_gpubench.cloud.offers import Constraints
+from pytest_gpubench.errors import NoEligibleOffer, Stage, StageError
+from pytest_gpubench.settings import Settings
+
+INVENTORY = """
+hosts:
+  big: {address: 10.0.0.1, agent: true, gpu: RTX 4090, gpus: 2, price_per_hour: 1.0, tags: [lab]}
+  small: {address: 10.0.0.2, agent: true, gpu: RTX 4090, gpus: 1, price_per_hour: 0.4, tags: [lab, desk]}
+  other: {address: 10.0.0.3, agent: true, gpu: A100 80GB}
+"""
+
+
+@pytest.fixture
+def provider(tmp_path) -> HostsProvider:
+    path = tmp_path / "hosts.yaml"
+    path.write_text(INVENTORY)
+    return HostsProvider(Settings(hosts=str(path)))
+
+
+def choose(hosts: HostsProvider, **wanted):
+    return asyncio.run(hosts.choose_offer(Constraints(**{"gpu": "RTX 4090", "provider": "hosts", "vram_gb": 8,
+                                                            **wanted})))
+
+
+def test_a_cell_pays_the_share_of_the_machine_it_holds_cheapest_first(provider):
+    choice = choose(provider, runtime="vllm")
+    assert [(o.id, o.gpu_count, o.price_per_hour) for o in choice.eligible] == [
+        ("small", 1, 0.4), ("big/gpus=1", 1, 0.5)]
+    assert choice.offers_found == 2 and choice.offer.machine_id == "small"
+    # Ollama serves one server per machine: its cell holds (and pays for) every GPU of it.
+    assert [(o.id, o.gpu_count, o.price_per_hour) for o in choose(provider, runtime="ollama").eligible] == [
+        ("small", 1, 0.4), ("big", 2, 1.0)]
+    assert [o.id for o in choose(provider, runtime="vllm", gpu_count=2).eligible] == ["big"]
+
+
+def test_a_rows_provider_pins_a_host_by_name_or_tag(provider):
+    assert [o.machine_id for o in choose(provider, provider="big", runtime="vllm").eligible] == ["big"]
+    assert [o.machine_id for o in choose(provider, provider="desk", runtime="vllm").eligible] == ["small"]
+    assert choose(provider, provider="big", runtime="vllm").offer.provider == "big"
+
+
+def test_no_eligible_machine_says_why(provider):
+    with pytest.raises(NoEligibleOffer, match="fewer than 4 GPUs"):
+        choose(provider, gpu_count=4)
+    with pytest.raises(NoEligibleOffer, match="over the price cap of \\$0.30/h"):
+        choose(provider, runtime="vllm", max_price=0.3)
+    with pytest.raises(NoEligibleOffer, match="no hosts machine with a H100"):
+        choose(provider, gpu="H100")
+
+
+def test_without_an_inventory_or_with_a_bad_one_the_cell_fails_at_inventory(tmp_path):
+    with pytest.raises(StageError, match="needs a hosts inventory") as missing:
+        choose(HostsProvider(Settings()))
+    assert missing.value.stage == Stage.INVENTORY
+    bad = tmp_path / "hosts.yaml"
+    bad.write_text("hosts: {a: {address: x, agent: true, gpu: T4, gpus: 0}}\n")
+    with pytest.raises(StageError, match="hosts.a.gpus") as broken:
+        choose(HostsProvider(Settings()), hosts_file=str(bad))
+    assert broken.value.stage == Stage.INVENTORY
+    assert asyncio.run(HostsProvider(Settings()).offers()) == []  # `gpubench offers` without one: nothing
+
+
+def test_names_and_session_ids():
+    assert inventory_name("NVIDIA GeForce RTX 4090") == "RTX 4090"
+    assert inventory_name("NVIDIA A100-SXM4-80GB") == "A100-SXM4-80GB"
+    assert on_leased_machine("hosts-lab1-1-abc123") and on_leased_machine("local-local-2-ff00aa")
+    assert not on_leased_machine("3f2b0c5e-1111-4111-8111-111111111111")
