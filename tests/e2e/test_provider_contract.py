@@ -459,3 +459,38 @@ def test_a_dead_runs_lease_runs_out_and_a_waiting_cell_gets_its_gpus(machines):
     ssh = provider.ssh_details(waiting, running)
     assert running.status == "running" and ssh.gpu_indices == (0, 1) and polls
     assert not store.renew_gpu_lease(dead.lease_id, 60)  # the dead run's lease is over
+
+
+def test_the_plugin_reaches_a_machine_by_the_providers_ssh_details(machines, tmp_path):
+    """``gpu_ssh`` logs in with ``ssh_details`` alone: a host over SSH, its key checked or pinned
+    (here pinned: no known_hosts knows it), this machine through a local shell; the GPU is probed."""
+    from pytest_gpubench.plugin.cell_benchmark import GpuSession, connect
+    from pytest_gpubench.remote.ssh import KeyFile
+
+    provider, _ = machines
+    row = "hosts" if provider.where == "hosts" else "local"
+    choice = call(provider.choose_offer(Constraints("RTX4090", row, vram_gb=8)))
+    created = call(provider.create(choice.offer, consumer_id("contract", "login"), 1, runtime="vllm"))
+    session = call(provider.wait_running(created.session.id, timeout=10))
+    ssh = provider.ssh_details(created, session)
+    run = RunContext(Settings(manifest=tmp_path / "m.db", reports=tmp_path))
+    key_file = KeyFile(ssh.private_key, name=session.id)
+    pinned: list[str] = []
+    try:
+        gpu_session = GpuSession(session, ssh, key_file, choice, cloud=row)
+
+        async def gpus() -> str:
+            conn = await connect(run, gpu_session, 20, on_pinned=lambda fingerprint, _: pinned.append(fingerprint))
+            try:
+                return (await conn.run("nvidia-smi --query-gpu=index --format=csv,noheader",
+                                       stage=Stage.SSH_CONNECT, what="nvidia-smi", timeout=20)).stdout
+            finally:
+                await conn.close()
+
+        assert call(gpus()).split() == ["0", "1"]
+        assert len(pinned) == (1 if row == "hosts" else 0)
+        assert call(gpus()) and len(pinned) == (1 if row == "hosts" else 0)  # known now: checked, not pinned again
+    finally:
+        key_file.remove()
+        run.close()
+        call(provider.release(created.session.id))
