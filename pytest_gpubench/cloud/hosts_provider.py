@@ -11,10 +11,10 @@ type (a row's ``provider:`` is ``hosts`` for any host, or a host's name or tag t
 :meth:`create` leases the GPUs through the store (:class:`.gpu_leasing.GpuLeaseKeeper`),
 and the session is ``running`` once it holds them: :meth:`wait_running` waits, with
 progress, while every matching GPU is busy (another cell, worker or run holds it), up to
-the provision timeout. :attr:`SshDetails.gpu_indices` are the leased GPUs. Ollama serves
-one server per machine (on its ``OLLAMA_HOST``), so an Ollama cell leases every GPU of the
-machine: two cells never share one server. Other runtimes start a server of their own on
-a free port, pinned to the cell's GPUs. :meth:`release` ends the lease; the machine stays
+the provision timeout. :attr:`SshDetails.gpu_indices` are the leased GPUs. Two cells never
+share one server: the OpenAI-API servers start one per cell on a free port, with files of
+its own (:data:`SERVER_PER_CELL`), and lease only the cell's GPUs; any other runtime (Ollama
+serves one server per machine, on its ``OLLAMA_HOST``) leases every GPU of the machine. :meth:`release` ends the lease; the machine stays
 as it was (the cell's teardown stops servers it started, ``plugin/fixtures.py``).
 """
 
@@ -46,9 +46,11 @@ from .shopper_client import CreatedSession, Offer, Session
 if TYPE_CHECKING:
     from ..store.base import Store
 
-#: Runtimes that serve from one server per machine (Ollama: its OLLAMA_HOST): a cell of one
-#: leases every GPU of the machine, so no other cell shares (and disturbs) its server.
-ONE_SERVER_PER_MACHINE = frozenset({"ollama"})
+#: Runtimes that start a server of their own per cell, on a free port with files of its own
+#: (``runtimes/shared_machine.py``): their cells lease only the GPUs they run on. Any other
+#: (Ollama: one server per machine on its OLLAMA_HOST; container workers) leases every GPU of
+#: the machine, so no two cells share, or disturb, one server.
+SERVER_PER_CELL = frozenset({"vllm", "sglang", "tgi", "llamacpp"})
 #: How these providers' session ids start (``hosts-lab1-3-ab12cd``): cleanup knows them by it.
 MACHINE_SESSION_PREFIXES = tuple(f"{cloud}-" for cloud in sorted(KEPT_MACHINES))
 
@@ -76,9 +78,9 @@ def inventory_name(product_name: str) -> str:
 
 
 def leased(machine: Machine, wanted: Constraints) -> int:
-    """How many of ``machine``'s GPUs a cell with ``wanted`` leases: its ``gpus``, or all of them
-    for a runtime serving one server per machine (:data:`ONE_SERVER_PER_MACHINE`)."""
-    return machine.gpus if wanted.runtime in ONE_SERVER_PER_MACHINE else wanted.gpu_count
+    """How many of ``machine``'s GPUs a cell with ``wanted`` leases: its ``gpus`` for a runtime with a
+    server per cell (:data:`SERVER_PER_CELL`), else all of them."""
+    return wanted.gpu_count if wanted.runtime in SERVER_PER_CELL else machine.gpus
 
 
 class Machine:
@@ -189,7 +191,7 @@ class MachineProvider:
                      ssh_timeout_minutes: int | None = None, disk_gb: int | None = None,
                      launch: LaunchSpec | None = None, runtime: str = "", model: str = "") -> CreatedSession:
         machine = self._machine_of(offer)
-        count = machine.gpus if runtime in ONE_SERVER_PER_MACHINE else offer.gpu_count
+        count = offer.gpu_count if runtime in SERVER_PER_CELL else machine.gpus
         session = Session(id=f"{self.cloud}-{machine.name}-{next(self._numbers)}-{uuid.uuid4().hex[:6]}",
                           consumer_id=consumer, provider=offer.provider, gpu_type=machine.gpu, gpu_count=count,
                           status="pending", ssh_host=machine.location, ssh_port=machine.port, price_per_hour=offer.price_per_hour,

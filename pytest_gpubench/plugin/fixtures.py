@@ -25,7 +25,7 @@ from ..errors import BudgetRefused, NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell
 from ..matrix.machines import KEPT_MACHINES
 from .hints import HostKeyPinnedWarning
-from ..runtimes.leave_as_found import has_model, leave_as_found
+from ..runtimes.shared_machine import has_model, keep_apart, leave_as_found
 from ..cloud.offers import Constraints
 from .outcome import outcome_of
 from ..cloud.provider import OfferChoice
@@ -295,7 +295,7 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
 
     On a machine the run does not own (``cloud: hosts``, ``local``), teardown leaves it as
     found: a server started here is stopped, a pulled model removed when the inventory says
-    ``keep_models: false`` (``runtimes/leave_as_found.py``).
+    ``keep_models: false`` (``runtimes/shared_machine.py``).
     """
     settings, recorder, cell = gpubench_run.settings, gpubench_recorder, gpubench_cell
     # Keepalives on the run's clock: a link that went silent is noticed in seconds in the sandbox too.
@@ -319,7 +319,8 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
         if lease is None or request.node.stash.get(NEXT_GROUP_KEY, None) != lease.group:  # its last cell here
             _leave_as_found(gpubench_run, recorder, runtime, cell.model, pulled_here["model"])
 
-    if kept_machine:  # not ours: left as found in teardown, also after a failed install or pull
+    if kept_machine:  # not ours: kept apart from other cells there, left as found, also after a failure
+        keep_apart(runtime, gpu_session.ssh.gpu_indices)
         request.addfinalizer(leave_machine)
 
     async def install_and_serve() -> tuple[bool, str]:

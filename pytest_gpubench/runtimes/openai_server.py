@@ -87,6 +87,8 @@ class LaunchSpec:
     tensor_parallel_flag: str | None = None
     health_path: str = "/health"
     api: ServingApi = ServingApi.OPENAI_CHAT
+    #: Set per cell on a shared machine (``runtimes/shared_machine.py``): its own log, pid and port files.
+    file_tag: str = ""
 
     def command(self, model: str, port: int, parallel: int, args: Sequence[str]) -> list[str]:
         """The launch command's words for ``model`` on ``port`` (validated, not yet quoted)."""
@@ -101,7 +103,7 @@ class LaunchSpec:
 
     def files(self, suffix: str) -> str:
         """The instance path of this server's ``log``, ``pid`` or ``port`` file."""
-        return f"$HOME/.gpubench/{self.name}-serve.{suffix}"
+        return f"$HOME/.gpubench/{self.name}-serve{self.file_tag}.{suffix}"
 
 
 class _PortTaken(Exception):

@@ -236,3 +236,35 @@ def test_a_cell_that_fails_after_starting_the_server_still_stops_it(tmp_path, tw
     (row,) = manifest_rows(tmp_path)
     assert row["status"] == "failed" and row["failure_stage"] == "model_pull", done.stdout[-3000:]
     assert not answers(two_hosts.hosts.machines["lab1"].ollama_port)
+
+
+@pytest.mark.slow
+def test_two_vllm_cells_share_a_two_gpu_host_one_gpu_and_one_server_each(tmp_path):
+    """A server of its own per cell (vLLM starts one per cell on a free port): a 2-GPU host takes two
+    1-GPU cells, each leasing one GPU; no GPU is held twice at once, and no server stays behind."""
+    machines = SandboxHostsThread(tmp_path / "machines", [HostPlan("duo", gpus=2)])
+    machines.start()
+    try:
+        path = tmp_path / "gpubench_duo.yaml"
+        path.write_text(textwrap.dedent(f"""\
+            cloud: hosts
+            hosts: {machines.hosts.inventory}
+            workload: {{duration: 3s, max_tokens: 32, warmup_requests: 1}}
+            matrix:
+              - {{gpu: RTX 4090, provider: duo, models: [qwen2:1.5b, qwen2:7b], runtime: vllm}}
+            """))
+        done = run_pytest(tmp_path, str(path), "-n", "2", "--gpubench-known-hosts", str(tmp_path / "kh"))
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+        rows = manifest_rows(tmp_path)
+        assert {row["status"] for row in rows} == {"success"} and len(rows) == 2
+        held = leases(tmp_path)
+        assert len(held) == 2 and all(row["released_at"] is not None for row in held)
+        assert_no_gpu_held_twice_at_once(held)
+        home = machines.hosts.machines["duo"].home / ".gpubench"
+        logs = [p.read_text() for p in (tmp_path / "reports" / "progress").rglob("*.log")]
+        assert all("stopped the vllm server it started" in log for log in logs)
+        # Each server had files of its own (named by its GPUs); none is left running.
+        assert {p.name for p in home.glob("vllm-serve*.log")} <= {"vllm-serve-gpu0.log", "vllm-serve-gpu1.log"}
+        assert list(home.glob("vllm-serve*.pid")) == []
+    finally:
+        machines.stop()

@@ -36,7 +36,8 @@ def test_a_cell_pays_the_share_of_the_machine_it_holds_cheapest_first(provider):
     assert [(o.id, o.gpu_count, o.price_per_hour) for o in choice.eligible] == [
         ("small", 1, 0.4), ("big/gpus=1", 1, 0.5)]
     assert choice.offers_found == 2 and choice.offer.machine_id == "small"
-    # Ollama serves one server per machine: its cell holds (and pays for) every GPU of it.
+    # Ollama serves one server per machine (any runtime without a server per cell): it holds, and pays
+    # for, every GPU of it.
     assert [(o.id, o.gpu_count, o.price_per_hour) for o in choose(provider, runtime="ollama").eligible] == [
         ("small", 1, 0.4), ("big", 2, 1.0)]
     assert [o.id for o in choose(provider, runtime="vllm", gpu_count=2).eligible] == ["big"]

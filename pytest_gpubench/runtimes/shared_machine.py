@@ -1,4 +1,10 @@
-"""Leaving a machine the run does not own as the run found it (``cloud: hosts``, ``local``).
+"""Running on a machine the run does not own (``cloud: hosts``, ``local``): kept apart, left as found.
+
+Cells leasing different GPUs of one machine run side by side there, so each must keep its
+own server: :func:`keep_apart` gives an OpenAI-API server (vLLM, SGLang, TGI, llama.cpp)
+log, pid and port files of its own, named by the GPUs it holds, so that one cell never
+finds, stops or adopts another's server. (Ollama serves one server per machine; its cells
+lease the whole machine instead, ``cloud/hosts_provider.py``.)
 
 A rented session is destroyed after its cells; a host is not, so whatever a cell started
 there must end with the cell: the server, when this cell's runtime (or an earlier cell's
@@ -10,8 +16,17 @@ on the machine stays.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..errors import Stage, StageError
 from .base import Runtime
+from .openai_server import OpenAIServerRuntime
+
+
+def keep_apart(runtime: Runtime, gpu_indices: tuple[int, ...]) -> None:
+    """Give ``runtime``'s server files of its own for the GPUs ``gpu_indices`` (none: the whole machine)."""
+    if gpu_indices and isinstance(runtime, OpenAIServerRuntime):
+        runtime.spec = replace(runtime.spec, file_tag="-gpu" + "_".join(str(i) for i in gpu_indices))
 
 
 async def has_model(runtime: Runtime, model: str) -> bool:
