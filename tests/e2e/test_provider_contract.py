@@ -386,8 +386,10 @@ def test_a_machine_provider_offers_its_machines_and_leases_their_gpus(machines, 
     (offer,) = call(provider.offers())
     assert (offer.gpu_type, offer.gpu_count, offer.price_per_hour) == ("RTX 4090", 2, 0.0)
     row = "hosts" if provider.where == "hosts" else "local"
-    choice = call(provider.choose_offer(Constraints("RTX4090", row, vram_gb=8, gpu_count=1)))
+    choice = call(provider.choose_offer(Constraints("RTX4090", row, vram_gb=8, gpu_count=1, runtime="vllm")))
     assert choice.offer.gpu_count == 1 and choice.eligible == [choice.offer]
+    # A runtime without a server per cell (Ollama's one per machine) is offered the whole machine.
+    assert call(provider.choose_offer(Constraints("RTX4090", row, vram_gb=8, runtime="ollama"))).offer.gpu_count == 2
     with pytest.raises(NoEligibleOffer, match="fewer than 4 GPUs"):
         call(provider.choose_offer(Constraints("RTX4090", row, vram_gb=8, gpu_count=4)))
     with pytest.raises(NoEligibleOffer):
