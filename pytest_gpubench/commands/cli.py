@@ -4,7 +4,9 @@
 other clients (curl, the GPU Shopper CLI, CI pipelines) to rent from for free.
 
 ``gpubench sandbox hosts [NAME[=GPU[*COUNT]]...]`` starts sandbox machines for ``cloud: hosts``
-(real SSH on loopback, no API) and prints ``GPUBENCH_HOSTS=<hosts.yaml>`` (``sandbox/hosts.py``).
+(real SSH on loopback, no API) and prints ``GPUBENCH_HOSTS=<hosts.yaml>`` (``sandbox/hosts.py``);
+``gpubench sandbox local [GPU[*COUNT]]`` prints the ``export`` lines that give a shell stand-in
+GPUs and Ollama for ``cloud: local``.
 
 ``gpubench cleanup [--manifest PATH] [--api URL] [--dry-run]`` releases the GPU
 sessions that dead runs of the manifest left running (see ``cleanup.py``).
@@ -417,6 +419,10 @@ def main(argv: list[str] | None = None) -> int:
         from ..sandbox.hosts import main as hosts_main
 
         return hosts_main(args[2:])
+    if args[:2] == ["sandbox", "local"]:  # stand-in GPUs and Ollama for `cloud: local`
+        from ..sandbox.hosts import local_main
+
+        return local_main(args[2:])
     if args[:1] == ["sandbox"]:
         from ..sandbox.server import main as sandbox_main
 

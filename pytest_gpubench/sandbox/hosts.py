@@ -202,3 +202,45 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     return asyncio.run(serve())
+
+
+#: What ``gpubench sandbox local`` prints: the variables that give a shell the stand-ins.
+LOCAL_VARIABLES = ("PATH", "OLLAMA_HOST", "GPUBENCH_SANDBOX_INSTANCE", "GPUBENCH_SANDBOX_OWNER")
+
+
+def local_main(argv: list[str] | None = None) -> int:
+    """``gpubench sandbox local``: this machine's stand-in GPUs and Ollama, as ``export`` lines for a
+    shell (``eval``), kept until stopped (the stand-ins' daemons end with this command)."""
+    import argparse
+    import shlex
+    import sys
+    import tempfile
+
+    from .server import stop_on_signals
+
+    parser = argparse.ArgumentParser(
+        prog="gpubench sandbox local",
+        description="Give this machine stand-in GPUs and Ollama for `cloud: local` (docs/providers.md): prints "
+                    "export lines for a shell and runs until stopped.")
+    parser.add_argument("gpu", nargs="?", default="RTX 4090*1", metavar="GPU[*COUNT]")
+    parser.add_argument("--dir", help="where the machine's files go (default: a new temporary folder)")
+    parser.add_argument("--time-scale", type=float, default=HOSTS_TIME_SCALE)
+    parser.add_argument("--exit-with-stdin", action="store_true", help="stop when standard input closes")
+    args = parser.parse_args(argv)
+    try:
+        plan = parse_host(f"local={args.gpu}")
+        machine = local_machine(Path(args.dir or tempfile.mkdtemp(prefix="gpubench-local-")), plan.gpu, plan.gpus,
+                                time_scale=args.time_scale)
+    except ValueError as exc:
+        print(f"gpubench sandbox local: {exc}", file=sys.stderr)
+        return 2
+    environment = machine.environment()
+    for name in LOCAL_VARIABLES:
+        print(f"export {name}={shlex.quote(environment[name])}", flush=True)
+
+    async def wait() -> int:
+        await stop_on_signals(args.exit_with_stdin).wait()
+        await machine.stop(remove=False)
+        return 0
+
+    return asyncio.run(wait())

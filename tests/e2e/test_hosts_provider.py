@@ -268,3 +268,28 @@ def test_two_vllm_cells_share_a_two_gpu_host_one_gpu_and_one_server_each(tmp_pat
         assert list(home.glob("vllm-serve*.pid")) == []
     finally:
         machines.stop()
+
+
+def test_gpubench_sandbox_local_gives_a_shell_the_stand_in_gpus(tmp_path):
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pytest_gpubench.commands.cli", "sandbox", "local", "RTX 4090*2",
+         "--dir", str(tmp_path), "--exit-with-stdin"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        exports = [process.stdout.readline() for _ in range(4)]
+        assert all(line.startswith("export ") for line in exports), exports
+        environment = dict(os.environ)
+        for line in exports:
+            name, _, value = line.removeprefix("export ").strip().partition("=")
+            environment[name] = shlex.split(value)[0]
+        listed = subprocess.run(["nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader"], env=environment,
+                                capture_output=True, text=True, timeout=60)
+        assert listed.stdout.splitlines() == ["0, NVIDIA GeForce RTX 4090", "1, NVIDIA GeForce RTX 4090"]
+    finally:
+        process.stdin.close()
+        assert process.wait(60) == 0
