@@ -110,9 +110,23 @@ def test_the_local_provider_benchmarks_this_machine(tmp_path):
     assert not answers(int(machine.environment()["OLLAMA_HOST"].rpartition(":")[2]))
 
 
-def test_host_keys_are_pinned_on_first_use_checked_after_and_a_changed_one_refused(tmp_path, two_hosts):
-    lab1 = two_hosts.hosts.machines["lab1"]
-    key = two_hosts.hosts.key_file.read_text()
+@pytest.fixture(params=["asyncssh", "openssh"])
+def one_host(request, tmp_path) -> SandboxHostsThread:
+    """One sandbox host behind each SSH server the sandbox has (OpenSSH's sshd when installed)."""
+    if request.param == "openssh":
+        from pytest_gpubench.sandbox.openssh import find_sshd
+
+        if find_sshd() is None:
+            pytest.skip("OpenSSH's sshd is not installed")
+    machines = SandboxHostsThread(tmp_path / "machines", [HostPlan("lab1")], ssh_server=request.param)
+    machines.start()
+    yield machines
+    machines.stop()
+
+
+def test_host_keys_are_pinned_on_first_use_checked_after_and_a_changed_one_refused(tmp_path, one_host):
+    lab1 = one_host.hosts.machines["lab1"]
+    key = one_host.hosts.key_file.read_text()
     pin_file = tmp_path / "pins" / "known_hosts"
     told: list[str] = []
 
