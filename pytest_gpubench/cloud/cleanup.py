@@ -284,7 +284,8 @@ def survey(
         if on_leased_machine(leftover.session_id):  # no API holds it: only a live run must be left alone
             running = run.still_running(me) if check_liveness else None
             if running:
-                result.left_alone.append(Action(leftover=leftover, outcome=ReleaseOutcome.LEFT_ALONE, detail=running))
+                alone = Action(leftover=leftover, outcome=ReleaseOutcome.LEFT_ALONE, detail=running)
+                result.left_alone.append(alone)
             else:
                 result.leased_machines.append(leftover)
             continue

@@ -14,8 +14,9 @@ progress, while every matching GPU is busy (another cell, worker or run holds it
 the provision timeout. :attr:`SshDetails.gpu_indices` are the leased GPUs. Two cells never
 share one server: the OpenAI-API servers start one per cell on a free port, with files of
 its own (:data:`SERVER_PER_CELL`), and lease only the cell's GPUs; any other runtime (Ollama
-serves one server per machine, on its ``OLLAMA_HOST``) leases every GPU of the machine. :meth:`release` ends the lease; the machine stays
-as it was (the cell's teardown stops servers it started, ``plugin/fixtures.py``).
+serves one server per machine, on its ``OLLAMA_HOST``) leases every GPU of the machine.
+:meth:`release` ends the lease; the machine stays as it was (the cell's teardown stops
+servers it started, ``plugin/fixtures.py``).
 """
 
 from __future__ import annotations
@@ -194,8 +195,8 @@ class MachineProvider:
         count = offer.gpu_count if runtime in SERVER_PER_CELL else machine.gpus
         session = Session(id=f"{self.cloud}-{machine.name}-{next(self._numbers)}-{uuid.uuid4().hex[:6]}",
                           consumer_id=consumer, provider=offer.provider, gpu_type=machine.gpu, gpu_count=count,
-                          status="pending", ssh_host=machine.location, ssh_port=machine.port, price_per_hour=offer.price_per_hour,
-                          reservation_hours=hours, created_at=datetime.now(timezone.utc), offer_id=offer.id)
+                          status="pending", ssh_host=machine.location, ssh_port=machine.port,
+                          price_per_hour=offer.price_per_hour, reservation_hours=hours, created_at=datetime.now(timezone.utc), offer_id=offer.id)
         pending = self._sessions[session.id] = _Pending(session, machine, count)
         await self._claim(pending)
         return CreatedSession(session=session, ssh_private_key="")
@@ -351,7 +352,8 @@ class LocalProvider(MachineProvider):
                 try:
                     done = subprocess.run([program, "--query-gpu=name", "--format=csv,noheader"],
                                           capture_output=True, text=True, timeout=30, check=False)
-                    names = [line.strip() for line in done.stdout.splitlines() if line.strip()] if done.returncode == 0 else []
+                    lines = done.stdout.splitlines() if done.returncode == 0 else []
+                    names = [line.strip() for line in lines if line.strip()]
                 except (OSError, subprocess.TimeoutExpired):
                     names = []
             self._gpus = names

@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     from ..store.base import Store
     from .provider import Provider
 
-#: Opens (or returns) the run's store, when a provider first needs it.
-StoreOpener = Callable[[], "Store"]
+    #: Opens (or returns) the run's store, when a provider first needs it.
+    StoreOpener = Callable[[], Store]
 
 
 class ProviderFactory(Protocol):

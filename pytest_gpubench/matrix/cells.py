@@ -551,8 +551,9 @@ def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -
         )
     try:
         # A dataset's path in `workload.prompts` is relative to the matrix file's folder.
-        spec = MatrixSpec.model_validate(data, context={"base_dir": str(Path(source).parent),
-                                                        "cloud": data.get("cloud") if isinstance(data, Mapping) else None})
+        # `provider:` means a host, not a marketplace, under `cloud: hosts`/`local` (fields._provider).
+        cloud = data.get("cloud") if isinstance(data, Mapping) else None
+        spec = MatrixSpec.model_validate(data, context={"base_dir": str(Path(source).parent), "cloud": cloud})
     except ValidationError as exc:
         raise translate(exc, source, root) from None
     for r, row in enumerate(spec.matrix):
