@@ -93,6 +93,7 @@ from . import endpoint as endpoint_fields
 from .endpoint import (ENDPOINT_CLOUD, ENDPOINT_KEYS, ENDPOINT_PROVIDER, ENDPOINT_RUNTIME, EndpointPrice,
                        EndpointSpec, EndpointUrl, EnvName)
 from .sweep import SWEEP, SweepSpec, sweep_problem
+from .microbench import MICROBENCH_MODEL, MicrobenchSpec
 from ..measure.thresholds import Slo, Thresholds, merged
 from .yaml_errors import at_line, describe, node_line, parse_yaml, translate
 
@@ -279,6 +280,8 @@ class RowSpec(_Strict):
     thresholds: Thresholds | None = None
     reuse: Reuse | None = None
     runtime: RuntimeSpec | None = None
+    #: GPU microbenchmarks (matrix/microbench.py): one more cell per provider, which runs no model.
+    microbench: MicrobenchSpec | None = None
 
     @model_validator(mode="after")
     def _one_of_each(self) -> RowSpec:
@@ -286,8 +289,8 @@ class RowSpec(_Strict):
             given = getattr(self, one) is not None, getattr(self, many) is not None
             if all(given):
                 raise invalid(f"give either `{one}` or `{many}`, not both")
-            if not any(given) and one == "model":  # a row without a provider: checked with the file's runtime
-                raise invalid(f"needs `{one}: ...` or `{many}: [...]`")
+            if not any(given) and one == "model" and self.microbench is None:  # a row without a provider: checked with the file's runtime
+                raise invalid(f"needs `{one}: ...` or `{many}: [...]` (or `microbench: [...]`)")
             if getattr(self, many) == []:
                 raise invalid(f"`{many}` is empty; list at least one")
         return self
@@ -431,6 +434,8 @@ class Cell(BaseModel):
     #: Which of its reuse group's sessions it runs on when a run splits the group over
     #: several (:mod:`pytest_gpubench.cloud.reuse_split`); None: the group has one session.
     session_part: int | None = None
+    #: A GPU microbenchmark cell's settings (``microbench:``); None for a cell that benchmarks a model.
+    microbench: MicrobenchSpec | None = None
 
     # The id and names below are computed once per cell (collection asks for them often;
     # expansion gives them to the cells it builds); what they depend on (GPU, provider,
@@ -701,9 +706,36 @@ def _expand(matrix: Matrix) -> list[Cell]:
                             f"load may appear once per runtime (and launch mode) in a file{where}"))
                     seen[key] = ids[id_key] = r
                     cells.append(cell)
+            if row.microbench is not None:
+                cell = _microbench_cell(matrix, r, row, provider, offer, point_parts[0][3], slo, thresholds,
+                                        endpoint=runtime == ENDPOINT_RUNTIME)
+                id_key = cell.cell_id.lower()
+                if id_key in ids:
+                    raise MatrixError(matrix.source, f"matrix[{r}].microbench", (
+                        f"duplicate cell {cell.cell_id}, already in matrix[{ids[id_key]}]"
+                        f"{at_line(_row_line(matrix, ids[id_key]))}; a GPU and provider's microbenchmarks "
+                        f"may appear once in a file{where}"))
+                ids[id_key] = r
+                cells.append(cell)
     if matrix.workload.sweep is not None and not any(cell.sweep for cell in cells):
         raise MatrixError(matrix.source, "workload.sweep", sweep_problem(None, matrix.workload.sweep, True) or "")
     return cells
+
+
+def _microbench_cell(matrix: Matrix, r: int, row: RowSpec, provider: str, offer: OfferConstraints,
+                     workload: Workload, slo: Slo, thresholds: Thresholds, *, endpoint: bool) -> Cell:
+    """A row's microbenchmark cell on ``provider``: no model, no runtime, its own session
+    (``reuse: cell``: a model server an earlier cell left would share the GPU it measures)."""
+    if endpoint:
+        raise MatrixError(matrix.source, f"matrix[{r}].microbench", (
+            "microbenchmarks need a rented GPU reached over SSH; a running endpoint has none"
+            + at_line(_row_line(matrix, r))))
+    return Cell(
+        gpu=row.gpu, provider=provider, model=MICROBENCH_MODEL, model_ref=MICROBENCH_MODEL, cloud=matrix.cloud,
+        workload=workload.model_copy(update={"concurrency": (1,), "rate": None}), offer=offer, vram_gb=0,
+        matrix_name=matrix.name, source=matrix.source, row=r, slo=slo, thresholds=thresholds, reuse="cell",
+        microbench=row.microbench,
+    )
 
 
 def _row_workload(matrix: Matrix, r: int, row: RowSpec) -> Workload:
