@@ -33,8 +33,10 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..cloud.processes import ProcessIdentity
 from ..errors import Stage
+from ..measure.microbench import MicrobenchRun
 from ..measure.results import BenchmarkResult, RequestRecord
-from .records import AttemptRecord, Baseline, CellRecord, Claim, OwnedSession, ResultRecord, RunRecord
+from .records import (AttemptRecord, Baseline, CellRecord, Claim, MicrobenchRecord, OwnedSession, ResultRecord,
+                      RunRecord)
 
 __all__ = ["Admission", "Store"]
 
@@ -157,6 +159,12 @@ class Store(Protocol):
 
     def add_gpu_samples(self, row_id: str, result_id: str | None, samples: Iterable[Any]) -> int:
         """Append a cell's GPU telemetry samples; how many."""
+
+    def add_microbench(self, row_id: str, run: MicrobenchRun) -> int:
+        """Store a microbenchmark cell's figures (replacing earlier ones of the cell); how many."""
+
+    def microbench(self, run_id: str | None = None) -> list[MicrobenchRecord]:
+        """The microbenchmark figures of one run, or of all, in the order stored."""
 
     def result(self, result_id: str) -> ResultRecord | None:
         """The result ``result_id``, or None."""

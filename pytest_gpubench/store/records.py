@@ -18,7 +18,8 @@ from ..cloud.processes import ProcessIdentity
 from ..measure.results import PerformanceResults
 
 __all__ = [
-    "AttemptRecord", "Baseline", "CellRecord", "Claim", "OwnedSession", "ResultRecord", "RunRecord",
+    "AttemptRecord", "Baseline", "CellRecord", "Claim", "MicrobenchRecord", "OwnedSession", "ResultRecord",
+    "RunRecord",
 ]
 
 
@@ -205,3 +206,30 @@ class Claim(_Record):
     #: The worker that holds the cell (the claimant when ``won``).
     holder: str | None
     won: bool
+
+
+class MicrobenchRecord(_Record):
+    """One figure of a microbenchmark cell (``memory_bandwidth``, ``matmul_fp16``...), as stored."""
+
+    row_id: str
+    run_id: str | None = None
+    gpu_type: str | None = None
+    provider: str | None = None
+    label: str
+    kind: str
+    precision: str | None = None
+    unit: str | None = None
+    #: The mean of the timed runs; None when the figure was skipped.
+    value: float | None = None
+    std: float | None = None
+    cv: float | None = None
+    n: int = 0
+    ci_low: float | None = None
+    ci_high: float | None = None
+    #: One value per timed run, in run order.
+    values: tuple[float, ...] = ()
+    #: Why it was not measured (compute capability, or what torch said).
+    skipped: str | None = None
+    device: str | None = None
+    capability: str | None = None
+    torch_version: str | None = None

@@ -203,6 +203,40 @@ ATTEMPT_COLUMNS: dict[str, type] = {
 }
 
 
+# The figures of microbenchmark cells (store/microbench_table.py), one row per figure.
+MICROBENCH_COLUMNS: dict[str, type] = {
+    "manifest_id": str,
+    "run_id": str,
+    "created_at": str,
+    "gpu_type": str,
+    "provider": str,
+    "label": str,  # memory_bandwidth, matmul_fp16, ...
+    "kind": str,
+    "precision": str,
+    "unit": str,
+    "value": float,  # the mean of the timed runs
+    "std": float,
+    "cv": float,
+    "n": int,
+    "ci_low": float,
+    "ci_high": float,
+    "values_json": str,
+    "skipped": str,
+    "device": str,
+    "capability": str,
+    "torch_version": str,
+}
+
+
+def create_microbench_table(db: sqlite_utils.Database) -> None:
+    """Create the table (and its index) when missing; an older manifest simply gains it."""
+    db["microbench_figures"].create(
+        MICROBENCH_COLUMNS, pk=("manifest_id", "label"), not_null={"manifest_id", "label", "kind"},
+        foreign_keys=[("manifest_id", "benchmark_manifest", "id")], if_not_exists=True)
+    db.table("microbench_figures").create_index(["run_id"], index_name="idx_microbench_figures_run_id",
+                                                if_not_exists=True)
+
+
 def create_schema(db: sqlite_utils.Database, path: object = "") -> None:
     """Create the tables and indexes that are missing, and bring an older file up to
     :data:`~.manifest_migrate.SCHEMA_VERSION`: columns renamed, added, filled in."""
@@ -277,5 +311,6 @@ def create_schema(db: sqlite_utils.Database, path: object = "") -> None:
         db.table(name).create_index(
             [column], index_name=f"idx_{name}_{column}", if_not_exists=True
         )
+    create_microbench_table(db)
     fill_in(db, version)
     set_version(db)

@@ -16,10 +16,12 @@ from typing import Any
 
 from ..cloud.processes import ProcessIdentity
 from ..errors import Stage
+from ..measure.microbench import MicrobenchRun
 from ..measure.results import BenchmarkResult, PerformanceResults, RequestRecord
 from .base import Admission
 from .manifest import Manifest
-from .records import AttemptRecord, Baseline, CellRecord, Claim, OwnedSession, ResultRecord, RunRecord
+from .records import (AttemptRecord, Baseline, CellRecord, Claim, MicrobenchRecord, OwnedSession, ResultRecord,
+                      RunRecord)
 from .sqlite import utc_now
 
 __all__ = ["SqliteStore"]
@@ -161,6 +163,14 @@ class SqliteStore:
 
     def add_gpu_samples(self, row_id: str, result_id: str | None, samples: Iterable[Any]) -> int:
         return self.manifest.add_gpu_samples(row_id, result_id, samples)
+
+    def add_microbench(self, row_id: str, run: MicrobenchRun) -> int:
+        return self.manifest.add_microbench(row_id, run)
+
+    def microbench(self, run_id: str | None = None) -> list[MicrobenchRecord]:
+        return [MicrobenchRecord(row_id=row["manifest_id"], values=tuple(json.loads(row["values_json"] or "[]")),
+                                 **{k: v for k, v in row.items() if k not in ("manifest_id", "values_json")})
+                for row in self.manifest.microbench_rows(run_id)]
 
     def result(self, result_id: str) -> ResultRecord | None:
         row = self.manifest.benchmark(result_id)

@@ -349,6 +349,31 @@ def test_details_repeats_and_samples_are_kept_with_a_result(store):
         store.set_result_details("nope", {})
 
 
+def test_microbench_figures_read_back_per_run_and_replace_the_cells_earlier_ones(store):
+    from pytest_gpubench.measure.microbench import figures_from_events
+
+    row_id = store.add_cell(RUN, "RTX_4090-vastai-microbench", gpu_type="RTX 4090", provider="vastai",
+                            model="microbench", matrix_file="matrix/gpubench_seed.yaml")
+    run = figures_from_events([
+        {"event": "device", "name": "NVIDIA GeForce RTX 4090", "capability": [8, 9], "torch": "2.5.1"},
+        {"event": "figure", "kind": "memory_bandwidth", "precision": None, "unit": "GB/s", "values": [900.0, 910.0]},
+        {"event": "skipped", "kind": "matmul", "precision": "fp8", "reason": "needs 8.9"},
+    ])
+    assert store.add_microbench(row_id, run) == 2
+    memory, fp8 = store.microbench(RUN)
+    assert (memory.row_id, memory.label, memory.unit, memory.values, memory.n) == (
+        row_id, "memory_bandwidth", "GB/s", (900.0, 910.0), 2)
+    assert memory.value == pytest.approx(905.0) and memory.ci_low <= 905.0 <= memory.ci_high
+    assert (memory.gpu_type, memory.provider, memory.device, memory.capability) == (
+        "RTX 4090", "vastai", "NVIDIA GeForce RTX 4090", "8.9")
+    assert (fp8.label, fp8.precision, fp8.value, fp8.skipped, fp8.values) == ("matmul_fp8", "fp8", None, "needs 8.9", ())
+    assert store.add_microbench(row_id, run.model_copy(update={"figures": run.figures[:1]})) == 1
+    assert [f.label for f in store.microbench()] == ["memory_bandwidth"]
+    assert store.microbench("another-run") == []
+    with pytest.raises(KeyError):
+        store.add_microbench("nope", run)
+
+
 def test_uploads_are_asked_for_once_and_tracked(store):
     row_id = add(store)
     first, second = (store.add_result(row_id, make_result(tps)) for tps in (70.0, 71.0))
