@@ -326,6 +326,36 @@ ATTEMPTS = TableDoc(
     },
 )
 
+MICROBENCH_FIGURES = TableDoc(
+    title="GPU microbenchmark figures",
+    description=("What a microbenchmark cell (matrix `microbench:`) measured with torch on the instance, one row "
+                 "per figure; docs/hardware.md and docs/metrics.md define them."),
+    sort="label",
+    facets=("gpu_type", "kind", "precision", "run_id"),
+    columns={
+        "manifest_id": "The cell (benchmark_manifest.id).",
+        "run_id": "The run (runs.run_id).",
+        "created_at": "When the figures were stored.",
+        "gpu_type": "GPU type of the cell, as the matrix names it.",
+        "provider": "Provider of the cell.",
+        "label": "The figure: memory_bandwidth, or matmul_<precision> (matmul_fp16, ...).",
+        "kind": "memory_bandwidth or matmul.",
+        "precision": "The matmul's precision: fp32, tf32, fp16, bf16, fp8 or int8; empty for memory bandwidth.",
+        "unit": "GB/s (memory), TFLOPS (matmul) or TOPS (INT8 matmul).",
+        "value": "Mean of the timed runs (the figure the report shows); empty when skipped.",
+        "std": "Sample standard deviation of the timed runs.",
+        "cv": "Coefficient of variation of the timed runs (std / mean).",
+        "n": "Timed runs (after the untimed warm-up runs).",
+        "ci_low": "Lower bound of the 95% bootstrap confidence interval of the mean.",
+        "ci_high": "Upper bound of the 95% bootstrap confidence interval of the mean.",
+        "values_json": "Every timed run's value, in run order (JSON list).",
+        "skipped": "Why the figure was not measured (compute capability, or what torch said).",
+        "device": "The GPU as torch names it.",
+        "capability": "The GPU's CUDA compute capability (8.9, ...).",
+        "torch_version": "The torch that measured it.",
+    },
+)
+
 #: Every manifest table, in the order a reader meets them.
 TABLES: dict[str, TableDoc] = {
     "benchmark_manifest": BENCHMARK_MANIFEST,
@@ -335,6 +365,7 @@ TABLES: dict[str, TableDoc] = {
     "requests": REQUESTS,
     "gpu_samples": GPU_SAMPLES,
     "benchmark_runs": BENCHMARK_RUNS,
+    "microbench_figures": MICROBENCH_FIGURES,
 }
 
 
