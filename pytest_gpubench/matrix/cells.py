@@ -662,7 +662,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
             runtime_args=runtime_args, runtime_port=runtime_port, endpoint=endpoint, runtime_presets=presets,
             source=matrix.source,
             launch=cell_launch,
-            row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu),
+            row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu), microbench=None,
         ), varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "concurrency", "rate",
                     "cell_id", "keywords", "reuse_group"))
         for _, provider in row.provider_entries() or [("provider", ENDPOINT_PROVIDER)]:

@@ -19,6 +19,7 @@ import pytest
 from ..aio import run as run_async
 from ..cloud.budget import exhausted, spend_of
 from .cell_benchmark import BRIDGE_SLACK, Bench, GpuSession, connect, upload_now, watched
+from .cell_microbench import Microbench
 from ..errors import BudgetRefused, NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell
 from ..cloud.offers import Constraints
@@ -357,3 +358,14 @@ def gpubench(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: C
     if gpubench_run.settings.upload:
         gpubench_recorder.upload = lambda benchmark_id: upload_now(gpubench_run, gpubench_recorder, benchmark_id)
     return Bench(gpubench_run, gpubench_cell, gpubench_recorder, gpu_runtime, gpu_session)
+
+
+@pytest.fixture
+def gpubench_microbench(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: CellRecorder,
+                        gpu_session: GpuSession, gpu_ssh: Connection) -> Microbench:
+    """A microbenchmark cell (``microbench:``) on its checked SSH connection: call ``.run()``.
+
+    No runtime and no model: ``run()`` makes torch importable on the instance (stage
+    ``ollama_install``) and measures the GPU (stage ``benchmark``), docs/hardware.md.
+    """
+    return Microbench(gpubench_run, gpubench_cell, gpubench_recorder, gpu_session, gpu_ssh)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -79,6 +79,14 @@ class Batching(_Entry):
     ceiling_factor: float = Field(default=2.0, gt=0)
 
 
+class MicrobenchRates(_Entry):
+    """What the stand-in ``torch`` achieves on this GPU (``sandbox/torch_standin.py``)."""
+
+    memory_gb_per_s: float = Field(gt=0)
+    #: Dense matmul TFLOPS (INT8: TOPS) by precision; a precision left out is one the card cannot run.
+    tflops: dict[Literal["fp32", "tf32", "fp16", "bf16", "fp8", "int8"], float] = Field(default_factory=dict)
+
+
 class GpuSpec(_Entry):
     """One GPU type: what ``nvidia-smi`` prints and how fast it decodes by default."""
 
@@ -91,6 +99,8 @@ class GpuSpec(_Entry):
     compute_capability: str
     host: HostSpec
     default_rate: DefaultRate
+    #: The GPU microbenchmarks' figures on this card; None: the stand-in torch sees no CUDA device.
+    microbench: MicrobenchRates | None = None
     #: This card's batching ceiling factor, when it differs from the catalog's.
     batch_ceiling_factor: float | None = Field(default=None, gt=0)
 

@@ -23,8 +23,10 @@ fires ``times`` times (default: until cleared with ``DELETE /sandbox/faults``):
     load generator must then run on the client), ``curl`` (the default Ollama
     install cannot download) and the OpenAI servers' launchers ``vllm``,
     ``llama-server``, ``text-generation-launcher`` and ``sglang`` (the Python
-    package): their runtime has nothing to serve with. Neither the stand-in nor
-    the host's own copy is on the instance's ``PATH``.
+    package): their runtime has nothing to serve with; ``torch`` (the Python package
+    the microbenchmarks need: ``pip install torch`` then installs the stand-in from the
+    instance's local wheel, :mod:`.torch_wheel`). Neither the stand-in nor the host's own
+    copy is on the instance's ``PATH``.
 ``gpu_memory`` (``offer_id``, ``memory_mib``)
     the instance's GPU has ``memory_mib`` MiB, whatever the offer listed (a
     mislisted machine): ``nvidia-smi`` and Ollama's memory check go by it.
@@ -83,8 +85,9 @@ FaultKind = Literal["provision_error", "stale_inventory", "no_ssh", "missing_too
                     "worker_crash", "worker_malformed", "worker_failed"]
 #: What ``missing_tools`` can leave out of an instance.
 OMITTABLE_TOOLS = ("nvidia-smi", "python3", "curl", "vllm", "llama-server", "text-generation-launcher", "sglang",
-                   "docker")
-Tool = Literal["nvidia-smi", "python3", "curl", "vllm", "llama-server", "text-generation-launcher", "sglang", "docker"]
+                   "docker", "torch")
+Tool = Literal["nvidia-smi", "python3", "curl", "vllm", "llama-server", "text-generation-launcher", "sglang", "docker",
+               "torch"]
 
 
 class FaultRequest(BaseModel):

@@ -5,7 +5,9 @@ Layout of an instance (``<sandbox workdir>/instances/<session id>/``)::
     instance.json   the contract with the stand-ins (see :func:`instance_document`)
     bin/            nvidia-smi, python3, curl, df, vllm, llama-server, text-generation-launcher,
                     docker and, when preinstalled, ollama
-    python/         on PYTHONPATH: the ``sglang`` package (``python3 -m sglang.launch_server``)
+    python/         on PYTHONPATH: the ``sglang`` package (``python3 -m sglang.launch_server``) and the
+                    stand-in ``torch`` (:mod:`.torch_wheel`)
+    wheels/         only without torch: its wheel, for an offline ``pip install torch``
     sysbin/         only with missing tools: links to the host's programs, minus those
     home/           $HOME and the working directory of every command
     state/          the stand-ins' shared state (pulled models, loaded models)
@@ -18,7 +20,7 @@ The SSH server is asyncssh in this process (:mod:`.sshd`, the default) or OpenSS
 
 Every command runs with ``PATH=<bin>:<system PATH>``, ``PYTHONPATH=<python>``, ``HOME``, ``TMPDIR``,
 ``OLLAMA_HOST=127.0.0.1:<port of this instance>`` and
-``GPUBENCH_SANDBOX_INSTANCE=<instance.json>``. An instance built with
+``GPUBENCH_SANDBOX_INSTANCE=<instance.json>``, ``PIP_NO_INDEX=1`` and ``PIP_FIND_LINKS=<wheels>``. An instance built with
 ``missing_tools`` (the ``missing_tools`` fault) has ``PATH=<bin>:<sysbin>`` instead,
 so that neither a stand-in nor the host's own copy of those tools is found.
 Instances share the host's file
@@ -50,6 +52,7 @@ import asyncssh
 from . import lifeline, openssh, shims, sshd, worker_standin
 from .catalog import Catalog, OfferSpec
 from .standin_service import StandinService
+from .torch_wheel import build_torch_wheel, write_torch_package
 from .standin_state import StateStore, StreamFault
 
 log = logging.getLogger("pytest_gpubench.sandbox")
@@ -115,6 +118,7 @@ def instance_document(
             "cuda_version": gpu.cuda_version,
             "power_limit_w": gpu.power_limit_w,
             "compute_capability": gpu.compute_capability,
+            "microbench": gpu.microbench.model_dump() if gpu.microbench else None,
         },
         "host": gpu.host.model_dump(),
         "ollama": {
@@ -213,6 +217,7 @@ class Instance:
         self.state_dir = Path(document["state_dir"])
         self.tmp_dir = root / "tmp"
         self.python_dir = root / "python"
+        self.wheels_dir = root / "wheels"
         self.spec_path = root / "instance.json"
         self._service = StandinService(self.spec_path, self.bin_dir)
         self.ssh_port: int | None = None
@@ -265,6 +270,10 @@ class Instance:
             shims.write_sglang_package(self.python_dir)
         if "docker" not in missing:
             shims.write_executable(bin_dir / "docker", shims.module_wrapper(shims.DOCKER_MODULE))
+        if "torch" in missing:  # `pip install torch` gets the stand-in from the local wheel
+            build_torch_wheel(self.wheels_dir)
+        else:
+            write_torch_package(self.python_dir)
         python3 = self.bin_dir / "python3"
         if "python3" not in missing and not python3.exists():
             python3.symlink_to(sys.executable)
@@ -291,6 +300,9 @@ class Instance:
             "LANG": os.environ.get("LANG", "C.UTF-8"),
             "OLLAMA_HOST": f"127.0.0.1:{self.ollama_port}",
             "PYTHONPATH": str(self.python_dir),
+            # pip installs offline, from the sandbox's own wheels (the stand-in torch: torch_wheel.py).
+            "PIP_NO_INDEX": "1",
+            "PIP_FIND_LINKS": str(self.wheels_dir),
             INSTANCE_ENV: str(self.spec_path),
             # Its daemons (ollama serve) end when the sandbox does, even a killed one.
             lifeline.OWNER_ENV: lifeline.owner_token(),
