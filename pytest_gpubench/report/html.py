@@ -13,6 +13,7 @@ from html import escape
 from . import tables as fmt
 from .model import Report, ResultRow
 from .charts import Bar, Point, bar_chart, line_chart, provider_color, scatter_chart
+from .microbench import MICROBENCH_INTRO, microbench_table, peak_sources
 from .saturation import SATURATION_INTRO, saturated, saturation_table, step_points, steps_table
 from .sweep import percentile_table, sweep_table, sweeps
 
@@ -240,6 +241,10 @@ def render_html(report: Report) -> str:
             parts.append('<ul class="notes">' + "".join(f"<li>! {_e(note)}</li>" for note in invalid) + "</ul>")
     parts += _sweeps(report)
     parts += _saturation(report)
+    if report.microbench:
+        parts += ["<h2>GPU microbenchmarks</h2>", f"<p>{_e(MICROBENCH_INTRO)}</p>",
+                  _table(microbench_table(report), "microbench"),
+                  f"<p>Datasheet peaks:</p><ul>{_pairs(peak_sources(report))}</ul>"]
     parts += _percentiles(report)
     parts.append("<h2>Provider head-to-head</h2>")
     if report.matchups:

@@ -9,6 +9,7 @@ table row or turning into HTML where the Markdown is rendered.
 from __future__ import annotations
 
 from . import tables as fmt
+from .microbench import MICROBENCH_INTRO, microbench_table, peak_sources
 from .model import Report
 from .saturation import SATURATION_INTRO, saturated, saturation_table, steps_table
 from .sweep import percentile_table, sweep_table, sweeps
@@ -65,6 +66,9 @@ def render_markdown(report: Report) -> str:
         for row in swept:
             lines += [f"### {cell(row.machine)} / {cell(row.model)}: sweep steps", "",
                       *_table(steps_table(row))]
+    if report.microbench:
+        lines += ["## GPU microbenchmarks", "", MICROBENCH_INTRO, "", *_table(microbench_table(report)),
+                  "Datasheet peaks:", "", *_bullets(peak_sources(report)), ""]
     lines += ["## Latency percentiles", "", PERCENTILES_INTRO, ""]
     for table in report.models:
         lines += [f"### {cell(table.model)}", ""]

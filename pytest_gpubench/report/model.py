@@ -14,7 +14,8 @@ from ..matrix.fields import DEFAULT_RUNTIME
 from ..store.sandbox_label import report_note, report_title
 from .spend import RunSpend
 
-__all__ = ["BestValue", "FailureGroup", "Matchup", "ModelTable", "ProviderWins", "Report", "ResultRow", "RunSpend"]
+__all__ = ["BestValue", "FailureGroup", "Matchup", "MicrobenchRow", "ModelTable", "ProviderWins", "Report", "ResultRow",
+           "RunSpend"]
 
 
 class _Frozen(BaseModel):
@@ -134,6 +135,28 @@ class FailureGroup(_Frozen):
     cells: list[str]
 
 
+class MicrobenchRow(_Frozen):
+    """One GPU microbenchmark figure of a GPU and provider (report/microbench.py gathers them)."""
+
+    run_id: str
+    gpu: str
+    provider: str
+    label: str  # memory_bandwidth, matmul_fp16, ...
+    unit: str
+    #: The mean of the timed runs, with its 95% confidence interval; None when skipped.
+    value: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    runs: int = 0
+    skipped: str = ""
+    #: The datasheet peak (measure/gpu_peaks.py) and the figure as a % of it; None when unknown.
+    peak: float | None = None
+    percent_of_peak: float | None = None
+    #: The best output tok/s of the same GPU in this report, and the model and provider that reached it.
+    best_llm_tokens_per_second: float | None = None
+    best_llm: str = ""
+
+
 class Report(_Frozen):
     """Everything a report says, in display order; built by :func:`build_report`."""
 
@@ -156,6 +179,8 @@ class Report(_Frozen):
     data_until: str
     #: Runs that measured the sandbox (``runs.sandbox``): their figures are labelled so.
     sandbox_runs: list[str] = []
+    #: GPU microbenchmark figures, latest per GPU, provider and figure (docs/hardware.md).
+    microbench: list[MicrobenchRow] = []
 
     @property
     def title(self) -> str:
