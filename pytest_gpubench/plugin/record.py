@@ -296,6 +296,9 @@ class CellRecorder:
                 props["gpubench_invalid_because"] = "; ".join(validity["reasons"])
         if self.details.get("comparison"):
             props["gpubench_comparison"] = self.details["comparison"]
+        for figure in getattr(self.microbench, "figures", ()):  # a microbench cell's: gpubench_microbench_matmul_fp16
+            if figure.value is not None:
+                props[f"gpubench_microbench_{figure.label}"] = round(figure.value, 2)
         return {k: v for k, v in props.items() if v is not None}
 
 

@@ -25,11 +25,11 @@ def figures(tmp_path: Path) -> dict[tuple[str, str], dict]:
     return {(row["gpu_type"], row["label"]): row for row in db["microbench_figures"].rows}
 
 
-def run_matrix(tmp_path: Path, url: str, text: str, scale: float = 0.02):
+def run_matrix(tmp_path: Path, url: str, text: str, *args: str, scale: float = 0.02):
     matrix = tmp_path / "gpubench_micro.yaml"
     matrix.write_text(text)
     return run_pytest(tmp_path, str(matrix), "--gpubench-api", url, "--gpubench-time-scale", str(scale),
-                      "--rootdir", str(tmp_path), "-rs")
+                      "--rootdir", str(tmp_path), "-rs", *args)
 
 
 def assert_catalog_figures(tmp_path: Path, gpu: str, labels: list[str]) -> None:
@@ -50,7 +50,8 @@ def progress_log(tmp_path: Path, cell: str) -> str:
 def test_a_microbench_cell_measures_the_catalog_figures_with_the_instances_torch(
         tmp_path: Path, standalone_sandbox: str) -> None:
     done = run_matrix(tmp_path, standalone_sandbox,
-                      f"matrix:\n  - {{gpu: RTX 3090, provider: vastai, microbench: {{{SETTINGS}}}}}\n")
+                      f"matrix:\n  - {{gpu: RTX 3090, provider: vastai, microbench: {{{SETTINGS}}}}}\n",
+                      "--junitxml", str(tmp_path / "junit.xml"))
     assert done.returncode == 0, done.stdout[-4000:]
     (row,) = manifest_rows(tmp_path)
     assert (row["cell_id"], row["status"], row["model"]) == ("RTX_3090-vastai-microbench", "success", "microbench")
@@ -67,6 +68,10 @@ def test_a_microbench_cell_measures_the_catalog_figures_with_the_instances_torch
         markdown = render_markdown(build_report(store))
     assert "## GPU microbenchmarks" in markdown and "| RTX 3090 | vastai | memory_bandwidth |" in markdown
     assert "| 89% |" in markdown
+    # JUnit carries each measured figure, for CI to gate on.
+    junit = (tmp_path / "junit.xml").read_text()
+    assert 'name="gpubench_microbench_memory_bandwidth" value="8' in junit
+    assert "gpubench_microbench_matmul_fp8" not in junit  # skipped: no figure
     assert_every_session_released(standalone_sandbox)
 
 
