@@ -289,7 +289,8 @@ class RowSpec(_Strict):
             given = getattr(self, one) is not None, getattr(self, many) is not None
             if all(given):
                 raise invalid(f"give either `{one}` or `{many}`, not both")
-            if not any(given) and one == "model" and self.microbench is None:  # a row without a provider: checked with the file's runtime
+            # A row without a provider is checked with the file's runtime; one without a model may measure the GPU.
+            if not any(given) and one == "model" and self.microbench is None:
                 raise invalid(f"needs `{one}: ...` or `{many}: [...]` (or `microbench: [...]`)")
             if getattr(self, many) == []:
                 raise invalid(f"`{many}` is empty; list at least one")

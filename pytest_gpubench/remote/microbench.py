@@ -37,7 +37,8 @@ if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import torch' >/dev/null 
 fi
 command -v python3 >/dev/null 2>&1 || {{ echo "no python3 on the instance: cannot install torch" >&2; exit 4; }}
 mkdir -p "$HOME/.gpubench"
-python3 -m venv "$venv" >&2 || {{ echo "python3 -m venv failed (on Debian/Ubuntu: apt-get install python3-venv)" >&2; exit 5; }}
+python3 -m venv "$venv" >&2 || {{
+  echo "python3 -m venv failed (on Debian/Ubuntu: apt-get install python3-venv)" >&2; exit 5; }}
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check torch >&2 || exit 6
 "$venv/bin/python" -c 'import torch' >&2 || exit 7
 echo "{_INSTALLED} $venv/bin/python"

@@ -33,6 +33,12 @@ def emit(**event):
     sys.stdout.flush()
 
 
+def _refused(exc):
+    """The reason of a figure torch could not measure: the first line of what it raised."""
+    text = str(exc).strip()
+    return "torch could not run it: " + (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
 def bandwidth_gb_per_s(nbytes, milliseconds):
     """A copy of ``nbytes`` read them and wrote them: 2 x nbytes moved in ``milliseconds``."""
     return 2.0 * nbytes / (milliseconds / 1e3) / 1e9
@@ -65,7 +71,6 @@ def memory_bandwidth(torch, plan):
     source = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     target = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     times = timed_runs(torch, lambda: target.copy_(source), plan["warmup"], plan["runs"])
-    del source, target
     return [bandwidth_gb_per_s(nbytes, ms) for ms in times]
 
 
@@ -98,8 +103,7 @@ def matmul(torch, plan, capability):
             work = matmul_work(torch, precision, n)
             times = timed_runs(torch, work, plan["warmup"], plan["runs"])
         except Exception as exc:  # noqa: BLE001 - "decide by trying": whatever torch says is the reason
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            emit(event="skipped", kind="matmul", precision=precision, reason=f"torch could not run it: {reason[:300]}")
+            emit(event="skipped", kind="matmul", precision=precision, reason=_refused(exc))
             continue
         unit = "TOPS" if precision == "int8" else "TFLOPS"
         emit(event="figure", kind="matmul", precision=precision, unit=unit,
@@ -120,7 +124,12 @@ def main(argv):
     capability = list(torch.cuda.get_device_capability(0))
     emit(event="device", name=torch.cuda.get_device_name(0), capability=capability, torch=torch.__version__)
     if "memory_bandwidth" in plan["kinds"]:
-        emit(event="figure", kind="memory_bandwidth", precision=None, unit="GB/s", values=memory_bandwidth(torch, plan))
+        try:
+            values = memory_bandwidth(torch, plan)
+        except Exception as exc:  # noqa: BLE001 - out of memory for memory_mib, say: the figure is skipped, said why
+            emit(event="skipped", kind="memory_bandwidth", precision=None, reason=_refused(exc))
+        else:
+            emit(event="figure", kind="memory_bandwidth", precision=None, unit="GB/s", values=values)
     if "matmul" in plan["kinds"]:
         matmul(torch, plan, capability)
     emit(event="done")

@@ -44,7 +44,8 @@ def microbench_rows(store: Store, run_ids: Sequence[str], results: list[ResultRo
             chosen[key] = MicrobenchRow(
                 run_id=run_id, gpu=record.gpu_type or "", provider=record.provider or "", label=record.label,
                 unit=record.unit or "", value=record.value, ci_low=record.ci_low, ci_high=record.ci_high,
-                runs=record.n, skipped=record.skipped or "", peak=peak, percent_of_peak=percent_of_peak(record.value, peak),
+                runs=record.n, skipped=record.skipped or "", peak=peak,
+                percent_of_peak=percent_of_peak(record.value, peak),
                 best_llm_tokens_per_second=top.output_tokens_per_second if top else None,
                 best_llm=f"{top.model} on {top.provider}" if top else "")
     return sorted(chosen.values(), key=lambda r: (r.gpu, r.provider, _order(r.label)))

@@ -19,8 +19,9 @@ The SSH server is asyncssh in this process (:mod:`.sshd`, the default) or OpenSS
 ``sshd`` as a child process (:mod:`.openssh`); commands see the same machine either way.
 
 Every command runs with ``PATH=<bin>:<system PATH>``, ``PYTHONPATH=<python>``, ``HOME``, ``TMPDIR``,
-``OLLAMA_HOST=127.0.0.1:<port of this instance>`` and
-``GPUBENCH_SANDBOX_INSTANCE=<instance.json>``, ``PIP_NO_INDEX=1`` and ``PIP_FIND_LINKS=<wheels>``. An instance built with
+``OLLAMA_HOST=127.0.0.1:<port of this instance>``,
+``GPUBENCH_SANDBOX_INSTANCE=<instance.json>``, ``PIP_NO_INDEX=1`` and
+``PIP_FIND_LINKS=<wheels>``. An instance built with
 ``missing_tools`` (the ``missing_tools`` fault) has ``PATH=<bin>:<sysbin>`` instead,
 so that neither a stand-in nor the host's own copy of those tools is found.
 Instances share the host's file

@@ -96,7 +96,8 @@ def test_an_instance_without_torch_gets_it_in_a_venv_within_the_install_stage(
     assert_every_session_released(url)
 
 
-def test_a_microbench_cell_whose_gpu_measures_nothing_fails_at_benchmark(tmp_path: Path, standalone_sandbox: str) -> None:
+def test_a_microbench_cell_whose_gpu_measures_nothing_fails_at_benchmark(
+        tmp_path: Path, standalone_sandbox: str) -> None:
     # An A100 (8.0) has no FP8: asked for FP8 alone, nothing can be measured.
     done = run_matrix(tmp_path, standalone_sandbox, "matrix:\n  - {gpu: A100 80GB, provider: vastai, microbench: "
                                                     "{kinds: [matmul], precisions: [fp8], runs: 2, warmup: 0, "

@@ -25,7 +25,8 @@ def error(tmp_path: Path, rows: str, head: str = "") -> str:
 
 
 def test_a_row_without_models_gives_one_microbench_cell_per_provider_with_the_defaults(tmp_path: Path) -> None:
-    found = cells(tmp_path, "  - {gpu: RTX 4090, providers: [vastai, tensordock], microbench: [memory_bandwidth, matmul]}\n")
+    found = cells(tmp_path, "  - {gpu: RTX 4090, providers: [vastai, tensordock], "
+                            "microbench: [memory_bandwidth, matmul]}\n")
     assert [c.cell_id for c in found] == ["RTX_4090-vastai-microbench", "RTX_4090-tensordock-microbench"]
     cell = found[0]
     assert cell.microbench is not None and cell.microbench.kinds == KINDS

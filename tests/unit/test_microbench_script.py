@@ -78,6 +78,14 @@ def test_a_precision_torch_refuses_is_skipped_by_trying(tmp_path, monkeypatch, c
     assert [e["precision"] for e in events if e["event"] == "figure"] == ["fp16"]
 
 
+def test_a_copy_torch_cannot_run_is_skipped_with_its_reason(tmp_path, monkeypatch, capsys) -> None:
+    fake_torch(tmp_path, monkeypatch, figures={"tflops": {"fp16": 100.0}})  # a catalog line without memory
+    events = run_script(capsys, {**PLAN, "precisions": ["fp16"]})
+    skipped = next(e for e in events if e["event"] == "skipped")
+    assert skipped["kind"] == "memory_bandwidth" and skipped["reason"].startswith("torch could not run it: CUDA error")
+    assert [e["precision"] for e in events if e["event"] == "figure"] == ["fp16"] and events[-1]["event"] == "done"
+
+
 def test_no_cuda_device_is_an_error_event_and_exit_status_3(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.delenv("GPUBENCH_SANDBOX_INSTANCE", raising=False)
     spec = importlib.util.spec_from_file_location("torch", STANDIN)

@@ -366,7 +366,8 @@ def test_microbench_figures_read_back_per_run_and_replace_the_cells_earlier_ones
     assert memory.value == pytest.approx(905.0) and memory.ci_low <= 905.0 <= memory.ci_high
     assert (memory.gpu_type, memory.provider, memory.device, memory.capability) == (
         "RTX 4090", "vastai", "NVIDIA GeForce RTX 4090", "8.9")
-    assert (fp8.label, fp8.precision, fp8.value, fp8.skipped, fp8.values) == ("matmul_fp8", "fp8", None, "needs 8.9", ())
+    assert (fp8.label, fp8.precision, fp8.value, fp8.skipped, fp8.values) == (
+        "matmul_fp8", "fp8", None, "needs 8.9", ())
     assert store.add_microbench(row_id, run.model_copy(update={"figures": run.figures[:1]})) == 1
     assert [f.label for f in store.microbench()] == ["memory_bandwidth"]
     assert store.microbench("another-run") == []
