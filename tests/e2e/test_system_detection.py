@@ -16,7 +16,8 @@ import pytest
 from sandbox_session import connect, new_session
 
 from pytest_gpubench.aio import LoopThread
-from pytest_gpubench.errors import StageError
+from pytest_gpubench.errors import Stage, StageError
+from pytest_gpubench.remote.ssh import Connection
 from pytest_gpubench.remote.sysinfo import SystemInfo
 from pytest_gpubench.remote.system import detect_system, probe_system
 
@@ -30,13 +31,26 @@ def loop() -> Iterator[LoopThread]:
     thread.close()
 
 
-def detect(loop: LoopThread, api: httpx.Client, fault: dict[str, Any] | None = None, **kwargs: Any) -> SystemInfo:
+class BrokenDriver:
+    """The connection, with every command run as on a machine whose driver is broken (the
+    nvidia-smi stand-in's GPUBENCH_SANDBOX_SMI_FAULT knob)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    async def run(self, command: str, **kwargs: Any) -> Any:
+        return await self.conn.run(f"export GPUBENCH_SANDBOX_SMI_FAULT=driver; {command}", **kwargs)
+
+
+def detect(loop: LoopThread, api: httpx.Client, fault: dict[str, Any] | None = None, *, broken: bool = False,
+           **kwargs: Any) -> SystemInfo:
     session, key = new_session(api, fault)
 
     async def go() -> SystemInfo:
         conn = await connect(session, key)
         try:
-            return await detect_system(conn, kwargs.pop("expected", "RTX 4090"), 30, **kwargs)
+            target: Any = BrokenDriver(conn) if broken else conn
+            return await detect_system(target, kwargs.pop("expected", "RTX 4090"), 30, **kwargs)
         finally:
             await conn.close()
 
@@ -85,6 +99,14 @@ def test_a_gpu_that_is_not_the_offer_fails_whatever_the_source(loop: LoopThread,
         detect(loop, api, {"fault": "gpu_driver", "driver": "nvml"}, expected="H100")
     with pytest.raises(StageError, match="expected 2 x RTX 4090 but nvidia-smi lists 1 GPU"):
         detect(loop, api, gpu_count=2)
+
+
+def test_no_driver_or_a_broken_one_fails_at_ssh_connect(loop: LoopThread, api: httpx.Client) -> None:
+    with pytest.raises(StageError, match="nvidia-smi is not installed on the instance: not a GPU machine") as absent:
+        detect(loop, api, {"fault": "missing_tools", "tools": ["nvidia-smi"]})
+    assert absent.value.stage == Stage.SSH_CONNECT
+    with pytest.raises(StageError, match=r"nvidia-smi failed on the instance \(exit 9\): NVIDIA-SMI has failed"):
+        detect(loop, api, broken=True)
 
 
 def test_probe_system_answers_the_results_hardware(loop: LoopThread, api: httpx.Client) -> None:
