@@ -28,7 +28,7 @@ from ..cloud.provider import OfferChoice
 from ..cloud.provisioning import Provisioning
 from .record import CellRecorder
 from ..remote.ssh import KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL, Connection, KeyFile
-from ..remote.system import probe_system
+from ..remote.system import detect_system, hardware_of
 from ..measure.results import HardwareInfo
 from . import user_hooks
 from .run_context import RunContext
@@ -243,10 +243,12 @@ def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_c
             recorder.hardware = HardwareInfo(gpu_name=gpubench_cell.gpu, gpu_count=1)
         elif lease is not None and lease.hardware is not None:
             recorder.hardware = lease.hardware
-        else:
-            recorder.hardware = run_async(probe_system(conn, gpubench_cell.gpu, timeout, gpu_count=gpubench_cell.gpus,
-                                                       gpu_indices=gpu_session.ssh.gpu_indices),
-                                          timeout * 3 + BRIDGE_SLACK)
+        else:  # the session's first connection: detect the system, record it once for the session
+            system = run_async(detect_system(conn, gpubench_cell.gpu, timeout, gpu_count=gpubench_cell.gpus,
+                                             gpu_indices=gpu_session.ssh.gpu_indices),
+                               timeout * 5 + BRIDGE_SLACK)
+            recorder.hardware = hardware_of(system)
+            recorder.store.record_system(recorder.row_id, gpu_session.session.id, system)
             if lease is not None:
                 lease.hardware = recorder.hardware
         recorder.progress.status("SYSTEM_INFO", gpu=recorder.hardware.gpu_name,

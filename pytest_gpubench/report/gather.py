@@ -33,6 +33,7 @@ from ..store.base import Store
 from ..store.records import CellRecord, ResultRecord
 from .microbench import microbench_rows
 from .model import BestValue, FailureGroup, Matchup, ModelTable, ProviderWins, Report, ResultRow
+from .hardware import machines
 from .spend import run_spend
 
 __all__ = ["build_report"]
@@ -81,6 +82,7 @@ def build_report(store: Store, run_ids: Sequence[str] | None = None, *,
         runs=[run_spend(store, run_id, now or datetime.now(timezone.utc)) for run_id in runs],
         data_until=max(finished, default=""),
         sandbox_runs=[run_id for run_id in runs if (run := store.run(run_id)) is not None and run.sandbox],
+        machines=machines(store, runs),
         microbench=microbench_rows(store, runs, results),
     )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from html import escape
 
 from . import tables as fmt
+from .hardware_table import HARDWARE_INTRO, NO_HARDWARE, hardware_table
 from .model import Report, ResultRow
 from .charts import Bar, Point, bar_chart, line_chart, provider_color, scatter_chart
 from .microbench import MICROBENCH_INTRO, microbench_table, peak_sources
@@ -254,6 +255,9 @@ def render_html(report: Report) -> str:
                                    for w in report.provider_wins) + "</ul>"]
     else:
         parts.append(f"<p>{_e(fmt.NO_HEAD_TO_HEAD)}</p>")
+    parts.append("<h2>Hardware</h2>")
+    parts += ([f"<p>{_e(HARDWARE_INTRO)}</p>", _table(hardware_table(report.machines), "hardware")]
+              if report.machines else [f"<p>{_e(NO_HARDWARE)}</p>"])
     parts.append("<h2>Failures by stage</h2>")
     if report.failures:
         parts += [f"<p>{_e(fmt.FAILURES_INTRO)}</p>", _table(fmt.failure_table(report.failures), "failures")]

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..matrix.fields import DEFAULT_RUNTIME
 from ..store.sandbox_label import report_note, report_title
+from .hardware import MachineRow
 from .spend import RunSpend
 
 __all__ = ["BestValue", "FailureGroup", "Matchup", "MicrobenchRow", "ModelTable", "ProviderWins", "Report", "ResultRow",
@@ -179,6 +180,8 @@ class Report(_Frozen):
     data_until: str
     #: Runs that measured the sandbox (``runs.sandbox``): their figures are labelled so.
     sandbox_runs: list[str] = []
+    #: The machines the runs measured on, as system detection found them (:mod:`.hardware`).
+    machines: list[MachineRow] = []
     #: GPU microbenchmark figures, latest per GPU, provider and figure (docs/hardware.md).
     microbench: list[MicrobenchRow] = []
 

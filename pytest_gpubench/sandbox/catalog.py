@@ -79,6 +79,18 @@ class Batching(_Entry):
     ceiling_factor: float = Field(default=2.0, gt=0)
 
 
+class GpuClocks(_Entry):
+    """A card's highest clocks (MHz), as system detection reports them.
+
+    ``sm_max_mhz`` is the datasheet boost clock (real cards' ``max_clocks`` often read
+    higher: an RTX 4090 reports 3105); ``mem_max_mhz`` is what ``nvidia-smi`` shows as the
+    memory clock, half the data rate of GDDR (21 Gbps GDDR6X: 10501).
+    """
+
+    sm_max_mhz: int = Field(gt=0)
+    mem_max_mhz: int = Field(gt=0)
+
+
 class MicrobenchRates(_Entry):
     """What the stand-in ``torch`` achieves on this GPU (``sandbox/torch_standin.py``)."""
 
@@ -97,6 +109,8 @@ class GpuSpec(_Entry):
     cuda_version: str
     power_limit_w: int = Field(gt=0)
     compute_capability: str
+    #: None: the catalog does not say (nvidia-smi and NVML then answer N/A).
+    clocks: GpuClocks | None = None
     host: HostSpec
     default_rate: DefaultRate
     #: The GPU microbenchmarks' figures on this card; None: the stand-in torch sees no CUDA device.

@@ -102,7 +102,8 @@ def read_gpus(spec: InstanceSpec, now: float | None = None) -> list[GpuReading]:
             util = round(min(99.0, 90 * load + _wobble(now, index, 3)))
             mem_util = round(40 * load + _wobble(now, index, 4))
             power = limit * (0.55 + 0.2 * load * (0.5 + 0.5 * heat)) + _wobble(now, index, 4)
-            pstate, sm_clock, mem_clock = "P2", 2520, 10251
+            # Under load the card runs near its highest clocks.
+            pstate, sm_clock, mem_clock = "P2", gpu.sm_clock_max_mhz or 2520, gpu.mem_clock_max_mhz or 10251
         else:
             util, mem_util = 0, 0
             power = limit * (0.045 + 0.02 * heat) + (6 if model_mib else 0) + _wobble(now, index, 0.5)

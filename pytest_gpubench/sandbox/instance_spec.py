@@ -47,11 +47,27 @@ class GpuSpec(_Value):
     cuda_version: str
     power_limit_w: float = Field(gt=0)
     compute_capability: str
+    #: Highest SM and memory clocks (MHz); None: N/A.
+    sm_clock_max_mhz: int | None = None
+    mem_clock_max_mhz: int | None = None
 
     @property
     def total_memory_bytes(self) -> int:
         """Memory of all cards together, in bytes."""
         return self.memory_mib * MIB * self.count
+
+
+class GpuTools(_Value):
+    """How the instance's driver answers system detection (the ``gpu_driver`` fault).
+
+    ``nvml``: ``nvidia-ml-py`` is installed (the stand-in ``pynvml`` answers); ``xml_log``:
+    ``nvidia-smi -q -x`` works; ``refused_fields``: ``--query-gpu`` fields this driver
+    does not know yet.
+    """
+
+    nvml: bool = False
+    xml_log: bool = True
+    refused_fields: tuple[str, ...] = ()
 
 
 class HostSpec(_Value):
@@ -124,6 +140,7 @@ class InstanceSpec(_Value):
     session_id: str
     time_scale: float = Field(default=1.0, ge=0)
     gpu: GpuSpec
+    gpu_tools: GpuTools = Field(default_factory=GpuTools)
     host: HostSpec
     ollama: OllamaSpec
     models: dict[str, ModelSpec] = Field(default_factory=dict)

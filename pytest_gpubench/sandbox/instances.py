@@ -5,7 +5,8 @@ Layout of an instance (``<sandbox workdir>/instances/<session id>/``)::
     instance.json   the contract with the stand-ins (see :func:`instance_document`)
     bin/            nvidia-smi, python3, curl, df, vllm, llama-server, text-generation-launcher,
                     docker and, when preinstalled, ollama
-    python/         on PYTHONPATH: the ``sglang`` package (``python3 -m sglang.launch_server``) and the
+    python/         on PYTHONPATH: the ``sglang`` package (``python3 -m sglang.launch_server``),
+                    ``pynvml`` (NVML, importable only with the ``gpu_driver`` fault's ``nvml``) and the
                     stand-in ``torch`` (:mod:`.torch_wheel`)
     wheels/         only without torch: its wheel, for an offline ``pip install torch``
     sysbin/         only with missing tools: links to the host's programs, minus those
@@ -50,7 +51,7 @@ from typing import Any, Protocol
 
 import asyncssh
 
-from . import lifeline, openssh, shims, sshd, worker_standin
+from . import lifeline, openssh, pynvml_standin, shims, sshd, worker_standin
 from .catalog import Catalog, OfferSpec
 from .standin_service import StandinService
 from .torch_wheel import build_torch_wheel, write_torch_package
@@ -119,6 +120,8 @@ def instance_document(
             "cuda_version": gpu.cuda_version,
             "power_limit_w": gpu.power_limit_w,
             "compute_capability": gpu.compute_capability,
+            "sm_clock_max_mhz": gpu.clocks.sm_max_mhz if gpu.clocks else None,
+            "mem_clock_max_mhz": gpu.clocks.mem_max_mhz if gpu.clocks else None,
             "microbench": gpu.microbench.model_dump() if gpu.microbench else None,
         },
         "host": gpu.host.model_dump(),
@@ -269,6 +272,10 @@ class Instance:
             shims.write_executable(bin_dir / program, shims.launcher_wrapper(program))
         if shims.SGLANG_PACKAGE not in missing:
             shims.write_sglang_package(self.python_dir)
+        # Always there: it imports only when the instance's driver has NVML (gpu_tools.nvml),
+        # and keeps a real NVML of the machine the sandbox runs on out of reach.
+        self.python_dir.mkdir(parents=True, exist_ok=True)
+        (self.python_dir / "pynvml.py").write_text(pynvml_standin.shim_source(shims.PACKAGE_ROOT), encoding="utf-8")
         if "docker" not in missing:
             shims.write_executable(bin_dir / "docker", shims.module_wrapper(shims.DOCKER_MODULE))
         if "torch" in missing:  # `pip install torch` gets the stand-in from the local wheel

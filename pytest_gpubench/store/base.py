@@ -24,6 +24,7 @@ holds each one to them):
 * **baselines**: the latest (by run start) ``success`` or ``partial`` of the same
   cell key that has figures, outside the run being compared.
 * **claims**: of two workers claiming one pending cell, exactly one wins.
+* **systems**: what system detection found, once per session of a run, reads back equal.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from ..cloud.processes import ProcessIdentity
 from ..errors import Stage
 from ..measure.microbench import MicrobenchRun
 from ..measure.results import BenchmarkResult, RequestRecord
+from ..remote.sysinfo import SystemInfo
 from .records import (AttemptRecord, Baseline, CellRecord, Claim, MicrobenchRecord, OwnedSession, ResultRecord,
-                      RunRecord)
+                      RunRecord, SystemRecord)
 
 __all__ = ["Admission", "Store"]
 
@@ -187,6 +189,18 @@ class Store(Protocol):
     def mark_upload(self, result_id: str, *, status: str, remote_id: str | None = None,
                     error: str | None = None) -> None:
         """Record a result's upload state: ``pending``, ``uploaded`` (with ``remote_id``) or ``failed``."""
+
+    # ------------------------------------------------------------------ systems
+
+    def record_system(self, row_id: str, session_id: str, system: SystemInfo) -> None:
+        """Record what system detection found on ``session_id``'s machine, detected by cell ``row_id``.
+
+        Once per session: recording the same session of the run again replaces it.
+        An unknown ``row_id`` is a ``KeyError``.
+        """
+
+    def systems(self, run_id: str | None = None) -> list[SystemRecord]:
+        """The detected systems of one run, or of all, in the order they were recorded."""
 
     # ---------------------------------------------------------------- baselines
 

@@ -326,6 +326,31 @@ ATTEMPTS = TableDoc(
     },
 )
 
+SYSTEMS = TableDoc(
+    title="Detected systems",
+    description=(
+        "What system detection found on each session's machine, once per session of a run (a reused session "
+        "is detected by the first cell that connected): the GPUs the cell was given, driver, CUDA, clocks, "
+        "power limit, CPU, memory, OS, kernel and disk, and the source that answered (docs/hardware.md)."
+    ),
+    sort_desc="recorded_at",
+    facets=("source", "gpu_type", "provider", "run_id"),
+    columns={
+        "run_id": "The run (runs.run_id).",
+        "session_id": "The GPU Shopper session whose machine this is.",
+        "manifest_id": "The cell that detected it (benchmark_manifest.id).",
+        "gpu_type": "GPU type of that cell, as the API names it.",
+        "provider": "Provider of that cell.",
+        "source": "Which source answered: nvml (pynvml on the instance), nvidia-smi-xml (nvidia-smi -q -x) "
+                  "or nvidia-smi-csv (the --query-gpu CSV).",
+        "gpu_name": "The first GPU's product name as the driver reports it.",
+        "gpu_count": "GPUs the cell was given on the machine.",
+        "recorded_at": "When it was recorded.",
+        "system_json": "Everything detected, JSON (SystemInfo: gpus with clocks in MHz and power limit in W, "
+                       "host with ram_mib and disk bytes).",
+    },
+)
+
 MICROBENCH_FIGURES = TableDoc(
     title="GPU microbenchmark figures",
     description=("What a microbenchmark cell (matrix `microbench:`) measured with torch on the instance, one row "
@@ -365,6 +390,7 @@ TABLES: dict[str, TableDoc] = {
     "requests": REQUESTS,
     "gpu_samples": GPU_SAMPLES,
     "benchmark_runs": BENCHMARK_RUNS,
+    "systems": SYSTEMS,
     "microbench_figures": MICROBENCH_FIGURES,
 }
 

@@ -16,10 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..cloud.owned import OwnedSession
 from ..cloud.processes import ProcessIdentity
 from ..measure.results import PerformanceResults
+from ..remote.sysinfo import SystemInfo
 
 __all__ = [
     "AttemptRecord", "Baseline", "CellRecord", "Claim", "MicrobenchRecord", "OwnedSession", "ResultRecord",
-    "RunRecord",
+    "RunRecord", "SystemRecord",
 ]
 
 
@@ -206,6 +207,19 @@ class Claim(_Record):
     #: The worker that holds the cell (the claimant when ``won``).
     holder: str | None
     won: bool
+
+
+class SystemRecord(_Record):
+    """What system detection found on one session's machine (recorded once per session)."""
+
+    run_id: str
+    session_id: str
+    #: The cell whose connection detected it, and that cell's GPU type and provider.
+    row_id: str
+    gpu_type: str = ""
+    provider: str = ""
+    recorded_at: str | None = None
+    system: SystemInfo
 
 
 class MicrobenchRecord(_Record):

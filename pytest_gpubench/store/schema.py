@@ -19,6 +19,7 @@ import sqlite_utils
 from pydantic import BaseModel
 
 from .migrate import fill_in, rename_columns, set_version
+from .systems import create_systems_table
 from ..measure.results import PerformanceResults, RequestRecord
 
 CELL_STATUSES = ("pending", "running", "success", "partial", "failed", "skipped")
@@ -279,6 +280,7 @@ def create_schema(db: sqlite_utils.Database, path: object = "") -> None:
         foreign_keys=[("manifest_id", "benchmark_manifest", "id")],
         if_not_exists=True,
     )
+    create_systems_table(db)
     # A file made by an older version gains the columns added since.
     for name, columns in (
         ("runs", RUN_COLUMNS),

@@ -20,9 +20,20 @@ from ..measure.microbench import MicrobenchRun
 from ..measure.results import BenchmarkResult, PerformanceResults, RequestRecord
 from .base import Admission
 from .manifest import Manifest
-from .records import (AttemptRecord, Baseline, CellRecord, Claim, MicrobenchRecord, OwnedSession, ResultRecord,
-                      RunRecord)
+from ..remote.sysinfo import SystemInfo
+from .records import (
+    AttemptRecord,
+    Baseline,
+    CellRecord,
+    Claim,
+    MicrobenchRecord,
+    OwnedSession,
+    ResultRecord,
+    RunRecord,
+    SystemRecord,
+)
 from .sqlite import utc_now
+from .systems import system_record, system_row
 
 __all__ = ["SqliteStore"]
 
@@ -195,6 +206,23 @@ class SqliteStore:
     def mark_upload(self, result_id: str, *, status: str, remote_id: str | None = None,
                     error: str | None = None) -> None:
         self.manifest.mark_upload(result_id, status=status, remote_id=remote_id, error=error)
+
+    # ------------------------------------------------------------------ systems
+
+    def record_system(self, row_id: str, session_id: str, system: SystemInfo) -> None:
+        manifest = self.manifest
+
+        def write() -> None:
+            row = system_row(manifest._cell_or_raise(row_id), session_id, system, utc_now())
+            manifest.db.table("systems").insert(row, replace=True)
+
+        manifest._write(write)
+
+    def systems(self, run_id: str | None = None) -> list[SystemRecord]:
+        where, params = ("run_id = ?", [run_id]) if run_id is not None else (None, None)
+        rows = self.manifest._retry(lambda: list(self.manifest.db.table("systems").rows_where(
+            where, params, order_by="recorded_at, rowid")))
+        return [system_record(row) for row in rows]
 
     # ---------------------------------------------------------------- baselines
 
