@@ -53,7 +53,8 @@ class GpuPeaks(BaseModel):
 PEAKS: tuple[GpuPeaks, ...] = (
     GpuPeaks(gpu="RTX 3090", memory_gb_per_s=936,
              tflops={"fp32": 35.6, "tf32": 35.6, "fp16": 71.0, "bf16": 71.0, "int8": 284.0},
-             source=_AMPERE_GA102, note="GA102 whitepaper, GeForce RTX 3090 column: dense, FP16/BF16 with FP32 accumulate"),
+             source=_AMPERE_GA102,
+             note="GA102 whitepaper, GeForce RTX 3090 column: dense, FP16/BF16 with FP32 accumulate"),
     GpuPeaks(gpu="RTX 4090", memory_gb_per_s=1008,
              tflops={"fp32": 82.6, "tf32": 82.6, "fp16": 165.2, "bf16": 165.2, "fp8": 330.3, "int8": 660.6},
              source=_ADA, note="Ada whitepaper, GeForce RTX 4090 column: dense, FP8/FP16/BF16 with FP32 accumulate"),
