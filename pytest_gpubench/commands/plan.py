@@ -63,6 +63,8 @@ class CellPlan(_Model):
 
     cell: str
     gpu: str
+    #: GPUs of one machine the cell spans (``gpus:``); its offer has that many, priced as a whole.
+    gpus: int = 1
     provider: str
     model: str
     reuse_group: str | None
@@ -225,7 +227,7 @@ def build_plan(cells: Sequence[tuple[str, Cell]], choices: Sequence[Choice], his
         # The pool releases a session after its group's last cell here, or when it cannot serve the next one.
         if held is not None and (held.group != group or unfit(held.offer, Constraints.for_cell(cell))):
             held = None
-        base = dict(cell=key, gpu=cell.gpu, provider=cell.provider, model=cell.model, reuse_group=group,
+        base = dict(cell=key, gpu=cell.gpu, gpus=cell.gpus, provider=cell.provider, model=cell.model, reuse_group=group,
                     runs=planned_runs(cell, runs_override))
         if held is None and isinstance(choice, NoEligibleOffer):
             planned.append(CellPlan(**base, no_offer_reason=choice.message))

@@ -76,6 +76,7 @@ from .selection import (  # noqa: F401 - re-exported: the matrix module is where
     cell_selected,
     compact_gpu,
     gpu_matches,
+    gpus_label,
     gpus_suffix,
     id_part,
     infer_parameters_b,
@@ -710,7 +711,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
                     first = seen.get(key, ids.get(id_key))
                     if first is not None:
                         raise MatrixError(matrix.source, f"matrix[{r}]", (
-                            f"duplicate cell {cell.cell_id} ({_gpus_text(gpus)}{row.gpu} / {provider} / {model}"
+                            f"duplicate cell {cell.cell_id} ({gpus_label(row.gpu, gpus)} / {provider} / {model}"
                             f"{_load_text(concurrency, rate, sweeping)}), already in matrix[{first}]"
                             f"{at_line(_row_line(matrix, first))}; a GPU, provider, model and "
                             f"load may appear once per runtime (and launch mode) in a file{where}"))
@@ -735,10 +736,6 @@ def _row_workload(matrix: Matrix, r: int, row: RowSpec) -> Workload:
             f"{origin['rate']}: in the row, set `concurrency: 1`, or `rate: null` to drop the "
             f"file's rate{at_line(_row_line(matrix, r))}"))
     return workload
-
-
-def _gpus_text(gpus: int) -> str:
-    return f"{gpus} x " if gpus > 1 else ""
 
 
 def _load_text(concurrency: int, rate: float | None, sweep: bool = False) -> str:

@@ -189,6 +189,12 @@ def gpus_suffix(gpus: int) -> str:
     return f"-x{int(gpus)}" if gpus > 1 else ""
 
 
+def gpus_label(gpu: str, count: int) -> str:
+    """``RTX 4090`` for one GPU, ``2x RTX 4090`` for a machine of two: how plans, offer listings,
+    errors and reports name a cell's or an offer's GPUs."""
+    return f"{count}x {gpu}" if count > 1 else gpu
+
+
 def cell_id_base(gpu: str, provider: str, model: str, gpus: int = 1) -> str:
     """A cell id without its load part: ``RTX_4090-vastai-qwen2:7b`` (``...-x2`` on two GPUs)."""
     return f"{id_part(gpu)}-{normalize_provider(provider)}-{id_part(model)}{gpus_suffix(gpus)}"

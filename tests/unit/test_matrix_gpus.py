@@ -68,7 +68,7 @@ matrix:
   - {gpu: RTX 4090, provider: vastai, model: 'qwen2:7b', gpus: 2}
 """)
     assert "matrix[2]" in message
-    assert "duplicate cell RTX_4090-vastai-qwen2:7b-x2 (2 x RTX 4090 / vastai / qwen2:7b)" in message
+    assert "duplicate cell RTX_4090-vastai-qwen2:7b-x2 (2x RTX 4090 / vastai / qwen2:7b)" in message
     assert "already in matrix[0]" in message
 
 
