@@ -448,7 +448,8 @@ class Cell(BaseModel):
     def cell_id(self) -> str:
         """``RTX_4090-vastai-qwen2:7b``: GPU (spaces as ``_``), provider, model as written;
         then ``-x2`` on more than one GPU (:func:`gpus_suffix`); ``-c8`` for a concurrency other than 1,
-        ``-r2.5`` for a request rate or ``-sweep``; then a runtime and cloud other than the defaults (:func:`seam_suffix`)."""
+        ``-r2.5`` for a request rate or ``-sweep``; then a runtime and cloud other than the defaults
+        (:func:`seam_suffix`)."""
         return cell_id(self.gpu, self.provider, self.model, self.concurrency, self.rate,
                        self.sweep is not None, self.gpus) + seam_suffix(
             self.runtime, self.cloud, entrypoint=self.launch is not None and self.launch.entrypoint)
