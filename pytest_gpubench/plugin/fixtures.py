@@ -239,7 +239,7 @@ def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_c
             raise StageError(Stage.SSH_CONNECT, "the SSH connectivity check printed nothing")
         lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
         if gpu_session.ssh.local:  # no SSH, nothing to probe (a running endpoint): the matrix's GPU
-            recorder.hardware = HardwareInfo(gpu_name=gpubench_cell.gpu, gpu_count=1)
+            recorder.hardware = HardwareInfo(gpu_name=gpubench_cell.gpu, gpu_count=gpubench_cell.gpus)
         elif lease is not None and lease.hardware is not None:
             recorder.hardware = lease.hardware
         else:  # the session's first connection: detect the system, record it once for the session
