@@ -130,3 +130,17 @@ def test_tensor_parallelism_decodes_faster_by_the_documented_estimate(tmp_path: 
     assert rates[2] / rates[1] == pytest.approx(2 ** 0.5) == tensor_parallel_speedup(2)
     assert 1.38 <= rates[2] / rates[1] <= 1.47  # the measured 2x RTX 4090 range the estimate is anchored on
     assert rates[1] < rates[2] < rates[4] < rates[8] < 8 * rates[1]
+
+
+@pytest.mark.parametrize(("devices", "status", "said"), [
+    ('"device=0,1"', 0, "on GPU 0,1"),  # what WorkerRuntime passes for two GPUs: one quoted CSV field
+    ('"device=0,2"', 125, "device 2 not found"),
+])
+def test_docker_gives_a_worker_the_devices_of_the_machine_and_refuses_others(
+        tmp_path: Path, devices: str, status: int, said: str) -> None:
+    instance = instance_with(tmp_path, 2)
+    done = subprocess.run([sys.executable, "-m", "pytest_gpubench.sandbox.docker_standin", "run", "--rm", "-i",
+                           "--gpus", devices, "-e", f"MODEL_NAME={MODEL}", "-e", "GPU_DEVICE=0,1", "worker:1"],
+                          env=standin_env(instance, 0), input="", capture_output=True, text=True, timeout=120)
+    assert done.returncode == status, done.stderr
+    assert said in done.stdout + done.stderr
