@@ -8,6 +8,8 @@ import asyncio
 import pytest
 
 from pytest_gpubench.cloud.offers import Constraints
+from pytest_gpubench.commands.plan import make_plan
+from pytest_gpubench.commands.plan_render import render
 from pytest_gpubench.cloud.shopper_provider import ShopperProvider
 from pytest_gpubench.errors import NoEligibleOffer
 from pytest_gpubench.settings import resolve
@@ -54,8 +56,6 @@ def test_a_count_nobody_offers_is_no_eligible_offer(sandbox) -> None:
 
 
 def test_the_plan_rents_a_two_gpu_machine_at_its_whole_price(sandbox, tmp_path) -> None:
-    from pytest_gpubench.commands.plan import make_plan
-
     path = tmp_path / "gpubench_plan.yaml"
     path.write_text("runtime: vllm\nmatrix:\n"
                     "  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:7b'}\n"
@@ -66,3 +66,14 @@ def test_the_plan_rents_a_two_gpu_machine_at_its_whole_price(sandbox, tmp_path) 
     assert two.cell.endswith("qwen2:7b-x2-runtime_vllm") and two.offer_id == "vastai-18430204"
     assert two.price_per_hour == pytest.approx(0.62)  # the machine's price, both GPUs
     assert one.offer_id != two.offer_id and len(plan.sessions) == 2
+    assert [s.gpu_count for s in plan.sessions] == [1, 2]
+    assert plan.totals.gpu_hours == pytest.approx((plan.sessions[0].seconds + 2 * plan.sessions[1].seconds) / 3600)
+    header, first, second = render(plan)[:3]
+    assert header.split()[-1] == "GPUs" and first.split()[-1] == "1" and second.split()[-1] == "2"
+
+
+def test_a_plan_of_one_gpu_cells_has_no_gpus_column(sandbox, tmp_path) -> None:
+    path = tmp_path / "gpubench_plan.yaml"
+    path.write_text("matrix:\n  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:7b'}\n")
+    plan = make_plan([str(path)], api=sandbox.url, manifest=tmp_path / "none" / "manifest.db")
+    assert "GPUs" not in render(plan)[0]
