@@ -668,6 +668,13 @@ def _expand(matrix: Matrix) -> list[Cell]:
             raise MatrixError(matrix.source, f"matrix[{r}].gpus", (
                 f"`gpus: {gpus}` asks for a machine to spread the model over, but `runtime: {ENDPOINT_RUNTIME}` "
                 "benchmarks a server that is already up: nothing is rented or started; drop `gpus`" + where))
+        if gpus > 1 and cell_launch is not None and cell_launch.entrypoint:
+            # The create request has no tensor-parallel field (CreateSessionRequest; buildWorkloadConfig
+            # leaves WorkloadConfig.TensorParallel at 0): the image's server would use one GPU.
+            raise MatrixError(matrix.source, f"matrix[{r}].gpus", (
+                f"`gpus: {gpus}` cannot be combined with runtime.launch mode entrypoint: GPU Shopper's API "
+                "cannot ask the image's server for tensor parallelism, so it would serve on one GPU; "
+                "use the default ssh launch, where the plugin starts the server across the GPUs" + where))
         seams = seam_suffix(runtime, cloud, entrypoint=cell_launch is not None and cell_launch.entrypoint)
         row_cells = Prototype(Cell, dict(
             gpu=row.gpu, runtime=runtime, cloud=cloud, ollama_install=install, matrix_name=matrix.name,

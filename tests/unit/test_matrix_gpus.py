@@ -107,3 +107,11 @@ matrix:
 """)
     assert [c.cell_id for c in select_cells(found, gpus=["RTX4090"])] == [
         "RTX_4090-vastai-qwen2:7b", "RTX_4090-vastai-qwen2:7b-x2"]
+
+
+def test_entrypoint_mode_cannot_span_gpus(tmp_path: Path) -> None:
+    message = error(tmp_path, """
+matrix:
+  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:7b', gpus: 2, runtime: {name: vllm, launch: {mode: entrypoint}}}
+""")
+    assert "matrix[0].gpus" in message and "cannot ask the image's server for tensor parallelism" in message
