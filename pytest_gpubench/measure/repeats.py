@@ -102,11 +102,16 @@ async def measure_once(runtime: Runtime, plan: BenchmarkPlan, *, timeout: float,
                                       watch=watch, reconnect=reconnect)
     except BenchmarkInterrupted as exc:
         stop.set()
-        exc.samples = await sampler
+        exc.samples = _own_gpus(await sampler, runtime)
         raise
     finally:
         stop.set()
-    return outcome, await sampler
+    return outcome, _own_gpus(await sampler, runtime)
+
+
+def _own_gpus(samples: list[GpuSample], runtime: Runtime) -> list[GpuSample]:
+    """nvidia-smi lists every GPU of the machine: on a shared one, only the cell's GPUs are its readings."""
+    return [sample for sample in samples if runtime.placement.owns(sample.gpu)]
 
 
 def details_of(cell: Cell, measurement: Measurement, runtime: Runtime, *,

@@ -44,6 +44,10 @@ class GpuPlacement:
         """``CUDA_VISIBLE_DEVICES``'s value: ``"0,1"``; ``""`` when the cell may use every GPU."""
         return ",".join(map(str, self.indices))
 
+    def owns(self, gpu: int) -> bool:
+        """Whether nvidia-smi's GPU ``gpu`` is the cell's: any GPU without indices, else one of them."""
+        return not self.indices or gpu in self.indices
+
     def environment(self) -> dict[str, str]:
         """The variables a server started for the cell gets."""
         return {"CUDA_VISIBLE_DEVICES": self.visible_devices} if self.indices else {}

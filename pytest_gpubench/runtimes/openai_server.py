@@ -396,8 +396,10 @@ class OpenAIServerRuntime:
             on_progress({"status": "success", "model": model, "load_seconds": self.load_seconds})
 
     async def _describe(self, model: str) -> PulledModel:
-        """The served model, its size what the server holds in GPU memory (weights and KV cache)."""
-        used = await self.conn.run("nvidia-smi --query-compute-apps=used_memory --format=csv,noheader,nounits",
+        """The served model, its size what the server holds in GPU memory (weights and KV cache) on the
+        cell's GPUs (``-i``: on a shared machine, other cells' servers are not ours)."""
+        only = f"-i {self.placement.visible_devices} " if self.placement.indices else ""
+        used = await self.conn.run(f"nvidia-smi {only}--query-compute-apps=used_memory --format=csv,noheader,nounits",
                                    stage=Stage.MODEL_PULL, what="reading GPU memory", timeout=30, check=False)
         mib = sum(int(x) for x in re.findall(r"\d+", used.stdout)) if used.ok else 0
         return PulledModel(name=model, size_bytes=mib * 1024 * 1024)

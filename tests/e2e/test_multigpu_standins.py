@@ -12,8 +12,13 @@ from pathlib import Path
 import httpx
 import pytest
 from polling import wait_for
+from sandbox_session import connect, new_session
 from standin_helpers import CATALOG, standin_env, write_instance
 
+from pytest_gpubench.aio import LoopThread
+from pytest_gpubench.errors import Stage
+from pytest_gpubench.matrix.cells import expand, parse_matrix
+from pytest_gpubench.runtimes.registry import runtime_for
 from pytest_gpubench.sandbox.instance_spec import GpuSpec, load_instance_spec, visible_gpus
 from pytest_gpubench.sandbox.instances import free_port
 from pytest_gpubench.sandbox.launcher_programs import parse
@@ -144,3 +149,33 @@ def test_docker_gives_a_worker_the_devices_of_the_machine_and_refuses_others(
                           env=standin_env(instance, 0), input="", capture_output=True, text=True, timeout=120)
     assert done.returncode == status, done.stderr
     assert said in done.stdout + done.stderr
+
+
+def test_over_ssh_a_server_started_for_leased_gpus_holds_the_model_on_those_only(api: httpx.Client) -> None:
+    """The runtime's CUDA_VISIBLE_DEVICES reaches the server on a real instance (a 2x RTX 4090 sandbox
+    session), nvidia-smi shows the model on the leased GPU, and the model's size is read from it alone."""
+    session, key = new_session(api, offer_id="vastai-18430204")
+    cell = next(c for c in expand(parse_matrix(
+        "runtime: vllm\nmatrix:\n  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:1.5b'}\n", "gpubench_x.yaml")))
+    loop = LoopThread("leased-gpus")
+    try:
+        conn = loop.run(connect(session, key), 60)
+
+        async def scenario() -> tuple[list[int], int]:
+            runtime = runtime_for(cell, conn, gpu_indices=(1,))
+            try:
+                await runtime.locate(30)
+                await runtime.ensure_serving(120)
+                await runtime.pull(cell.model, 120)
+                smi = await conn.run("nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits",
+                                     stage=Stage.BENCHMARK, what="nvidia-smi", timeout=30)
+                return [int(x) for x in smi.stdout.split()], (await runtime.model_info(cell.model)).size_bytes
+            finally:
+                await runtime.stop(30)
+
+        used, size = loop.run(scenario(), 300)
+        loop.run(conn.close(), 15)
+    finally:
+        loop.close()
+    assert used[0] < 1000 < used[1]  # the model on GPU 1, the leased one; GPU 0 at its baseline
+    assert size > 0 and size // (1024 * 1024) <= used[1]

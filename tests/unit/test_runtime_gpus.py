@@ -113,3 +113,19 @@ def test_the_vram_check_counts_the_cells_gpus() -> None:
     assert "needs 40 GB" in (vram_shortfall("big:40b", 40, two_cards, gpus=1) or "")
     eight_cards = HardwareInfo(gpu_name="NVIDIA H200 NVL", gpu_memory_mib=143771, gpu_count=8)
     assert "8 x 143771 MiB" in (vram_shortfall("huge", 2000, eight_cards, gpus=8) or "")
+
+
+def test_only_the_cells_gpus_are_its_readings_on_a_shared_machine() -> None:
+    assert all(GpuPlacement.of(2).owns(i) for i in range(8))  # a rented machine: every GPU is the cell's
+    leased = GpuPlacement.of(2, (2, 3))
+    assert [i for i in range(8) if leased.owns(i)] == [2, 3]
+
+
+def test_a_measurement_keeps_the_readings_of_the_cells_gpus_only() -> None:
+    from pytest_gpubench.measure.repeats import _own_gpus
+    from pytest_gpubench.remote.telemetry import GpuSample
+
+    samples = [GpuSample(t=1.0, gpu=i, utilization_pct=90.0 if i == 1 else 5.0) for i in range(4)]
+    leased = OllamaRuntime(conn=None, placement=GpuPlacement.of(1, (1,)))
+    assert [s.gpu for s in _own_gpus(samples, leased)] == [1]
+    assert len(_own_gpus(samples, OllamaRuntime(conn=None))) == 4  # a rented machine: all of them
