@@ -33,6 +33,8 @@ from .fields import (  # noqa: F401 - re-exported
     MAX_DURATION_S,
     NAME_RE,
     CheckpointEvery,
+    GPU_COUNTS,
+    GpuCount,
     GpuName,
     MaxTokens,
     ModelName,
@@ -74,6 +76,8 @@ from .selection import (  # noqa: F401 - re-exported: the matrix module is where
     cell_selected,
     compact_gpu,
     gpu_matches,
+    gpus_label,
+    gpus_suffix,
     id_part,
     infer_parameters_b,
     infer_vram_gb,
@@ -282,6 +286,8 @@ class RowSpec(_Strict):
     runtime: RuntimeSpec | None = None
     #: GPU microbenchmarks (matrix/microbench.py): one more cell per provider, which runs no model.
     microbench: MicrobenchSpec | None = None
+    #: GPUs of one machine the row's cells span (``gpus: 2``); None: the file's ``gpus``.
+    gpus: GpuCount | None = None
 
     @model_validator(mode="after")
     def _one_of_each(self) -> RowSpec:
@@ -323,6 +329,8 @@ class MatrixSpec(_Strict):
     thresholds: Thresholds = Thresholds()
     reuse: Reuse = "group"
     cloud: str = DEFAULT_CLOUD
+    #: GPUs of one machine each cell spans unless its row says otherwise.
+    gpus: GpuCount = 1
 
     @field_validator("name", mode="before")
     @classmethod
@@ -389,6 +397,7 @@ class Matrix(BaseModel):
     slo: Slo = Slo()
     thresholds: Thresholds = Thresholds()
     reuse: Reuse = "group"
+    gpus: int = 1
     rows: tuple[RowSpec, ...]
     row_lines: tuple[int | None, ...] = ()
     #: The cells, once expanded: validation expands the matrix, and collection reuses that.
@@ -440,14 +449,15 @@ class Cell(BaseModel):
 
     # The id and names below are computed once per cell (collection asks for them often;
     # expansion gives them to the cells it builds); what they depend on (GPU, provider,
-    # model, load, template, runtime, cloud) no override changes.
+    # model, GPU count, load, template, runtime, cloud) no override changes.
     @cached_property
     def cell_id(self) -> str:
         """``RTX_4090-vastai-qwen2:7b``: GPU (spaces as ``_``), provider, model as written;
-        then ``-c8`` for a concurrency other than 1, ``-r2.5`` for a request rate or ``-sweep``; then
-        a runtime and cloud other than the defaults (:func:`seam_suffix`)."""
+        then ``-x2`` on more than one GPU (:func:`gpus_suffix`); ``-c8`` for a concurrency other than 1,
+        ``-r2.5`` for a request rate or ``-sweep``; then a runtime and cloud other than the defaults
+        (:func:`seam_suffix`)."""
         return cell_id(self.gpu, self.provider, self.model, self.concurrency, self.rate,
-                       self.sweep is not None) + seam_suffix(
+                       self.sweep is not None, self.gpus) + seam_suffix(
             self.runtime, self.cloud, entrypoint=self.launch is not None and self.launch.entrypoint)
 
     @property
@@ -470,7 +480,8 @@ class Cell(BaseModel):
         """Cells in one group can share a rented session: ``RTX_4090-vastai``
         (:func:`~pytest_gpubench.matrix.selection.reuse_group_name`), then a runtime and
         cloud other than the defaults (:func:`seam_suffix`)."""
-        return reuse_group_name(self.gpu, self.provider, self.offer.template) + seam_suffix(self.runtime, self.cloud)
+        return (reuse_group_name(self.gpu, self.provider, self.offer.template, self.gpus)
+                + seam_suffix(self.runtime, self.cloud))
 
     @property
     def session_group(self) -> str | None:
@@ -572,6 +583,7 @@ def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -
         slo=spec.slo,
         thresholds=spec.thresholds,
         reuse=spec.reuse,
+        gpus=spec.gpus,
         rows=tuple(spec.matrix),
         row_lines=tuple(node_line(root, ("matrix", i)) for i in range(len(spec.matrix))),
     )
@@ -657,6 +669,18 @@ def _expand(matrix: Matrix) -> list[Cell]:
         bars = {**(matrix.offer.min_availability_confidence or {}),
                 **(row_offer.min_availability_confidence or {})}
         gpu_key = normalize_gpu(row.gpu)
+        gpus = row.gpus or matrix.gpus
+        if gpus > 1 and endpoint is not None:
+            raise MatrixError(matrix.source, f"matrix[{r}].gpus", (
+                f"`gpus: {gpus}` asks for a machine to spread the model over, but `runtime: {ENDPOINT_RUNTIME}` "
+                "benchmarks a server that is already up: nothing is rented or started; drop `gpus`" + where))
+        if gpus > 1 and cell_launch is not None and cell_launch.entrypoint:
+            # The create request has no tensor-parallel field (CreateSessionRequest; buildWorkloadConfig
+            # leaves WorkloadConfig.TensorParallel at 0): the image's server would use one GPU.
+            raise MatrixError(matrix.source, f"matrix[{r}].gpus", (
+                f"`gpus: {gpus}` cannot be combined with runtime.launch mode entrypoint: GPU Shopper's API "
+                "cannot ask the image's server for tensor parallelism, so it would serve on one GPU; "
+                "use the default ssh launch, where the plugin starts the server across the GPUs" + where))
         seams = seam_suffix(runtime, cloud, entrypoint=cell_launch is not None and cell_launch.entrypoint)
         row_cells = Prototype(Cell, dict(
             gpu=row.gpu, runtime=runtime, cloud=cloud, ollama_install=install, matrix_name=matrix.name,
@@ -664,6 +688,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
             source=matrix.source,
             launch=cell_launch,
             row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu), microbench=None,
+            gpus=gpus,
         ), varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "concurrency", "rate",
                     "cell_id", "keywords", "reuse_group"))
         for _, provider in row.provider_entries() or [("provider", ENDPOINT_PROVIDER)]:
@@ -674,7 +699,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 max_attempts=max_attempts or DEFAULT_MAX_ATTEMPTS,
                 template=template,
             )
-            group = reuse_group_name(row.gpu, provider, template) + seams
+            group = reuse_group_name(row.gpu, provider, template, gpus) + seams
             for field, model in row.model_entries():
                 if model not in vram_of:
                     vram_of[model] = model_vram_gb(model, matrix.vram_overrides)
@@ -690,18 +715,18 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 keywords = keywords_of.get((row.gpu, ref))
                 if keywords is None:
                     keywords = keywords_of[row.gpu, ref] = cell_keywords(row.gpu, ref)
-                base_id, ref_key = cell_id_base(row.gpu, provider, model), ref.lower()
+                base_id, ref_key = cell_id_base(row.gpu, provider, model, gpus), ref.lower()
                 for concurrency, rate, suffix, point_workload in point_parts:
                     cell = row_cells.new(
                         provider=provider, model=model, model_ref=ref, workload=point_workload, offer=offer,
                         vram_gb=vram, concurrency=concurrency, rate=rate, cell_id=base_id + suffix + seams,
                         keywords=keywords, reuse_group=group)
-                    key = (gpu_key, provider, ref_key, concurrency, SWEEP if sweeping else rate, runtime, seams)
+                    key = (gpu_key, gpus, provider, ref_key, concurrency, SWEEP if sweeping else rate, runtime, seams)
                     id_key = cell.cell_id.lower()
                     first = seen.get(key, ids.get(id_key))
                     if first is not None:
                         raise MatrixError(matrix.source, f"matrix[{r}]", (
-                            f"duplicate cell {cell.cell_id} ({row.gpu} / {provider} / {model}"
+                            f"duplicate cell {cell.cell_id} ({gpus_label(row.gpu, gpus)} / {provider} / {model}"
                             f"{_load_text(concurrency, rate, sweeping)}), already in matrix[{first}]"
                             f"{at_line(_row_line(matrix, first))}; a GPU, provider, model and "
                             f"load may appear once per runtime (and launch mode) in a file{where}"))

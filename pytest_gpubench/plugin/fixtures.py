@@ -240,7 +240,7 @@ def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_c
             raise StageError(Stage.SSH_CONNECT, "the SSH connectivity check printed nothing")
         lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
         if gpu_session.ssh.local:  # no SSH, nothing to probe (a running endpoint): the matrix's GPU
-            recorder.hardware = HardwareInfo(gpu_name=gpubench_cell.gpu, gpu_count=1)
+            recorder.hardware = HardwareInfo(gpu_name=gpubench_cell.gpu, gpu_count=gpubench_cell.gpus)
         elif lease is not None and lease.hardware is not None:
             recorder.hardware = lease.hardware
         else:  # the session's first connection: detect the system, record it once for the session
@@ -279,7 +279,7 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
                     "gpubench_microbench fixture (docs/hardware.md)", pytrace=False)
     # Keepalives on the run's clock: a link that went silent is noticed in seconds in the sandbox too.
     gpu_ssh.set_keepalive(settings.scaled(KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL))
-    shortfall = vram_shortfall(cell.model, cell.vram_gb, recorder.hardware)
+    shortfall = vram_shortfall(cell.model, cell.vram_gb, recorder.hardware, gpus=cell.gpus)
     if shortfall:
         recorder.enter(Stage.MODEL_PULL)
         if settings.fail_on_skip:
@@ -287,7 +287,7 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
         recorder.skip_reason = shortfall
         pytest.skip(f"[model_pull] {shortfall}")
     recorder.enter(Stage.OLLAMA_INSTALL)
-    runtime = runtime_for(cell, gpu_ssh)
+    runtime = runtime_for(cell, gpu_ssh, gpu_indices=gpu_session.ssh.gpu_indices)
     lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
     known = take_over_server(lease, runtime)  # an earlier cell of the group started it
     known = adopt_image_server(runtime, cell.launch) or known  # the session's image serves the model

@@ -29,9 +29,12 @@ class ResultRow(_Frozen):
     run_id: str
     cell_id: str
     benchmark_id: str
+    #: The GPU as the report names it: ``RTX 4090``, ``2x RTX 4090`` for a cell on two (:attr:`gpus`).
     gpu: str
     provider: str
     model: str
+    #: GPUs of one machine the cell spanned; its price (and so its $/M tokens) is the whole machine's.
+    gpus: int = 1
     #: The server that served it (the result's ``model.runtime``), `` (entrypoint)`` added when
     #: GPU Shopper's image started it: another runtime is another measurement of the same model.
     runtime: str = DEFAULT_RUNTIME

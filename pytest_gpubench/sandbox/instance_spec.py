@@ -181,6 +181,30 @@ def normalize_model_name(name: str) -> str:
     return name
 
 
+#: The variable CUDA programs read to see only some GPUs (nvidia-smi ignores it, as the stand-in does).
+VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+
+
+def visible_gpus(gpu: GpuSpec, environ: Mapping[str, str] | None = None) -> tuple[int, ...]:
+    """The GPUs (nvidia-smi indices) a CUDA program on the instance sees, in its order.
+
+    All of them without ``CUDA_VISIBLE_DEVICES``; else its comma-separated indices,
+    ending, as CUDA's enumeration does, at the first entry that names no GPU of the
+    machine (or one named already): ``""`` and ``"9"`` on a 2-GPU machine leave none.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get(VISIBLE_DEVICES_ENV)
+    if value is None:
+        return tuple(range(gpu.count))
+    seen: list[int] = []
+    for part in value.split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) >= gpu.count or int(part) in seen:
+            break
+        seen.append(int(part))
+    return tuple(seen)
+
+
 def load_instance_spec(environ: Mapping[str, str] | None = None) -> InstanceSpec:
     """Read the instance file named by ``GPUBENCH_SANDBOX_INSTANCE``.
 
