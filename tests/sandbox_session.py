@@ -15,10 +15,19 @@ from polling import wait_for
 from pytest_gpubench.remote.ssh import Connection
 
 
-def new_session(api: httpx.Client) -> tuple[dict[str, Any], str]:
-    """A running sandbox session on the cheapest RTX 4090 offer, and its private key."""
+def new_session(api: httpx.Client, fault: dict[str, Any] | None = None,
+                offer_id: str | None = None) -> tuple[dict[str, Any], str]:
+    """A running sandbox session on ``offer_id`` (default: the cheapest RTX 4090 offer), and its private key.
+
+    ``fault``: an offer fault (``/sandbox/faults`` body without ``offer_id``) armed first, once.
+    """
     offers = api.get("/api/v1/inventory", params={"provider": "vastai", "gpu_type": "RTX 4090"}).json()["offers"]
-    offer = min((o for o in offers if o["available"]), key=lambda o: o["price_per_hour"])
+    offer = next((o for o in offers if o["id"] == offer_id), None) if offer_id else min(
+        (o for o in offers if o["available"]), key=lambda o: o["price_per_hour"])
+    assert offer is not None, f"no offer {offer_id} among the RTX 4090 offers"
+    if fault is not None:
+        armed = api.post("/sandbox/faults", json={**fault, "offer_id": offer["id"], "times": 1})
+        assert armed.status_code in (200, 201), armed.text
     created = api.post("/api/v1/sessions", json={"consumer_id": f"issue4-{uuid.uuid4().hex[:8]}",
                                                  "offer_id": offer["id"], "workload_type": "interactive",
                                                  "reservation_hours": 1})

@@ -1,7 +1,9 @@
 """Offer selection: seed 000's rule, with the reasons a person needs when none fits.
 
-Rule: availability confidence above the provider's bar (seed: 0.5), enough VRAM
-for the model, under the price cap, then the cheapest (ties: more confident).
+Rule: the cell's GPU count exactly (``gpus:``), availability confidence above the
+provider's bar (seed: 0.5), enough VRAM for the model (over all the offer's GPUs),
+under the price cap, then the cheapest (ties: more confident). An offer's
+``price_per_hour`` and so every cost figure is the whole machine's.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..errors import NoEligibleOffer, Stage, StageError
-from ..matrix.cells import Cell, gpu_matches
+from ..matrix.cells import Cell, gpu_matches, gpus_label
 from ..matrix.endpoint import EndpointSpec
 from .shopper_client import Offer
 
@@ -119,18 +121,27 @@ def rejection(offer: Offer, wanted: Constraints) -> str:
     """Why ``offer`` is not eligible for ``wanted``; empty when it is."""
     if not offer.available:
         return "not available"
+    if offer.gpu_count != wanted.gpu_count:  # a bigger machine is billed whole, a smaller one cannot hold the cell
+        return f"with {offer.gpu_count} GPU(s), not {wanted.gpu_count}"
     if offer.availability_confidence <= wanted.min_confidence:
         return f"availability confidence not above {wanted.min_confidence:g} for {wanted.provider}"
-    if offer.vram_gb + VRAM_ROUNDING_GB < wanted.vram_gb:
+    if offer_vram_gb(offer) + VRAM_ROUNDING_GB < wanted.vram_gb:
         return f"less than the {wanted.vram_gb:g} GB of VRAM the model needs"
     if wanted.max_price is not None and offer.price_per_hour > wanted.max_price:
         return f"over the price cap of ${wanted.max_price:.2f}/h"
     return ""
 
 
+def offer_vram_gb(offer: Offer) -> float:
+    """GB of VRAM over all the offer's GPUs (the inventory's ``vram_gb`` is one GPU's)."""
+    return offer.vram_gb * max(1, offer.gpu_count)
+
+
 def _explain(candidates: list[Offer], rejected: dict[str, list[Offer]], wanted: Constraints) -> str:
+    gpus = gpus_label(wanted.gpu, wanted.gpu_count)
     if not candidates:
-        return f"no offers found for {wanted.gpu} on {wanted.provider}"
+        more = f" (the inventory was asked for at least {wanted.gpu_count} GPUs)" if wanted.gpu_count > 1 else ""
+        return f"no offers found for {gpus} on {wanted.provider}{more}"
     parts = []
     for reason, offers in rejected.items():
         detail = ""
@@ -139,9 +150,9 @@ def _explain(candidates: list[Offer], rejected: dict[str, list[Offer]], wanted: 
         elif reason.startswith("over the price"):
             detail = f", cheapest ${min(o.price_per_hour for o in offers):.2f}/h"
         elif reason.startswith("less than"):
-            detail = f", largest {max(o.vram_gb for o in offers):g} GB"
+            detail = f", largest {max(offer_vram_gb(o) for o in offers):g} GB"
         parts.append(f"{len(offers)} {reason}{detail}")
     return (
-        f"{len(candidates)} offer(s) for {wanted.gpu} on {wanted.provider}, none eligible: "
+        f"{len(candidates)} offer(s) for {gpus} on {wanted.provider}, none eligible: "
         + "; ".join(parts)
     )

@@ -63,7 +63,7 @@ class Lease:
     #: this many parallel requests (``Runtime.num_parallel``; None: unknown).
     runtime_started_here: bool = False
     runtime_num_parallel: int | None = None
-    #: What nvidia-smi and the host said at the first connection (the machine stays the same).
+    #: What system detection found at the first connection (the machine stays the same).
     hardware: HardwareInfo | None = None
     released: bool = False
 

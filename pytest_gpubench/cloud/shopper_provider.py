@@ -54,7 +54,7 @@ class ShopperProvider:
         self.settings = settings
         self.where = client.base_url
         #: With ``fixed_offers``: each marketplace's listing, read once (see :meth:`from_settings`).
-        self._listings: dict[str | None, list[Offer]] | None = {} if fixed_offers else None
+        self._listings: dict[tuple[str | None, int], list[Offer]] | None = {} if fixed_offers else None
 
     @classmethod
     def from_settings(cls, settings: Settings, *, fixed_offers: bool = False) -> ShopperProvider:
@@ -80,7 +80,7 @@ class ShopperProvider:
         """
         timeout = self.settings.stage_timeout(Stage.INVENTORY)
         try:
-            offers = await asyncio.wait_for(self._inventory(wanted.provider), timeout)
+            offers = await asyncio.wait_for(self._inventory(wanted.provider, wanted.gpu_count), timeout)
         except asyncio.TimeoutError:
             raise StageError(
                 Stage.INVENTORY,
@@ -91,13 +91,21 @@ class ShopperProvider:
         offer, eligible = select_offer(offers, wanted)
         return OfferChoice(offer=offer, offers_found=len(offers), eligible=eligible, wanted=wanted)
 
-    async def _inventory(self, marketplace: str | None) -> list[Offer]:
-        """The listing for ``marketplace``: asked each time, or once with ``fixed_offers``."""
+    async def _inventory(self, marketplace: str | None, gpu_count: int = 1) -> list[Offer]:
+        """The listing for ``marketplace``: asked each time, or once with ``fixed_offers``.
+
+        A multi-GPU cell asks the server for machines with at least ``gpu_count`` GPUs
+        (``min_gpu_count``, the API's one count filter); :func:`select_offer` keeps those
+        with exactly that many. One-GPU cells' listings are unfiltered, so a cell can say
+        which constraint ruled each offer out.
+        """
+        filters = {"provider": marketplace, "min_gpu_count": gpu_count if gpu_count > 1 else None}
         if self._listings is None:
-            return await self.client.inventory(provider=marketplace)
-        if marketplace not in self._listings:
-            self._listings[marketplace] = await self.client.inventory(provider=marketplace)
-        return list(self._listings[marketplace])
+            return await self.client.inventory(**filters)
+        key = (marketplace, gpu_count)
+        if key not in self._listings:
+            self._listings[key] = await self.client.inventory(**filters)
+        return list(self._listings[key])
 
     async def create(
         self, offer: Offer, consumer: str, hours: int, *, template: str | None = None,

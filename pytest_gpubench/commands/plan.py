@@ -63,6 +63,8 @@ class CellPlan(_Model):
 
     cell: str
     gpu: str
+    #: GPUs of one machine the cell spans (``gpus:``); its offer has that many, priced as a whole.
+    gpus: int = 1
     provider: str
     model: str
     reuse_group: str | None
@@ -93,6 +95,8 @@ class SessionPlan(_Model):
     reuse_group: str | None
     offer_id: str
     gpu_type: str
+    #: GPUs of the machine; its ``price_per_hour`` is all of them.
+    gpu_count: int = 1
     price_per_hour: float
     cells: list[str]
     setup_seconds: float
@@ -225,7 +229,7 @@ def build_plan(cells: Sequence[tuple[str, Cell]], choices: Sequence[Choice], his
         # The pool releases a session after its group's last cell here, or when it cannot serve the next one.
         if held is not None and (held.group != group or unfit(held.offer, Constraints.for_cell(cell))):
             held = None
-        base = dict(cell=key, gpu=cell.gpu, provider=cell.provider, model=cell.model, reuse_group=group,
+        base = dict(cell=key, gpu=cell.gpu, gpus=cell.gpus, provider=cell.provider, model=cell.model, reuse_group=group,
                     runs=planned_runs(cell, runs_override))
         if held is None and isinstance(choice, NoEligibleOffer):
             planned.append(CellPlan(**base, no_offer_reason=choice.message))
@@ -267,7 +271,8 @@ def build_plan(cells: Sequence[tuple[str, Cell]], choices: Sequence[Choice], his
 def _session_plan(session: _Session) -> SessionPlan:
     seconds = sum(c.seconds for c in session.cells)
     return SessionPlan(session=session.number, reuse_group=session.group, offer_id=session.offer.id,
-                       gpu_type=session.offer.gpu_type, price_per_hour=session.offer.price_per_hour,
+                       gpu_type=session.offer.gpu_type, gpu_count=session.offer.gpu_count,
+                       price_per_hour=session.offer.price_per_hour,
                        cells=[c.cell for c in session.cells], setup_seconds=sum(c.setup_seconds for c in session.cells),
                        seconds=seconds, cost_usd=session.offer.price_per_hour * seconds / 3600)
 
@@ -299,10 +304,10 @@ def makespan(durations: Sequence[float], workers: int) -> float:
 
 def _totals(cells: Sequence[CellPlan], sessions: Sequence[SessionPlan], groups: Sequence[GroupPlan],
             workers: int | None) -> Totals:
-    seconds = sum(s.seconds for s in sessions)
+    gpu_seconds = sum(s.seconds * s.gpu_count for s in sessions)  # a 2-GPU machine's hour is two GPU-hours
     durations = [g.seconds for g in groups]
     return Totals(cells=len(cells), cells_without_offer=sum(1 for c in cells if c.no_offer_reason),
-                  sessions=len(sessions), gpu_hours=seconds / 3600, cost_usd=sum(s.cost_usd for s in sessions),
+                  sessions=len(sessions), gpu_hours=gpu_seconds / 3600, cost_usd=sum(s.cost_usd for s in sessions),
                   wall_seconds=sum(durations), workers=workers,
                   wall_seconds_workers=makespan(durations, workers) if workers else None)
 

@@ -20,8 +20,12 @@ WRAP_AT = 26
 
 
 def render(plan: Plan) -> list[str]:
-    """The plan as terminal lines."""
-    lines = _table(CELL_COLUMNS, [_cell_row(c) for c in plan.cells], left=(0, 1, 8), wrap={1: WRAP_AT})
+    """The plan as terminal lines; a ``GPUs`` column (each offer's count, priced whole) when any cell spans several."""
+    rows = [_cell_row(c) for c in plan.cells]
+    columns: tuple[str, ...] = CELL_COLUMNS
+    if any(c.gpus > 1 for c in plan.cells):
+        columns, rows = (*columns, "GPUs"), [(*row, str(c.gpus)) for row, c in zip(rows, plan.cells)]
+    lines = _table(columns, rows, left=(0, 1, 8), wrap={1: WRAP_AT})
     flagged = [c for c in plan.cells if c.no_offer_reason]
     if flagged:
         lines += ["", "no eligible offer (a run skips these cells; --gpubench-fail-on-skip fails them):"]

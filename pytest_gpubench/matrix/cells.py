@@ -33,6 +33,8 @@ from .fields import (  # noqa: F401 - re-exported
     MAX_DURATION_S,
     NAME_RE,
     CheckpointEvery,
+    GPU_COUNTS,
+    GpuCount,
     GpuName,
     MaxTokens,
     ModelName,
@@ -74,6 +76,8 @@ from .selection import (  # noqa: F401 - re-exported: the matrix module is where
     cell_selected,
     compact_gpu,
     gpu_matches,
+    gpus_label,
+    gpus_suffix,
     id_part,
     infer_parameters_b,
     infer_vram_gb,
@@ -95,6 +99,7 @@ from . import endpoint as endpoint_fields
 from .endpoint import (ENDPOINT_CLOUD, ENDPOINT_KEYS, ENDPOINT_PROVIDER, ENDPOINT_RUNTIME, EndpointPrice,
                        EndpointSpec, EndpointUrl, EnvName)
 from .sweep import SWEEP, SweepSpec, sweep_problem
+from .microbench import MICROBENCH_MODEL, MicrobenchSpec
 from ..measure.thresholds import Slo, Thresholds, merged
 from .yaml_errors import at_line, describe, node_line, parse_yaml, translate
 
@@ -281,6 +286,10 @@ class RowSpec(_Strict):
     thresholds: Thresholds | None = None
     reuse: Reuse | None = None
     runtime: RuntimeSpec | None = None
+    #: GPU microbenchmarks (matrix/microbench.py): one more cell per provider, which runs no model.
+    microbench: MicrobenchSpec | None = None
+    #: GPUs of one machine the row's cells span (``gpus: 2``); None: the file's ``gpus``.
+    gpus: GpuCount | None = None
 
     @model_validator(mode="after")
     def _one_of_each(self) -> RowSpec:
@@ -288,8 +297,9 @@ class RowSpec(_Strict):
             given = getattr(self, one) is not None, getattr(self, many) is not None
             if all(given):
                 raise invalid(f"give either `{one}` or `{many}`, not both")
-            if not any(given) and one == "model":  # a row without a provider: checked with the file's runtime
-                raise invalid(f"needs `{one}: ...` or `{many}: [...]`")
+            # A row without a provider is checked with the file's runtime; one without a model may measure the GPU.
+            if not any(given) and one == "model" and self.microbench is None:
+                raise invalid(f"needs `{one}: ...` or `{many}: [...]` (or `microbench: [...]`)")
             if getattr(self, many) == []:
                 raise invalid(f"`{many}` is empty; list at least one")
         return self
@@ -321,6 +331,8 @@ class MatrixSpec(_Strict):
     thresholds: Thresholds = Thresholds()
     reuse: Reuse = "group"
     cloud: str = DEFAULT_CLOUD
+    #: GPUs of one machine each cell spans unless its row says otherwise.
+    gpus: GpuCount = 1
     #: The hosts inventory for ``cloud: hosts`` / ``local`` (matrix/machines.py), relative to this file.
     hosts: str | None = None
 
@@ -395,6 +407,7 @@ class Matrix(BaseModel):
     slo: Slo = Slo()
     thresholds: Thresholds = Thresholds()
     reuse: Reuse = "group"
+    gpus: int = 1
     rows: tuple[RowSpec, ...]
     row_lines: tuple[int | None, ...] = ()
     #: The cells, once expanded: validation expands the matrix, and collection reuses that.
@@ -443,17 +456,20 @@ class Cell(BaseModel):
     #: Which of its reuse group's sessions it runs on when a run splits the group over
     #: several (:mod:`pytest_gpubench.cloud.reuse_split`); None: the group has one session.
     session_part: int | None = None
+    #: A GPU microbenchmark cell's settings (``microbench:``); None for a cell that benchmarks a model.
+    microbench: MicrobenchSpec | None = None
 
     # The id and names below are computed once per cell (collection asks for them often;
     # expansion gives them to the cells it builds); what they depend on (GPU, provider,
-    # model, load, template, runtime, cloud) no override changes.
+    # model, GPU count, load, template, runtime, cloud) no override changes.
     @cached_property
     def cell_id(self) -> str:
         """``RTX_4090-vastai-qwen2:7b``: GPU (spaces as ``_``), provider, model as written;
-        then ``-c8`` for a concurrency other than 1, ``-r2.5`` for a request rate or ``-sweep``; then
-        a runtime and cloud other than the defaults (:func:`seam_suffix`)."""
+        then ``-x2`` on more than one GPU (:func:`gpus_suffix`); ``-c8`` for a concurrency other than 1,
+        ``-r2.5`` for a request rate or ``-sweep``; then a runtime and cloud other than the defaults
+        (:func:`seam_suffix`)."""
         return cell_id(self.gpu, self.provider, self.model, self.concurrency, self.rate,
-                       self.sweep is not None) + seam_suffix(
+                       self.sweep is not None, self.gpus) + seam_suffix(
             self.runtime, self.cloud, entrypoint=self.launch is not None and self.launch.entrypoint)
 
     @property
@@ -476,7 +492,8 @@ class Cell(BaseModel):
         """Cells in one group can share a rented session: ``RTX_4090-vastai``
         (:func:`~pytest_gpubench.matrix.selection.reuse_group_name`), then a runtime and
         cloud other than the defaults (:func:`seam_suffix`)."""
-        return reuse_group_name(self.gpu, self.provider, self.offer.template) + seam_suffix(self.runtime, self.cloud)
+        return (reuse_group_name(self.gpu, self.provider, self.offer.template, self.gpus)
+                + seam_suffix(self.runtime, self.cloud))
 
     @property
     def session_group(self) -> str | None:
@@ -581,6 +598,7 @@ def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -
         slo=spec.slo,
         thresholds=spec.thresholds,
         reuse=spec.reuse,
+        gpus=spec.gpus,
         rows=tuple(spec.matrix),
         row_lines=tuple(node_line(root, ("matrix", i)) for i in range(len(spec.matrix))),
     )
@@ -668,6 +686,18 @@ def _expand(matrix: Matrix) -> list[Cell]:
         bars = {**(matrix.offer.min_availability_confidence or {}),
                 **(row_offer.min_availability_confidence or {})}
         gpu_key = normalize_gpu(row.gpu)
+        gpus = row.gpus or matrix.gpus
+        if gpus > 1 and endpoint is not None:
+            raise MatrixError(matrix.source, f"matrix[{r}].gpus", (
+                f"`gpus: {gpus}` asks for a machine to spread the model over, but `runtime: {ENDPOINT_RUNTIME}` "
+                "benchmarks a server that is already up: nothing is rented or started; drop `gpus`" + where))
+        if gpus > 1 and cell_launch is not None and cell_launch.entrypoint:
+            # The create request has no tensor-parallel field (CreateSessionRequest; buildWorkloadConfig
+            # leaves WorkloadConfig.TensorParallel at 0): the image's server would use one GPU.
+            raise MatrixError(matrix.source, f"matrix[{r}].gpus", (
+                f"`gpus: {gpus}` cannot be combined with runtime.launch mode entrypoint: GPU Shopper's API "
+                "cannot ask the image's server for tensor parallelism, so it would serve on one GPU; "
+                "use the default ssh launch, where the plugin starts the server across the GPUs" + where))
         seams = seam_suffix(runtime, cloud, entrypoint=cell_launch is not None and cell_launch.entrypoint)
         row_cells = Prototype(Cell, dict(
             gpu=row.gpu, runtime=runtime, cloud=cloud, hosts_file=matrix.hosts_file, ollama_install=install,
@@ -675,7 +705,8 @@ def _expand(matrix: Matrix) -> list[Cell]:
             runtime_args=runtime_args, runtime_port=runtime_port, endpoint=endpoint, runtime_presets=presets,
             source=matrix.source,
             launch=cell_launch,
-            row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu),
+            row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu), microbench=None,
+            gpus=gpus,
         ), varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "concurrency", "rate",
                     "cell_id", "keywords", "reuse_group"))
         for _, provider in row.provider_entries() or [("provider", ENDPOINT_PROVIDER)]:
@@ -686,7 +717,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 max_attempts=max_attempts or DEFAULT_MAX_ATTEMPTS,
                 template=template,
             )
-            group = reuse_group_name(row.gpu, provider, template) + seams
+            group = reuse_group_name(row.gpu, provider, template, gpus) + seams
             for field, model in row.model_entries():
                 if model not in vram_of:
                     vram_of[model] = model_vram_gb(model, matrix.vram_overrides)
@@ -702,26 +733,53 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 keywords = keywords_of.get((row.gpu, ref))
                 if keywords is None:
                     keywords = keywords_of[row.gpu, ref] = cell_keywords(row.gpu, ref)
-                base_id, ref_key = cell_id_base(row.gpu, provider, model), ref.lower()
+                base_id, ref_key = cell_id_base(row.gpu, provider, model, gpus), ref.lower()
                 for concurrency, rate, suffix, point_workload in point_parts:
                     cell = row_cells.new(
                         provider=provider, model=model, model_ref=ref, workload=point_workload, offer=offer,
                         vram_gb=vram, concurrency=concurrency, rate=rate, cell_id=base_id + suffix + seams,
                         keywords=keywords, reuse_group=group)
-                    key = (gpu_key, provider, ref_key, concurrency, SWEEP if sweeping else rate, runtime, seams)
+                    key = (gpu_key, gpus, provider, ref_key, concurrency, SWEEP if sweeping else rate, runtime, seams)
                     id_key = cell.cell_id.lower()
                     first = seen.get(key, ids.get(id_key))
                     if first is not None:
                         raise MatrixError(matrix.source, f"matrix[{r}]", (
-                            f"duplicate cell {cell.cell_id} ({row.gpu} / {provider} / {model}"
+                            f"duplicate cell {cell.cell_id} ({gpus_label(row.gpu, gpus)} / {provider} / {model}"
                             f"{_load_text(concurrency, rate, sweeping)}), already in matrix[{first}]"
                             f"{at_line(_row_line(matrix, first))}; a GPU, provider, model and "
                             f"load may appear once per runtime (and launch mode) in a file{where}"))
                     seen[key] = ids[id_key] = r
                     cells.append(cell)
+            if row.microbench is not None:
+                cell = _microbench_cell(matrix, r, row, provider, offer, point_parts[0][3], slo, thresholds,
+                                        endpoint=runtime == ENDPOINT_RUNTIME)
+                id_key = cell.cell_id.lower()
+                if id_key in ids:
+                    raise MatrixError(matrix.source, f"matrix[{r}].microbench", (
+                        f"duplicate cell {cell.cell_id}, already in matrix[{ids[id_key]}]"
+                        f"{at_line(_row_line(matrix, ids[id_key]))}; a GPU and provider's microbenchmarks "
+                        f"may appear once in a file{where}"))
+                ids[id_key] = r
+                cells.append(cell)
     if matrix.workload.sweep is not None and not any(cell.sweep for cell in cells):
         raise MatrixError(matrix.source, "workload.sweep", sweep_problem(None, matrix.workload.sweep, True) or "")
     return cells
+
+
+def _microbench_cell(matrix: Matrix, r: int, row: RowSpec, provider: str, offer: OfferConstraints,
+                     workload: Workload, slo: Slo, thresholds: Thresholds, *, endpoint: bool) -> Cell:
+    """A row's microbenchmark cell on ``provider``: no model, no runtime, its own session
+    (``reuse: cell``: a model server an earlier cell left would share the GPU it measures)."""
+    if endpoint:
+        raise MatrixError(matrix.source, f"matrix[{r}].microbench", (
+            "microbenchmarks need a rented GPU reached over SSH; a running endpoint has none"
+            + at_line(_row_line(matrix, r))))
+    return Cell(
+        gpu=row.gpu, provider=provider, model=MICROBENCH_MODEL, model_ref=MICROBENCH_MODEL, cloud=matrix.cloud,
+        workload=workload.model_copy(update={"concurrency": (1,), "rate": None}), offer=offer, vram_gb=0,
+        matrix_name=matrix.name, source=matrix.source, row=r, slo=slo, thresholds=thresholds, reuse="cell",
+        microbench=row.microbench,
+    )
 
 
 def _row_workload(matrix: Matrix, r: int, row: RowSpec) -> Workload:

@@ -385,6 +385,17 @@ def _runs(value: Any) -> Runs:
     return Runs(count=None, until_cv=until_cv, **bounds)
 
 
+#: ``gpus:``: how many GPUs of one machine a cell may span (the tensor-parallel sizes servers accept).
+GPU_COUNTS = (1, 2, 4, 8)
+
+
+def _gpu_count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value not in GPU_COUNTS:
+        raise invalid(f"must be one of {', '.join(map(str, GPU_COUNTS))} (GPUs on one machine, the model "
+                      f"spread over them); got {describe(value)}")
+    return value
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
@@ -392,6 +403,7 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 
 Seconds = Annotated[float, BeforeValidator(_seconds)]
 GpuName = Annotated[str, BeforeValidator(_gpu)]
+GpuCount = Annotated[int, BeforeValidator(_gpu_count)]
 ProviderName = Annotated[str, BeforeValidator(_provider)]
 ModelName = Annotated[str, BeforeValidator(model_name)]
 RuntimeName = Annotated[str, BeforeValidator(runtime_name)]

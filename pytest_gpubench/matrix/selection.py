@@ -173,28 +173,41 @@ def id_part(text: str) -> str:
 
 
 def cell_id(gpu: str, provider: str, model: str, concurrency: int = 1, rate: float | None = None,
-            sweep: bool = False) -> str:
-    """The test id of a cell: ``{GPU with _ for spaces}-{provider}-{model}``, then its load.
+            sweep: bool = False, gpus: int = 1) -> str:
+    """The test id of a cell: ``{GPU with _ for spaces}-{provider}-{model}``, its GPU count, then its load.
 
     ``RTX_4090-vastai-qwen2:7b`` at concurrency 1 without a rate (so ids from
     before load axes existed stay the same), ``...-c8`` at concurrency 8,
-    ``...-r2.5`` at 2.5 requests/s, ``...-sweep`` for a saturation sweep (``rate: sweep``).
+    ``...-r2.5`` at 2.5 requests/s, ``...-sweep`` for a saturation sweep (``rate: sweep``);
+    ``...-x2-c8`` for the same on two GPUs (:func:`gpus_suffix`).
     """
-    return cell_id_base(gpu, provider, model) + axes_suffix(concurrency, rate, sweep)
+    return cell_id_base(gpu, provider, model, gpus) + axes_suffix(concurrency, rate, sweep)
 
 
-def cell_id_base(gpu: str, provider: str, model: str) -> str:
-    """A cell id without its load part: ``RTX_4090-vastai-qwen2:7b``."""
-    return f"{id_part(gpu)}-{normalize_provider(provider)}-{id_part(model)}"
+def gpus_suffix(gpus: int) -> str:
+    """``-x2`` for a cell on two GPUs; ``""`` for one, so one-GPU ids and groups are as they were."""
+    return f"-x{int(gpus)}" if gpus > 1 else ""
 
 
-def reuse_group_name(gpu: str, provider: str, template: str | None = None) -> str:
-    """The reuse group of a GPU and provider: ``RTX_4090-vastai``.
+def gpus_label(gpu: str, count: int) -> str:
+    """``RTX 4090`` for one GPU, ``2x RTX 4090`` for a machine of two: how plans, offer listings,
+    errors and reports name a cell's or an offer's GPUs."""
+    return f"{count}x {gpu}" if count > 1 else gpu
+
+
+def cell_id_base(gpu: str, provider: str, model: str, gpus: int = 1) -> str:
+    """A cell id without its load part: ``RTX_4090-vastai-qwen2:7b`` (``...-x2`` on two GPUs)."""
+    return f"{id_part(gpu)}-{normalize_provider(provider)}-{id_part(model)}{gpus_suffix(gpus)}"
+
+
+def reuse_group_name(gpu: str, provider: str, template: str | None = None, gpus: int = 1) -> str:
+    """The reuse group of a GPU and provider: ``RTX_4090-vastai`` (``RTX_4090-vastai-x2`` for
+    two-GPU cells: another machine, never shared with one-GPU cells).
 
     A provider template names the instance's image, so cells asking for different
     ones cannot share a session: the template's first characters join the name then.
     """
-    group = f"{id_part(gpu)}-{provider}"
+    group = f"{id_part(gpu)}-{provider}{gpus_suffix(gpus)}"
     return f"{group}-t{template[:12]}" if template else group
 
 

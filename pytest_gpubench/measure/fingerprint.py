@@ -28,7 +28,10 @@ What is in it, and why (see docs/metrics.md, "Comparable baselines"):
 * ``model_digest``: the weights behind the tag (a re-pushed tag is another model);
 * ``launch``: the runtime's launch arguments and fixed port (``runtime.args``,
   ``runtime.port``): other arguments are another server configuration. Only
-  present when set, so fingerprints without them keep their hash.
+  present when set, so fingerprints without them keep their hash;
+* ``gpus``: the GPUs the server spans when more than one (the cell id has it too,
+  ``-x2``: kept so the fingerprint stands alone); the tensor-parallel size follows
+  from it. Absent for one GPU, so one-GPU fingerprints keep their hash.
 
 Left out on purpose: ``duration`` and ``runs`` (they set how precise the figures
 are, not what they measure: a short CI run is compared with a long nightly one),
@@ -49,7 +52,8 @@ from pydantic import BaseModel, ConfigDict
 __all__ = ["FIELDS", "Fingerprint", "fingerprint", "incomparable", "stored_fingerprint"]
 
 #: The fields, in the order a difference is told.
-FIELDS = ("prompts", "prompt_source", "max_tokens", "load", "think", "warmup", "runtime", "model_digest", "launch")
+FIELDS = ("prompts", "prompt_source", "max_tokens", "load", "think", "warmup", "runtime", "model_digest", "launch",
+          "gpus")
 
 
 class Fingerprint(BaseModel):
@@ -69,7 +73,8 @@ def _digest(data: Any) -> str:
 def fingerprint(*, prompts: list[Any], max_tokens: int, concurrency: int, rate: float | None,
                 think: bool | None, warmup_requests: int, runtime: str, runtime_version: str,
                 model_digest: str = "", prompt_source: str | None = None,
-                launch_args: Sequence[str] = (), port: int | None = None, sweep: str | None = None) -> Fingerprint:
+                launch_args: Sequence[str] = (), port: int | None = None, sweep: str | None = None,
+                gpus: int = 1) -> Fingerprint:
     """The fingerprint of a cell's workload on a runtime (see the module docstring); ``sweep``
     describes a saturation sweep's goal, SLO and bounds, which stand for its load."""
     fields = {
@@ -85,6 +90,8 @@ def fingerprint(*, prompts: list[Any], max_tokens: int, concurrency: int, rate: 
         fields["prompt_source"] = prompt_source
     if launch_args or port is not None:  # only when set: fingerprints from before launch options stay equal
         fields["launch"] = {"args": list(launch_args), "port": port}
+    if gpus > 1:
+        fields["gpus"] = gpus
     return Fingerprint(hash=_digest(fields)[:16], fields=fields)
 
 

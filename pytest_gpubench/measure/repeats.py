@@ -102,11 +102,16 @@ async def measure_once(runtime: Runtime, plan: BenchmarkPlan, *, timeout: float,
                                       watch=watch, reconnect=reconnect)
     except BenchmarkInterrupted as exc:
         stop.set()
-        exc.samples = await sampler
+        exc.samples = _own_gpus(await sampler, runtime)
         raise
     finally:
         stop.set()
-    return outcome, await sampler
+    return outcome, _own_gpus(await sampler, runtime)
+
+
+def _own_gpus(samples: list[GpuSample], runtime: Runtime) -> list[GpuSample]:
+    """nvidia-smi lists every GPU of the machine: on a shared one, only the cell's GPUs are its readings."""
+    return [sample for sample in samples if runtime.placement.owns(sample.gpu)]
 
 
 def details_of(cell: Cell, measurement: Measurement, runtime: Runtime, *,
@@ -138,6 +143,9 @@ def details_of(cell: Cell, measurement: Measurement, runtime: Runtime, *,
         "runtime": {"name": runtime.name, "version": runtime.version, "num_parallel": runtime.num_parallel,
                     "started_here": runtime.started_here,
                     **({"launch_args": list(cell.runtime_args)} if cell.runtime_args else {}),
+                    # The GPUs the server spanned: count, tensor-parallel size, CUDA_VISIBLE_DEVICES (runtimes/gpus.py).
+                    **({"gpus": runtime.placement.describe(runtime.tensor_parallel)}
+                       if runtime.placement.count > 1 or runtime.placement.indices else {}),
                     # How GPU Shopper launched the instance: mode, image, the image's API port.
                     **({"launch": cell.launch.model_dump(mode="json")} if cell.launch else {})},
         "hardware": {"compute_capability": compute_capability},

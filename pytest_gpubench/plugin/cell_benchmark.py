@@ -251,7 +251,7 @@ class Bench:
                            warmup_requests=workload.warmup_requests, runtime=self.cell.runtime,
                            runtime_version=self.runtime.version, model_digest=pulled.digest if pulled else "",
                            prompt_source=workload.prompt_source.identity if workload.prompt_source else None,
-                           launch_args=self.cell.runtime_args, port=self.cell.runtime_port,
+                           launch_args=self.cell.runtime_args, port=self.cell.runtime_port, gpus=self.cell.gpus,
                            sweep=sweep_identity(self.cell.sweep, self.cell.slo) if self.cell.sweep else None)
 
     def _invalid(self, problems: list[str], result: BenchmarkResult | None) -> ResultsInvalid:

@@ -26,8 +26,10 @@ def run_matrix_cell(request: pytest.FixtureRequest) -> None:
 
     Fixtures are requested here, in the test body, so a failing stage fails the
     test (rather than erroring its setup) and teardown still releases everything.
+    A ``microbench:`` cell measures the GPU itself instead (no runtime, no model).
     """
-    request.getfixturevalue("gpubench").run()
+    cell = request.node.stash.get(CELL_KEY, None)
+    request.getfixturevalue("gpubench_microbench" if cell is not None and cell.microbench else "gpubench").run()
 
 
 def matrix_items(matrix_file: pytest.File) -> Iterator[pytest.Item]:

@@ -21,6 +21,7 @@ import pytest
 from ..aio import run as run_async
 from ..cloud.budget import exhausted, spend_of
 from .cell_benchmark import BRIDGE_SLACK, Bench, GpuSession, connect, upload_now, watched
+from .cell_microbench import Microbench
 from ..errors import BudgetRefused, NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell
 from ..matrix.machines import KEPT_MACHINES
@@ -32,7 +33,7 @@ from ..cloud.provider import OfferChoice
 from ..cloud.provisioning import Provisioning
 from .record import CellRecorder
 from ..remote.ssh import KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL, Connection, KeyFile
-from ..remote.system import probe_system
+from ..remote.system import detect_system, hardware_of
 from ..measure.results import HardwareInfo
 from . import user_hooks
 from .run_context import RunContext
@@ -245,13 +246,15 @@ def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_c
             raise StageError(Stage.SSH_CONNECT, "the SSH connectivity check printed nothing")
         lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
         if gpu_session.ssh.declared_hardware:  # nothing to probe (a running endpoint): the matrix's GPU
-            recorder.hardware = HardwareInfo(gpu_name=gpubench_cell.gpu, gpu_count=1)
+            recorder.hardware = HardwareInfo(gpu_name=gpubench_cell.gpu, gpu_count=gpubench_cell.gpus)
         elif lease is not None and lease.hardware is not None:
             recorder.hardware = lease.hardware
-        else:
-            recorder.hardware = run_async(probe_system(conn, gpubench_cell.gpu, timeout, gpu_count=gpubench_cell.gpus,
-                                                       gpu_indices=gpu_session.ssh.gpu_indices),
-                                          timeout * 3 + BRIDGE_SLACK)
+        else:  # the session's first connection: detect the system, record it once for the session
+            system = run_async(detect_system(conn, gpubench_cell.gpu, timeout, gpu_count=gpubench_cell.gpus,
+                                             gpu_indices=gpu_session.ssh.gpu_indices),
+                               timeout * 5 + BRIDGE_SLACK)
+            recorder.hardware = hardware_of(system)
+            recorder.store.record_system(recorder.row_id, gpu_session.session.id, system)
             if lease is not None:
                 lease.hardware = recorder.hardware
         recorder.progress.status("SYSTEM_INFO", gpu=recorder.hardware.gpu_name,
@@ -298,9 +301,12 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
     ``keep_models: false`` (``runtimes/shared_machine.py``).
     """
     settings, recorder, cell = gpubench_run.settings, gpubench_recorder, gpubench_cell
+    if cell.microbench is not None:
+        pytest.fail(f"{cell.cell_id} is a microbenchmark cell: it has no model to serve; use the "
+                    "gpubench_microbench fixture (docs/hardware.md)", pytrace=False)
     # Keepalives on the run's clock: a link that went silent is noticed in seconds in the sandbox too.
     gpu_ssh.set_keepalive(settings.scaled(KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL))
-    shortfall = vram_shortfall(cell.model, cell.vram_gb, recorder.hardware)
+    shortfall = vram_shortfall(cell.model, cell.vram_gb, recorder.hardware, gpus=cell.gpus)
     if shortfall:
         recorder.enter(Stage.MODEL_PULL)
         if settings.fail_on_skip:
@@ -308,7 +314,7 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
         recorder.skip_reason = shortfall
         pytest.skip(f"[model_pull] {shortfall}")
     recorder.enter(Stage.OLLAMA_INSTALL)
-    runtime = runtime_for(cell, gpu_ssh)
+    runtime = runtime_for(cell, gpu_ssh, gpu_indices=gpu_session.ssh.gpu_indices)
     lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
     known = take_over_server(lease, runtime)  # an earlier cell of the group started it
     known = adopt_image_server(runtime, cell.launch) or known  # the session's image serves the model
@@ -408,3 +414,14 @@ def gpubench(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: C
     if gpubench_run.settings.upload:
         gpubench_recorder.upload = lambda benchmark_id: upload_now(gpubench_run, gpubench_recorder, benchmark_id)
     return Bench(gpubench_run, gpubench_cell, gpubench_recorder, gpu_runtime, gpu_session)
+
+
+@pytest.fixture
+def gpubench_microbench(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_recorder: CellRecorder,
+                        gpu_session: GpuSession, gpu_ssh: Connection) -> Microbench:
+    """A microbenchmark cell (``microbench:``) on its checked SSH connection: call ``.run()``.
+
+    No runtime and no model: ``run()`` makes torch importable on the instance (stage
+    ``ollama_install``) and measures the GPU (stage ``benchmark``), docs/hardware.md.
+    """
+    return Microbench(gpubench_run, gpubench_cell, gpubench_recorder, gpu_session, gpu_ssh)

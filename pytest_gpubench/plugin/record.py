@@ -77,6 +77,8 @@ class CellRecorder:
     #: Called with the stored benchmark id when results are to be uploaded.
     upload: Callable[[str], None] | None = None
     records: list[RequestRecord] = field(default_factory=list)
+    #: A microbenchmark cell's figures (``measure.microbench.MicrobenchRun``), stored when it finishes.
+    microbench: Any = None
     finished: bool = False
     #: The cell's ``ERROR:`` line is written (as soon as its test failed, before pytest reports it).
     error_written: bool = False
@@ -214,6 +216,8 @@ class CellRecorder:
                 self.store.set_result_details(benchmark_id, self.details)
             if self.upload is not None:
                 self.upload(benchmark_id)
+        if self.microbench is not None:
+            self.store.add_microbench(self.row_id, self.microbench)
         results = self.result.results if self.result else None
         figures = self.figures()
         cost = self.cost_usd
@@ -292,6 +296,9 @@ class CellRecorder:
                 props["gpubench_invalid_because"] = "; ".join(validity["reasons"])
         if self.details.get("comparison"):
             props["gpubench_comparison"] = self.details["comparison"]
+        for figure in getattr(self.microbench, "figures", ()):  # a microbench cell's: gpubench_microbench_matmul_fp16
+            if figure.value is not None:
+                props[f"gpubench_microbench_{figure.label}"] = round(figure.value, 2)
         return {k: v for k, v in props.items() if v is not None}
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..measure.figures import FIGURES
+from ..measure.figures import FIGURES, FigureSource, figure_values
 
 #: Columns that are not a result figure: how the cell ended, what it cost.
 CELL_COLUMNS: dict[str, tuple[str, str]] = {
@@ -63,11 +63,19 @@ class SummaryTable:
     def header(self) -> tuple[str, ...]:
         return ("cell", *(_header(name) for name in self.columns))
 
-    def render(self, billed: float | None = None) -> list[str]:
+    def render(self, billed: float | None = None, exact: dict[str, dict[str, Any]] | None = None) -> list[str]:
         """The table and a count line; ``billed`` is the run's bill from its sessions
-        (a shared session once), else the cells' costs are summed."""
+        (a shared session once), else the cells' costs are summed.
+
+        ``exact``: each cell's figures unrounded (by record key), as the store keeps them and
+        the report reads them. The properties are rounded for JUnit (``Figure.digits``), and a
+        rounded value formatted again can differ from the report in the last digit (167.3504 is
+        167.35 in JUnit, which ``{:.1f}`` shows as 167.3 where the report says 167.4)."""
+        exact = exact or {}
         table = [self.header()] + [
-            (str(row.get("gpubench_cell", "")), *(_cell_text(row, name) for name in self.columns))
+            (str(row.get("gpubench_cell", "")),
+             *(_cell_text({**row, **exact.get(str(row.get("gpubench_cell", "")), {})}, name)
+               for name in self.columns))
             for row in sorted(self.rows, key=lambda r: str(r.get("gpubench_cell", "")))
         ]
         left = {0} | {i + 1 for i, name in enumerate(self.columns) if _is_text(name)}
@@ -109,3 +117,16 @@ def _cell_text(row: dict[str, Any], name: str) -> str:
 
 def _fmt(value: Any, pattern: str) -> str:
     return pattern.format(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
+
+
+def exact_figures(results: Iterable[Any]) -> dict[str, dict[str, Any]]:
+    """``{record key: {"gpubench_<figure>": value}}`` from stored results (``ResultRecord``s of one
+    run, oldest first: a cell's latest result wins), unrounded, for :meth:`SummaryTable.render`."""
+    found: dict[str, dict[str, Any]] = {}
+    for record in results:
+        if record.result is None or record.run_id is None:
+            continue
+        key = record.row_id.removeprefix(f"{record.run_id}/")
+        values = figure_values(FigureSource(record.result, record.details, record.run_id))
+        found[key] = {f"gpubench_{name}": value for name, value in values.items() if value is not None}
+    return found

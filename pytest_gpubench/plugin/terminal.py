@@ -18,7 +18,7 @@ from .matrix_scan import matrix_files, runs_matrix_files
 from .outcome import run_status
 from ..store.sandbox_label import summary_title
 from .stash import SANDBOX_KEY, SETTINGS_KEY, run_context
-from .summary_table import SummaryTable
+from .summary_table import SummaryTable, exact_figures
 
 
 class TerminalHooks:
@@ -82,6 +82,13 @@ class TerminalHooks:
             return None
         return spend_of(attempts, datetime.now(timezone.utc)).spent if attempts else None
 
+    def _exact(self, run_id: str) -> dict[str, dict[str, Any]]:
+        """The cells' stored figures, unrounded; empty when the store cannot say."""
+        try:
+            return exact_figures(run_context(self.config).store.results(run_id))
+        except Exception:  # noqa: BLE001 - the summary falls back to the rounded properties
+            return {}
+
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
         settings = self.config.stash[SETTINGS_KEY]
         if self.summary.rows:
@@ -89,7 +96,7 @@ class TerminalHooks:
                 self.summary.columns = settings.columns
             terminalreporter.write_sep("=", summary_title(settings), yellow=settings.sandbox)
             billed = self._billed(settings.run_id)
-            for line in self.summary.render(billed):
+            for line in self.summary.render(billed, self._exact(settings.run_id)):
                 terminalreporter.write_line(line)
             for row in sorted(self.summary.rows, key=lambda r: str(r.get("gpubench_cell", ""))):
                 if row.get("gpubench_comparison"):

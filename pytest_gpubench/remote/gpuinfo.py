@@ -33,8 +33,9 @@ def _scalar(raw: str | None) -> int | float | str | None:
     return float(number) if "." in number else int(number)
 
 
-# Query fields whose values are names, not quantities: "12.10" is not the number 12.1.
-_TEXT_FIELDS = re.compile(r"version|name|uuid|serial|bus_id")
+# Query fields whose values are names, not quantities: "12.10" is not the number 12.1,
+# and compute capability "8.10" is not 8.1.
+_TEXT_FIELDS = re.compile(r"version|name|uuid|serial|bus_id|compute_cap")
 
 
 def _csv_value(field: str, raw: str | None) -> int | float | str | None:
@@ -77,32 +78,61 @@ def _xml_number(node: ET.Element, path: str) -> int | float | None:
     return value if isinstance(value, (int, float)) else None
 
 
+# Where a figure sits, oldest layout last: drivers from 530 on moved the power readings
+# to <gpu_power_readings> (the limit as <current_power_limit>), and from 555 on split the
+# draw into <average_power_draw> and <instant_power_draw>; earlier ones have
+# <power_readings> with <power_limit> and <enforced_power_limit>.
+_POWER_DRAW = ("power_readings/power_draw", "gpu_power_readings/power_draw",
+               "gpu_power_readings/average_power_draw", "gpu_power_readings/instant_power_draw")
+_POWER_LIMIT = ("gpu_power_readings/current_power_limit", "power_readings/enforced_power_limit",
+                "power_readings/power_limit")
+
+
+def _first_number(node: ET.Element, paths: Sequence[str]) -> int | float | None:
+    """The first of ``paths`` that holds a number."""
+    for path in paths:
+        value = _xml_number(node, path)
+        if value is not None:
+            return value
+    return None
+
+
 def parse_nvidia_smi_xml(text: str) -> dict[str, Any]:
     """Parse ``nvidia-smi -q -x`` output into the figures a result needs.
 
     Returns ``{"driver_version", "cuda_version", "attached_gpus", "gpus": [...]}``,
-    each GPU with ``product_name``, ``uuid``, ``memory_total_mib``,
-    ``memory_used_mib``, ``temperature_c``, ``power_draw_w`` (units such as
-    ``"24564 MiB"`` stripped). Missing or ``N/A`` values are ``None``. Text that is
-    not XML raises ``ValueError``.
+    each GPU with ``index`` (its place in the list, nvidia-smi's order),
+    ``product_name``, ``uuid``, ``pci_bus_id``, ``compute_capability``,
+    ``memory_total_mib``, ``memory_used_mib``, ``temperature_c``, ``power_draw_w``,
+    ``power_limit_w``, ``sm_clock_mhz``, ``mem_clock_mhz`` (now) and
+    ``sm_clock_max_mhz``, ``mem_clock_max_mhz`` (units such as ``"24564 MiB"``
+    stripped). Missing or ``N/A`` values are ``None``. Text that is not XML raises
+    ``ValueError``.
     """
     try:
         root = ET.fromstring(text.strip())
     except ET.ParseError as exc:
         raise ValueError(f"nvidia-smi -x output is not XML: {exc}") from exc
     gpus = []
-    for gpu in root.findall("gpu"):
-        power = _xml_number(gpu, "power_readings/power_draw")
-        if power is None:  # drivers from 530 on moved it
-            power = _xml_number(gpu, "gpu_power_readings/power_draw")
+    for index, gpu in enumerate(root.findall("gpu")):
         gpus.append(
             {
+                "index": index,
                 "product_name": _xml_raw(gpu, "product_name"),
                 "uuid": _xml_raw(gpu, "uuid"),
+                "pci_bus_id": _xml_raw(gpu, "pci/pci_bus_id"),
+                # <compute_cap> appears in the logs of recent drivers only (seen in 550-series
+                # samples; the release that added it is unconfirmed): None before.
+                "compute_capability": _xml_raw(gpu, "compute_cap"),
                 "memory_total_mib": _xml_number(gpu, "fb_memory_usage/total"),
                 "memory_used_mib": _xml_number(gpu, "fb_memory_usage/used"),
                 "temperature_c": _xml_number(gpu, "temperature/gpu_temp"),
-                "power_draw_w": power,
+                "power_draw_w": _first_number(gpu, _POWER_DRAW),
+                "power_limit_w": _first_number(gpu, _POWER_LIMIT),
+                "sm_clock_mhz": _xml_number(gpu, "clocks/sm_clock"),
+                "mem_clock_mhz": _xml_number(gpu, "clocks/mem_clock"),
+                "sm_clock_max_mhz": _xml_number(gpu, "max_clocks/sm_clock"),
+                "mem_clock_max_mhz": _xml_number(gpu, "max_clocks/mem_clock"),
             }
         )
     return {

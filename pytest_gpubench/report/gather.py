@@ -29,9 +29,12 @@ from ..errors import Stage
 from ..measure.figures import FigureSource, figure_values
 from ..measure.results import cost_per_million_tokens
 from ..matrix.fields import DEFAULT_RUNTIME
+from ..matrix.selection import gpus_label
 from ..store.base import Store
 from ..store.records import CellRecord, ResultRecord
+from .microbench import microbench_rows
 from .model import BestValue, FailureGroup, Matchup, ModelTable, ProviderWins, Report, ResultRow
+from .hardware import machines
 from .spend import run_spend
 
 __all__ = ["build_report"]
@@ -80,6 +83,8 @@ def build_report(store: Store, run_ids: Sequence[str] | None = None, *,
         runs=[run_spend(store, run_id, now or datetime.now(timezone.utc)) for run_id in runs],
         data_until=max(finished, default=""),
         sandbox_runs=[run_id for run_id in runs if (run := store.run(run_id)) is not None and run.sandbox],
+        machines=machines(store, runs),
+        microbench=microbench_rows(store, runs, results),
     )
 
 
@@ -112,9 +117,10 @@ def _result_row(cell: CellRecord, benchmarks: dict[str, ResultRecord]) -> Result
         cost = None
     elif not cost and headline:
         cost = cost_per_million_tokens(price, headline)
+    gpus = _gpus(details)
     return ResultRow(
         run_id=cell.run_id, cell_id=cell.cell_id or cell.row_id, benchmark_id=bench.id,
-        gpu=cell.gpu_type, provider=cell.provider, model=cell.model, runtime=_runtime(result, details),
+        gpu=gpus_label(cell.gpu_type, gpus), gpus=gpus, provider=cell.provider, model=cell.model, runtime=_runtime(result, details),
         concurrency=int(concurrency) if concurrency else None, rate=load.get("rate"),
         status=cell.status, output_tokens_per_second=headline, decode_tokens_per_second=per_stream,
         per_stream_only=output is None and per_stream is not None,
@@ -127,6 +133,12 @@ def _result_row(cell: CellRecord, benchmarks: dict[str, ResultRecord]) -> Result
         figures=figure_values(FigureSource(result, details, cell.run_id)),
         saturation=details.get("sweep") if isinstance(details.get("sweep"), dict) else None,
     )
+
+
+def _gpus(details: dict[str, Any]) -> int:
+    """GPUs the cell's server spanned (``details.runtime.gpus``, runtimes/gpus.py); 1 when not recorded."""
+    count = ((details.get("runtime") or {}).get("gpus") or {}).get("count")
+    return count if isinstance(count, int) and count > 1 else 1
 
 
 def _runtime(result: dict[str, Any], details: dict[str, Any]) -> str:

@@ -11,8 +11,10 @@ from __future__ import annotations
 from html import escape
 
 from . import tables as fmt
+from .hardware_table import HARDWARE_INTRO, NO_HARDWARE, hardware_table
 from .model import Report, ResultRow
 from .charts import Bar, Point, bar_chart, line_chart, provider_color, scatter_chart
+from .microbench import MICROBENCH_INTRO, microbench_table, peak_sources
 from .saturation import SATURATION_INTRO, saturated, saturation_table, step_points, steps_table
 from .sweep import percentile_table, sweep_table, sweeps
 
@@ -240,6 +242,10 @@ def render_html(report: Report) -> str:
             parts.append('<ul class="notes">' + "".join(f"<li>! {_e(note)}</li>" for note in invalid) + "</ul>")
     parts += _sweeps(report)
     parts += _saturation(report)
+    if report.microbench:
+        parts += ["<h2>GPU microbenchmarks</h2>", f"<p>{_e(MICROBENCH_INTRO)}</p>",
+                  _table(microbench_table(report), "microbench"),
+                  f"<p>Datasheet peaks:</p><ul>{_pairs(peak_sources(report))}</ul>"]
     parts += _percentiles(report)
     parts.append("<h2>Provider head-to-head</h2>")
     if report.matchups:
@@ -249,6 +255,9 @@ def render_html(report: Report) -> str:
                                    for w in report.provider_wins) + "</ul>"]
     else:
         parts.append(f"<p>{_e(fmt.NO_HEAD_TO_HEAD)}</p>")
+    parts.append("<h2>Hardware</h2>")
+    parts += ([f"<p>{_e(HARDWARE_INTRO)}</p>", _table(hardware_table(report.machines), "hardware")]
+              if report.machines else [f"<p>{_e(NO_HARDWARE)}</p>"])
     parts.append("<h2>Failures by stage</h2>")
     if report.failures:
         parts += [f"<p>{_e(fmt.FAILURES_INTRO)}</p>", _table(fmt.failure_table(report.failures), "failures")]

@@ -9,6 +9,8 @@ table row or turning into HTML where the Markdown is rendered.
 from __future__ import annotations
 
 from . import tables as fmt
+from .hardware_table import HARDWARE_INTRO, NO_HARDWARE, hardware_table
+from .microbench import MICROBENCH_INTRO, microbench_table, peak_sources
 from .model import Report
 from .saturation import SATURATION_INTRO, saturated, saturation_table, steps_table
 from .sweep import percentile_table, sweep_table, sweeps
@@ -65,6 +67,9 @@ def render_markdown(report: Report) -> str:
         for row in swept:
             lines += [f"### {cell(row.machine)} / {cell(row.model)}: sweep steps", "",
                       *_table(steps_table(row))]
+    if report.microbench:
+        lines += ["## GPU microbenchmarks", "", MICROBENCH_INTRO, "", *_table(microbench_table(report)),
+                  "Datasheet peaks:", "", *_bullets(peak_sources(report)), ""]
     lines += ["## Latency percentiles", "", PERCENTILES_INTRO, ""]
     for table in report.models:
         lines += [f"### {cell(table.model)}", ""]
@@ -77,6 +82,9 @@ def render_markdown(report: Report) -> str:
                   f"{w.matchups} matchups" for w in report.provider_wins] + [""]
     else:
         lines += [fmt.NO_HEAD_TO_HEAD, ""]
+    lines += ["## Hardware", ""]
+    lines += ([HARDWARE_INTRO, "", *_table(hardware_table(report.machines))] if report.machines
+              else [NO_HARDWARE, ""])
     lines += ["## Failures by stage", ""]
     if report.failures:
         lines += [fmt.FAILURES_INTRO, "", *_table(fmt.failure_table(report.failures))]

@@ -12,9 +12,11 @@ from pydantic import BaseModel, ConfigDict
 
 from ..matrix.fields import DEFAULT_RUNTIME
 from ..store.sandbox_label import report_note, report_title
+from .hardware import MachineRow
 from .spend import RunSpend
 
-__all__ = ["BestValue", "FailureGroup", "Matchup", "ModelTable", "ProviderWins", "Report", "ResultRow", "RunSpend"]
+__all__ = ["BestValue", "FailureGroup", "Matchup", "MicrobenchRow", "ModelTable", "ProviderWins", "Report", "ResultRow",
+           "RunSpend"]
 
 
 class _Frozen(BaseModel):
@@ -27,9 +29,12 @@ class ResultRow(_Frozen):
     run_id: str
     cell_id: str
     benchmark_id: str
+    #: The GPU as the report names it: ``RTX 4090``, ``2x RTX 4090`` for a cell on two (:attr:`gpus`).
     gpu: str
     provider: str
     model: str
+    #: GPUs of one machine the cell spanned; its price (and so its $/M tokens) is the whole machine's.
+    gpus: int = 1
     #: The server that served it (the result's ``model.runtime``), `` (entrypoint)`` added when
     #: GPU Shopper's image started it: another runtime is another measurement of the same model.
     runtime: str = DEFAULT_RUNTIME
@@ -134,6 +139,28 @@ class FailureGroup(_Frozen):
     cells: list[str]
 
 
+class MicrobenchRow(_Frozen):
+    """One GPU microbenchmark figure of a GPU and provider (report/microbench.py gathers them)."""
+
+    run_id: str
+    gpu: str
+    provider: str
+    label: str  # memory_bandwidth, matmul_fp16, ...
+    unit: str
+    #: The mean of the timed runs, with its 95% confidence interval; None when skipped.
+    value: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    runs: int = 0
+    skipped: str = ""
+    #: The datasheet peak (measure/gpu_peaks.py) and the figure as a % of it; None when unknown.
+    peak: float | None = None
+    percent_of_peak: float | None = None
+    #: The best output tok/s of the same GPU in this report, and the model and provider that reached it.
+    best_llm_tokens_per_second: float | None = None
+    best_llm: str = ""
+
+
 class Report(_Frozen):
     """Everything a report says, in display order; built by :func:`build_report`."""
 
@@ -156,6 +183,10 @@ class Report(_Frozen):
     data_until: str
     #: Runs that measured the sandbox (``runs.sandbox``): their figures are labelled so.
     sandbox_runs: list[str] = []
+    #: The machines the runs measured on, as system detection found them (:mod:`.hardware`).
+    machines: list[MachineRow] = []
+    #: GPU microbenchmark figures, latest per GPU, provider and figure (docs/hardware.md).
+    microbench: list[MicrobenchRow] = []
 
     @property
     def title(self) -> str:

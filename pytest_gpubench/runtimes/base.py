@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Protocol
 
 from ..errors import Stage
 from ..remote.ssh import Connection
+from .gpus import GpuPlacement
 
 
 class ServingApi(str, Enum):
@@ -91,6 +92,10 @@ class Runtime(Protocol):
     #: The first (cold) warm-up's model load time and first-token time; None before it.
     warmup_load_seconds: float | None
     cold_first_token_ms: float | None
+    #: The GPUs a server started here spans and sees (``runtimes/gpus.py``).
+    placement: GpuPlacement
+    #: The tensor-parallel size a server started here gets; None when it spreads layers instead.
+    tensor_parallel: int | None
 
     async def ensure_installed(self, timeout: float) -> bool:
         """Install the server unless it is there already (stage ``ollama_install``); True if it installed."""

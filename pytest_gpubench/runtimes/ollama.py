@@ -25,6 +25,7 @@ from ..matrix.cells import Cell
 from ..remote.ssh import Connection
 from ..settings import DEFAULT_OLLAMA_INSTALL
 from .base import Endpoint, PulledModel, ServingApi
+from .gpus import GpuPlacement
 from .restart import restart_once
 
 #: Ollama model references: name[:tag], optionally namespaced. Nothing a shell
@@ -73,11 +74,22 @@ class OllamaRuntime:
     wanted_parallel: int = 1
     #: Restarts after a failed health check (at most one per runtime).
     restarts: int = 0
+    #: The GPUs a server started here sees (``CUDA_VISIBLE_DEVICES``) and spreads the model over.
+    placement: GpuPlacement = GpuPlacement()
+    #: Ollama splits layers over GPUs; it has no tensor parallelism.
+    tensor_parallel: ClassVar[None] = None
 
     @classmethod
-    def for_cell(cls, conn: Connection, cell: Cell) -> OllamaRuntime:
-        """The runtime a cell's matrix asks for, on ``conn``."""
-        return cls(conn, install_command=cell.ollama_install or DEFAULT_OLLAMA_INSTALL)
+    def for_cell(cls, conn: Connection, cell: Cell, placement: GpuPlacement = GpuPlacement()) -> OllamaRuntime:
+        """The runtime a cell's matrix asks for, on ``conn``, on ``placement``'s GPUs."""
+        return cls(conn, install_command=cell.ollama_install or DEFAULT_OLLAMA_INSTALL, placement=placement)
+
+    def server_environment(self, parallel: int) -> str:
+        """The variables ``ollama serve`` starts with: ``OLLAMA_NUM_PARALLEL``, the cell's GPUs
+        (``CUDA_VISIBLE_DEVICES``) and, on more than one, ``OLLAMA_SCHED_SPREAD=1``: Ollama otherwise
+        keeps a model that fits one GPU on that one, and the cell would measure one GPU."""
+        spread = "OLLAMA_SCHED_SPREAD=1 " if self.placement.count > 1 else ""
+        return f"OLLAMA_NUM_PARALLEL={int(parallel)} {spread}{self.placement.shell_prefix()}"
 
     @property
     def endpoint(self) -> Endpoint:
@@ -197,7 +209,7 @@ class OllamaRuntime:
         # Two statements: "a && b &" would background a subshell that keeps
         # the SSH channel's stdout open for as long as the server runs.
         command = (
-            f'mkdir -p "$HOME/.gpubench"; OLLAMA_NUM_PARALLEL={int(parallel)} '
+            f'mkdir -p "$HOME/.gpubench"; {self.server_environment(parallel)}'
             f'nohup ollama serve > "{SERVE_LOG}" 2>&1 < /dev/null & echo $! > "{SERVE_PID}"'
         )
         await self.conn.run(command, stage=stage, what="starting ollama serve", timeout=timeout)

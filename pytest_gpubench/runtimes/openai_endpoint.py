@@ -28,6 +28,7 @@ from ..matrix.cells import Cell
 from ..matrix.endpoint import ENDPOINT_RUNTIME, EndpointSpec
 from ..remote.ssh import Connection
 from .base import Endpoint, PulledModel, ServingApi
+from .gpus import GpuPlacement
 
 #: However long the stage may take, a server that is supposed to be up gets this long to answer.
 READY_SECONDS = 30.0
@@ -47,9 +48,12 @@ class OpenAIEndpointRuntime:
     warmup_load_seconds: float | None = None
     cold_first_token_ms: float | None = None
     served: list[str] = field(default_factory=list)
+    #: Nothing is started, so nothing is placed: the server runs where it runs.
+    placement: GpuPlacement = GpuPlacement()
+    tensor_parallel: ClassVar[None] = None
 
     @classmethod
-    def for_cell(cls, conn: Connection, cell: Cell) -> OpenAIEndpointRuntime:
+    def for_cell(cls, conn: Connection, cell: Cell, placement: GpuPlacement = GpuPlacement()) -> OpenAIEndpointRuntime:
         if cell.endpoint is None:  # the matrix cannot say `openai` without an endpoint; a hand-made Cell can
             raise StageError(Stage.OLLAMA_INSTALL, "runtime openai needs the cell's `endpoint: URL`")
         return cls(conn, cell.endpoint)

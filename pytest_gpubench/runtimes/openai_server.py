@@ -37,6 +37,7 @@ from ..errors import Stage, StageError
 from ..matrix.cells import Cell
 from ..remote.ssh import Connection
 from .base import Endpoint, PulledModel, ServingApi
+from .gpus import GpuPlacement
 from .restart import restart_once
 
 #: Hugging Face repo ids (``org/name``), local paths, or catalog names with a tag; nothing a shell expands.
@@ -83,23 +84,31 @@ class LaunchSpec:
     version_pattern: str
     #: What to do when it is not installed.
     install_hint: str
-    #: The flag that spreads the model over N GPUs (None: the server has none).
+    #: The flag that spreads the model over N GPUs (None: the server has none, and spreads layers
+    #: over the GPUs it sees); added before ``{args}`` for more than one GPU.
     tensor_parallel_flag: str | None = None
     health_path: str = "/health"
     api: ServingApi = ServingApi.OPENAI_CHAT
     #: Set per cell on a shared machine (``runtimes/shared_machine.py``): its own log, pid and port files.
     file_tag: str = ""
 
-    def command(self, model: str, port: int, parallel: int, args: Sequence[str]) -> list[str]:
-        """The launch command's words for ``model`` on ``port`` (validated, not yet quoted)."""
+    def command(self, model: str, port: int, parallel: int, args: Sequence[str], gpus: int = 1) -> list[str]:
+        """The launch command's words for ``model`` on ``port`` (validated, not yet quoted), spanning
+        ``gpus`` GPUs with :attr:`tensor_parallel_flag` (the matrix's ``runtime.args`` come after it,
+        so a ``-tp`` there wins)."""
         values = {"model": check_model_name(model), "port": str(int(port)), "parallel": str(int(parallel))}
         words: list[str] = []
         for word in self.argv:
             if word == "{args}":
+                words.extend(self.parallel_words(gpus))
                 words.extend(check_arguments(args, self.program))
             else:
                 words.append(word.format(**values))
         return words
+
+    def parallel_words(self, gpus: int) -> list[str]:
+        """``["--tensor-parallel-size", "2"]`` for two GPUs; nothing for one, or without a flag."""
+        return [self.tensor_parallel_flag, str(int(gpus))] if gpus > 1 and self.tensor_parallel_flag else []
 
     def files(self, suffix: str) -> str:
         """The instance path of this server's ``log``, ``pid`` or ``port`` file."""
@@ -146,11 +155,19 @@ class OpenAIServerRuntime:
     load_seconds: float | None = None
     #: Models served and not removed, as :meth:`model_info` describes them.
     prepared: dict[str, PulledModel] = field(default_factory=dict)
+    #: The GPUs a server started here spans and sees (``CUDA_VISIBLE_DEVICES``).
+    placement: GpuPlacement = GpuPlacement()
 
     @classmethod
-    def for_cell(cls, conn: Connection, cell: Cell) -> OpenAIServerRuntime:
-        """The runtime for ``cell``'s model, launch arguments and port, on ``conn``."""
-        return cls(conn, model=cell.model, args=tuple(cell.runtime_args), port=cell.runtime_port)
+    def for_cell(cls, conn: Connection, cell: Cell, placement: GpuPlacement = GpuPlacement()) -> OpenAIServerRuntime:
+        """The runtime for ``cell``'s model, launch arguments and port, on ``conn``, on ``placement``'s GPUs."""
+        return cls(conn, model=cell.model, args=tuple(cell.runtime_args), port=cell.runtime_port,
+                   placement=placement)
+
+    @property
+    def tensor_parallel(self) -> int | None:
+        """The tensor-parallel size a server started here gets; None when the server has no such flag."""
+        return self.placement.count if self.spec.tensor_parallel_flag else None
 
     @property
     def endpoint(self) -> Endpoint:
@@ -251,10 +268,11 @@ class OpenAIServerRuntime:
 
     def serve_command(self, model: str, parallel: int) -> str:
         """The shell command that starts the server in the background and keeps its pid, port and log."""
-        argv = self.spec.command(model, self.remote_port, parallel, self.args)
+        argv = self.spec.command(model, self.remote_port, parallel, self.args, self.placement.count)
         files = self.spec.files
         # Two statements: "a && b &" would keep the SSH channel open for as long as the server runs.
-        return (f'mkdir -p "$HOME/.gpubench"; nohup {shlex.join(argv)} > "{files("log")}" 2>&1 < /dev/null & '
+        return (f'mkdir -p "$HOME/.gpubench"; {self.placement.shell_prefix()}nohup {shlex.join(argv)} '
+                f'> "{files("log")}" 2>&1 < /dev/null & '
                 f'echo $! > "{files("pid")}"; echo {int(self.remote_port)} > "{files("port")}"')
 
     async def _serve(self, model: str, parallel: int, timeout: float, stage: Stage) -> None:
@@ -380,8 +398,10 @@ class OpenAIServerRuntime:
             on_progress({"status": "success", "model": model, "load_seconds": self.load_seconds})
 
     async def _describe(self, model: str) -> PulledModel:
-        """The served model, its size what the server holds in GPU memory (weights and KV cache)."""
-        used = await self.conn.run("nvidia-smi --query-compute-apps=used_memory --format=csv,noheader,nounits",
+        """The served model, its size what the server holds in GPU memory (weights and KV cache) on the
+        cell's GPUs (``-i``: on a shared machine, other cells' servers are not ours)."""
+        only = f"-i {self.placement.visible_devices} " if self.placement.indices else ""
+        used = await self.conn.run(f"nvidia-smi {only}--query-compute-apps=used_memory --format=csv,noheader,nounits",
                                    stage=Stage.MODEL_PULL, what="reading GPU memory", timeout=30, check=False)
         mib = sum(int(x) for x in re.findall(r"\d+", used.stdout)) if used.ok else 0
         return PulledModel(name=model, size_bytes=mib * 1024 * 1024)

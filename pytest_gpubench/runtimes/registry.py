@@ -7,12 +7,13 @@ entry in :data:`RUNTIMES`, and its name in ``matrix/fields.py``'s ``RUNTIME_NAME
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from ..errors import Stage, StageError
 from ..matrix.cells import Cell
 from ..remote.ssh import Connection
 from .base import Runtime
+from .gpus import GpuPlacement
 from .llamacpp import LlamacppRuntime
 from .ollama import OllamaRuntime
 from .sglang import SglangRuntime
@@ -21,8 +22,8 @@ from .openai_endpoint import OpenAIEndpointRuntime
 from .vllm import VllmRuntime
 from .worker import WorkerRuntime
 
-#: Builds a cell's runtime on an open SSH connection to its instance.
-RuntimeFactory = Callable[[Connection, Cell], Runtime]
+#: Builds a cell's runtime on an open SSH connection to its instance, on the GPUs it was given.
+RuntimeFactory = Callable[[Connection, Cell, GpuPlacement], Runtime]
 
 RUNTIMES: dict[str, RuntimeFactory] = {
     OllamaRuntime.name: OllamaRuntime.for_cell,
@@ -35,10 +36,11 @@ RUNTIMES: dict[str, RuntimeFactory] = {
 }
 
 
-def runtime_for(cell: Cell, conn: Connection) -> Runtime:
-    """The runtime ``cell`` names, driven through ``conn``."""
+def runtime_for(cell: Cell, conn: Connection, gpu_indices: Iterable[int] = ()) -> Runtime:
+    """The runtime ``cell`` names, driven through ``conn``, its server spanning ``cell.gpus`` GPUs
+    (``gpu_indices``: the machine's GPUs the provider leased to the cell; empty: all of them)."""
     factory = RUNTIMES.get(cell.runtime)
     if factory is None:  # a matrix cannot name one; a Cell built by hand can
         raise StageError(Stage.OLLAMA_INSTALL, f"unknown runtime {cell.runtime!r}; "
                                                f"known runtimes: {', '.join(RUNTIMES)}")
-    return factory(conn, cell)
+    return factory(conn, cell, GpuPlacement.of(cell.gpus, gpu_indices))

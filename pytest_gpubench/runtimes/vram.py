@@ -12,17 +12,18 @@ from ..cloud.offers import VRAM_ROUNDING_GB
 from ..measure.results import HardwareInfo
 
 
-def vram_shortfall(model: str, need_gb: float, hardware: HardwareInfo | None) -> str | None:
-    """Why ``model`` (needing ``need_gb`` GB) cannot fit the instance's GPUs, or None.
+def vram_shortfall(model: str, need_gb: float, hardware: HardwareInfo | None, gpus: int | None = None) -> str | None:
+    """Why ``model`` (needing ``need_gb`` GB) cannot fit the cell's GPUs, or None.
 
-    Memory is summed over the GPUs (Ollama splits a model across them) and counted
+    Memory is summed over the GPUs the cell spans (``gpus``, at most those nvidia-smi
+    lists; None: all it lists): every runtime spreads a model over them. It is counted
     as the offers count it (MiB / 1024, within ``VRAM_ROUNDING_GB``), so a card
     that was good enough to rent is good enough here. Unknown memory is no reason
     to skip.
     """
     if hardware is None or hardware.gpu_memory_mib <= 0:
         return None
-    count = max(1, hardware.gpu_count)
+    count = max(1, hardware.gpu_count if gpus is None else min(gpus, hardware.gpu_count or gpus))
     total_gb = hardware.gpu_memory_mib * count / 1024
     if total_gb + VRAM_ROUNDING_GB >= need_gb:
         return None

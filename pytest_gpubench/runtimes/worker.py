@@ -6,7 +6,7 @@ key of the presets file (:mod:`..matrix.worker_presets`), whose ``docker_image``
 ``command`` and ``env_vars`` make the container::
 
     docker run --rm -i --gpus device=N --label gpubench-worker
-        -e MODEL_NAME=... -e MODEL_PATH=/models -e GPU_DEVICE=N [-e preset env...]
+        -e MODEL_NAME=... -e MODEL_PATH=/models -e GPU_DEVICE=0 [-e preset env...]
         [runtime.args...] IMAGE [command...]
 
 The request contract, and why: a worker answers requests it reads on **stdin**, one
@@ -46,6 +46,7 @@ from ..matrix.worker_presets import WorkerPreset, load_presets
 from ..remote.loadgen import parse_worker_line
 from ..remote.ssh import Connection
 from .base import Endpoint, PulledModel, ServingApi
+from .gpus import GpuPlacement
 from .restart import restart_once
 from .openai_server import check_arguments
 
@@ -72,7 +73,8 @@ class WorkerRuntime:
     model: str
     #: Extra ``docker run`` flags (the matrix's ``runtime.args``), before the image.
     args: tuple[str, ...] = ()
-    gpu_device: int = 0
+    #: The GPUs each container gets (``--gpus device=0`` or ``"device=0,1"``).
+    placement: GpuPlacement = GpuPlacement()
     version: str = ""
     warmup_load_seconds: float | None = None
     cold_first_token_ms: float | None = None
@@ -83,8 +85,11 @@ class WorkerRuntime:
     stopped: bool = False
     prepared: dict[str, PulledModel] = field(default_factory=dict)
 
+    #: A worker spreads its model over its container's GPUs its own way: no flag of ours.
+    tensor_parallel: ClassVar[None] = None
+
     @classmethod
-    def for_cell(cls, conn: Connection, cell: Cell) -> WorkerRuntime:
+    def for_cell(cls, conn: Connection, cell: Cell, placement: GpuPlacement = GpuPlacement()) -> WorkerRuntime:
         """The worker of ``cell``'s model in its presets file."""
         if not cell.runtime_presets:
             raise StageError(Stage.OLLAMA_INSTALL, "runtime worker needs `presets: model_presets.yaml`")
@@ -92,7 +97,8 @@ class WorkerRuntime:
             presets = load_presets(cell.runtime_presets)
         except MatrixError as exc:
             raise StageError(Stage.OLLAMA_INSTALL, str(exc)) from None
-        return cls(conn, presets=presets, model=cell.model, args=check_arguments(cell.runtime_args, "docker run"))
+        return cls(conn, presets=presets, model=cell.model, args=check_arguments(cell.runtime_args, "docker run"),
+                   placement=placement)
 
     def preset(self, model: str | None = None, stage: Stage = Stage.MODEL_PULL) -> WorkerPreset:
         """The worker of ``model`` (default: the cell's), or a clear error naming the presets' models."""
@@ -105,15 +111,18 @@ class WorkerRuntime:
     # -- the container -------------------------------------------------------------
 
     def environment(self, model: str | None = None) -> dict[str, str]:
-        """The container's variables: seed 004's three, the preset's (MODEL_NAME may be overridden)."""
+        """The container's variables: seed 004's three, the preset's (MODEL_NAME may be overridden).
+
+        ``GPU_DEVICE`` numbers the GPUs as the container sees them (Docker renumbers the
+        ``--gpus`` devices from 0): ``0``, or ``0,1`` for a worker on two GPUs."""
         preset = self.preset(model)
         return {"MODEL_NAME": preset.model, **dict(preset.env_vars), "MODEL_PATH": MODEL_PATH,
-                "GPU_DEVICE": str(int(self.gpu_device))}
+                "GPU_DEVICE": ",".join(map(str, range(self.placement.count)))}
 
     def docker_command(self, model: str | None = None) -> list[str]:
         """``docker run`` for one container, as argv (the load generator runs it without a shell)."""
         preset = self.preset(model)
-        argv = ["docker", "run", "--rm", "-i", "--gpus", f"device={int(self.gpu_device)}", "--label", LABEL]
+        argv = ["docker", "run", "--rm", "-i", "--gpus", self.placement.docker_devices, "--label", LABEL]
         for name, value in self.environment(model).items():
             argv += ["-e", f"{name}={value}"]
         return [*argv, *self.args, preset.docker_image, *preset.command]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -79,6 +79,26 @@ class Batching(_Entry):
     ceiling_factor: float = Field(default=2.0, gt=0)
 
 
+class GpuClocks(_Entry):
+    """A card's highest clocks (MHz), as system detection reports them.
+
+    ``sm_max_mhz`` is the datasheet boost clock (real cards' ``max_clocks`` often read
+    higher: an RTX 4090 reports 3105); ``mem_max_mhz`` is what ``nvidia-smi`` shows as the
+    memory clock, half the data rate of GDDR (21 Gbps GDDR6X: 10501).
+    """
+
+    sm_max_mhz: int = Field(gt=0)
+    mem_max_mhz: int = Field(gt=0)
+
+
+class MicrobenchRates(_Entry):
+    """What the stand-in ``torch`` achieves on this GPU (``sandbox/torch_standin.py``)."""
+
+    memory_gb_per_s: float = Field(gt=0)
+    #: Dense matmul TFLOPS (INT8: TOPS) by precision; a precision left out is one the card cannot run.
+    tflops: dict[Literal["fp32", "tf32", "fp16", "bf16", "fp8", "int8"], float] = Field(default_factory=dict)
+
+
 class GpuSpec(_Entry):
     """One GPU type: what ``nvidia-smi`` prints and how fast it decodes by default."""
 
@@ -89,8 +109,12 @@ class GpuSpec(_Entry):
     cuda_version: str
     power_limit_w: int = Field(gt=0)
     compute_capability: str
+    #: None: the catalog does not say (nvidia-smi and NVML then answer N/A).
+    clocks: GpuClocks | None = None
     host: HostSpec
     default_rate: DefaultRate
+    #: The GPU microbenchmarks' figures on this card; None: the stand-in torch sees no CUDA device.
+    microbench: MicrobenchRates | None = None
     #: This card's batching ceiling factor, when it differs from the catalog's.
     batch_ceiling_factor: float | None = Field(default=None, gt=0)
 

@@ -35,7 +35,7 @@ import asyncssh
 from . import docker_standin, entrypoint, sshd
 from .billing import Clock, Ledger
 from .catalog import Catalog, OfferSpec
-from .faults import WORKER_FAULTS, FaultBook, FaultRequest
+from .faults import DRIVER_TOOLS, WORKER_FAULTS, FaultBook, FaultRequest
 from .instances import SSH_SERVERS, Instance, UnsupportedFault, free_port, instance_document
 from .instance_spec import InstanceSpec
 from .inventory import Inventory
@@ -228,6 +228,9 @@ class EmulatedCloud:
         memory = self.faults.take("gpu_memory", offer.id)
         if memory is not None and memory.memory_mib:
             document["gpu"]["memory_mib"] = memory.memory_mib  # a mislisted machine
+        driver = self.faults.take("gpu_driver", offer.id)
+        if driver is not None and driver.driver:
+            document["gpu_tools"] = DRIVER_TOOLS[driver.driver]
         instance = Instance(
             root,
             document,

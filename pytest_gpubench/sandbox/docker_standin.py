@@ -14,7 +14,7 @@ Run as ``python -m pytest_gpubench.sandbox.docker_standin ARGS`` (the instance's
     before scaling; then ``Status: Downloaded newer image for IMAGE``.
 ``docker images``, ``docker image rm IMAGE`` (``rmi``)
     the pulled images as a table; forget one.
-``docker run [--rm] [-i] [--gpus device=N|all] [-e NAME=VALUE]... [--label L]... [--name N] IMAGE [CMD...]``
+``docker run [--rm] [-i] [--gpus device=N|"device=N,M"|all] [-e NAME=VALUE]... [--label L]... [--name N] IMAGE [CMD...]``
     pulls an absent image first (as Docker does, ``Unable to find image``), checks the
     GPU device exists (else exit 125), then becomes the container: the stand-in worker
     (:mod:`.worker_standin`) with the ``-e`` variables, the command words in
@@ -168,6 +168,7 @@ def run(spec: InstanceSpec, args: list[str]) -> int:
             name, _, text = value.partition("=")
             env[name] = text
         elif flag == "--gpus":
+            value = value.strip('"')  # '"device=0,1"': Docker reads the option as CSV, so a list is quoted
             device = value.split("=", 1)[1] if value.startswith("device=") else "0"
         elif flag == "--label":
             labels.append(value)

@@ -23,11 +23,19 @@ fires ``times`` times (default: until cleared with ``DELETE /sandbox/faults``):
     load generator must then run on the client), ``curl`` (the default Ollama
     install cannot download) and the OpenAI servers' launchers ``vllm``,
     ``llama-server``, ``text-generation-launcher`` and ``sglang`` (the Python
-    package): their runtime has nothing to serve with. Neither the stand-in nor
-    the host's own copy is on the instance's ``PATH``.
+    package): their runtime has nothing to serve with; ``torch`` (the Python package
+    the microbenchmarks need: ``pip install torch`` then installs the stand-in from the
+    instance's local wheel, :mod:`.torch_wheel`). Neither the stand-in nor the host's own
+    copy is on the instance's ``PATH``.
 ``gpu_memory`` (``offer_id``, ``memory_mib``)
     the instance's GPU has ``memory_mib`` MiB, whatever the offer listed (a
     mislisted machine): ``nvidia-smi`` and Ollama's memory check go by it.
+``gpu_driver`` (``offer_id``, ``driver``)
+    the instance's driver answers system detection differently (the instance
+    file's ``gpu_tools``): ``driver: nvml``, ``nvidia-ml-py`` is installed and its
+    ``pynvml`` answers from the catalog (NVML faked where no GPU exists);
+    ``driver: old``, an old driver whose ``nvidia-smi -q -x`` fails and whose
+    ``--query-gpu`` does not know ``compute_cap``.
 
 Faults that act at once:
 
@@ -72,7 +80,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-OFFER_FAULTS = frozenset({"provision_error", "stale_inventory", "no_ssh", "missing_tools", "gpu_memory"})
+OFFER_FAULTS = frozenset({"provision_error", "stale_inventory", "no_ssh", "missing_tools", "gpu_memory",
+                          "gpu_driver"})
 #: Faults that act on a running session's instance at once.
 #: Faults of the ``docker`` stand-in's worker containers (:mod:`.worker_standin`).
 WORKER_FAULTS = frozenset({"worker_crash", "worker_malformed", "worker_failed"})
@@ -80,11 +89,17 @@ SESSION_FAULTS = frozenset({"kill_instance", "drop_ssh", "stop_ollama", "stop_se
                             "empty_output"}) | WORKER_FAULTS
 FaultKind = Literal["provision_error", "stale_inventory", "no_ssh", "missing_tools", "gpu_memory", "kill_instance",
                     "drop_ssh", "stop_ollama", "stop_server", "stall_stream", "empty_output", "not_ready",
-                    "worker_crash", "worker_malformed", "worker_failed"]
+                    "worker_crash", "worker_malformed", "worker_failed", "gpu_driver"]
+#: What the ``gpu_driver`` fault makes of the instance's driver: its ``gpu_tools``.
+DRIVER_TOOLS: dict[str, dict[str, object]] = {
+    "nvml": {"nvml": True},
+    "old": {"xml_log": False, "refused_fields": ["compute_cap"]},
+}
 #: What ``missing_tools`` can leave out of an instance.
 OMITTABLE_TOOLS = ("nvidia-smi", "python3", "curl", "vllm", "llama-server", "text-generation-launcher", "sglang",
-                   "docker")
-Tool = Literal["nvidia-smi", "python3", "curl", "vllm", "llama-server", "text-generation-launcher", "sglang", "docker"]
+                   "docker", "torch")
+Tool = Literal["nvidia-smi", "python3", "curl", "vllm", "llama-server", "text-generation-launcher", "sglang", "docker",
+               "torch"]
 
 
 class FaultRequest(BaseModel):
@@ -101,6 +116,7 @@ class FaultRequest(BaseModel):
     seconds: float = Field(default=5.0, ge=0)
     tools: list[Tool] = Field(default_factory=list)
     memory_mib: int | None = Field(default=None, ge=1)
+    driver: Literal["nvml", "old"] | None = None
     after_tokens: int = Field(default=3, ge=0)
     silent: bool = False
     hang: bool = False
@@ -113,6 +129,8 @@ class FaultRequest(BaseModel):
             raise ValueError(f"fault {self.fault} needs session_id")
         if self.fault == "gpu_memory" and self.memory_mib is None:
             raise ValueError("fault gpu_memory needs memory_mib")
+        if self.fault == "gpu_driver" and self.driver is None:
+            raise ValueError(f"fault gpu_driver needs driver: one of {', '.join(DRIVER_TOOLS)}")
         if self.fault == "missing_tools" and not self.tools:
             raise ValueError(f"fault missing_tools needs tools: a list of {', '.join(OMITTABLE_TOOLS)}")
         return self
@@ -130,6 +148,7 @@ class Fault(BaseModel):
     fired: int = 0
     tools: list[str] = Field(default_factory=list)
     memory_mib: int | None = None
+    driver: str | None = None
 
 
 class FaultBook:
@@ -151,6 +170,7 @@ class FaultBook:
             remaining=request.times,
             tools=list(dict.fromkeys(request.tools)),
             memory_mib=request.memory_mib,
+            driver=request.driver,
         )
         self._faults.append(fault)
         return fault

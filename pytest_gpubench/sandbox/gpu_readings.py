@@ -3,7 +3,8 @@
 ``nvidia-smi`` has no GPU to ask, so it asks the Ollama stand-in's runtime state:
 
 - memory used = a baseline (driver context) + each loaded model's VRAM, split
-  evenly over the cards as Ollama splits layers;
+  evenly over the cards that hold it (the server's ``CUDA_VISIBLE_DEVICES``, a
+  tensor-parallel group; every card when the state does not say);
 - utilization, power and clocks are high while a generation runs and drop to idle
   values when none does;
 - temperature and fan follow load with a lag (exponential, ``THERMAL_TAU_S``), so a
@@ -84,25 +85,37 @@ def _wobble(now: float, index: int, amplitude: float) -> float:
     return amplitude * math.sin(now * 1.7 + index * 2.1)
 
 
+def _model_mib_per_card(state: RuntimeState, count: int) -> list[int]:
+    """MiB of loaded models on each card: each model's VRAM split evenly over its GPUs."""
+    share = [0] * count
+    for model in state.loaded:
+        cards = [i for i in model.gpus if 0 <= i < count] if model.gpus else list(range(count))
+        for index in cards:
+            share[index] += math.ceil(model.size_vram / MIB / len(cards))
+    return share
+
+
 def read_gpus(spec: InstanceSpec, now: float | None = None) -> list[GpuReading]:
     """Readings for every card of the instance."""
     now = time.time() if now is None else now
     state = StateStore(spec.state_dir).read_runtime()
     gpu = spec.gpu
     count = gpu.count
-    model_bytes = sum(model.size_vram for model in state.loaded)
-    model_mib = math.ceil(model_bytes / MIB / count) if count else 0
-    busy = state.active_requests > 0
+    share = _model_mib_per_card(state, count)
     heat = _heat(state, now)
     readings = []
     for index in range(count):
         limit = gpu.power_limit_w
+        model_mib = share[index]
+        # A card no model is on stays idle while the server works on the others.
+        busy = state.active_requests > 0 and (model_mib > 0 or not any(share))
         if busy:
             load = min(1.0, 0.8 + 0.05 * state.active_requests)
             util = round(min(99.0, 90 * load + _wobble(now, index, 3)))
             mem_util = round(40 * load + _wobble(now, index, 4))
             power = limit * (0.55 + 0.2 * load * (0.5 + 0.5 * heat)) + _wobble(now, index, 4)
-            pstate, sm_clock, mem_clock = "P2", 2520, 10251
+            # Under load the card runs near its highest clocks.
+            pstate, sm_clock, mem_clock = "P2", gpu.sm_clock_max_mhz or 2520, gpu.mem_clock_max_mhz or 10251
         else:
             util, mem_util = 0, 0
             power = limit * (0.045 + 0.02 * heat) + (6 if model_mib else 0) + _wobble(now, index, 0.5)

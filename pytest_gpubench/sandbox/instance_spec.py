@@ -47,11 +47,27 @@ class GpuSpec(_Value):
     cuda_version: str
     power_limit_w: float = Field(gt=0)
     compute_capability: str
+    #: Highest SM and memory clocks (MHz); None: N/A.
+    sm_clock_max_mhz: int | None = None
+    mem_clock_max_mhz: int | None = None
 
     @property
     def total_memory_bytes(self) -> int:
         """Memory of all cards together, in bytes."""
         return self.memory_mib * MIB * self.count
+
+
+class GpuTools(_Value):
+    """How the instance's driver answers system detection (the ``gpu_driver`` fault).
+
+    ``nvml``: ``nvidia-ml-py`` is installed (the stand-in ``pynvml`` answers); ``xml_log``:
+    ``nvidia-smi -q -x`` works; ``refused_fields``: ``--query-gpu`` fields this driver
+    does not know yet.
+    """
+
+    nvml: bool = False
+    xml_log: bool = True
+    refused_fields: tuple[str, ...] = ()
 
 
 class HostSpec(_Value):
@@ -124,6 +140,7 @@ class InstanceSpec(_Value):
     session_id: str
     time_scale: float = Field(default=1.0, ge=0)
     gpu: GpuSpec
+    gpu_tools: GpuTools = Field(default_factory=GpuTools)
     host: HostSpec
     ollama: OllamaSpec
     models: dict[str, ModelSpec] = Field(default_factory=dict)
@@ -162,6 +179,30 @@ def normalize_model_name(name: str) -> str:
     if ":" not in last:
         name += ":latest"
     return name
+
+
+#: The variable CUDA programs read to see only some GPUs (nvidia-smi ignores it, as the stand-in does).
+VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+
+
+def visible_gpus(gpu: GpuSpec, environ: Mapping[str, str] | None = None) -> tuple[int, ...]:
+    """The GPUs (nvidia-smi indices) a CUDA program on the instance sees, in its order.
+
+    All of them without ``CUDA_VISIBLE_DEVICES``; else its comma-separated indices,
+    ending, as CUDA's enumeration does, at the first entry that names no GPU of the
+    machine (or one named already): ``""`` and ``"9"`` on a 2-GPU machine leave none.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get(VISIBLE_DEVICES_ENV)
+    if value is None:
+        return tuple(range(gpu.count))
+    seen: list[int] = []
+    for part in value.split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) >= gpu.count or int(part) in seen:
+            break
+        seen.append(int(part))
+    return tuple(seen)
 
 
 def load_instance_spec(environ: Mapping[str, str] | None = None) -> InstanceSpec:

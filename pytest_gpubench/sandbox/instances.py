@@ -5,7 +5,10 @@ Layout of an instance (``<sandbox workdir>/instances/<session id>/``)::
     instance.json   the contract with the stand-ins (see :func:`instance_document`)
     bin/            nvidia-smi, python3, curl, df, vllm, llama-server, text-generation-launcher,
                     docker and, when preinstalled, ollama
-    python/         on PYTHONPATH: the ``sglang`` package (``python3 -m sglang.launch_server``)
+    python/         on PYTHONPATH: the ``sglang`` package (``python3 -m sglang.launch_server``),
+                    ``pynvml`` (NVML, importable only with the ``gpu_driver`` fault's ``nvml``) and the
+                    stand-in ``torch`` (:mod:`.torch_wheel`)
+    wheels/         only without torch: its wheel, for an offline ``pip install torch``
     sysbin/         only with missing tools: links to the host's programs, minus those
     home/           $HOME and the working directory of every command
     state/          the stand-ins' shared state (pulled models, loaded models)
@@ -17,8 +20,9 @@ The SSH server is asyncssh in this process (:mod:`.sshd`, the default) or OpenSS
 ``sshd`` as a child process (:mod:`.openssh`); commands see the same machine either way.
 
 Every command runs with ``PATH=<bin>:<system PATH>``, ``PYTHONPATH=<python>``, ``HOME``, ``TMPDIR``,
-``OLLAMA_HOST=127.0.0.1:<port of this instance>`` and
-``GPUBENCH_SANDBOX_INSTANCE=<instance.json>``. An instance built with
+``OLLAMA_HOST=127.0.0.1:<port of this instance>``,
+``GPUBENCH_SANDBOX_INSTANCE=<instance.json>``, ``PIP_NO_INDEX=1`` and
+``PIP_FIND_LINKS=<wheels>``. An instance built with
 ``missing_tools`` (the ``missing_tools`` fault) has ``PATH=<bin>:<sysbin>`` instead,
 so that neither a stand-in nor the host's own copy of those tools is found.
 Instances share the host's file
@@ -47,9 +51,10 @@ from typing import Any, Protocol
 
 import asyncssh
 
-from . import lifeline, openssh, shims, sshd, worker_standin
+from . import lifeline, openssh, pynvml_standin, shims, sshd, worker_standin
 from .catalog import Catalog, OfferSpec
 from .standin_service import StandinService
+from .torch_wheel import build_torch_wheel, write_torch_package
 from .standin_state import StateStore, StreamFault
 
 log = logging.getLogger("pytest_gpubench.sandbox")
@@ -115,6 +120,9 @@ def instance_document(
             "cuda_version": gpu.cuda_version,
             "power_limit_w": gpu.power_limit_w,
             "compute_capability": gpu.compute_capability,
+            "sm_clock_max_mhz": gpu.clocks.sm_max_mhz if gpu.clocks else None,
+            "mem_clock_max_mhz": gpu.clocks.mem_max_mhz if gpu.clocks else None,
+            "microbench": gpu.microbench.model_dump() if gpu.microbench else None,
         },
         "host": gpu.host.model_dump(),
         "ollama": {
@@ -213,6 +221,7 @@ class Instance:
         self.state_dir = Path(document["state_dir"])
         self.tmp_dir = root / "tmp"
         self.python_dir = root / "python"
+        self.wheels_dir = root / "wheels"
         self.spec_path = root / "instance.json"
         self._service = StandinService(self.spec_path, self.bin_dir)
         self.ssh_port: int | None = None
@@ -263,8 +272,16 @@ class Instance:
             shims.write_executable(bin_dir / program, shims.launcher_wrapper(program))
         if shims.SGLANG_PACKAGE not in missing:
             shims.write_sglang_package(self.python_dir)
+        # Always there: it imports only when the instance's driver has NVML (gpu_tools.nvml),
+        # and keeps a real NVML of the machine the sandbox runs on out of reach.
+        self.python_dir.mkdir(parents=True, exist_ok=True)
+        (self.python_dir / "pynvml.py").write_text(pynvml_standin.shim_source(shims.PACKAGE_ROOT), encoding="utf-8")
         if "docker" not in missing:
             shims.write_executable(bin_dir / "docker", shims.module_wrapper(shims.DOCKER_MODULE))
+        if "torch" in missing:  # `pip install torch` gets the stand-in from the local wheel
+            build_torch_wheel(self.wheels_dir)
+        else:
+            write_torch_package(self.python_dir)
         python3 = self.bin_dir / "python3"
         if "python3" not in missing and not python3.exists():
             python3.symlink_to(sys.executable)
@@ -291,6 +308,9 @@ class Instance:
             "LANG": os.environ.get("LANG", "C.UTF-8"),
             "OLLAMA_HOST": f"127.0.0.1:{self.ollama_port}",
             "PYTHONPATH": str(self.python_dir),
+            # pip installs offline, from the sandbox's own wheels (the stand-in torch: torch_wheel.py).
+            "PIP_NO_INDEX": "1",
+            "PIP_FIND_LINKS": str(self.wheels_dir),
             INSTANCE_ENV: str(self.spec_path),
             # Its daemons (ollama serve) end when the sandbox does, even a killed one.
             lifeline.OWNER_ENV: lifeline.owner_token(),

@@ -196,6 +196,11 @@ def too_many_gpus(launch: Launch, gpus: int) -> str:
             f"group. (tensor_parallel_size={launch.tensor_parallel}, GPUs={gpus})")
 
 
+def no_gpu(launch: Launch) -> str:
+    """The error of a server that sees no GPU (``CUDA_VISIBLE_DEVICES`` names none of the machine's)."""
+    return "RuntimeError: No CUDA GPUs are available"
+
+
 def out_of_memory(launch: Launch, *, short_mib: float, total_mib: int, free_mib: float) -> str:
     """What the server prints before exiting 1 when the model does not fit."""
     torch_oom = (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {short_mib / 1024:.2f} GiB. "

@@ -52,6 +52,10 @@ def driver_major(spec: InstanceSpec) -> int:
         return 0
 
 
+def _mhz(value: int | None) -> str:
+    return f"{value} MHz" if value is not None else "N/A"
+
+
 def _power_nodes(spec: InstanceSpec, gpu: GpuReading) -> list[Node]:
     draw = f"{gpu.power_draw_w:.2f} W"
     limit = gpu.power_limit_w
@@ -156,6 +160,15 @@ def gpu_nodes(spec: InstanceSpec, gpu: GpuReading) -> list[Node]:
                 ("graphics_clock", "Graphics", f"{gpu.sm_clock_mhz} MHz"),
                 ("sm_clock", "SM", f"{gpu.sm_clock_mhz} MHz"),
                 ("mem_clock", "Memory", f"{gpu.mem_clock_mhz} MHz"),
+            ],
+        ),
+        (
+            "max_clocks",
+            "Max Clocks",
+            [
+                ("graphics_clock", "Graphics", _mhz(spec.gpu.sm_clock_max_mhz)),
+                ("sm_clock", "SM", _mhz(spec.gpu.sm_clock_max_mhz)),
+                ("mem_clock", "Memory", _mhz(spec.gpu.mem_clock_max_mhz)),
             ],
         ),
         ("processes", "Processes", processes or "None"),

@@ -16,6 +16,10 @@ instance from ``GPUBENCH_SANDBOX_INSTANCE`` and the Ollama stand-in's runtime st
 ``-i N``, ``-l SECONDS``, ``-lms MILLISECONDS``
     select GPUs; repeat every interval until interrupted (the CSV header once).
 
+The instance file's ``gpu_tools`` (the ``gpu_driver`` fault) makes it an older driver:
+``-q -x`` refused as an invalid combination (exit 2), some ``--query-gpu`` fields unknown.
+Max clocks come from the catalog (``[N/A]`` when it has none).
+
 Test knobs (environment): ``GPUBENCH_SANDBOX_SMI_NA=power.draw,...`` reports those
 fields as ``[N/A]``; ``GPUBENCH_SANDBOX_SMI_FAULT=driver`` fails as a machine with a
 broken driver does (exit 9).
@@ -56,6 +60,10 @@ class QueryField:
 
 def _watts(w: float) -> str:
     return f"{w:.2f}"
+
+
+def _mhz(value: int | None) -> str:
+    return str(value) if value is not None else "[N/A]"
 
 
 _PLAIN: dict[str, Getter] = {
@@ -99,9 +107,9 @@ _WITH_UNIT: dict[str, tuple[str, Getter]] = {
     "clocks.current.graphics": ("MHz", lambda s, g, n: str(g.sm_clock_mhz)),
     "clocks.current.sm": ("MHz", lambda s, g, n: str(g.sm_clock_mhz)),
     "clocks.current.memory": ("MHz", lambda s, g, n: str(g.mem_clock_mhz)),
-    "clocks.max.graphics": ("MHz", lambda s, g, n: "3105"),
-    "clocks.max.sm": ("MHz", lambda s, g, n: "3105"),
-    "clocks.max.memory": ("MHz", lambda s, g, n: "10501"),
+    "clocks.max.graphics": ("MHz", lambda s, g, n: _mhz(s.gpu.sm_clock_max_mhz)),
+    "clocks.max.sm": ("MHz", lambda s, g, n: _mhz(s.gpu.sm_clock_max_mhz)),
+    "clocks.max.memory": ("MHz", lambda s, g, n: _mhz(s.gpu.mem_clock_max_mhz)),
 }
 _ALIASES = {
     "gpu_name": "name",
@@ -228,7 +236,7 @@ def gpu_csv(
     fields = []
     for name in names:
         found = query_field(name)
-        if found is None:
+        if found is None or name in spec.gpu_tools.refused_fields:
             raise UsageError(f'Field "{name}" is not a valid field to query.\n')
         fields.append(found)
     units = "nounits" not in fmt
@@ -242,7 +250,7 @@ def gpu_csv(
                 cells.append("[N/A]")
             else:
                 text = f.value(spec, gpu, len(gpus))
-                cells.append(f"{text} {f.unit}" if f.unit and units else text)
+                cells.append(f"{text} {f.unit}" if f.unit and units and not text.startswith("[") else text)
         lines.append(", ".join(cells))
     return "".join(line + "\n" for line in lines)
 
@@ -299,6 +307,8 @@ def render(spec: InstanceSpec, opts: Options, first: bool, na: frozenset[str] = 
         return apps_csv(gpus, opts.query_apps, opts.fmt or {"csv"}, header=first)
     if opts.list_gpus:
         return render_list(gpus)
+    if opts.xml and not spec.gpu_tools.xml_log:  # an old driver (the gpu_driver fault): no XML log
+        raise UsageError(INVALID_ARGS)
     if opts.query or opts.xml:
         nodes = log_nodes(spec, gpus, set(na))
         return render_xml(nodes) if opts.xml else render_text(nodes)

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from .disk import DiskUsage, Downloads, default_models_dir, disk_usage
-from .instance_spec import BASELINE_MIB, BASELINE_RAM_MIB, MIB, InstanceSpec, ModelSpec, normalize_model_name
+from .instance_spec import (BASELINE_MIB, BASELINE_RAM_MIB, MIB, InstanceSpec, ModelSpec, normalize_model_name,
+                            visible_gpus)
 from .ollama_common import DEFAULT_KEEP_ALIVE_S, FOREVER, human_bytes_binary, parse_keep_alive
 from .ollama_schedule import FifoSlots, Generation, Job, LagStats, batch_slowdown
 from .ollama_text import plan_output
@@ -132,6 +133,8 @@ class Engine:
 
     def __init__(self, spec: InstanceSpec, store: StateStore, settings: EngineSettings) -> None:
         self.spec = spec
+        #: The GPUs this server sees (``CUDA_VISIBLE_DEVICES``; all without it).
+        self.devices = visible_gpus(spec.gpu)
         self.store = store
         self.settings = settings
         self.pulled: dict[str, PulledModel] = store.read_pulled()
@@ -191,8 +194,12 @@ class Engine:
         return model.size_bytes + int(kv) * self.settings.num_parallel + graph
 
     def available_vram(self) -> int:
-        gpu = self.spec.gpu
-        return gpu.total_memory_bytes - BASELINE_MIB * MIB * gpu.count
+        """Memory of the GPUs this server sees, less each card's baseline."""
+        return (self.spec.gpu.memory_mib - BASELINE_MIB) * MIB * len(self.devices)
+
+    def model_gpus(self) -> tuple[int, ...]:
+        """The GPUs a loaded model is spread over: Ollama splits layers over every GPU it sees."""
+        return self.devices
 
     def available_ram(self) -> int:
         return int(self.spec.host.ram_gib * 1024 * MIB) - BASELINE_RAM_MIB * MIB
@@ -404,6 +411,7 @@ class Engine:
                     size_vram=runner.vram,
                     digest=runner.spec.digest_hex,
                     expires_at=expires,
+                    gpus=self.model_gpus(),
                 )
             )
         return models

@@ -62,6 +62,8 @@ class LoadedModel(BaseModel):
     size_vram: int
     digest: str
     expires_at: datetime | None = None
+    #: The GPUs (nvidia-smi indices) its memory is spread over evenly; empty: every GPU of the machine.
+    gpus: tuple[int, ...] = ()
 
 
 class StreamFault(BaseModel):

@@ -24,6 +24,7 @@ holds each one to them):
 * **baselines**: the latest (by run start) ``success`` or ``partial`` of the same
   cell key that has figures, outside the run being compared.
 * **claims**: of two workers claiming one pending cell, exactly one wins.
+* **systems**: what system detection found, once per session of a run, reads back equal.
 * **GPU leases**: of a machine's GPUs, a claim gets ``count`` not held by another lease
   (released or expired ones are free) or nothing, atomically across processes; a lease
   renewed before it expires holds on, an expired or released one cannot be renewed.
@@ -37,8 +38,11 @@ from typing import Any, Protocol, runtime_checkable
 from ..cloud.gpu_lease import GpuLease
 from ..cloud.processes import ProcessIdentity
 from ..errors import Stage
+from ..measure.microbench import MicrobenchRun
 from ..measure.results import BenchmarkResult, RequestRecord
-from .records import AttemptRecord, Baseline, CellRecord, Claim, OwnedSession, ResultRecord, RunRecord
+from ..remote.sysinfo import SystemInfo
+from .records import (AttemptRecord, Baseline, CellRecord, Claim, MicrobenchRecord, OwnedSession, ResultRecord,
+                      RunRecord, SystemRecord)
 
 __all__ = ["Admission", "Store"]
 
@@ -162,6 +166,12 @@ class Store(Protocol):
     def add_gpu_samples(self, row_id: str, result_id: str | None, samples: Iterable[Any]) -> int:
         """Append a cell's GPU telemetry samples; how many."""
 
+    def add_microbench(self, row_id: str, run: MicrobenchRun) -> int:
+        """Store a microbenchmark cell's figures (replacing earlier ones of the cell); how many."""
+
+    def microbench(self, run_id: str | None = None) -> list[MicrobenchRecord]:
+        """The microbenchmark figures of one run, or of all, in the order stored."""
+
     def result(self, result_id: str) -> ResultRecord | None:
         """The result ``result_id``, or None."""
 
@@ -183,6 +193,18 @@ class Store(Protocol):
     def mark_upload(self, result_id: str, *, status: str, remote_id: str | None = None,
                     error: str | None = None) -> None:
         """Record a result's upload state: ``pending``, ``uploaded`` (with ``remote_id``) or ``failed``."""
+
+    # ------------------------------------------------------------------ systems
+
+    def record_system(self, row_id: str, session_id: str, system: SystemInfo) -> None:
+        """Record what system detection found on ``session_id``'s machine, detected by cell ``row_id``.
+
+        Once per session: recording the same session of the run again replaces it.
+        An unknown ``row_id`` is a ``KeyError``.
+        """
+
+    def systems(self, run_id: str | None = None) -> list[SystemRecord]:
+        """The detected systems of one run, or of all, in the order they were recorded."""
 
     # ---------------------------------------------------------------- baselines
 

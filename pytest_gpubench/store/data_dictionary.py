@@ -326,6 +326,61 @@ ATTEMPTS = TableDoc(
     },
 )
 
+SYSTEMS = TableDoc(
+    title="Detected systems",
+    description=(
+        "What system detection found on each session's machine, once per session of a run (a reused session "
+        "is detected by the first cell that connected): the GPUs the cell was given, driver, CUDA, clocks, "
+        "power limit, CPU, memory, OS, kernel and disk, and the source that answered (docs/hardware.md)."
+    ),
+    sort_desc="recorded_at",
+    facets=("source", "gpu_type", "provider", "run_id"),
+    columns={
+        "run_id": "The run (runs.run_id).",
+        "session_id": "The GPU Shopper session whose machine this is.",
+        "manifest_id": "The cell that detected it (benchmark_manifest.id).",
+        "gpu_type": "GPU type of that cell, as the API names it.",
+        "provider": "Provider of that cell.",
+        "source": "Which source answered: nvml (pynvml on the instance), nvidia-smi-xml (nvidia-smi -q -x) "
+                  "or nvidia-smi-csv (the --query-gpu CSV).",
+        "gpu_name": "The first GPU's product name as the driver reports it.",
+        "gpu_count": "GPUs the cell was given on the machine.",
+        "recorded_at": "When it was recorded.",
+        "system_json": "Everything detected, JSON (SystemInfo: gpus with clocks in MHz and power limit in W, "
+                       "host with ram_mib and disk bytes).",
+    },
+)
+
+MICROBENCH_FIGURES = TableDoc(
+    title="GPU microbenchmark figures",
+    description=("What a microbenchmark cell (matrix `microbench:`) measured with torch on the instance, one row "
+                 "per figure; docs/hardware.md and docs/metrics.md define them."),
+    sort="label",
+    facets=("gpu_type", "kind", "precision", "run_id"),
+    columns={
+        "manifest_id": "The cell (benchmark_manifest.id).",
+        "run_id": "The run (runs.run_id).",
+        "created_at": "When the figures were stored.",
+        "gpu_type": "GPU type of the cell, as the matrix names it.",
+        "provider": "Provider of the cell.",
+        "label": "The figure: memory_bandwidth, or matmul_<precision> (matmul_fp16, ...).",
+        "kind": "memory_bandwidth or matmul.",
+        "precision": "The matmul's precision: fp32, tf32, fp16, bf16, fp8 or int8; empty for memory bandwidth.",
+        "unit": "GB/s (memory), TFLOPS (matmul) or TOPS (INT8 matmul).",
+        "value": "Mean of the timed runs (the figure the report shows); empty when skipped.",
+        "std": "Sample standard deviation of the timed runs.",
+        "cv": "Coefficient of variation of the timed runs (std / mean).",
+        "n": "Timed runs (after the untimed warm-up runs).",
+        "ci_low": "Lower bound of the 95% bootstrap confidence interval of the mean.",
+        "ci_high": "Upper bound of the 95% bootstrap confidence interval of the mean.",
+        "values_json": "Every timed run's value, in run order (JSON list).",
+        "skipped": "Why the figure was not measured (compute capability, or what torch said).",
+        "device": "The GPU as torch names it.",
+        "capability": "The GPU's CUDA compute capability (8.9, ...).",
+        "torch_version": "The torch that measured it.",
+    },
+)
+
 GPU_LEASES = TableDoc(
     title="GPU leases",
     description=(
@@ -357,6 +412,8 @@ TABLES: dict[str, TableDoc] = {
     "requests": REQUESTS,
     "gpu_samples": GPU_SAMPLES,
     "benchmark_runs": BENCHMARK_RUNS,
+    "systems": SYSTEMS,
+    "microbench_figures": MICROBENCH_FIGURES,
 }
 
 

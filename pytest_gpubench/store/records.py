@@ -16,9 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..cloud.owned import OwnedSession
 from ..cloud.processes import ProcessIdentity
 from ..measure.results import PerformanceResults
+from ..remote.sysinfo import SystemInfo
 
 __all__ = [
-    "AttemptRecord", "Baseline", "CellRecord", "Claim", "OwnedSession", "ResultRecord", "RunRecord",
+    "AttemptRecord", "Baseline", "CellRecord", "Claim", "MicrobenchRecord", "OwnedSession", "ResultRecord",
+    "RunRecord", "SystemRecord",
 ]
 
 
@@ -205,3 +207,43 @@ class Claim(_Record):
     #: The worker that holds the cell (the claimant when ``won``).
     holder: str | None
     won: bool
+
+
+class SystemRecord(_Record):
+    """What system detection found on one session's machine (recorded once per session)."""
+
+    run_id: str
+    session_id: str
+    #: The cell whose connection detected it, and that cell's GPU type and provider.
+    row_id: str
+    gpu_type: str = ""
+    provider: str = ""
+    recorded_at: str | None = None
+    system: SystemInfo
+
+
+class MicrobenchRecord(_Record):
+    """One figure of a microbenchmark cell (``memory_bandwidth``, ``matmul_fp16``...), as stored."""
+
+    row_id: str
+    run_id: str | None = None
+    gpu_type: str | None = None
+    provider: str | None = None
+    label: str
+    kind: str
+    precision: str | None = None
+    unit: str | None = None
+    #: The mean of the timed runs; None when the figure was skipped.
+    value: float | None = None
+    std: float | None = None
+    cv: float | None = None
+    n: int = 0
+    ci_low: float | None = None
+    ci_high: float | None = None
+    #: One value per timed run, in run order.
+    values: tuple[float, ...] = ()
+    #: Why it was not measured (compute capability, or what torch said).
+    skipped: str | None = None
+    device: str | None = None
+    capability: str | None = None
+    torch_version: str | None = None

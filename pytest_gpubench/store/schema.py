@@ -19,6 +19,7 @@ import sqlite_utils
 from pydantic import BaseModel
 
 from .migrate import fill_in, rename_columns, set_version
+from .systems import create_systems_table
 from ..measure.results import PerformanceResults, RequestRecord
 
 CELL_STATUSES = ("pending", "running", "success", "partial", "failed", "skipped")
@@ -225,6 +226,40 @@ def create_gpu_leases_table(db: sqlite_utils.Database) -> None:
                                             if_not_exists=True)
 
 
+# The figures of microbenchmark cells (store/microbench_table.py), one row per figure.
+MICROBENCH_COLUMNS: dict[str, type] = {
+    "manifest_id": str,
+    "run_id": str,
+    "created_at": str,
+    "gpu_type": str,
+    "provider": str,
+    "label": str,  # memory_bandwidth, matmul_fp16, ...
+    "kind": str,
+    "precision": str,
+    "unit": str,
+    "value": float,  # the mean of the timed runs
+    "std": float,
+    "cv": float,
+    "n": int,
+    "ci_low": float,
+    "ci_high": float,
+    "values_json": str,
+    "skipped": str,
+    "device": str,
+    "capability": str,
+    "torch_version": str,
+}
+
+
+def create_microbench_table(db: sqlite_utils.Database) -> None:
+    """Create the table (and its index) when missing; an older manifest simply gains it."""
+    db["microbench_figures"].create(
+        MICROBENCH_COLUMNS, pk=("manifest_id", "label"), not_null={"manifest_id", "label", "kind"},
+        foreign_keys=[("manifest_id", "benchmark_manifest", "id")], if_not_exists=True)
+    db.table("microbench_figures").create_index(["run_id"], index_name="idx_microbench_figures_run_id",
+                                                if_not_exists=True)
+
+
 def create_schema(db: sqlite_utils.Database, path: object = "") -> None:
     """Create the tables and indexes that are missing, and bring an older file up to
     :data:`~.manifest_migrate.SCHEMA_VERSION`: columns renamed, added, filled in."""
@@ -267,6 +302,7 @@ def create_schema(db: sqlite_utils.Database, path: object = "") -> None:
         foreign_keys=[("manifest_id", "benchmark_manifest", "id")],
         if_not_exists=True,
     )
+    create_systems_table(db)
     # A file made by an older version gains the columns added since.
     for name, columns in (
         ("runs", RUN_COLUMNS),
@@ -299,6 +335,7 @@ def create_schema(db: sqlite_utils.Database, path: object = "") -> None:
         db.table(name).create_index(
             [column], index_name=f"idx_{name}_{column}", if_not_exists=True
         )
+    create_microbench_table(db)
     create_gpu_leases_table(db)
     fill_in(db, version)
     set_version(db)

@@ -17,11 +17,24 @@ from typing import Any
 from ..cloud.gpu_lease import GpuLease
 from ..cloud.processes import ProcessIdentity
 from ..errors import Stage
+from ..measure.microbench import MicrobenchRun
 from ..measure.results import BenchmarkResult, PerformanceResults, RequestRecord
 from .base import Admission
 from .manifest import Manifest
-from .records import AttemptRecord, Baseline, CellRecord, Claim, OwnedSession, ResultRecord, RunRecord
+from ..remote.sysinfo import SystemInfo
+from .records import (
+    AttemptRecord,
+    Baseline,
+    CellRecord,
+    Claim,
+    MicrobenchRecord,
+    OwnedSession,
+    ResultRecord,
+    RunRecord,
+    SystemRecord,
+)
 from .sqlite import utc_now
+from .systems import system_record, system_row
 
 __all__ = ["SqliteStore"]
 
@@ -163,6 +176,14 @@ class SqliteStore:
     def add_gpu_samples(self, row_id: str, result_id: str | None, samples: Iterable[Any]) -> int:
         return self.manifest.add_gpu_samples(row_id, result_id, samples)
 
+    def add_microbench(self, row_id: str, run: MicrobenchRun) -> int:
+        return self.manifest.add_microbench(row_id, run)
+
+    def microbench(self, run_id: str | None = None) -> list[MicrobenchRecord]:
+        return [MicrobenchRecord(row_id=row["manifest_id"], values=tuple(json.loads(row["values_json"] or "[]")),
+                                 **{k: v for k, v in row.items() if k not in ("manifest_id", "values_json")})
+                for row in self.manifest.microbench_rows(run_id)]
+
     def result(self, result_id: str) -> ResultRecord | None:
         row = self.manifest.benchmark(result_id)
         return _result(row) if row is not None else None
@@ -186,6 +207,23 @@ class SqliteStore:
     def mark_upload(self, result_id: str, *, status: str, remote_id: str | None = None,
                     error: str | None = None) -> None:
         self.manifest.mark_upload(result_id, status=status, remote_id=remote_id, error=error)
+
+    # ------------------------------------------------------------------ systems
+
+    def record_system(self, row_id: str, session_id: str, system: SystemInfo) -> None:
+        manifest = self.manifest
+
+        def write() -> None:
+            row = system_row(manifest._cell_or_raise(row_id), session_id, system, utc_now())
+            manifest.db.table("systems").insert(row, replace=True)
+
+        manifest._write(write)
+
+    def systems(self, run_id: str | None = None) -> list[SystemRecord]:
+        where, params = ("run_id = ?", [run_id]) if run_id is not None else (None, None)
+        rows = self.manifest._retry(lambda: list(self.manifest.db.table("systems").rows_where(
+            where, params, order_by="recorded_at, rowid")))
+        return [system_record(row) for row in rows]
 
     # ---------------------------------------------------------------- baselines
 

@@ -161,6 +161,32 @@ def test_newer_drivers_report_average_and_instant_power(tmp_path: Path) -> None:
     assert gpu.findtext("gpu_power_readings/average_power_draw").endswith(" W")
 
 
+def test_max_clocks_come_from_the_instance_and_are_n_a_without_them(tmp_path: Path) -> None:
+    unknown = write_instance(tmp_path)
+    query = ("--query-gpu=clocks.max.sm,clocks.max.memory", "--format=csv,noheader")
+    assert smi(unknown, *query).stdout == "[N/A], [N/A]\n"
+    assert ET.fromstring(smi(unknown, "-q", "-x").stdout).findtext("gpu/max_clocks/sm_clock") == "N/A"
+    spec = json.loads(unknown.read_text())
+    spec["gpu"].update(sm_clock_max_mhz=2520, mem_clock_max_mhz=10501)
+    unknown.write_text(json.dumps(spec))
+    assert smi(unknown, *query).stdout == "2520 MHz, 10501 MHz\n"
+    gpu = ET.fromstring(smi(unknown, "-q", "-x").stdout).find("gpu")
+    assert (gpu.findtext("max_clocks/sm_clock"), gpu.findtext("max_clocks/mem_clock")) == ("2520 MHz", "10501 MHz")
+
+
+def test_an_old_driver_has_no_xml_log_and_refuses_newer_fields(tmp_path: Path) -> None:
+    instance = write_instance(tmp_path)
+    spec = json.loads(instance.read_text())
+    spec["gpu_tools"] = {"xml_log": False, "refused_fields": ["compute_cap"]}
+    instance.write_text(json.dumps(spec))
+    xml = smi(instance, "-q", "-x")
+    assert xml.returncode == 2 and xml.stdout.startswith("Invalid combination of input arguments.")
+    refused = smi(instance, "--query-gpu=name,compute_cap", "--format=csv")
+    assert (refused.returncode, refused.stdout) == (2, 'Field "compute_cap" is not a valid field to query.\n\n')
+    assert smi(instance, "--query-gpu=name", "--format=csv,noheader").stdout == "NVIDIA GeForce RTX 4090\n"
+    assert smi(instance, "-q").returncode == 0  # the text log still works
+
+
 def test_list_and_table(instance: Path) -> None:
     listing = smi(instance, "-L").stdout
     assert re.fullmatch(r"GPU 0: NVIDIA GeForce RTX 4090 \(UUID: GPU-[0-9a-f-]{36}\)\n", listing)

@@ -122,6 +122,11 @@ def test_one_session_serves_every_model_of_its_group(tmp_path, standalone_sandbo
     assert "SESSION_REUSED" in later and "SESSION_KEPT" in later and "PROVISIONING" not in later
     assert "installed_now=false" in "\n".join(line.raw for line in read_progress(group[1]["progress_file"]))
     assert "SESSION_RELEASE" in statuses(group[2]) and "SESSION_RELEASE" not in statuses(group[0])
+    # System detection: recorded once per session, by the cell that connected first.
+    systems = {row["session_id"]: row for row in
+               sqlite_utils.Database(tmp_path / "reports" / "manifest.db")["systems"].rows}
+    assert len(systems) == 2 and systems[group[0]["session_id"]]["manifest_id"] == group[0]["id"]
+    assert {row["source"] for row in systems.values()} == {"nvidia-smi-xml"}
 
 
 @pytest.mark.slow

@@ -1196,23 +1196,48 @@ def test_top_level_keys_include_slo_and_thresholds(tmp_path):
 # ------------------------------------------------------------- through pytest itself
 
 
+def collecting(pytester, monkeypatch, **files: str):
+    """Write the matrix ``files`` (``gpubench_x="..."``) and an ini; ``pytest --collect-only -q ARGS`` on them."""
+    pytester.makefile(".yaml", **files)
+    pytester.makeini("[pytest]\n")
+    monkeypatch.setenv("GPUBENCH_MANIFEST", str(pytester.path / "reports" / "manifest.db"))
+    return lambda *args: pytester.runpytest("--collect-only", "-q", *args)
+
+
 def test_pytest_collects_load_points_and_k_selects_them(pytester, monkeypatch):
-    pytester.makefile(".yaml", gpubench_load="""
+    collect = collecting(pytester, monkeypatch, gpubench_load="""
 workload: {concurrency: [1, 8], duration: 5s}
 matrix:
   - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}
   - {gpu: RTX 3090, provider: vastai, model: qwen2:7b, workload: {concurrency: 1, rate: 2.5}}
 """)
-    pytester.makeini("[pytest]\n")
-    monkeypatch.setenv("GPUBENCH_MANIFEST", str(pytester.path / "reports" / "manifest.db"))
-    result = pytester.runpytest("--collect-only", "-q")
+    result = collect()
     result.stdout.fnmatch_lines([
         "gpubench_load.yaml::RTX_4090-vastai-qwen2:7b",
         "gpubench_load.yaml::RTX_4090-vastai-qwen2:7b-c8",
         "gpubench_load.yaml::RTX_3090-vastai-qwen2:7b-r2.5",
     ])
-    result = pytester.runpytest("--collect-only", "-q", "-k", "c8")
+    result = collect("-k", "c8")
     result.stdout.fnmatch_lines(["gpubench_load.yaml::RTX_4090-vastai-qwen2:7b-c8", "*1/3 tests collected*"])
+
+
+def test_pytest_collects_multi_gpu_cells_and_k_and_gpu_select_them(pytester, monkeypatch):
+    collect = collecting(pytester, monkeypatch, gpubench_gpus="""
+runtime: vllm
+matrix:
+  - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}
+  - {gpu: RTX 4090, provider: vastai, model: qwen2:7b, gpus: 2}
+  - {gpu: H200 NVL, provider: vastai, model: qwen2:7b, gpus: 8}
+""")
+    collect().stdout.fnmatch_lines([
+        "gpubench_gpus.yaml::RTX_4090-vastai-qwen2:7b-runtime_vllm",
+        "gpubench_gpus.yaml::RTX_4090-vastai-qwen2:7b-x2-runtime_vllm",
+        "gpubench_gpus.yaml::H200_NVL-vastai-qwen2:7b-x8-runtime_vllm",
+    ])
+    collect("-k", "x2").stdout.fnmatch_lines(["gpubench_gpus.yaml::RTX_4090-vastai-qwen2:7b-x2-runtime_vllm",
+                                              "*1/3 tests collected*"])
+    collect("--gpubench-gpu", "RTX4090").stdout.fnmatch_lines([
+        "*RTX_4090-vastai-qwen2:7b-runtime_vllm", "*RTX_4090-vastai-qwen2:7b-x2-runtime_vllm", "*2/3 tests collected*"])
 
 
 # -- the cloud and the runtime in ids and reuse groups -------------------------------

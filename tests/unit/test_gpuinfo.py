@@ -83,9 +83,12 @@ def test_parse_nvidia_smi_xml():
     assert info["cuda_version"] == "12.4"
     assert info["attached_gpus"] == 2
     first, second = info["gpus"]
-    assert first == {"product_name": "NVIDIA GeForce RTX 4090", "uuid": "GPU-1111",
+    assert first == {"index": 0, "product_name": "NVIDIA GeForce RTX 4090", "uuid": "GPU-1111",
+                     "pci_bus_id": None, "compute_capability": None,
                      "memory_total_mib": 24564, "memory_used_mib": 2, "temperature_c": 34,
-                     "power_draw_w": 21.86}
+                     "power_draw_w": 21.86, "power_limit_w": None, "sm_clock_mhz": None, "mem_clock_mhz": None,
+                     "sm_clock_max_mhz": None, "mem_clock_max_mhz": None}
+    assert second["index"] == 1
     assert second["memory_total_mib"] == 24564
     assert second["memory_used_mib"] is None and second["temperature_c"] is None
     assert second["power_draw_w"] is None

@@ -50,3 +50,31 @@ def test_gpu_match_is_exact_after_normalising():
     offers = [offer("a80", gpu="A100 80GB", vram=80), offer("a40", gpu="A100", vram=40)]
     chosen, eligible = select_offer(offers, Constraints("A100 80GB", "vastai", vram_gb=24))
     assert [o.id for o in eligible] == ["a80"]
+
+
+def test_only_offers_with_the_cells_gpu_count_are_eligible():
+    offers = [offer("one", price=0.2), offer("two", price=0.6, gpu_count=2), offer("eight", price=3.0, gpu_count=8)]
+    chosen, eligible = select_offer(offers, Constraints("RTX 4090", "vastai", vram_gb=8))
+    assert [o.id for o in eligible] == ["one"]  # a bigger machine is billed whole: never rented for one GPU
+    chosen, eligible = select_offer(offers, Constraints("RTX 4090", "vastai", vram_gb=8, gpu_count=2))
+    assert chosen.id == "two" and [o.id for o in eligible] == ["two"]
+
+
+def test_no_offer_with_the_count_says_which_counts_there_are():
+    offers = [offer("one"), offer("one-b"), offer("eight", gpu_count=8)]
+    with pytest.raises(NoEligibleOffer) as info:
+        select_offer(offers, Constraints("RTX 4090", "vastai", vram_gb=8, gpu_count=2))
+    assert info.value.message == ("3 offer(s) for 2x RTX 4090 on vastai, none eligible: "
+                                  "2 with 1 GPU(s), not 2; 1 with 8 GPU(s), not 2")
+    with pytest.raises(NoEligibleOffer, match=r"no offers found for 4x A100 80GB on vastai \(the inventory was "
+                                              r"asked for at least 4 GPUs\)"):
+        select_offer([], Constraints("A100 80GB", "vastai", vram_gb=8, gpu_count=4))
+
+
+def test_vram_counts_every_gpu_of_the_offer():
+    # Vast.ai's vram_gb is one GPU's: two 24 GB cards hold a 40 GB model, one does not.
+    chosen, _ = select_offer([offer("two", vram=23, gpu_count=2)],
+                             Constraints("RTX 4090", "vastai", vram_gb=40, gpu_count=2))
+    assert chosen.id == "two"
+    with pytest.raises(NoEligibleOffer, match="less than the 60 GB of VRAM the model needs, largest 46 GB"):
+        select_offer([offer("two", vram=23, gpu_count=2)], Constraints("RTX 4090", "vastai", vram_gb=60, gpu_count=2))

@@ -10,7 +10,7 @@ from pytest_gpubench.measure.metrics import detailed_metrics
 from pytest_gpubench.store.progress import read_progress
 from pytest_gpubench.plugin.record import CellRecorder, CellOutcome
 from pytest_gpubench.measure.results import BenchmarkResult, RequestRecord, TestConfig, summarize
-from pytest_gpubench.plugin.summary_table import SummaryTable
+from pytest_gpubench.plugin.summary_table import SummaryTable, exact_figures
 
 MATRIX = """
 workload: {duration: 4s, concurrency: 4}
@@ -87,6 +87,20 @@ def test_the_summary_shows_both_rates_of_the_cell(finished):
     table = SummaryTable()
     table.add(props)
     assert table.render()[1].split()[1:4] == ["success", "400.0", "50.0"]
+
+
+def test_the_summary_shows_the_stored_figure_rounded_once(finished, tmp_path):
+    """JUnit's 167.35 (from 167.3504) would print as 167.3; the report, reading the store, says 167.4."""
+    props, _, _ = finished
+    with open_store(tmp_path / "manifest.db") as store:
+        exact = exact_figures(store.results("run-9"))
+    assert exact[props["gpubench_cell"]]["gpubench_output_tokens_per_second"] == pytest.approx(400.0)
+    props = {**props, "gpubench_output_tokens_per_second": 167.35}  # as digits=3 rounds 167.3504
+    exact[props["gpubench_cell"]]["gpubench_output_tokens_per_second"] = 167.3504
+    table = SummaryTable(("output_tokens_per_second",))
+    table.add(props)
+    assert table.render()[1].split()[1] == "167.3"  # the double rounding the store's figure avoids
+    assert table.render(exact=exact)[1].split()[1] == "167.4"
 
 
 def test_progress_lines_name_the_load_generators_rate(tmp_path):

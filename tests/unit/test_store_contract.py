@@ -355,6 +355,32 @@ def test_details_repeats_and_samples_are_kept_with_a_result(store):
         store.set_result_details("nope", {})
 
 
+def test_microbench_figures_read_back_per_run_and_replace_the_cells_earlier_ones(store):
+    from pytest_gpubench.measure.microbench import figures_from_events
+
+    row_id = store.add_cell(RUN, "RTX_4090-vastai-microbench", gpu_type="RTX 4090", provider="vastai",
+                            model="microbench", matrix_file="matrix/gpubench_seed.yaml")
+    run = figures_from_events([
+        {"event": "device", "name": "NVIDIA GeForce RTX 4090", "capability": [8, 9], "torch": "2.5.1"},
+        {"event": "figure", "kind": "memory_bandwidth", "precision": None, "unit": "GB/s", "values": [900.0, 910.0]},
+        {"event": "skipped", "kind": "matmul", "precision": "fp8", "reason": "needs 8.9"},
+    ])
+    assert store.add_microbench(row_id, run) == 2
+    memory, fp8 = store.microbench(RUN)
+    assert (memory.row_id, memory.label, memory.unit, memory.values, memory.n) == (
+        row_id, "memory_bandwidth", "GB/s", (900.0, 910.0), 2)
+    assert memory.value == pytest.approx(905.0) and memory.ci_low <= 905.0 <= memory.ci_high
+    assert (memory.gpu_type, memory.provider, memory.device, memory.capability) == (
+        "RTX 4090", "vastai", "NVIDIA GeForce RTX 4090", "8.9")
+    assert (fp8.label, fp8.precision, fp8.value, fp8.skipped, fp8.values) == (
+        "matmul_fp8", "fp8", None, "needs 8.9", ())
+    assert store.add_microbench(row_id, run.model_copy(update={"figures": run.figures[:1]})) == 1
+    assert [f.label for f in store.microbench()] == ["memory_bandwidth"]
+    assert store.microbench("another-run") == []
+    with pytest.raises(KeyError):
+        store.add_microbench("nope", run)
+
+
 def test_uploads_are_asked_for_once_and_tracked(store):
     row_id = add(store)
     first, second = (store.add_result(row_id, make_result(tps)) for tps in (70.0, 71.0))
@@ -453,6 +479,56 @@ def test_sqlite_a_baseline_s_figures_compare_as_the_manifest_s_row_did(tmp_path)
         typed = compare(current, store.baseline(CELL, exclude_run="now").figures())
         assert typed == raw
         assert {c.metric: c.baseline for c in typed.changes}["tps"] == 60.0  # the fallback: decode tok/s
+
+
+# ------------------------------------------------------------------ systems
+
+
+def _system(source: str = "nvml", cores: int = 32):
+    from pytest_gpubench.remote.sysinfo import GpuDevice, HostFacts, SystemInfo
+
+    gpu = GpuDevice(index=0, name="NVIDIA GeForce RTX 4090", uuid="GPU-a", memory_total_mib=24564,
+                    compute_capability="8.9", sm_clock_max_mhz=2520, mem_clock_max_mhz=10501, power_limit_w=450.0)
+    return SystemInfo(source=source, driver_version="550.54.15", cuda_version="12.4", gpus=(gpu,),
+                      machine_gpu_count=2, host=HostFacts(cpu_model="EPYC", cpu_cores=cores, ram_mib=65536,
+                                                          os="Ubuntu 22.04.4 LTS", kernel="6.8.0",
+                                                          disk_total_bytes=50 << 30, disk_free_bytes=30 << 30))
+
+
+def test_a_system_reads_back_equal_once_per_session(store):
+    first, second = add(store), add(store, "rtx4090-vastai-llama3_8b")
+    store.record_system(first, "sess-1", _system())
+    # A reused session detected again (a second cell): still one record, the later one.
+    store.record_system(second, "sess-1", _system(cores=64))
+    store.record_system(first, "sess-2", _system("nvidia-smi-csv"))
+    (one, two) = store.systems(RUN)
+    assert (one.session_id, one.row_id, one.gpu_type, one.provider) == ("sess-1", second, "RTX 4090", "vastai")
+    assert one.system == _system(cores=64) and one.recorded_at
+    assert (two.session_id, two.system.source) == ("sess-2", "nvidia-smi-csv")
+
+
+def test_systems_of_one_run_or_all_and_unknown_cells(store):
+    store.start_run("run-2", ["pytest"], [])
+    store.record_system(add(store), "sess-1", _system())
+    store.record_system(add(store, run="run-2"), "sess-1", _system("nvidia-smi-xml"))
+    assert [r.run_id for r in store.systems("run-2")] == ["run-2"]
+    assert {r.run_id for r in store.systems()} == {RUN, "run-2"}
+    assert store.systems("no-such-run") == []
+    with pytest.raises(KeyError):
+        store.record_system(f"{RUN}/no-such-cell", "sess-9", _system())
+
+
+def test_sqlite_a_manifest_from_before_systems_gains_the_table(tmp_path):
+    import sqlite_utils
+
+    path = tmp_path / "manifest.db"
+    with SqliteStore.open(path) as store:
+        store.start_run(RUN, [], [])
+        row = add(store)
+    sqlite_utils.Database(path)["systems"].drop()
+    with SqliteStore.open(path) as store:
+        store.record_system(row, "sess-1", _system())
+        assert [r.session_id for r in store.systems()] == ["sess-1"]
 
 
 # ----------------------------------------------------------------- GPU leases
