@@ -307,3 +307,21 @@ def test_gpubench_sandbox_local_gives_a_shell_the_stand_in_gpus(tmp_path):
     finally:
         process.stdin.close()
         assert process.wait(60) == 0
+
+
+@pytest.mark.slow
+def test_a_cell_waits_with_progress_for_a_gpu_a_dead_run_held_until_its_lease_runs_out(tmp_path, two_hosts):
+    from pytest_gpubench.store.sqlite_store import SqliteStore
+
+    lab1 = two_hosts.hosts.machines["lab1"]
+    with SqliteStore.open(tmp_path / "reports" / "manifest.db") as store:  # what a killed run leaves behind
+        dead = store.claim_gpus(f"127.0.0.1:{lab1.ssh_port}", [0], 1, holder="dead-run/cell", ttl=4.0)
+    matrix = write_matrix(tmp_path, cloud="hosts", provider="lab1", models="qwen2:1.5b",
+                          hosts=str(two_hosts.hosts.inventory))
+    done = run_pytest(tmp_path, str(matrix), "--gpubench-known-hosts", str(tmp_path / "kh"))
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    log = next((tmp_path / "reports" / "progress").rglob("*.log")).read_text()
+    assert "status=waiting_for_gpu" in log  # said while it waited
+    held = leases(tmp_path)
+    (taken,) = [row for row in held if row["lease_id"] != dead.lease_id]
+    assert taken["acquired_at"] >= dead.expires_at  # only once the dead run's lease had run out
