@@ -10,11 +10,9 @@ happened; ``pytest --fixtures`` documents them.
 from __future__ import annotations
 
 import asyncio
-import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 
@@ -25,7 +23,7 @@ from .cell_microbench import Microbench
 from ..errors import BudgetRefused, NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell
 from ..matrix.machines import KEPT_MACHINES
-from .hints import HostKeyPinnedWarning
+from .hints import host_key_pinned
 from ..runtimes.shared_machine import has_model, keep_apart, leave_as_found
 from ..cloud.offers import Constraints
 from .outcome import outcome_of
@@ -236,8 +234,8 @@ def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_c
     settings, recorder = gpubench_run.settings, gpubench_recorder
     recorder.enter(Stage.SSH_CONNECT)
     timeout = settings.stage_timeout(Stage.SSH_CONNECT)
-    conn = run_async(connect(gpubench_run, gpu_session, timeout, on_pinned=host_key_pinned(recorder)),
-                     timeout + BRIDGE_SLACK)
+    pinned = host_key_pinned(recorder, gpu_session.ssh)  # a host's key trusted on first use is said
+    conn = run_async(connect(gpubench_run, gpu_session, timeout, on_pinned=pinned), timeout + BRIDGE_SLACK)
     try:
         recorder.store.update_cell(recorder.row_id, host_key_fingerprint=conn.host_key_fingerprint)
         check = run_async(conn.run("echo gpubench-ssh-ok", stage=Stage.SSH_CONNECT,
@@ -264,23 +262,6 @@ def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_c
         yield conn
     finally:
         run_async(conn.close(), 15)
-
-
-def host_key_pinned(recorder: CellRecorder):
-    """Say plainly that a host's key was trusted on first use: a progress line and a warning."""
-
-    def said(fingerprint: str, pin_file: Path) -> None:
-        recorder.progress.status("HOST_KEY_PINNED", fingerprint=fingerprint, known_hosts=str(pin_file))
-        warnings.warn(HostKeyPinnedWarning(
-            f"{recorder.record_key}: the SSH host key of {gpu_host(recorder)} was in no known_hosts file; "
-            f"trusted on first use and pinned ({fingerprint}) in {pin_file}: later runs refuse another key"))
-
-    return said
-
-
-def gpu_host(recorder: CellRecorder) -> str:
-    cell = recorder.store.cell(recorder.row_id)
-    return f"{cell.instance_ip}:{cell.ssh_port}" if cell is not None and cell.instance_ip else "the host"
 
 
 @pytest.fixture

@@ -17,7 +17,9 @@ Two places a person's name for something meets the names the matrix or the marke
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+import warnings
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from ..matrix.selection import filter_values, gpu_matches, model_matches, normalize_gpu, provider_matches, split_tag
@@ -109,6 +111,19 @@ class UnknownGpuWarning(UserWarning):
 
 class HostKeyPinnedWarning(UserWarning):
     """A host's SSH key was in no known_hosts file: trusted on first use and pinned."""
+
+
+def host_key_pinned(recorder: Any, ssh: Any) -> Callable[[str, Path], None]:
+    """What ``connect`` calls when a host's key is pinned on first use: it is said plainly, as a
+    ``HOST_KEY_PINNED`` progress line and a warning in the terminal summary."""
+
+    def said(fingerprint: str, pin_file: Path) -> None:
+        recorder.progress.status("HOST_KEY_PINNED", fingerprint=fingerprint, known_hosts=str(pin_file))
+        warnings.warn(HostKeyPinnedWarning(
+            f"{recorder.record_key}: the SSH host key of {ssh.host}:{ssh.port} was in no known_hosts file; "
+            f"trusted on first use and pinned ({fingerprint}) in {pin_file}: later runs refuse another key"))
+
+    return said
 
 
 def check_gpu_names(cells: Iterable[Any]) -> tuple[list[tuple[Any, str]], list[tuple[Any, str]]]:
