@@ -142,7 +142,8 @@ class MachineProvider:
         return found
 
     async def offers(self) -> list[Offer]:
-        return [self._offer(machine, machine.gpus, self.cloud) for machine in self._machines(None)]
+        machines = await asyncio.to_thread(self._machines, None)  # may read a file or run nvidia-smi
+        return [self._offer(machine, machine.gpus, self.cloud) for machine in machines]
 
     def _offer(self, machine: Machine, count: int, provider: str) -> Offer:
         share = machine.price_per_hour * count / machine.gpus  # the GPUs the cell holds, of the whole machine
@@ -152,7 +153,7 @@ class MachineProvider:
                      machine_id=machine.name, fetched_at=datetime.now(timezone.utc))
 
     async def choose_offer(self, wanted: Constraints) -> OfferChoice:
-        machines = self._machines(wanted)
+        machines = await asyncio.to_thread(self._machines, wanted)  # may read a file or run nvidia-smi
         candidates = [m for m in machines if self.machine_matches(m, wanted) and gpu_matches(wanted.gpu, m.gpu)]
         if not candidates:
             known = ", ".join(f"{m.name} ({m.gpus} x {m.gpu})" for m in machines) or "none"
