@@ -67,19 +67,20 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent under -p no:xdist
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """``-n auto``: two workers more than the cores this process may use.
+    """``-n auto``: four workers more than the cores this process may use.
 
     The e2e tests spend more than half their time waiting on the sandbox's clock
     (provisioning, installs, benchmark windows): with one worker per core the two
     cores of the CI machine were 44% busy and the suite took 504 s; with three
     workers 389 s. With issue 11's runtimes (1,626 tests) three workers kept the cores
-    55% busy for 551 s, four took 474 s. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` and an
-    explicit ``-n N`` still win.
+    55% busy for 551 s, four took 474 s. With issue 12's hosts, microbenchmarks and
+    multi-GPU cells (1,793 tests) four workers took 582 s with the cores 66% busy, six 504 s.
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` and an explicit ``-n N`` still win.
     """
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # xdist's own hook reads it
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return cores + 2
+    return cores + 4
 
 
 @pytest.fixture
