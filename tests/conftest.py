@@ -19,6 +19,16 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
+
+#: Third-party pytest plugins an environment may autoload that no test here uses, kept out
+#: of the pytest processes the tests start (hundreds: every pytest run on the sandbox, and
+#: its xdist workers). Each costs CPU at every start: on this 2-core machine a pytest
+#: process collecting a matrix took 1.67 s of CPU with hypothesis's, anyio's and
+#: pytest-benchmark's plugins loaded and 0.48 s without them. Blocking one that is not
+#: installed is harmless. The good-citizen tests name the plugins they run beside.
+UNUSED_PLUGINS = ("hypothesispytest", "anyio", "benchmark")
+os.environ["PYTEST_ADDOPTS"] = " ".join(
+    [os.environ.get("PYTEST_ADDOPTS", ""), *(f"-p no:{name}" for name in UNUSED_PLUGINS)]).strip()
 #: The tier folders, each its marker (registered in pyproject.toml), in the order they
 #: are collected: the long end-to-end tests first, so that under ``-n auto`` no worker
 #: is left alone with one at the end of the run.
