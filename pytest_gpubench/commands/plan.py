@@ -31,7 +31,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from ..errors import CommandProblem, NoEligibleOffer, Stage
+from ..errors import CommandProblem, NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell
 from ..cloud.offers import Constraints, unfit
 from ..plugin.plan_collect import collect_cells
@@ -182,6 +182,10 @@ async def choose_offers(cells: Sequence[Cell], providers: Mapping[str, Provider]
             choices.append(await providers[cell.cloud].choose_offer(Constraints.for_cell(cell)))
         except NoEligibleOffer as exc:
             choices.append(exc)
+        except StageError as exc:  # the provider could not read its inventory: say which, for which cell
+            where = providers[cell.cloud].where
+            source = cell.cloud if where == cell.cloud else f"{cell.cloud} at {where}"
+            raise StageError(exc.stage, f"{cell.cell_id} ({source}): {exc}", hint=exc.hint) from None
     return choices
 
 
@@ -384,7 +388,7 @@ def make_plan(paths: list[str], *, keyword: str | None = None, gpus: list[str] |
             raise CommandProblem(f"{exc.message}: start the server, point --api or GPUBENCH_API_BASE at it, or "
                               "plan against the sandbox with --sandbox", 1) from None
         except StageError as exc:
-            raise CommandProblem(f"reading the inventory at {url} failed: {exc}", 1) from None
+            raise CommandProblem(f"reading the inventory failed: {exc}", 1) from None
     finally:
         if process is not None:
             process.stop()

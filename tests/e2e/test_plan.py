@@ -442,3 +442,27 @@ def test_collect_only_stays_off_the_network(tmp_path):
         assert "25 tests collected" in done.stdout
         assert not log.exists(), log.read_text()
         assert not (reports / "sandbox.log").exists() and not (reports / "manifest.db").exists()
+
+
+def test_a_hosts_matrix_plans_on_its_inventory_and_a_missing_one_names_the_cell(sandbox, tmp_path):
+    (tmp_path / "id_lab").write_text("not read by a plan\n")
+    (tmp_path / "hosts.yaml").write_text(textwrap.dedent("""\
+        hosts:
+          lab1: {address: 10.0.0.5, key_file: id_lab, gpu: RTX 4090, gpus: 2, price_per_hour: 0.5}
+        """))
+    body = """\
+        cloud: hosts
+        {hosts}
+        matrix:
+          - {{gpu: RTX 4090, provider: lab1, model: qwen2:7b, runtime: vllm}}
+        """
+    planned = plan_of(sandbox, [matrix(tmp_path, body.format(hosts="hosts: hosts.yaml"))], tmp_path)
+    (cell,) = planned.cells
+    # One of the machine's two GPUs: half its price (docs/providers.md).
+    assert (cell.offer_id is not None, cell.price_per_hour) == (True, 0.25), cell
+    bare = matrix(tmp_path, body.format(hosts=""), name="gpubench_bare.yaml")
+    with pytest.raises(CommandProblem) as caught:
+        plan_of(sandbox, [bare], tmp_path)
+    message = str(caught.value)
+    assert "RTX_4090-lab1-qwen2:7b" in message and "-cloud_hosts (hosts): " in message, message
+    assert "needs a hosts inventory" in message and sandbox.url not in message, message
