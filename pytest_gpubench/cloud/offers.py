@@ -45,7 +45,7 @@ class Constraints:
         return cls(gpu=cell.gpu, provider=cell.provider, vram_gb=cell.vram_gb,
                    min_confidence=cell.offer.min_availability_confidence, max_price=cell.offer.max_price,
                    endpoint=cell.endpoint, gpu_count=cell.gpus, hosts_file=cell.hosts_file,
-                   runtime=cell.runtime)
+                   runtime=cell.lease_runtime)
 
 
 def select_offer(offers: Iterable[Offer], wanted: Constraints) -> tuple[Offer, list[Offer]]:
