@@ -5,6 +5,7 @@ instance's, or a venv pip installs when the instance has none) -> the figures th
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import httpx
@@ -15,6 +16,7 @@ from e2e_helpers import assert_every_session_released, manifest_rows, run_pytest
 from pytest_gpubench.report.gather import build_report
 from pytest_gpubench.report.markdown import render_markdown
 from pytest_gpubench.sandbox.catalog import load_catalog
+from pytest_gpubench.sandbox.hosts import HostPlan, SandboxHostsThread
 from pytest_gpubench.store.sqlite_store import SqliteStore
 
 SETTINGS = "runs: 3, warmup: 1, memory_mib: 64, matmul_size: 1024"
@@ -110,3 +112,29 @@ def test_a_microbench_cell_whose_gpu_measures_nothing_fails_at_benchmark(
     (skipped,) = figures(tmp_path).values()  # what was found is kept with the failure
     assert skipped["label"] == "matmul_fp8" and skipped["value"] is None
     assert_every_session_released(standalone_sandbox)
+
+
+@pytest.mark.slow
+def test_a_microbench_cell_on_a_two_gpu_host_leases_one_gpu_and_measures_that_one(tmp_path):
+    """The microbenchmark leases one GPU of the machine (not the whole of it, as an Ollama cell would)
+    and runs with CUDA_VISIBLE_DEVICES set to it, so torch's cuda:0 is the leased GPU."""
+    machines = SandboxHostsThread(tmp_path / "machines", [HostPlan("duo", gpus=2)])
+    machines.start()
+    try:
+        path = tmp_path / "gpubench_duo.yaml"
+        path.write_text(textwrap.dedent(f"""\
+            cloud: hosts
+            hosts: {machines.hosts.inventory}
+            matrix:
+              - {{gpu: RTX 4090, provider: duo, microbench: {{runs: 2, warmup: 0, memory_mib: 16,
+                  matmul_size: 256, precisions: [fp16]}}}}
+            """))
+        done = run_pytest(tmp_path, str(path), "--gpubench-known-hosts", str(tmp_path / "kh"))
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+        (row,) = manifest_rows(tmp_path)
+        assert row["status"] == "success"
+        (held,) = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")["gpu_leases"].rows
+        (log,) = [p.read_text() for p in (tmp_path / "reports" / "progress").rglob("*.log")]
+        assert f"visible_devices={held['gpu_index']}" in log, log
+    finally:
+        machines.stop()
