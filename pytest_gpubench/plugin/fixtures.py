@@ -283,8 +283,9 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
     """
     settings, recorder, cell = gpubench_run.settings, gpubench_recorder, gpubench_cell
     if cell.microbench is not None:
-        pytest.fail(f"{cell.cell_id} is a microbenchmark cell: it has no model to serve; use the "
-                    "gpubench_microbench fixture (docs/hardware.md)", pytrace=False)
+        recorder.enter(Stage.OLLAMA_INSTALL)
+        raise StageError(Stage.OLLAMA_INSTALL, f"{cell.cell_id} is a microbenchmark cell: it has no model to "
+                                               "serve; use the gpubench_microbench fixture (docs/hardware.md)")
     # Keepalives on the run's clock: a link that went silent is noticed in seconds in the sandbox too.
     gpu_ssh.set_keepalive(settings.scaled(KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL))
     shortfall = vram_shortfall(cell.model, cell.vram_gb, recorder.hardware, gpus=cell.gpus)

@@ -138,3 +138,19 @@ def test_a_microbench_cell_on_a_two_gpu_host_leases_one_gpu_and_measures_that_on
         assert f"visible_devices={held['gpu_index']}" in log, log
     finally:
         machines.stop()
+
+
+def test_a_microbench_cell_asking_for_a_runtime_fails_at_its_stage_naming_the_fixture(
+        tmp_path: Path, standalone_sandbox: str) -> None:
+    matrix = tmp_path / "gpubench_micro.yaml"
+    matrix.write_text(f"matrix:\n  - {{gpu: RTX 3090, provider: vastai, microbench: {{{SETTINGS}}}}}\n")
+    test_file = tmp_path / "test_mine.py"
+    test_file.write_text(f"import pytest\n\n\n@pytest.mark.gpubench({str(matrix)!r})\n"
+                         "def test_serving(gpu_runtime):\n    pass\n")
+    done = run_pytest(tmp_path, str(test_file), "--gpubench-api", standalone_sandbox, "--gpubench-time-scale",
+                      "0.02", "--rootdir", str(tmp_path))
+    assert done.returncode == 1, done.stdout[-4000:]
+    (row,) = manifest_rows(tmp_path)
+    assert (row["status"], row["failure_stage"]) == ("failed", "ollama_install")
+    assert "microbenchmark cell" in row["error_message"] and "gpubench_microbench" in row["error_message"]
+    assert_every_session_released(standalone_sandbox)
