@@ -48,5 +48,5 @@ def hardware_table(rows: list[MachineRow]) -> Table:
         for row in rows
     ]
     return Table(("GPU", "Provider", "GPUs", "GPU memory (GiB)", "Compute cap.", "Max SM MHz", "Max memory MHz",
-                  "Power limit (W)", "Driver", "CUDA", "CPU", "RAM (GiB)", "OS", "Kernel", "Disk free / total (GB)",
+                  "Power limit (W)", "Driver", "CUDA", "CPU", "RAM (GiB)", "OS", "Kernel", "Disk free / total (GiB)",
                   "Source", "Sessions"), body)

@@ -69,3 +69,10 @@ def test_runs_without_detected_systems_say_so(tmp_path):
     assert report.machines == []
     assert "No system was detected in these runs" in render_markdown(report)
     assert "No system was detected in these runs" in render_html(report)
+
+
+def test_the_disk_column_says_gib_as_its_figures_are(tmp_path):
+    with _store(tmp_path / "manifest.db") as store:
+        store.record_system(_cell(store, "a"), "s1", _system())
+        text = render_markdown(build_report(store))
+    assert "Disk free / total (GiB)" in text and "(GB)" not in text
