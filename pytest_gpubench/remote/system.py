@@ -35,14 +35,6 @@ NVML_PROBE = "command -v python3 >/dev/null 2>&1 || exit 3; python3 -"
 _UNKNOWN_FIELD = re.compile(r'Field "([^"]+)" is not a valid field')
 
 
-async def compute_capability(conn: Connection, timeout: float) -> str:
-    """``8.9`` for an RTX 4090; empty when the driver is too old to say."""
-    result = await conn.run("nvidia-smi --query-gpu=compute_cap --format=csv,noheader,nounits",
-                            stage=Stage.SSH_CONNECT, what="nvidia-smi compute_cap", timeout=timeout, check=False)
-    lines = result.stdout.strip().splitlines() if result.ok else []
-    return lines[0].strip() if lines and lines[0].strip()[:1].isdigit() else ""
-
-
 def _no_driver(expected_gpu: str) -> StageError:
     # The shell's own "command not found": no NVIDIA driver at all, so no GPU to benchmark.
     return StageError(

@@ -124,3 +124,23 @@ def test_probe_system_answers_the_results_hardware(loop: LoopThread, api: httpx.
     assert (hardware.gpu_name, hardware.gpu_memory_mib, hardware.gpu_count) == ("NVIDIA GeForce RTX 4090", 24564, 1)
     assert (hardware.driver_version, hardware.cuda_version) == ("550.54.15", "12.4")  # CUDA from the table banner
     assert hardware.cpu_cores > 0 and hardware.ram_gib > 0
+
+
+def test_a_result_records_the_compute_capability_detection_found(tmp_path, standalone_sandbox: str) -> None:
+    """An old driver with nvidia-ml-py: NVML gives the compute capability at ssh_connect, nvidia-smi's
+    CSV query does not know it; the result keeps what detection found, with no query of its own."""
+    from e2e_helpers import only_result, run_pytest
+
+    offers = httpx.get(f"{standalone_sandbox}/api/v1/inventory",
+                       params={"provider": "vastai", "gpu_type": "RTX 4090"}).json()["offers"]
+    for offer in offers:
+        httpx.post(f"{standalone_sandbox}/sandbox/faults", json={"fault": "gpu_driver", "driver": "old_nvml",
+                                                                 "offer_id": offer["id"]}).raise_for_status()
+    matrix = tmp_path / "gpubench_cc.yaml"
+    matrix.write_text("workload: {duration: 2s, max_tokens: 16, warmup_requests: 1}\n"
+                      "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:1.5b'}\n")
+    done = run_pytest(tmp_path, str(matrix), "--gpubench-api", standalone_sandbox, "--gpubench-time-scale", "0.02",
+                      "--rootdir", str(tmp_path))
+    assert done.returncode == 0, done.stdout[-4000:]
+    _, details = only_result(tmp_path)
+    assert details["hardware"]["compute_capability"] == "8.9"
