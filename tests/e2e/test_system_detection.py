@@ -19,7 +19,7 @@ from pytest_gpubench.aio import LoopThread
 from pytest_gpubench.errors import Stage, StageError
 from pytest_gpubench.remote.ssh import Connection
 from pytest_gpubench.remote.sysinfo import SystemInfo
-from pytest_gpubench.remote.system import detect_system, probe_system
+from pytest_gpubench.remote.system import detect_system, hardware_of
 
 TIME_SCALE = 0.01
 
@@ -109,18 +109,8 @@ def test_no_driver_or_a_broken_one_fails_at_ssh_connect(loop: LoopThread, api: h
         detect(loop, api, broken=True)
 
 
-def test_probe_system_answers_the_results_hardware(loop: LoopThread, api: httpx.Client) -> None:
-    session, key = new_session(api, {"fault": "gpu_driver", "driver": "old"})
-
-    async def go() -> Any:
-        conn = await connect(session, key)
-        try:
-            return await probe_system(conn, "RTX4090", 30)
-        finally:
-            await conn.close()
-
-    hardware = loop.run(go(), 120)
-    api.post(f"/api/v1/sessions/{session['id']}/done")
+def test_detection_answers_the_results_hardware(loop: LoopThread, api: httpx.Client) -> None:
+    hardware = hardware_of(detect(loop, api, {"fault": "gpu_driver", "driver": "old"}, expected="RTX4090"))
     assert (hardware.gpu_name, hardware.gpu_memory_mib, hardware.gpu_count) == ("NVIDIA GeForce RTX 4090", 24564, 1)
     assert (hardware.driver_version, hardware.cuda_version) == ("550.54.15", "12.4")  # CUDA from the table banner
     assert hardware.cpu_cores > 0 and hardware.ram_gib > 0

@@ -17,6 +17,7 @@ from pytest_gpubench.remote.sysinfo import (
     gpu_facts_from_nvml,
     gpu_facts_from_xml,
     parse_cuda_banner,
+    parse_df,
     parse_host_probe,
 )
 from pytest_gpubench.remote.system import NVML_PROBE_SOURCE, hardware_of
@@ -224,3 +225,34 @@ def test_hardware_info_of_a_system_keeps_the_result_shape():
     assert (hardware.gpu_name, hardware.gpu_memory_mib, hardware.gpu_count) == ("NVIDIA GeForce RTX 4090", 24564, 1)
     assert (hardware.driver_version, hardware.cuda_version, hardware.ram_gib) == ("550.54.15", "12.4", 64)
     assert SystemInfo.model_validate_json(system.model_dump_json()) == system
+
+
+def test_one_disk_probe_serves_detection_and_the_free_space_check(tmp_path):
+    """The host probe ends with the disk probe the pre-pull check runs alone (``free_disk_bytes``),
+    and both are read by one parser: run here, they name the same disk and agree on its size."""
+    import asyncio
+    import subprocess
+
+    from pytest_gpubench.remote.local import LocalShell
+    from pytest_gpubench.remote.sysinfo import DISK_PROBE, HOST_PROBE
+    from pytest_gpubench.remote.system import free_disk_bytes
+
+    assert HOST_PROBE.endswith(DISK_PROBE)
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    host = parse_host_probe(subprocess.run(["sh", "-c", HOST_PROBE], capture_output=True, text=True,
+                                           env=env).stdout)
+    alone = parse_host_probe(subprocess.run(["sh", "-c", DISK_PROBE], capture_output=True, text=True,
+                                            env=env).stdout)
+    assert host.disk_path == alone.disk_path == str(tmp_path)
+    assert host.disk_total_bytes == alone.disk_total_bytes and host.disk_total_bytes
+    assert parse_df("overlay 52428800 15728640 36700160 30% /") == (50 * GIB, 35 * GIB)
+    assert parse_df("df: /x: No such file") == (None, None)
+
+    async def free() -> int | None:
+        shell = LocalShell.open()
+        try:
+            return await free_disk_bytes(shell, 30)
+        finally:
+            await shell.close()
+
+    assert asyncio.run(free()) is not None
