@@ -252,7 +252,8 @@ def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_c
                                              gpu_indices=gpu_session.ssh.gpu_indices),
                                timeout * 5 + BRIDGE_SLACK)
             recorder.system, recorder.hardware = system, hardware_of(system)
-            recorder.store.record_system(recorder.row_id, gpu_session.session.id, system)
+            recorder.store.record_system(recorder.row_id, gpu_session.session.id, system,
+                                         machine=gpu_session.offer.offer.machine)
             if lease is not None:
                 lease.system = system
         recorder.progress.status("SYSTEM_INFO", gpu=recorder.hardware.gpu_name,

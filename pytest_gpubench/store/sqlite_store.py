@@ -210,8 +210,8 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ systems
 
-    def record_system(self, row_id: str, session_id: str, system: SystemInfo) -> None:
-        self.manifest.record_system(row_id, session_id, system)
+    def record_system(self, row_id: str, session_id: str, system: SystemInfo, machine: str = "") -> None:
+        self.manifest.record_system(row_id, session_id, system, machine)
 
     def systems(self, run_id: str | None = None) -> list[SystemRecord]:
         return [system_record(row) for row in self.manifest.system_rows(run_id)]

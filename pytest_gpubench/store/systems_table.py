@@ -13,13 +13,14 @@ from .systems import system_row
 class SystemsMixin(ManifestStore):
     """What system detection found, one row per session of a run; the cell rows are the manifest's."""
 
-    def record_system(self, row_id: str, session_id: str, system: SystemInfo) -> None:
-        """Store ``system``, detected by cell ``row_id`` on ``session_id`` (replacing the session's row)."""
+    def record_system(self, row_id: str, session_id: str, system: SystemInfo, machine: str = "") -> None:
+        """Store ``system``, detected by cell ``row_id`` on ``session_id`` on ``machine`` (replacing the
+        session's row)."""
         recorded = utc_now()
 
         def write() -> None:
-            self.db.table("systems").insert(system_row(self._cell_or_raise(row_id), session_id, system, recorded),
-                                            replace=True)
+            row = system_row(self._cell_or_raise(row_id), session_id, system, recorded, machine)
+            self.db.table("systems").insert(row, replace=True, alter=True)  # alter: a file from before `machine`
 
         self._write(write)
 

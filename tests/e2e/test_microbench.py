@@ -136,6 +136,9 @@ def test_a_microbench_cell_on_a_two_gpu_host_leases_one_gpu_and_measures_that_on
         (held,) = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")["gpu_leases"].rows
         (log,) = [p.read_text() for p in (tmp_path / "reports" / "progress").rglob("*.log")]
         assert f"visible_devices={held['gpu_index']}" in log, log
+        # Which machine it was, not only the row's provider.
+        (system,) = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")["systems"].rows
+        assert (system["provider"], system["machine"]) == ("duo", "duo")
     finally:
         machines.stop()
 
