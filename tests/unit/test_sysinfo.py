@@ -1,4 +1,5 @@
-"""System detection's parsers: NVML's JSON, nvidia-smi's XML log and CSV query, the host probe."""
+"""System detection's parsers: NVML's JSON, nvidia-smi's XML log and CSV query, the host probe; and
+``detect_system`` on the GPUs a provider leased of a machine."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+from pytest_gpubench.errors import Stage, StageError
 from pytest_gpubench.remote.gpuinfo import parse_gpu_query_csv
 from pytest_gpubench.remote.sysinfo import (
     CSV_FIELDS,
@@ -256,3 +260,50 @@ def test_one_disk_probe_serves_detection_and_the_free_space_check(tmp_path):
             await shell.close()
 
     assert asyncio.run(free()) is not None
+
+
+# ----------------------------------------------------------- detection of leased GPUs
+
+MIXED_PYNVML = FAKE_PYNVML.replace("def nvmlDeviceGetCount(): return 1", "def nvmlDeviceGetCount(): return 2").replace(
+    'def nvmlDeviceGetName(h): return b"Tesla T4"', 'def nvmlDeviceGetName(h): return [b"Tesla T4", b"NVIDIA L4"][h]')
+
+
+def _detect_on_a_mixed_machine(tmp_path, monkeypatch, gpu: str, indices: tuple[int, ...]):
+    """detect_system through a real shell on this machine, whose NVML (a fake pynvml, as the NVML
+    source reads it) lists a T4 as GPU 0 and an L4 as GPU 1."""
+    import asyncio
+
+    from pytest_gpubench.remote.local import LocalShell
+    from pytest_gpubench.remote.system import detect_system
+
+    (tmp_path / "pynvml.py").write_text(MIXED_PYNVML)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+
+    async def detect():
+        shell = LocalShell.open()
+        try:
+            return await detect_system(shell, gpu, 30, gpu_indices=indices)
+        finally:
+            await shell.close()
+
+    return asyncio.run(asyncio.wait_for(detect(), 60))
+
+
+def test_detection_describes_only_the_leased_gpu_of_a_machine(tmp_path, monkeypatch):
+    system = _detect_on_a_mixed_machine(tmp_path, monkeypatch, "L4", (1,))
+    assert system.source == "nvml" and [(g.index, g.name) for g in system.gpus] == [(1, "NVIDIA L4")]
+    assert system.machine_gpu_count == 2
+
+
+def test_a_leased_gpu_the_machine_does_not_list_fails_at_ssh_connect(tmp_path, monkeypatch):
+    with pytest.raises(StageError) as caught:
+        _detect_on_a_mixed_machine(tmp_path, monkeypatch, "L4", (1, 2))
+    assert caught.value.stage is Stage.SSH_CONNECT
+    assert "the cell was given GPU(s) [2] but nvidia-smi lists 2 GPU(s)" in str(caught.value)
+
+
+def test_a_leased_gpu_of_another_model_fails_though_the_machine_has_the_right_one(tmp_path, monkeypatch):
+    with pytest.raises(StageError) as caught:
+        _detect_on_a_mixed_machine(tmp_path, monkeypatch, "L4", (0,))  # GPU 0 is the T4
+    assert caught.value.stage is Stage.SSH_CONNECT
+    assert "expected a L4 but nvidia-smi reports 'Tesla T4'" in str(caught.value)
