@@ -5,7 +5,7 @@ instance's, or a venv pip installs when the instance has none) -> the figures th
 from __future__ import annotations
 
 import json
-import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -114,33 +114,34 @@ def test_a_microbench_cell_whose_gpu_measures_nothing_fails_at_benchmark(
     assert_every_session_released(standalone_sandbox)
 
 
-@pytest.mark.slow
-def test_a_microbench_cell_on_a_two_gpu_host_leases_one_gpu_and_measures_that_one(tmp_path):
-    """The microbenchmark leases one GPU of the machine (not the whole of it, as an Ollama cell would)
-    and runs with CUDA_VISIBLE_DEVICES set to it, so torch's cuda:0 is the leased GPU."""
+@pytest.fixture
+def two_gpu_host(tmp_path: Path) -> Iterator[SandboxHostsThread]:
+    """A sandbox machine ``duo`` with two RTX 4090s, reached over SSH on loopback."""
     machines = SandboxHostsThread(tmp_path / "machines", [HostPlan("duo", gpus=2)])
     machines.start()
-    try:
-        path = tmp_path / "gpubench_duo.yaml"
-        path.write_text(textwrap.dedent(f"""\
-            cloud: hosts
-            hosts: {machines.hosts.inventory}
-            matrix:
-              - {{gpu: RTX 4090, provider: duo, microbench: {{runs: 2, warmup: 0, memory_mib: 16,
-                  matmul_size: 256, precisions: [fp16]}}}}
-            """))
-        done = run_pytest(tmp_path, str(path), "--gpubench-known-hosts", str(tmp_path / "kh"))
-        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-        (row,) = manifest_rows(tmp_path)
-        assert row["status"] == "success"
-        (held,) = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")["gpu_leases"].rows
-        (log,) = [p.read_text() for p in (tmp_path / "reports" / "progress").rglob("*.log")]
-        assert f"visible_devices={held['gpu_index']}" in log, log
-        # Which machine it was, not only the row's provider.
-        (system,) = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")["systems"].rows
-        assert (system["provider"], system["machine"]) == ("duo", "duo")
-    finally:
-        machines.stop()
+    yield machines
+    machines.stop()
+
+
+@pytest.mark.slow
+def test_a_microbench_cell_on_a_two_gpu_host_leases_one_gpu_and_measures_that_one(
+        tmp_path: Path, two_gpu_host: SandboxHostsThread) -> None:
+    """The microbenchmark leases one GPU of the machine (not the whole of it, as an Ollama cell would)
+    and runs with CUDA_VISIBLE_DEVICES set to it, so torch's cuda:0 is the leased GPU."""
+    path = tmp_path / "gpubench_duo.yaml"
+    path.write_text(f"cloud: hosts\nhosts: {two_gpu_host.hosts.inventory}\nmatrix:\n"
+                    f"  - {{gpu: RTX 4090, provider: duo, microbench: {{{SETTINGS}, precisions: [fp16]}}}}\n")
+    done = run_pytest(tmp_path, str(path), "--gpubench-known-hosts", str(tmp_path / "kh"))
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    (row,) = manifest_rows(tmp_path)
+    assert row["status"] == "success"
+    db = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")
+    (held,) = db["gpu_leases"].rows
+    (log,) = [p.read_text() for p in (tmp_path / "reports" / "progress").rglob("*.log")]
+    assert f"visible_devices={held['gpu_index']}" in log, log
+    # Which machine it was, not only the row's provider.
+    (system,) = db["systems"].rows
+    assert (system["provider"], system["machine"]) == ("duo", "duo")
 
 
 def test_a_microbench_cell_asking_for_a_runtime_fails_at_its_stage_naming_the_fixture(
