@@ -36,7 +36,8 @@ class Constraints:
     gpu_count: int = 1
     #: The hosts inventory the cell's matrix names (``cloud: hosts``/``local``); None: none.
     hosts_file: str | None = None
-    #: The cell's runtime: on a shared machine, one serving from one server per machine leases all its GPUs.
+    #: The cell's runtime (``microbench`` for a microbenchmark cell, ``Cell.lease_runtime``): on a shared
+    #: machine, one serving from one server per machine leases all its GPUs.
     runtime: str = ""
 
     @classmethod
