@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 from ..errors import ApiError, InventoryError, NoEligibleOffer, Stage, StageError
 from ..matrix.launch import LaunchSpec
 from ..matrix.machines import HOSTS_CLOUD, KEPT_MACHINES, LOCAL_CLOUD
+from ..matrix.microbench import MICROBENCH_MODEL
 from ..matrix.selection import gpu_matches
 from ..settings import Settings
 from .gpu_leasing import WAIT_POLL_SECONDS, GpuLeaseKeeper
@@ -50,8 +51,9 @@ if TYPE_CHECKING:
 #: Runtimes that start a server of their own per cell, on a free port with files of its own
 #: (``runtimes/shared_machine.py``): their cells lease only the GPUs they run on. Any other
 #: (Ollama: one server per machine on its OLLAMA_HOST; container workers) leases every GPU of
-#: the machine, so no two cells share, or disturb, one server.
-SERVER_PER_CELL = frozenset({"vllm", "sglang", "tgi", "llamacpp"})
+#: the machine, so no two cells share, or disturb, one server. A microbenchmark (``microbench``) is
+#: one process on its one GPU.
+SERVER_PER_CELL = frozenset({"vllm", "sglang", "tgi", "llamacpp", MICROBENCH_MODEL})
 #: How these providers' session ids start (``hosts-lab1-3-ab12cd``): cleanup knows them by it.
 MACHINE_SESSION_PREFIXES = tuple(f"{cloud}-" for cloud in sorted(KEPT_MACHINES))
 

@@ -36,7 +36,8 @@ class Constraints:
     gpu_count: int = 1
     #: The hosts inventory the cell's matrix names (``cloud: hosts``/``local``); None: none.
     hosts_file: str | None = None
-    #: The cell's runtime: on a shared machine, one serving from one server per machine leases all its GPUs.
+    #: The cell's runtime (``microbench`` for a microbenchmark cell, ``Cell.lease_runtime``): on a shared
+    #: machine, one serving from one server per machine leases all its GPUs.
     runtime: str = ""
 
     @classmethod
@@ -45,7 +46,7 @@ class Constraints:
         return cls(gpu=cell.gpu, provider=cell.provider, vram_gb=cell.vram_gb,
                    min_confidence=cell.offer.min_availability_confidence, max_price=cell.offer.max_price,
                    endpoint=cell.endpoint, gpu_count=cell.gpus, hosts_file=cell.hosts_file,
-                   runtime=cell.runtime)
+                   runtime=cell.lease_runtime)
 
 
 def select_offer(offers: Iterable[Offer], wanted: Constraints) -> tuple[Offer, list[Offer]]:

@@ -210,7 +210,7 @@ class Provisioning:
         created = self._bridge(provider.create(offer, attempt.consumer_id, hours, template=self.cell.offer.template,
                                                ssh_timeout_minutes=wait.server_minutes,
                                                disk_gb=disk_gb_for(self.planned), launch=self.cell.launch,
-                                               runtime=self.cell.runtime, model=self.cell.model),
+                                               runtime=self.cell.lease_runtime, model=self.cell.model),
                                timeout, Stage.PROVISION, "creating the session")
         session = created.session
         attempt.session_id = session.id

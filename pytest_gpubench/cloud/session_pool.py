@@ -33,9 +33,9 @@ from ..errors import Stage
 from ..matrix.cells import Cell
 from .offers import Constraints, unfit
 from ..plugin.record import CellOutcome, CellRecorder
-from ..measure.results import HardwareInfo
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
+    from ..remote.sysinfo import SystemInfo
     from ..plugin.cell_benchmark import GpuSession
     from .provisioning import Provisioning
     from ..plugin.run_context import RunContext
@@ -64,7 +64,7 @@ class Lease:
     runtime_started_here: bool = False
     runtime_num_parallel: int | None = None
     #: What system detection found at the first connection (the machine stays the same).
-    hardware: HardwareInfo | None = None
+    system: SystemInfo | None = None
     released: bool = False
 
     @property

@@ -44,6 +44,12 @@ class Offer(BaseModel):
     interruptible: bool = False
     fetched_at: datetime | None = None
 
+    @property
+    def machine(self) -> str:
+        """The machine the offer is on: its ``machine_id`` (a host's name for ``cloud: hosts``), else
+        ``provider_id``; "" when the inventory says neither."""
+        return str(self.machine_id) if self.machine_id not in (None, "") else self.provider_id
+
 
 class Session(BaseModel):
     """A GPU session as the API reports it."""

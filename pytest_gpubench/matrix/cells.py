@@ -473,6 +473,13 @@ class Cell(BaseModel):
             self.runtime, self.cloud, entrypoint=self.launch is not None and self.launch.entrypoint)
 
     @property
+    def lease_runtime(self) -> str:
+        """What a machine provider (``hosts``, ``local``) leases GPUs for: the cell's runtime, or
+        ``microbench`` for a microbenchmark cell, a process on its own GPU
+        (``cloud/hosts_provider.py`` decides by it how many of the machine's GPUs the cell holds)."""
+        return MICROBENCH_MODEL if self.microbench is not None else self.runtime
+
+    @property
     def sweep(self) -> SweepSpec | None:
         """A ``rate: sweep`` cell's sweep settings (``matrix/sweep.py``); None for a cell at one load."""
         return self.workload.sweep_spec
@@ -699,7 +706,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 "cannot ask the image's server for tensor parallelism, so it would serve on one GPU; "
                 "use the default ssh launch, where the plugin starts the server across the GPUs" + where))
         seams = seam_suffix(runtime, cloud, entrypoint=cell_launch is not None and cell_launch.entrypoint)
-        row_cells = Prototype(Cell, dict(
+        row_shared = dict(
             gpu=row.gpu, runtime=runtime, cloud=cloud, hosts_file=matrix.hosts_file, ollama_install=install,
             matrix_name=matrix.name,
             runtime_args=runtime_args, runtime_port=runtime_port, endpoint=endpoint, runtime_presets=presets,
@@ -707,7 +714,8 @@ def _expand(matrix: Matrix) -> list[Cell]:
             launch=cell_launch,
             row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu), microbench=None,
             gpus=gpus,
-        ), varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "concurrency", "rate",
+        )
+        row_cells = Prototype(Cell, row_shared, varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "concurrency", "rate",
                     "cell_id", "keywords", "reuse_group"))
         for _, provider in row.provider_entries() or [("provider", ENDPOINT_PROVIDER)]:
             offer = OfferConstraints(
@@ -751,7 +759,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
                     seen[key] = ids[id_key] = r
                     cells.append(cell)
             if row.microbench is not None:
-                cell = _microbench_cell(matrix, r, row, provider, offer, point_parts[0][3], slo, thresholds,
+                cell = _microbench_cell(matrix, r, row, row_shared, provider, offer, point_parts[0][3],
                                         endpoint=runtime == ENDPOINT_RUNTIME)
                 id_key = cell.cell_id.lower()
                 if id_key in ids:
@@ -766,20 +774,22 @@ def _expand(matrix: Matrix) -> list[Cell]:
     return cells
 
 
-def _microbench_cell(matrix: Matrix, r: int, row: RowSpec, provider: str, offer: OfferConstraints,
-                     workload: Workload, slo: Slo, thresholds: Thresholds, *, endpoint: bool) -> Cell:
-    """A row's microbenchmark cell on ``provider``: no model, no runtime, its own session
-    (``reuse: cell``: a model server an earlier cell left would share the GPU it measures)."""
+def _microbench_cell(matrix: Matrix, r: int, row: RowSpec, row_shared: dict[str, Any], provider: str,
+                     offer: OfferConstraints, workload: Workload, *, endpoint: bool) -> Cell:
+    """A row's microbenchmark cell on ``provider``: the row's cells' settings (cloud, hosts
+    inventory, SLO, ...) but no model, no runtime, one GPU and its own session (``reuse: cell``:
+    a model server an earlier cell left would share the GPU it measures)."""
     if endpoint:
         raise MatrixError(matrix.source, f"matrix[{r}].microbench", (
             "microbenchmarks need a rented GPU reached over SSH; a running endpoint has none"
             + at_line(_row_line(matrix, r))))
-    return Cell(
-        gpu=row.gpu, provider=provider, model=MICROBENCH_MODEL, model_ref=MICROBENCH_MODEL, cloud=matrix.cloud,
-        workload=workload.model_copy(update={"concurrency": (1,), "rate": None}), offer=offer, vram_gb=0,
-        matrix_name=matrix.name, source=matrix.source, row=r, slo=slo, thresholds=thresholds, reuse="cell",
-        microbench=row.microbench,
-    )
+    no_server = {"runtime": DEFAULT_RUNTIME, "runtime_args": (), "runtime_port": None, "launch": None,
+                 "runtime_presets": None, "endpoint": None}
+    shared = {name: value for name, value in row_shared.items() if name != "gpu_compact"}  # a cached property
+    return Cell(**{
+        **shared, **no_server, "gpus": 1, "reuse": "cell", "microbench": row.microbench,
+        "provider": provider, "model": MICROBENCH_MODEL, "model_ref": MICROBENCH_MODEL, "offer": offer, "vram_gb": 0,
+        "workload": workload.model_copy(update={"concurrency": (1,), "rate": None})})
 
 
 def _row_workload(matrix: Matrix, r: int, row: RowSpec) -> Workload:

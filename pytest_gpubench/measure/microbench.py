@@ -59,6 +59,8 @@ class MicrobenchRun(BaseModel):
     device: str = ""
     capability: str = ""
     torch_version: str = ""
+    #: ``CUDA_VISIBLE_DEVICES`` the script ran with (the leased GPU on a shared machine); "": every GPU.
+    visible_devices: str = ""
     figures: tuple[MicrobenchFigure, ...] = ()
 
 
@@ -87,4 +89,5 @@ def figures_from_events(events: list[dict[str, Any]]) -> MicrobenchRun:
     capability = device.get("capability") or []
     return MicrobenchRun(device=str(device.get("name") or ""),
                          capability=".".join(str(part) for part in capability),
-                         torch_version=str(device.get("torch") or ""), figures=tuple(figures))
+                         torch_version=str(device.get("torch") or ""),
+                         visible_devices=str(device.get("visible_devices") or ""), figures=tuple(figures))

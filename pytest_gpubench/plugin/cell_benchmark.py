@@ -30,7 +30,6 @@ from .record import CellRecorder, progress_path
 from ..remote.known_hosts import connect_checked
 from ..remote.local import LocalShell
 from ..remote.ssh import Connection, KeyFile
-from ..remote.system import compute_capability
 from ..measure.sanity import commonest_error, keep_raw, result_problems
 from ..measure.results import BenchmarkResult, HardwareInfo, ModelInfo, TestConfig, summarize
 from ..measure.saturation import sweep_identity
@@ -212,9 +211,8 @@ class Bench:
         """Build the result and details of what was measured so far and hand them to the recorder."""
         measurement, runtime = self.measurement, self.runtime
         residency = run_async(runtime.residency(self.cell.model), 30 + BRIDGE_SLACK)
-        capability = ""
-        if not runtime.conn.closed:
-            capability = run_async(compute_capability(runtime.conn, 30), 30 + BRIDGE_SLACK)
+        first_gpu = self.recorder.system.first if self.recorder.system else None
+        capability = first_gpu.compute_capability if first_gpu else ""  # detected at ssh_connect
         try:
             result = build_result(self.cell, self.recorder, runtime, self.session, measurement)
         except ValidationError as exc:

@@ -16,6 +16,7 @@ from ..matrix.cells import Cell
 from ..measure.microbench import MicrobenchRun, figures_from_events
 from ..remote.microbench import ensure_torch, run_microbench
 from ..remote.ssh import Connection
+from ..runtimes.gpus import GpuPlacement
 from .cell_benchmark import BRIDGE_SLACK, GpuSession, watched
 from .record import CellRecorder
 from .run_context import RunContext
@@ -50,10 +51,15 @@ class Microbench:
         recorder.enter(Stage.BENCHMARK)
         runs = (self.spec.runs + self.spec.warmup) * (len(self.spec.precisions) + 1)
         timeout = settings.stage_timeout(Stage.BENCHMARK, _SECONDS_PER_RUN * runs)
+        # The leased GPU on a shared machine (hosts, local): the script measures its cuda:0.
+        prefix = GpuPlacement.of(1, self.session.ssh.gpu_indices[:1]).shell_prefix()
         events = run_async(watched(self._run, self.session, Stage.BENCHMARK,
-                                   lambda _: run_microbench(self.conn, torch.python, self.plan(), timeout)),
+                                   lambda _: run_microbench(self.conn, torch.python, self.plan(), timeout,
+                                                            env_prefix=prefix)),
                            timeout + BRIDGE_SLACK)
         measured = figures_from_events(events)
+        recorder.progress.status("MEASURED_ON", device=measured.device,
+                                 visible_devices=measured.visible_devices or "all")
         recorder.microbench = measured  # stored with the cell's outcome, whatever comes next
         for figure in measured.figures:
             percent = figure.percent_of_peak(self.cell.gpu)

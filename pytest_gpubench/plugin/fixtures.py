@@ -245,16 +245,17 @@ def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_c
         lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
         if gpu_session.ssh.declared_hardware:  # nothing to probe (a running endpoint): the matrix's GPU
             recorder.hardware = HardwareInfo(gpu_name=gpubench_cell.gpu, gpu_count=gpubench_cell.gpus)
-        elif lease is not None and lease.hardware is not None:
-            recorder.hardware = lease.hardware
+        elif lease is not None and lease.system is not None:
+            recorder.system, recorder.hardware = lease.system, hardware_of(lease.system)
         else:  # the session's first connection: detect the system, record it once for the session
             system = run_async(detect_system(conn, gpubench_cell.gpu, timeout, gpu_count=gpubench_cell.gpus,
                                              gpu_indices=gpu_session.ssh.gpu_indices),
                                timeout * 5 + BRIDGE_SLACK)
-            recorder.hardware = hardware_of(system)
-            recorder.store.record_system(recorder.row_id, gpu_session.session.id, system)
+            recorder.system, recorder.hardware = system, hardware_of(system)
+            recorder.store.record_system(recorder.row_id, gpu_session.session.id, system,
+                                         machine=gpu_session.offer.offer.machine)
             if lease is not None:
-                lease.hardware = recorder.hardware
+                lease.system = system
         recorder.progress.status("SYSTEM_INFO", gpu=recorder.hardware.gpu_name,
                                  memory_mib=recorder.hardware.gpu_memory_mib,
                                  driver=recorder.hardware.driver_version, cuda=recorder.hardware.cuda_version,
@@ -283,8 +284,9 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
     """
     settings, recorder, cell = gpubench_run.settings, gpubench_recorder, gpubench_cell
     if cell.microbench is not None:
-        pytest.fail(f"{cell.cell_id} is a microbenchmark cell: it has no model to serve; use the "
-                    "gpubench_microbench fixture (docs/hardware.md)", pytrace=False)
+        recorder.enter(Stage.OLLAMA_INSTALL)
+        raise StageError(Stage.OLLAMA_INSTALL, f"{cell.cell_id} is a microbenchmark cell: it has no model to "
+                                               "serve; use the gpubench_microbench fixture (docs/hardware.md)")
     # Keepalives on the run's clock: a link that went silent is noticed in seconds in the sandbox too.
     gpu_ssh.set_keepalive(settings.scaled(KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL))
     shortfall = vram_shortfall(cell.model, cell.vram_gb, recorder.hardware, gpus=cell.gpus)

@@ -23,6 +23,7 @@ from ..matrix.cells import Cell
 from ..store.progress import ProgressWriter
 from ..store.record_keys import file_name
 from ..measure.results import BenchmarkResult, HardwareInfo, RequestRecord
+from ..remote.sysinfo import SystemInfo
 from ..runtimes.base import PulledModel
 
 STATUSES = ("pending", "running", "success", "partial", "failed", "skipped")
@@ -68,6 +69,8 @@ class CellRecorder:
     earlier_api_cost_usd: float | None = None
     result: BenchmarkResult | None = None
     hardware: HardwareInfo | None = None
+    #: What system detection found on the cell's machine (None: not detected, as for a running endpoint).
+    system: SystemInfo | None = None
     pulled: PulledModel | None = None
     skip_reason: str | None = None
     cleanup_error: str | None = None

@@ -66,13 +66,17 @@ async def ensure_torch(conn: Connection, timeout: float) -> TorchPython:
                              f"~/{TORCH_VENV} && pip install torch)", done.exit_status, done.stderr or done.stdout)
 
 
-async def run_microbench(conn: Connection, python: str, plan: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
+async def run_microbench(conn: Connection, python: str, plan: dict[str, Any], timeout: float, *,
+                        env_prefix: str = "") -> list[dict[str, Any]]:
     """Run the microbenchmark script with ``python`` on ``plan``; its events, in order.
+
+    ``env_prefix`` goes before the command: ``CUDA_VISIBLE_DEVICES=1 `` on a machine where the
+    cell leased GPU 1 (``runtimes/gpus.GpuPlacement.shell_prefix``), so the script's ``cuda:0`` is that GPU.
 
     A script that reports an error, or ends without its ``done`` event, is a stage
     ``benchmark`` error with its message or stderr's tail.
     """
-    command = f"{shlex.quote(python)} - {shlex.quote(json.dumps(plan))}"
+    command = f"{env_prefix}{shlex.quote(python)} - {shlex.quote(json.dumps(plan))}"
     done = await conn.run(command, stage=Stage.BENCHMARK, what="the GPU microbenchmarks", timeout=timeout,
                           stdin=MICROBENCH_SOURCE, check=False)
     events = []

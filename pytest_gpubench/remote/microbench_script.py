@@ -3,7 +3,8 @@
 Standard library and torch only (this file is sent as the program's stdin and must not
 import the package). It prints one JSON object per line:
 
-* ``{"event": "device", "name", "capability": [major, minor], "torch"}`` first;
+* ``{"event": "device", "name", "capability": [major, minor], "torch", "visible_devices"}`` first
+  (``CUDA_VISIBLE_DEVICES`` as given: the cell's GPU on a shared machine, whose ``cuda:0`` it is);
 * ``{"event": "figure", "kind", "precision", "unit", "values": [...]}`` per measured figure,
   one value per timed run (after ``warmup`` untimed runs), timed with CUDA events;
 * ``{"event": "skipped", "kind", "precision", "reason"}`` for a precision the GPU cannot run;
@@ -15,6 +16,7 @@ that many bytes, so GB/s = 2 x bytes / seconds / 1e9. Matmul throughput is one s
 """
 
 import json
+import os
 import sys
 
 #: precision -> (lowest compute capability with a tensor-core path in torch, why not below it)
@@ -122,7 +124,8 @@ def main(argv):
         emit(event="error", message=f"torch {torch.__version__} sees no CUDA device")
         return 3
     capability = list(torch.cuda.get_device_capability(0))
-    emit(event="device", name=torch.cuda.get_device_name(0), capability=capability, torch=torch.__version__)
+    emit(event="device", name=torch.cuda.get_device_name(0), capability=capability, torch=torch.__version__,
+         visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""))
     if "memory_bandwidth" in plan["kinds"]:
         try:
             values = memory_bandwidth(torch, plan)

@@ -18,13 +18,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from .gpuinfo import parse_nvidia_smi_xml
 
 __all__ = [
-    "CSV_FIELDS", "GpuDevice", "GpuFacts", "GpuSource", "HOST_PROBE", "HostFacts", "SystemInfo",
-    "gpu_facts_from_csv", "gpu_facts_from_nvml", "gpu_facts_from_xml", "parse_cuda_banner", "parse_host_probe",
+    "CSV_FIELDS", "DISK_PROBE", "GpuDevice", "GpuFacts", "GpuSource", "HOST_PROBE", "HostFacts", "SystemInfo",
+    "gpu_facts_from_csv", "gpu_facts_from_nvml", "gpu_facts_from_xml", "parse_cuda_banner", "parse_df",
+    "parse_host_probe",
 ]
 
 #: Which source answered, in the order they are asked.
 GpuSource = Literal["nvml", "nvidia-smi-xml", "nvidia-smi-csv"]
-GPU_SOURCES: tuple[GpuSource, ...] = ("nvml", "nvidia-smi-xml", "nvidia-smi-csv")
 
 #: ``nvidia-smi --query-gpu`` fields of the CSV fallback, each a :class:`GpuDevice` field.
 CSV_FIELDS: dict[str, str] = {
@@ -42,16 +42,21 @@ CSV_FIELDS: dict[str, str] = {
     "power.limit": "power_limit_w",
 }
 
-#: Host facts as ``key=value`` lines, from any Linux without extra tools. The disk is the
-#: one models go to (OLLAMA_MODELS, else ~/.ollama, else home), as ``df -Pk``'s last line.
+#: The disk models go to (OLLAMA_MODELS, else ~/.ollama, else home) as ``disk_path=`` and
+#: ``df=`` (``df -Pk``'s last line) lines: part of :data:`HOST_PROBE`, and alone before a pull
+#: (``system.free_disk_bytes``); :func:`parse_host_probe` reads both.
+DISK_PROBE = (
+    'd="${OLLAMA_MODELS:-$HOME/.ollama}"; [ -d "$d" ] || d="$HOME"; echo "disk_path=$d"; '
+    'echo "df=$(df -Pk "$d" 2>/dev/null | tail -n 1)"'
+)
+
+#: Host facts as ``key=value`` lines, from any Linux without extra tools, then :data:`DISK_PROBE`.
 HOST_PROBE = (
     'echo "cores=$(nproc 2>/dev/null)"; '
     "echo \"cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)\"; "
     "echo \"mem_kib=$(sed -n 's/^MemTotal:[[:space:]]*\\([0-9]*\\).*/\\1/p' /proc/meminfo 2>/dev/null)\"; "
     "echo \"os=$(sed -n 's/^PRETTY_NAME=//p' /etc/os-release 2>/dev/null | head -n 1)\"; "
-    'echo "kernel=$(uname -r 2>/dev/null)"; '
-    'd="${OLLAMA_MODELS:-$HOME/.ollama}"; [ -d "$d" ] || d="$HOME"; echo "disk_path=$d"; '
-    'echo "df=$(df -Pk "$d" 2>/dev/null | tail -n 1)"'
+    'echo "kernel=$(uname -r 2>/dev/null)"; ' + DISK_PROBE
 )
 
 
@@ -215,6 +220,20 @@ def parse_cuda_banner(text: str) -> str:
     return match.group(1) if match else ""
 
 
+def parse_df(text: str) -> tuple[int | None, int | None]:
+    """Total and available bytes from ``df -Pk``'s last line; None for what it does not say."""
+    lines = text.strip().splitlines()
+    fields = lines[-1].split() if lines else []
+    # df -Pk: filesystem, 1024-blocks, used, available, capacity, mounted on
+    if len(fields) < 6:
+        return None, None
+
+    def kib(value: str) -> int | None:
+        return int(value) * 1024 if value.isdigit() else None
+
+    return kib(fields[1]), kib(fields[3])
+
+
 def parse_host_probe(text: str) -> HostFacts:
     """:data:`HOST_PROBE`'s ``key=value`` lines; anything unreadable is left out."""
     values: dict[str, str] = {}
@@ -224,10 +243,7 @@ def parse_host_probe(text: str) -> HostFacts:
             values[key.strip()] = value.strip()
     cores = values.get("cores", "")
     mem_kib = values.get("mem_kib", "")
-    df = values.get("df", "").split()
-    # df -Pk: filesystem, 1024-blocks, used, available, capacity, mounted on
-    total = int(df[1]) * 1024 if len(df) >= 6 and df[1].isdigit() else None
-    free = int(df[3]) * 1024 if len(df) >= 6 and df[3].isdigit() else None
+    total, free = parse_df(values.get("df", ""))
     try:
         return HostFacts(
             cpu_model=values.get("cpu", ""),

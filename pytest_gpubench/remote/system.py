@@ -4,8 +4,8 @@
 (:class:`~.sysinfo.SystemInfo`): NVML through ``pynvml`` when the instance's python3
 imports it (the shipped ``nvml_probe.py``), else ``nvidia-smi -q -x``, else the CSV
 query (fields the driver does not know are dropped and asked again). A machine whose
-GPUs are not the offer's fails at ``ssh_connect``. :func:`probe_system` is the same,
-answering the result's ``HardwareInfo``.
+GPUs are not the offer's fails at ``ssh_connect``. :func:`hardware_of` gives the result's
+``HardwareInfo`` from it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from ..measure.results import HardwareInfo
 from .ssh import Connection
 from .sysinfo import (
     CSV_FIELDS,
+    DISK_PROBE,
     HOST_PROBE,
     GpuFacts,
     SystemInfo,
@@ -33,14 +34,6 @@ from .sysinfo import (
 NVML_PROBE_SOURCE = resources.files("pytest_gpubench.remote").joinpath("nvml_probe.py").read_text()
 NVML_PROBE = "command -v python3 >/dev/null 2>&1 || exit 3; python3 -"
 _UNKNOWN_FIELD = re.compile(r'Field "([^"]+)" is not a valid field')
-
-
-async def compute_capability(conn: Connection, timeout: float) -> str:
-    """``8.9`` for an RTX 4090; empty when the driver is too old to say."""
-    result = await conn.run("nvidia-smi --query-gpu=compute_cap --format=csv,noheader,nounits",
-                            stage=Stage.SSH_CONNECT, what="nvidia-smi compute_cap", timeout=timeout, check=False)
-    lines = result.stdout.strip().splitlines() if result.ok else []
-    return lines[0].strip() if lines and lines[0].strip()[:1].isdigit() else ""
 
 
 def _no_driver(expected_gpu: str) -> StageError:
@@ -146,29 +139,8 @@ def hardware_of(system: SystemInfo) -> HardwareInfo:
     )
 
 
-async def probe_system(conn: Connection, expected_gpu: str, timeout: float, *, gpu_count: int = 1,
-                       gpu_indices: tuple[int, ...] = ()) -> HardwareInfo:
-    """:func:`detect_system`, as the result's ``HardwareInfo``."""
-    return hardware_of(await detect_system(conn, expected_gpu, timeout, gpu_count=gpu_count,
-                                           gpu_indices=gpu_indices))
-
-
-#: Free space where Ollama keeps its models (OLLAMA_MODELS, else ~/.ollama, else home).
-FREE_DISK_PROBE = (
-    'd="${OLLAMA_MODELS:-$HOME/.ollama}"; [ -d "$d" ] || d="$HOME"; df -Pk "$d" | tail -n 1'
-)
-
-
-def parse_df_available(text: str) -> int | None:
-    """Bytes available from the last line of ``df -Pk`` (its fourth column, in KiB)."""
-    fields = text.strip().splitlines()[-1].split() if text.strip() else []
-    if len(fields) < 6 or not fields[3].isdigit():
-        return None
-    return int(fields[3]) * 1024
-
-
 async def free_disk_bytes(conn: Connection, timeout: float) -> int | None:
-    """Free bytes on the disk that holds Ollama's models; None when ``df`` cannot say."""
-    result = await conn.run(FREE_DISK_PROBE, stage=Stage.MODEL_PULL, what="df (free disk)", timeout=timeout,
+    """Free bytes on the disk that holds Ollama's models (:data:`~.sysinfo.DISK_PROBE`); None when ``df`` cannot say."""
+    result = await conn.run(DISK_PROBE, stage=Stage.MODEL_PULL, what="df (free disk)", timeout=timeout,
                             check=False)
-    return parse_df_available(result.stdout) if result.ok else None
+    return parse_host_probe(result.stdout).disk_free_bytes if result.ok else None

@@ -1,8 +1,8 @@
 """The machines a report's runs measured on, for its Hardware section (docs/report.md).
 
 System detection records each session's machine once (the store's ``systems``);
-here they become one row per machine: sessions of the same GPU type and provider
-whose GPUs, driver, CPU and OS agree fold into one row (``sessions`` counts them,
+here they become one row per machine: sessions of the same GPU type, provider and
+machine (the offer's machine id, a host's name) whose GPUs, driver, CPU and OS agree fold into one row (``sessions`` counts them,
 the disk figures are the latest session's), and a different machine under the same
 GPU type and provider gets a row of its own.
 """
@@ -27,6 +27,8 @@ class MachineRow(BaseModel):
 
     gpu_type: str
     provider: str
+    #: Which of the provider's machines (the offer's machine id; a host's name); "": unknown.
+    machine: str = ""
     gpu_name: str
     gpu_count: int
     memory_mib: int | None
@@ -53,7 +55,8 @@ class MachineRow(BaseModel):
         system: SystemInfo = record.system
         gpu, host = system.first, system.host
         return cls(
-            gpu_type=record.gpu_type, provider=record.provider, gpu_name=gpu.name if gpu else "",
+            gpu_type=record.gpu_type, provider=record.provider, machine=record.machine,
+            gpu_name=gpu.name if gpu else "",
             gpu_count=len(system.gpus), memory_mib=gpu.memory_total_mib if gpu else None,
             compute_capability=gpu.compute_capability if gpu else "",
             sm_clock_max_mhz=gpu.sm_clock_max_mhz if gpu else None,
@@ -65,9 +68,15 @@ class MachineRow(BaseModel):
         )
 
     @property
+    def provider_label(self) -> str:
+        """The provider and, when known and not its own name, the machine: ``hosts (lab1)``."""
+        return f"{self.provider} ({self.machine})" if self.machine and self.machine != self.provider \
+            else self.provider
+
+    @property
     def identity(self) -> tuple[object, ...]:
         """What makes two sessions the same machine (the disk's free space does not)."""
-        return (self.gpu_type, self.provider, self.gpu_name, self.gpu_count, self.memory_mib,
+        return (self.gpu_type, self.provider, self.machine, self.gpu_name, self.gpu_count, self.memory_mib,
                 self.compute_capability, self.sm_clock_max_mhz, self.mem_clock_max_mhz, self.power_limit_w,
                 self.driver_version, self.cuda_version, self.cpu_model, self.cpu_cores, self.ram_mib, self.os,
                 self.kernel, self.source)
@@ -82,4 +91,5 @@ def machines(store: Store, run_ids: Sequence[str]) -> list[MachineRow]:
         row = MachineRow.of(record)
         earlier = found.get(row.identity)
         found[row.identity] = row if earlier is None else row.model_copy(update={"sessions": earlier.sessions + 1})
-    return sorted(found.values(), key=lambda row: (row.gpu_type, row.provider, row.gpu_count, row.gpu_name))
+    return sorted(found.values(), key=lambda row: (row.gpu_type, row.provider, row.machine, row.gpu_count,
+                                                   row.gpu_name))

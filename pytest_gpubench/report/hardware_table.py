@@ -37,7 +37,7 @@ def hardware_table(rows: list[MachineRow]) -> Table:
     """GPU and provider, the GPUs with their memory, compute capability, max clocks and power limit,
     driver and CUDA, the host (CPU, RAM, OS, kernel, free / total disk), the source and sessions."""
     body: list[tuple[Value, ...]] = [
-        (row.gpu_type, row.provider, _gpus(row), _gib(row.memory_mib), row.compute_capability or "-",
+        (row.gpu_type, row.provider_label, _gpus(row), _gib(row.memory_mib), row.compute_capability or "-",
          _number(row.sm_clock_max_mhz, str(row.sm_clock_max_mhz)),
          _number(row.mem_clock_max_mhz, str(row.mem_clock_max_mhz)),
          _number(row.power_limit_w, f"{row.power_limit_w:.0f}" if row.power_limit_w is not None else ""),
@@ -48,5 +48,5 @@ def hardware_table(rows: list[MachineRow]) -> Table:
         for row in rows
     ]
     return Table(("GPU", "Provider", "GPUs", "GPU memory (GiB)", "Compute cap.", "Max SM MHz", "Max memory MHz",
-                  "Power limit (W)", "Driver", "CUDA", "CPU", "RAM (GiB)", "OS", "Kernel", "Disk free / total (GB)",
+                  "Power limit (W)", "Driver", "CUDA", "CPU", "RAM (GiB)", "OS", "Kernel", "Disk free / total (GiB)",
                   "Source", "Sessions"), body)

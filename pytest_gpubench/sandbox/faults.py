@@ -35,7 +35,8 @@ fires ``times`` times (default: until cleared with ``DELETE /sandbox/faults``):
     file's ``gpu_tools``): ``driver: nvml``, ``nvidia-ml-py`` is installed and its
     ``pynvml`` answers from the catalog (NVML faked where no GPU exists);
     ``driver: old``, an old driver whose ``nvidia-smi -q -x`` fails and whose
-    ``--query-gpu`` does not know ``compute_cap``.
+    ``--query-gpu`` does not know ``compute_cap``; ``driver: old_nvml``, that old driver
+    with ``nvidia-ml-py`` installed.
 
 Faults that act at once:
 
@@ -94,6 +95,8 @@ FaultKind = Literal["provision_error", "stale_inventory", "no_ssh", "missing_too
 DRIVER_TOOLS: dict[str, dict[str, object]] = {
     "nvml": {"nvml": True},
     "old": {"xml_log": False, "refused_fields": ["compute_cap"]},
+    # An old driver with nvidia-ml-py installed: NVML knows the compute capability, the CSV query does not.
+    "old_nvml": {"nvml": True, "xml_log": False, "refused_fields": ["compute_cap"]},
 }
 #: What ``missing_tools`` can leave out of an instance.
 OMITTABLE_TOOLS = ("nvidia-smi", "python3", "curl", "vllm", "llama-server", "text-generation-launcher", "sglang",
@@ -116,7 +119,7 @@ class FaultRequest(BaseModel):
     seconds: float = Field(default=5.0, ge=0)
     tools: list[Tool] = Field(default_factory=list)
     memory_mib: int | None = Field(default=None, ge=1)
-    driver: Literal["nvml", "old"] | None = None
+    driver: Literal["nvml", "old", "old_nvml"] | None = None
     after_tokens: int = Field(default=3, ge=0)
     silent: bool = False
     hang: bool = False

@@ -44,6 +44,22 @@ bfloat16 = dtype("bfloat16", 2, "bf16")
 float8_e4m3fn = dtype("float8_e4m3fn", 1, "fp8")
 
 
+def _visible(count):
+    """The GPUs a CUDA program sees: all ``count`` without ``CUDA_VISIBLE_DEVICES``, else its
+    indices up to the first that names none of the machine's (``instance_spec.visible_gpus``, which
+    this self-contained file cannot import)."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return list(range(count))
+    seen = []
+    for part in value.split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) >= count or int(part) in seen:
+            break
+        seen.append(int(part))
+    return seen
+
+
 class _Device:
     """The emulated GPU: its facts and the clock its operations advance."""
 
@@ -56,7 +72,7 @@ class _Device:
         except (OSError, ValueError):
             pass  # not on a sandbox instance (or its file is gone): no CUDA device, as torch on a CPU box
         gpu = document.get("gpu") or {}
-        self.available = bool(gpu)
+        self.available = bool(gpu) and bool(_visible(int(gpu.get("count", 1))))
         self.name = gpu.get("name", "")
         major, _, minor = str(gpu.get("compute_capability", "0.0")).partition(".")
         self.capability = (int(major or 0), int(minor or 0))

@@ -196,8 +196,9 @@ class Store(Protocol):
 
     # ------------------------------------------------------------------ systems
 
-    def record_system(self, row_id: str, session_id: str, system: SystemInfo) -> None:
-        """Record what system detection found on ``session_id``'s machine, detected by cell ``row_id``.
+    def record_system(self, row_id: str, session_id: str, system: SystemInfo, machine: str = "") -> None:
+        """Record what system detection found on ``session_id``'s machine (``machine``: the offer's
+        machine id, a host's name), detected by cell ``row_id``.
 
         Once per session: recording the same session of the run again replaces it.
         An unknown ``row_id`` is a ``KeyError``.

@@ -44,6 +44,7 @@ from .schema import (
     UPLOAD_STATUSES,
 )
 from .microbench_table import MicrobenchMixin
+from .systems_table import SystemsMixin
 from .sqlite import ManifestStore, plain, refuse_secrets, utc_now
 from ..cloud.processes import ProcessIdentity
 
@@ -53,7 +54,7 @@ __all__ = ["CELL_STATUSES", "FINAL_STATUSES", "UPLOAD_STATUSES", "Manifest"]
 _GONE_SESSION_STATUSES = ("stopped", "failed", "not_found")
 
 
-class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, GpuLeasesMixin, ManifestStore):
+class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLeasesMixin, ManifestStore):
     """The SQLite manifest at ``path``; one instance per process, shareable by threads.
 
     Opening creates the file, its parent directories and the schema as needed.

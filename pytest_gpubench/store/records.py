@@ -218,6 +218,8 @@ class SystemRecord(_Record):
     row_id: str
     gpu_type: str = ""
     provider: str = ""
+    #: Which of the provider's machines it was (the offer's machine id; a host's name); "": unknown.
+    machine: str = ""
     recorded_at: str | None = None
     system: SystemInfo
 

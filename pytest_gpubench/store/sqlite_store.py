@@ -34,7 +34,7 @@ from .records import (
     SystemRecord,
 )
 from .sqlite import utc_now
-from .systems import system_record, system_row
+from .systems import system_record
 
 __all__ = ["SqliteStore"]
 
@@ -210,20 +210,11 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ systems
 
-    def record_system(self, row_id: str, session_id: str, system: SystemInfo) -> None:
-        manifest = self.manifest
-
-        def write() -> None:
-            row = system_row(manifest._cell_or_raise(row_id), session_id, system, utc_now())
-            manifest.db.table("systems").insert(row, replace=True)
-
-        manifest._write(write)
+    def record_system(self, row_id: str, session_id: str, system: SystemInfo, machine: str = "") -> None:
+        self.manifest.record_system(row_id, session_id, system, machine)
 
     def systems(self, run_id: str | None = None) -> list[SystemRecord]:
-        where, params = ("run_id = ?", [run_id]) if run_id is not None else (None, None)
-        rows = self.manifest._retry(lambda: list(self.manifest.db.table("systems").rows_where(
-            where, params, order_by="recorded_at, rowid")))
-        return [system_record(row) for row in rows]
+        return [system_record(row) for row in self.manifest.system_rows(run_id)]
 
     # ---------------------------------------------------------------- baselines
 

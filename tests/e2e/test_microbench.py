@@ -5,6 +5,7 @@ instance's, or a venv pip installs when the instance has none) -> the figures th
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -15,6 +16,7 @@ from e2e_helpers import assert_every_session_released, manifest_rows, run_pytest
 from pytest_gpubench.report.gather import build_report
 from pytest_gpubench.report.markdown import render_markdown
 from pytest_gpubench.sandbox.catalog import load_catalog
+from pytest_gpubench.sandbox.hosts import HostPlan, SandboxHostsThread
 from pytest_gpubench.store.sqlite_store import SqliteStore
 
 SETTINGS = "runs: 3, warmup: 1, memory_mib: 64, matmul_size: 1024"
@@ -109,4 +111,50 @@ def test_a_microbench_cell_whose_gpu_measures_nothing_fails_at_benchmark(
     assert "[benchmark] no microbenchmark figure" in done.stdout
     (skipped,) = figures(tmp_path).values()  # what was found is kept with the failure
     assert skipped["label"] == "matmul_fp8" and skipped["value"] is None
+    assert_every_session_released(standalone_sandbox)
+
+
+@pytest.fixture
+def two_gpu_host(tmp_path: Path) -> Iterator[SandboxHostsThread]:
+    """A sandbox machine ``duo`` with two RTX 4090s, reached over SSH on loopback."""
+    machines = SandboxHostsThread(tmp_path / "machines", [HostPlan("duo", gpus=2)])
+    machines.start()
+    yield machines
+    machines.stop()
+
+
+@pytest.mark.slow
+def test_a_microbench_cell_on_a_two_gpu_host_leases_one_gpu_and_measures_that_one(
+        tmp_path: Path, two_gpu_host: SandboxHostsThread) -> None:
+    """The microbenchmark leases one GPU of the machine (not the whole of it, as an Ollama cell would)
+    and runs with CUDA_VISIBLE_DEVICES set to it, so torch's cuda:0 is the leased GPU."""
+    path = tmp_path / "gpubench_duo.yaml"
+    path.write_text(f"cloud: hosts\nhosts: {two_gpu_host.hosts.inventory}\nmatrix:\n"
+                    f"  - {{gpu: RTX 4090, provider: duo, microbench: {{{SETTINGS}, precisions: [fp16]}}}}\n")
+    done = run_pytest(tmp_path, str(path), "--gpubench-known-hosts", str(tmp_path / "kh"))
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    (row,) = manifest_rows(tmp_path)
+    assert row["status"] == "success"
+    db = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")
+    (held,) = db["gpu_leases"].rows
+    (log,) = [p.read_text() for p in (tmp_path / "reports" / "progress").rglob("*.log")]
+    assert f"visible_devices={held['gpu_index']}" in log, log
+    # Which machine it was, not only the row's provider.
+    (system,) = db["systems"].rows
+    assert (system["provider"], system["machine"]) == ("duo", "duo")
+
+
+def test_a_microbench_cell_asking_for_a_runtime_fails_at_its_stage_naming_the_fixture(
+        tmp_path: Path, standalone_sandbox: str) -> None:
+    matrix = tmp_path / "gpubench_micro.yaml"
+    matrix.write_text(f"matrix:\n  - {{gpu: RTX 3090, provider: vastai, microbench: {{{SETTINGS}}}}}\n")
+    test_file = tmp_path / "test_mine.py"
+    test_file.write_text(f"import pytest\n\n\n@pytest.mark.gpubench({str(matrix)!r})\n"
+                         "def test_serving(gpu_runtime):\n    pass\n")
+    done = run_pytest(tmp_path, str(test_file), "--gpubench-api", standalone_sandbox, "--gpubench-time-scale",
+                      "0.02", "--rootdir", str(tmp_path))
+    assert done.returncode == 1, done.stdout[-4000:]
+    (row,) = manifest_rows(tmp_path)
+    assert (row["status"], row["failure_stage"]) == ("failed", "ollama_install")
+    assert "microbenchmark cell" in row["error_message"] and "gpubench_microbench" in row["error_message"]
     assert_every_session_released(standalone_sandbox)

@@ -21,7 +21,7 @@ import pytest
 from polling import wait_for
 from standin_helpers import CATALOG, Server, write_instance
 
-from pytest_gpubench.remote.system import FREE_DISK_PROBE, parse_df_available
+from pytest_gpubench.remote.sysinfo import DISK_PROBE, parse_host_probe
 from pytest_gpubench.sandbox.catalog import load_catalog
 from pytest_gpubench.sandbox.df_standin import human_size
 from pytest_gpubench.sandbox.disk import default_models_dir, no_space_error
@@ -258,9 +258,9 @@ def test_session_disk_gb_sizes_the_instance_disk_seen_over_ssh(api: httpx.Client
 
         # The plugin's own probe reads the emulated disk (the template's Ollama serves on start).
         def free() -> int | None:
-            probe = ssh(session, key, FREE_DISK_PROBE)
+            probe = ssh(session, key, DISK_PROBE)
             assert probe.exit_status == 0, probe.stderr
-            return parse_df_available(probe.stdout)
+            return parse_host_probe(probe.stdout).disk_free_bytes
 
         assert free() == SMALL_DISK_GB * GIB - SYSTEM
         wait_for(lambda: ssh(session, key, "ollama list").exit_status == 0, what="ollama serve on start")

@@ -14,7 +14,7 @@ from polling import wait_for
 from pytest_gpubench.errors import MatrixError
 from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.store.progress import read_progress
-from pytest_gpubench.remote.system import parse_df_available
+from pytest_gpubench.remote.sysinfo import parse_df
 from pytest_gpubench.cloud.reuse_estimates import disk_gb_for, estimated_cell_seconds, order_for_reuse
 
 ORDER_MATRIX = """
@@ -62,8 +62,8 @@ matrix: [{gpu: H100, provider: vastai, models: [qwen2:7b, deepseek-r1:70b]}]
     assert disk_gb_for(cells) == 15 + 48 + 5
     df = ("Filesystem     1024-blocks     Used Available Capacity Mounted on\n"
           "overlay           52428800 15728640  36700160      30% /\n")
-    assert parse_df_available(df) == 36700160 * 1024
-    assert parse_df_available("") is None and parse_df_available("df: /x: No such file or directory") is None
+    assert parse_df(df) == (52428800 * 1024, 36700160 * 1024)
+    assert parse_df("") == (None, None) and parse_df("df: /x: No such file or directory") == (None, None)
 
 
 # ------------------------------------------------------------------ end to end

@@ -19,7 +19,7 @@ from pytest_gpubench.aio import LoopThread
 from pytest_gpubench.errors import Stage, StageError
 from pytest_gpubench.remote.ssh import Connection
 from pytest_gpubench.remote.sysinfo import SystemInfo
-from pytest_gpubench.remote.system import detect_system, probe_system
+from pytest_gpubench.remote.system import detect_system, hardware_of
 
 TIME_SCALE = 0.01
 
@@ -109,18 +109,28 @@ def test_no_driver_or_a_broken_one_fails_at_ssh_connect(loop: LoopThread, api: h
         detect(loop, api, broken=True)
 
 
-def test_probe_system_answers_the_results_hardware(loop: LoopThread, api: httpx.Client) -> None:
-    session, key = new_session(api, {"fault": "gpu_driver", "driver": "old"})
-
-    async def go() -> Any:
-        conn = await connect(session, key)
-        try:
-            return await probe_system(conn, "RTX4090", 30)
-        finally:
-            await conn.close()
-
-    hardware = loop.run(go(), 120)
-    api.post(f"/api/v1/sessions/{session['id']}/done")
+def test_detection_answers_the_results_hardware(loop: LoopThread, api: httpx.Client) -> None:
+    hardware = hardware_of(detect(loop, api, {"fault": "gpu_driver", "driver": "old"}, expected="RTX4090"))
     assert (hardware.gpu_name, hardware.gpu_memory_mib, hardware.gpu_count) == ("NVIDIA GeForce RTX 4090", 24564, 1)
     assert (hardware.driver_version, hardware.cuda_version) == ("550.54.15", "12.4")  # CUDA from the table banner
     assert hardware.cpu_cores > 0 and hardware.ram_gib > 0
+
+
+def test_a_result_records_the_compute_capability_detection_found(tmp_path, standalone_sandbox: str) -> None:
+    """An old driver with nvidia-ml-py: NVML gives the compute capability at ssh_connect, nvidia-smi's
+    CSV query does not know it; the result keeps what detection found, with no query of its own."""
+    from e2e_helpers import only_result, run_pytest
+
+    offers = httpx.get(f"{standalone_sandbox}/api/v1/inventory",
+                       params={"provider": "vastai", "gpu_type": "RTX 4090"}).json()["offers"]
+    for offer in offers:
+        httpx.post(f"{standalone_sandbox}/sandbox/faults", json={"fault": "gpu_driver", "driver": "old_nvml",
+                                                                 "offer_id": offer["id"]}).raise_for_status()
+    matrix = tmp_path / "gpubench_cc.yaml"
+    matrix.write_text("workload: {duration: 2s, max_tokens: 16, warmup_requests: 1}\n"
+                      "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:1.5b'}\n")
+    done = run_pytest(tmp_path, str(matrix), "--gpubench-api", standalone_sandbox, "--gpubench-time-scale", "0.02",
+                      "--rootdir", str(tmp_path))
+    assert done.returncode == 0, done.stdout[-4000:]
+    _, details = only_result(tmp_path)
+    assert details["hardware"]["compute_capability"] == "8.9"

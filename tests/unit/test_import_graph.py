@@ -24,7 +24,6 @@ LAYERING_DEBT = {
     "options -> measure.compare",
     "options -> plugin.summary_table",
     "cloud.reuse_split -> commands.plan_estimates",
-    "cloud.session_pool -> measure.results",
     "cloud.provisioning -> plugin.record",
     "cloud.provisioning -> plugin.run_context",
     "cloud.session_pool -> plugin.record",

@@ -76,3 +76,20 @@ def test_two_rows_measuring_one_gpu_and_provider_are_duplicates(tmp_path: Path) 
     text = error(tmp_path, "  - {gpu: RTX 4090, provider: vastai, microbench: [matmul]}\n"
                            "  - {gpu: RTX 4090, provider: vastai, microbench: [memory_bandwidth]}\n")
     assert "duplicate cell RTX_4090-vastai-microbench" in text and "matrix[0]" in text
+
+
+def test_a_microbench_cell_on_hosts_has_the_rows_inventory_and_leases_one_gpu(tmp_path: Path) -> None:
+    from pytest_gpubench.cloud.hosts_provider import Machine, leased
+    from pytest_gpubench.cloud.offers import Constraints
+
+    found = cells(tmp_path, "  - {gpu: RTX 4090, provider: lab1, gpus: 2, models: ['qwen2:7b'], microbench: [matmul]}\n",
+                  head="cloud: hosts\nhosts: hosts.yaml\n")
+    model_cell, micro = found
+    assert micro.microbench is not None
+    assert (micro.cloud, micro.hosts_file, micro.reuse) == ("hosts", model_cell.hosts_file, "cell")
+    assert micro.hosts_file == str((tmp_path / "hosts.yaml").resolve())
+    # One GPU of a two-GPU machine, whatever the row's gpus and runtime (Ollama's cells lease the machine).
+    machine = Machine("lab1", "lab1", "RTX 4090", 2, 0.0)
+    assert micro.gpus == 1
+    assert leased(machine, Constraints.for_cell(micro)) == 1
+    assert leased(machine, Constraints.for_cell(model_cell)) == 2

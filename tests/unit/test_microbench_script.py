@@ -46,10 +46,11 @@ def test_formulas_count_a_copy_as_read_plus_write_and_a_matmul_as_two_n_cubed() 
 
 
 def test_every_figure_comes_back_within_the_standins_jitter(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     fake_torch(tmp_path, monkeypatch)
     events = run_script(capsys)
     assert events[0] == {"event": "device", "name": "NVIDIA GeForce RTX 4090", "capability": [8, 9],
-                         "torch": "2.5.1+gpubench.sandbox"}
+                         "torch": "2.5.1+gpubench.sandbox", "visible_devices": ""}
     assert events[-1] == {"event": "done"}
     figures = {(e["kind"], e["precision"]): e for e in events if e["event"] == "figure"}
     memory = figures["memory_bandwidth", None]
@@ -95,6 +96,19 @@ def test_no_cuda_device_is_an_error_event_and_exit_status_3(tmp_path, monkeypatc
     assert script.main(["-", json.dumps(PLAN)]) == 3
     (event,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert event["event"] == "error" and "no CUDA device" in event["message"]
+
+
+def test_the_script_measures_the_gpu_cuda_visible_devices_names_and_says_which(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    fake_torch(tmp_path, monkeypatch)
+    device = run_script(capsys, {**PLAN, "kinds": ["memory_bandwidth"]})[0]
+    assert (device["event"], device["visible_devices"]) == ("device", "0")
+    assert figures_from_events([device]).visible_devices == "0"
+    # GPU 1 of a one-GPU instance: CUDA enumerates nothing, as on a real machine.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    fake_torch(tmp_path, monkeypatch)
+    assert script.main(["-", json.dumps(PLAN)]) == 3
+    assert "no CUDA device" in capsys.readouterr().out
 
 
 def test_events_become_statistics_and_percent_of_the_datasheet_peak(tmp_path, monkeypatch, capsys) -> None:

@@ -69,3 +69,28 @@ def test_runs_without_detected_systems_say_so(tmp_path):
     assert report.machines == []
     assert "No system was detected in these runs" in render_markdown(report)
     assert "No system was detected in these runs" in render_html(report)
+
+
+def test_the_disk_column_says_gib_as_its_figures_are(tmp_path):
+    with _store(tmp_path / "manifest.db") as store:
+        store.record_system(_cell(store, "a"), "s1", _system())
+        text = render_markdown(build_report(store))
+    assert "Disk free / total (GiB)" in text and "(GB)" not in text
+
+
+def test_alike_hosts_are_two_machines_named_beside_the_provider(tmp_path):
+    """Two hosts of one inventory, the same hardware: the row's `provider:` (`hosts`) does not tell them
+    apart, the machine they ran on does; one host under its own name shows that name once."""
+    with _store(tmp_path / "manifest.db") as store:
+        store.record_system(_cell(store, "a", provider="hosts"), "hosts-lab1-1", _system(), machine="lab1")
+        store.record_system(_cell(store, "b", provider="hosts"), "hosts-lab2-2", _system(), machine="lab2")
+        store.record_system(_cell(store, "c", provider="hosts"), "hosts-lab1-3", _system(), machine="lab1")
+        store.record_system(_cell(store, "d", provider="lab2"), "hosts-lab2-4", _system(), machine="lab2")
+        report = build_report(store)
+        (stored, *_) = store.systems("run-h")
+    assert stored.machine == "lab1"
+    assert [(m.provider_label, m.sessions) for m in report.machines] == [
+        ("hosts (lab1)", 2), ("hosts (lab2)", 1), ("lab2", 1)]
+    text = render_markdown(report)
+    assert "| RTX 4090 | hosts (lab1) | NVIDIA GeForce RTX 4090 |" in text
+    assert "| RTX 4090 | hosts (lab2) | NVIDIA GeForce RTX 4090 |" in text

@@ -95,3 +95,18 @@ def test_every_sandbox_gpu_has_peaks_and_achieves_less_than_them() -> None:
         for precision, achieved in gpu.microbench.tflops.items():
             assert precision in peaks.tflops and achieved < peaks.tflops[precision], (name, precision)
         assert set(gpu.microbench.tflops) == set(peaks.tflops), name  # the sandbox lacks what the card lacks
+
+
+def test_figures_follow_the_matrix_precisions_order_a_new_precision_included(store, monkeypatch) -> None:
+    from pytest_gpubench.matrix import microbench as spec
+
+    # int8 before fp16, and a precision the report never heard of: the order is the matrix's, not a copy.
+    monkeypatch.setattr(spec, "PRECISIONS", ("fp4", "int8", "fp16"))
+    row = store.add_cell("run-new", "RTX_4090-tensordock-microbench", gpu_type="RTX 4090", provider="tensordock",
+                         model="microbench", matrix_file="m.yaml")
+    events = _events(900.0, 80.0) + [{"event": "figure", "kind": "matmul", "precision": "fp4", "unit": "TFLOPS",
+                                      "values": [160.0]}]
+    store.add_microbench(row, figures_from_events(events))
+    store.finish_cell(row, status="success")
+    labels = [r.label for r in build_report(store).microbench if r.provider == "tensordock"]
+    assert labels == ["memory_bandwidth", "matmul_fp4", "matmul_int8", "matmul_fp16"]

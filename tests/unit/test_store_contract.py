@@ -531,6 +531,19 @@ def test_sqlite_a_manifest_from_before_systems_gains_the_table(tmp_path):
         assert [r.session_id for r in store.systems()] == ["sess-1"]
 
 
+def test_sqlite_the_manifest_itself_keeps_systems_as_it_keeps_microbench_figures(tmp_path):
+    from pytest_gpubench.store.manifest import Manifest
+
+    with Manifest(tmp_path / "manifest.db") as manifest:
+        store = SqliteStore(manifest)
+        store.start_run(RUN, [], [])
+        row = add(store)
+        manifest.record_system(row, "sess-1", _system())
+        (stored,) = manifest.system_rows(RUN)
+        assert (stored["session_id"], stored["manifest_id"]) == ("sess-1", row)
+        assert [r.system for r in store.systems(RUN)] == [_system()]
+
+
 # ----------------------------------------------------------------- GPU leases
 
 

@@ -1,4 +1,5 @@
-"""System detection's parsers: NVML's JSON, nvidia-smi's XML log and CSV query, the host probe."""
+"""System detection's parsers: NVML's JSON, nvidia-smi's XML log and CSV query, the host probe; and
+``detect_system`` on the GPUs a provider leased of a machine."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+from pytest_gpubench.errors import Stage, StageError
 from pytest_gpubench.remote.gpuinfo import parse_gpu_query_csv
 from pytest_gpubench.remote.sysinfo import (
     CSV_FIELDS,
@@ -17,6 +21,7 @@ from pytest_gpubench.remote.sysinfo import (
     gpu_facts_from_nvml,
     gpu_facts_from_xml,
     parse_cuda_banner,
+    parse_df,
     parse_host_probe,
 )
 from pytest_gpubench.remote.system import NVML_PROBE_SOURCE, hardware_of
@@ -224,3 +229,81 @@ def test_hardware_info_of_a_system_keeps_the_result_shape():
     assert (hardware.gpu_name, hardware.gpu_memory_mib, hardware.gpu_count) == ("NVIDIA GeForce RTX 4090", 24564, 1)
     assert (hardware.driver_version, hardware.cuda_version, hardware.ram_gib) == ("550.54.15", "12.4", 64)
     assert SystemInfo.model_validate_json(system.model_dump_json()) == system
+
+
+def test_one_disk_probe_serves_detection_and_the_free_space_check(tmp_path):
+    """The host probe ends with the disk probe the pre-pull check runs alone (``free_disk_bytes``),
+    and both are read by one parser: run here, they name the same disk and agree on its size."""
+    import asyncio
+    import subprocess
+
+    from pytest_gpubench.remote.local import LocalShell
+    from pytest_gpubench.remote.sysinfo import DISK_PROBE, HOST_PROBE
+    from pytest_gpubench.remote.system import free_disk_bytes
+
+    assert HOST_PROBE.endswith(DISK_PROBE)
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    host = parse_host_probe(subprocess.run(["sh", "-c", HOST_PROBE], capture_output=True, text=True,
+                                           env=env).stdout)
+    alone = parse_host_probe(subprocess.run(["sh", "-c", DISK_PROBE], capture_output=True, text=True,
+                                            env=env).stdout)
+    assert host.disk_path == alone.disk_path == str(tmp_path)
+    assert host.disk_total_bytes == alone.disk_total_bytes and host.disk_total_bytes
+    assert parse_df("overlay 52428800 15728640 36700160 30% /") == (50 * GIB, 35 * GIB)
+    assert parse_df("df: /x: No such file") == (None, None)
+
+    async def free() -> int | None:
+        shell = LocalShell.open()
+        try:
+            return await free_disk_bytes(shell, 30)
+        finally:
+            await shell.close()
+
+    assert asyncio.run(free()) is not None
+
+
+# ----------------------------------------------------------- detection of leased GPUs
+
+MIXED_PYNVML = FAKE_PYNVML.replace("def nvmlDeviceGetCount(): return 1", "def nvmlDeviceGetCount(): return 2").replace(
+    'def nvmlDeviceGetName(h): return b"Tesla T4"', 'def nvmlDeviceGetName(h): return [b"Tesla T4", b"NVIDIA L4"][h]')
+
+
+def _detect_on_a_mixed_machine(tmp_path, monkeypatch, gpu: str, indices: tuple[int, ...]):
+    """detect_system through a real shell on this machine, whose NVML (a fake pynvml, as the NVML
+    source reads it) lists a T4 as GPU 0 and an L4 as GPU 1."""
+    import asyncio
+
+    from pytest_gpubench.remote.local import LocalShell
+    from pytest_gpubench.remote.system import detect_system
+
+    (tmp_path / "pynvml.py").write_text(MIXED_PYNVML)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+
+    async def detect():
+        shell = LocalShell.open()
+        try:
+            return await detect_system(shell, gpu, 30, gpu_indices=indices)
+        finally:
+            await shell.close()
+
+    return asyncio.run(asyncio.wait_for(detect(), 60))
+
+
+def test_detection_describes_only_the_leased_gpu_of_a_machine(tmp_path, monkeypatch):
+    system = _detect_on_a_mixed_machine(tmp_path, monkeypatch, "L4", (1,))
+    assert system.source == "nvml" and [(g.index, g.name) for g in system.gpus] == [(1, "NVIDIA L4")]
+    assert system.machine_gpu_count == 2
+
+
+def test_a_leased_gpu_the_machine_does_not_list_fails_at_ssh_connect(tmp_path, monkeypatch):
+    with pytest.raises(StageError) as caught:
+        _detect_on_a_mixed_machine(tmp_path, monkeypatch, "L4", (1, 2))
+    assert caught.value.stage is Stage.SSH_CONNECT
+    assert "the cell was given GPU(s) [2] but nvidia-smi lists 2 GPU(s)" in str(caught.value)
+
+
+def test_a_leased_gpu_of_another_model_fails_though_the_machine_has_the_right_one(tmp_path, monkeypatch):
+    with pytest.raises(StageError) as caught:
+        _detect_on_a_mixed_machine(tmp_path, monkeypatch, "L4", (0,))  # GPU 0 is the T4
+    assert caught.value.stage is Stage.SSH_CONNECT
+    assert "expected a L4 but nvidia-smi reports 'Tesla T4'" in str(caught.value)
