@@ -341,6 +341,8 @@ SYSTEMS = TableDoc(
         "manifest_id": "The cell that detected it (benchmark_manifest.id).",
         "gpu_type": "GPU type of that cell, as the API names it.",
         "provider": "Provider of that cell.",
+        "machine": "Which machine ran it: the offer's machine_id (a host's name for cloud: hosts), else its "
+                   "provider_id; empty when unknown.",
         "source": "Which source answered: nvml (pynvml on the instance), nvidia-smi-xml (nvidia-smi -q -x) "
                   "or nvidia-smi-csv (the --query-gpu CSV).",
         "gpu_name": "The first GPU's product name as the driver reports it.",
