@@ -79,8 +79,10 @@ def connect(run: RunContext, session: GpuSession, timeout: float,
 
 
 async def _local_shell(*, hide_gpu: bool) -> Connection:
-    # A session whose GPU is declared (a running endpoint): this machine's must not be sampled.
-    return LocalShell.open(hide_gpu=hide_gpu)  # type: ignore[return-value]  # Connection's interface
+    # A session whose GPU is declared (a running endpoint): this machine's must not be sampled, and
+    # its shell's home is private. This machine as a provider keeps its home, as a host does.
+    shell = LocalShell.open(hide_gpu=True) if hide_gpu else LocalShell.open_machine()
+    return shell  # type: ignore[return-value]  # Connection's interface
 
 
 async def watched(run: RunContext, session: GpuSession, stage: Stage,

@@ -4,10 +4,15 @@ For a session that has no SSH (``SshDetails.local``: a running endpoint, later t
 machine as a provider), the runtime and the benchmark run their commands here with
 the same interface and the same rules: a command is one already-quoted POSIX shell
 line (every word from a matrix through ``shlex.quote``), scripts go through stdin,
-never the command line. Commands run in a private working directory, which is also
-their ``HOME`` (the session's home, where the load generator's checkpoint lands), with the plugin's
-own Python first on ``PATH`` as ``python3``. ``forward`` is the identity: the
-server is reached directly.
+never the command line. Commands run in the shell's home, which is also their ``HOME``
+(where the load generator's checkpoint lands), with the plugin's own Python first on
+``PATH`` as ``python3``. ``forward`` is the identity: the server is reached directly.
+
+A running endpoint's shell (:meth:`LocalShell.open`) has a private temporary home, removed
+when it closes. This machine as a provider (:meth:`LocalShell.open_machine`) keeps a
+persistent one, :func:`machine_home` (``~/.gpubench/local-home``), as a host keeps its
+user's home: Ollama's models, the Hugging Face cache, the torch venv and the server pid
+and port files outlive the cell, so ``keep_models`` holds and a dead run's server is found.
 
 With ``hide_gpu``, ``nvidia-smi`` answers as on a machine without a driver: a
 running endpoint's GPU is the one its matrix declares, and this machine's (if it
@@ -39,22 +44,24 @@ class LocalShell:
     host_key = None
     host_key_fingerprint = ""
 
-    def __init__(self, home: Path, *, hide_gpu: bool = False) -> None:
+    def __init__(self, home: Path, *, hide_gpu: bool = False, keep_home: bool = False) -> None:
         self.home = home
+        #: Whether :meth:`close` leaves the home in place (a machine's) or removes it (a private one).
+        self.keep_home = keep_home
         #: Exit status and stderr tail of the last ``stream_lines`` command.
         self.last_exit_status: int | None = None
         self.last_stderr = ""
         self._closed = False
         self._processes: set[asyncio.subprocess.Process] = set()
         bin_dir = home / ".bin"
-        bin_dir.mkdir(mode=0o700)
-        (bin_dir / "python3").symlink_to(sys.executable)
+        bin_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _link(bin_dir / "python3", sys.executable)
         if hide_gpu:
             stub = bin_dir / "nvidia-smi"
             stub.write_text(_NO_DRIVER)
             stub.chmod(0o700)
-        # HOME too: what a script keeps "in the home directory" (the load generator's checkpoint)
-        # stays in this private directory, not in the user's own.
+        # HOME too: what a script keeps "in the home directory" (the load generator's checkpoint,
+        # caches) stays in the shell's home, not in the user's own.
         self._env = {**os.environ, "HOME": str(home),
                      "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', os.defpath)}"}
 
@@ -62,6 +69,14 @@ class LocalShell:
     def open(cls, *, hide_gpu: bool = False) -> LocalShell:
         """A shell with a fresh private (0700) working directory, removed by :meth:`close`."""
         return cls(Path(tempfile.mkdtemp(prefix="gpubench-local-")), hide_gpu=hide_gpu)
+
+    @classmethod
+    def open_machine(cls, home: Path | None = None) -> LocalShell:
+        """A shell for this machine as a provider: in the persistent ``home`` (:func:`machine_home`
+        by default, created 0700 when missing), which :meth:`close` leaves in place."""
+        home = home or machine_home()
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return cls(home, keep_home=True)
 
     async def _start(self, command: str, stdin: bool) -> asyncio.subprocess.Process:
         if self._closed:
@@ -152,8 +167,24 @@ class LocalShell:
         self._closed = True
 
     async def close(self) -> None:
-        """End what still runs and remove the working directory."""
+        """End what still runs and remove the home unless it is a machine's (:attr:`keep_home`)."""
         for process in list(self._processes):
             await self._end(process)
         self._closed = True
-        shutil.rmtree(self.home, ignore_errors=True)
+        if not self.keep_home:
+            shutil.rmtree(self.home, ignore_errors=True)
+
+
+def machine_home() -> Path:
+    """Where ``cloud: local`` runs its commands, kept between cells and runs: ``~/.gpubench/local-home``."""
+    return Path.home() / ".gpubench" / "local-home"
+
+
+def _link(link: Path, target: str) -> None:
+    """Point ``link`` at ``target``, replacing what is there in one step (two workers may share a home)."""
+    if link.is_symlink() and os.readlink(link) == target:
+        return
+    fresh = link.with_name(f".{link.name}.{os.getpid()}")
+    fresh.unlink(missing_ok=True)
+    fresh.symlink_to(target)
+    os.replace(fresh, link)

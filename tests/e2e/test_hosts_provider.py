@@ -99,6 +99,7 @@ def test_the_local_provider_benchmarks_this_machine(tmp_path):
     machine = local_machine(tmp_path, "RTX 4090", 1)
     # This machine, given the stand-in nvidia-smi and Ollama (its GPU is the stand-in's).
     here = {name: machine.environment()[name] for name in ("PATH", "OLLAMA_HOST", "GPUBENCH_SANDBOX_INSTANCE")}
+    here["HOME"] = str(tmp_path / "home")  # the local provider's persistent home goes under it, not the user's
     (tmp_path / "hosts.yaml").write_text("local: {price_per_hour: 0.5}\n")
     matrix = write_matrix(tmp_path, cloud="local", provider="local", models="qwen2:1.5b", hosts="hosts.yaml")
     done = run_pytest(tmp_path, str(matrix), extra_env=here)
@@ -108,6 +109,7 @@ def test_the_local_provider_benchmarks_this_machine(tmp_path):
     (lease,) = leases(tmp_path)
     assert lease["machine"].startswith("local:") and lease["released_at"] is not None
     assert not answers(int(machine.environment()["OLLAMA_HOST"].rpartition(":")[2]))
+    assert (tmp_path / "home" / ".gpubench" / "local-home").is_dir()  # kept: the next cell finds its caches
 
 
 @pytest.fixture(params=["asyncssh", "openssh"])

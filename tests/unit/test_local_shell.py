@@ -90,3 +90,31 @@ def test_close_removes_the_home_and_refuses_more_commands():
     assert shell.closed and not home.exists()
     with pytest.raises(StageError):
         run(shell.run("true", stage=Stage.BENCHMARK, what="after close", timeout=5))
+
+
+def test_this_machine_as_a_provider_keeps_its_home_between_cells_an_endpoint_does_not(tmp_path, monkeypatch):
+    """``cloud: local``'s caches (Ollama's models, the HF cache, server pid files) outlive the cell;
+    a running endpoint's shell stays a private temporary directory."""
+    from types import SimpleNamespace
+
+    from pytest_gpubench.cloud.provider import SshDetails
+    from pytest_gpubench.plugin.cell_benchmark import connect
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+    def session(declared: bool):
+        return SimpleNamespace(ssh=SshDetails(host="localhost", port=0, user="", private_key="", local=True,
+                                              declared_hardware=declared))
+
+    async def one_cell(declared: bool) -> Path:
+        shell = await connect(None, session(declared), 30)  # type: ignore[arg-type]
+        await shell.run("mkdir -p .ollama && echo model > .ollama/blob", stage=Stage.BENCHMARK, what="pull",
+                        timeout=30)
+        await shell.close()
+        return shell.home
+
+    machine = run(one_cell(False))
+    assert machine == tmp_path / ".gpubench" / "local-home"
+    assert run(one_cell(False)) == machine and (machine / ".ollama" / "blob").read_text() == "model\n"
+    endpoint = run(one_cell(True))
+    assert endpoint != machine and not endpoint.exists()
