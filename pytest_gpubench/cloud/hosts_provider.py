@@ -38,6 +38,7 @@ from ..matrix.launch import LaunchSpec
 from ..matrix.machines import HOSTS_CLOUD, KEPT_MACHINES, LOCAL_CLOUD
 from ..matrix.microbench import MICROBENCH_MODEL
 from ..matrix.selection import gpu_matches
+from ..gpuinfo import gpu_type_of, parse_gpu_query_csv
 from ..settings import Settings
 from .gpu_leasing import WAIT_POLL_SECONDS, GpuLeaseKeeper
 from .hosts_inventory import Host, HostsInventory, load_inventory
@@ -65,19 +66,6 @@ def on_leased_machine(session_id: str) -> bool:
 
 #: ``~/.ssh/known_hosts``: checked after an inventory's own known_hosts file.
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
-
-
-#: Words nvidia-smi puts before the model that an inventory's GPU names leave out.
-_VENDOR_WORDS = ("nvidia", "geforce", "tesla", "quadro")
-
-
-def inventory_name(product_name: str) -> str:
-    """nvidia-smi's ``NVIDIA GeForce RTX 4090`` as a matrix names it, ``RTX 4090`` (the probe at
-    ``ssh_connect`` then checks the GPU strictly)."""
-    words = product_name.split()
-    while words and words[0].lower() in _VENDOR_WORDS:
-        words = words[1:]
-    return " ".join(words) or product_name
 
 
 def leased(machine: Machine, wanted: Constraints) -> int:
@@ -353,10 +341,10 @@ class LocalProvider(MachineProvider):
             names: list[str] = []
             if program is not None:
                 try:
-                    done = subprocess.run([program, "--query-gpu=name", "--format=csv,noheader"],
+                    done = subprocess.run([program, "--query-gpu=index,name", "--format=csv,noheader,nounits"],
                                           capture_output=True, text=True, timeout=30, check=False)
-                    lines = done.stdout.splitlines() if done.returncode == 0 else []
-                    names = [line.strip() for line in lines if line.strip()]
+                    rows = parse_gpu_query_csv(done.stdout, "index,name") if done.returncode == 0 else []
+                    names = [str(row["name"]) for row in rows if row["name"]]
                 except (OSError, subprocess.TimeoutExpired):
                     names = []
             self._gpus = names
@@ -377,7 +365,7 @@ class LocalProvider(MachineProvider):
             except InventoryError as exc:
                 raise StageError(Stage.INVENTORY, str(exc)) from None
         name = socket.gethostname() or "localhost"
-        machine = Machine(LOCAL_CLOUD, f"local:{name}", inventory_name(gpus[0]), len(gpus), price, location=name)
+        machine = Machine(LOCAL_CLOUD, f"local:{name}", gpu_type_of(gpus[0]), len(gpus), price, location=name)
         machine.keep_models = keep
         return [machine]
 

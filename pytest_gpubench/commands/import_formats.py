@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from ..remote.gpuinfo import parse_gpu_query_csv
+from ..gpuinfo import parse_gpu_query_csv
 from ..measure.results import (
     BenchmarkResult,
     HardwareInfo,

@@ -33,7 +33,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ..remote.gpuinfo import gpu_type_of
+from ..gpuinfo import gpu_type_of
 from ..errors import CommandProblem, ImportProblem
 from .import_formats import Parsed, parse_document
 from ..store.base import Store

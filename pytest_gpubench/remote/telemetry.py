@@ -29,7 +29,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from .gpuinfo import parse_gpu_query_csv
+from ..gpuinfo import parse_gpu_query_csv
 from ..measure.results import GPUStats
 
 __all__ = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_gpubench.remote.gpuinfo import gpu_name_matches, parse_gpu_query_csv, parse_nvidia_smi_xml
+from pytest_gpubench.gpuinfo import gpu_name_matches, parse_gpu_query_csv, parse_nvidia_smi_xml
 
 # ---------------------------------------------------------------------- nvidia-smi
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from pytest_gpubench.cloud.hosts_provider import HostsProvider, inventory_name, on_leased_machine
+from pytest_gpubench.cloud.hosts_provider import HostsProvider, LocalProvider, on_leased_machine
 from pytest_gpubench.cloud.offers import Constraints
 from pytest_gpubench.errors import NoEligibleOffer, Stage, StageError
 from pytest_gpubench.settings import Settings
@@ -70,8 +70,26 @@ def test_without_an_inventory_or_with_a_bad_one_the_cell_fails_at_inventory(tmp_
     assert asyncio.run(HostsProvider(Settings()).offers()) == []  # `gpubench offers` without one: nothing
 
 
+def fake_nvidia_smi(tmp_path, monkeypatch, *gpus: str) -> None:
+    """This machine's ``nvidia-smi`` answering the ``index,name`` query with ``gpus`` (nvidia-smi's names)."""
+    program = tmp_path / "bin" / "nvidia-smi"
+    program.parent.mkdir()
+    lines = "".join(f"{index}, {name}\n" for index, name in enumerate(gpus))
+    program.write_text(f"#!/bin/sh\nprintf '%s' '{lines}'\n")
+    program.chmod(0o755)
+    monkeypatch.setenv("PATH", str(program.parent))
+
+
+@pytest.mark.parametrize(("product", "row_gpu"), [("NVIDIA A100-SXM4-80GB", "A100 80GB"),
+                                                  ("NVIDIA H100 80GB HBM3", "H100 80GB"),
+                                                  ("NVIDIA GeForce RTX 4090", "RTX 4090")])
+def test_the_local_machine_is_named_as_a_matrix_names_its_gpu(tmp_path, monkeypatch, product, row_gpu):
+    fake_nvidia_smi(tmp_path, monkeypatch, product)
+    local = LocalProvider(Settings())
+    offer = asyncio.run(local.choose_offer(Constraints(gpu=row_gpu, provider="local", vram_gb=8))).offer
+    assert offer.gpu_type == row_gpu and offer.gpu_count == 1
+
+
 def test_names_and_session_ids():
-    assert inventory_name("NVIDIA GeForce RTX 4090") == "RTX 4090"
-    assert inventory_name("NVIDIA A100-SXM4-80GB") == "A100-SXM4-80GB"
     assert on_leased_machine("hosts-lab1-1-abc123") and on_leased_machine("local-local-2-ff00aa")
     assert not on_leased_machine("3f2b0c5e-1111-4111-8111-111111111111")

@@ -16,7 +16,7 @@ import pytest
 from pytest_gpubench.store.sqlite_store import SqliteStore
 from pytest_gpubench.commands.cli import main
 from pytest_gpubench.store.export import export_results
-from pytest_gpubench.remote.gpuinfo import gpu_name_matches, gpu_type_of
+from pytest_gpubench.gpuinfo import gpu_name_matches, gpu_type_of
 from pytest_gpubench.commands.import_formats import (
     BENCHMARK_RESULT,
     CHECKPOINT,

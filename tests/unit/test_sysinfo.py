@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from pytest_gpubench.errors import Stage, StageError
-from pytest_gpubench.remote.gpuinfo import parse_gpu_query_csv
+from pytest_gpubench.gpuinfo import parse_gpu_query_csv
 from pytest_gpubench.remote.sysinfo import (
     CSV_FIELDS,
     GpuDevice,
