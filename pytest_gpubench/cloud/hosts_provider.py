@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import shutil
 import socket
 import subprocess
@@ -78,9 +79,12 @@ class Machine:
     """One leasable machine: how to reach it and what it declares."""
 
     def __init__(self, name: str, key: str, gpu: str, gpus: int, price_per_hour: float, *, host: Host | None = None,
-                 location: str = "", port: int = 0) -> None:
+                 location: str = "", port: int = 0, indices: tuple[int, ...] = ()) -> None:
         self.name, self.key, self.gpu, self.gpus, self.port = name, key, gpu, gpus, port
         self.price_per_hour, self.host, self.location = price_per_hour, host, location
+        #: The GPUs (nvidia-smi indices) of this type a lease may claim: on a machine with mixed GPUs,
+        #: each type is a machine of its own (same ``key``: one lease table) with its own indices.
+        self.indices = indices or tuple(range(gpus))
         self.keep_models = True
 
 
@@ -174,7 +178,7 @@ class MachineProvider:
         if self._store is None:
             return machine.gpus
         held = await self.keeper().busy_with(machine.key)
-        return machine.gpus - len({i for lease in held for i in lease.gpu_indices})
+        return machine.gpus - len({i for lease in held for i in lease.gpu_indices} & set(machine.indices))
 
     async def template_image(self, hash_id: str) -> str | None:
         return None
@@ -203,7 +207,7 @@ class MachineProvider:
 
     async def _claim(self, pending: _Pending) -> bool:
         machine = pending.machine
-        lease = await self.keeper().try_claim(machine.key, list(range(machine.gpus)), pending.count,
+        lease = await self.keeper().try_claim(machine.key, list(machine.indices), pending.count,
                                               holder=pending.session.consumer_id)
         if lease is None:
             return False
@@ -332,19 +336,20 @@ class LocalProvider(MachineProvider):
 
     def __init__(self, settings: Settings, store: Callable[[], Store] | None = None) -> None:
         super().__init__(settings, store)
-        self._gpus: list[str] | None = None
+        self._gpus: list[tuple[int, str]] | None = None
 
-    def gpus_here(self) -> list[str]:
-        """This machine's GPU names (``nvidia-smi``), read once; empty without a driver."""
+    def gpus_here(self) -> list[tuple[int, str]]:
+        """This machine's GPUs (``nvidia-smi``'s index and name), read once; empty without a driver."""
         if self._gpus is None:
             program = shutil.which("nvidia-smi")
-            names: list[str] = []
+            names: list[tuple[int, str]] = []
             if program is not None:
                 try:
                     done = subprocess.run([program, "--query-gpu=index,name", "--format=csv,noheader,nounits"],
                                           capture_output=True, text=True, timeout=30, check=False)
                     rows = parse_gpu_query_csv(done.stdout, "index,name") if done.returncode == 0 else []
-                    names = [str(row["name"]) for row in rows if row["name"]]
+                    names = [(int(row["index"]), str(row["name"])) for row in rows
+                             if isinstance(row["index"], int) and row["name"]]
                 except (OSError, subprocess.TimeoutExpired):
                     names = []
             self._gpus = names
@@ -365,9 +370,18 @@ class LocalProvider(MachineProvider):
             except InventoryError as exc:
                 raise StageError(Stage.INVENTORY, str(exc)) from None
         name = socket.gethostname() or "localhost"
-        machine = Machine(LOCAL_CLOUD, f"local:{name}", gpu_type_of(gpus[0]), len(gpus), price, location=name)
-        machine.keep_models = keep
-        return [machine]
+        by_type: dict[str, list[int]] = {}
+        for index, product in gpus:
+            by_type.setdefault(gpu_type_of(product), []).append(index)
+        machines = []
+        for gpu, indices in by_type.items():
+            # One machine per GPU type, leasing only its own indices; the price is the machine's share.
+            label = LOCAL_CLOUD if len(by_type) == 1 else f"{LOCAL_CLOUD}-{re.sub(r'[^a-z0-9]+', '-', gpu.lower())}"
+            machine = Machine(label, f"local:{name}", gpu, len(indices), price * len(indices) / len(gpus),
+                              location=name, indices=tuple(indices))
+            machine.keep_models = keep
+            machines.append(machine)
+        return machines
 
     def ssh_for(self, machine: Machine, gpu_indices: tuple[int, ...]) -> SshDetails:
         return SshDetails(host="localhost", port=0, user="", private_key="", local=True, gpu_indices=gpu_indices,

@@ -93,3 +93,31 @@ def test_the_local_machine_is_named_as_a_matrix_names_its_gpu(tmp_path, monkeypa
 def test_names_and_session_ids():
     assert on_leased_machine("hosts-lab1-1-abc123") and on_leased_machine("local-local-2-ff00aa")
     assert not on_leased_machine("3f2b0c5e-1111-4111-8111-111111111111")
+
+
+def test_a_machine_with_mixed_gpus_leases_only_the_gpus_of_the_cells_type(tmp_path, monkeypatch):
+    from pytest_gpubench.store.opening import open_store
+
+    fake_nvidia_smi(tmp_path, monkeypatch, "NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090", "NVIDIA A100-SXM4-80GB")
+    with open_store(tmp_path / "manifest.db") as store:
+        store.start_run("r1", [], [])
+        local = LocalProvider(Settings(run_id="r1"), lambda: store)
+
+        async def lease(gpu: str, gpus: int, runtime: str) -> tuple[str, tuple[int, ...]]:
+            choice = await local.choose_offer(Constraints(gpu=gpu, provider="local", vram_gb=8, gpu_count=gpus,
+                                                          runtime=runtime))
+            created = await local.create(choice.offer, "c", 1, runtime=runtime)
+            running = await local.wait_running(created.session.id, timeout=5)
+            return choice.offer.gpu_type, local.ssh_details(created, running).gpu_indices
+
+        async def cells():
+            try:
+                return await lease("A100 80GB", 2, "vllm"), await lease("RTX 4090", 1, "ollama")
+            finally:
+                await local.aclose()
+
+        a100, rtx = asyncio.run(cells())
+    assert a100 == ("A100 80GB", (0, 2)) and rtx == ("RTX 4090", (1,))
+    with pytest.raises(NoEligibleOffer, match="fewer than 2 GPUs"):
+        asyncio.run(LocalProvider(Settings()).choose_offer(Constraints(gpu="RTX 4090", provider="local", vram_gb=8,
+                                                                       gpu_count=2)))
