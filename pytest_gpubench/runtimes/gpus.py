@@ -4,7 +4,8 @@ A provider that rents a whole machine leaves ``SshDetails.gpu_indices`` empty (t
 machine has exactly the cell's GPUs: offers are chosen by count); one that shares a
 machine (``hosts``, ``local``) fills it with the GPUs it leased to the cell. Every
 server a runtime starts gets ``CUDA_VISIBLE_DEVICES`` set to those indices when there
-are any, so it never touches another cell's GPUs, and spans ``count`` GPUs its own
+are any (with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: the indices are nvidia-smi's, in PCI bus
+order), so it never touches another cell's GPUs, and spans ``count`` GPUs its own
 way: a tensor-parallel flag (vLLM, SGLang, TGI), Ollama's ``OLLAMA_SCHED_SPREAD``, the
 layers llama.cpp splits over the GPUs it sees, Docker's ``--gpus "device=0,1"``.
 """
@@ -49,11 +50,15 @@ class GpuPlacement:
         return not self.indices or gpu in self.indices
 
     def environment(self) -> dict[str, str]:
-        """The variables a server started for the cell gets."""
-        return {"CUDA_VISIBLE_DEVICES": self.visible_devices} if self.indices else {}
+        """The variables a server started for the cell gets: ``CUDA_VISIBLE_DEVICES`` with the indices,
+        and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so CUDA numbers the GPUs as nvidia-smi (and the lease) does;
+        by default CUDA puts the fastest first, and on a machine with mixed GPUs ``1`` would be another card."""
+        if not self.indices:
+            return {}
+        return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": self.visible_devices}
 
     def shell_prefix(self) -> str:
-        """``CUDA_VISIBLE_DEVICES=0,1 `` before a command (quoted), or ``""``."""
+        """``CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0,1 `` before a command (quoted), or ``""``."""
         return "".join(f"{name}={shlex.quote(value)} " for name, value in self.environment().items())
 
     @property

@@ -62,7 +62,7 @@ def test_llama_cpp_spreads_layers_over_the_gpus_it_sees_without_a_flag() -> None
     server = runtime_for(cell_on("llamacpp", 2), conn=None, gpu_indices=(2, 3))
     server.remote_port = 8080
     env, argv = launch(server.serve_command("qwen2:7b", 1))
-    assert env == {"CUDA_VISIBLE_DEVICES": "2,3"} and server.tensor_parallel is None
+    assert env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "2,3"} and server.tensor_parallel is None
     assert argv[:2] == ["llama-server", "-m"]
 
 
@@ -70,16 +70,19 @@ def test_the_gpus_a_provider_leased_are_the_only_ones_the_server_sees() -> None:
     server = runtime_for(cell_on("vllm", 2), conn=None, gpu_indices=(4, 5))
     server.remote_port = 8000
     env, argv = launch(server.serve_command("qwen2:7b", 1))
-    assert env == {"CUDA_VISIBLE_DEVICES": "4,5"} and "--tensor-parallel-size" in argv
+    assert env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "4,5"}
+    assert "--tensor-parallel-size" in argv
     one = runtime_for(cell_on("vllm", 1), conn=None, gpu_indices=(7,))
     one.remote_port = 8000
-    assert launch(one.serve_command("qwen2:7b", 1))[0] == {"CUDA_VISIBLE_DEVICES": "7"}
+    assert launch(one.serve_command("qwen2:7b", 1))[0] == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                                                            "CUDA_VISIBLE_DEVICES": "7"}
 
 
 def test_ollama_sees_the_leased_gpus_and_spreads_a_multi_gpu_cells_model_over_them() -> None:
     two = runtime_for(cell_on("ollama", 2), conn=None, gpu_indices=(0, 1))
     assert isinstance(two, OllamaRuntime)
-    assert two.server_environment(4) == "OLLAMA_NUM_PARALLEL=4 OLLAMA_SCHED_SPREAD=1 CUDA_VISIBLE_DEVICES=0,1 "
+    assert two.server_environment(4) == ("OLLAMA_NUM_PARALLEL=4 OLLAMA_SCHED_SPREAD=1 "
+                                         "CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0,1 ")
     one = runtime_for(cell_on("ollama", 1), conn=None)
     assert one.server_environment(1) == "OLLAMA_NUM_PARALLEL=1 "  # as before: nothing new for one GPU
 
