@@ -14,7 +14,8 @@ progress, while every matching GPU is busy (another cell, worker or run holds it
 the provision timeout. :attr:`SshDetails.gpu_indices` are the leased GPUs. Two cells never
 share one server: the OpenAI-API servers start one per cell on a free port, with files of
 its own (:data:`SERVER_PER_CELL`), and lease only the cell's GPUs; any other runtime (Ollama
-serves one server per machine, on its ``OLLAMA_HOST``) leases every GPU of the machine.
+serves one server per machine, on its ``OLLAMA_HOST``) leases every GPU of the machine,
+while its server sees only the cell's ``gpus`` of them (``runtimes/gpus.py``).
 :meth:`release` ends the lease; the machine stays as it was (the cell's teardown stops
 servers it started, ``plugin/fixtures.py``).
 """
@@ -69,10 +70,10 @@ def on_leased_machine(session_id: str) -> bool:
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
 
-def leased(machine: Machine, wanted: Constraints) -> int:
-    """How many of ``machine``'s GPUs a cell with ``wanted`` leases: its ``gpus`` for a runtime with a
-    server per cell (:data:`SERVER_PER_CELL`), else all of them."""
-    return wanted.gpu_count if wanted.runtime in SERVER_PER_CELL else machine.gpus
+def leased(machine: Machine, gpus: int, runtime: str) -> int:
+    """How many of ``machine``'s GPUs a cell of ``gpus`` GPUs on ``runtime`` leases: its ``gpus`` for a
+    runtime with a server per cell (:data:`SERVER_PER_CELL`), else all of them."""
+    return gpus if runtime in SERVER_PER_CELL else machine.gpus
 
 
 class Machine:
@@ -146,6 +147,10 @@ class MachineProvider:
                      gpu_count=count, price_per_hour=round(share, 6), location=machine.location,
                      machine_id=machine.name, fetched_at=datetime.now(timezone.utc))
 
+    def _cell_offer(self, machine: Machine, wanted: Constraints) -> Offer:
+        """``machine`` offered to a cell with ``wanted``: the GPUs it leases (:func:`leased`), at their share."""
+        return self._offer(machine, leased(machine, wanted.gpu_count, wanted.runtime), wanted.provider)
+
     async def choose_offer(self, wanted: Constraints) -> OfferChoice:
         machines = await asyncio.to_thread(self._machines, wanted)  # may read a file or run nvidia-smi
         candidates = [m for m in machines if self.machine_matches(m, wanted) and gpu_matches(wanted.gpu, m.gpu)]
@@ -157,8 +162,7 @@ class MachineProvider:
         for machine in candidates:
             if machine.gpus < wanted.gpu_count:
                 too_small.append(machine.name)
-            elif wanted.max_price is not None and self._offer(machine, leased(machine, wanted),
-                                                               wanted.provider).price_per_hour > wanted.max_price:
+            elif wanted.max_price is not None and self._cell_offer(machine, wanted).price_per_hour > wanted.max_price:
                 too_dear.append(machine.name)
             else:
                 eligible.append(machine)
@@ -167,7 +171,7 @@ class MachineProvider:
             parts += [f"{', '.join(too_dear)}: over the price cap of ${wanted.max_price:.2f}/h"] if too_dear else []
             raise NoEligibleOffer(f"{len(candidates)} {self.cloud} machine(s) with a {wanted.gpu}, none eligible: "
                                   + "; ".join(parts))
-        offers = {m.name: self._offer(m, leased(m, wanted), wanted.provider) for m in eligible}
+        offers = {m.name: self._cell_offer(m, wanted) for m in eligible}
         free = {m.name: await self._free_gpus(m) for m in eligible}
         # Free GPUs now first, then the cheapest: cells spread over idle machines rather than queue on one.
         eligible.sort(key=lambda m: (free[m.name] < offers[m.name].gpu_count, offers[m.name].price_per_hour, m.name))
@@ -187,7 +191,7 @@ class MachineProvider:
                      ssh_timeout_minutes: int | None = None, disk_gb: int | None = None,
                      launch: LaunchSpec | None = None, runtime: str = "", model: str = "") -> CreatedSession:
         machine = self._machine_of(offer)
-        count = offer.gpu_count if runtime in SERVER_PER_CELL else machine.gpus
+        count = leased(machine, offer.gpu_count, runtime)
         session = Session(id=f"{self.cloud}-{machine.name}-{next(self._numbers)}-{uuid.uuid4().hex[:6]}",
                           consumer_id=consumer, provider=offer.provider, gpu_type=machine.gpu, gpu_count=count,
                           status="pending", ssh_host=machine.location, ssh_port=machine.port,

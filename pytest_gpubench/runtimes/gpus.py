@@ -26,19 +26,23 @@ class GpuPlacement:
 
     #: GPUs the server spans (the cell's ``gpus``).
     count: int = 1
-    #: The machine's GPUs (nvidia-smi indices) the cell was given; empty: all of them.
+    #: The machine's GPUs (nvidia-smi indices) the cell's server runs on; empty: all of them.
     indices: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, count: int = 1, indices: Iterable[int] = ()) -> GpuPlacement:
-        """A checked placement: whole, distinct, non-negative indices, at least ``count`` of them when given."""
+        """A checked placement: whole, distinct, non-negative indices, at least ``count`` of them when given.
+
+        The server gets the first ``count`` of them: a runtime with one server per machine (Ollama, a
+        worker) leases the whole machine so no other cell shares its server, but spans only the cell's GPUs."""
         given = tuple(indices)
         if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in given) or len(set(given)) < len(given):
             raise StageError(Stage.OLLAMA_INSTALL, f"GPU indices {list(given)} are not distinct whole numbers >= 0")
         if given and len(given) < count:
             raise StageError(Stage.OLLAMA_INSTALL, f"the cell spans {count} GPUs but was given {len(given)}: "
                                                    f"{list(given)}")
-        return cls(count=max(1, int(count)), indices=given)
+        count = max(1, int(count))
+        return cls(count=count, indices=given[:count])
 
     @property
     def visible_devices(self) -> str:

@@ -132,3 +132,11 @@ def test_a_measurement_keeps_the_readings_of_the_cells_gpus_only() -> None:
     leased = OllamaRuntime(conn=None, placement=GpuPlacement.of(1, (1,)))
     assert [s.gpu for s in _own_gpus(samples, leased)] == [1]
     assert len(_own_gpus(samples, OllamaRuntime(conn=None))) == 4  # a rented machine: all of them
+
+
+def test_a_one_gpu_cell_leasing_the_whole_machine_gives_its_server_only_one_gpu() -> None:
+    """Ollama and workers lease every GPU of a host (one server per machine) but span the cell's ``gpus``."""
+    assert GpuPlacement.of(1, (0, 1)).visible_devices == "0" and GpuPlacement.of(2, (3, 1, 2)).indices == (3, 1)
+    ollama = runtime_for(cell_on("ollama", 1), conn=None, gpu_indices=(0, 1))
+    assert ollama.server_environment(1).endswith("CUDA_VISIBLE_DEVICES=0 ")
+    assert GpuPlacement.of(1, (2, 3)).docker_devices == "device=2"
