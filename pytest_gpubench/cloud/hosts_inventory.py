@@ -145,15 +145,6 @@ class Host(StrictModel):
             raise invalid("give `key_file` or `agent: true`, not both")
         return self
 
-    def private_key(self) -> str:
-        """The key file's text ("" with the agent); an :class:`InventoryError` when unreadable."""
-        if self.key_file is None:
-            return ""
-        try:
-            return Path(self.key_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise InventoryError(self.key_file, "", f"cannot read host {self.name}'s key file: {exc}") from None
-
     def matches(self, wanted: str) -> bool:
         """Whether a matrix row's ``provider:`` picks this host: ``hosts`` (any), its name or a tag."""
         wanted = wanted.lower()

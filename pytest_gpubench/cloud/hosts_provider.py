@@ -327,8 +327,8 @@ class HostsProvider(MachineProvider):
         host = machine.host
         assert host is not None
         known = tuple(path for path in (host.known_hosts, str(Path(USER_KNOWN_HOSTS).expanduser())) if path)
-        return SshDetails(host=host.address, port=host.port, user=host.user, private_key=host.private_key(),
-                          agent=host.agent, gpu_indices=gpu_indices, known_hosts=known,
+        return SshDetails(host=host.address, port=host.port, user=host.user, private_key="",
+                          key_file=host.key_file or "", agent=host.agent, gpu_indices=gpu_indices, known_hosts=known,
                           pin_file=str(Path(self.settings.known_hosts).expanduser()), keep_models=host.keep_models)
 
 

@@ -72,6 +72,9 @@ class SshDetails(BaseModel):
     #: The GPU is the one the matrix declares, not probed (a running endpoint: this machine's
     #: GPU, if any, is not the one measured); False: ``gpu_ssh`` asks nvidia-smi, also on ``local``.
     declared_hardware: bool = False
+    #: A private key file on this machine (a host's ``key_file``), handed to SSH where it is, never
+    #: copied; ``private_key`` is then empty.
+    key_file: str = ""
     #: Authenticate with the running ssh-agent (``SSH_AUTH_SOCK``) instead of ``private_key``.
     agent: bool = False
     #: known_hosts files the host key is checked against, in order (``remote/known_hosts.py``);

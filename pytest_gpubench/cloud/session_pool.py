@@ -180,7 +180,8 @@ class SessionPool:
             except Exception as exc:  # noqa: BLE001 - the release itself is done; only the bookkeeping failed
                 if progress is not None:
                     progress.error(Stage.CLEANUP, f"recording the release of {lease.session_id} failed: {exc}")
-        lease.gpu_session.key_file.remove()
+        if lease.gpu_session.key_file is not None:
+            lease.gpu_session.key_file.remove()
 
     def close(self) -> None:
         """End of the run in this process: release whatever is still held."""

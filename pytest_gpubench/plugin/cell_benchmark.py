@@ -54,7 +54,9 @@ class GpuSession:
 
     session: Session
     ssh: SshDetails = field(repr=False)
-    key_file: KeyFile = field(repr=False)
+    #: The rented session's key written for ``ssh -i``; None when there is none to write (a host's
+    #: key file is used in place, an agent host and this machine have none).
+    key_file: KeyFile | None = field(repr=False)
     offer: OfferChoice = field(repr=False)
     #: The ``cloud:`` it was rented through: the provider that watches and releases it.
     cloud: str = DEFAULT_CLOUD
@@ -74,7 +76,8 @@ def connect(run: RunContext, session: GpuSession, timeout: float,
         return _local_shell(hide_gpu=ssh.declared_hardware)
     if ssh.known_hosts or ssh.pin_file:
         return connect_checked(ssh.host, ssh.port, ssh.user, ssh.private_key, known_hosts=ssh.known_hosts,
-                               pin_file=ssh.pin_file, timeout=timeout, agent=ssh.agent, on_pinned=on_pinned)
+                               pin_file=ssh.pin_file, timeout=timeout, agent=ssh.agent, on_pinned=on_pinned,
+                               key_path=ssh.key_file)
     return run.host_keys.connect(session.session.id, ssh.host, ssh.port, ssh.user, ssh.private_key, timeout=timeout)
 
 

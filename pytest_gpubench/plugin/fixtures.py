@@ -189,7 +189,9 @@ def gpu_session(
         except BudgetRefused as exc:
             recorder.skip_reason = exc.message
             pytest.skip(f"[provision] {exc.message}")
-        key_file = KeyFile(ready.ssh.private_key, name=ready.session.id)
+        # A rented session's key is written for `ssh -i`; a host's key file is used where it is, never
+        # copied, and an agent host or this machine has none to write.
+        key_file = KeyFile(ready.ssh.private_key, name=ready.session.id) if ready.ssh.private_key else None
         # The offer that came up, which after a failover is not the one first chosen.
         session = GpuSession(ready.session, ready.ssh, key_file,
                              replace(gpu_offer, offer=ready.attempt.offer), cloud=cell.cloud, image=ready.image)

@@ -63,10 +63,11 @@ def pin(pin_file: str, host: str, port: int, key: asyncssh.SSHKey) -> Path:
 async def connect_checked(
     host: str, port: int, user: str, key_pem: str, *, known_hosts: Sequence[str], pin_file: str, timeout: float,
     agent: bool = False, keepalive_interval: float = KEEPALIVE_INTERVAL,
-    on_pinned: Callable[[str, Path], None] | None = None,
+    on_pinned: Callable[[str, Path], None] | None = None, key_path: str = "",
 ) -> Connection:
     """SSH to a host whose key is checked against ``known_hosts`` (and ``pin_file``), or pinned
-    into ``pin_file`` on first use (``on_pinned(fingerprint, pin_file)`` is told)."""
+    into ``pin_file`` on first use (``on_pinned(fingerprint, pin_file)`` is told). ``key_path``:
+    authenticate with that private key file, read where it is (``key_pem`` is then empty)."""
     files = [*known_hosts, pin_file] if pin_file else list(known_hosts)
     trusted, source = known_keys(files, host, port)
     agent_path = os.environ.get("SSH_AUTH_SOCK") if agent else None
@@ -77,7 +78,7 @@ async def connect_checked(
         try:
             return await Connection.open(host, port, user, key_pem, timeout=timeout,
                                          keepalive_interval=keepalive_interval, host_keys=trusted,
-                                         agent_path=agent_path)
+                                         agent_path=agent_path, key_path=key_path)
         except HostKeyChanged:
             presented = await _presented_key(host, port, trusted, timeout)
             expected = ", ".join(sorted({key.get_fingerprint() for key in trusted}))
@@ -86,7 +87,7 @@ async def connect_checked(
         raise StageError(Stage.SSH_CONNECT, f"the host key of {host}:{port} is in no known_hosts file and "
                                             "pinning on first use is off")
     conn = await Connection.open(host, port, user, key_pem, timeout=timeout, keepalive_interval=keepalive_interval,
-                                 agent_path=agent_path)
+                                 agent_path=agent_path, key_path=key_path)
     if conn.host_key is not None:
         path = await asyncio.to_thread(pin, pin_file, host, port, conn.host_key)
         if on_pinned is not None:

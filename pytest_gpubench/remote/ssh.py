@@ -14,6 +14,7 @@ import tempfile
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import asyncssh
@@ -133,6 +134,7 @@ class Connection:
         host_key: asyncssh.SSHKey | None = None,
         host_keys: list[asyncssh.SSHKey] | None = None,
         agent_path: str | None = None,
+        key_path: str = "",
     ) -> Connection:
         """Connect with the session key; failures become ``ssh_connect`` errors.
 
@@ -141,21 +143,30 @@ class Connection:
         Without it any host key is accepted (a fresh instance has no known one);
         :class:`HostKeyPins` remembers the first one per session. ``host_keys``: any of them
         (a host's known_hosts entries). ``agent_path``: authenticate with that ssh-agent
-        (``key_pem`` may then be empty).
+        (``key_pem`` may then be empty). ``key_path``: with that private key file, read where it is
+        (a host's: never copied; its certificate ``-cert.pub`` too); an unreadable one is an
+        ``ssh_connect`` error.
         """
         trusted = host_keys or ([host_key] if host_key is not None else None)
+        keys: list[Any] | None
         try:
-            key = asyncssh.import_private_key(key_pem) if key_pem or agent_path is None else None
-        except (asyncssh.KeyImportError, ValueError) as exc:
+            if key_path:
+                keys = asyncssh.load_keypairs([key_path])
+            elif key_pem or agent_path is None:
+                keys = [asyncssh.import_private_key(key_pem)]
+            else:
+                keys = None
+        except (asyncssh.KeyImportError, asyncssh.KeyEncryptionError, OSError, ValueError) as exc:
             # The exception text never quotes the key; keep it that way.
-            raise StageError(Stage.SSH_CONNECT, f"the session's private key is unusable: {exc}") from None
+            what = f"the key file {key_path}" if key_path else "the session's private key"
+            raise StageError(Stage.SSH_CONNECT, f"{what} is unusable: {exc}") from None
         try:
             conn = await asyncio.wait_for(
                 asyncssh.connect(
                     host,
                     port,
                     username=user,
-                    client_keys=[key] if key is not None else None,
+                    client_keys=keys,
                     # (trusted host keys, trusted CA keys, revoked keys), or no check at all.
                     known_hosts=None if trusted is None else (trusted, [], []),
                     agent_path=agent_path,

@@ -463,11 +463,13 @@ def test_a_dead_runs_lease_runs_out_and_a_waiting_cell_gets_its_gpus(machines):
     assert not store.renew_gpu_lease(dead.lease_id, 60)  # the dead run's lease is over
 
 
-def test_the_plugin_reaches_a_machine_by_the_providers_ssh_details(machines, tmp_path):
+def test_the_plugin_reaches_a_machine_by_the_providers_ssh_details(machines, tmp_path, monkeypatch):
     """``gpu_ssh`` logs in with ``ssh_details`` alone: a host over SSH, its key checked or pinned
     (here pinned: no known_hosts knows it), this machine through a local shell; the GPU is probed."""
     from pytest_gpubench.plugin.cell_benchmark import GpuSession, connect
     from pytest_gpubench.remote.ssh import KeyFile
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # this machine's persistent home goes there, not in ~
 
     provider, _ = machines
     row = "hosts" if provider.where == "hosts" else "local"
@@ -476,7 +478,7 @@ def test_the_plugin_reaches_a_machine_by_the_providers_ssh_details(machines, tmp
     session = call(provider.wait_running(created.session.id, timeout=10))
     ssh = provider.ssh_details(created, session)
     run = RunContext(Settings(manifest=tmp_path / "m.db", reports=tmp_path))
-    key_file = KeyFile(ssh.private_key, name=session.id)
+    key_file = KeyFile(ssh.private_key, name=session.id) if ssh.private_key else None
     pinned: list[str] = []
     try:
         gpu_session = GpuSession(session, ssh, key_file, choice, cloud=row)
@@ -493,6 +495,7 @@ def test_the_plugin_reaches_a_machine_by_the_providers_ssh_details(machines, tmp
         assert len(pinned) == (1 if row == "hosts" else 0)
         assert call(gpus()) and len(pinned) == (1 if row == "hosts" else 0)  # known now: checked, not pinned again
     finally:
-        key_file.remove()
+        if key_file is not None:
+            key_file.remove()
         run.close()
         call(provider.release(created.session.id))

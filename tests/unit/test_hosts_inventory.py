@@ -35,10 +35,10 @@ local: {price_per_hour: 0.1}
     inventory = load_inventory(path)
     lab1, lab2 = inventory.hosts["lab1"], inventory.hosts["lab2"]
     assert (lab1.name, lab1.port, lab1.user, lab1.gpus, lab1.price_per_hour) == ("lab1", 2222, "bench", 2, 0.4)
-    assert lab1.key_file == str((tmp_path / "id_test").resolve()) and lab1.private_key() == "KEY"
+    assert lab1.key_file == str((tmp_path / "id_test").resolve())
     assert lab1.known_hosts == str((tmp_path / "kh").resolve()) and not lab1.keep_models
     assert (lab2.port, lab2.user, lab2.gpus, lab2.price_per_hour, lab2.keep_models) == (22, "root", 1, 0.0, True)
-    assert lab2.agent and lab2.private_key() == ""
+    assert lab2.agent and lab2.key_file is None
     assert inventory.local.price_per_hour == 0.1
     assert lab1.matches("hosts") and lab1.matches("lab1") and lab1.matches("ADA") and not lab1.matches("lab2")
 

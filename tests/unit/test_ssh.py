@@ -7,7 +7,7 @@ import stat
 import asyncssh
 import pytest
 
-from pytest_gpubench.errors import RemoteCommandError, StageError
+from pytest_gpubench.errors import RemoteCommandError, Stage, StageError
 from pytest_gpubench.remote.ssh import Connection, KeyFile, quote
 
 
@@ -143,6 +143,25 @@ def test_garbage_key_is_reported_without_echoing_it():
     with pytest.raises(StageError, match="private key is unusable") as info:
         asyncio.run(Connection.open("127.0.0.1", 9, "root", "not a key SECRETSTUFF", timeout=5))
     assert "SECRETSTUFF" not in str(info.value)
+
+
+def test_a_hosts_key_file_is_read_where_it_is_and_an_unreadable_one_fails_ssh_connect(tmp_path):
+    """A host's long-lived key is never copied: SSH gets its path; a key file gone or unreadable since the
+    inventory was read is an ``ssh_connect`` error naming it, before any connection."""
+    from pytest_gpubench.cloud.hosts_provider import HostsProvider
+    from pytest_gpubench.settings import Settings
+
+    key = tmp_path / "id_lab"
+    key.write_text(asyncssh.generate_private_key("ssh-ed25519").export_private_key().decode())
+    (tmp_path / "hosts.yaml").write_text("hosts: {lab: {address: 127.0.0.1, key_file: id_lab, gpu: RTX 4090}}\n")
+    hosts = HostsProvider(Settings(hosts=str(tmp_path / "hosts.yaml")))
+    (machine,) = hosts.machines(None)
+    key.unlink()  # gone after the inventory was read: not an InventoryError out of ssh_details
+    ssh = hosts.ssh_for(machine, (0,))
+    assert ssh.private_key == "" and ssh.key_file == str(key.resolve())
+    with pytest.raises(StageError, match="the key file .*id_lab is unusable") as info:
+        asyncio.run(Connection.open("127.0.0.1", 9, "root", "", timeout=5, key_path=ssh.key_file))
+    assert info.value.stage is Stage.SSH_CONNECT
 
 
 def test_key_file_is_private_and_removed():
