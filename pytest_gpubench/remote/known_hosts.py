@@ -8,14 +8,22 @@ of those keys; a changed key is an ``ssh_connect`` failure (:class:`HostKeyChang
 the key expected and the key presented. A host found in none is trusted on first use:
 its key is appended to gpubench's own known_hosts file (``--gpubench-known-hosts``) and
 the caller is told, so it can say so plainly; later runs check against it.
+
+``@cert-authority`` entries count as knowing the host (a host certificate signed by one of
+them is accepted, nothing is pinned) and ``@revoked`` keys, from every file, are refused,
+pinned or not. Pinning is safe across processes: the pin file is locked (``fcntl``) and
+re-read inside the lock, so two xdist workers meeting a new host pin it once, and one that
+met another key than the one just pinned is refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncssh
@@ -26,21 +34,49 @@ from .ssh import KEEPALIVE_INTERVAL, Connection
 _PIN_LOCK = threading.Lock()
 
 
-def known_keys(files: Sequence[str], host: str, port: int) -> tuple[list[asyncssh.SSHKey], str]:
-    """The trusted host keys of ``host:port`` and the file they are from: the first of ``files``
-    that knows the host decides (an inventory's own file over the user's over gpubench's pins);
-    ``([], "")`` when none does. Missing files are skipped."""
+@dataclass
+class KnownHostKeys:
+    """What known_hosts files say of one ``host:port``: asyncssh's (trusted, CA, revoked) triple."""
+
+    #: Host keys trusted as they are, and CA keys whose host certificates are (``@cert-authority``),
+    #: both from the first file that knows the host.
+    trusted: list[asyncssh.SSHKey] = field(default_factory=list)
+    ca: list[asyncssh.SSHKey] = field(default_factory=list)
+    #: Keys refused (``@revoked``), from every file.
+    revoked: list[asyncssh.SSHKey] = field(default_factory=list)
+    #: The file the trusted and CA keys are from ("" when none knows the host).
+    source: str = ""
+
+    @property
+    def known(self) -> bool:
+        """Whether the host is known (its key is checked, not pinned on first use)."""
+        return bool(self.trusted or self.ca)
+
+    def is_revoked(self, key: asyncssh.SSHKey) -> bool:
+        return any(key.public_data == bad.public_data for bad in self.revoked)
+
+
+def known_keys(files: Sequence[str], host: str, port: int) -> KnownHostKeys:
+    """What ``files`` say of ``host:port``: the first that knows the host (a host key or a CA for it)
+    decides what is trusted (an inventory's own file over the user's over gpubench's pins); revoked keys
+    are gathered from all. Missing files are skipped."""
+    found = KnownHostKeys()
     for name in files:
         path = Path(name).expanduser()
         if not path.is_file():
             continue
         try:
-            trusted = asyncssh.read_known_hosts(str(path)).match(host, "", port)[0]
+            entries = asyncssh.read_known_hosts(str(path))
+            trusted, ca, revoked = entries.match(host, "", port)[:3]
+            # match() retries without the port when nothing trusts [host]:port, dropping that name's
+            # @revoked lines: ask for them by the bracketed name itself.
+            revoked = [*revoked, *entries.match(host_pattern(host, port), "", None)[2]]
         except (OSError, ValueError, asyncssh.Error) as exc:
             raise StageError(Stage.SSH_CONNECT, f"cannot read the known_hosts file {path}: {exc}") from None
-        if trusted:
-            return list(trusted), str(path)
-    return [], ""
+        found.revoked += revoked
+        if not found.known and (trusted or ca):
+            found.trusted, found.ca, found.source = list(trusted), list(ca), str(path)
+    return found
 
 
 def host_pattern(host: str, port: int) -> str:
@@ -48,16 +84,26 @@ def host_pattern(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
-def pin(pin_file: str, host: str, port: int, key: asyncssh.SSHKey) -> Path:
-    """Append ``key`` for ``host:port`` to ``pin_file`` (created 0600 in a 0700 folder)."""
+def pin(pin_file: str, host: str, port: int, key: asyncssh.SSHKey) -> bool:
+    """Append ``key`` for ``host:port`` to ``pin_file`` (created 0600 in a 0700 folder) unless it is
+    pinned there already; True when it was appended. The file is locked while it is re-read and
+    written, so another process (an xdist worker) pinning the same host meanwhile is seen: its key,
+    when not ``key``, raises :class:`HostKeyChanged`."""
     path = Path(pin_file).expanduser()
     line = f"{host_pattern(host, port)} {key.export_public_key('openssh').decode().strip()}\n"
-    with _PIN_LOCK:
+    with _PIN_LOCK:  # threads of one process; flock below: other processes
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        with os.fdopen(fd, "a", encoding="utf-8") as handle:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a+", encoding="utf-8") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+            pinned = known_keys([str(path)], host, port).trusted
+            if any(key.public_data == other.public_data for other in pinned):
+                return False
+            if pinned:
+                raise HostKeyChanged(host, port, pinned[0].get_fingerprint(), presented=key.get_fingerprint(),
+                                     where=str(path))
             handle.write(line)
-    return path
+    return True
 
 
 async def connect_checked(
@@ -69,30 +115,47 @@ async def connect_checked(
     into ``pin_file`` on first use (``on_pinned(fingerprint, pin_file)`` is told). ``key_path``:
     authenticate with that private key file, read where it is (``key_pem`` is then empty)."""
     files = [*known_hosts, pin_file] if pin_file else list(known_hosts)
-    trusted, source = known_keys(files, host, port)
+    keys = await asyncio.to_thread(known_keys, files, host, port)
     agent_path = os.environ.get("SSH_AUTH_SOCK") if agent else None
     if agent and not agent_path:
         raise StageError(Stage.SSH_CONNECT, f"{user}@{host}:{port} authenticates with the ssh-agent, "
                                             "but SSH_AUTH_SOCK is not set")
-    if trusted:
+    if keys.known:
         try:
             return await Connection.open(host, port, user, key_pem, timeout=timeout,
-                                         keepalive_interval=keepalive_interval, host_keys=trusted,
+                                         keepalive_interval=keepalive_interval, host_keys=keys.trusted,
+                                         ca_keys=keys.ca, revoked_keys=keys.revoked,
                                          agent_path=agent_path, key_path=key_path)
         except HostKeyChanged:
-            presented = await _presented_key(host, port, trusted, timeout)
-            expected = ", ".join(sorted({key.get_fingerprint() for key in trusted}))
-            raise HostKeyChanged(host, port, expected, presented=presented, where=source) from None
+            presented = await _presented_key(host, port, keys.trusted + keys.ca, timeout)
+            if presented and presented in {key.get_fingerprint() for key in keys.revoked}:
+                raise _revoked(host, port, presented) from None
+            expected = ", ".join(sorted({key.get_fingerprint() for key in keys.trusted}))
+            if not expected:  # known through a CA only: no certificate of it, or a revoked one
+                raise StageError(Stage.SSH_CONNECT, f"the SSH host key of {host}:{port} ({presented or 'unknown'}) "
+                                                    f"is not certified by the CA that {keys.source} trusts for it, "
+                                                    "or its certificate is revoked; refusing to connect") from None
+            raise HostKeyChanged(host, port, expected, presented=presented, where=keys.source) from None
     if not pin_file:
         raise StageError(Stage.SSH_CONNECT, f"the host key of {host}:{port} is in no known_hosts file and "
                                             "pinning on first use is off")
     conn = await Connection.open(host, port, user, key_pem, timeout=timeout, keepalive_interval=keepalive_interval,
                                  agent_path=agent_path, key_path=key_path)
-    if conn.host_key is not None:
-        path = await asyncio.to_thread(pin, pin_file, host, port, conn.host_key)
-        if on_pinned is not None:
-            on_pinned(conn.host_key_fingerprint, path)
+    try:
+        if conn.host_key is not None:
+            if keys.is_revoked(conn.host_key):
+                raise _revoked(host, port, conn.host_key_fingerprint)
+            if await asyncio.to_thread(pin, pin_file, host, port, conn.host_key) and on_pinned is not None:
+                on_pinned(conn.host_key_fingerprint, Path(pin_file).expanduser())
+    except BaseException:
+        await conn.close()
+        raise
     return conn
+
+
+def _revoked(host: str, port: int, fingerprint: str) -> StageError:
+    return StageError(Stage.SSH_CONNECT, f"the SSH host key of {host}:{port} ({fingerprint}) is marked @revoked "
+                                         "in a known_hosts file; refusing to connect")
 
 
 async def _presented_key(host: str, port: int, trusted: list[asyncssh.SSHKey], timeout: float) -> str:

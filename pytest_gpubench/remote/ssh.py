@@ -133,6 +133,8 @@ class Connection:
         keepalive_interval: float = KEEPALIVE_INTERVAL,
         host_key: asyncssh.SSHKey | None = None,
         host_keys: list[asyncssh.SSHKey] | None = None,
+        ca_keys: list[asyncssh.SSHKey] | None = None,
+        revoked_keys: list[asyncssh.SSHKey] | None = None,
         agent_path: str | None = None,
         key_path: str = "",
     ) -> Connection:
@@ -142,12 +144,14 @@ class Connection:
         is refused during the key exchange, before the client authenticates.
         Without it any host key is accepted (a fresh instance has no known one);
         :class:`HostKeyPins` remembers the first one per session. ``host_keys``: any of them
-        (a host's known_hosts entries). ``agent_path``: authenticate with that ssh-agent
+        (a host's known_hosts entries), or a host certificate signed by one of ``ca_keys``; never one
+        of ``revoked_keys``. ``agent_path``: authenticate with that ssh-agent
         (``key_pem`` may then be empty). ``key_path``: with that private key file, read where it is
         (a host's: never copied; its certificate ``-cert.pub`` too); an unreadable one is an
         ``ssh_connect`` error.
         """
         trusted = host_keys or ([host_key] if host_key is not None else None)
+        checked = bool(trusted or ca_keys)
         keys: list[Any] | None
         try:
             if key_path:
@@ -168,7 +172,7 @@ class Connection:
                     username=user,
                     client_keys=keys,
                     # (trusted host keys, trusted CA keys, revoked keys), or no check at all.
-                    known_hosts=None if trusted is None else (trusted, [], []),
+                    known_hosts=(trusted or [], ca_keys or [], revoked_keys or []) if checked else None,
                     agent_path=agent_path,
                     config=(),
                     keepalive_interval=keepalive_interval,
@@ -178,10 +182,10 @@ class Connection:
                 timeout,
             )
         except (asyncssh.HostKeyNotVerifiable, asyncssh.KeyExchangeFailed) as exc:
-            if trusted is None:
+            if not checked:
                 raise StageError(Stage.SSH_CONNECT, f"cannot open SSH to {user}@{host}:{port}: {exc}") from None
             # A server without the pinned key's algorithm fails the key exchange instead.
-            raise HostKeyChanged(host, port, trusted[0].get_fingerprint()) from None
+            raise HostKeyChanged(host, port, trusted[0].get_fingerprint() if trusted else "a CA-signed key") from None
         except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
             reason = str(exc) or type(exc).__name__
             raise StageError(

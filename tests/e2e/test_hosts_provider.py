@@ -159,6 +159,42 @@ def test_host_keys_are_pinned_on_first_use_checked_after_and_a_changed_one_refus
     assert other.get_fingerprint() in message and first in message and str(stale) in message
 
 
+def test_a_revoked_host_key_is_refused_and_a_host_known_by_its_ca_is_not_pinned(tmp_path, one_host):
+    """``@revoked`` and ``@cert-authority`` lines count: a revoked key is refused even where it would be
+    pinned on first use, and a host its known_hosts name a CA for is checked against that CA (this
+    sandbox host presents no certificate: refused), never trusted on first use."""
+    import asyncssh
+
+    from pytest_gpubench.errors import StageError
+
+    lab1 = one_host.hosts.machines["lab1"]
+    key = one_host.hosts.key_file.read_text()
+    pattern = host_pattern("127.0.0.1", lab1.ssh_port)
+
+    def login(known: Path, pin_file: Path) -> None:
+        async def go() -> None:
+            conn = await connect_checked("127.0.0.1", lab1.ssh_port, "root", key, known_hosts=(str(known),),
+                                         pin_file=str(pin_file), timeout=20)
+            await conn.close()
+        run_async(go(), 60)
+
+    learned = tmp_path / "learned"
+    login(tmp_path / "none", learned)
+    host_key = learned.read_text().split(None, 1)[1]
+    revoked = tmp_path / "revoked_known_hosts"
+    revoked.write_text(f"@revoked {pattern} {host_key}")
+    with pytest.raises(StageError, match="is marked @revoked") as refused:
+        login(revoked, tmp_path / "pins_r")
+    assert refused.value.stage is Stage.SSH_CONNECT and not (tmp_path / "pins_r").exists()
+    ca = asyncssh.generate_private_key("ssh-ed25519").export_public_key("openssh").decode().strip()
+    by_ca = tmp_path / "ca_known_hosts"
+    by_ca.write_text(f"@cert-authority {pattern} {ca}\n")
+    # asyncssh's server says so; OpenSSH's, offered only certificate algorithms, ends the connection.
+    with pytest.raises(StageError, match="not certified by the CA|cannot open SSH") as uncertified:
+        login(by_ca, tmp_path / "pins_ca")
+    assert uncertified.value.stage is Stage.SSH_CONNECT and not (tmp_path / "pins_ca").exists()
+
+
 def pinned_fingerprints(path: Path) -> str:
     import asyncssh
 
