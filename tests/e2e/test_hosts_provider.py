@@ -4,6 +4,7 @@ host-key rules (known_hosts, pinning on first use, a changed key refused naming 
 
 from __future__ import annotations
 
+import os
 import socket
 import textwrap
 import time
@@ -305,13 +306,36 @@ def test_two_vllm_cells_share_a_two_gpu_host_one_gpu_and_one_server_each(tmp_pat
             matrix:
               - {{gpu: RTX 4090, provider: duo, models: [qwen2:1.5b, qwen2:7b], runtime: vllm}}
             """))
-        done = run_pytest(tmp_path, str(path), "-n", "2", "--gpubench-known-hosts", str(tmp_path / "kh"))
+        # Each cell, once its GPU is leased, waits for the other's lease: both run at once, or the
+        # run fails (a provider giving both cells GPU 0 one after the other could not pass).
+        (tmp_path / "both_at_once.py").write_text(textwrap.dedent(f"""\
+            import sqlite3, time
+            import pytest
+
+            @pytest.hookimpl(wrapper=True)
+            def pytest_runtest_call(item):
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:
+                    with sqlite3.connect({str(tmp_path / "reports" / "manifest.db")!r}, timeout=30) as db:
+                        held = db.execute("SELECT COUNT(*) FROM gpu_leases WHERE released_at IS NULL").fetchone()
+                    if held[0] >= 2:
+                        break
+                    time.sleep(0.1)
+                return (yield)
+            """))
+        here = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        done = run_pytest(tmp_path, str(path), "-n", "2", "-p", "both_at_once", "--gpubench-known-hosts",
+                          str(tmp_path / "kh"), extra_env=here)
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
         rows = manifest_rows(tmp_path)
         assert {row["status"] for row in rows} == {"success"} and len(rows) == 2
         held = leases(tmp_path)
         assert len(held) == 2 and all(row["released_at"] is not None for row in held)
         assert_no_gpu_held_twice_at_once(held)
+        # Two GPUs, held at the same time: the cells shared the host, not took turns on one GPU.
+        assert {row["gpu_index"] for row in held} == {0, 1}
+        first, second = sorted(held, key=lambda row: row["acquired_at"])
+        assert second["acquired_at"] < first["released_at"]
         home = machines.hosts.machines["duo"].home / ".gpubench"
         logs = [p.read_text() for p in (tmp_path / "reports" / "progress").rglob("*.log")]
         assert all("stopped the vllm server it started" in log for log in logs)
