@@ -37,7 +37,3 @@ class GpuLease(BaseModel):
         """Held at ``now``: not released and not expired."""
         return self.released_at is None and self.expires_at > now
 
-    @property
-    def ended_at(self) -> float:
-        """When it stopped holding its GPUs: released, or else when it expires (expired)."""
-        return self.released_at if self.released_at is not None else self.expires_at

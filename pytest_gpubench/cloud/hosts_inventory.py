@@ -57,6 +57,14 @@ def _path(value: Any, info: ValidationInfo, what: str) -> str:
     return str((path if path.is_absolute() else base / path).resolve())
 
 
+def _price_per_hour(value: Any) -> Any:
+    """A machine's declared price (a host's or this machine's), checked."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1000:
+        raise invalid(f"must be the machine's cost in dollars per hour from 0 to 1000 (0: owned); "
+                      f"got {describe(value)}")
+    return float(value)
+
+
 class Host(StrictModel):
     """One machine of the inventory."""
 
@@ -107,13 +115,7 @@ class Host(StrictModel):
             raise invalid(f"must be how many GPUs the machine has, from 1 to 64; got {describe(value)}")
         return value
 
-    @field_validator("price_per_hour", mode="before")
-    @classmethod
-    def _price(cls, value: Any) -> Any:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1000:
-            raise invalid(f"must be the machine's cost in dollars per hour from 0 to 1000 (0: owned); "
-                          f"got {describe(value)}")
-        return float(value)
+    _price = field_validator("price_per_hour", mode="before")(_price_per_hour)
 
     @field_validator("tags", mode="before")
     @classmethod
@@ -156,10 +158,8 @@ class LocalMachine(StrictModel):
 
     price_per_hour: float = 0.0
     keep_models: bool = True
-    tags: tuple[str, ...] = ()
 
-    _price = field_validator("price_per_hour", mode="before")(Host._price.__func__)  # type: ignore[attr-defined]
-    _tags = field_validator("tags", mode="before")(Host._tags.__func__)  # type: ignore[attr-defined]
+    _price = field_validator("price_per_hour", mode="before")(_price_per_hour)
 
 
 class HostsInventory(StrictModel):
@@ -179,9 +179,6 @@ class HostsInventory(StrictModel):
                 if isinstance(host, dict):
                     host.setdefault("name", name)
         return value
-
-    def host(self, name: str) -> Host:
-        return self.hosts[name]
 
 
 @functools.lru_cache(maxsize=32)

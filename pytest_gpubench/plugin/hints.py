@@ -16,8 +16,8 @@ Two places a person's name for something meets the names the matrix or the marke
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
 import warnings
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any

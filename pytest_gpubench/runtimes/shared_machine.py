@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..errors import Stage, StageError
+from ..errors import Stage
 from .base import Runtime
 from .openai_server import OpenAIServerRuntime
 
@@ -33,9 +33,7 @@ async def has_model(runtime: Runtime, model: str) -> bool:
     """Whether ``model`` is on the machine already (asked before a pull)."""
     try:
         await runtime.model_info(model)
-    except (StageError, OSError, ValueError, KeyError):
-        return False
-    except Exception:  # noqa: BLE001 - a server that cannot say (not up yet): treat as absent
+    except Exception:  # noqa: BLE001 - a server that cannot say (not up yet, an error): treat as absent
         return False
     return True
 

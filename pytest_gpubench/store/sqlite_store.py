@@ -226,9 +226,6 @@ class SqliteStore:
         benchmark = found.pop("benchmark")
         return Baseline(cell=_cell(found), result=_result(benchmark) if benchmark is not None else None)
 
-
-# ----------------------------------------------------------------- rows -> records
-
     # ---------------------------------------------------------------- GPU leases
 
     def claim_gpus(self, machine: str, gpus: Sequence[int], count: int, *, holder: str, ttl: float,
@@ -245,6 +242,7 @@ class SqliteStore:
         return self.manifest.gpu_leases(machine, active_at=active_at)
 
 
+# ----------------------------------------------------------------- rows -> records
 
 def _present(row: Mapping[str, Any]) -> dict[str, Any]:
     """The row without its NULLs: a record's defaults stand for what was never written."""

@@ -55,6 +55,9 @@ local: {price_per_hour: 0.1}
      "allowed keys: name, address"),
     ("hosts: {lab1: {key_file: id_test, gpu: T4}}", "hosts.lab1.address", "required key is missing"),
     ("hosts: {lab1: {address: a, key_file: id_test, gpu: T4, tags: [a b]}}", "hosts.lab1.tags", "list of tags"),
+    # This machine has no tags (no row could pin it by one): an unknown key, not silently ignored.
+    ("local: {tags: [lab]}", "local", "allowed keys: price_per_hour, keep_models"),
+    ("local: {price_per_hour: 2000}", "local.price_per_hour", "from 0 to 1000"),
 ])
 def test_a_bad_inventory_names_the_file_the_field_and_what_is_allowed(tmp_path, text, field, words):
     path = write(tmp_path, text)
