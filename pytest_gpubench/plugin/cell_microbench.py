@@ -52,7 +52,7 @@ class Microbench:
         runs = (self.spec.runs + self.spec.warmup) * (len(self.spec.precisions) + 1)
         timeout = settings.stage_timeout(Stage.BENCHMARK, _SECONDS_PER_RUN * runs)
         # The leased GPU on a shared machine (hosts, local): the script measures its cuda:0.
-        prefix = GpuPlacement.of(1, self.session.ssh.gpu_indices[:1]).shell_prefix()
+        prefix = GpuPlacement.of(1, self.session.ssh.gpu_indices).shell_prefix()
         events = run_async(watched(self._run, self.session, Stage.BENCHMARK,
                                    lambda _: run_microbench(self.conn, torch.python, self.plan(), timeout,
                                                             env_prefix=prefix)),

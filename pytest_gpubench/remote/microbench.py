@@ -70,7 +70,7 @@ async def run_microbench(conn: Connection, python: str, plan: dict[str, Any], ti
                         env_prefix: str = "") -> list[dict[str, Any]]:
     """Run the microbenchmark script with ``python`` on ``plan``; its events, in order.
 
-    ``env_prefix`` goes before the command: ``CUDA_VISIBLE_DEVICES=1 `` on a machine where the
+    ``env_prefix`` goes before the command: ``CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=1 `` where the
     cell leased GPU 1 (``runtimes/gpus.GpuPlacement.shell_prefix``), so the script's ``cuda:0`` is that GPU.
 
     A script that reports an error, or ends without its ``done`` event, is a stage

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .gpuinfo import parse_nvidia_smi_xml
+from ..gpuinfo import parse_nvidia_smi_xml
 
 __all__ = [
     "CSV_FIELDS", "DISK_PROBE", "GpuDevice", "GpuFacts", "GpuSource", "HOST_PROBE", "HostFacts", "SystemInfo",

@@ -14,7 +14,7 @@ import re
 from importlib import resources
 
 from ..errors import Stage, StageError
-from .gpuinfo import gpu_name_matches, parse_gpu_query_csv
+from ..gpuinfo import gpu_name_matches, parse_gpu_query_csv
 from ..measure.results import HardwareInfo
 from .ssh import Connection
 from .sysinfo import (

@@ -91,5 +91,6 @@ def test_a_microbench_cell_on_hosts_has_the_rows_inventory_and_leases_one_gpu(tm
     # One GPU of a two-GPU machine, whatever the row's gpus and runtime (Ollama's cells lease the machine).
     machine = Machine("lab1", "lab1", "RTX 4090", 2, 0.0)
     assert micro.gpus == 1
-    assert leased(machine, Constraints.for_cell(micro)) == 1
-    assert leased(machine, Constraints.for_cell(model_cell)) == 2
+    for cell, count in ((micro, 1), (model_cell, 2)):
+        wanted = Constraints.for_cell(cell)
+        assert leased(machine, wanted.gpu_count, wanted.runtime) == count
