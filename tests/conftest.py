@@ -25,10 +25,8 @@ HERE = Path(__file__).parent
 #: its xdist workers). Each costs CPU at every start: on this 2-core machine a pytest
 #: process collecting a matrix took 1.67 s of CPU with hypothesis's, anyio's and
 #: pytest-benchmark's plugins loaded and 0.48 s without them. Blocking one that is not
-#: installed is harmless. The good-citizen tests name the plugins they run beside.
+#: installed is harmless.
 UNUSED_PLUGINS = ("hypothesispytest", "anyio", "benchmark")
-os.environ["PYTEST_ADDOPTS"] = " ".join(
-    [os.environ.get("PYTEST_ADDOPTS", ""), *(f"-p no:{name}" for name in UNUSED_PLUGINS)]).strip()
 #: The tier folders, each its marker (registered in pyproject.toml), in the order they
 #: are collected: the long end-to-end tests first, so that under ``-n auto`` no worker
 #: is left alone with one at the end of the run.
@@ -91,6 +89,26 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
         return None  # xdist's own hook reads it
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return cores + 4
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _children_without_unused_plugins():
+    """:data:`UNUSED_PLUGINS` blocked in the pytest processes the tests start, not in this one.
+
+    Set here, not when this file is imported: the controller of ``-n`` imports it before it
+    starts its workers, which read ``PYTEST_ADDOPTS`` too. Workers without anyio's plugin (which
+    imports anyio at start) failed four e2e tests under ``-n 6``: anyio's ``EndOfStream`` escaped
+    httpcore's ``except anyio.EndOfStream``, as when anyio is imported twice (likely: first inside
+    a pytester test, whose ``sys.modules`` snapshot then drops it). The workers stay as they were.
+    """
+    before = os.environ.get("PYTEST_ADDOPTS")
+    os.environ["PYTEST_ADDOPTS"] = " ".join(
+        [before or "", *(f"-p no:{name}" for name in UNUSED_PLUGINS)]).strip()
+    yield
+    if before is None:
+        os.environ.pop("PYTEST_ADDOPTS", None)
+    else:
+        os.environ["PYTEST_ADDOPTS"] = before
 
 
 @pytest.fixture

@@ -375,15 +375,33 @@ def test_gpubench_sandbox_local_gives_a_shell_the_stand_in_gpus(tmp_path):
 def test_a_cell_waits_with_progress_for_a_gpu_a_dead_run_held_until_its_lease_runs_out(tmp_path, two_hosts):
     from pytest_gpubench.store.sqlite_store import SqliteStore
 
+    import threading
+
     lab1 = two_hosts.hosts.machines["lab1"]
-    with SqliteStore.open(tmp_path / "reports" / "manifest.db") as store:  # what a killed run leaves behind
-        dead = store.claim_gpus(f"127.0.0.1:{lab1.ssh_port}", [0], 1, holder="dead-run/cell", ttl=4.0)
-    matrix = write_matrix(tmp_path, cloud="hosts", provider="lab1", models="qwen2:1.5b",
-                          hosts=str(two_hosts.hosts.inventory))
-    done = run_pytest(tmp_path, str(matrix), "--gpubench-known-hosts", str(tmp_path / "kh"))
+    progress = tmp_path / "reports" / "progress"
+
+    def waiting() -> bool:
+        return any("status=waiting_for_gpu" in log.read_text() for log in progress.rglob("*.log"))
+
+    with SqliteStore.open(tmp_path / "reports" / "manifest.db") as store:
+        # Another run holds GPU 0, renewing its lease, until the cell says it waits; then it dies
+        # (stops renewing) and its lease runs out 4 s later: no race with how long pytest takes to start.
+        other = store.claim_gpus(f"127.0.0.1:{lab1.ssh_port}", [0], 1, holder="dead-run/cell", ttl=4.0)
+        matrix = write_matrix(tmp_path, cloud="hosts", provider="lab1", models="qwen2:1.5b",
+                              hosts=str(two_hosts.hosts.inventory))
+        finished: dict = {}
+        run = threading.Thread(target=lambda: finished.update(done=run_pytest(
+            tmp_path, str(matrix), "--gpubench-known-hosts", str(tmp_path / "kh"))))
+        run.start()
+        deadline = time.monotonic() + 120
+        while not waiting() and run.is_alive() and time.monotonic() < deadline:
+            assert store.renew_gpu_lease(other.lease_id, 4.0)
+            time.sleep(0.5)
+        run.join(300)
+    done = finished["done"]
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    log = next((tmp_path / "reports" / "progress").rglob("*.log")).read_text()
-    assert "status=waiting_for_gpu" in log  # said while it waited
+    assert waiting()  # said while it waited
     held = leases(tmp_path)
-    (taken,) = [row for row in held if row["lease_id"] != dead.lease_id]
-    assert taken["acquired_at"] >= dead.expires_at  # only once the dead run's lease had run out
+    (dead,) = [row for row in held if row["lease_id"] == other.lease_id]
+    (taken,) = [row for row in held if row["lease_id"] != other.lease_id]
+    assert taken["acquired_at"] >= dead["expires_at"]  # only once the dead run's lease had run out
