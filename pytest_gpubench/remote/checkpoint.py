@@ -101,6 +101,7 @@ async def recover(
                 return recovered
             budget = max(1.0, min(RECONNECT_TIMEOUT, until - time.monotonic()))
             fresh = conn = await asyncio.wait_for(reconnect(), budget)
+        exited = False
         while True:
             data = await read_checkpoint(conn, path)
             if data is None:
@@ -108,8 +109,13 @@ async def recover(
                 break
             recovered.records, recovered.status = data.results, data.status
             recovered.elapsed = float((data.summary or {}).get("elapsed") or 0.0)
-            if data.status in FINAL_STATUSES or not await still_running(conn, data.pid):
+            if data.status in FINAL_STATUSES or exited:
                 break
+            # Gone since the read: it may have written its last checkpoint on the way out, so read
+            # once more (read, then exit, then `kill -0` reported "ended running" for a completed run).
+            exited = not await still_running(conn, data.pid)
+            if exited:
+                continue
             if time.monotonic() >= until:
                 recovered.problem = "the load generator was still running when the stage's time ran out"
                 break
