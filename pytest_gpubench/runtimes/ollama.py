@@ -183,6 +183,12 @@ class OllamaRuntime:
         """
         self.wanted_parallel = max(1, int(num_parallel))
         version = await self._version()
+        if version is not None and not self.started_here and await self._left_by_gpubench():
+            # Started by gpubench and known to no cell now: a run that died before its teardown left it
+            # (on a shared machine the lease says nobody else holds it). Ours to end, not to adopt and
+            # leave running: restarted with this cell's settings, and stopped at the end like any we start.
+            await self.stop(timeout, Stage.OLLAMA_INSTALL)
+            version = None
         if version is not None and self.started_here and self.num_parallel not in (None, self.wanted_parallel):
             # A server an earlier cell started on this session (session reuse) with another
             # OLLAMA_NUM_PARALLEL: this cell's concurrency needs its own setting.
@@ -203,6 +209,16 @@ class OllamaRuntime:
         deadline = time.monotonic() + timeout
         while await self._version() is not None and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
+
+    async def _left_by_gpubench(self) -> bool:
+        """Whether the process in gpubench's pid file is a running ``ollama serve`` (its command line
+        names ollama and serve: a pid the system gave to another process since is not taken for it;
+        the sandbox's stand-in runs as ``python -m ...ollama_standin serve``)."""
+        result = await self.conn.run(
+            f'pid=$(cat "{SERVE_PID}" 2>/dev/null) && [ -n "$pid" ] && tr "\\0" " " < "/proc/$pid/cmdline"',
+            stage=Stage.OLLAMA_INSTALL, what="looking for an ollama serve gpubench left", timeout=30, check=False)
+        words = result.stdout.split() if result.ok else []
+        return "serve" in words and any("ollama" in word.rsplit("/", 1)[-1] for word in words)
 
     async def _serve(self, parallel: int, timeout: float, stage: Stage) -> str:
         """Start ``ollama serve`` in the background and wait until it answers."""

@@ -228,6 +228,28 @@ def test_a_server_already_running_is_used_and_left_running_and_pulled_models_go_
         machines.stop()
 
 
+def test_a_server_a_dead_run_left_is_ended_not_adopted(tmp_path):
+    """An ``ollama serve`` gpubench started (its pid file) that no cell holds is a dead run's: the
+    next cell restarts it with its own settings and stops it at the end, leaving nothing running."""
+    machines = SandboxHostsThread(tmp_path / "machines", [HostPlan("lab1", ollama=True)])
+    machines.start()
+    try:
+        lab1 = machines.hosts.machines["lab1"]
+        left = 'mkdir -p "$HOME/.gpubench"; nohup ollama serve >/dev/null 2>&1 & echo $! > "$HOME/.gpubench/ollama-serve.pid"'
+        machines.run(lab1._run_logged(left, lab1.home / "serve.log"))
+        wait_until_answers(lab1.ollama_port)
+        matrix = write_matrix(tmp_path, cloud="hosts", provider="lab1", models="qwen2:1.5b",
+                              hosts=str(machines.hosts.inventory))
+        done = run_pytest(tmp_path, str(matrix), "--gpubench-known-hosts", str(tmp_path / "kh"))
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+        assert not answers(lab1.ollama_port)  # neither the dead run's server nor the cell's runs on
+        log = next((tmp_path / "reports" / "progress").rglob("*.log")).read_text()
+        (line,) = [line for line in log.splitlines() if "LEFT_AS_FOUND" in line]
+        assert "stopped" in line
+    finally:
+        machines.stop()
+
+
 def wait_until_answers(port: int) -> None:
     deadline = time.monotonic() + 60
     while not answers(port):
