@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..measure.figures import FIGURES, FigureSource, figure_values
+from ..store.record_keys import key_of
 
 #: Columns that are not a result figure: how the cell ended, what it cost.
 CELL_COLUMNS: dict[str, tuple[str, str]] = {
@@ -126,7 +127,7 @@ def exact_figures(results: Iterable[Any]) -> dict[str, dict[str, Any]]:
     for record in results:
         if record.result is None or record.run_id is None:
             continue
-        key = record.row_id.removeprefix(f"{record.run_id}/")
+        key = key_of(record.row_id, record.run_id)
         values = figure_values(FigureSource(record.result, record.details, record.run_id))
         found[key] = {f"gpubench_{name}": value for name, value in values.items() if value is not None}
     return found

@@ -59,6 +59,11 @@ def row_id(run_id: str, key: str) -> str:
     return f"{run_id}/{key}"
 
 
+def key_of(row_id_: str, run_id: str) -> str:
+    """The record key of ``row_id_``, a row id of ``run_id`` (the inverse of :func:`row_id`)."""
+    return row_id_.removeprefix(f"{run_id}/")
+
+
 def file_name(key: str) -> str:
     """``key`` as a file name: anything but letters, digits, ``-_.`` becomes ``_``."""
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)

@@ -9,6 +9,7 @@ from pytest_gpubench.store.record_keys import (
     file_name,
     marked_test_key,
     matrix_key,
+    key_of,
     numbered_key,
     row_id,
 )
@@ -41,4 +42,6 @@ def test_a_taken_key_is_numbered_from_two():
 
 def test_row_ids_and_file_names():
     assert row_id("20261125T000000Z-abc123", CELL) == f"20261125T000000Z-abc123/{CELL}"
+    namespaced = "RTX_4090-vastai-ns/model:7b"  # a key may hold "/" itself
+    assert key_of(row_id("run-1", namespaced), "run-1") == namespaced
     assert file_name(f"{CELL}@test_x[1]") == "RTX_4090-vastai-qwen2_7b_test_x_1_"
