@@ -80,20 +80,26 @@ class Machine:
     """One leasable machine: how to reach it and what it declares."""
 
     def __init__(self, name: str, key: str, gpu: str, gpus: int, price_per_hour: float, *, host: Host | None = None,
-                 location: str = "", port: int = 0, indices: tuple[int, ...] = ()) -> None:
+                 location: str = "", port: int = 0, indices: tuple[int, ...] = (),
+                 all_indices: tuple[int, ...] = ()) -> None:
         self.name, self.key, self.gpu, self.gpus, self.port = name, key, gpu, gpus, port
         self.price_per_hour, self.host, self.location = price_per_hour, host, location
         #: The GPUs (nvidia-smi indices) of this type a lease may claim: on a machine with mixed GPUs,
         #: each type is a machine of its own (same ``key``: one lease table) with its own indices.
         self.indices = indices or tuple(range(gpus))
+        #: Every GPU of the physical machine: what a runtime with one server per machine leases, so
+        #: that no cell of another GPU type shares (or ends) its server.
+        self.all_indices = all_indices or self.indices
         self.keep_models = True
 
 
 class _Pending:
     """A session created for an offer, waiting for (or holding) its GPUs."""
 
-    def __init__(self, session: Session, machine: Machine, count: int) -> None:
+    def __init__(self, session: Session, machine: Machine, count: int, *, whole_machine: bool = False) -> None:
         self.session, self.machine, self.count = session, machine, count
+        #: A runtime with one server per machine: every GPU of the physical machine is leased.
+        self.whole_machine = whole_machine
         self.lease_id: str | None = None
         self.gpu_indices: tuple[int, ...] = ()
 
@@ -196,7 +202,8 @@ class MachineProvider:
                           consumer_id=consumer, provider=offer.provider, gpu_type=machine.gpu, gpu_count=count,
                           status="pending", ssh_host=machine.location, ssh_port=machine.port,
                           price_per_hour=offer.price_per_hour, reservation_hours=hours, created_at=datetime.now(timezone.utc), offer_id=offer.id)
-        pending = self._sessions[session.id] = _Pending(session, machine, count)
+        pending = self._sessions[session.id] = _Pending(session, machine, count,
+                                                        whole_machine=runtime not in SERVER_PER_CELL)
         await self._claim(pending)
         return CreatedSession(session=session, ssh_private_key="")
 
@@ -211,11 +218,15 @@ class MachineProvider:
 
     async def _claim(self, pending: _Pending) -> bool:
         machine = pending.machine
-        lease = await self.keeper().try_claim(machine.key, list(machine.indices), pending.count,
+        candidates = machine.all_indices if pending.whole_machine else machine.indices
+        count = len(candidates) if pending.whole_machine else pending.count
+        lease = await self.keeper().try_claim(machine.key, list(candidates), count,
                                               holder=pending.session.consumer_id)
         if lease is None:
             return False
-        pending.lease_id, pending.gpu_indices = lease.lease_id, lease.gpu_indices
+        # The cell's own GPUs of what it leased: a whole mixed machine's other types are held, not used.
+        pending.lease_id = lease.lease_id
+        pending.gpu_indices = tuple(i for i in lease.gpu_indices if i in machine.indices)
         pending.session.status = "running"
         return True
 
@@ -382,7 +393,7 @@ class LocalProvider(MachineProvider):
             # One machine per GPU type, leasing only its own indices; the price is the machine's share.
             label = LOCAL_CLOUD if len(by_type) == 1 else f"{LOCAL_CLOUD}-{re.sub(r'[^a-z0-9]+', '-', gpu.lower())}"
             machine = Machine(label, f"local:{name}", gpu, len(indices), price * len(indices) / len(gpus),
-                              location=name, indices=tuple(indices))
+                              location=name, indices=tuple(indices), all_indices=tuple(i for i, _ in gpus))
             machine.keep_models = keep
             machines.append(machine)
         return machines

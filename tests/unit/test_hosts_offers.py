@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -112,7 +113,7 @@ def test_a_machine_with_mixed_gpus_leases_only_the_gpus_of_the_cells_type(tmp_pa
 
         async def cells():
             try:
-                return await lease("A100 80GB", 2, "vllm"), await lease("RTX 4090", 1, "ollama")
+                return await lease("A100 80GB", 2, "vllm"), await lease("RTX 4090", 1, "sglang")
             finally:
                 await local.aclose()
 
@@ -121,3 +122,32 @@ def test_a_machine_with_mixed_gpus_leases_only_the_gpus_of_the_cells_type(tmp_pa
     with pytest.raises(NoEligibleOffer, match="fewer than 2 GPUs"):
         asyncio.run(LocalProvider(Settings()).choose_offer(Constraints(gpu="RTX 4090", provider="local", vram_gb=8,
                                                                        gpu_count=2)))
+
+
+def test_on_a_mixed_machine_a_server_per_machine_runtime_holds_every_gpu_and_uses_its_own(tmp_path, monkeypatch):
+    """Ollama runs one server per machine: its cell leases all the machine's GPUs, so a cell of the
+    other GPU type cannot share (or, finding it gpubench's, end) that server; it serves on its type's GPU."""
+    from pytest_gpubench.store.opening import open_store
+
+    fake_nvidia_smi(tmp_path, monkeypatch, "NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090", "NVIDIA A100-SXM4-80GB")
+    with open_store(tmp_path / "manifest.db") as store:
+        store.start_run("r1", [], [])
+        local = LocalProvider(Settings(run_id="r1"), lambda: store)
+
+        async def cells():
+            try:
+                choice = await local.choose_offer(Constraints(gpu="RTX 4090", provider="local", vram_gb=8,
+                                                              runtime="ollama"))
+                created = await local.create(choice.offer, "ollama-cell", 1, runtime="ollama")
+                running = await local.wait_running(created.session.id, timeout=5)
+                other = await local.choose_offer(Constraints(gpu="A100 80GB", provider="local", vram_gb=8,
+                                                             runtime="ollama"))
+                waiting = await local.create(other.offer, "other-cell", 1, runtime="ollama")
+                (lease,) = store.gpu_leases(active_at=time.time())
+                return local.ssh_details(created, running).gpu_indices, waiting.session.status, lease
+            finally:
+                await local.aclose()
+
+        own, other_status, held = asyncio.run(cells())
+    assert own == (1,) and held.gpu_indices == (0, 1, 2)
+    assert other_status == "pending"  # waits for the machine: never a second cell on one Ollama
