@@ -46,11 +46,16 @@ def views(url: str) -> dict[str, Any]:
 
 
 def pid_alive(pid: int) -> bool:
+    """Running: a zombie (ended, not yet reaped by whichever process its parent is now) is not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
 
 
 def port_answers(port: int) -> bool:
