@@ -177,6 +177,11 @@ OPTIONS: tuple[Option, ...] = (
            type=_positive_float, env="GPUBENCH_TIME_SCALE", metavar="FACTOR"),
     Option("manifest", "--gpubench-manifest", "SQLite manifest path (default <reports dir>/manifest.db)",
            env="GPUBENCH_MANIFEST", metavar="PATH"),
+    Option("store", "--gpubench-store",
+           "where runs, cells and results are kept: a SQLite file (the default, the manifest), "
+           "postgresql://USER@HOST/DB for many machines sharing one matrix, or git+URL of a results "
+           "repository (docs/scale-out.md)",
+           env="GPUBENCH_STORE", metavar="PATH|URL"),
     Option("hosts", "--gpubench-hosts",
            "the hosts inventory (hosts.yaml) for `cloud: hosts` and `cloud: local` (overrides the matrix's `hosts:`)",
            env="GPUBENCH_HOSTS", metavar="FILE"),

@@ -81,6 +81,9 @@ class Settings(BaseModel):
     sandbox_real_time: bool = False
     time_scale: float = 1.0
     manifest: Path = Path("reports/manifest.db")
+    #: ``--gpubench-store``: where the run is kept, a SQLite path or a store URL; the
+    #: manifest path when not given (see :attr:`store_location`).
+    store: str | None = None
     reports: Path = Path("reports")
     #: ``--gpubench-hosts``: the hosts inventory (over the matrix's ``hosts:``).
     hosts: str | None = None
@@ -116,6 +119,11 @@ class Settings(BaseModel):
     def gpu_lease_seconds(self) -> float:
         """A GPU lease's time to live on the run's clock (scaled in the sandbox, never below a few seconds)."""
         return self.scaled(self.gpu_lease_ttl, MIN_GPU_LEASE_SECONDS)
+
+    @property
+    def store_location(self) -> str:
+        """The store this run opens: ``--gpubench-store``, else the manifest path."""
+        return self.store or str(self.manifest)
 
     @property
     def progress_dir(self) -> Path:

@@ -368,7 +368,7 @@ def make_plan(paths: list[str], *, keyword: str | None = None, gpus: list[str] |
         raise CommandProblem(f"no matrix cells selected in {' '.join(paths)} (check the paths, -k and "
                           "--gpu/--provider/--model: pytest --collect-only lists what they select)", 2)
     sandbox = sandbox or settings.sandbox
-    source = manifest or settings.manifest
+    source = manifest or settings.store_location
     try:
         history = StageHistory.from_manifest(source, sandbox=sandbox,
                                              time_scale=settings.time_scale if sandbox else 1.0)

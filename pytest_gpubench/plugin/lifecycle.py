@@ -69,8 +69,8 @@ class RunLifecycle:
         self._clean(f"the start of run {settings.run_id}", reason="its run's process went away",
                     check_liveness=True, search_api=True)
         plan = config.stash.get(RESUME_KEY, None)
-        if plan is not None and store_exists(settings.manifest):
-            with open_store(settings.manifest) as store:
+        if plan is not None and store_exists(settings.store_location):
+            with open_store(settings.store_location) as store:
                 left = store.unreleased_sessions(plan.run_id)
             if left:
                 ids = ", ".join(s.session_id for s in left)
@@ -90,9 +90,9 @@ class RunLifecycle:
         if not self.controller or self.config.option.collectonly:
             return
         settings = self.config.stash[SETTINGS_KEY]
-        if not store_exists(settings.manifest):
+        if not store_exists(settings.store_location):
             return
-        with open_store(settings.manifest) as store:
+        with open_store(settings.store_location) as store:
             run = store.run(settings.run_id)
         if run is None:
             return  # this run recorded nothing: nothing can be left
@@ -101,7 +101,7 @@ class RunLifecycle:
         self._clean("the run's controller, at its end", reason="the run ended", run_id=settings.run_id,
                     check_liveness=False, search_api=interrupted, close_running=True)
         if run.finished_at is None:
-            with open_store(settings.manifest) as store:
+            with open_store(settings.store_location) as store:
                 store.finish_run(settings.run_id, run_status(exitstatus))
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
@@ -122,7 +122,7 @@ class RunLifecycle:
     def _clean(self, released_by: str, **scope: Any) -> CleanupReport | None:
         """One cleanup pass on this run's manifest and API; reports on the terminal, never raises."""
         settings = self.config.stash[SETTINGS_KEY]
-        if not store_exists(settings.manifest):
+        if not store_exists(settings.store_location):
             return None  # never create a manifest just to look into it
         try:
             provider = run_context(self.config).provider_for()
@@ -130,7 +130,7 @@ class RunLifecycle:
             provider = None
         timeout = 3 * max(120.0, settings.stage_timeout(Stage.CLEANUP))
         try:
-            with open_store(settings.manifest) as store:
+            with open_store(settings.store_location) as store:
                 report = run_async(clean(store, provider, api=settings.api, released_by=released_by, **scope),
                                    timeout)
         except Exception as exc:  # noqa: BLE001 - cleanup reports; it never breaks the run

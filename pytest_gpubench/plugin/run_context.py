@@ -51,7 +51,7 @@ class RunContext:
         """The run's store (``--gpubench-manifest``), opened and its run recorded on first use."""
         with self._lock:
             if self._store is None:
-                self._store = open_store(self.settings.manifest)
+                self._store = open_store(self.settings.store_location)
                 self._store.start_run(self.run_id, argv=self.argv, matrix_files=[], owner=self.owner,
                                       api=self.settings.api, sandbox=self.settings.sandbox)
             return self._store

@@ -94,7 +94,7 @@ def _resumed(config: pytest.Config, settings: Settings) -> Settings:
     from ..store.run_choice import LAST
 
     try:
-        plan = plan_resume(settings.manifest, settings.resume or LAST)
+        plan = plan_resume(settings.store_location, settings.resume or LAST)
     except UsageProblem as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[RESUME_KEY] = plan
@@ -106,7 +106,7 @@ def _check_store(settings: Settings) -> None:
     from ..store.opening import store_exists
 
     try:
-        store_exists(settings.manifest)
+        store_exists(settings.store_location)
     except UsageProblem as exc:
         raise pytest.UsageError(str(exc)) from None
 

@@ -111,7 +111,7 @@ class TerminalHooks:
                 cells = run_context(self.config).store.cells(settings.run_id)
                 skipped = sum(1 for c in cells if c.status == "skipped" and skipped_by_budget(c.error_message))
                 terminalreporter.write_line(summary_line(settings.budget, spent, skipped))
-            terminalreporter.write_line(f"run {settings.run_id}; manifest {settings.manifest}; "
+            terminalreporter.write_line(f"run {settings.run_id}; store {settings.store_location}; "
                                         f"progress files {settings.progress_dir / settings.run_id}")
         sandbox = self.config.stash.get(SANDBOX_KEY, None)
         if sandbox is not None:

@@ -23,7 +23,10 @@ holds each one to them):
   order; writing it again (same id) replaces it and keeps its upload state.
 * **baselines**: the latest (by run start) ``success`` or ``partial`` of the same
   cell key that has figures, outside the run being compared.
-* **claims**: of two workers claiming one pending cell, exactly one wins.
+* **claims**: of two workers claiming one pending cell, exactly one wins. A claim made
+  with a lease holds while it is renewed; a running cell whose lease expired is won by
+  the next claimant (``taken_over_from`` names the old holder). A finished cell is
+  never won: the claim says its final status.
 * **systems**: what system detection found, once per session of a run, reads back equal.
 * **GPU leases**: of a machine's GPUs, a claim gets ``count`` not held by another lease
   (released or expired ones are free) or nothing, atomically across processes; a lease
@@ -91,12 +94,21 @@ class Store(Protocol):
                  matrix_file: str) -> str:
         """Add a ``pending`` cell (once: adding it again changes nothing); returns its row id."""
 
-    def claim_cell(self, row_id: str, worker: str) -> Claim:
+    def claim_cell(self, row_id: str, worker: str, *, lease_seconds: float | None = None,
+                   now: float | None = None) -> Claim:
         """Claim a pending cell for ``worker``: it becomes ``running``, held by ``worker``.
 
         Atomic: of two workers claiming one cell exactly one wins; the holder
-        claiming again wins again. A finished cell cannot be claimed.
+        claiming again wins again (and renews its lease). A finished cell cannot be
+        claimed. With ``lease_seconds`` the claim holds until ``now + lease_seconds``
+        unless renewed (:meth:`renew_cell_lease`); a running cell whose lease has
+        expired is taken over. ``now``: seconds since the epoch (tests).
         """
+
+    def renew_cell_lease(self, row_id: str, worker: str, lease_seconds: float, *,
+                         now: float | None = None) -> bool:
+        """Hold ``worker``'s claim ``lease_seconds`` from now; False when the cell is no longer
+        ``running`` under ``worker`` (finished, restarted or taken over)."""
 
     def update_cell(self, row_id: str, **fields: Any) -> None:
         """Set fields of a cell (:class:`~.records.CellRecord` names); ``running`` stamps ``started_at`` once."""

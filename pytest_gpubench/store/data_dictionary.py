@@ -108,6 +108,10 @@ BENCHMARK_MANIFEST = TableDoc(
             "consumer_id sent to GPU Shopper: gpubench-<run>-<cell>-aN, so the API alone finds a run's sessions."
         ),
         "worker": "pytest-xdist worker that ran the cell (main without xdist).",
+        "lease_expires_at": (
+            "Until when the worker's claim on the cell holds unless renewed by its heartbeat (seconds since "
+            "the epoch); past it, another controller may take the cell over."
+        ),
         "ttft_p50_ms": "Median time to first token, milliseconds.",
         "cost_per_million_tokens": (
             "USD per million output tokens: price_per_hour / (output throughput in tokens/s x 3600) x 1e6."

@@ -251,7 +251,8 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
 
         def finish() -> None:
             now = datetime.now(timezone.utc)
-            values = {**row, "completed_at": now.isoformat(timespec="milliseconds")}
+            # A finished cell holds no lease: nothing may take it over.
+            values = {**row, "completed_at": now.isoformat(timespec="milliseconds"), "lease_expires_at": None}
             current = self._cell_or_raise(row_id)
             price = values.get("price_per_hour", current["price_per_hour"])
             started = current["session_started_at"]
@@ -389,7 +390,7 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
         "decode_tokens_per_second", "output_tokens_per_second", "total_requests", "error_count",
         "failure_reason", "failure_stage",
         "error_message", "offer_id", "price_per_hour", "cost_usd", "api_cost_usd", "session_status",
-        "session_started_at", "consumer_id", "worker", "ttft_p50_ms", "cost_per_million_tokens",
+        "session_started_at", "consumer_id", "worker", "lease_expires_at", "ttft_p50_ms", "cost_per_million_tokens",
         "host_key_fingerprint", "attempts", "released_by", "session_released_at",
     )
 

@@ -89,6 +89,8 @@ class CellRecord(_Record):
     session_owner: str | None = None
     # its course
     worker: str | None = None
+    #: Until when the worker's claim holds unless renewed (seconds since the epoch; None: no lease).
+    lease_expires_at: float | None = None
     started_at: str | None = None
     completed_at: str | None = None
     progress_file: str | None = None
@@ -207,6 +209,16 @@ class Claim(_Record):
     #: The worker that holds the cell (the claimant when ``won``).
     holder: str | None
     won: bool
+    #: The cell's status after the claim: ``running`` when won or held elsewhere, a final
+    #: status (``success``, ``failed``, ...) when it had already ended.
+    status: str = "running"
+    #: When the holder started the cell (ISO 8601), and until when its lease holds
+    #: (seconds since the epoch; None: no lease, held until finished).
+    since: str | None = None
+    lease_expires_at: float | None = None
+    #: Won over an expired lease: the holder whose lease ran out (a dead controller),
+    #: whose sessions the new holder must release.
+    taken_over_from: str | None = None
 
 
 class SystemRecord(_Record):

@@ -76,6 +76,7 @@ MANIFEST_COLUMNS: dict[str, type] = {
     "session_started_at": str,  # when record_session ran: the start of cost_usd
     "consumer_id": str,
     "worker": str,
+    "lease_expires_at": float,  # the worker's claim, renewed by heartbeat (epoch seconds)
     "ttft_p50_ms": float,
     "cost_per_million_tokens": float,
     "progress_file": str,

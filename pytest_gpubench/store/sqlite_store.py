@@ -10,6 +10,7 @@ its typed face: it turns rows into :mod:`.records` and back. Wrap an open manife
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -91,21 +92,43 @@ class SqliteStore:
         return self.manifest.add_cell(run_id, cell_id, gpu_type=gpu_type, provider=provider, model=model,
                                       matrix_file=matrix_file)
 
-    def claim_cell(self, row_id: str, worker: str) -> Claim:
+    def claim_cell(self, row_id: str, worker: str, *, lease_seconds: float | None = None,
+                   now: float | None = None) -> Claim:
         manifest = self.manifest
+        at = time.time() if now is None else now
+        lease = at + lease_seconds if lease_seconds is not None else None
 
         def claim() -> Claim:
             current = manifest._cell_or_raise(row_id)
-            mine = current["status"] == "running" and current["worker"] == worker
-            if current["status"] == "pending" or mine:
-                if not mine:
-                    manifest.db.table("benchmark_manifest").update(
-                        row_id, {"status": "running", "worker": worker,
-                                 "started_at": current["started_at"] or utc_now()})
-                return Claim(row_id=row_id, holder=worker, won=True)
-            return Claim(row_id=row_id, holder=current["worker"], won=False)
+            status, holder = current["status"], current["worker"]
+            expires = current.get("lease_expires_at")
+            expired = status == "running" and holder != worker and expires is not None and expires <= at
+            if status == "pending" or (status == "running" and holder == worker) or expired:
+                started = current["started_at"] if status == "running" and holder == worker else None
+                started = started or utc_now()
+                manifest.db.table("benchmark_manifest").update(
+                    row_id, {"status": "running", "worker": worker, "started_at": started,
+                             "lease_expires_at": lease})
+                return Claim(row_id=row_id, holder=worker, won=True, since=started, lease_expires_at=lease,
+                             taken_over_from=holder if expired else None)
+            return Claim(row_id=row_id, holder=holder, won=False, status=status, since=current["started_at"],
+                         lease_expires_at=expires)
 
         return manifest._write(claim)
+
+    def renew_cell_lease(self, row_id: str, worker: str, lease_seconds: float, *,
+                         now: float | None = None) -> bool:
+        manifest = self.manifest
+        at = time.time() if now is None else now
+
+        def renew() -> bool:
+            current = manifest._cell_or_raise(row_id)
+            if current["status"] != "running" or current["worker"] != worker:
+                return False
+            manifest.db.table("benchmark_manifest").update(row_id, {"lease_expires_at": at + lease_seconds})
+            return True
+
+        return manifest._write(renew)
 
     def update_cell(self, row_id: str, **fields: Any) -> None:
         self.manifest.update_cell(row_id, **fields)
