@@ -79,6 +79,8 @@ class Layout:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        #: Something was written since the flag was last cleared: there is a commit to make.
+        self.changed = False
 
     # ------------------------------------------------------------------ paths
 
@@ -129,6 +131,7 @@ class Layout:
         if key in lines:
             return False
         _write_lines(self.todo_path(run), [*lines, key])
+        self.changed = True
         return True
 
     def remove_todo(self, run: str, key: str) -> bool:
@@ -136,19 +139,24 @@ class Layout:
         if key not in lines:
             return False
         _write_lines(self.todo_path(run), [line for line in lines if line != key])
+        self.changed = True
         return True
 
     def write_claim(self, run: str, key: str, claim: ClaimFile) -> bool:
-        return _write_json(self.claim_path(run, key), claim.model_dump(mode="json"))
+        return self._note(_write_json(self.claim_path(run, key), claim.model_dump(mode="json")))
 
     def remove_claim(self, run: str, key: str) -> bool:
-        return _remove(self.claim_path(run, key))
+        return self._note(_remove(self.claim_path(run, key)))
 
     def write_result(self, run: str, key: str, result: ResultFile) -> bool:
-        return _write_json(self.result_path(run, key), result.model_dump(mode="json"))
+        return self._note(_write_json(self.result_path(run, key), result.model_dump(mode="json")))
 
     def remove_result(self, run: str, key: str) -> bool:
-        return _remove(self.result_path(run, key))
+        return self._note(_remove(self.result_path(run, key)))
+
+    def _note(self, changed: bool) -> bool:
+        self.changed = self.changed or changed
+        return changed
 
 
 def _read(path: Path, model: type[_File]) -> Any:

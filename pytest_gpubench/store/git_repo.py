@@ -82,6 +82,11 @@ def run_git(*args: str, cwd: Path | None = None, check: bool = True) -> subproce
     return done
 
 
+def _one_line(output: str) -> str:
+    """What git said, on one line and without a password, for a warning."""
+    return redact(" ".join(output.split()))
+
+
 def ensure_bare_repository(path: Path) -> bool:
     """Create an empty bare repository at ``path`` unless one is there; whether it was created."""
     if (path / "HEAD").is_file():
@@ -128,25 +133,31 @@ class Clone:
         self.commit("gpubench: start the results repository")
         self.push()
 
-    def sync(self) -> None:
-        """Make the work tree the remote branch's latest commit, dropping anything not pushed."""
-        self.git("fetch", "-q", "--no-tags", "origin", f"+refs/heads/{self.branch}:refs/remotes/origin/{self.branch}")
+    def sync(self) -> bool:
+        """Make the work tree the remote branch's latest commit, dropping anything not pushed; False
+        when the remote did not answer (the work tree is then the last commit fetched from it)."""
+        fetched = self.git("fetch", "-q", "--no-tags", "origin",
+                           f"+refs/heads/{self.branch}:refs/remotes/origin/{self.branch}", check=False)
+        self.last_fetch_error = _one_line(fetched.stderr) if fetched.returncode else ""
         self.git("reset", "-q", "--hard", f"refs/remotes/origin/{self.branch}")
+        return fetched.returncode == 0
+
+    def discard(self) -> None:
+        """Drop what was written and not committed (a transaction that raised half way)."""
+        self.git("reset", "-q", "--hard")
         self.git("clean", "-q", "-f", "-d", "--", "data")
 
-    def commit(self, message: str) -> bool:
-        """Commit everything under ``data/``; False when nothing changed."""
+    def commit(self, message: str) -> None:
+        """Commit everything under ``data/`` (the caller knows something changed)."""
         self.git("add", "-A", "--", "data")
-        if self.git("diff", "--cached", "--quiet", check=False).returncode == 0:
-            return False
-        self.git("commit", "-q", "--no-verify", "-m", message)
-        return True
+        self.git("commit", "-q", "--no-verify", "--allow-empty", "-m", message)
 
     def push(self) -> bool:
         """Push the branch; False when the remote moved on (another clone pushed first) or
         could not be reached: the caller syncs and tries again."""
         done = self.git("push", "-q", "--porcelain", "origin", f"HEAD:refs/heads/{self.branch}", check=False)
-        self.last_push_error = redact(done.stderr.strip()) if done.returncode else ""
+        self.last_push_error = _one_line(done.stderr) if done.returncode else ""
         return done.returncode == 0
 
     last_push_error: str = ""
+    last_fetch_error: str = ""

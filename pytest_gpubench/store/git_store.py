@@ -156,9 +156,16 @@ class GitStore(SqliteStore):
                     # Spread the racers out: the winner's push is in; the others retry apart.
                     time.sleep(random.uniform(0, 0.02 * min(attempt, 8)))
                 self.clone.sync()
-                self._replay()
-                answer = decide()
-                if not self.clone.commit(message) or self.clone.push():
+                self.layout.changed = False
+                try:
+                    self._replay()
+                    answer = decide()
+                    if self.layout.changed:
+                        self.clone.commit(message)
+                except BaseException:
+                    self.clone.discard()
+                    raise
+                if not self.layout.changed or self.clone.push():
                     self._pending.clear()
                     self._synced_at = time.monotonic()
                     return answer, True
