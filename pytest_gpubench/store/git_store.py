@@ -25,6 +25,7 @@ it, and a warning says so.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -77,9 +78,11 @@ class GitStore(SqliteStore):
     """A results repository as the shared record, with a local SQLite manifest for the rest."""
 
     def __init__(self, manifest: Manifest, clone: Clone, location: str, *, push_tries: int = 8,
-                 claim_tries: int = 60, refresh_seconds: float = 0.0) -> None:
+                 claim_tries: int = 60, refresh_seconds: float = 0.0, unpushed: Path | None = None) -> None:
         super().__init__(manifest, owns=True)
         self.clone = clone
+        #: Where :meth:`close` leaves the changes it could not push, for the next store on this machine.
+        self.unpushed = unpushed if unpushed is not None else clone.directory.parent.with_suffix(".unpushed.json")
         self.layout = Layout(clone.directory)
         self._location = redact(location)
         self._push_tries = push_tries
@@ -113,8 +116,10 @@ class GitStore(SqliteStore):
             shutil.rmtree(directory, ignore_errors=True)
             raise
         local = Manifest(Path(manifest) if manifest is not None else home / "manifest.db", **options)
-        return cls(local, clone, str(location), push_tries=push_tries, claim_tries=claim_tries,
-                   refresh_seconds=refresh_seconds)
+        store = cls(local, clone, str(location), push_tries=push_tries, claim_tries=claim_tries,
+                    refresh_seconds=refresh_seconds, unpushed=directory.with_suffix(".unpushed.json"))
+        store._adopt_unpushed(clones)
+        return store
 
     @staticmethod
     def exists(location: str | Path) -> bool:
@@ -134,15 +139,26 @@ class GitStore(SqliteStore):
     def close(self) -> None:
         with self._lock:
             if self._pending:
-                self._flush("gpubench: results before closing")
+                self._flush("gpubench: results before closing", warn=False)
             if self._pending:
+                self.unpushed.write_text(json.dumps({"manifest": str(self.manifest.path), "pending": self._pending}))
                 warnings.warn(GitStoreWarning(
-                    f"git store {self._location}: {len(self._pending)} cell(s) not pushed "
-                    f"({self.clone.last_push_error or 'push refused'}); they stay in the local manifest "
-                    f"{self.manifest.path} and the clone {self.clone.directory}"), stacklevel=2)
-            else:
-                shutil.rmtree(self.clone.directory.parent, ignore_errors=True)
+                    f"git store {self._location}: {len(self._pending)} cell(s) not pushed; they stay in the local "
+                    f"manifest {self.manifest.path} and the next git store of this machine on the same manifest "
+                    f"pushes them ({self.unpushed})"), stacklevel=2)
+            shutil.rmtree(self.clone.directory.parent, ignore_errors=True)
         super().close()
+
+    def _adopt_unpushed(self, clones: Path) -> None:
+        """Take over what stores closed earlier on this machine could not push (on the same manifest)."""
+        for path in sorted(clones.glob("*.unpushed.json")):
+            try:
+                left = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if left.get("manifest") == str(self.manifest.path):
+                self._pending.update(left.get("pending", {}))
+                path.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ transactions
 
@@ -171,10 +187,10 @@ class GitStore(SqliteStore):
                     return answer, True
             return answer, False
 
-    def _flush(self, message: str) -> bool:
+    def _flush(self, message: str, *, warn: bool = True) -> bool:
         """Push the pending changes (bounded tries); False, with a warning, when they stay pending."""
         _, pushed = self._transact(lambda: None, message, self._push_tries)
-        if not pushed:
+        if not pushed and warn:
             warnings.warn(GitStoreWarning(
                 f"git store {self._location}: could not push after {self._push_tries} tries "
                 f"({self.clone.last_push_error or 'the remote kept moving'}); {len(self._pending)} cell(s) stay in "
@@ -314,14 +330,19 @@ class GitStore(SqliteStore):
         return result_id
 
     def cell(self, row_id: str) -> CellRecord | None:
-        self._refresh()
-        local = super().cell(row_id)
-        run_id = local.run_id if local is not None else row_id.partition("/")[0]
-        run, key = _names(row_id, run_id)
-        return _overlay(local, self.layout.cell(run, key), run_id)
+        with self._lock:  # another thread's transaction must not reset the work tree under the read
+            self._refresh()
+            local = super().cell(row_id)
+            run_id = local.run_id if local is not None else row_id.partition("/")[0]
+            run, key = _names(row_id, run_id)
+            return _overlay(local, self.layout.cell(run, key), run_id)
 
     def cells(self, run_id: str | None = None) -> list[CellRecord]:
-        self._refresh()
+        with self._lock:
+            self._refresh()
+            return self._cells(run_id)
+
+    def _cells(self, run_id: str | None) -> list[CellRecord]:
         local = super().cells(run_id)
         runs = [run_dir(run_id)] if run_id is not None else self.layout.runs()
         known_runs = {run_dir(found): found for found in self.run_ids()}

@@ -157,6 +157,24 @@ def test_a_result_whose_push_fails_stays_and_goes_with_the_next_push(tmp_path):
     assert done["cell"]["status"] == "success"
 
 
+def test_a_result_a_closing_store_could_not_push_goes_with_the_next_store_of_the_machine(tmp_path):
+    a = machine(tmp_path, "a", push_tries=1)
+    row = add(a, "cell-1")
+    assert a.claim_cell(row, "a").won
+    bare, away = tmp_path / "results.git", tmp_path / "moved.git"
+    bare.rename(away)
+    with pytest.warns(GitStoreWarning):
+        a.finish_cell(row, status="success")
+    with pytest.warns(GitStoreWarning, match="next git store of this machine on the same manifest pushes them"):
+        a.close()
+    away.rename(bare)
+    with machine(tmp_path, "a") as again:
+        assert again.cells(RUN)[0].status == "success"
+    assert not list((tmp_path / "a" / "cache").rglob("*.unpushed.json"))
+    done = json.loads((checkout(tmp_path) / "data/runs/phase1/cell-1.json").read_text())
+    assert (done["cell"]["status"], done["cell"]["worker"]) == ("success", "a")
+
+
 def test_another_machine_s_cells_show_as_the_repository_has_them(tmp_path):
     with machine(tmp_path, "a") as a, machine(tmp_path, "b") as b:
         a.start_run(RUN, [], [])
