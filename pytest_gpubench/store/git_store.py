@@ -296,9 +296,13 @@ class GitStore(SqliteStore):
             return True
 
         renewed, pushed = self._transact(renew, f"gpubench: renew {row_id} for {worker}", self._push_tries)
-        if renewed and pushed:
+        if not pushed:
+            # Not False: the claim may well be this worker's still; the remote did not hear of the renewal.
+            raise StoreProblem(f"git store {self._location}: could not push the lease of {row_id} after "
+                             f"{self._push_tries} tries ({self.clone.last_push_error or 'the remote kept moving'})")
+        if renewed:
             super().renew_cell_lease(row_id, worker, lease_seconds, now=now)
-        return renewed and pushed
+        return renewed
 
     def finish_cell(self, row_id: str, *, status: str, failure_stage: Stage | str | None = None,
                     failure_reason: str | None = None, error_message: str | None = None,

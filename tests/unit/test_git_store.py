@@ -153,6 +153,13 @@ def test_a_result_whose_push_fails_stays_and_goes_with_the_next_push(tmp_path):
         assert a.manifest.cell(row)["status"] == "success"
         away.rename(bare)
         assert a.cell(row).status == "success"  # the next operation pushed it
+        again = add(a, "cell-2")
+        assert a.claim_cell(again, "a", lease_seconds=30).won
+        bare.rename(away)
+        with pytest.raises(StoreProblem, match="could not push the lease"):
+            a.renew_cell_lease(again, "a", 30)  # not False: the claim is still a's
+        away.rename(bare)
+        assert a.renew_cell_lease(again, "a", 30)
     done = json.loads((checkout(tmp_path) / "data/runs/phase1/cell-1.json").read_text())
     assert done["cell"]["status"] == "success"
 
