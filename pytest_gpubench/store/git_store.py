@@ -109,6 +109,7 @@ class GitStore(SqliteStore):
         home = home / hashlib.sha256(redact(url).encode()).hexdigest()[:16]
         clones = home / "clones"
         clones.mkdir(parents=True, exist_ok=True)
+        _remove_dead_clones(clones)
         directory = Path(tempfile.mkdtemp(prefix=f"{socket.gethostname()}-{os.getpid()}-", dir=clones))
         try:
             clone = Clone(url, directory / "repo", branch)
@@ -358,6 +359,22 @@ class GitStore(SqliteStore):
         for (run, _), found in repo.items():
             answer.append(_overlay(None, found, run_id or known_runs.get(run, run)))
         return [cell for cell in answer if cell is not None]
+
+
+def _remove_dead_clones(clones: Path) -> None:
+    """Delete the clones that processes of this host left when they were killed (nothing in them
+    is lost: what they had not pushed is in the local manifest, their claims expire)."""
+    host = socket.gethostname()
+    for clone in clones.iterdir():
+        owner, _, pid = clone.name.rpartition("-")[0].rpartition("-")
+        if owner != host or not pid.isdigit() or not clone.is_dir():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(clone, ignore_errors=True)
+        except PermissionError:
+            pass  # another user's process: alive
 
 
 def _names(row_id: str, run_id: str) -> tuple[str, str]:

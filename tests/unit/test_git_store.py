@@ -7,6 +7,7 @@ suite (test_store_contract.py) holds the same store to the ``Store`` promises.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import textwrap
@@ -203,6 +204,18 @@ def test_close_removes_the_clone_and_the_local_manifest_stays(tmp_path):
     assert clone.is_dir()
     store.close()
     assert not clone.exists() and (tmp_path / "a" / "manifest.db").is_file()
+
+
+def test_a_killed_process_s_clone_is_removed_by_the_next_store(tmp_path):
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with machine(tmp_path, "a") as store:
+        clones = store.clone.directory.parents[1]
+        left = clones / f"{socket.gethostname()}-{killed.pid}-abc123"
+        (left / "repo").mkdir(parents=True)
+    killed.kill()
+    killed.wait(timeout=30)
+    with machine(tmp_path, "a"):
+        assert not left.exists()
 
 
 def test_open_store_and_store_exists_reach_the_git_store(tmp_path, monkeypatch):
