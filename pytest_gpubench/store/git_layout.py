@@ -43,6 +43,8 @@ class ClaimFile(_File):
     """``data/runs/claims/<run>/<cell>.json``: the cell is running, held by ``holder``."""
 
     holder: str
+    #: The host of the holder: worker names (``main``, ``gw0``) repeat from machine to machine.
+    host: str = ""
     #: When the holder started the cell (ISO 8601).
     since: str
     #: Seconds since the epoch; None: held until finished (or the file is deleted by hand).
@@ -58,6 +60,8 @@ class ResultFile(_File):
 
     cell: dict[str, Any]
     result: dict[str, Any] | None = None
+    #: The host whose worker (``cell["worker"]``) ran it.
+    host: str = ""
 
     @property
     def status(self) -> str:

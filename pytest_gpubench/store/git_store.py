@@ -24,6 +24,7 @@ it, and a warning says so.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -78,9 +79,12 @@ class GitStore(SqliteStore):
     """A results repository as the shared record, with a local SQLite manifest for the rest."""
 
     def __init__(self, manifest: Manifest, clone: Clone, location: str, *, push_tries: int = 8,
-                 claim_tries: int = 60, refresh_seconds: float = 0.0, unpushed: Path | None = None) -> None:
+                 claim_tries: int = 60, refresh_seconds: float = 0.0, unpushed: Path | None = None,
+                 host: str | None = None) -> None:
         super().__init__(manifest, owns=True)
         self.clone = clone
+        #: This machine's name in claim files: a worker is ``gw0`` on one host, another ``gw0`` elsewhere.
+        self.host = host or socket.gethostname()
         #: Where :meth:`close` leaves the changes it could not push, for the next store on this machine.
         self.unpushed = unpushed if unpushed is not None else clone.directory.parent.with_suffix(".unpushed.json")
         self.layout = Layout(clone.directory)
@@ -92,15 +96,20 @@ class GitStore(SqliteStore):
         self._lock = threading.RLock()
         #: row id -> what to re-apply on top of the remote: "todo", "publish" or "restart".
         self._pending: dict[str, str] = {}
+        self._closed = False
+        # A store its opener never closes (a run's, kept for the process) still pushes what is
+        # pending and removes its clone when the process ends.
+        atexit.register(self.close)
 
     @classmethod
     def open(cls, location: str | Path, *, manifest: str | Path | None = None, cache_dir: str | Path | None = None,
              branch: str | None = None, push_tries: int = 8, claim_tries: int = 60, refresh_seconds: float = 0.0,
-             **options: Any) -> GitStore:
+             host: str | None = None, **options: Any) -> GitStore:
         """Clone ``git+URL`` (a ``file://`` repository is created if missing) into a private folder
         under ``cache_dir`` (default :func:`default_cache_dir`) and open the local manifest: ``manifest``,
         else ``<cache_dir>/<url hash>/manifest.db``, one per URL per machine, shared by its processes.
-        ``options`` tune that SQLite file (``busy_timeout``, ``retry_seconds``)."""
+        ``host`` names this machine in claim files (default: the host name). ``options`` tune the
+        SQLite file (``busy_timeout``, ``retry_seconds``)."""
         url = git_url(str(location))
         path = local_path(url)
         if path is not None:
@@ -118,7 +127,7 @@ class GitStore(SqliteStore):
             raise
         local = Manifest(Path(manifest) if manifest is not None else home / "manifest.db", **options)
         store = cls(local, clone, str(location), push_tries=push_tries, claim_tries=claim_tries,
-                    refresh_seconds=refresh_seconds, unpushed=directory.with_suffix(".unpushed.json"))
+                    refresh_seconds=refresh_seconds, unpushed=directory.with_suffix(".unpushed.json"), host=host)
         store._adopt_unpushed(clones)
         return store
 
@@ -139,6 +148,10 @@ class GitStore(SqliteStore):
 
     def close(self) -> None:
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            atexit.unregister(self.close)
             if self._pending:
                 self._flush("gpubench: results before closing", warn=False)
             if self._pending:
@@ -224,20 +237,46 @@ class GitStore(SqliteStore):
                 self.layout.add_todo(run, key)
 
     def _publish(self, local: CellRecord, run: str, key: str) -> None:
-        """The cell is done: its result file (unless another holder's result is there), no TODO line, no claim."""
+        """The cell is done: its result file (unless another worker's result is there), no TODO line, no claim.
+
+        Not when another machine holds it (a live claim): this machine's end of a cell it never held
+        (its cleanup closing what looked like running) stays in its own manifest.
+        """
+        held = self.layout.claim(run, key)
+        if held is not None and not self._here(held.host) and not _expired(held, time.time()):
+            return
         existing = self.layout.result(run, key)
-        if existing is None or existing.cell.get("worker") in (None, local.worker):
+        if existing is None or (existing.cell.get("worker") in (None, local.worker) and self._here(existing.host)):
             stored = self.result(local.benchmark_id) if local.benchmark_id else None
             cell = local.model_dump(include=set(_IDENTITY) | set(_OUTCOME))
-            self.layout.write_result(run, key, ResultFile(cell=cell, result=stored.result if stored else None))
+            self.layout.write_result(run, key, ResultFile(cell=cell, result=stored.result if stored else None,
+                                                          host=self.host))
         self.layout.remove_todo(run, key)
         self.layout.remove_claim(run, key)
+
+    def _here(self, host: str) -> bool:
+        """A claim or result of this machine's worker (a file without a host: by the worker's name alone)."""
+        return host in ("", self.host)
+
+    def _holder(self, worker: str | None, host: str) -> str | None:
+        """A worker as this machine names workers: ``gw0``, or ``gw0@other-host``."""
+        return worker if worker is None or self._here(host) else f"{worker}@{host}"
 
     def _known(self, row_id: str) -> CellRecord:
         local = super().cell(row_id)
         if local is None:
             raise KeyError(row_id)
         return local
+
+    # ---------------------------------------------------------------------- runs
+
+    def run_ids(self) -> list[str]:
+        """This machine's runs, most recent first, then the runs only the repository has (by name)."""
+        with self._lock:
+            self._refresh()
+            local = super().run_ids()
+            known = {run_dir(found) for found in local}
+            return local + [run for run in self.layout.runs() if run not in known]
 
     # --------------------------------------------------------------------- cells
 
@@ -259,20 +298,21 @@ class GitStore(SqliteStore):
         def claim() -> Claim:
             done = self.layout.result(run, key)
             if done is not None:
-                return Claim(row_id=row_id, holder=done.cell.get("worker"), won=False, status=done.status,
+                return Claim(row_id=row_id, holder=self._holder(done.cell.get("worker"), done.host), won=False,
+                             status=done.status,
                              since=done.cell.get("started_at"))
             held = self.layout.claim(run, key)
-            mine = held is not None and held.holder == worker
-            expired = (held is not None and not mine and held.lease_expires_at is not None
-                       and held.lease_expires_at <= at)
+            mine = held is not None and held.holder == worker and self._here(held.host)
+            expired = held is not None and not mine and _expired(held, at)
             if held is not None and not mine and not expired:
-                return Claim(row_id=row_id, holder=held.holder, won=False, since=held.since,
+                return Claim(row_id=row_id, holder=self._holder(held.holder, held.host), won=False, since=held.since,
                              lease_expires_at=held.lease_expires_at)
             since = held.since if mine else utc_now()
-            self.layout.write_claim(run, key, ClaimFile(holder=worker, since=since, lease_expires_at=lease,
+            self.layout.write_claim(run, key, ClaimFile(holder=worker, host=self.host, since=since,
+                                                        lease_expires_at=lease,
                                                         cell=local.model_dump(include=set(_IDENTITY))))
             return Claim(row_id=row_id, holder=worker, won=True, since=since, lease_expires_at=lease,
-                         taken_over_from=held.holder if expired else None)
+                         taken_over_from=self._holder(held.holder, held.host) if expired else None)
 
         answer, pushed = self._transact(claim, f"gpubench: claim {row_id} for {worker}", self._claim_tries)
         if not pushed:
@@ -291,7 +331,8 @@ class GitStore(SqliteStore):
 
         def renew() -> bool:
             held = self.layout.claim(run, key)
-            if self.layout.result(run, key) is not None or held is None or held.holder != worker:
+            if self.layout.result(run, key) is not None or held is None or held.holder != worker \
+                    or not self._here(held.host):
                 return False
             self.layout.write_claim(run, key, held.model_copy(update={"lease_expires_at": lease}))
             return True
@@ -340,7 +381,7 @@ class GitStore(SqliteStore):
             local = super().cell(row_id)
             run_id = local.run_id if local is not None else row_id.partition("/")[0]
             run, key = _names(row_id, run_id)
-            return _overlay(local, self.layout.cell(run, key), run_id)
+            return _overlay(local, self.layout.cell(run, key), run_id, self._holder)
 
     def cells(self, run_id: str | None = None) -> list[CellRecord]:
         with self._lock:
@@ -350,14 +391,14 @@ class GitStore(SqliteStore):
     def _cells(self, run_id: str | None) -> list[CellRecord]:
         local = super().cells(run_id)
         runs = [run_dir(run_id)] if run_id is not None else self.layout.runs()
-        known_runs = {run_dir(found): found for found in self.run_ids()}
+        known_runs = {run_dir(found): found for found in super().run_ids()}
         repo = {(found.run, found.key): found for run in runs for found in self.layout.cells(run)}
         answer = []
         for cell in local:
             names = _names(cell.row_id, cell.run_id)
-            answer.append(_overlay(cell, repo.pop(names, None), cell.run_id))
+            answer.append(_overlay(cell, repo.pop(names, None), cell.run_id, self._holder))
         for (run, _), found in repo.items():
-            answer.append(_overlay(None, found, run_id or known_runs.get(run, run)))
+            answer.append(_overlay(None, found, run_id or known_runs.get(run, run), self._holder))
         return [cell for cell in answer if cell is not None]
 
 
@@ -382,7 +423,12 @@ def _names(row_id: str, run_id: str) -> tuple[str, str]:
     return run_dir(run_id), file_name(row_id.removeprefix(f"{run_id}/"))
 
 
-def _overlay(local: CellRecord | None, repo: RepoCell | None, run_id: str) -> CellRecord | None:
+def _expired(held: ClaimFile, at: float) -> bool:
+    return held.lease_expires_at is not None and held.lease_expires_at <= at
+
+
+def _overlay(local: CellRecord | None, repo: RepoCell | None, run_id: str,
+             holder: Callable[[str | None, str], str | None]) -> CellRecord | None:
     """The cell as the repository says it is now (done, claimed), over what the local manifest knows."""
     if repo is None or (repo.result is None and repo.claim is None):
         if local is not None or repo is None or not repo.todo:
@@ -394,11 +440,11 @@ def _overlay(local: CellRecord | None, repo: RepoCell | None, run_id: str) -> Ce
         "model": ""}
     if repo.result is not None:
         said = {name: repo.result.cell.get(name) for name in _SHARED}
-        said["status"] = repo.result.status
+        said.update(status=repo.result.status, worker=holder(said["worker"], repo.result.host))
         identity = repo.result.cell
     else:
         said = dict.fromkeys(_SHARED)
-        said.update(status="running", worker=repo.claim.holder, started_at=repo.claim.since,
+        said.update(status="running", worker=holder(repo.claim.holder, repo.claim.host), started_at=repo.claim.since,
                     lease_expires_at=repo.claim.lease_expires_at)
         identity = repo.claim.cell
     if local is None:

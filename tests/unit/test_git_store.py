@@ -107,6 +107,24 @@ def test_an_expired_claim_is_taken_over_and_its_holder_cannot_renew(tmp_path):
         assert (seen.status, seen.worker, seen.lease_expires_at) == ("running", "b", 1081.0)
 
 
+def test_workers_of_one_name_on_two_machines_are_two_workers(tmp_path):
+    with machine(tmp_path, "a", host="box-a") as a, machine(tmp_path, "b", host="box-b") as b:
+        row = add(a, "cell-1")
+        add(b, "cell-1")
+        assert a.claim_cell(row, "main", lease_seconds=60).won
+        held = b.claim_cell(row, "main", lease_seconds=60)
+        assert (held.won, held.holder) == (False, "main@box-a")
+        assert not b.renew_cell_lease(row, "main", 60)
+        # b's cleanup closing what looks running to it keeps to b's manifest: a's claim stands.
+        b.finish_cell(row, status="failed", failure_reason="interrupted")
+        seen = b.cell(row)
+        assert (seen.status, seen.worker) == ("running", "main@box-a")
+        assert a.cell(row).worker == "main"
+        a.finish_cell(row, status="success")
+        assert (b.cell(row).status, b.cell(row).worker) == ("success", "main@box-a")
+        assert b.claim_cell(row, "main").holder == "main@box-a"
+
+
 def _push_after(store: GitStore, other_push) -> list[bool]:
     """Make ``other_push`` (another machine's real push) land between ``store``'s sync and its next push."""
     real_push, answers = store.clone.push, []
@@ -196,6 +214,8 @@ def test_another_machine_s_cells_show_as_the_repository_has_them(tmp_path):
             "running", "a", 1060.0, "RTX 4090")
         assert seen["gpu-local-m:2"].status == "skipped"
         assert {cell.row_id for cell in b.cells()} == {cell.row_id for cell in seen.values()}
+        b.start_run("b-own", [], [])
+        assert b.run_ids() == ["b-own", RUN]  # its own runs first, then the repository's
 
 
 def test_close_removes_the_clone_and_the_local_manifest_stays(tmp_path):
