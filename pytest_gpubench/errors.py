@@ -14,6 +14,7 @@
     ├── ImportProblem             a result file, or an item of it, that cannot be imported (field, message)
     ├── CommandProblem            a gpubench command cannot do what was asked: one line, its exit status
     ├── UnknownRun                a run name (an id, or last) the store does not know
+    ├── StoreProblem              a shared store (a results repository) cannot be reached or written
     └── StageError                a cell failed at one stage (stage, message, hint)
         ├── NoEligibleOffer       inventory: offers exist or not, none fits -> skipped
         ├── BudgetRefused         provision: the spend cap leaves no room for the session
@@ -165,6 +166,11 @@ class UnknownRun(GpubenchError):
     def __init__(self, wanted: str, message: str) -> None:
         super().__init__(message)
         self.wanted = wanted
+
+
+class StoreProblem(GpubenchError):
+    """A shared store could not be reached or refused a change (a git command of the git
+    store that failed, a claim it could not push): what it said, any password hidden."""
 
 
 class StageError(GpubenchError):

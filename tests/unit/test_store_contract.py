@@ -30,9 +30,18 @@ def _sqlite(path: Path) -> Store:
     return SqliteStore.open(path / "reports" / "manifest.db")
 
 
+def _git(path: Path) -> Store:
+    """A bare repository under ``path`` (created by the first open), a clone per store and one local
+    manifest: several stores on one machine, as the plugin's controller and xdist workers are."""
+    from pytest_gpubench.store.git_store import GitStore
+
+    return GitStore.open(f"git+file://{path}/results.git", manifest=path / "reports" / "manifest.db",
+                         cache_dir=path / "git-cache")
+
+
 #: name -> opens a fresh store under a directory (a second call on the same one opens
 #: the same store again, as a second process would).
-IMPLEMENTATIONS: dict[str, Callable[[Path], Store]] = {"sqlite": _sqlite}
+IMPLEMENTATIONS: dict[str, Callable[[Path], Store]] = {"sqlite": _sqlite, "git": _git}
 
 
 @pytest.fixture(params=sorted(IMPLEMENTATIONS))

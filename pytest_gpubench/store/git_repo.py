@@ -1,0 +1,163 @@
+"""Git plumbing for the git store: one private clone of a results repository.
+
+Every command runs through :func:`run_git` (an argument list, never a shell) with a
+fixed author and configuration, so a user's hooks, signing or pull settings change
+nothing, and with ``GIT_TERMINAL_PROMPT=0`` so a missing credential is an error, not
+a prompt that hangs a test run. What git prints is passed through
+:func:`~.opening.redact` before it reaches a message: a password in the URL never does.
+
+:class:`Clone` knows four moves, which are all the git store needs: start from the
+remote's latest commit (:meth:`Clone.sync`, a fetch and a hard reset), commit what
+was written (:meth:`Clone.commit`) and push it (:meth:`Clone.push`, False when another
+push won the race).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from ..errors import StoreProblem, UsageProblem
+from .redaction import redact
+
+__all__ = ["AUTHOR", "Clone", "ensure_bare_repository", "git_url", "local_path", "run_git"]
+
+#: Who the git store's commits are by, whoever runs it.
+AUTHOR = ("gpubench", "gpubench@localhost")
+#: The transports a results repository may be reached by (``git+URL``).
+ALLOWED_SCHEMES = ("file", "ssh", "https", "http", "git")
+_CONFIG = ("-c", f"user.name={AUTHOR[0]}", "-c", f"user.email={AUTHOR[1]}", "-c", "commit.gpgsign=false",
+           "-c", "core.hooksPath=/dev/null", "-c", "gc.auto=0", "-c", "advice.detachedHead=false")
+_TIMEOUT = 120.0
+
+
+def git_url(location: str) -> str:
+    """The URL git is given for a ``git+URL`` location; a ``UsageProblem`` when the transport is
+    not one of :data:`ALLOWED_SCHEMES` or the URL names no repository."""
+    if not location.startswith("git+"):
+        raise UsageProblem(f"{redact(location)}: a git store is git+URL (git+file:///srv/results.git)")
+    url = location.removeprefix("git+")
+    parts = urlsplit(url)
+    if parts.scheme not in ALLOWED_SCHEMES or not re.match(r"^[a-z]+://", url):
+        raise UsageProblem(f"{redact(location)}: a results repository is reached by "
+                         f"{', '.join(s + '://' for s in ALLOWED_SCHEMES)}")
+    if parts.scheme == "file" and not parts.path:
+        raise UsageProblem(f"{redact(location)}: git+file:///PATH names a repository by its absolute path")
+    if parts.scheme != "file" and not parts.hostname:
+        raise UsageProblem(f"{redact(location)}: the URL names no host")
+    return url
+
+
+def local_path(url: str) -> Path | None:
+    """The directory a ``file://`` URL names; None for a remote URL."""
+    parts = urlsplit(url)
+    return Path(unquote(parts.path)) if parts.scheme == "file" else None
+
+
+def _environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(GIT_TERMINAL_PROMPT="0", GIT_ALLOW_PROTOCOL=":".join(ALLOWED_SCHEMES), LC_ALL="C",
+               GIT_CONFIG_NOSYSTEM="1")
+    # A developer's environment may point git elsewhere; the clone is ours alone.
+    for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+        env.pop(name, None)
+    return env
+
+
+def run_git(*args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``git ARGS`` with the fixed author and configuration; a :class:`~..errors.StoreProblem` when it fails
+    and ``check`` (else the completed process, to read its return code)."""
+    try:
+        done = subprocess.run(["git", *_CONFIG, *args], cwd=cwd, env=_environment(), capture_output=True,
+                              text=True, timeout=_TIMEOUT, check=False)
+    except FileNotFoundError as exc:
+        raise StoreProblem("git store: git is not installed (the git+URL store runs git)") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise StoreProblem(f"git {redact(' '.join(args[:2]))}: no answer in {_TIMEOUT:.0f} s") from exc
+    if check and done.returncode != 0:
+        raise StoreProblem(f"git {redact(' '.join(args[:2]))} failed: {redact(done.stderr.strip() or done.stdout)}")
+    return done
+
+
+def _one_line(output: str) -> str:
+    """What git said, on one line and without a password, for a warning."""
+    return redact(" ".join(output.split()))
+
+
+def ensure_bare_repository(path: Path) -> bool:
+    """Create an empty bare repository at ``path`` unless one is there; whether it was created."""
+    if (path / "HEAD").is_file():
+        return False
+    path.mkdir(parents=True, exist_ok=True)
+    run_git("init", "--bare", "-q", "--initial-branch=main", str(path))
+    return True
+
+
+class Clone:
+    """A private clone of the results repository, on one branch; not shared between processes."""
+
+    def __init__(self, url: str, directory: Path, branch: str | None = None) -> None:
+        self.url = url
+        self.directory = directory
+        run_git("clone", "-q", "--no-tags", "--", url, str(directory))
+        self.branch = branch or self._remote_branch() or "main"
+        if not self._has_remote_branch():
+            self._first_commit()
+        self.sync()
+
+    def git(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """``git ARGS`` in this clone."""
+        return run_git(*args, cwd=self.directory, check=check)
+
+    def _remote_branch(self) -> str | None:
+        head = self.git("symbolic-ref", "-q", "--short", "refs/remotes/origin/HEAD", check=False)
+        if head.returncode == 0 and head.stdout.strip():
+            return head.stdout.strip().removeprefix("origin/")
+        # An empty remote: its HEAD names the branch its first push makes.
+        remote = self.git("ls-remote", "--symref", "origin", "HEAD", check=False).stdout
+        found = re.search(r"ref: refs/heads/(\S+)\s+HEAD", remote)
+        return found[1] if found else None
+
+    def _has_remote_branch(self) -> bool:
+        return bool(self.git("ls-remote", "--heads", "origin", f"refs/heads/{self.branch}").stdout.strip())
+
+    def _first_commit(self) -> None:
+        """An empty remote gets a first commit (whoever pushes it first; a lost race is fine)."""
+        self.git("checkout", "-q", "--orphan", self.branch)
+        readme = self.directory / "data" / "README.md"
+        readme.parent.mkdir(parents=True, exist_ok=True)
+        readme.write_text("Results of pytest-gpubench's git store (docs/git-mode.md).\n")
+        self.commit("gpubench: start the results repository")
+        self.push()
+
+    def sync(self) -> bool:
+        """Make the work tree the remote branch's latest commit, dropping anything not pushed; False
+        when the remote did not answer (the work tree is then the last commit fetched from it)."""
+        fetched = self.git("fetch", "-q", "--no-tags", "origin",
+                           f"+refs/heads/{self.branch}:refs/remotes/origin/{self.branch}", check=False)
+        self.last_fetch_error = _one_line(fetched.stderr) if fetched.returncode else ""
+        self.git("reset", "-q", "--hard", f"refs/remotes/origin/{self.branch}")
+        return fetched.returncode == 0
+
+    def discard(self) -> None:
+        """Drop what was written and not committed (a transaction that raised half way)."""
+        self.git("reset", "-q", "--hard")
+        self.git("clean", "-q", "-f", "-d", "--", "data")
+
+    def commit(self, message: str) -> None:
+        """Commit everything under ``data/`` (the caller knows something changed)."""
+        self.git("add", "-A", "--", "data")
+        self.git("commit", "-q", "--no-verify", "--allow-empty", "-m", message)
+
+    def push(self) -> bool:
+        """Push the branch; False when the remote moved on (another clone pushed first) or
+        could not be reached: the caller syncs and tries again."""
+        done = self.git("push", "-q", "--porcelain", "origin", f"HEAD:refs/heads/{self.branch}", check=False)
+        self.last_push_error = _one_line(done.stderr) if done.returncode else ""
+        return done.returncode == 0
+
+    last_push_error: str = ""
+    last_fetch_error: str = ""

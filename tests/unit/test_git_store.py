@@ -1,0 +1,309 @@
+"""The git store with real git: a bare repository on disk, a clone per store, pushes that race.
+
+Each store here stands for one machine (its own local manifest and clone); the contract
+suite (test_store_contract.py) holds the same store to the ``Store`` promises.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_gpubench.errors import StoreProblem, UsageProblem
+from pytest_gpubench.store.git_repo import run_git
+from pytest_gpubench.store.git_store import GitStore, GitStoreWarning
+from pytest_gpubench.store.opening import open_store, store_exists
+from result_helpers import make_result
+
+RUN = "phase1"
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def url(tmp_path: Path) -> str:
+    return f"git+file://{tmp_path}/results.git"
+
+
+def machine(tmp_path: Path, name: str, **options) -> GitStore:
+    """A store as machine ``name`` opens it: its own manifest and clone, the shared repository."""
+    return GitStore.open(url(tmp_path), manifest=tmp_path / name / "manifest.db", cache_dir=tmp_path / name / "cache",
+                         **options)
+
+
+def add(store: GitStore, cell: str) -> str:
+    return store.add_cell(RUN, cell, gpu_type="RTX 4090", provider="local", model="qwen2:7b",
+                          matrix_file="matrix/phase1.yaml")
+
+
+def checkout(tmp_path: Path) -> Path:
+    """A fresh clone of the repository as it is on the remote now."""
+    target = tmp_path / f"inspect-{time.monotonic_ns()}"
+    run_git("clone", "-q", f"{tmp_path}/results.git", str(target))
+    return target
+
+
+def test_the_repository_holds_seed_002_s_layout(tmp_path):
+    with machine(tmp_path, "a") as store:
+        store.start_run(RUN, ["pytest"], ["matrix/phase1.yaml"])
+        rows = [add(store, name) for name in ("RTX_4090-local-qwen2:7b", "RTX_4090-local-llama3:8b")]
+        claim = store.claim_cell(rows[0], "box-a/gw0", lease_seconds=60, now=1000.0)
+        assert claim.won and claim.lease_expires_at == 1060.0
+        repo = checkout(tmp_path)
+        assert (repo / "data/phase/phase1.txt").read_text() == "RTX_4090-local-qwen2_7b\nRTX_4090-local-llama3_8b\n"
+        claimed = json.loads((repo / "data/runs/claims/phase1/RTX_4090-local-qwen2_7b.json").read_text())
+        assert (claimed["holder"], claimed["since"], claimed["lease_expires_at"]) == ("box-a/gw0", claim.since, 1060.0)
+        assert claimed["cell"]["cell_id"] == "RTX_4090-local-qwen2:7b" and claimed["cell"]["gpu_type"] == "RTX 4090"
+
+        result_id = store.add_result(rows[0], make_result(72.5))
+        store.finish_cell(rows[0], status="success")
+        store.finish_cell(rows[1], status="failed", failure_stage="model_pull", failure_reason="no_space")
+        repo = checkout(tmp_path)
+        assert (repo / "data/phase/phase1.txt").read_text() == ""
+        assert not list((repo / "data/runs/claims").rglob("*.json"))
+        done = json.loads((repo / "data/runs/phase1/RTX_4090-local-qwen2_7b.json").read_text())
+        assert done["cell"]["status"] == "success" and done["cell"]["worker"] == "box-a/gw0"
+        assert done["result"]["id"] == result_id and done["result"]["results"]["avg_tokens_per_second"] == 72.5
+        failed = json.loads((repo / "data/runs/phase1/RTX_4090-local-llama3_8b.json").read_text())
+        assert (failed["cell"]["status"], failed["cell"]["failure_stage"], failed["result"]) == (
+            "failed", "model_pull", None)
+        authors = run_git("log", "--format=%an <%ae>", cwd=repo).stdout.split("\n")
+        assert set(filter(None, authors)) == {"gpubench <gpubench@localhost>"}
+
+
+def test_a_cell_with_a_result_is_skipped_by_every_other_machine(tmp_path):
+    with machine(tmp_path, "a") as a, machine(tmp_path, "b") as b:
+        row = add(a, "cell-1")
+        assert a.claim_cell(row, "a").won
+        a.add_result(row, make_result(70.0))
+        a.finish_cell(row, status="success")
+        assert add(b, "cell-1") == row
+        claim = b.claim_cell(row, "b")
+        assert (claim.won, claim.status, claim.holder) == (False, "success", "a")
+        # b adding the cell did not put it back on the TODO list
+        b.cells()
+        assert (checkout(tmp_path) / "data/phase/phase1.txt").read_text() == ""
+        seen = b.cell(row)
+        assert (seen.status, seen.worker, seen.decode_tokens_per_second) == ("success", "a", 70.0)
+
+
+def test_an_expired_claim_is_taken_over_and_its_holder_cannot_renew(tmp_path):
+    with machine(tmp_path, "a") as a, machine(tmp_path, "b") as b:
+        row = add(a, "cell-1")
+        add(b, "cell-1")
+        assert a.claim_cell(row, "a", lease_seconds=30, now=1000.0).won
+        assert a.renew_cell_lease(row, "a", 30, now=1020.0)  # held until 1050
+        held = b.claim_cell(row, "b", lease_seconds=30, now=1040.0)
+        assert (held.won, held.holder, held.lease_expires_at) == (False, "a", 1050.0)
+        taken = b.claim_cell(row, "b", lease_seconds=30, now=1051.0)
+        assert taken.won and taken.taken_over_from == "a" and taken.holder == "b"
+        assert not a.renew_cell_lease(row, "a", 30, now=1052.0)
+        seen = a.cell(row)
+        assert (seen.status, seen.worker, seen.lease_expires_at) == ("running", "b", 1081.0)
+
+
+def test_workers_of_one_name_on_two_machines_are_two_workers(tmp_path):
+    with machine(tmp_path, "a", host="box-a") as a, machine(tmp_path, "b", host="box-b") as b:
+        row = add(a, "cell-1")
+        add(b, "cell-1")
+        assert a.claim_cell(row, "main", lease_seconds=60).won
+        held = b.claim_cell(row, "main", lease_seconds=60)
+        assert (held.won, held.holder) == (False, "main@box-a")
+        assert not b.renew_cell_lease(row, "main", 60)
+        # b's cleanup closing what looks running to it keeps to b's manifest: a's claim stands.
+        b.finish_cell(row, status="failed", failure_reason="interrupted")
+        seen = b.cell(row)
+        assert (seen.status, seen.worker) == ("running", "main@box-a")
+        assert a.cell(row).worker == "main"
+        a.finish_cell(row, status="success")
+        assert (b.cell(row).status, b.cell(row).worker) == ("success", "main@box-a")
+        assert b.claim_cell(row, "main").holder == "main@box-a"
+
+
+def _push_after(store: GitStore, other_push) -> list[bool]:
+    """Make ``other_push`` (another machine's real push) land between ``store``'s sync and its next push."""
+    real_push, answers = store.clone.push, []
+
+    def push() -> bool:
+        if not answers:
+            other_push()
+        answers.append(real_push())
+        return answers[-1]
+
+    store.clone.push = push
+    return answers
+
+
+def test_a_push_rejected_by_a_concurrent_push_is_retried(tmp_path):
+    with machine(tmp_path, "a") as a, machine(tmp_path, "b") as b:
+        first, second = add(a, "cell-1"), add(b, "cell-2")
+        add(a, "cell-2"), add(b, "cell-1")
+        pushes = _push_after(b, lambda: a.claim_cell(first, "a"))
+        assert b.claim_cell(second, "b").won
+        assert pushes == [False, True]  # lost the race to a's push, then pushed over it
+        claims = checkout(tmp_path) / "data/runs/claims/phase1"
+        assert sorted(path.name for path in claims.iterdir()) == ["cell-1.json", "cell-2.json"]
+
+
+def test_a_claim_pushed_first_by_another_machine_wins_the_cell(tmp_path):
+    with machine(tmp_path, "a") as a, machine(tmp_path, "b") as b:
+        row = add(a, "cell-1")
+        add(b, "cell-1")
+        pushes = _push_after(b, lambda: a.claim_cell(row, "a"))
+        claim = b.claim_cell(row, "b")
+        assert (claim.won, claim.holder) == (False, "a")
+        assert pushes == [False]  # its claim file never reached the remote
+        assert b.cell(row).worker == "a"
+
+
+def test_a_result_whose_push_fails_stays_and_goes_with_the_next_push(tmp_path):
+    with machine(tmp_path, "a", push_tries=2) as a:
+        row = add(a, "cell-1")
+        assert a.claim_cell(row, "a").won
+        bare, away = tmp_path / "results.git", tmp_path / "moved.git"
+        bare.rename(away)  # the remote is gone for a while
+        with pytest.warns(GitStoreWarning, match=r"could not push after 2 tries.*1 cell\(s\) stay in the local"):
+            a.finish_cell(row, status="success")
+        assert a.manifest.cell(row)["status"] == "success"
+        away.rename(bare)
+        assert a.cell(row).status == "success"  # the next operation pushed it
+        again = add(a, "cell-2")
+        assert a.claim_cell(again, "a", lease_seconds=30).won
+        bare.rename(away)
+        with pytest.raises(StoreProblem, match="could not push the lease"):
+            a.renew_cell_lease(again, "a", 30)  # not False: the claim is still a's
+        away.rename(bare)
+        assert a.renew_cell_lease(again, "a", 30)
+    done = json.loads((checkout(tmp_path) / "data/runs/phase1/cell-1.json").read_text())
+    assert done["cell"]["status"] == "success"
+
+
+def test_a_result_a_closing_store_could_not_push_goes_with_the_next_store_of_the_machine(tmp_path):
+    a = machine(tmp_path, "a", push_tries=1)
+    row = add(a, "cell-1")
+    assert a.claim_cell(row, "a").won
+    bare, away = tmp_path / "results.git", tmp_path / "moved.git"
+    bare.rename(away)
+    with pytest.warns(GitStoreWarning):
+        a.finish_cell(row, status="success")
+    with pytest.warns(GitStoreWarning, match="next git store of this machine on the same manifest pushes them"):
+        a.close()
+    away.rename(bare)
+    with machine(tmp_path, "a") as again:
+        assert again.cells(RUN)[0].status == "success"
+    assert not list((tmp_path / "a" / "cache").rglob("*.unpushed.json"))
+    done = json.loads((checkout(tmp_path) / "data/runs/phase1/cell-1.json").read_text())
+    assert (done["cell"]["status"], done["cell"]["worker"]) == ("success", "a")
+
+
+def test_another_machine_s_cells_show_as_the_repository_has_them(tmp_path):
+    with machine(tmp_path, "a") as a, machine(tmp_path, "b") as b:
+        a.start_run(RUN, [], [])
+        rows = [add(a, f"gpu-local-m:{n}") for n in range(3)]
+        assert a.claim_cell(rows[1], "a", lease_seconds=60, now=1000.0).won
+        a.finish_cell(rows[2], status="skipped")
+        seen = {cell.cell_id: cell for cell in b.cells(RUN)}  # b collected none of them
+        assert seen["gpu-local-m_0"].status == "pending"
+        running = seen["gpu-local-m:1"]
+        assert (running.status, running.worker, running.lease_expires_at, running.gpu_type) == (
+            "running", "a", 1060.0, "RTX 4090")
+        assert seen["gpu-local-m:2"].status == "skipped"
+        assert {cell.row_id for cell in b.cells()} == {cell.row_id for cell in seen.values()}
+        b.start_run("b-own", [], [])
+        assert b.run_ids() == ["b-own", RUN]  # its own runs first, then the repository's
+
+
+def test_close_removes_the_clone_and_the_local_manifest_stays(tmp_path):
+    store = machine(tmp_path, "a")
+    clone = store.clone.directory
+    assert clone.is_dir()
+    store.close()
+    assert not clone.exists() and (tmp_path / "a" / "manifest.db").is_file()
+
+
+def test_a_killed_process_s_clone_is_removed_by_the_next_store(tmp_path):
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with machine(tmp_path, "a") as store:
+        clones = store.clone.directory.parents[1]
+        left = clones / f"{socket.gethostname()}-{killed.pid}-abc123"
+        (left / "repo").mkdir(parents=True)
+    killed.kill()
+    killed.wait(timeout=30)
+    with machine(tmp_path, "a"):
+        assert not left.exists()
+
+
+def test_open_store_and_store_exists_reach_the_git_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    location = url(tmp_path)
+    assert not store_exists(location) and not (tmp_path / "results.git").exists()  # looking creates nothing
+    with open_store(location, busy_timeout=5) as store:
+        assert isinstance(store, GitStore) and store.location == location
+        assert str(store.manifest.path).startswith(str(tmp_path / "xdg" / "gpubench" / "git"))
+    assert store_exists(location)
+
+
+@pytest.mark.parametrize("location", ["git+ftp://example.com/r.git", "git+file://", "git+https:///r.git",
+                                      "git+ext::sh -c touch% /tmp/pwned"])
+def test_a_url_git_should_not_be_given_is_refused(location):
+    with pytest.raises(UsageProblem):
+        GitStore.exists(location)
+
+
+def test_an_unreachable_remote_is_a_problem_without_its_password():
+    with pytest.raises(StoreProblem) as raised:
+        GitStore.exists("git+http://user:s3cret@127.0.0.1:9/results.git")
+    assert "s3cret" not in str(raised.value) and "127.0.0.1" in str(raised.value)
+
+
+_RACER = textwrap.dedent("""
+    import json, random, sys
+    sys.path.insert(0, sys.argv[4])
+    from pytest_gpubench.store.git_store import GitStore
+    from result_helpers import make_result
+
+    url, home, name = sys.argv[1:4]
+    with GitStore.open(url, manifest=f"{home}/manifest.db", cache_dir=f"{home}/cache") as store:
+        store.start_run("phase1", ["pytest"], [])
+        rows = [store.add_cell("phase1", f"cell-{n:02d}", gpu_type="RTX 4090", provider="local",
+                               model="qwen2:7b", matrix_file="m.yaml") for n in range(20)]
+        random.Random(name).shuffle(rows)
+        won, left = [], list(rows)
+        while left:
+            for row in list(left):
+                claim = store.claim_cell(row, name, lease_seconds=600)
+                if claim.won:
+                    store.add_result(row, make_result(70.0))
+                    store.finish_cell(row, status="success")
+                    won.append(row)
+                if claim.won or claim.status != "running":
+                    left.remove(row)
+        print(json.dumps(won))
+""")
+
+
+def test_three_machines_racing_run_every_cell_exactly_once(tmp_path):
+    GitStore.open(url(tmp_path), cache_dir=tmp_path / "setup", manifest=tmp_path / "setup.db").close()
+    racers = [subprocess.Popen([sys.executable, "-c", _RACER, url(tmp_path), str(tmp_path / name), name, str(TESTS)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for name in ("box-a", "box-b", "box-c")]
+    won = []
+    for racer in racers:
+        out, err = racer.communicate(timeout=300)
+        assert racer.returncode == 0, err
+        won.append(json.loads(out))
+    every = [row for rows in won for row in rows]
+    assert sorted(every) == [f"phase1/cell-{n:02d}" for n in range(20)]  # each exactly once
+    repo = checkout(tmp_path)
+    assert (repo / "data/phase/phase1.txt").read_text() == ""
+    assert not list((repo / "data/runs/claims").rglob("*.json"))
+    results = {path.stem: json.loads(path.read_text()) for path in (repo / "data/runs/phase1").glob("*.json")}
+    assert sorted(results) == [f"cell-{n:02d}" for n in range(20)]
+    holders = {f"phase1/{key}": found["cell"]["worker"] for key, found in results.items()}
+    assert all(holders[row] == name for rows, name in zip(won, ("box-a", "box-b", "box-c")) for row in rows)
+    assert all(found["result"]["results"]["avg_tokens_per_second"] == 70.0 for found in results.values())
