@@ -85,11 +85,11 @@ class _Filters(StrictModel):
         return cell_selected(cell, self.gpus, self.providers, self.models)
 
     def label(self) -> str:
-        """``RTX 4090 on local, qwen2:7b``; ``every cell`` without filters."""
-        gpus = ", ".join(self.gpus) or "any GPU"
-        text = gpus + (f" on {', '.join(self.providers)}" if self.providers else "")
-        text += f", {', '.join(self.models)}" if self.models else ""
-        return text if self.gpus or self.providers or self.models else "every cell"
+        """``RTX 4090 on local, qwen2:7b``, ``cells on local``, ``qwen2``; ``every cell`` without filters."""
+        head = ", ".join(self.gpus) or ("cells" if self.providers else "")
+        head += f" on {', '.join(self.providers)}" if self.providers else ""
+        models = ", ".join(self.models)
+        return ", ".join(part for part in (head, models) if part) or "every cell"
 
 
 class PhaseSpec(_Filters):
