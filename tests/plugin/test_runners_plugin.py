@@ -103,3 +103,18 @@ def test_an_unknown_host_without_a_default_runner_is_a_usage_error(project):
     result = project.runpytest("--collect-only", "--gpubench-runners", "runners.yaml", "--gpubench-runner", "ci-7")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "no runner for host 'ci-7' and no `default:` entry; runners: box-a" in result.stderr.str()
+
+
+def test_gpubench_plan_prices_this_runners_share_with_its_reruns_on_one_session(project, monkeypatch):
+    """``gpubench plan`` collects as pytest does: GPUBENCH_RUNNERS gives it the runner's share."""
+    from pytest_gpubench.plugin.plan_collect import collect_cells
+
+    monkeypatch.setenv("GPUBENCH_RUNNERS", str(project.path / "runners.yaml"))
+    monkeypatch.setenv("GPUBENCH_RUNNER", "box-a")
+    collected = collect_cells([str(project.path / "gpubench_endpoints.yaml")])
+    keys = [key for key, _ in collected.cells]
+    assert sorted(keys) == sorted(f"{gpu}-endpoint-qwen2:7b{SUFFIX}{rerun}"
+                                  for gpu in ("RTX_4090", "A100_80GB") for rerun in ("", "-rerun2"))
+    groups = {key: cell.session_group for key, cell in collected.cells}
+    assert groups[f"RTX_4090-endpoint-qwen2:7b{SUFFIX}"] == groups[f"RTX_4090-endpoint-qwen2:7b{SUFFIX}-rerun2"]
+    assert keys.index(f"RTX_4090-endpoint-qwen2:7b{SUFFIX}-rerun2") - keys.index(f"RTX_4090-endpoint-qwen2:7b{SUFFIX}") == 1
