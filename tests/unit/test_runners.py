@@ -141,3 +141,21 @@ def test_an_unknown_host_a_missing_phase_and_an_unknown_phase_are_errors(tmp_pat
     assert plan_runner(no_default, "box2", phase="b").phase == "b"
     with pytest.raises(RunnersError, match="no phase 'c'; phases: a, b"):
         plan_runner(no_default, "box1", phase="c")
+
+
+def test_the_example_runners_file_plans_over_the_example_matrices():
+    from pathlib import Path
+
+    from pytest_gpubench.matrix.cells import load_cells
+
+    folder = Path(__file__).resolve().parents[2] / "matrix"
+    runners = load_runners(folder / "runners.yaml")
+    quick, seed = load_cells(folder / "gpubench_quick.yaml"), load_cells(folder / "gpubench_seed.yaml")
+    box_a, box_b = plan_runner(runners, "gpu-box-a"), plan_runner(runners, "gpu-box-b")
+    taken_a, left_a, outside = box_a.split(quick + seed)
+    taken_b = box_b.split(quick + seed)[0]
+    assert len(taken_a) + len(taken_b) == len(quick) and len(outside) == len(seed)
+    assert {c.gpu for c in taken_a} == {"RTX 4090"} and len(left_a) == len(taken_b)
+    assert box_a.test_ids(taken_a[0])[1].endswith("-rerun2")
+    other = plan_runner(runners, "ci-7")
+    assert other.phase == "seed" and other.split(quick)[0] == [] and len(other.split(seed)[0]) == 6
