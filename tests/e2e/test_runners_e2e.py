@@ -43,7 +43,8 @@ runners:
     # The two runs of one cell shared one rented session.
     assert len({rows[f"nightly/RTX_4090-vastai-qwen2:7b{r}"]["session_id"] for r in ("", "-rerun2")}) == 1
 
-    second = run_pytest(tmp_path, str(QUICK), *common, "--gpubench-runner", "box-b")
+    # The second box runs under xdist: its controller registers, its workers take the share.
+    second = run_pytest(tmp_path, str(QUICK), *common, "--gpubench-runner", "box-b", "-n", "2")
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
     rows = {row["id"]: row for row in manifest_rows(tmp_path)}
     assert set(rows) == phase and sum(row["status"] == "success" for row in rows.values()) == 4
