@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import PrivateAttr, ValidationError, ValidationInfo, field_validator
+from pydantic import PrivateAttr, ValidationInfo, field_validator
 
 from ..errors import MatrixError
 from .fields import NAME_RE, StrictModel, describe, invalid
 from .selection import cell_selected
-from .yaml_errors import at_line, node_line, parse_yaml, translate
+from .yaml_errors import at_line, load_while_unchanged, node_line, validate_file
 
 __all__ = ["DEFAULT_RUNNER", "PhaseSpec", "RunnerPlan", "RunnerSpec", "RunnersError", "RunnersFile",
            "load_runners", "plan_runner", "rerun_id"]
@@ -59,6 +59,11 @@ def _names(value: Any, what: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value)
 
 
+#: What each filter lists, as its error says.
+_FILTER_VALUES = {"gpus": "GPU names, such as [RTX 4090, A100 80GB]", "providers": "providers, such as [vastai, local]",
+                  "models": "models, such as [qwen2:7b] (a name without a tag selects every tag)"}
+
+
 class _Filters(StrictModel):
     """GPUs, providers and models, matched as ``--gpubench-gpu/provider/model`` match; empty: any."""
 
@@ -66,20 +71,10 @@ class _Filters(StrictModel):
     providers: tuple[str, ...] = ()
     models: tuple[str, ...] = ()
 
-    @field_validator("gpus", mode="before")
+    @field_validator("gpus", "providers", "models", mode="before")
     @classmethod
-    def _gpus(cls, value: Any) -> Any:
-        return _names(value, "GPU names, such as [RTX 4090, A100 80GB]")
-
-    @field_validator("providers", mode="before")
-    @classmethod
-    def _providers(cls, value: Any) -> Any:
-        return _names(value, "providers, such as [vastai, local]")
-
-    @field_validator("models", mode="before")
-    @classmethod
-    def _models(cls, value: Any) -> Any:
-        return _names(value, "models, such as [qwen2:7b] (a name without a tag selects every tag)")
+    def _values(cls, value: Any, info: ValidationInfo) -> Any:
+        return _names(value, _FILTER_VALUES[info.field_name])
 
     def selects(self, cell: Any) -> bool:
         return cell_selected(cell, self.gpus, self.providers, self.models)
@@ -171,15 +166,8 @@ class RunnersFile(StrictModel):
 
 @functools.lru_cache(maxsize=16)
 def _load(path: str, mtime_ns: int) -> RunnersFile:
-    root, data = parse_yaml(Path(path).read_text(encoding="utf-8"), path)
-    if not isinstance(data, dict):
-        raise RunnersError(path, "", "must be a mapping with `phases:` (name -> phase) and `runners:` "
-                                     "(host -> runner); see docs/runners.md")
-    try:
-        runners = RunnersFile.model_validate(data, context={"base_dir": str(Path(path).parent)})
-    except ValidationError as exc:
-        error = translate(exc, path, root)
-        raise RunnersError(path, error.field, str(error).removeprefix(f"{path}: {error.field}: ")) from None
+    runners, root = validate_file(path, RunnersFile, RunnersError, (
+        "must be a mapping with `phases:` (name -> phase) and `runners:` (host -> runner); see docs/runners.md"))
     for name, runner in runners.runners.items():
         if runner.phase is not None and runner.phase not in runners.phases:
             raise RunnersError(path, f"runners.{name}.phase", (
@@ -191,12 +179,7 @@ def _load(path: str, mtime_ns: int) -> RunnersFile:
 
 def load_runners(path: str | os.PathLike[str]) -> RunnersFile:
     """Read and check the runners file at ``path`` (cached while the file is unchanged)."""
-    resolved = Path(path).expanduser().resolve()
-    try:
-        mtime = resolved.stat().st_mtime_ns
-    except OSError as exc:
-        raise RunnersError(str(resolved), "", f"cannot read the runners file: {exc.strerror or exc}") from None
-    return _load(str(resolved), mtime)
+    return load_while_unchanged(path, _load, RunnersError, "the runners file")
 
 
 def rerun_id(cell_id: str, rerun: int) -> str:

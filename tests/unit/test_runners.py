@@ -7,16 +7,10 @@ import pytest
 from pytest_gpubench.matrix.cells import parse_matrix
 from pytest_gpubench.matrix.runners import RunnersError, load_runners, plan_runner, rerun_id
 
-MATRIX = """
-workload: {duration: 5s, max_tokens: 32}
-matrix:
-  - gpu: RTX 4090
-    providers: [vastai, tensordock]
-    models: [qwen2:7b, deepseek-r1:14b]
-  - gpu: A100 80GB
-    provider: vastai
-    models: [qwen2:7b, deepseek-r1:32b]
-  - gpu: T4
+from e2e_helpers import DEMO_MATRIX
+
+#: Five cells on an RTX 4090 or an A100 80GB, and a T4 cell that no phase below holds.
+MATRIX = DEMO_MATRIX + """  - gpu: T4
     provider: vastai
     model: qwen2:7b
 """
@@ -64,15 +58,15 @@ def test_each_host_takes_what_its_runner_allows_of_its_phase(tmp_path, cells):
     box_a = plan_runner(runners, "gpu-box-a")
     taken, left, outside = box_a.split(cells)
     assert [c.cell_id for c in taken] == ["RTX_4090-tensordock-qwen2:7b"]
-    assert len(left) == 5 and [c.cell_id for c in outside] == ["T4-vastai-qwen2:7b"]
+    assert len(left) == 4 and [c.cell_id for c in outside] == ["T4-vastai-qwen2:7b"]
     assert box_a.summary(2, 12) == (
         "runner gpu-box-a takes RTX 4090 on tensordock, qwen2:7b: 2 of 12 cells of phase nightly")
     # GPU names match as --gpubench-gpu matches them (rtx4090 is 'RTX 4090').
-    assert len(plan_runner(runners, "gpu-box-b").split(cells)[0]) == 6
+    assert len(plan_runner(runners, "gpu-box-b").split(cells)[0]) == 5
     # A fully qualified hostname finds its short name's runner; any other host is `default`.
     assert plan_runner(runners, "GPU-BOX-A.lab.example").runner == "gpu-box-a"
     other = plan_runner(runners, "ci-7")
-    assert (other.runner, other.phase, len(other.split(cells)[0])) == ("default", "nightly", 6)
+    assert (other.runner, other.phase, len(other.split(cells)[0])) == ("default", "nightly", 5)
     assert other.summary(12, 12) == "runner default (host ci-7) takes every cell: 12 of 12 cells of phase nightly"
 
 
@@ -81,7 +75,7 @@ def test_the_phase_can_be_chosen_and_names_its_files_and_filters(tmp_path, cells
     smoke = plan_runner(runners, "ci-7", phase="smoke")
     assert smoke.phase == "smoke"
     assert [c.cell_id for c in smoke.split(cells)[0]] == [
-        "RTX_4090-vastai-qwen2:7b", "RTX_4090-tensordock-qwen2:7b", "A100_80GB-vastai-qwen2:7b", "T4-vastai-qwen2:7b"]
+        "RTX_4090-vastai-qwen2:7b", "RTX_4090-tensordock-qwen2:7b", "T4-vastai-qwen2:7b"]
     elsewhere = [c.model_copy(update={"source": str(tmp_path / "gpubench_other.yaml")}) for c in cells]
     assert smoke.split(elsewhere)[0] == []  # not one of the phase's matrix files
 
