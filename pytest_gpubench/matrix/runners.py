@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import PrivateAttr, ValidationInfo, field_validator
 
-from ..errors import MatrixError
+from ..errors import RunnersError
 from .fields import NAME_RE, StrictModel, describe, invalid
 from .selection import cell_selected
 from .yaml_errors import at_line, load_while_unchanged, node_line, validate_file
@@ -44,10 +44,6 @@ DEFAULT_RUNNER = "default"
 MAX_RERUNS = 100
 #: A phase name is the run id of its machines: the run id's rule.
 MAX_PHASE_NAME = 64
-
-
-class RunnersError(MatrixError):
-    """A runners file that cannot be used, or a host or phase it does not know."""
 
 
 def _names(value: Any, what: str) -> tuple[str, ...]:
