@@ -6,7 +6,8 @@
     ├── UsageProblem              bad options or environment (-> pytest.UsageError)
     │   └── ManifestTooNew        a manifest written by a newer pytest-gpubench
     ├── MatrixError               a matrix file that does not validate (file, field, message)
-    │   └── InventoryError        a hosts inventory (hosts.yaml) that does not validate
+    │   ├── InventoryError        a hosts inventory (hosts.yaml) that does not validate
+    │   └── RunnersError          a runners file that does not validate, or a host or phase it lacks
     ├── ApiUnreachable            nothing answers at the GPU Shopper URL: the run stops
     ├── BridgeTimeout             a call through the event-loop bridge ran out of time
     │                             (also a TimeoutError; reported at the cell's current stage)
@@ -89,6 +90,10 @@ class MatrixError(GpubenchError):
 
 class InventoryError(MatrixError):
     """A hosts inventory (``hosts.yaml``) that cannot be used; names the file and the field."""
+
+
+class RunnersError(MatrixError):
+    """A runners file that cannot be used, or a host or phase it does not know (matrix/runners.py)."""
 
 
 class ApiUnreachable(GpubenchError):

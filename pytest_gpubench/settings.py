@@ -100,6 +100,12 @@ class Settings(BaseModel):
     fail_on_skip: bool = False
     resume: str | None = None
     run_id: str = ""
+    #: Whether ``--gpubench-run-id`` (or its variable) named the run: a phase names it otherwise.
+    run_id_given: bool = False
+    #: ``--gpubench-runners``, ``--gpubench-phase``, ``--gpubench-runner`` (matrix/runners.py).
+    runners: str | None = None
+    phase: str | None = None
+    runner: str | None = None
     workload_type: str = "interactive"
     reuse: str | None = None
     #: Reuse groups split over more sessions under -n (reuse_split.py): the most sessions
@@ -214,6 +220,7 @@ def resolve(
         values["time_scale"] = SANDBOX_TIME_SCALE if values.get("sandbox") else 1.0
     if values.get("resume") and values.get("run_id"):
         raise UsageProblem("--gpubench-resume and --gpubench-run-id both name the run: give only one")
+    values["run_id_given"] = bool(values.get("run_id"))
     if not values.get("run_id"):
         values["run_id"] = new_run_id()
     _check_run_id(values["run_id"])

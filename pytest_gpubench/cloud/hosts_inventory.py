@@ -30,11 +30,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from ..errors import InventoryError
 from ..matrix.fields import NAME_RE, StrictModel, describe, invalid
-from ..matrix.yaml_errors import parse_yaml, translate
+from ..matrix.yaml_errors import load_while_unchanged, validate_file
 
 __all__ = ["Host", "HostsInventory", "LocalMachine", "load_inventory"]
 
@@ -183,21 +183,11 @@ class HostsInventory(StrictModel):
 
 @functools.lru_cache(maxsize=32)
 def _load(path: str, mtime_ns: int) -> HostsInventory:
-    root, data = parse_yaml(Path(path).read_text(encoding="utf-8"), path)
-    if not isinstance(data, dict):
-        raise InventoryError(path, "", "must be a mapping with `hosts:` (name -> host); see docs/providers.md")
-    try:
-        return HostsInventory.model_validate({**data, "source": path}, context={"base_dir": str(Path(path).parent)})
-    except ValidationError as exc:
-        error = translate(exc, path, root)
-        raise InventoryError(path, error.field, str(error).removeprefix(f"{path}: {error.field}: ")) from None
+    inventory, _ = validate_file(path, HostsInventory, InventoryError,
+                                 "must be a mapping with `hosts:` (name -> host); see docs/providers.md", source=path)
+    return inventory
 
 
 def load_inventory(path: str | os.PathLike[str]) -> HostsInventory:
     """Read and check the inventory at ``path`` (cached while the file is unchanged)."""
-    resolved = Path(path).expanduser().resolve()
-    try:
-        mtime = resolved.stat().st_mtime_ns
-    except OSError as exc:
-        raise InventoryError(str(resolved), "", f"cannot read the hosts inventory: {exc.strerror or exc}") from None
-    return _load(str(resolved), mtime)
+    return load_while_unchanged(path, _load, InventoryError, "the hosts inventory")

@@ -31,6 +31,9 @@ prices the cells pytest would run against the live inventory, renting nothing (s
 ``gpubench offers [--gpu X] [--provider Y] [--api URL | --sandbox] [--json]`` lists what can
 be rented now: price, VRAM, availability confidence, location (see ``offers_cli.py``).
 
+``gpubench status [--store LOC] [--run|--phase NAME|last] [--cells] [--json]`` shows per phase
+(run) what is done, claimed (by whom, since when) and left (see ``status.py``).
+
 Exit status: 0 done, 1 the work failed (an upload did not go through), 2 a usage
 problem (bad arguments, no manifest, unknown run). Problems are one line on
 stderr, never a traceback.
@@ -266,6 +269,14 @@ def _plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _status(args: argparse.Namespace) -> int:
+    from .status import show_status
+
+    with _open_store(args.store or args.manifest or os.environ.get("GPUBENCH_STORE") or None) as store:
+        return show_status(store, _resolve_run(store, args.run), cells=args.cells, as_json=args.json,
+                           out=sys.stdout)
+
+
 def _offers(args: argparse.Namespace) -> int:
     from .offers import list_offers
 
@@ -410,6 +421,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="list the sandbox cloud's offers (started for the listing, stopped after)")
     offers.add_argument("--json", action="store_true", help="print the offers as JSON")
     offers.set_defaults(handler=_offers)
+
+    from .status import add_parser as add_status_parser
+
+    add_status_parser(commands, _status, manifest_help)
     return parser
 
 

@@ -7,11 +7,13 @@ saying what is allowed, the line in the file, and how many more problems there a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ..errors import MatrixError, dotted
 
@@ -75,6 +77,36 @@ def parse_yaml(text: str, source: str) -> tuple[yaml.Node | None, Any]:
         field = f"line {mark.line + 1}" if mark else ""
         column = f" (column {mark.column + 1})" if mark else ""
         raise MatrixError(source, field, f"invalid YAML: {problem}{column}") from None
+
+
+Checked = TypeVar("Checked", bound=BaseModel)
+
+
+def validate_file(path: str, model: type[Checked], error: type[MatrixError], not_a_mapping: str,
+                  **extra: Any) -> tuple[Checked, yaml.Node | None]:
+    """The YAML file at ``path`` validated as ``model`` (with ``extra`` keys; relative paths resolve
+    against its folder), and its node tree for line numbers. A problem is an ``error`` naming the
+    file, the field and the line; a document that is not a mapping says ``not_a_mapping``."""
+    root, data = parse_yaml(Path(path).read_text(encoding="utf-8"), path)
+    if not isinstance(data, dict):
+        raise error(path, "", not_a_mapping)
+    try:
+        return model.model_validate({**data, **extra}, context={"base_dir": str(Path(path).parent)}), root
+    except ValidationError as exc:
+        found = translate(exc, path, root)
+        raise error(path, found.field, str(found).removeprefix(f"{path}: {found.field}: ")) from None
+
+
+def load_while_unchanged(path: str | os.PathLike[str], load: Callable[[str, int], Checked],
+                         error: type[MatrixError], what: str) -> Checked:
+    """``load(resolved path, modification time)``: a loader cached by both (``functools.lru_cache``)
+    reads a file again only once it changed. A file that cannot be read is an ``error``."""
+    resolved = Path(path).expanduser().resolve()
+    try:
+        mtime = resolved.stat().st_mtime_ns
+    except OSError as exc:
+        raise error(str(resolved), "", f"cannot read {what}: {exc.strerror or exc}") from None
+    return load(str(resolved), mtime)
 
 
 def _load(loader_class: type, text: str) -> tuple[yaml.Node | None, Any]:

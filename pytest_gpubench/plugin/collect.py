@@ -17,6 +17,7 @@ from ..matrix.filters import CellFilters, split_by_filters
 from .hints import UnknownGpuWarning, check_gpu_names
 from ..matrix.cells import Cell, load_cells
 from ..cloud.registry import check_clouds
+from .phases import PHASE_KEY
 from .stash import CELL_FILTERS_KEY, CELL_KEY, RECORD_KEY, RECORDER_KEY
 from ..store.record_keys import matrix_key
 
@@ -49,14 +50,20 @@ def matrix_items(matrix_file: pytest.File) -> Iterator[pytest.Item]:
     dropped: list[Cell] = []
     if filters is not None:  # --gpubench-gpu/provider/model: only the cells kept become real items
         cells, dropped = split_by_filters(cells, filters)
+    runs = [(cell.cell_id, matrix_key(cell.cell_id), cell) for cell in cells]
+    phase = matrix_file.config.stash.get(PHASE_KEY, None)
+    if phase is not None:  # --gpubench-runners: the phase's cells this runner takes, once per rerun
+        taken, left = phase.items_of(cells)
+        runs = [(run.test_id, run.key, run.cell) for run in taken]
+        dropped += left
     fixtureinfo = None
-    for cell in cells:
+    for name, key, cell in runs:
         # Every cell runs the same function: its fixture closure is computed once per file.
-        item = BenchFunction.from_parent(matrix_file, name=cell.cell_id, callobj=run_matrix_cell,
+        item = BenchFunction.from_parent(matrix_file, name=name, callobj=run_matrix_cell,
                                          fixtureinfo=fixtureinfo)
         fixtureinfo = item._fixtureinfo
         item.stash[CELL_KEY] = cell
-        item.stash[RECORD_KEY] = matrix_key(cell.cell_id)
+        item.stash[RECORD_KEY] = key
         item.extra_keyword_matches.update(cell.keywords)
         yield item
     for cell in dropped:

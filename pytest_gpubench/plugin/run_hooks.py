@@ -51,7 +51,12 @@ def start(config: pytest.Config, gate: Any) -> None:
             from ..store.resume import ResumePlan
 
             config.stash[RESUME_KEY] = ResumePlan.model_validate(workerinput["gpubench_resume"])
-    else:
+    if settings.runners or settings.phase or settings.runner:  # a phase of a runners file (phases.py)
+        from .phases import start_phase
+
+        settings = start_phase(config, settings, controller=workerinput is None,
+                               run_id_fixed=workerinput is not None or gate.run_id is not None)
+    if workerinput is None:
         if gate.run_id is not None:  # this controller's workers already run under this id
             settings = settings.model_copy(update={"run_id": gate.run_id})
         if not shows_only and not config.option.collectonly:
@@ -82,6 +87,9 @@ def start(config: pytest.Config, gate: Any) -> None:
         config.pluginmanager.register(terminal, "gpubench-terminal")
         if gate.session is not None:  # found during collection: the session has started without it
             terminal.pytest_sessionstart(gate.session)
+            phases = config.pluginmanager.get_plugin("gpubench-phases")
+            if phases is not None:
+                phases.register()
         if config.pluginmanager.hasplugin("xdist") and config.getoption("dist", "no") != "no":
             from .xdist import XdistHooks
 
