@@ -33,8 +33,8 @@ from .records import (
     RunRecord,
     SystemRecord,
 )
+from .claim_rule import decide_claim
 from .row_records import attempt_record, cell_record, microbench_record, present, result_record, run_record
-from .sqlite import utc_now
 from .systems import system_record
 
 __all__ = ["SqliteStore"]
@@ -97,20 +97,10 @@ class SqliteStore:
         lease = at + lease_seconds if lease_seconds is not None else None
 
         def claim() -> Claim:
-            current = manifest._cell_or_raise(row_id)
-            status, holder = current["status"], current["worker"]
-            expires = current.get("lease_expires_at")
-            expired = status == "running" and holder != worker and expires is not None and expires <= at
-            if status == "pending" or (status == "running" and holder == worker) or expired:
-                started = current["started_at"] if status == "running" and holder == worker else None
-                started = started or utc_now()
-                manifest.db.table("benchmark_manifest").update(
-                    row_id, {"status": "running", "worker": worker, "started_at": started,
-                             "lease_expires_at": lease})
-                return Claim(row_id=row_id, holder=worker, won=True, since=started, lease_expires_at=lease,
-                             taken_over_from=holder if expired else None)
-            return Claim(row_id=row_id, holder=holder, won=False, status=status, since=current["started_at"],
-                         lease_expires_at=expires)
+            answer, update = decide_claim(row_id, manifest._cell_or_raise(row_id), worker, at, lease)
+            if update is not None:
+                manifest.db.table("benchmark_manifest").update(row_id, update)
+            return answer
 
         return manifest._write(claim)
 
