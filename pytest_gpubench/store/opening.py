@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import UsageProblem
 from .base import Store
+from .redaction import redact
 
 __all__ = ["POSTGRES_SCHEMES", "StoreKind", "open_store", "redact", "store_exists", "store_kind"]
 
@@ -43,11 +44,6 @@ def store_kind(location: str | Path) -> StoreKind:
     if scheme.startswith("git+"):
         return "git"
     raise UsageProblem(f"store {found[1]}://...: not a store this version knows; a store is {_SUPPORTED}")
-
-
-def redact(location: str | Path) -> str:
-    """``location`` fit to print: a URL's password replaced by ``***``."""
-    return re.sub(r"(://[^/:@]*:)[^@/]*@", r"\1***@", str(location))
 
 
 def open_store(location: str | Path, **options: Any) -> Store:
