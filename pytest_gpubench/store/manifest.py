@@ -290,8 +290,7 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
         The cell row is updated when the session is its own; an attempt's row is
         ended too (``attempt``). Unknown rows are a ``KeyError``.
         """
-        fields = self._check_cell_fields({"session_status": session_status, "released_by": released_by,
-                                          "session_released_at": utc_now()})
+        fields = released_fields(session_status, released_by)
 
         def record() -> None:
             current = self._cell_or_raise(row_id)
@@ -300,17 +299,12 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
                     row_id, {**fields, "session_id": session_id})
 
         self._write(record)
-        if attempt is not None:
-            try:
-                self.end_attempt(row_id, attempt, session_status=session_status)
-            except KeyError:
-                pass  # the attempt was never recorded: the cell row says it all
+        end_released_attempt(self, row_id, attempt, session_status)
 
     def end_shared_session(self, session_id: str, *, session_status: str, released_by: str) -> int:
         """A session several cells ran on (session reuse) is released: every row that used
         it and does not know yet says so. Returns how many rows changed."""
-        fields = self._check_cell_fields({"session_status": session_status, "released_by": released_by,
-                                          "session_released_at": utc_now()})
+        fields = released_fields(session_status, released_by)
         gone = ", ".join("?" * len(_GONE_SESSION_STATUSES))
 
         def record() -> int:
@@ -460,3 +454,19 @@ def merge_sessions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if known is not entry and entry["attempt"] is not None:
             known["attempt"] = entry["attempt"]  # the cell's session is also its last attempt
     return list(found.values())
+
+
+def released_fields(session_status: str, released_by: str) -> dict[str, Any]:
+    """The cell columns that say its session ended (``session_status``), found so by ``released_by``, now."""
+    return Manifest._check_cell_fields({"session_status": session_status, "released_by": released_by,
+                                        "session_released_at": utc_now()})
+
+
+def end_released_attempt(store: Any, row_id: str, attempt: int | None, session_status: str) -> None:
+    """After a release: end ``store``'s attempt ``attempt`` of the cell too, if it was ever recorded."""
+    if attempt is None:
+        return
+    try:
+        store.end_attempt(row_id, attempt, session_status=session_status)
+    except KeyError:
+        pass  # the attempt was never recorded: the cell row says it all

@@ -23,7 +23,6 @@ never printed: :attr:`location` is the URL with it hidden.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from enum import Enum
@@ -39,15 +38,15 @@ from ..remote.sysinfo import SystemInfo
 from .attempts import AttemptsMixin, ended
 from .base import Admission
 from .claim_rule import claimable, decide_claim
-from .gpu_leases import _lease
-from .manifest import (_GONE_SESSION_STATUSES, Manifest, cell_row, finished_row, merge_sessions, priced, restarted_row,
-                       run_row, taken_over)
+from .gpu_leases import _lease, lease_rows
+from .manifest import (_GONE_SESSION_STATUSES, Manifest, cell_row, end_released_attempt, finished_row, merge_sessions,
+                       priced, released_fields, restarted_row, run_row, taken_over)
 from .microbench_table import _row as microbench_row
 from .postgres_schema import TABLE_BY_NAME, migrate, quote
 from .redaction import redact
 from .records import (AttemptRecord, Baseline, CellRecord, Claim, MicrobenchRecord, OwnedSession, ResultRecord,
                       RunRecord, SystemRecord)
-from .result_tables import benchmark_rows, details_row, repeat_rows, sample_rows, upload_row
+from .result_tables import baseline_where, benchmark_rows, details_row, repeat_rows, sample_rows, upload_row
 from .row_records import attempt_record, cell_record, microbench_record, present, result_record, run_record
 from .schema import UPLOAD_COLUMNS
 from .sqlite import refuse_secrets, utc_now
@@ -428,21 +427,15 @@ class PostgresStore:
 
     def record_release(self, row_id: str, session_id: str, *, session_status: str, released_by: str,
                        attempt: int | None = None) -> None:
-        fields = Manifest._check_cell_fields({"session_status": session_status, "released_by": released_by,
-                                              "session_released_at": utc_now()})
+        fields = released_fields(session_status, released_by)
         with self._transaction() as cursor:
             current = self._locked_cell(cursor, row_id)
             if current["session_id"] in (None, session_id):
                 self._update(cursor, "benchmark_manifest", {"id": row_id}, {**fields, "session_id": session_id})
-        if attempt is not None:
-            try:
-                self.end_attempt(row_id, attempt, session_status=session_status)
-            except KeyError:
-                pass  # the attempt was never recorded: the cell row says it all
+        end_released_attempt(self, row_id, attempt, session_status)
 
     def end_shared_session(self, session_id: str, *, session_status: str, released_by: str) -> int:
-        fields = Manifest._check_cell_fields({"session_status": session_status, "released_by": released_by,
-                                              "session_released_at": utc_now()})
+        fields = released_fields(session_status, released_by)
         gone = ", ".join(["%s"] * len(_GONE_SESSION_STATUSES))
         with self._transaction() as cursor:
             cursor.execute(
@@ -564,19 +557,10 @@ class PostgresStore:
 
     def baseline(self, record_key: str, run_id: str | None = "last",
                  exclude_run: str | None = None) -> Baseline | None:
-        where = ["m.cell_id = %s", "m.status IN ('success', 'partial')",
-                 "(m.benchmark_id IS NOT NULL OR m.decode_tokens_per_second IS NOT NULL"
-                 " OR m.output_tokens_per_second IS NOT NULL)"]
-        params: list[Any] = [record_key]
-        if run_id not in (None, "last"):
-            where.append("m.run_id = %s")
-            params.append(run_id)
-        if exclude_run is not None:
-            where.append("m.run_id <> %s")
-            params.append(exclude_run)
+        where, params = baseline_where(record_key, run_id, exclude_run)
         rows = self._select(f"""
             SELECT m.* FROM benchmark_manifest m LEFT JOIN runs r ON r.run_id = m.run_id
-            WHERE {' AND '.join(where)}
+            WHERE {' AND '.join(where).replace("?", "%s")}
             ORDER BY COALESCE(r.started_at, m.created_at) DESC,
                      COALESCE(m.completed_at, m.created_at) DESC, m.rowid DESC
             LIMIT 1""", params)
@@ -599,13 +583,9 @@ class PostgresStore:
             cursor.execute("SELECT gpu_index FROM gpu_leases WHERE machine = %s AND released_at IS NULL "
                            "AND expires_at > %s", [machine, moment])
             busy = {row["gpu_index"] for row in cursor.fetchall()}
-            free = [index for index in sorted(set(gpus)) if index not in busy]
-            if len(free) < count:
+            rows = lease_rows(machine, gpus, count, busy, holder=holder, ttl=ttl, run_id=run_id, moment=moment)
+            if rows is None:
                 return None
-            lease_id = uuid.uuid4().hex[:16]
-            rows = [{"lease_id": lease_id, "machine": machine, "gpu_index": index, "holder": holder,
-                     "run_id": run_id, "acquired_at": moment, "expires_at": moment + ttl}
-                    for index in free[:count]]
             self._insert(cursor, "gpu_leases", rows)
         return _lease(rows)
 

@@ -253,20 +253,7 @@ class ResultsMixin(ManifestStore):
         manifest row, with its benchmarks row (or ``None`` for a manifest from
         before benchmarks were stored) under ``"benchmark"``.
         """
-        statuses = ", ".join("?" * len(_BASELINE_STATUSES))
-        where = [
-            "m.cell_id = ?",
-            f"m.status IN ({statuses})",
-            "(m.benchmark_id IS NOT NULL OR m.decode_tokens_per_second IS NOT NULL"
-            " OR m.output_tokens_per_second IS NOT NULL)",
-        ]
-        params: list[Any] = [record_key, *_BASELINE_STATUSES]
-        if run_id not in (None, "last"):
-            where.append("m.run_id = ?")
-            params.append(run_id)
-        if exclude_run is not None:
-            where.append("m.run_id != ?")
-            params.append(exclude_run)
+        where, params = baseline_where(record_key, run_id, exclude_run)
         sql = f"""
             SELECT m.id FROM benchmark_manifest m LEFT JOIN runs r ON r.run_id = m.run_id
             WHERE {' AND '.join(where)}
@@ -414,3 +401,22 @@ def upload_row(*, status: str, remote_id: str | None = None, error: str | None =
             text = "upload failed (message withheld: it quoted key material)"
         row["upload_error"] = text[:2000]
     return row
+
+
+def baseline_where(record_key: str, run_id: str | None, exclude_run: str | None) -> tuple[list[str], list[Any]]:
+    """The conditions (``?`` placeholders, on ``benchmark_manifest m``) a baseline of ``record_key`` meets."""
+    statuses = ", ".join("?" * len(_BASELINE_STATUSES))
+    where = [
+        "m.cell_id = ?",
+        f"m.status IN ({statuses})",
+        "(m.benchmark_id IS NOT NULL OR m.decode_tokens_per_second IS NOT NULL"
+        " OR m.output_tokens_per_second IS NOT NULL)",
+    ]
+    params: list[Any] = [record_key, *_BASELINE_STATUSES]
+    if run_id not in (None, "last"):
+        where.append("m.run_id = ?")
+        params.append(run_id)
+    if exclude_run is not None:
+        where.append("m.run_id != ?")
+        params.append(exclude_run)
+    return where, params
