@@ -126,10 +126,10 @@ class StageHistory:
     def from_manifest(cls, path: Path | str, *, sandbox: bool, time_scale: float = 1.0) -> StageHistory:
         """Read the finished cells of ``path`` (left alone, and not created, when missing)."""
         history = cls(time_scale=time_scale)
-        from ..store.opening import open_store, store_exists
+        from ..store.opening import open_store, redact, store_exists
 
         if not store_exists(path):
-            history.description = f"no manifest at {path}"
+            history.description = f"no manifest at {redact(path)}"
             return history
         with open_store(path, busy_timeout=5, retry_seconds=10) as store:
             runs = [store.run(run_id) for run_id in store.run_ids()]

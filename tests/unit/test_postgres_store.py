@@ -334,3 +334,12 @@ def test_plan_estimates_read_a_postgresql_store(postgres_url, tmp_path):
         store.update_cell(f"{RUN}/cell-a", progress_file=str(progress))
     history = StageHistory.from_manifest(postgres_url, sandbox=False)
     assert [sample.tokens_per_second for sample in history.samples] == [70.0]
+
+
+def test_resume_on_a_database_without_the_schema_hides_the_password(postgres_url):
+    from pytest_gpubench.store.resume import plan_resume
+
+    with_password = postgres_url.replace("://gpubench@", "://gpubench:s3cret-pw@")
+    with pytest.raises(UsageProblem, match=r"no manifest at postgresql://gpubench:\*\*\*@") as caught:
+        plan_resume(with_password, "last")
+    assert "s3cret-pw" not in caught.value.message
