@@ -12,7 +12,9 @@ GPUs and Ollama for ``cloud: local``.
 sessions that dead runs of the manifest left running (see ``cleanup.py``).
 
 ``gpubench export --format json|csv [--run RUN|last] [--manifest PATH] [-o FILE]``
-writes stored results; ``gpubench upload [--run RUN|last] [--manifest PATH] [--api URL]``
+writes stored results; ``gpubench export --to PATH|URL [--run RUN|last]`` copies the
+store's rows into another store, SQLite <-> PostgreSQL (see ``store/copy.py``);
+``gpubench upload [--run RUN|last] [--manifest PATH] [--api URL]``
 POSTs results to GPU Shopper's ``/api/v1/benchmarks``.
 
 ``gpubench report [--run RUN|last ...] [--manifest PATH] [--output-dir DIR]`` writes
@@ -30,6 +32,10 @@ prices the cells pytest would run against the live inventory, renting nothing (s
 
 ``gpubench offers [--gpu X] [--provider Y] [--api URL | --sandbox] [--json]`` lists what can
 be rented now: price, VRAM, availability confidence, location (see ``offers_cli.py``).
+
+Every command's ``--manifest PATH`` is also ``--store PATH|URL`` (default
+``$GPUBENCH_STORE``, then ``$GPUBENCH_MANIFEST``, then ``reports/manifest.db``): a SQLite
+file or ``postgresql://...`` (docs/stores.md); ``browse`` serves SQLite only.
 
 Exit status: 0 done, 1 the work failed (an upload did not go through), 2 a usage
 problem (bad arguments, no manifest, unknown run). Problems are one line on
