@@ -343,3 +343,14 @@ def test_resume_on_a_database_without_the_schema_hides_the_password(postgres_url
     with pytest.raises(UsageProblem, match=r"no manifest at postgresql://gpubench:\*\*\*@") as caught:
         plan_resume(with_password, "last")
     assert "s3cret-pw" not in caught.value.message
+
+
+def test_import_into_a_postgresql_store_stores_each_result_once(postgres_url, tmp_path):
+    with SqliteStore.open(tmp_path / "manifest.db") as sqlite:
+        _filled(sqlite, runs=(RUN,))
+    exported = tmp_path / "results.json"
+    assert main(["export", "--store", str(tmp_path / "manifest.db"), "-o", str(exported)]) == 0
+    for _ in range(2):
+        assert main(["import", str(exported), "--store", postgres_url]) == 0
+    with open_store(postgres_url) as store:
+        assert len(store.results()) == 1
