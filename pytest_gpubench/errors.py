@@ -4,7 +4,8 @@
 
     GpubenchError                 anything this project raises on purpose
     ├── UsageProblem              bad options or environment (-> pytest.UsageError)
-    │   └── ManifestTooNew        a manifest written by a newer pytest-gpubench
+    │   ├── ManifestTooNew        a manifest written by a newer pytest-gpubench
+    │   └── StoreUnreachable      a store's server (postgresql://) that does not answer
     ├── MatrixError               a matrix file that does not validate (file, field, message)
     │   ├── InventoryError        a hosts inventory (hosts.yaml) that does not validate
     │   └── RunnersError          a runners file that does not validate, or a host or phase it lacks
@@ -77,6 +78,10 @@ class UsageProblem(GpubenchError):
 
 class ManifestTooNew(UsageProblem):
     """The manifest was written by a newer pytest-gpubench, whose columns this one does not know."""
+
+
+class StoreUnreachable(UsageProblem):
+    """The store's server (``--gpubench-store postgresql://...``) did not answer or refused the connection."""
 
 
 class MatrixError(GpubenchError):

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+# A real PostgreSQL server for the store's tests (postgres_server, postgres_url).
+pytest_plugins = ["postgres_server"]
+
 HERE = Path(__file__).parent
 
 #: Third-party pytest plugins an environment may autoload that no test here uses, kept out

@@ -12,7 +12,9 @@ GPUs and Ollama for ``cloud: local``.
 sessions that dead runs of the manifest left running (see ``cleanup.py``).
 
 ``gpubench export --format json|csv [--run RUN|last] [--manifest PATH] [-o FILE]``
-writes stored results; ``gpubench upload [--run RUN|last] [--manifest PATH] [--api URL]``
+writes stored results; ``gpubench export --to PATH|URL [--run RUN|last]`` copies the
+store's rows into another store, SQLite <-> PostgreSQL (see ``store/copy.py``);
+``gpubench upload [--run RUN|last] [--manifest PATH] [--api URL]``
 POSTs results to GPU Shopper's ``/api/v1/benchmarks``.
 
 ``gpubench report [--run RUN|last ...] [--manifest PATH] [--output-dir DIR]`` writes
@@ -34,6 +36,10 @@ be rented now: price, VRAM, availability confidence, location (see ``offers_cli.
 ``gpubench status [--store LOC] [--run|--phase NAME|last] [--cells] [--json]`` shows per phase
 (run) what is done, claimed (by whom, since when) and left (see ``status.py``).
 
+Every command's ``--manifest PATH`` is also ``--store PATH|URL`` (default
+``$GPUBENCH_STORE``, then ``$GPUBENCH_MANIFEST``, then ``reports/manifest.db``): a SQLite
+file, ``postgresql://...`` or ``git+URL`` (docs/stores.md); ``browse`` serves SQLite only.
+
 Exit status: 0 done, 1 the work failed (an upload did not go through), 2 a usage
 problem (bad arguments, no manifest, unknown run). Problems are one line on
 stderr, never a traceback.
@@ -52,30 +58,45 @@ from ..settings import DEFAULT_API
 
 
 
-def default_manifest() -> Path:
-    """``GPUBENCH_MANIFEST``, else ``<GPUBENCH_REPORTS or reports>/manifest.db``, as the plugin does."""
+def default_manifest() -> Path | str:
+    """``GPUBENCH_STORE`` (a path or a URL), else ``GPUBENCH_MANIFEST``, else
+    ``<GPUBENCH_REPORTS or reports>/manifest.db``, as the plugin does."""
+    if os.environ.get("GPUBENCH_STORE"):
+        return _location(os.environ["GPUBENCH_STORE"])
     if os.environ.get("GPUBENCH_MANIFEST"):
         return Path(os.environ["GPUBENCH_MANIFEST"])
     return Path(os.environ.get("GPUBENCH_REPORTS") or "reports") / "manifest.db"
+
+
+def _location(given: str) -> Path | str:
+    """``--store``/``--manifest`` as given: a URL stays text (a Path would fold its ``//``), a file is a Path."""
+    from ..errors import UsageProblem
+    from ..store.opening import store_kind
+
+    try:
+        return Path(given) if store_kind(given) == "sqlite" else given
+    except UsageProblem as exc:
+        raise CommandProblem(exc.message) from None
 
 
 def _open_store(path: str | None, *, create: bool = False):
     """The manifest's store (``--manifest``, else :func:`default_manifest`); a missing one is a
     ``CommandProblem`` unless ``create``, and so is a file that is not a manifest."""
     from ..errors import UsageProblem
-    from ..store.opening import open_store, store_exists
+    from ..store.opening import open_store, redact, store_exists
 
-    where = path or default_manifest()
+    where = _location(path) if path else default_manifest()
     try:
         exists = store_exists(where)
-    except UsageProblem as exc:  # a URL: say what is supported, not that it is missing
-        raise CommandProblem(exc.message) from None
+    except UsageProblem as exc:  # a URL: say what is supported (or unreachable), not that it is missing
+        raise CommandProblem(" ".join(filter(None, [exc.message, exc.hint and f"({exc.hint})"]))) from None
     if not create and not exists:
-        raise CommandProblem(f"no manifest at {where} (run pytest with the plugin first, or pass --manifest PATH)")
+        raise CommandProblem(f"no manifest at {redact(where)} (run pytest with the plugin first, or pass "
+                             "--manifest PATH or --store URL)")
     try:
         return open_store(where, busy_timeout=5, retry_seconds=10)
     except Exception as exc:  # noqa: BLE001 - a corrupt or foreign file: say so in one line
-        raise CommandProblem(f"cannot read the manifest {where}: {exc}") from None
+        raise CommandProblem(f"cannot read the manifest {redact(where)}: {exc}") from None
 
 
 def _resolve_run(store, run: str | None) -> str | None:
@@ -93,6 +114,8 @@ def _resolve_run(store, run: str | None) -> str | None:
 def _export(args: argparse.Namespace) -> int:
     from ..store.export import export_results
 
+    if args.to:
+        return _export_to(args)
     with _open_store(args.manifest) as store:
         run_id = _resolve_run(store, args.run)
         if args.output in (None, "-"):
@@ -109,6 +132,23 @@ def _export(args: argparse.Namespace) -> int:
             target = str(target_path)
     scope = f"run {run_id}" if run_id else "all runs"
     print(f"exported {count} result{'s' * (count != 1)} of {scope} to {target} ({args.format})", file=sys.stderr)
+    return EXIT_OK
+
+
+def _export_to(args: argparse.Namespace) -> int:
+    """``gpubench export --to LOCATION``: the store's rows (or one run's) into another store."""
+    from ..store.copy import copy_store
+
+    with _open_store(args.manifest) as source:
+        run_id = _resolve_run(source, args.run)
+        with _open_store(args.to, create=True) as target:
+            if target.location == source.location:
+                raise CommandProblem(f"--to names the store being exported ({source.location})")
+            copied = copy_store(source, target, run_id)
+            where = target.location
+    scope = f"run {run_id}" if run_id else "all runs"
+    print(f"copied {copied['benchmark_manifest']} cell(s), {copied['benchmarks']} result(s) and "
+          f"{sum(copied.values())} row(s) in all of {scope} to {where}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -198,18 +238,23 @@ def _browse(args: argparse.Namespace) -> int:
     extra = list(args.datasette_args)
     if extra and extra[0] != "--":
         raise CommandProblem(f"unexpected argument {extra[0]!r}: give Datasette's own options after --")
-    return serve(Path(args.manifest) if args.manifest else default_manifest(), host=args.host, port=args.port,
-                 open_browser=not args.no_open, extra_args=extra[1:])
+    where = _location(args.manifest) if args.manifest else default_manifest()
+    if not isinstance(where, Path):
+        from ..store.opening import redact
+
+        raise CommandProblem(f"gpubench browse serves a SQLite manifest (Datasette); {redact(where)} is not one: copy it "
+                             "with `gpubench export --to reports/manifest.db` and browse that")
+    return serve(where, host=args.host, port=args.port, open_browser=not args.no_open, extra_args=extra[1:])
 
 
 def _import(args: argparse.Namespace) -> int:
     from .importer import Assumed, expand_paths, import_files
-    from ..store.opening import store_exists
+    from ..store.opening import redact, store_exists
 
     if args.price is not None and args.price < 0:
         raise CommandProblem(f"--price must not be negative, got {args.price}")
     expand_paths(args.paths)  # a path that is not there: before the manifest is created
-    where = Path(args.manifest) if args.manifest else default_manifest()
+    where = _location(args.manifest) if args.manifest else default_manifest()
     assumed = Assumed(gpu=args.gpu, provider=args.provider, price_per_hour=args.price, location=args.location)
     # A dry run never creates the manifest; a real import does, like a first pytest run.
     store = None
@@ -226,7 +271,7 @@ def _import(args: argparse.Namespace) -> int:
             store.close()
     for outcome in report.files:
         print(outcome.line(args.dry_run), file=sys.stdout if outcome.problem is None else sys.stderr)
-    print(f"gpubench import: {report.summary()}" + (f" (manifest {where})" if not args.dry_run else ""))
+    print(f"gpubench import: {report.summary()}" + (f" (manifest {redact(where)})" if not args.dry_run else ""))
     return EXIT_FAILED if report.failed else EXIT_OK
 
 
@@ -264,7 +309,7 @@ def _plan(args: argparse.Namespace) -> int:
 
     plan = make_plan(args.paths, keyword=args.keyword, gpus=args.gpu, providers=args.provider, models=args.model,
                      api=args.api, sandbox=args.sandbox, workers=args.workers,
-                     manifest=Path(args.manifest) if args.manifest else None, options=_split_options(args))
+                     manifest=_location(args.manifest) if args.manifest else None, options=_split_options(args))
     print(plan.model_dump_json(indent=2) if args.json else "\n".join(render(plan)))
     return EXIT_OK
 
@@ -298,15 +343,19 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("sandbox", help="serve the emulated GPU Shopper cloud (see `gpubench sandbox --help`)",
                         add_help=False)
-    manifest_help = "the SQLite manifest (default $GPUBENCH_MANIFEST or reports/manifest.db)"
+    manifest_help = ("the store: a SQLite manifest file or postgresql://USER@HOST/DB (default $GPUBENCH_STORE, "
+                     "$GPUBENCH_MANIFEST or reports/manifest.db)")
 
     export = commands.add_parser("export", help="write stored results as JSON or CSV",
                                  description="Write stored results: JSON (a list of GPU Shopper BenchmarkResult "
                                              "objects) or CSV (one flattened row per result).")
     export.add_argument("--format", choices=("json", "csv"), default="json", help="output format (default json)")
     export.add_argument("--run", metavar="RUN|last", help="only this run (default: every run)")
-    export.add_argument("--manifest", metavar="PATH", help=manifest_help)
+    export.add_argument("--manifest", "--store", dest="manifest", metavar="PATH|URL", help=manifest_help)
     export.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    export.add_argument("--to", metavar="PATH|URL",
+                        help="copy the stored rows (every table; --run: one run's) into this store instead, "
+                             "SQLite <-> PostgreSQL; copying again duplicates nothing")
     export.set_defaults(handler=_export)
 
     upload = commands.add_parser("upload", help="POST results to GPU Shopper /api/v1/benchmarks",
@@ -315,7 +364,7 @@ def _parser() -> argparse.ArgumentParser:
                                              "not gone through; with --run, uploads that run's results not yet "
                                              "uploaded. Token: $GPUBENCH_API_TOKEN.")
     upload.add_argument("--run", metavar="RUN|last", help="upload this run's results (default: retry pending ones)")
-    upload.add_argument("--manifest", metavar="PATH", help=manifest_help)
+    upload.add_argument("--manifest", "--store", dest="manifest", metavar="PATH|URL", help=manifest_help)
     upload.add_argument("--api", metavar="URL", help=f"API base URL (default $GPUBENCH_API_BASE or {DEFAULT_API})")
     upload.set_defaults(handler=_upload)
 
@@ -326,7 +375,7 @@ def _parser() -> argparse.ArgumentParser:
                     "process is gone (killed, crashed, timed out): done, then DELETE if still active. "
                     "Runs still going on, and sessions it does not own, are never touched. Every "
                     "release is recorded in the manifest. Token: $GPUBENCH_API_TOKEN.")
-    cleanup.add_argument("--manifest", metavar="PATH", help=manifest_help)
+    cleanup.add_argument("--manifest", "--store", dest="manifest", metavar="PATH|URL", help=manifest_help)
     cleanup.add_argument("--api", metavar="URL",
                          help="only this API (default: the API each run used, else $GPUBENCH_API_BASE or "
                               f"{DEFAULT_API})")
@@ -341,7 +390,7 @@ def _parser() -> argparse.ArgumentParser:
                     "successful result is shown. See docs/report.md.")
     report.add_argument("--run", action="append", metavar="RUN|last",
                         help="only this run; repeat for several (default: every run)")
-    report.add_argument("--manifest", metavar="PATH", help=manifest_help)
+    report.add_argument("--manifest", "--store", dest="manifest", metavar="PATH|URL", help=manifest_help)
     report.add_argument("--output-dir", metavar="DIR",
                         help="where to write the two files (default $GPUBENCH_REPORTS or reports)")
     report.set_defaults(handler=_report)
@@ -352,7 +401,7 @@ def _parser() -> argparse.ArgumentParser:
                     "facets and canned queries (leaderboard, failures by stage, spend per run). Safe while a "
                     "run writes to it. Datasette's own options go after --, e.g. -- --setting "
                     "sql_time_limit_ms 5000.")
-    browse.add_argument("--manifest", metavar="PATH", help=manifest_help)
+    browse.add_argument("--manifest", "--store", dest="manifest", metavar="PATH|URL", help=manifest_help)
     browse.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this "
                         "machine only)")
     browse.add_argument("--port", type=int, default=8001, metavar="N", help="port (default 8001; 0 picks a free one)")
@@ -370,7 +419,8 @@ def _parser() -> argparse.ArgumentParser:
                     "result already in the manifest (same id, or same content) is skipped. --gpu, --provider, "
                     "--price and --location fill in what a file does not say. See docs/import.md.")
     importing.add_argument("paths", nargs="+", metavar="FILE_OR_DIR", help="JSON files, or directories of them")
-    importing.add_argument("--manifest", metavar="PATH", help=manifest_help + "; created if missing")
+    importing.add_argument("--manifest", "--store", dest="manifest", metavar="PATH|URL",
+                           help=manifest_help + "; created if missing")
     importing.add_argument("--dry-run", action="store_true", help="read and check everything; write nothing")
     importing.add_argument("--gpu", metavar="NAME", help="GPU of results whose file names none, e.g. 'RTX 4090'")
     importing.add_argument("--provider", metavar="NAME", help="provider of results whose file names none, e.g. vastai")
@@ -395,7 +445,7 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--sandbox", action="store_true",
                       help="start the sandbox cloud for the listing (and stop it after); plan as for "
                            "pytest --gpubench-sandbox")
-    plan.add_argument("--manifest", metavar="PATH",
+    plan.add_argument("--manifest", "--store", dest="manifest", metavar="PATH|URL",
                       help="manifest whose finished cells give the stage times (default the run's: "
                            "$GPUBENCH_MANIFEST or reports/manifest.db)")
     plan.add_argument("-n", dest="workers", type=_workers, metavar="N",

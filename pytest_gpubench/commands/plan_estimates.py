@@ -123,13 +123,13 @@ class StageHistory:
     description: str = "no manifest history"
 
     @classmethod
-    def from_manifest(cls, path: Path, *, sandbox: bool, time_scale: float = 1.0) -> StageHistory:
+    def from_manifest(cls, path: Path | str, *, sandbox: bool, time_scale: float = 1.0) -> StageHistory:
         """Read the finished cells of ``path`` (left alone, and not created, when missing)."""
         history = cls(time_scale=time_scale)
-        from ..store.opening import open_store, store_exists
+        from ..store.opening import open_store, redact, store_exists
 
         if not store_exists(path):
-            history.description = f"no manifest at {path}"
+            history.description = f"no manifest at {redact(path)}"
             return history
         with open_store(path, busy_timeout=5, retry_seconds=10) as store:
             runs = [store.run(run_id) for run_id in store.run_ids()]
@@ -190,14 +190,18 @@ class StageHistory:
         return None
 
 
-def _progress_file(recorded: str | None, manifest: Path) -> Path | None:
+def _progress_file(recorded: str | None, manifest: Path | str) -> Path | None:
     """The progress file a row names: as recorded (absolute, or relative to here), or
     relative to the directory above the manifest's (``reports/manifest.db`` and
     ``reports/progress/...`` are both relative to where pytest ran)."""
     if not recorded:
         return None
+    from ..store.opening import store_kind
+
     path = Path(recorded)
-    for candidate in (path, manifest.resolve().parent.parent / path):
+    # A server store (postgresql://) is in no directory: only the path as recorded.
+    beside = [Path(manifest).resolve().parent.parent / path] if store_kind(manifest) == "sqlite" else []
+    for candidate in (path, *beside):
         if candidate.is_file():
             return candidate
     return None

@@ -16,6 +16,7 @@ from ..errors import ApiUnreachable
 from .live import LiveProgress, own_line
 from .matrix_scan import matrix_files, runs_matrix_files
 from .outcome import run_status
+from ..store.redaction import redact
 from ..store.sandbox_label import summary_title
 from .stash import SANDBOX_KEY, SETTINGS_KEY, run_context
 from .summary_table import SummaryTable, exact_figures
@@ -111,7 +112,7 @@ class TerminalHooks:
                 cells = run_context(self.config).store.cells(settings.run_id)
                 skipped = sum(1 for c in cells if c.status == "skipped" and skipped_by_budget(c.error_message))
                 terminalreporter.write_line(summary_line(settings.budget, spent, skipped))
-            terminalreporter.write_line(f"run {settings.run_id}; store {settings.store_location}; "
+            terminalreporter.write_line(f"run {settings.run_id}; store {redact(settings.store_location)}; "
                                         f"progress files {settings.progress_dir / settings.run_id}")
         sandbox = self.config.stash.get(SANDBOX_KEY, None)
         if sandbox is not None:

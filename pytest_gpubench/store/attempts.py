@@ -80,12 +80,7 @@ class AttemptsMixin(ManifestStore):
             current = found[0]
             if current["ended_at"]:
                 return
-            now = datetime.now(timezone.utc)
-            values = {**row, "ended_at": now.isoformat(timespec="milliseconds")}
-            if "cost_usd" not in values:
-                started, price = current["session_started_at"], current["price_per_hour"]
-                hours = (now - datetime.fromisoformat(started)).total_seconds() / 3600 if started else 0.0
-                values["cost_usd"] = (price or 0.0) * max(hours, 0.0)
+            values = ended(row, current)
             self.db.table("attempts").update((row_id, attempt), values)
 
         self._write(end)
@@ -115,3 +110,15 @@ class AttemptsMixin(ManifestStore):
             row["machine_id"] = str(row["machine_id"])
         refuse_secrets(row)
         return row
+
+
+def ended(row: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+    """``row`` of the attempt ``current`` ending now: ``ended_at``, and unless given ``cost_usd``:
+    ``price_per_hour`` x the time since ``session_started_at`` (0 when no session was created)."""
+    now = datetime.now(timezone.utc)
+    values = {**row, "ended_at": now.isoformat(timespec="milliseconds")}
+    if "cost_usd" not in values:
+        started, price = current["session_started_at"], current["price_per_hour"]
+        hours = (now - datetime.fromisoformat(started)).total_seconds() / 3600 if started else 0.0
+        values["cost_usd"] = (price or 0.0) * max(hours, 0.0)
+    return values

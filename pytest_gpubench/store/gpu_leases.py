@@ -36,13 +36,9 @@ class GpuLeasesMixin(ManifestStore):
             busy = {row[0] for row in self.db.execute(
                 f"SELECT gpu_index FROM {TABLE} WHERE machine = ? AND released_at IS NULL AND expires_at > ?",
                 [machine, moment]).fetchall()}
-            free = [index for index in sorted(set(gpus)) if index not in busy]
-            if len(free) < count:
+            rows = lease_rows(machine, gpus, count, busy, holder=holder, ttl=ttl, run_id=run_id, moment=moment)
+            if rows is None:
                 return None
-            lease_id = uuid.uuid4().hex[:16]
-            rows = [{"lease_id": lease_id, "machine": machine, "gpu_index": index, "holder": holder,
-                     "run_id": run_id, "acquired_at": moment, "expires_at": moment + ttl}
-                    for index in free[:count]]
             self.db.table(TABLE).insert_all(rows)
             return _lease(rows)
 
@@ -76,6 +72,17 @@ class GpuLeasesMixin(ManifestStore):
             grouped.setdefault(row["lease_id"], []).append(row)
         leases = [_lease(group) for group in grouped.values()]
         return [lease for lease in leases if active_at is None or lease.active(active_at)]
+
+
+def lease_rows(machine: str, gpus: Sequence[int], count: int, busy: set[int], *, holder: str, ttl: float,
+               run_id: str | None, moment: float) -> list[dict[str, Any]] | None:
+    """The rows of a new lease on the ``count`` lowest of ``gpus`` not ``busy``; None when fewer are free."""
+    free = [index for index in sorted(set(gpus)) if index not in busy]
+    if len(free) < count:
+        return None
+    lease_id = uuid.uuid4().hex[:16]
+    return [{"lease_id": lease_id, "machine": machine, "gpu_index": index, "holder": holder,
+             "run_id": run_id, "acquired_at": moment, "expires_at": moment + ttl} for index in free[:count]]
 
 
 def _lease(rows: list[dict[str, Any]]) -> GpuLease:

@@ -102,21 +102,7 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
         owned the run before (``--gpubench-resume``, or a run id given again), the
         new owner takes it over: the run is ``running`` again, ``resumed_at`` stamped.
         """
-        row: dict[str, Any] = {
-            "run_id": run_id,
-            "started_at": utc_now(),
-            "argv": json.dumps(list(argv)),
-            "matrix_files": json.dumps([str(f) for f in matrix_files]),
-            "host": owner.host if owner is not None else socket.gethostname(),
-            "status": "running",
-        }
-        if owner is not None:
-            row.update(pid=owner.pid, pid_start=owner.start)
-        if api is not None:
-            row["api"] = api
-        if sandbox is not None:
-            row["sandbox"] = int(sandbox)
-        refuse_secrets(row)
+        row = run_row(run_id, argv, matrix_files, owner=owner, api=api, sandbox=sandbox)
 
         def start() -> None:
             table = self.db.table("runs")
@@ -124,16 +110,10 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
             if not found:
                 table.insert(row)
                 return
-            current = found[0]
             if owner is None:
                 return
-            taken_over = current["finished_at"] is not None or (
-                current["pid"] is not None and (current["pid"], current["pid_start"]) != (owner.pid, owner.start)
-            )
-            if current["pid"] is None or taken_over:
-                update = {key: row[key] for key in ("host", "pid", "pid_start", "api", "sandbox") if key in row}
-                if taken_over:
-                    update.update(finished_at=None, status="running", resumed_at=utc_now())
+            update = taken_over(found[0], row, owner)
+            if update:
                 table.update(run_id, update)
 
         self._write(start)
@@ -173,23 +153,10 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
         Adding a row that exists changes nothing, so the controller and every worker
         may add the same cell.
         """
-        if not run_id or not cell_id:
-            raise ValueError("run_id and cell_id must not be empty")
-        row_id = record_keys.row_id(run_id, cell_id)
-        row = {
-            "id": row_id,
-            "run_id": run_id,
-            "created_at": utc_now(),
-            "cell_id": cell_id,
-            "gpu_type": gpu_type,
-            "provider": provider,
-            "model": model,
-            "matrix_file": str(matrix_file),
-            "status": "pending",
-        }
-        refuse_secrets(row)
+        row = cell_row(run_id, cell_id, gpu_type=gpu_type, provider=provider, model=model,
+                       matrix_file=matrix_file)
         self._write(lambda: self.db.table("benchmark_manifest").insert(row, ignore=True))
-        return row_id
+        return row["id"]
 
     def update_cell(self, row_id: str, **fields: Any) -> None:
         """Set manifest columns of ``row_id``; an unknown column or status is a ``ValueError``.
@@ -237,29 +204,11 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
         x the time since :meth:`record_session` (a lower bound if the session is
         released after this call).
         """
-        if status not in FINAL_STATUSES:
-            raise ValueError(f"a finished cell's status is one of {', '.join(FINAL_STATUSES)}")
-        row = self._check_cell_fields(
-            {
-                "status": status,
-                "failure_stage": failure_stage,
-                "failure_reason": failure_reason,
-                "error_message": error_message,
-                **fields,
-            }
-        )
+        row = finished_row(status=status, failure_stage=failure_stage, failure_reason=failure_reason,
+                           error_message=error_message, **fields)
 
         def finish() -> None:
-            now = datetime.now(timezone.utc)
-            # A finished cell holds no lease: nothing may take it over.
-            values = {**row, "completed_at": now.isoformat(timespec="milliseconds"), "lease_expires_at": None}
-            current = self._cell_or_raise(row_id)
-            price = values.get("price_per_hour", current["price_per_hour"])
-            started = current["session_started_at"]
-            if "cost_usd" not in values and price is not None and started:
-                hours = (now - datetime.fromisoformat(started)).total_seconds() / 3600
-                values["cost_usd"] = price * max(hours, 0.0)
-            self._update(row_id, values)
+            self._update(row_id, priced(row, self._cell_or_raise(row_id)))
 
         self._write(finish)
 
@@ -328,13 +277,7 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
             rows = self.db.execute(cells_sql, params).fetchall()
             if self.db.table("attempts").exists():
                 rows += self.db.execute(attempts_sql, params).fetchall()
-            found: dict[str, dict[str, Any]] = {}
-            for row in sorted(rows, key=lambda r: r[-1] or ""):
-                entry = dict(zip(names, row[:-1], strict=True))
-                known = found.setdefault(entry["session_id"], entry)
-                if known is not entry and entry["attempt"] is not None:
-                    known["attempt"] = entry["attempt"]  # the cell's session is also its last attempt
-            return list(found.values())
+            return merge_sessions([{**dict(zip(names, row[:-1], strict=True)), "at": row[-1]} for row in rows])
 
         return self._retry(query)
 
@@ -347,8 +290,7 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
         The cell row is updated when the session is its own; an attempt's row is
         ended too (``attempt``). Unknown rows are a ``KeyError``.
         """
-        fields = self._check_cell_fields({"session_status": session_status, "released_by": released_by,
-                                          "session_released_at": utc_now()})
+        fields = released_fields(session_status, released_by)
 
         def record() -> None:
             current = self._cell_or_raise(row_id)
@@ -357,17 +299,12 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
                     row_id, {**fields, "session_id": session_id})
 
         self._write(record)
-        if attempt is not None:
-            try:
-                self.end_attempt(row_id, attempt, session_status=session_status)
-            except KeyError:
-                pass  # the attempt was never recorded: the cell row says it all
+        end_released_attempt(self, row_id, attempt, session_status)
 
     def end_shared_session(self, session_id: str, *, session_status: str, released_by: str) -> int:
         """A session several cells ran on (session reuse) is released: every row that used
         it and does not know yet says so. Returns how many rows changed."""
-        fields = self._check_cell_fields({"session_status": session_status, "released_by": released_by,
-                                          "session_released_at": utc_now()})
+        fields = released_fields(session_status, released_by)
         gone = ", ".join("?" * len(_GONE_SESSION_STATUSES))
 
         def record() -> int:
@@ -384,16 +321,6 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
         """The cell ids of ``run_id`` that ended ``success``, in the order they were added."""
         return [row["cell_id"] for row in self.cells(run_id) if row["status"] == "success"]
 
-    #: What a cell's earlier attempt leaves in its row and a new attempt must not inherit.
-    _ATTEMPT_FIELDS = (
-        "session_id", "instance_ip", "ssh_port", "started_at", "completed_at", "benchmark_id",
-        "decode_tokens_per_second", "output_tokens_per_second", "total_requests", "error_count",
-        "failure_reason", "failure_stage",
-        "error_message", "offer_id", "price_per_hour", "cost_usd", "api_cost_usd", "session_status",
-        "session_started_at", "consumer_id", "worker", "lease_expires_at", "ttft_p50_ms", "cost_per_million_tokens",
-        "host_key_fingerprint", "attempts", "released_by", "session_released_at",
-    )
-
     def restart_cell(self, row_id: str) -> bool:
         """Make a cell that already ran ``pending`` again, with nothing of its earlier outcome.
 
@@ -404,15 +331,142 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
         """
 
         def restart() -> bool:
-            current = self._cell_or_raise(row_id)
-            if current["status"] == "pending":
+            row = restarted_row(self._cell_or_raise(row_id))
+            if row is None:
                 return False
-            row: dict[str, Any] = {name: None for name in self._ATTEMPT_FIELDS if name in current}
-            row["status"] = "pending"
-            if current["session_id"] and current["session_status"] not in _GONE_SESSION_STATUSES:
-                note = f"an earlier attempt's session {current['session_id']} was never seen released"
-                row["notes"] = "; ".join(filter(None, [current["notes"], note]))
             self.db.table("benchmark_manifest").update(row_id, row)
             return True
 
         return self._write(restart)
+
+
+# ------------------------------------------------- rows, the same for every store
+# What the manifest writes, decided without a database, so the PostgreSQL store
+# (postgres_store.py) writes exactly the same rows.
+
+#: What a cell's earlier attempt leaves in its row and a new attempt must not inherit.
+ATTEMPT_FIELDS = (
+    "session_id", "instance_ip", "ssh_port", "started_at", "completed_at", "benchmark_id",
+    "decode_tokens_per_second", "output_tokens_per_second", "total_requests", "error_count",
+    "failure_reason", "failure_stage",
+    "error_message", "offer_id", "price_per_hour", "cost_usd", "api_cost_usd", "session_status",
+    "session_started_at", "consumer_id", "worker", "lease_expires_at", "ttft_p50_ms", "cost_per_million_tokens",
+    "host_key_fingerprint", "attempts", "released_by", "session_released_at",
+)
+
+
+def run_row(run_id: str, argv: list[str], matrix_files: list[str], *, owner: ProcessIdentity | None,
+            api: str | None, sandbox: bool | None) -> dict[str, Any]:
+    """The ``runs`` row a run starts with (see :meth:`Manifest.start_run`)."""
+    row: dict[str, Any] = {
+        "run_id": run_id,
+        "started_at": utc_now(),
+        "argv": json.dumps(list(argv)),
+        "matrix_files": json.dumps([str(f) for f in matrix_files]),
+        "host": owner.host if owner is not None else socket.gethostname(),
+        "status": "running",
+    }
+    if owner is not None:
+        row.update(pid=owner.pid, pid_start=owner.start)
+    if api is not None:
+        row["api"] = api
+    if sandbox is not None:
+        row["sandbox"] = int(sandbox)
+    refuse_secrets(row)
+    return row
+
+
+def taken_over(current: Mapping[str, Any], row: Mapping[str, Any], owner: ProcessIdentity) -> dict[str, Any]:
+    """What the stored run ``current`` changes to when ``owner`` starts it (``row``) again; {}: nothing."""
+    taken = current["finished_at"] is not None or (
+        current["pid"] is not None and (current["pid"], current["pid_start"]) != (owner.pid, owner.start)
+    )
+    if current["pid"] is not None and not taken:
+        return {}
+    update = {key: row[key] for key in ("host", "pid", "pid_start", "api", "sandbox") if key in row}
+    if taken:
+        update.update(finished_at=None, status="running", resumed_at=utc_now())
+    return update
+
+
+def cell_row(run_id: str, cell_id: str, *, gpu_type: str, provider: str, model: str,
+             matrix_file: str) -> dict[str, Any]:
+    """The ``pending`` row of a new cell, its id ``f"{run_id}/{cell_id}"``."""
+    if not run_id or not cell_id:
+        raise ValueError("run_id and cell_id must not be empty")
+    row = {
+        "id": record_keys.row_id(run_id, cell_id),
+        "run_id": run_id,
+        "created_at": utc_now(),
+        "cell_id": cell_id,
+        "gpu_type": gpu_type,
+        "provider": provider,
+        "model": model,
+        "matrix_file": str(matrix_file),
+        "status": "pending",
+    }
+    refuse_secrets(row)
+    return row
+
+
+def finished_row(*, status: str, failure_stage: Stage | str | None, failure_reason: str | None,
+                 error_message: str | None, **fields: Any) -> dict[str, Any]:
+    """A finished cell's columns, checked; the failure columns always written (a success clears them)."""
+    if status not in FINAL_STATUSES:
+        raise ValueError(f"a finished cell's status is one of {', '.join(FINAL_STATUSES)}")
+    return Manifest._check_cell_fields({"status": status, "failure_stage": failure_stage,
+                                        "failure_reason": failure_reason, "error_message": error_message,
+                                        **fields})
+
+
+def priced(row: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:
+    """``row`` of a cell finishing now: ``completed_at``, no lease, and unless given ``cost_usd``:
+    the price x the time since its session was recorded."""
+    now = datetime.now(timezone.utc)
+    # A finished cell holds no lease: nothing may take it over.
+    values = {**row, "completed_at": now.isoformat(timespec="milliseconds"), "lease_expires_at": None}
+    price = values.get("price_per_hour", current["price_per_hour"])
+    started = current["session_started_at"]
+    if "cost_usd" not in values and price is not None and started:
+        hours = (now - datetime.fromisoformat(started)).total_seconds() / 3600
+        values["cost_usd"] = price * max(hours, 0.0)
+    return values
+
+
+def restarted_row(current: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The columns that make the cell ``current`` pending again without its outcome; None: it is pending."""
+    if current["status"] == "pending":
+        return None
+    row: dict[str, Any] = {name: None for name in ATTEMPT_FIELDS if name in current}
+    row["status"] = "pending"
+    if current["session_id"] and current["session_status"] not in _GONE_SESSION_STATUSES:
+        note = f"an earlier attempt's session {current['session_id']} was never seen released"
+        row["notes"] = "; ".join(filter(None, [current["notes"], note]))
+    return row
+
+
+def merge_sessions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Sessions from cell rows and attempt rows (each with its time under ``at``), once each, oldest first."""
+    found: dict[str, dict[str, Any]] = {}
+    for row in sorted(rows, key=lambda r: r["at"] or ""):
+        entry = {key: value for key, value in row.items() if key != "at"}
+        known = found.setdefault(entry["session_id"], entry)
+        if known is not entry and entry["attempt"] is not None:
+            known["attempt"] = entry["attempt"]  # the cell's session is also its last attempt
+    return list(found.values())
+
+
+def released_fields(session_status: str, released_by: str) -> dict[str, Any]:
+    """The cell columns that say its session ended (``session_status``), found so by ``released_by``, now."""
+    return Manifest._check_cell_fields({"session_status": session_status, "released_by": released_by,
+                                        "session_released_at": utc_now()})
+
+
+def end_released_attempt(store: Any, row_id: str, attempt: int | None, session_status: str) -> None:
+    """After a release: end ``store``'s attempt ``attempt`` of the cell too, if it was ever recorded."""
+    if attempt is None:
+        return
+    try:
+        store.end_attempt(row_id, attempt, session_status=session_status)
+    except KeyError:
+        pass  # the attempt was never recorded: the cell row says it all

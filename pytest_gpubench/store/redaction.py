@@ -1,7 +1,7 @@
-"""A store location fit to print: the one place a URL's password is hidden.
+"""A store's location fit to print: the one place a URL's password is hidden.
 
-Its own module so that the stores themselves (:mod:`.git_repo`, a database store) can
-hide it without importing :mod:`.opening`, which imports them.
+Its own module so the stores (which name themselves by it) and :mod:`.opening`
+(which opens them) both import it without importing each other.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sqlite_utils.db import NotFoundError
@@ -35,41 +36,12 @@ class ResultsMixin(ManifestStore):
         ``unpriced``: its price is not known (an imported file states none), so its
         cost per token is unknown (NULL), not the 0 a price of 0 would give.
         """
-        benchmark_id = result.id or str(uuid.uuid4())
-        result = result.model_copy(update={"id": benchmark_id})
-        figures = result.results
-        cost = result.cost_analysis()
-        if unpriced:
-            cost = cost.model_copy(update={"cost_per_million_tokens": None})
-        benchmark_row = {
-            "id": benchmark_id,
-            "manifest_id": row_id,
-            "gpu_name": result.hardware.gpu_name,
-            "location": result.location,
-            "price_per_hour": result.price_per_hour,
-            "decode_tokens_per_second": figures.avg_tokens_per_second or None,
-            "output_tokens_per_second": output_tokens_per_second(figures.model_dump()),
-            **figures.model_dump(),
-            "cost_per_million_tokens": cost.cost_per_million_tokens,
-            "result_json": result.model_dump_json(),
-        }
-        request_rows = [
-            {"benchmark_id": benchmark_id, "manifest_id": row_id, **record.model_dump()}
-            for record in requests
-        ]
-        refuse_secrets(benchmark_row)
-        for request_row in request_rows:
-            refuse_secrets(request_row)
+        rows = benchmark_rows(row_id, result, requests, unpriced=unpriced)
+        benchmark_id = rows.benchmark["id"]
 
         def store() -> None:
             cell = self._cell_or_raise(row_id)
-            benchmark_row.update(
-                run_id=cell["run_id"],
-                created_at=utc_now(),
-                gpu_type=cell["gpu_type"],
-                provider=result.provider or cell["provider"],
-                model=result.model.name or cell["model"],
-            )
+            benchmark_row = rows.for_cell(cell)
             self.db.execute("DELETE FROM requests WHERE benchmark_id = ?", [benchmark_id])
             # Storing a result again keeps its upload bookkeeping: an upload asked
             # for stays asked for, one done is not repeated.
@@ -80,20 +52,9 @@ class ResultsMixin(ManifestStore):
             if kept is not None:
                 benchmark_row.update(zip(UPLOAD_COLUMNS, kept, strict=True))
             self.db.table("benchmarks").insert(benchmark_row, replace=True)
-            if request_rows:
-                self.db.table("requests").insert_all(request_rows)
-            summary = {
-                "benchmark_id": benchmark_id,
-                "decode_tokens_per_second": benchmark_row["decode_tokens_per_second"],
-                "output_tokens_per_second": benchmark_row["output_tokens_per_second"],
-                "total_requests": figures.total_requests,
-                "error_count": figures.total_errors,
-                "ttft_p50_ms": figures.p50_ttft_ms,
-                "cost_per_million_tokens": cost.cost_per_million_tokens,
-            }
-            if cell["price_per_hour"] is None and result.price_per_hour:
-                summary["price_per_hour"] = result.price_per_hour
-            self.db.table("benchmark_manifest").update(row_id, summary)
+            if rows.requests:
+                self.db.table("requests").insert_all(rows.requests)
+            self.db.table("benchmark_manifest").update(row_id, rows.summary(cell))
 
         self._write(store)
         return benchmark_id
@@ -146,13 +107,7 @@ class ResultsMixin(ManifestStore):
         stored before for that benchmark are replaced. An unknown benchmark is a
         ``KeyError``.
         """
-        rows = []
-        for position, run in enumerate(runs):
-            row = _fields_of(run, [c for c in BENCHMARK_RUN_COLUMNS if c != "benchmark_id"])
-            row["outlier"] = int(bool(row["outlier"]))
-            if row["run_index"] is None:
-                row["run_index"] = position
-            rows.append({"benchmark_id": benchmark_id, **row})
+        rows = repeat_rows(benchmark_id, runs)
 
         def store() -> None:
             self._benchmark_or_raise(benchmark_id)
@@ -183,11 +138,7 @@ class ResultsMixin(ManifestStore):
         mappings with the same fields. Returns how many were stored; an unknown
         ``row_id`` is a ``KeyError``.
         """
-        rows = []
-        for sample in samples:
-            names = [c for c in GPU_SAMPLE_COLUMNS if c not in ("benchmark_id", "manifest_id")]
-            rows.append({"benchmark_id": benchmark_id, "manifest_id": row_id,
-                         **_fields_of(sample, names)})
+        rows = sample_rows(row_id, benchmark_id, samples)
 
         def store() -> None:
             self._cell_or_raise(row_id)
@@ -212,10 +163,7 @@ class ResultsMixin(ManifestStore):
 
     def set_details(self, benchmark_id: str, details: Mapping[str, Any]) -> None:
         """Store the figures beyond the BenchmarkResult shape, as JSON, on a benchmark row."""
-        row = {"details_json": json.dumps(plain(dict(details)), default=str)}
-        fingerprint = details.get("fingerprint")
-        if isinstance(fingerprint, Mapping) and fingerprint.get("hash"):
-            row["workload_fingerprint"] = str(fingerprint["hash"])  # queryable beside the JSON
+        row = details_row(details)
         self._update_row("benchmarks", benchmark_id, row)
 
     # ------------------------------------------------------------------ uploads
@@ -234,17 +182,7 @@ class ResultsMixin(ManifestStore):
         ``failed`` keeps ``error``; ``pending`` (asked for, not tried yet) clears both.
         An unknown benchmark is a ``KeyError``; another status a ``ValueError``.
         """
-        if status not in UPLOAD_STATUSES:
-            raise ValueError(f"upload status must be one of {', '.join(UPLOAD_STATUSES)}, got {status!r}")
-        row: dict[str, Any] = {"upload_status": status, "upload_error": None}
-        if status == "uploaded":
-            row.update(remote_id=remote_id, uploaded_at=utc_now())
-        elif status == "failed":
-            text = (error or "unknown error").strip()
-            # An error text is never allowed to smuggle key material into the file.
-            if any(marker in text for marker in SECRET_MARKERS):
-                text = "upload failed (message withheld: it quoted key material)"
-            row["upload_error"] = text[:2000]
+        row = upload_row(status=status, remote_id=remote_id, error=error)
 
         def update() -> None:
             try:
@@ -315,20 +253,7 @@ class ResultsMixin(ManifestStore):
         manifest row, with its benchmarks row (or ``None`` for a manifest from
         before benchmarks were stored) under ``"benchmark"``.
         """
-        statuses = ", ".join("?" * len(_BASELINE_STATUSES))
-        where = [
-            "m.cell_id = ?",
-            f"m.status IN ({statuses})",
-            "(m.benchmark_id IS NOT NULL OR m.decode_tokens_per_second IS NOT NULL"
-            " OR m.output_tokens_per_second IS NOT NULL)",
-        ]
-        params: list[Any] = [record_key, *_BASELINE_STATUSES]
-        if run_id not in (None, "last"):
-            where.append("m.run_id = ?")
-            params.append(run_id)
-        if exclude_run is not None:
-            where.append("m.run_id != ?")
-            params.append(exclude_run)
+        where, params = baseline_where(record_key, run_id, exclude_run)
         sql = f"""
             SELECT m.id FROM benchmark_manifest m LEFT JOIN runs r ON r.run_id = m.run_id
             WHERE {' AND '.join(where)}
@@ -356,3 +281,142 @@ def _fields_of(item: Any, names: Iterable[str]) -> dict[str, Any]:
     if isinstance(item, Mapping):
         return {name: item.get(name) for name in names}
     return {name: getattr(item, name, None) for name in names}
+
+
+# ------------------------------------------------- rows, the same for every store
+# What the result tables get, decided without a database, so the PostgreSQL store
+# (postgres_store.py) writes exactly the same rows.
+
+
+@dataclass
+class ResultRows:
+    """A result's ``benchmarks`` row and ``requests`` rows, before the cell is read."""
+
+    benchmark: dict[str, Any]
+    requests: list[dict[str, Any]]
+    #: The figures the cell's row gets (:meth:`summary`).
+    headline: dict[str, Any]
+    price_per_hour: float | None
+    #: The result's own provider and model, which win over the cell's when set.
+    provider: str | None
+    model: str | None
+
+    def for_cell(self, cell: Mapping[str, Any]) -> dict[str, Any]:
+        """The benchmarks row completed from the cell's row (run, GPU type, provider, model, time)."""
+        self.benchmark.update(
+            run_id=cell["run_id"], created_at=utc_now(), gpu_type=cell["gpu_type"],
+            provider=self.provider or cell["provider"], model=self.model or cell["model"])
+        return self.benchmark
+
+    def summary(self, cell: Mapping[str, Any]) -> dict[str, Any]:
+        """What the cell's row gets: the result's id and headline figures (and its price, when it had none)."""
+        summary = dict(self.headline)
+        if cell["price_per_hour"] is None and self.price_per_hour:
+            summary["price_per_hour"] = self.price_per_hour
+        return summary
+
+
+def benchmark_rows(row_id: str, result: BenchmarkResult, requests: Iterable[RequestRecord] = (),
+                   *, unpriced: bool = False) -> ResultRows:
+    """The rows that store ``result`` (id: ``result.id`` or a new UUID) for cell ``row_id``.
+
+    ``unpriced``: its price is not known (an imported file states none), so its cost
+    per token is unknown (NULL), not the 0 a price of 0 would give.
+    """
+    benchmark_id = result.id or str(uuid.uuid4())
+    result = result.model_copy(update={"id": benchmark_id})
+    figures = result.results
+    cost = result.cost_analysis()
+    if unpriced:
+        cost = cost.model_copy(update={"cost_per_million_tokens": None})
+    benchmark_row = {
+        "id": benchmark_id,
+        "manifest_id": row_id,
+        "gpu_name": result.hardware.gpu_name,
+        "location": result.location,
+        "price_per_hour": result.price_per_hour,
+        "decode_tokens_per_second": figures.avg_tokens_per_second or None,
+        "output_tokens_per_second": output_tokens_per_second(figures.model_dump()),
+        **figures.model_dump(),
+        "cost_per_million_tokens": cost.cost_per_million_tokens,
+        "result_json": result.model_dump_json(),
+    }
+    request_rows = [{"benchmark_id": benchmark_id, "manifest_id": row_id, **record.model_dump()}
+                    for record in requests]
+    refuse_secrets(benchmark_row)
+    for request_row in request_rows:
+        refuse_secrets(request_row)
+    headline = {
+        "benchmark_id": benchmark_id,
+        "decode_tokens_per_second": benchmark_row["decode_tokens_per_second"],
+        "output_tokens_per_second": benchmark_row["output_tokens_per_second"],
+        "total_requests": figures.total_requests,
+        "error_count": figures.total_errors,
+        "ttft_p50_ms": figures.p50_ttft_ms,
+        "cost_per_million_tokens": cost.cost_per_million_tokens,
+    }
+    return ResultRows(benchmark_row, request_rows, headline, result.price_per_hour, result.provider,
+                      result.model.name)
+
+
+def repeat_rows(benchmark_id: str, runs: Iterable[Any]) -> list[dict[str, Any]]:
+    """The ``benchmark_runs`` rows of ``runs`` (mappings or objects; ``run_index`` defaults to the position)."""
+    rows = []
+    for position, run in enumerate(runs):
+        row = _fields_of(run, [c for c in BENCHMARK_RUN_COLUMNS if c != "benchmark_id"])
+        row["outlier"] = int(bool(row["outlier"]))
+        if row["run_index"] is None:
+            row["run_index"] = position
+        rows.append({"benchmark_id": benchmark_id, **row})
+    return rows
+
+
+def sample_rows(row_id: str, benchmark_id: str | None, samples: Iterable[Any]) -> list[dict[str, Any]]:
+    """The ``gpu_samples`` rows of ``samples`` (GpuSample objects or mappings) of cell ``row_id``."""
+    names = [c for c in GPU_SAMPLE_COLUMNS if c not in ("benchmark_id", "manifest_id")]
+    return [{"benchmark_id": benchmark_id, "manifest_id": row_id, **_fields_of(sample, names)}
+            for sample in samples]
+
+
+def details_row(details: Mapping[str, Any]) -> dict[str, Any]:
+    """The columns that keep a result's ``details`` (JSON, and its workload fingerprint beside it)."""
+    row = {"details_json": json.dumps(plain(dict(details)), default=str)}
+    fingerprint = details.get("fingerprint")
+    if isinstance(fingerprint, Mapping) and fingerprint.get("hash"):
+        row["workload_fingerprint"] = str(fingerprint["hash"])  # queryable beside the JSON
+    return row
+
+
+def upload_row(*, status: str, remote_id: str | None = None, error: str | None = None) -> dict[str, Any]:
+    """The upload columns of a result in state ``status``; another status is a ``ValueError``."""
+    if status not in UPLOAD_STATUSES:
+        raise ValueError(f"upload status must be one of {', '.join(UPLOAD_STATUSES)}, got {status!r}")
+    row: dict[str, Any] = {"upload_status": status, "upload_error": None}
+    if status == "uploaded":
+        row.update(remote_id=remote_id, uploaded_at=utc_now())
+    elif status == "failed":
+        text = (error or "unknown error").strip()
+        # An error text is never allowed to smuggle key material into the file.
+        if any(marker in text for marker in SECRET_MARKERS):
+            text = "upload failed (message withheld: it quoted key material)"
+        row["upload_error"] = text[:2000]
+    return row
+
+
+def baseline_where(record_key: str, run_id: str | None, exclude_run: str | None) -> tuple[list[str], list[Any]]:
+    """The conditions (``?`` placeholders, on ``benchmark_manifest m``) a baseline of ``record_key`` meets."""
+    statuses = ", ".join("?" * len(_BASELINE_STATUSES))
+    where = [
+        "m.cell_id = ?",
+        f"m.status IN ({statuses})",
+        "(m.benchmark_id IS NOT NULL OR m.decode_tokens_per_second IS NOT NULL"
+        " OR m.output_tokens_per_second IS NOT NULL)",
+    ]
+    params: list[Any] = [record_key, *_BASELINE_STATUSES]
+    if run_id not in (None, "last"):
+        where.append("m.run_id = ?")
+        params.append(run_id)
+    if exclude_run is not None:
+        where.append("m.run_id != ?")
+        params.append(exclude_run)
+    return where, params

@@ -23,6 +23,7 @@ from ..cloud.cleanup import RunInfo
 from ..errors import UnknownRun, UsageProblem
 from .run_choice import SHOWN_RUNS, resolve_run
 from .opening import open_store, store_exists
+from .redaction import redact
 from ..cloud.processes import ProcessIdentity
 
 FLAG = "--gpubench-resume"
@@ -59,7 +60,7 @@ def plan_resume(manifest_path: Path, wanted: str, me: ProcessIdentity | None = N
     Refuses a run that is still going on in another process.
     """
     if not store_exists(manifest_path):
-        raise UsageProblem(f"{FLAG}: no manifest at {manifest_path}, so no run to resume "
+        raise UsageProblem(f"{FLAG}: no manifest at {redact(manifest_path)}, so no run to resume "
                            "(pass the run's --gpubench-manifest PATH)")
     with open_store(manifest_path, busy_timeout=10, retry_seconds=30) as store:
         try:

@@ -9,7 +9,6 @@ its typed face: it turns rows into :mod:`.records` and back. Wrap an open manife
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -19,7 +18,7 @@ from ..cloud.gpu_lease import GpuLease
 from ..cloud.processes import ProcessIdentity
 from ..errors import Stage
 from ..measure.microbench import MicrobenchRun
-from ..measure.results import BenchmarkResult, PerformanceResults, RequestRecord
+from ..measure.results import BenchmarkResult, RequestRecord
 from .base import Admission
 from .manifest import Manifest
 from ..remote.sysinfo import SystemInfo
@@ -34,12 +33,11 @@ from .records import (
     RunRecord,
     SystemRecord,
 )
-from .sqlite import utc_now
+from .claim_rule import decide_claim
+from .row_records import attempt_record, cell_record, microbench_record, present, result_record, run_record
 from .systems import system_record
 
 __all__ = ["SqliteStore"]
-
-_PERFORMANCE_FIELDS = tuple(PerformanceResults.model_fields)
 
 
 class SqliteStore:
@@ -80,7 +78,7 @@ class SqliteStore:
 
     def run(self, run_id: str) -> RunRecord | None:
         row = self.manifest.run(run_id)
-        return _run(row) if row is not None else None
+        return run_record(row) if row is not None else None
 
     def run_ids(self) -> list[str]:
         return self.manifest.run_ids()
@@ -99,20 +97,10 @@ class SqliteStore:
         lease = at + lease_seconds if lease_seconds is not None else None
 
         def claim() -> Claim:
-            current = manifest._cell_or_raise(row_id)
-            status, holder = current["status"], current["worker"]
-            expires = current.get("lease_expires_at")
-            expired = status == "running" and holder != worker and expires is not None and expires <= at
-            if status == "pending" or (status == "running" and holder == worker) or expired:
-                started = current["started_at"] if status == "running" and holder == worker else None
-                started = started or utc_now()
-                manifest.db.table("benchmark_manifest").update(
-                    row_id, {"status": "running", "worker": worker, "started_at": started,
-                             "lease_expires_at": lease})
-                return Claim(row_id=row_id, holder=worker, won=True, since=started, lease_expires_at=lease,
-                             taken_over_from=holder if expired else None)
-            return Claim(row_id=row_id, holder=holder, won=False, status=status, since=current["started_at"],
-                         lease_expires_at=expires)
+            answer, update = decide_claim(row_id, manifest._cell_or_raise(row_id), worker, at, lease)
+            if update is not None:
+                manifest.db.table("benchmark_manifest").update(row_id, update)
+            return answer
 
         return manifest._write(claim)
 
@@ -144,17 +132,17 @@ class SqliteStore:
 
     def cell(self, row_id: str) -> CellRecord | None:
         row = self.manifest.cell(row_id)
-        return _cell(row) if row is not None else None
+        return cell_record(row) if row is not None else None
 
     def cells(self, run_id: str | None = None) -> list[CellRecord]:
-        return [_cell(row) for row in self.manifest.cells(run_id)]
+        return [cell_record(row) for row in self.manifest.cells(run_id)]
 
     # ---------------------------------------------------- attempts and sessions
 
     def start_attempt(self, row_id: str, attempt: int, *, admit: Admission | None = None,
                       counted_as: int | None = None, **fields: Any) -> str | None:
         def admit_rows(rows: list[dict[str, Any]]) -> str | None:
-            return admit([_attempt(row) for row in rows]) if admit is not None else None
+            return admit([attempt_record(row) for row in rows]) if admit is not None else None
 
         return self.manifest.start_attempt(row_id, attempt, admit=admit_rows if admit is not None else None,
                                            counted_as=counted_as, **fields)
@@ -166,7 +154,7 @@ class SqliteStore:
         self.manifest.end_attempt(row_id, attempt, **fields)
 
     def attempts(self, run_id: str | None = None, *, row_id: str | None = None) -> list[AttemptRecord]:
-        return [_attempt(row) for row in self.manifest.attempts(run_id, row_id=row_id)]
+        return [attempt_record(row) for row in self.manifest.attempts(run_id, row_id=row_id)]
 
     def record_session(self, row_id: str, *, session_id: str, consumer_id: str, offer_id: str,
                        price_per_hour: float, **fields: Any) -> None:
@@ -203,29 +191,27 @@ class SqliteStore:
         return self.manifest.add_microbench(row_id, run)
 
     def microbench(self, run_id: str | None = None) -> list[MicrobenchRecord]:
-        return [MicrobenchRecord(row_id=row["manifest_id"], values=tuple(json.loads(row["values_json"] or "[]")),
-                                 **{k: v for k, v in row.items() if k not in ("manifest_id", "values_json")})
-                for row in self.manifest.microbench_rows(run_id)]
+        return [microbench_record(row) for row in self.manifest.microbench_rows(run_id)]
 
     def result(self, result_id: str) -> ResultRecord | None:
         row = self.manifest.benchmark(result_id)
-        return _result(row) if row is not None else None
+        return result_record(row) if row is not None else None
 
     def results(self, run_id: str | None = None) -> list[ResultRecord]:
-        return [_result(row) for row in self.manifest.benchmarks(run_id)]
+        return [result_record(row) for row in self.manifest.benchmarks(run_id)]
 
     def known_result(self, identity: str) -> ResultRecord | None:
         row = self.manifest.known_result(identity)
-        return _result(row) if row is not None else None
+        return result_record(row) if row is not None else None
 
     def requests(self, result_id: str) -> list[RequestRecord]:
-        return [RequestRecord.model_validate(_present(row)) for row in self.manifest.requests(result_id)]
+        return [RequestRecord.model_validate(present(row)) for row in self.manifest.requests(result_id)]
 
     def request_uploads(self, run_id: str | None = None) -> int:
         return self.manifest.request_uploads(run_id)
 
     def pending_uploads(self, run_id: str | None = None) -> list[ResultRecord]:
-        return [_result(row) for row in self.manifest.pending_uploads(run_id)]
+        return [result_record(row) for row in self.manifest.pending_uploads(run_id)]
 
     def mark_upload(self, result_id: str, *, status: str, remote_id: str | None = None,
                     error: str | None = None) -> None:
@@ -247,7 +233,7 @@ class SqliteStore:
         if found is None:
             return None
         benchmark = found.pop("benchmark")
-        return Baseline(cell=_cell(found), result=_result(benchmark) if benchmark is not None else None)
+        return Baseline(cell=cell_record(found), result=result_record(benchmark) if benchmark is not None else None)
 
     # ---------------------------------------------------------------- GPU leases
 
@@ -263,55 +249,3 @@ class SqliteStore:
 
     def gpu_leases(self, machine: str | None = None, *, active_at: float | None = None) -> list[GpuLease]:
         return self.manifest.gpu_leases(machine, active_at=active_at)
-
-
-# ----------------------------------------------------------------- rows -> records
-
-def _present(row: Mapping[str, Any]) -> dict[str, Any]:
-    """The row without its NULLs: a record's defaults stand for what was never written."""
-    return {key: value for key, value in row.items() if value is not None}
-
-
-def _json(text: str | None, default: Any) -> Any:
-    """Stored JSON text, or ``default`` when there is none or it does not parse to its kind."""
-    if not text:
-        return default
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return default
-    return value if isinstance(value, type(default)) else default
-
-
-def _run(row: Mapping[str, Any]) -> RunRecord:
-    owner = None
-    if row.get("pid"):
-        owner = ProcessIdentity(pid=row["pid"], host=row.get("host") or "", start=row.get("pid_start"))
-    values = {key: value for key, value in _present(row).items() if key not in ("pid", "pid_start")}
-    return RunRecord.model_validate({
-        **values, "argv": _json(row.get("argv"), []), "matrix_files": _json(row.get("matrix_files"), []),
-        "owner": owner, "sandbox": bool(row.get("sandbox")),
-    })
-
-
-def _cell(row: Mapping[str, Any]) -> CellRecord:
-    values = _present(row)
-    values["row_id"] = values.pop("id")
-    values["stage_seconds"] = _json(row.get("stage_seconds"), {})
-    return CellRecord.model_validate(values)
-
-
-def _attempt(row: Mapping[str, Any]) -> AttemptRecord:
-    values = _present(row)
-    values["row_id"] = values.pop("manifest_id")
-    return AttemptRecord.model_validate(values)
-
-
-def _result(row: Mapping[str, Any]) -> ResultRecord:
-    values = {key: value for key, value in _present(row).items() if key not in _PERFORMANCE_FIELDS}
-    values["row_id"] = values.pop("manifest_id")
-    values["figures"] = PerformanceResults.model_validate(
-        {key: row[key] for key in _PERFORMANCE_FIELDS if row.get(key) is not None})
-    values["result"] = _json(values.pop("result_json", None), {}) or None
-    values["details"] = _json(values.pop("details_json", None), {})
-    return ResultRecord.model_validate(values)

@@ -1,7 +1,9 @@
 """The ``Store`` contract: every promise of pytest_gpubench.store.base.Store, held to each
 implementation (parametrized, so the next store gets this suite for free).
 
-SQLite runs on a real file. A new implementation adds itself to ``IMPLEMENTATIONS``.
+SQLite runs on a real file, PostgreSQL on a real server (tests/postgres_server.py: a fresh
+database per test; skipped where PostgreSQL is not installed, required in CI). A new
+implementation adds itself to ``IMPLEMENTATIONS``.
 """
 
 from __future__ import annotations
@@ -39,9 +41,17 @@ def _git(path: Path) -> Store:
                          cache_dir=path / "git-cache")
 
 
+def _postgresql(path: Path, request: pytest.FixtureRequest) -> Store:
+    from pytest_gpubench.store.postgres_store import PostgresStore
+
+    return PostgresStore.open(request.getfixturevalue("postgres_url"))
+
+
 #: name -> opens a fresh store under a directory (a second call on the same one opens
 #: the same store again, as a second process would).
-IMPLEMENTATIONS: dict[str, Callable[[Path], Store]] = {"sqlite": _sqlite, "git": _git}
+IMPLEMENTATIONS: dict[str, Callable[[Path, pytest.FixtureRequest], Store]] = {
+    "sqlite": lambda path, request: _sqlite(path), "git": lambda path, request: _git(path),
+    "postgresql": _postgresql}
 
 
 @pytest.fixture(params=sorted(IMPLEMENTATIONS))
@@ -49,7 +59,7 @@ def opener(request, tmp_path) -> Callable[[], Store]:
     opened: list[Store] = []
 
     def open_store() -> Store:
-        opened.append(IMPLEMENTATIONS[request.param](tmp_path))
+        opened.append(IMPLEMENTATIONS[request.param](tmp_path, request))
         return opened[-1]
 
     yield open_store
