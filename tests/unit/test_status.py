@@ -1,6 +1,6 @@
 """``gpubench status``: per phase (run), done, failed, skipped, claimed (holder, since, lease), left.
 
-Written against the ``Store`` protocol: a PostgreSQL store adds itself to ``STORES``.
+Written against the ``Store`` protocol, and run on each kind of store (SQLite, PostgreSQL, git).
 """
 
 from __future__ import annotations
@@ -19,13 +19,23 @@ from pytest_gpubench.store.opening import open_store
 
 #: The tests' clock: the command reads the real one, so claims are made just before it.
 NOW = time.time()
-STORES: dict[str, Callable[[Path], Store]] = {"sqlite": lambda folder: open_store(folder / "manifest.db")}
+#: kind -> (the store's location for ``--store``, given the test's folder and request)
+STORES: dict[str, Callable[[Path, pytest.FixtureRequest], str]] = {
+    "sqlite": lambda folder, request: str(folder / "manifest.db"),
+    "postgresql": lambda folder, request: request.getfixturevalue("postgres_url"),
+    "git": lambda folder, request: f"git+file://{folder}/results.git",
+}
 
 
 @pytest.fixture(params=sorted(STORES))
-def store(request, tmp_path) -> Iterator[Store]:
+def location(request, tmp_path) -> str:
+    return STORES[request.param](tmp_path, request)
+
+
+@pytest.fixture
+def store(location) -> Iterator[Store]:
     """A store holding phase ``nightly`` with a cell in every state, and an older run."""
-    opened = STORES[request.param](tmp_path)
+    opened = open_store(location)
     opened.start_run("older", ["pytest"], [])
     opened.finish_cell(opened.add_cell("older", "T4-vastai-qwen2:7b", gpu_type="T4", provider="vastai",
                                        model="qwen2:7b", matrix_file="m.yaml"), status="success")
@@ -74,8 +84,7 @@ def test_cells_lists_every_cell_with_its_state(store):
     assert text.count("  claimed  ") == 3  # running cells once, as claims
 
 
-def test_the_command_shows_every_run_or_one_and_json(store, capsys):
-    location = store.location
+def test_the_command_shows_every_run_or_one_and_json(store, location, capsys):
     assert main(["status", "--store", location]) == 0
     out = capsys.readouterr().out
     assert out.index("nightly: ") < out.index("older: 1 done (1 success, 0 partial)")  # most recent first
@@ -90,8 +99,8 @@ def test_the_command_shows_every_run_or_one_and_json(store, capsys):
     assert {c["cell"] for c in run["claims"]} == {"e-running", "f-stale", "g-nolease"} and "cells" not in run
 
 
-def test_an_unknown_run_or_a_missing_store_is_a_usage_problem(store, tmp_path, capsys):
-    assert main(["status", "--store", store.location, "--run", "weekly"]) == 2
+def test_an_unknown_run_or_a_missing_store_is_a_usage_problem(store, location, tmp_path, capsys):
+    assert main(["status", "--store", location, "--run", "weekly"]) == 2
     assert "no run 'weekly'" in capsys.readouterr().err
     assert main(["status", "--manifest", str(tmp_path / "none.db")]) == 2
     assert "no manifest at" in capsys.readouterr().err
