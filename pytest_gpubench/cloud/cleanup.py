@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict
 from ..errors import ApiError, Stage, StageError
 from .hosts_provider import on_leased_machine
 from .owned import OwnedSession
-from .processes import ProcessIdentity, held_by
+from .processes import ProcessIdentity, held_by, holder_alive
 from ..store.progress import ProgressWriter, read_progress
 from .provider import CONSUMER_PREFIX, Provider, Released, consumer_id
 from .shopper_client import Session
@@ -291,6 +291,8 @@ def survey(
                 result.leased_machines.append(leftover)
             continue
         reason = _releasable(run, api, check_liveness, me)
+        if reason is None and check_liveness:
+            reason = _claimed_by_live_holder(store, leftover)
         if reason is None:
             result.to_release.append(leftover)
         elif reason == "sandbox":
@@ -311,6 +313,20 @@ def _releasable(run: RunInfo, api: str | None, check_liveness: bool, me: Process
             return "sandbox"  # its own sandbox stopped every session when the run's process went away
         return f"run {run.run_id} used the API at {run.api}: gpubench cleanup --api {run.api}"
     return None
+
+
+def _claimed_by_live_holder(store: Store, leftover: Leftover) -> str | None:
+    """Why a session must be left alone although its run's owner is gone: its cell is running
+    under another controller of a shared run whose claim's lease is live (and whose process,
+    when it is on this host, runs). None when nothing holds it."""
+    if leftover.cell_status != "running" or leftover.row_id is None:
+        return None
+    cell = store.cell(leftover.row_id)
+    if cell is None or cell.lease_expires_at is None or cell.lease_expires_at <= time.time():
+        return None
+    if holder_alive(cell.worker) is False:
+        return None
+    return f"cell {cell.cell_id} is held by {cell.worker}, whose claim is live"
 
 
 def apis_to_visit(store: Store, default: str) -> list[str]:

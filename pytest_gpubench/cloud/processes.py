@@ -61,6 +61,16 @@ def held_by(holder: str | None, scope: str) -> bool:
     return holder is not None and (holder == scope or holder.startswith(f"{scope}/"))
 
 
+def holder_alive(holder: str | None) -> bool | None:
+    """Whether the process a claim ``holder`` names (``host:pid[/gwN]``) runs: None when that
+    cannot be told here (another host, or a name of another form)."""
+    host, _, rest = (holder or "").partition(":")
+    pid = rest.split("/", 1)[0]
+    if not pid.isdigit() or host != socket.gethostname():
+        return None
+    return pid_alive(int(pid))
+
+
 def _stat_fields(pid: int) -> list[str] | None:
     """``/proc/<pid>/stat`` from the state field on (the command name may hold spaces)."""
     try:

@@ -224,3 +224,29 @@ def test_a_claim_lost_unseen_by_the_heartbeat_is_caught_when_the_cell_finishes(s
         assert store.cell(ROW).status == "running" and store.results("r1") == []
     finally:
         beat.close()
+
+
+def test_cleanup_leaves_a_session_alone_while_its_cell_s_claim_is_live(store):
+    """A shared run whose recorded owner died: the sessions of cells another controller still
+    holds (a live lease, its process running) are left alone; a dead holder's are released."""
+    import os
+    import socket
+    import time
+
+    from pytest_gpubench.cloud.cleanup import survey
+
+    dead = ProcessIdentity(pid=2 ** 22 + 7, host=socket.gethostname())
+    store.start_run("r1", [], [], owner=dead)
+    add(store)
+    other = store.add_cell("r1", "other-cell", gpu_type="g", provider="p", model="m", matrix_file="f")
+    live_holder = ProcessIdentity(pid=os.getpid(), host=socket.gethostname()).holder("gw1")
+    store.claim_cell(ROW, live_holder, lease_seconds=60)
+    store.claim_cell(other, dead.holder(), lease_seconds=60)
+    for row, session in ((ROW, "s-live"), (other, "s-dead")):
+        store.record_session(row, session_id=session, consumer_id=f"c-{session}", offer_id="o", price_per_hour=1.0)
+    found = survey(store, api=None, run_id="r1")
+    assert [lo.session_id for lo in found.to_release] == ["s-dead"]
+    (alone,) = found.left_alone
+    assert alone.leftover.session_id == "s-live" and f"held by {live_holder}" in alone.detail
+    store.update_cell(ROW, lease_expires_at=time.time() - 1)  # its lease ran out: the holder is presumed dead
+    assert {lo.session_id for lo in survey(store, api=None, run_id="r1").to_release} == {"s-live", "s-dead"}
