@@ -38,8 +38,9 @@ from .live import own_line
 from .record import progress_path
 from .stash import CELL_KEY, RECORD_KEY, RECORDER_KEY, RESUME_KEY, run_context
 
-#: ``item.stash``: the claim an item won before it ran.
+#: ``item.stash``: the claim an item won before it ran, and the seconds deciding it took.
 CLAIMED_KEY = pytest.StashKey[bool]()
+CLAIM_SECONDS_KEY = pytest.StashKey[float]()
 
 __all__ = ["CLAIMED_BY", "CLAIMED_STATUS", "ClaimHooks", "claim_keeping"]
 
@@ -74,7 +75,9 @@ class ClaimHooks:
             return store.add_cell(claims.run_id, key, gpu_type=cell.gpu, provider=cell.provider,
                                   model=cell.model, matrix_file=cell.source)
 
+        started = time.perf_counter()
         admission = claims.admit(row_id(claims.run_id, key), add_row)
+        item.stash[CLAIM_SECONDS_KEY] = time.perf_counter() - started
         item.stash[ROW_KEY] = admission.row_id
         if admission.verdict is Verdict.RUN:
             item.stash[CLAIMED_KEY] = True
@@ -163,11 +166,12 @@ def _xdist_reports_as(config: pytest.Config, session: pytest.Session, item: pyte
             plugin.item_index = session.items.index(item)
 
 
-def claim_keeping(config: pytest.Config) -> dict[str, Any]:
-    """``CellRecorder.start``'s claim arguments in this process: the lease and the heartbeat
-    (none where the claim hooks are not registered)."""
-    hooks = config.pluginmanager.get_plugin("gpubench-claims")
+def claim_keeping(item: pytest.Item) -> dict[str, Any]:
+    """``CellRecorder.start``'s claim arguments for ``item`` in this process: the lease, the
+    heartbeat and the time its claim took so far (none where the claim hooks are not registered)."""
+    hooks = item.config.pluginmanager.get_plugin("gpubench-claims")
     if not isinstance(hooks, ClaimHooks):
         return {}
     claims = hooks.claims
-    return {"lease_seconds": claims.lease_seconds, "heartbeat": claims.heartbeat}
+    return {"lease_seconds": claims.lease_seconds, "heartbeat": claims.heartbeat,
+            "claim_seconds": item.stash.get(CLAIM_SECONDS_KEY, 0.0)}

@@ -132,6 +132,8 @@ class ClaimHeartbeat:
         self.store, self.holder, self.lease_seconds = store, holder, lease_seconds
         self.interval = lease_seconds / 3
         self._held: dict[str, Callable[[str | None], None]] = {}
+        #: Seconds spent renewing each held claim (the cell's ``claim`` overhead).
+        self._spent: dict[str, float] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -144,9 +146,11 @@ class ClaimHeartbeat:
                 self._thread = threading.Thread(target=self._run, name="gpubench-claim-heartbeat", daemon=True)
                 self._thread.start()
 
-    def drop(self, row_id: str) -> None:
+    def drop(self, row_id: str) -> float:
+        """Stop renewing ``row_id``'s claim; the seconds its renewals took."""
         with self._lock:
             self._held.pop(row_id, None)
+            return self._spent.pop(row_id, 0.0)
 
     def held(self) -> list[str]:
         with self._lock:
@@ -155,10 +159,15 @@ class ClaimHeartbeat:
     def beat(self) -> None:
         """Renew every held claim once (the thread's loop; tests call it directly)."""
         for row_id in self.held():
+            started = time.perf_counter()
             try:
                 renewed = self.store().renew_cell_lease(row_id, self.holder, self.lease_seconds)
             except Exception:  # noqa: BLE001 - a busy store: the next beat tries again, well within the lease
                 continue
+            finally:
+                with self._lock:
+                    if row_id in self._held:
+                        self._spent[row_id] = self._spent.get(row_id, 0.0) + time.perf_counter() - started
             if not renewed:
                 with self._lock:
                     lost = self._held.pop(row_id, None)

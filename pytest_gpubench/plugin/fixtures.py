@@ -101,7 +101,7 @@ def gpubench_recorder(
     recorder = CellRecorder.start(
         gpubench_run.store, gpubench_run.run_id, gpubench_cell, key,
         gpubench_run.settings.progress_dir, gpubench_run.worker, labels=progress_labels(gpubench_run.settings),
-        **claim_keeping(request.config),
+        **claim_keeping(request.node),
     )
     request.node.stash[RECORDER_KEY] = recorder
     yield recorder

@@ -33,7 +33,7 @@ class ClaimKeeper(Protocol):
 
     def hold(self, row_id: str, lost: Callable[[str | None], None]) -> None: ...
 
-    def drop(self, row_id: str) -> None: ...
+    def drop(self, row_id: str) -> float: ...
 
 
 STATUSES = ("pending", "running", "success", "partial", "failed", "skipped")
@@ -111,11 +111,14 @@ class CellRecorder:
     @classmethod
     def start(cls, store: Store, run_id: str, cell: Cell, record_key: str,
               progress_dir: Path, worker: str, labels: dict[str, Any] | None = None, *,
-              lease_seconds: float | None = None, heartbeat: ClaimKeeper | None = None) -> CellRecorder:
+              lease_seconds: float | None = None, heartbeat: ClaimKeeper | None = None,
+              claim_seconds: float = 0.0) -> CellRecorder:
         """Claim the cell for ``worker`` and record it as running; ``labels`` go on its progress
         file's first line (a sandbox run says so there: :func:`.sandbox_label.progress_labels`).
 
-        The claim holds ``lease_seconds`` unless ``heartbeat`` renews it (:mod:`.claims`). A cell
+        The claim holds ``lease_seconds`` unless ``heartbeat`` renews it (:mod:`.claims`); the time
+        spent claiming (``claim_seconds`` before this, this claim, the renewals) counts as the
+        cell's ``claim`` in ``stage_seconds``. A cell
         held by another worker, or already ended in this run, is not started: whether to run an
         ended cell again is the caller's decision (``Store.restart_cell`` first: :mod:`.claims`).
         """
@@ -125,7 +128,9 @@ class CellRecorder:
             run_id, record_key, gpu_type=cell.gpu, provider=cell.provider, model=cell.model,
             matrix_file=cell.source,
         )
+        started = time.perf_counter()
         claim = store.claim_cell(recorder.row_id, worker, lease_seconds=lease_seconds)
+        recorder.stage_seconds["claim"] = claim_seconds + time.perf_counter() - started
         if not claim.won:  # another process runs (or ran) this very cell: it must not run twice
             recorder.progress.close()
             raise StageError(Stage.INVENTORY, f"cell {record_key} of run {run_id} is already {claim.status} under "
@@ -238,10 +243,11 @@ class CellRecorder:
                 return self.properties(outcome)
             self.finished = True
         if self.heartbeat is not None:
-            self.heartbeat.drop(self.row_id)
-        if self.claim_lost is None and self.heartbeat is not None and not self.store.renew_cell_lease(
-                self.row_id, self.worker, self.heartbeat.lease_seconds):
-            self.lose_claim(_holder_of(self.store, self.row_id))
+            started = time.perf_counter() - self.heartbeat.drop(self.row_id)
+            if self.claim_lost is None and not self.store.renew_cell_lease(
+                    self.row_id, self.worker, self.heartbeat.lease_seconds):
+                self.lose_claim(_holder_of(self.store, self.row_id))
+            self.stage_seconds["claim"] = self.stage_seconds.get("claim", 0.0) + time.perf_counter() - started
         if self.claim_lost is not None:  # the row is another worker's now: nothing is written to it
             return self._lost(outcome)
         self.failed_now(outcome)

@@ -250,3 +250,15 @@ def test_cleanup_leaves_a_session_alone_while_its_cell_s_claim_is_live(store):
     assert alone.leftover.session_id == "s-live" and f"held by {live_holder}" in alone.detail
     store.update_cell(ROW, lease_expires_at=time.time() - 1)  # its lease ran out: the holder is presumed dead
     assert {lo.session_id for lo in survey(store, api=None, run_id="r1").to_release} == {"s-live", "s-dead"}
+
+
+def test_the_time_spent_claiming_and_renewing_is_the_cell_s_claim_seconds(store, tmp_path):
+    beat = ClaimHeartbeat(lambda: store, "me:1", LEASE)
+    try:
+        recorder = start(store, tmp_path, "me:1", lease_seconds=LEASE, heartbeat=beat, claim_seconds=0.25)
+        beat.beat()
+        recorder.finish(CellOutcome("success"))
+    finally:
+        beat.close()
+    claim = store.cell(ROW).stage_seconds["claim"]
+    assert 0.25 < claim < 5
