@@ -115,8 +115,9 @@ class RunLifecycle:
         """An xdist worker died: release its sessions, fail the cells it was running."""
         self.dead_workers.append(worker)
         settings = self.config.stash[SETTINGS_KEY]
-        self._clean(f"the controller, after worker {worker} died", reason=f"worker {worker} died ({error})",
-                    run_id=settings.run_id, worker=ProcessIdentity.current().holder(worker), check_liveness=False, search_api=False,
+        holder = ProcessIdentity.current().holder(worker)  # what its cells' rows name it
+        self._clean(f"the controller, after worker {holder} died", reason=f"worker {holder} died ({error})",
+                    run_id=settings.run_id, worker=holder, check_liveness=False, search_api=False,
                     close_running=True)
 
     # ---------------------------------------------------------------- helpers

@@ -194,36 +194,40 @@ def test_the_heartbeat_renews_every_held_claim_and_reports_a_lost_one(store):
         beat.close()
 
 
-def test_a_taken_over_cell_fails_at_its_next_stage_and_writes_nothing(store, tmp_path):
+@pytest.fixture
+def heartbeat(store):
     beat = ClaimHeartbeat(lambda: store, "me:1", LEASE)
-    try:
-        recorder = start(store, tmp_path, "me:1", lease_seconds=LEASE, heartbeat=beat)
-        assert beat.held() == [ROW]
-        expires = store.cell(ROW).lease_expires_at
-        assert store.claim_cell(ROW, "other:2", lease_seconds=LEASE, now=expires + 1).taken_over_from == "me:1"
-        beat.beat()
-        with pytest.raises(StageError, match=r"lost its claim .* taken over by other:2") as raised:
-            recorder.enter(Stage.BENCHMARK)
-        assert raised.value.stage is Stage.BENCHMARK
-        properties = recorder.finish(CellOutcome("success"))
-        assert properties["gpubench_status"] == "failed"
-        row = store.cell(ROW)
-        assert (row.status, row.worker, row.error_message) == ("running", "other:2", None)
-        assert "claim_lost" in recorder.progress.path.read_text()
-    finally:
-        beat.close()
+    yield beat
+    beat.close()
 
 
-def test_a_claim_lost_unseen_by_the_heartbeat_is_caught_when_the_cell_finishes(store, tmp_path):
-    beat = ClaimHeartbeat(lambda: store, "me:1", LEASE)
-    try:
-        recorder = start(store, tmp_path, "me:1", lease_seconds=LEASE, heartbeat=beat)
-        store.claim_cell(ROW, "other:2", lease_seconds=LEASE, now=store.cell(ROW).lease_expires_at + 1)
-        properties = recorder.finish(CellOutcome("success"))
-        assert properties["gpubench_status"] == "failed" and recorder.claim_lost
-        assert store.cell(ROW).status == "running" and store.results("r1") == []
-    finally:
-        beat.close()
+def take_over(store):
+    """Another holder takes the cell over once ``me:1``'s lease ran out."""
+    expires = store.cell(ROW).lease_expires_at
+    return store.claim_cell(ROW, "other:2", lease_seconds=LEASE, now=expires + 1)
+
+
+def test_a_taken_over_cell_fails_at_its_next_stage_and_writes_nothing(store, tmp_path, heartbeat):
+    recorder = start(store, tmp_path, "me:1", lease_seconds=LEASE, heartbeat=heartbeat)
+    assert heartbeat.held() == [ROW]
+    assert take_over(store).taken_over_from == "me:1"
+    heartbeat.beat()
+    with pytest.raises(StageError, match=r"lost its claim .* taken over by other:2") as raised:
+        recorder.enter(Stage.BENCHMARK)
+    assert raised.value.stage is Stage.BENCHMARK
+    properties = recorder.finish(CellOutcome("success"))
+    assert properties["gpubench_status"] == "failed"
+    row = store.cell(ROW)
+    assert (row.status, row.worker, row.error_message) == ("running", "other:2", None)
+    assert "claim_lost" in recorder.progress.path.read_text()
+
+
+def test_a_claim_lost_unseen_by_the_heartbeat_is_caught_when_the_cell_finishes(store, tmp_path, heartbeat):
+    recorder = start(store, tmp_path, "me:1", lease_seconds=LEASE, heartbeat=heartbeat)
+    take_over(store)
+    properties = recorder.finish(CellOutcome("success"))
+    assert properties["gpubench_status"] == "failed" and recorder.claim_lost
+    assert store.cell(ROW).status == "running" and store.results("r1") == []
 
 
 def test_cleanup_leaves_a_session_alone_while_its_cell_s_claim_is_live(store):
@@ -252,13 +256,9 @@ def test_cleanup_leaves_a_session_alone_while_its_cell_s_claim_is_live(store):
     assert {lo.session_id for lo in survey(store, api=None, run_id="r1").to_release} == {"s-live", "s-dead"}
 
 
-def test_the_time_spent_claiming_and_renewing_is_the_cell_s_claim_seconds(store, tmp_path):
-    beat = ClaimHeartbeat(lambda: store, "me:1", LEASE)
-    try:
-        recorder = start(store, tmp_path, "me:1", lease_seconds=LEASE, heartbeat=beat, claim_seconds=0.25)
-        beat.beat()
-        recorder.finish(CellOutcome("success"))
-    finally:
-        beat.close()
+def test_the_time_spent_claiming_and_renewing_is_the_cell_s_claim_seconds(store, tmp_path, heartbeat):
+    recorder = start(store, tmp_path, "me:1", lease_seconds=LEASE, heartbeat=heartbeat, claim_seconds=0.25)
+    heartbeat.beat()
+    recorder.finish(CellOutcome("success"))
     claim = store.cell(ROW).stage_seconds["claim"]
     assert 0.25 < claim < 5
