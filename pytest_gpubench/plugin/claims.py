@@ -63,7 +63,7 @@ class Verdict(str, Enum):
     RUN = "run"          # pending, ours already, or a dead holder's (expired lease): claim and run it
     RESTART = "restart"  # ended in this run, and asked to run again: restart the row, then claim it
     DEFER = "defer"      # running under another live holder: come back to it after the other cells
-    CLAIMED = "claimed"  # ended in this run: report who ran it, do not run it
+    CLAIMED = "claimed"  # ended in this run (or held with no lease): report who has it, do not run it
 
 
 def peek(record: CellRecord | None, holder: str, now: float, *, rerun: bool = False,
@@ -71,7 +71,8 @@ def peek(record: CellRecord | None, holder: str, now: float, *, rerun: bool = Fa
     """The verdict on a cell from its row as the store has it (None: not recorded yet).
 
     ``rerun``: every ended cell runs again; ``resume``: the ended ones that did not succeed.
-    A running cell without a lease (a holder that takes none) counts as live.
+    A cell running elsewhere without a lease (a holder that takes none, or a row an older
+    version left) is reported claimed at once: no lease will ever run out to wait for.
     """
     if record is None or record.status == "pending":
         return Verdict.RUN
@@ -82,7 +83,9 @@ def peek(record: CellRecord | None, holder: str, now: float, *, rerun: bool = Fa
     if record.worker == holder:
         return Verdict.RUN
     expires = record.lease_expires_at
-    return Verdict.RUN if expires is not None and expires <= now else Verdict.DEFER
+    if expires is None:
+        return Verdict.CLAIMED
+    return Verdict.RUN if expires <= now else Verdict.DEFER
 
 
 def item_row(item: pytest.Item) -> str:
@@ -279,7 +282,7 @@ class ProcessClaims:
         if claim.won:
             return Admission(Verdict.RUN, row_id, claim=claim)
         # Another process was quicker between the peek and the claim.
-        later = Verdict.CLAIMED if claim.status in ENDED else Verdict.DEFER
+        later = Verdict.CLAIMED if claim.status in ENDED or claim.lease_expires_at is None else Verdict.DEFER
         return Admission(later, row_id, claim=claim)
 
     def next_ready(self, deadline: float, now: Callable[[], float] = time.time,

@@ -78,7 +78,7 @@ def test_a_finished_cell_is_not_started_again_unless_restarted_first(store, tmp_
     ("pending", None, None, {}, Verdict.RUN),
     ("running", "me", 50.0, {}, Verdict.RUN),                 # ours already (claiming again renews)
     ("running", "other", 150.0, {}, Verdict.DEFER),           # a live holder: put aside
-    ("running", "other", None, {}, Verdict.DEFER),            # a holder that takes no lease counts as live
+    ("running", "other", None, {}, Verdict.CLAIMED),          # held with no lease: nothing to wait for
     ("running", "other", 100.0, {}, Verdict.RUN),             # its lease ran out (at now): taken over
     ("success", "other", None, {}, Verdict.CLAIMED),
     ("failed", "me", None, {}, Verdict.CLAIMED),              # ended in this run, even here: not run again
