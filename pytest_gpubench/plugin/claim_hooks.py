@@ -16,7 +16,7 @@ tears an item down for the next one (``nextitem``), keeping what they share; an 
 answered without running still has the previous item's kept fixtures on the stack,
 and what the next item does not share must go (``SetupState.setup`` asserts it). Under
 xdist, a put-aside item's reports are sent under its own index (:func:`_xdist_reports_as`).
-``tests/plugin/test_claims_plugin.py`` runs a put-aside item between items of other
+``tests/e2e/test_claims_controllers.py`` runs a put-aside item between items of other
 files and of a class to keep that honest.
 """
 

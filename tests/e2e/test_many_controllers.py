@@ -18,7 +18,7 @@ from pytest_gpubench.plugin.record import progress_path
 from pytest_gpubench.store.opening import open_store
 
 MATRIX = """
-workload: {duration: 3s, max_tokens: 16, warmup_requests: 0, progress_interval: 1s}
+workload: {duration: 2s, max_tokens: 16, warmup_requests: 0, progress_interval: 1s}
 reuse: cell
 matrix:
   - {gpu: RTX 4090, provider: vastai, models: [qwen2:7b, qwen2:1.5b]}

@@ -22,11 +22,8 @@ matrix:
   - gpu: RTX 4090
     provider: vastai
     models: [qwen2:7b, qwen2:1.5b]
-  - gpu: RTX 3090
-    provider: vastai
-    model: qwen2:7b
 """
-CELLS = ("RTX_4090-vastai-qwen2:7b", "RTX_4090-vastai-qwen2:1.5b", "RTX_3090-vastai-qwen2:7b")
+CELLS = ("RTX_4090-vastai-qwen2:7b", "RTX_4090-vastai-qwen2:1.5b")
 RUN = "shared"
 
 
@@ -71,16 +68,16 @@ def test_a_second_controller_reports_every_cell_claimed_and_writes_nothing_unles
     first, _ = controller(tmp_path, store_location, "first")
     assert first.returncode == 0, first.stdout[-3000:]
     before, results, attempts = rows(store_location)
-    assert {c.status for c in before.values()} == {"success"} and len(results) == 3
+    assert {c.status for c in before.values()} == {"success"} and len(results) == 2
     holder = before[CELLS[0]].worker
     assert holder.count(":") == 1 and holder.split(":")[1].isdigit()  # host:pid
 
     second, cases = controller(tmp_path, store_location, "second")
     assert second.returncode == 0, second.stdout[-3000:]
-    assert "3 claimed" in second.stdout and "passed" not in second.stdout.splitlines()[-1]
+    assert "2 claimed" in second.stdout and "passed" not in second.stdout.splitlines()[-1]
     assert f"claimed by {holder} (success)" in second.stdout  # the summary table says who
     after, results_after, attempts_after = rows(store_location)
-    assert after == before and len(results_after) == 3 and len(attempts_after) == len(attempts)
+    assert after == before and len(results_after) == 2 and len(attempts_after) == len(attempts)
     assert set(cases) == set(CELLS)
     for case in cases.values():
         skipped = case.find("skipped")
@@ -91,14 +88,15 @@ def test_a_second_controller_reports_every_cell_claimed_and_writes_nothing_unles
 
     third, cases = controller(tmp_path, store_location, "third", "--gpubench-rerun")
     assert third.returncode == 0, third.stdout[-3000:]
-    assert "3 passed" in third.stdout
+    assert "2 passed" in third.stdout
     rerun, results_rerun, _ = rows(store_location)
-    assert {c.status for c in rerun.values()} == {"success"} and len(results_rerun) == 6
+    assert {c.status for c in rerun.values()} == {"success"} and len(results_rerun) == 4
     assert {c.worker for c in rerun.values()} != {holder}
     assert all(case.find("skipped") is None for case in cases.values())
 
 
-@pytest.mark.parametrize("spread", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+@pytest.mark.parametrize("spread", [[], pytest.param(["-n", "2"], marks=pytest.mark.slow)],
+                         ids=["one-process", "xdist"])
 def test_a_cell_held_elsewhere_is_put_aside_then_taken_over_when_its_lease_runs_out(tmp_path, store_location,
                                                                                    spread):
     """The first cell is held by a controller that stopped renewing: it runs last, taken over;
@@ -118,11 +116,11 @@ def test_a_cell_held_elsewhere_is_put_aside_then_taken_over_when_its_lease_runs_
         stop.set()
         renewer.join()
     assert done.returncode == 0, done.stdout[-4000:]
-    assert "3 passed" in done.stdout
-    assert set(cases) == set(CELLS) and len(list(cases.values())) == 3
+    assert "2 passed" in done.stdout
+    assert set(cases) == set(CELLS) and len(list(cases.values())) == 2
     assert all(case.find("skipped") is None and case.find("failure") is None for case in cases.values())
     cells, results, _ = rows(store_location)
-    assert {c.status for c in cells.values()} == {"success"} and len(results) == 3
+    assert {c.status for c in cells.values()} == {"success"} and len(results) == 2
     assert cells[CELLS[0]].worker != "gone-host:4242"
     # Put aside: it started after the others had ended (they ran while it was held).
     assert all(cells[c].completed_at <= cells[CELLS[0]].started_at for c in CELLS[1:])
