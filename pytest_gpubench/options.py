@@ -193,6 +193,10 @@ OPTIONS: tuple[Option, ...] = (
            "how long a host's GPU lease lasts unless its run renews it (a dead run's GPUs come free after it), "
            "e.g. 2m (default 2m, time-scaled in the sandbox)",
            type=_duration, env="GPUBENCH_GPU_LEASE_TTL", metavar="DURATION"),
+    Option("claim_ttl", "--gpubench-claim-ttl",
+           "how long a controller's claim on a running cell lasts unless its heartbeat renews it: after it, "
+           "another controller of the run takes the cell over, e.g. 30s (default 1m, time-scaled in the sandbox)",
+           type=_duration, env="GPUBENCH_CLAIM_TTL", metavar="DURATION"),
     Option("reports", "--gpubench-reports", "directory for progress files and reports (default reports)",
            env="GPUBENCH_REPORTS", metavar="DIR"),
     Option("duration", "--gpubench-duration",
@@ -219,6 +223,10 @@ OPTIONS: tuple[Option, ...] = (
            "run again, into the same run id, only the cells of that run (RUN_ID, or last) with no "
            "successful result; the others are deselected",
            env="GPUBENCH_RESUME", ini=False, metavar="RUN_ID|last", const="last"),
+    Option("rerun", "--gpubench-rerun",
+           "run again cells that already ended in this run (--gpubench-run-id given again); without it "
+           "they are reported claimed",
+           type=_bool, env="GPUBENCH_RERUN", ini=False, action="store_true"),
     Option("run_id", "--gpubench-run-id", "run id for the manifest (default: a new one per run)",
            env="GPUBENCH_RUN_ID", ini=False, metavar="ID"),
     Option("runners", "--gpubench-runners",

@@ -54,6 +54,10 @@ DEFAULT_KNOWN_HOSTS = "~/.gpubench/known_hosts"
 DEFAULT_GPU_LEASE_TTL = 120.0
 #: However small the time scale: a busy machine's heartbeat must not lose a lease.
 MIN_GPU_LEASE_SECONDS = 6.0
+#: A cell's claim lasts this long unless its controller's heartbeat renews it (every third of it).
+DEFAULT_CLAIM_TTL = 60.0
+#: However small the time scale: a busy machine's heartbeat must not lose a claim.
+MIN_CLAIM_SECONDS = 5.0
 #: In the sandbox, a benchmark's scaled duration is never below this (unless the
 #: matrix asks for less): enough for a few requests of most cells.
 MIN_SANDBOX_BENCHMARK = 5.0
@@ -91,6 +95,8 @@ class Settings(BaseModel):
     known_hosts: str = DEFAULT_KNOWN_HOSTS
     #: How long a GPU lease holds unless renewed (seconds, unscaled: see ``gpu_lease_seconds``).
     gpu_lease_ttl: float = DEFAULT_GPU_LEASE_TTL
+    #: How long a cell's claim holds unless renewed (seconds, unscaled: see ``claim_seconds``).
+    claim_ttl: float = DEFAULT_CLAIM_TTL
     duration: float | None = None
     max_price: float | None = None
     progress_interval: float | None = None
@@ -98,6 +104,8 @@ class Settings(BaseModel):
     max_attempts: int | None = None
     budget: float | None = None
     fail_on_skip: bool = False
+    #: ``--gpubench-rerun``: cells that already ended in this run run again.
+    rerun: bool = False
     resume: str | None = None
     run_id: str = ""
     #: Whether ``--gpubench-run-id`` (or its variable) named the run: a phase names it otherwise.
@@ -125,6 +133,11 @@ class Settings(BaseModel):
     def gpu_lease_seconds(self) -> float:
         """A GPU lease's time to live on the run's clock (scaled in the sandbox, never below a few seconds)."""
         return self.scaled(self.gpu_lease_ttl, MIN_GPU_LEASE_SECONDS)
+
+    @property
+    def claim_seconds(self) -> float:
+        """A cell claim's time to live on the run's clock (scaled in the sandbox, never below a few seconds)."""
+        return self.scaled(self.claim_ttl, MIN_CLAIM_SECONDS)
 
     @property
     def store_location(self) -> str:

@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict
 from ..errors import ApiError, Stage, StageError
 from .hosts_provider import on_leased_machine
 from .owned import OwnedSession
-from .processes import ProcessIdentity
+from .processes import ProcessIdentity, held_by, holder_alive
 from ..store.progress import ProgressWriter, read_progress
 from .provider import CONSUMER_PREFIX, Provider, Released, consumer_id
 from .shopper_client import Session
@@ -271,14 +271,15 @@ def survey(
 ) -> Survey:
     """Sort the store's unreleased sessions: to release through ``api``, ended, left alone.
 
-    ``run_id`` and ``worker`` narrow the scope (a run's own end, a crashed worker);
+    ``run_id`` and ``worker`` narrow the scope (a run's own end, a crashed worker; ``worker`` is a claim
+    holder, ``host:pid``, which also covers its xdist workers ``host:pid/gwN``);
     ``check_liveness=False`` is for the process that owns the run.
     """
     runs = _all_runs(store)
     result = Survey(known_runs=runs)
     for found in store.unreleased_sessions(run_id):
         leftover = Leftover.model_validate(found, from_attributes=True)
-        if worker is not None and leftover.worker != worker:
+        if worker is not None and not held_by(leftover.worker, worker):
             continue
         run = runs.get(leftover.run_id) or RunInfo(run_id=leftover.run_id)
         if on_leased_machine(leftover.session_id):  # no API holds it: only a live run must be left alone
@@ -290,6 +291,8 @@ def survey(
                 result.leased_machines.append(leftover)
             continue
         reason = _releasable(run, api, check_liveness, me)
+        if reason is None and check_liveness:
+            reason = _claimed_by_live_holder(store, leftover)
         if reason is None:
             result.to_release.append(leftover)
         elif reason == "sandbox":
@@ -310,6 +313,20 @@ def _releasable(run: RunInfo, api: str | None, check_liveness: bool, me: Process
             return "sandbox"  # its own sandbox stopped every session when the run's process went away
         return f"run {run.run_id} used the API at {run.api}: gpubench cleanup --api {run.api}"
     return None
+
+
+def _claimed_by_live_holder(store: Store, leftover: Leftover) -> str | None:
+    """Why a session must be left alone although its run's owner is gone: its cell is running
+    under another controller of a shared run whose claim's lease is live (and whose process,
+    when it is on this host, runs). None when nothing holds it."""
+    if leftover.cell_status != "running" or leftover.row_id is None:
+        return None
+    cell = store.cell(leftover.row_id)
+    if cell is None or cell.lease_expires_at is None or cell.lease_expires_at <= time.time():
+        return None
+    if holder_alive(cell.worker) is False:
+        return None
+    return f"cell {cell.cell_id} is held by {cell.worker}, whose claim is live"
 
 
 def apis_to_visit(store: Store, default: str) -> list[str]:
@@ -497,7 +514,7 @@ async def clean(
         except StageError as exc:
             report.notes.append(f"could not list the sessions at {api}: {exc}")
         else:
-            leftovers += extra
+            leftovers += [lo for lo in extra if worker is None or held_by(lo.worker, worker)]
             report.actions += alone
     for leftover in found.ended_with_sandbox:
         action = Action(leftover=leftover, outcome=ReleaseOutcome.ENDED_WITH_SANDBOX,
@@ -526,6 +543,6 @@ async def clean(
     if not dry_run:
         if close_running:
             touched += [cell.row_id for cell in store.cells(run_id)
-                        if cell.status == "running" and (worker is None or cell.worker == worker)]
+                        if cell.status == "running" and (worker is None or held_by(cell.worker, worker))]
         report.closed_cells = await asyncio.to_thread(close_cells, store, touched, reason, released_by)
     return report

@@ -36,6 +36,13 @@ class ProcessIdentity(BaseModel):
         """This process."""
         return cls(pid=os.getpid(), host=socket.gethostname(), start=start_token(os.getpid()))
 
+    def holder(self, worker: str | None = None) -> str:
+        """The name this process's claims are held under: ``host:pid``, ``host:pid/gw0`` for
+        its xdist worker ``gw0``: unique across the machines and processes sharing a store,
+        and each xdist worker's name known to its controller (cleanup after a crash)."""
+        base = f"{self.host}:{self.pid}"
+        return f"{base}/{worker}" if worker else base
+
     def alive(self) -> bool | None:
         """True while this very process runs; None when that cannot be told (another host)."""
         if self.host != socket.gethostname():
@@ -47,6 +54,21 @@ class ProcessIdentity(BaseModel):
             if now is not None and now != self.start:
                 return False  # the pid now belongs to another process
         return True
+
+
+def held_by(holder: str | None, scope: str) -> bool:
+    """Whether a claim ``holder`` is ``scope`` or one of its xdist workers (``scope/gwN``)."""
+    return holder is not None and (holder == scope or holder.startswith(f"{scope}/"))
+
+
+def holder_alive(holder: str | None) -> bool | None:
+    """Whether the process a claim ``holder`` names (``host:pid[/gwN]``) runs: None when that
+    cannot be told here (another host, or a name of another form)."""
+    host, _, rest = (holder or "").partition(":")
+    pid = rest.split("/", 1)[0]
+    if not pid.isdigit() or host != socket.gethostname():
+        return None
+    return pid_alive(int(pid))
 
 
 def _stat_fields(pid: int) -> list[str] | None:

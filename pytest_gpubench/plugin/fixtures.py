@@ -29,6 +29,7 @@ from ..cloud.offers import Constraints
 from .outcome import outcome_of
 from ..cloud.provider import OfferChoice
 from ..cloud.provisioning import Provisioning
+from .claim_hooks import claim_keeping
 from .record import CellRecorder
 from ..remote.ssh import KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL, Connection, KeyFile
 from ..remote.system import detect_system, hardware_of
@@ -100,6 +101,7 @@ def gpubench_recorder(
     recorder = CellRecorder.start(
         gpubench_run.store, gpubench_run.run_id, gpubench_cell, key,
         gpubench_run.settings.progress_dir, gpubench_run.worker, labels=progress_labels(gpubench_run.settings),
+        **claim_keeping(request.node),
     )
     request.node.stash[RECORDER_KEY] = recorder
     yield recorder
@@ -110,6 +112,8 @@ def gpubench_recorder(
     request.node.user_properties.append(junit_property(gpubench_run.settings))
     user_hooks.cell_finished(request.config, recorder, outcome.status, outcome.failure_stage, outcome.error_message,
                              properties)
+    if recorder.claim_lost is not None and outcome.status != "failed":
+        pytest.fail(recorder.claim_lost, pytrace=False)  # taken over: whatever it measured is not this run's
 
 
 @pytest.fixture

@@ -260,6 +260,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     return report
 
 
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, str] | None:
+    """A cell another controller of the run holds or ran: its own category, "3 passed, 2 claimed"
+    (``plugin.claims``; the name is spelled here so that this light module imports nothing)."""
+    if any(name == "gpubench_claimed_by" for name, _ in getattr(report, "user_properties", ()) or ()):
+        return ("claimed", "c", "CLAIMED") if report.when == "setup" else ("", "", "")
+    return None
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     """The filters selected nothing: say which values exist (also under ``--collect-only``)."""
     gate = _gate(config)

@@ -25,7 +25,7 @@ from .live import own_line
 from ..store.opening import open_store, store_exists
 from .matrix_scan import runs_matrix_files
 from .outcome import run_status
-from ..cloud.processes import xdist_worker_pids
+from ..cloud.processes import ProcessIdentity, xdist_worker_pids
 from .shutdown import GracefulTermination
 from .stash import CELL_KEY, RESUME_KEY, SETTINGS_KEY, run_context
 
@@ -98,8 +98,10 @@ class RunLifecycle:
             return  # this run recorded nothing: nothing can be left
         # Listing the API is for sessions a dying process created but never recorded.
         interrupted = int(exitstatus) not in (0, 1) or bool(self.dead_workers)
+        # Only what this controller and its workers hold: other controllers may share the run.
         self._clean("the run's controller, at its end", reason="the run ended", run_id=settings.run_id,
-                    check_liveness=False, search_api=interrupted, close_running=True)
+                    worker=ProcessIdentity.current().holder(), check_liveness=False, search_api=interrupted,
+                    close_running=True)
         if run.finished_at is None:
             with open_store(settings.store_location) as store:
                 store.finish_run(settings.run_id, run_status(exitstatus))
@@ -113,8 +115,9 @@ class RunLifecycle:
         """An xdist worker died: release its sessions, fail the cells it was running."""
         self.dead_workers.append(worker)
         settings = self.config.stash[SETTINGS_KEY]
-        self._clean(f"the controller, after worker {worker} died", reason=f"worker {worker} died ({error})",
-                    run_id=settings.run_id, worker=worker, check_liveness=False, search_api=False,
+        holder = ProcessIdentity.current().holder(worker)  # what its cells' rows name it
+        self._clean(f"the controller, after worker {holder} died", reason=f"worker {holder} died ({error})",
+                    run_id=settings.run_id, worker=holder, check_liveness=False, search_api=False,
                     close_running=True)
 
     # ---------------------------------------------------------------- helpers

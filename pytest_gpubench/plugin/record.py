@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import Stage, StageError
 from ..measure.figures import FIGURES, FigureSource, figure_values
@@ -25,6 +25,16 @@ from ..store.record_keys import file_name
 from ..measure.results import BenchmarkResult, HardwareInfo, RequestRecord
 from ..remote.sysinfo import SystemInfo
 from ..runtimes.base import PulledModel
+
+class ClaimKeeper(Protocol):
+    """What renews a running cell's claim (:class:`.claims.ClaimHeartbeat`)."""
+
+    lease_seconds: float
+
+    def hold(self, row_id: str, lost: Callable[[str | None], None]) -> None: ...
+
+    def drop(self, row_id: str) -> float: ...
+
 
 STATUSES = ("pending", "running", "success", "partial", "failed", "skipped")
 
@@ -92,36 +102,60 @@ class CellRecorder:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     _stage_since: float = field(default_factory=time.monotonic, repr=False)
     _timed: str = str(Stage.INVENTORY)
+    #: Renews the cell's claim while it runs (:class:`.claims.ClaimHeartbeat`), if any.
+    heartbeat: ClaimKeeper | None = None
+    #: Why the cell's claim is no longer this worker's (taken over), once the heartbeat found out.
+    claim_lost: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def start(cls, store: Store, run_id: str, cell: Cell, record_key: str,
-              progress_dir: Path, worker: str, labels: dict[str, Any] | None = None) -> CellRecorder:
-        """Record the cell as running; ``labels`` go on its progress file's first line
-        (a sandbox run says so there: :func:`.sandbox_label.progress_labels`)."""
+              progress_dir: Path, worker: str, labels: dict[str, Any] | None = None, *,
+              lease_seconds: float | None = None, heartbeat: ClaimKeeper | None = None,
+              claim_seconds: float = 0.0) -> CellRecorder:
+        """Claim the cell for ``worker`` and record it as running; ``labels`` go on its progress
+        file's first line (a sandbox run says so there: :func:`.sandbox_label.progress_labels`).
+
+        The claim holds ``lease_seconds`` unless ``heartbeat`` renews it (:mod:`.claims`); the time
+        spent claiming (``claim_seconds`` before this, this claim, the renewals) counts as the
+        cell's ``claim`` in ``stage_seconds``. A cell
+        held by another worker, or already ended in this run, is not started: whether to run an
+        ended cell again is the caller's decision (``Store.restart_cell`` first: :mod:`.claims`).
+        """
         path = progress_path(progress_dir, run_id, record_key)
         recorder = cls(store, run_id, cell, record_key, ProgressWriter(path), worker)
         recorder.row_id = store.add_cell(
             run_id, record_key, gpu_type=cell.gpu, provider=cell.provider, model=cell.model,
             matrix_file=cell.source,
         )
-        claim = store.claim_cell(recorder.row_id, worker)
-        if not claim.won and store.cell(recorder.row_id).status != "running":
-            # Run again in the same run (--gpubench-resume): the row starts clean, it is not duplicated.
-            store.restart_cell(recorder.row_id)
-            claim = store.claim_cell(recorder.row_id, worker)
-        if not claim.won:  # another process runs this very cell: it must not run twice
+        started = time.perf_counter()
+        claim = store.claim_cell(recorder.row_id, worker, lease_seconds=lease_seconds)
+        recorder.stage_seconds["claim"] = claim_seconds + time.perf_counter() - started
+        if not claim.won:  # another process runs (or ran) this very cell: it must not run twice
             recorder.progress.close()
-            raise StageError(Stage.INVENTORY, f"cell {record_key} of run {run_id} is already running under "
+            raise StageError(Stage.INVENTORY, f"cell {record_key} of run {run_id} is already {claim.status} under "
                                               f"worker {claim.holder}: not run a second time")
+        if heartbeat is not None:
+            recorder.heartbeat = heartbeat
+            heartbeat.hold(recorder.row_id, recorder.lose_claim)
         store.update_cell(recorder.row_id, started_at=_now(), progress_file=str(path))
         recorder.progress.status("STARTING", gpu=cell.gpu, provider=cell.provider, model=cell.model,
                                  worker=worker, run=run_id, **(labels or {}))
         return recorder
 
+    def lose_claim(self, new_holder: str | None) -> None:
+        """The heartbeat's renewal was refused: another worker took the cell over (this one was
+        presumed dead). The cell fails at its next stage and writes nothing more to the row."""
+        self.claim_lost = (f"lost its claim on cell {self.record_key}: taken over by "
+                           f"{new_holder or 'another worker'} after this worker's lease expired; "
+                           "its result, if any, is not recorded")
+
     def enter(self, stage: Stage) -> None:
         """Note the stage the cell is in: an error from here on is blamed on it, and the
-        time from now on counts as its (``stage_seconds``)."""
+        time from now on counts as its (``stage_seconds``). A cell whose claim was taken
+        over stops here."""
+        if self.claim_lost is not None:
+            raise StageError(stage, self.claim_lost)
         self.stage = stage
         self.time_as(str(stage))
 
@@ -208,6 +242,14 @@ class CellRecorder:
             if self.finished:
                 return self.properties(outcome)
             self.finished = True
+        if self.heartbeat is not None:
+            started = time.perf_counter() - self.heartbeat.drop(self.row_id)
+            if self.claim_lost is None and not self.store.renew_cell_lease(
+                    self.row_id, self.worker, self.heartbeat.lease_seconds):
+                self.lose_claim(_holder_of(self.store, self.row_id))
+            self.stage_seconds["claim"] = self.stage_seconds.get("claim", 0.0) + time.perf_counter() - started
+        if self.claim_lost is not None:  # the row is another worker's now: nothing is written to it
+            return self._lost(outcome)
         self.failed_now(outcome)
         benchmark_id = None
         if self.result is not None:
@@ -256,6 +298,17 @@ class CellRecorder:
             cost=cost_text(cost),
         )
         return self.properties(outcome)
+
+    def _lost(self, outcome: CellOutcome) -> dict[str, Any]:
+        """Finish a cell whose claim was taken over: its progress file says why, its report
+        fails; the store is left to the new holder."""
+        lost = CellOutcome("failed", failure_stage=outcome.failure_stage or str(self.stage),
+                           failure_reason="claim_lost", error_message=self.claim_lost)
+        if not self.error_written:
+            self.error_written = True
+            self.progress.error(lost.failure_stage or str(self.stage), self.claim_lost or "claim lost")
+        self.progress.status("FAILED", reason="claim_lost")
+        return self.properties(lost)
 
     def _cost_per_million(self) -> float | None:
         if self.result is None:
@@ -309,6 +362,11 @@ def cost_text(cost: float | None) -> str | None:
     """A cell's cost as its ``COMPLETED`` line and the terminal summary show it: ``0.0123``
     (4 decimals: a sandbox or short cell costs well under a cent)."""
     return f"{cost:.4f}" if cost is not None else None
+
+
+def _holder_of(store: Store, row_id: str) -> str | None:
+    current = store.cell(row_id)
+    return current.worker if current is not None else None
 
 
 def _now() -> str:

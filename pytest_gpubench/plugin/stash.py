@@ -54,11 +54,12 @@ def run_context(config: pytest.Config) -> RunContext:
         from .run_context import RunContext
 
         workerinput = getattr(config, "workerinput", {})
-        worker = workerinput.get("workerid", "main")
         # A worker's run is owned by its controller: that is the process cleanup checks.
         owner = workerinput.get("gpubench_owner")
+        identity = ProcessIdentity.model_validate(owner) if owner else ProcessIdentity.current()
+        # Its claims' holder: host:pid of the controller, /gwN for an xdist worker.
+        worker = identity.holder(workerinput.get("workerid"))
         context = RunContext(config.stash[SETTINGS_KEY], worker=worker,
-                             argv=list(config.invocation_params.args),
-                             owner=ProcessIdentity.model_validate(owner) if owner else ProcessIdentity.current())
+                             argv=list(config.invocation_params.args), owner=identity)
         config.stash[RUN_CONTEXT_KEY] = context
     return context

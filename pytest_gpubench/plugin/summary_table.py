@@ -101,6 +101,8 @@ def _is_text(name: str) -> bool:
 
 
 def _cell_text(row: dict[str, Any], name: str) -> str:
+    if name == "status" and row.get("gpubench_claimed_by") is not None:  # ran, or runs, in another controller
+        return f"claimed by {row['gpubench_claimed_by'] or '?'} ({row.get('gpubench_claimed_status', '?')})"
     if name == "status":
         stage = row.get("gpubench_failure_stage")
         return f"{row['gpubench_status']} ({stage})" if stage else str(row["gpubench_status"])

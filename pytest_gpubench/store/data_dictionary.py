@@ -126,7 +126,8 @@ BENCHMARK_MANIFEST = TableDoc(
         "session_owner": "Session reuse: the cell id of the cell that rented the session (its attempts carry the "
                          "bill).",
         "stage_seconds": "JSON object {stage: seconds}: the cell's wall time in each stage it went through "
-                         "(inventory ... benchmark, results, cleanup), from the start of the cell to its outcome.",
+                         "(inventory ... benchmark, results, cleanup), from the start of the cell to its outcome; "
+                         "``claim``: the part of it spent claiming the cell and renewing its claim's lease.",
         "imported_from": (
             "gpubench import: the file the result came from, its place in the file and its format "
             "(e.g. results.json[2] (GPU Shopper BenchmarkResult)); empty for measured cells."

@@ -1,0 +1,177 @@
+"""The hooks of many controllers on one run (the logic is :mod:`.claims`'s).
+
+Registered as ``gpubench-claims`` in every process that runs cells (the single
+pytest process, or each xdist worker: xdist's worker loop calls
+``pytest_runtest_protocol`` for each item as pytest's own loop does).
+
+* ``pytest_runtest_protocol`` (tryfirst) claims a cell just before its item runs;
+  an item not to run here (held elsewhere: put aside; ended elsewhere: reported
+  ``claimed``) is answered here without pytest's own protocol.
+* ``pytest_runtestloop`` (wrapper) runs the put-aside items after the others.
+* ``pytest_runtest_teardown`` (wrapper) gives back the claim of an item that never
+  started its cell (skipped by a mark before any fixture).
+
+Private pytest API used: ``item.session._setupstate.teardown_exact(nextitem)``. pytest
+tears an item down for the next one (``nextitem``), keeping what they share; an item
+answered without running still has the previous item's kept fixtures on the stack,
+and what the next item does not share must go (``SetupState.setup`` asserts it). Under
+xdist, a put-aside item's reports are sent under its own index (:func:`_xdist_reports_as`).
+``tests/e2e/test_claims_controllers.py`` runs a put-aside item between items of other
+files and of a class to keep that honest.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from ..aio import run as run_async
+from ..errors import ApiUnreachable
+from ..settings import SEED_TOTAL_TIMEOUT
+from ..store.progress import ProgressWriter
+from ..store.record_keys import row_id
+from .claims import (CLAIMED_BY, CLAIMED_STATUS, ROW_KEY, ProcessClaims, Verdict, claimed_message,
+                     claimed_properties, release_for_takeover, report_claimed)
+from .live import own_line
+from .record import progress_path
+from .stash import CELL_KEY, RECORD_KEY, RECORDER_KEY, RESUME_KEY, run_context
+
+#: ``item.stash``: the claim an item won before it ran, and the seconds deciding it took.
+CLAIMED_KEY = pytest.StashKey[bool]()
+CLAIM_SECONDS_KEY = pytest.StashKey[float]()
+
+__all__ = ["CLAIMED_BY", "CLAIMED_STATUS", "ClaimHooks", "claim_keeping"]
+
+
+class ClaimHooks:
+    """This process's claims on the run's cells."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self._claims: ProcessClaims | None = None
+        #: When the put-aside pass stops waiting for other holders (seconds since the epoch).
+        self.deadline: float | None = None
+
+    @property
+    def claims(self) -> ProcessClaims:
+        if self._claims is None:
+            context = run_context(self.config)
+            settings = context.settings
+            self._claims = ProcessClaims(lambda: context.store, context.run_id, context.worker,
+                                         settings.claim_seconds, rerun=settings.rerun,
+                                         resume=RESUME_KEY in self.config.stash)
+        return self._claims
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+        if CELL_KEY not in item.stash or RECORD_KEY not in item.stash:
+            return None
+        claims, key, cell = self.claims, item.stash[RECORD_KEY], item.stash[CELL_KEY]
+        store = run_context(self.config).store
+
+        def add_row() -> str:
+            return store.add_cell(claims.run_id, key, gpu_type=cell.gpu, provider=cell.provider,
+                                  model=cell.model, matrix_file=cell.source)
+
+        started = time.perf_counter()
+        admission = claims.admit(row_id(claims.run_id, key), add_row)
+        item.stash[CLAIM_SECONDS_KEY] = time.perf_counter() - started
+        item.stash[ROW_KEY] = admission.row_id
+        if admission.verdict is Verdict.RUN:
+            item.stash[CLAIMED_KEY] = True
+            if admission.claim is not None and admission.claim.taken_over_from:
+                self._take_over(item, admission.claim.taken_over_from)
+            return None  # pytest's own protocol runs it
+        if admission.verdict is Verdict.DEFER and (self.deadline is None or time.time() < self.deadline):
+            claims.deferred.append(item)
+        else:
+            holder, since, status = admission.claimed_text()
+            report_claimed(item, claimed_message(holder, since, status), claimed_properties(key, holder, status))
+        item.session._setupstate.teardown_exact(nextitem)  # private API: see the module docstring
+        return True
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session):
+        result = yield
+        claims = self._claims
+        if claims is None or not claims.deferred:
+            return result
+        settings = run_context(self.config).settings
+        self.deadline = time.time() + settings.scaled(SEED_TOTAL_TIMEOUT, 2 * settings.claim_seconds)
+        while claims.deferred and not (session.shouldfail or session.shouldstop):
+            item = claims.next_ready(self.deadline)
+            if item is None:
+                break
+            _xdist_reports_as(self.config, session, item)
+            item.config.hook.pytest_runtest_protocol(item=item, nextitem=None)
+        return result
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None):
+        try:
+            return (yield)
+        finally:
+            if item.stash.get(CLAIMED_KEY, False) and RECORDER_KEY not in item.stash:
+                self._give_back(item)
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self._claims is not None:
+            self._claims.close()
+
+    # ---------------------------------------------------------------- helpers
+
+    def _give_back(self, item: pytest.Item) -> None:
+        """The item never started its cell (a skip mark, a fixture before the recorder failed):
+        the row goes back to ``pending`` rather than stay ``running`` under this holder."""
+        store = run_context(self.config).store
+        current = store.cell(item.stash[ROW_KEY])
+        if current is not None and current.status == "running" and current.worker == self.claims.holder:
+            store.restart_cell(current.row_id)
+
+    def _take_over(self, item: pytest.Item, old_holder: str) -> None:
+        """Release what the dead holder left of the cell, and say so in its progress file
+        (which the controller's terminal follows) and here."""
+        context = run_context(self.config)
+        cell = item.stash[CELL_KEY]
+        try:
+            provider = context.provider_for(cell.cloud)
+        except ApiUnreachable:
+            provider = None
+        record = context.store.cell(item.stash[ROW_KEY])
+        actions = []
+        if record is not None:
+            actions = run_async(release_for_takeover(context.store, provider, record, old_holder),
+                                timeout=3 * max(120.0, context.settings.claim_seconds))
+        released = ",".join(action.leftover.session_id for action in actions) or "none"
+        path = progress_path(context.settings.progress_dir, context.run_id, item.stash[RECORD_KEY])
+        writer = ProgressWriter(path)
+        try:
+            writer.status("TAKEN_OVER", taken_from=old_holder, by=context.worker, released_sessions=released)
+        finally:
+            writer.close()
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None and not hasattr(self.config, "workerinput"):
+            own_line(self.config, reporter, f"gpubench: {item.stash[RECORD_KEY]}: taken over from {old_holder} "
+                                            f"(its claim expired); released sessions: {released}", yellow=True)
+
+
+def _xdist_reports_as(config: pytest.Config, session: pytest.Session, item: pytest.Item) -> None:
+    """On an xdist worker: send ``item``'s reports under its own index. xdist's worker
+    (``xdist.remote.WorkerInteractor``, private) tags each report with the index of the item
+    its loop ran last, and asserts the two match; a put-aside item runs after its loop."""
+    for plugin in config.pluginmanager.get_plugins():
+        if type(plugin).__name__ == "WorkerInteractor" and hasattr(plugin, "item_index"):
+            plugin.item_index = session.items.index(item)
+
+
+def claim_keeping(item: pytest.Item) -> dict[str, Any]:
+    """``CellRecorder.start``'s claim arguments for ``item`` in this process: the lease, the
+    heartbeat and the time its claim took so far (none where the claim hooks are not registered)."""
+    hooks = item.config.pluginmanager.get_plugin("gpubench-claims")
+    if not isinstance(hooks, ClaimHooks):
+        return {}
+    claims = hooks.claims
+    return {"lease_seconds": claims.lease_seconds, "heartbeat": claims.heartbeat,
+            "claim_seconds": item.stash.get(CLAIM_SECONDS_KEY, 0.0)}

@@ -1,0 +1,307 @@
+"""Many controllers, one run: which cell this process runs, puts aside or leaves to another.
+
+Several ``pytest`` processes (controllers, on one machine or many, each maybe with
+xdist workers) may run the same matrix into one run id on one shared store. Every
+cell runs exactly once; the store's atomic claim with a lease
+(:meth:`~pytest_gpubench.store.base.Store.claim_cell`) decides who runs it:
+
+* A cell is claimed just before its item runs (:meth:`ProcessClaims.admit`). Won:
+  it runs here, and a heartbeat thread (:class:`ClaimHeartbeat`, one per process)
+  renews its lease every third of ``--gpubench-claim-ttl`` until it finishes. A
+  renewal refused means another controller took the cell over (this one was
+  presumed dead): the cell fails at its next stage and writes nothing to the row.
+* Won over an expired lease (a dead controller's cell): the old holder's sessions of
+  that cell are released first (:func:`release_for_takeover`), then it runs.
+* Held by another live controller: put aside (:data:`Verdict.DEFER`); after every
+  other item, this process waits for it (polling the store) until it ends there
+  (reported ``claimed``) or its lease runs out (taken over, run here).
+* Ended already in this run: reported ``claimed`` (a report category of its own,
+  "c"/"CLAIMED", and a skipped JUnit testcase saying who ran it), unless
+  ``--gpubench-rerun`` (every ended cell) or ``--gpubench-resume`` (the failed ones)
+  asks to run it again.
+
+The hooks that call this module are in :mod:`.claim_hooks`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from ..cloud.cleanup import Action, Leftover, ReleaseOutcome, record, release
+from ..cloud.provider import consumer_id
+from ..store.records import CellRecord, Claim
+
+if TYPE_CHECKING:
+    from ..cloud.provider import Provider
+    from ..store.base import Store
+
+#: Final statuses: a cell in one of them has ended in its run.
+ENDED = ("success", "partial", "failed", "skipped")
+#: How the put-aside wait polls the store: this fraction of the claim's time to live.
+POLL_FRACTION = 0.25
+#: ``user_properties`` names a claimed cell's reports carry (JUnit, the summary table).
+CLAIMED_BY = "gpubench_claimed_by"
+CLAIMED_STATUS = "gpubench_claimed_status"
+#: ``item.stash`` key: the cell's row id, once the item was first admitted.
+ROW_KEY = pytest.StashKey[str]()
+#: The report category, its letter and word (``pytest_report_teststatus``).
+CATEGORY = ("claimed", "c", "CLAIMED")
+
+
+class Verdict(str, Enum):
+    """What this process does with a cell it is about to run."""
+
+    RUN = "run"          # pending, ours already, or a dead holder's (expired lease): claim and run it
+    RESTART = "restart"  # ended in this run, and asked to run again: restart the row, then claim it
+    DEFER = "defer"      # running under another live holder: come back to it after the other cells
+    CLAIMED = "claimed"  # ended in this run (or held with no lease): report who has it, do not run it
+
+
+def peek(record: CellRecord | None, holder: str, now: float, *, rerun: bool = False,
+         resume: bool = False) -> Verdict:
+    """The verdict on a cell from its row as the store has it (None: not recorded yet).
+
+    ``rerun``: every ended cell runs again; ``resume``: the ended ones that did not succeed.
+    A cell running elsewhere without a lease (a holder that takes none, or a row an older
+    version left) is reported claimed at once: no lease will ever run out to wait for.
+    """
+    if record is None or record.status == "pending":
+        return Verdict.RUN
+    if record.status in ENDED:
+        if rerun or (resume and record.status != "success"):
+            return Verdict.RESTART
+        return Verdict.CLAIMED
+    if record.worker == holder:
+        return Verdict.RUN
+    expires = record.lease_expires_at
+    if expires is None:
+        return Verdict.CLAIMED
+    return Verdict.RUN if expires <= now else Verdict.DEFER
+
+
+def item_row(item: pytest.Item) -> str:
+    """The row id :meth:`ProcessClaims.admit` found for ``item``."""
+    return item.stash[ROW_KEY]
+
+
+def claimed_message(holder: str | None, since: str | None, status: str) -> str:
+    """What a claimed cell's report says: ``claimed elsewhere: host:123 since <t>, success``."""
+    return f"claimed elsewhere: {holder or 'another controller'} since {since or '?'}, {status}"
+
+
+def claimed_properties(record_key: str, holder: str | None, status: str) -> list[tuple[str, Any]]:
+    """The report properties of a cell this process did not run (JUnit, the summary table)."""
+    return [("gpubench_cell", record_key), ("gpubench_status", "claimed"),
+            (CLAIMED_BY, holder or ""), (CLAIMED_STATUS, status)]
+
+
+def is_claimed_report(report: Any) -> bool:
+    """Whether ``report`` is of a cell another controller holds or ran."""
+    return any(name == CLAIMED_BY for name, _ in getattr(report, "user_properties", ()) or ())
+
+
+def report_claimed(item: pytest.Item, message: str, properties: list[tuple[str, Any]]) -> None:
+    """Report ``item`` as claimed elsewhere, never run here: a skipped setup (JUnit writes a
+    skipped testcase with ``message``) and a passed teardown carrying ``properties``."""
+    ihook = item.ihook
+    ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    path, lineno, _ = item.location
+    keywords = {name: 1 for name in item.keywords}
+    for when, outcome, longrepr in (("setup", "skipped", (str(path), (lineno or 0) + 1, message)),
+                                    ("teardown", "passed", None)):
+        report = pytest.TestReport(item.nodeid, item.location, keywords, outcome, longrepr, when,
+                                   user_properties=list(properties))
+        ihook.pytest_runtest_logreport(report=report)
+    ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+
+
+class ClaimHeartbeat:
+    """One thread per process renewing every claim it holds, every third of the claim's time to live.
+
+    A renewal the store refuses (the cell was taken over: this process was presumed dead)
+    calls the claim's ``lost`` callback with the new holder, once, and stops renewing it.
+    """
+
+    def __init__(self, store: Callable[[], Store], holder: str, lease_seconds: float) -> None:
+        self.store, self.holder, self.lease_seconds = store, holder, lease_seconds
+        self.interval = lease_seconds / 3
+        self._held: dict[str, Callable[[str | None], None]] = {}
+        #: Seconds spent renewing each held claim (the cell's ``claim`` overhead).
+        self._spent: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, row_id: str, lost: Callable[[str | None], None]) -> None:
+        """Renew ``row_id``'s claim until :meth:`drop`; ``lost(new_holder)`` when it is taken over."""
+        with self._lock:
+            self._held[row_id] = lost
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="gpubench-claim-heartbeat", daemon=True)
+                self._thread.start()
+
+    def drop(self, row_id: str) -> float:
+        """Stop renewing ``row_id``'s claim; the seconds its renewals took."""
+        with self._lock:
+            self._held.pop(row_id, None)
+            return self._spent.pop(row_id, 0.0)
+
+    def held(self) -> list[str]:
+        with self._lock:
+            return list(self._held)
+
+    def beat(self) -> None:
+        """Renew every held claim once (the thread's loop; tests call it directly)."""
+        for row_id in self.held():
+            started = time.perf_counter()
+            try:
+                renewed = self.store().renew_cell_lease(row_id, self.holder, self.lease_seconds)
+            except Exception:  # noqa: BLE001 - a busy store: the next beat tries again, well within the lease
+                continue
+            finally:
+                with self._lock:
+                    if row_id in self._held:
+                        self._spent[row_id] = self._spent.get(row_id, 0.0) + time.perf_counter() - started
+            if not renewed:
+                with self._lock:
+                    lost = self._held.pop(row_id, None)
+                if lost is not None:
+                    try:
+                        current = self.store().cell(row_id)
+                    except Exception:  # noqa: BLE001 - only for the message
+                        current = None
+                    lost(current.worker if current is not None else None)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.beat()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+def takeover_consumers(run_id: str, record_key: str) -> re.Pattern[str]:
+    """The consumer ids every attempt of the cell rents under (``...-a1``, ``...-a2``, ...)."""
+    base = consumer_id(run_id, record_key, 1).removesuffix("-a1")
+    return re.compile(re.escape(base) + r"-a(\d+)")
+
+
+async def release_for_takeover(store: Store, provider: Provider | None, cell: CellRecord,
+                               old_holder: str | None) -> list[Action]:
+    """Release the sessions a dead holder left of ``cell``: those recorded on its row and
+    those the provider knows by the cell's consumer ids; each release is recorded
+    (``released_by="takeover"``). Returns what was done."""
+    leftovers = [Leftover.model_validate(found, from_attributes=True)
+                 for found in await asyncio.to_thread(store.unreleased_sessions, cell.run_id)
+                 if found.row_id == cell.row_id]
+    if provider is not None and cell.cell_id:
+        known = {lo.session_id for lo in leftovers}
+        pattern = takeover_consumers(cell.run_id, cell.cell_id)
+        for session in await provider.owned_sessions():
+            match = pattern.fullmatch(session.consumer_id or "")
+            if match and session.id not in known:
+                leftovers.append(Leftover(session_id=session.id, run_id=cell.run_id, consumer_id=session.consumer_id,
+                                          row_id=cell.row_id, cell_id=cell.cell_id, worker=old_holder,
+                                          progress_file=cell.progress_file, attempt=int(match[1]), found_by="api"))
+    actions = []
+    for leftover in leftovers:
+        if provider is None:
+            action = Action(leftover=leftover, outcome=ReleaseOutcome.FAILED, detail="no provider to release it")
+        else:
+            action = await release(provider, leftover)
+        await asyncio.to_thread(record, store, action, "takeover")
+        actions.append(action)
+    return actions
+
+
+@dataclass
+class Admission:
+    """What :meth:`ProcessClaims.admit` decided for one item."""
+
+    verdict: Verdict
+    row_id: str
+    #: The claim won (RUN), or the row that made the verdict (DEFER, CLAIMED).
+    claim: Claim | None = None
+    record: CellRecord | None = None
+
+    def claimed_text(self) -> tuple[str | None, str | None, str]:
+        """(holder, since, status) of a cell held or ended elsewhere."""
+        if self.record is not None:
+            return self.record.worker, self.record.started_at, self.record.status
+        claim = self.claim
+        return (claim.holder, claim.since, claim.status) if claim is not None else (None, None, "running")
+
+
+@dataclass
+class ProcessClaims:
+    """This process's side of the run's claims: its holder name, lease, heartbeat and the
+    items it put aside."""
+
+    store: Callable[[], Store]
+    run_id: str
+    holder: str
+    lease_seconds: float
+    rerun: bool = False
+    resume: bool = False
+    heartbeat: ClaimHeartbeat = field(init=False)
+    #: Items held elsewhere when their turn came, in run order.
+    deferred: list[pytest.Item] = field(default_factory=list)
+    #: The put-aside pass has begun: nothing is put aside any more.
+    final_pass: bool = False
+
+    def __post_init__(self) -> None:
+        self.heartbeat = ClaimHeartbeat(self.store, self.holder, self.lease_seconds)
+
+    def admit(self, row_id: str, add_row: Callable[[], str], now: float | None = None) -> Admission:
+        """Decide about the cell ``row_id`` (``add_row`` records it when the store lacks it) and,
+        when it is to run here, claim it: the claim is the decision that counts, the peek only
+        saves a write for cells that are clearly not ours."""
+        store = self.store()
+        record = store.cell(row_id)
+        if record is None:
+            row_id = add_row()
+            record = store.cell(row_id)
+        at = time.time() if now is None else now
+        verdict = peek(record, self.holder, at, rerun=self.rerun, resume=self.resume)
+        if verdict in (Verdict.DEFER, Verdict.CLAIMED):
+            return Admission(verdict, row_id, record=record)
+        if verdict is Verdict.RESTART:
+            store.restart_cell(row_id)
+        claim = store.claim_cell(row_id, self.holder, lease_seconds=self.lease_seconds, now=now)
+        if claim.won:
+            return Admission(Verdict.RUN, row_id, claim=claim)
+        # Another process was quicker between the peek and the claim.
+        later = Verdict.CLAIMED if claim.status in ENDED or claim.lease_expires_at is None else Verdict.DEFER
+        return Admission(later, row_id, claim=claim)
+
+    def next_ready(self, deadline: float, now: Callable[[], float] = time.time,
+                   sleep: Callable[[float], None] = time.sleep) -> pytest.Item | None:
+        """Take from :attr:`deferred` the first item whose cell is no longer held by a live
+        other holder (it ended there, or its lease ran out), polling the store every
+        fraction of the claim's time to live; once ``deadline`` (seconds since the epoch)
+        has passed, the first item whatever its state. None when nothing is put aside."""
+        interval = max(0.2, self.lease_seconds * POLL_FRACTION)
+        while self.deferred:
+            store = self.store()
+            for item in self.deferred:
+                if peek(store.cell(item_row(item)), self.holder, now()) is not Verdict.DEFER:
+                    self.deferred.remove(item)
+                    return item
+            if now() >= deadline:
+                return self.deferred.pop(0)
+            sleep(min(interval, max(0.0, deadline - now())))
+        return None
+
+    def close(self) -> None:
+        self.heartbeat.close()

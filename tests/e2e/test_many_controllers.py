@@ -1,0 +1,89 @@
+"""Three controllers, one matrix, one run on one shared store, one controller SIGKILLed mid-cell:
+every cell ends exactly once (one result each), none is lost or left running, the killed
+controller's cell is taken over by a survivor once its lease runs out (its session released
+first), and no sandbox session is left running."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from collections import Counter
+
+import pytest
+
+from e2e_helpers import PytestRun, active_sessions
+from polling import wait_for
+from pytest_gpubench.plugin.record import progress_path
+from pytest_gpubench.store.opening import open_store
+
+MATRIX = """
+workload: {duration: 2s, max_tokens: 16, warmup_requests: 0, progress_interval: 1s}
+reuse: cell
+matrix:
+  - {gpu: RTX 4090, provider: vastai, models: [qwen2:7b, qwen2:1.5b]}
+  - {gpu: RTX 3090, provider: vastai, models: [qwen2:7b, qwen2:1.5b]}
+  - {gpu: RTX 5090, provider: vastai, models: [qwen2:7b, qwen2:1.5b]}
+  - {gpu: A100 80GB, provider: vastai, models: [qwen2:7b, qwen2:1.5b]}
+"""
+CELLS = 8
+RUN = "shared"
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def store_location(request, tmp_path):
+    """The store the controllers share: a SQLite file (one machine) or a PostgreSQL database."""
+    if request.param == "postgresql":
+        return request.getfixturevalue("postgres_url")
+    return str(tmp_path / "shared.db")
+
+
+def holding_a_session(store_location: str, holder: str):
+    """A cell ``holder`` runs on a session it rented (mid-cell), or None."""
+    try:
+        with open_store(store_location) as store:
+            cells = store.cells(RUN)
+    except Exception:  # noqa: BLE001 - the store may not exist yet
+        return None
+    return next((c for c in cells if c.status == "running" and c.worker == holder and c.session_id), None)
+
+
+@pytest.mark.slow
+def test_three_controllers_one_killed_mid_cell_every_cell_ends_once(tmp_path, standalone_sandbox, store_location):
+    matrix = tmp_path / "gpubench_many.yaml"
+    matrix.write_text(MATRIX)
+    runs = [PytestRun(tmp_path, standalone_sandbox, "--gpubench-store", store_location, "--gpubench-run-id", RUN,
+                      "--gpubench-claim-ttl", "60s", name=f"c{n}", target=matrix) for n in range(3)]
+    victim = runs[0]
+    holder = f"{socket.gethostname()}:{victim.process.pid}"
+    cell = wait_for(lambda: holding_a_session(store_location, holder), 120, "the first controller to be mid-cell")
+    os.killpg(victim.process.pid, signal.SIGKILL)
+    victim.process.wait(30)
+    outputs = [run.finish(timeout=240) for run in runs[1:]]
+    for run, output in zip(runs[1:], outputs, strict=True):
+        assert run.process.returncode == 0, output[-4000:]
+
+    with open_store(store_location) as store:
+        cells = {c.row_id: c for c in store.cells(RUN)}
+        results = store.results(RUN)
+        attempts = store.attempts(RUN)
+    assert len(cells) == CELLS
+    assert {c.status for c in cells.values()} == {"success"}, [(c.cell_id, c.status) for c in cells.values()]
+    assert Counter(r.row_id for r in results) == Counter(list(cells))  # exactly one result each: none lost, none twice
+    survivors = {f"{socket.gethostname()}:{run.process.pid}" for run in runs[1:]}
+    assert {c.worker for c in cells.values()} <= survivors | {holder}
+
+    taken = cells[cell.row_id]
+    assert taken.worker in survivors  # taken over once its lease ran out
+    log = progress_path(tmp_path / "reports" / "progress", RUN, cell.cell_id).read_text()
+    assert f"TAKEN_OVER taken_from={holder}" in log and f"released_sessions={cell.session_id}" in log, log
+    own = sorted((a for a in attempts if a.row_id == cell.row_id), key=lambda a: a.attempt)
+    assert own[0].worker == holder and own[0].session_id == cell.session_id and own[0].session_status == "stopped"
+    assert own[-1].worker == taken.worker and own[-1].attempt > own[0].attempt  # numbering goes on
+    assert len({a.consumer_id for a in attempts}) == len(attempts)
+
+    # Each survivor ran some cells and reported the others' as claimed; every cell ran once in all.
+    passed = sum(int(out.rsplit(" passed", 1)[0].rsplit(" ", 1)[-1].strip("=")) for out in outputs
+                 if " passed" in out)
+    assert passed == CELLS - sum(1 for c in cells.values() if c.worker == holder), outputs[0][-2000:]
+    assert active_sessions(standalone_sandbox) == []
