@@ -9,6 +9,8 @@ running. A resumed run records into the same run id.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import socket
@@ -325,12 +327,20 @@ def test_resume_with_an_unknown_run_is_a_usage_error(pytester, tmp_path, monkeyp
 ONE_CELL = "4090 and 1.5b"
 
 
+def cleanup_command(*args: str) -> tuple[int, str]:
+    """``gpubench ARGS`` in this process (the command is a function: a Python process of its own
+    would add only its start), with its exit status and what it printed."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        status = gpubench(list(args))
+    return status, printed.getvalue()
+
+
 def cleanup_finds_nothing(run: PytestRun) -> None:
     """``gpubench cleanup`` afterwards: nothing of the run was left to release."""
-    done = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "cleanup", "--manifest", str(run.manifest),
-                           "--api", run.url], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "nothing to clean up" in done.stdout, done.stdout
+    status, printed = cleanup_command("cleanup", "--manifest", str(run.manifest), "--api", run.url)
+    assert status == 0, printed
+    assert "nothing to clean up" in printed, printed
     assert active_sessions(run.url) == []
 
 
@@ -441,9 +451,8 @@ def test_timeout_thread_method_leftover_is_released_at_the_next_start(tmp_path, 
     (row,) = run.rows()
     assert row["session_id"] == left["id"] and row["status"] == "running" and row["released_by"] is None
 
-    dry = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "cleanup", "--manifest", str(run.manifest),
-                          "--api", sandbox_url, "--dry-run"], capture_output=True, text=True, timeout=120)
-    assert dry.returncode == 0 and f"would release session {left['id']}" in dry.stdout, dry.stdout + dry.stderr
+    status, printed = cleanup_command("cleanup", "--manifest", str(run.manifest), "--api", sandbox_url, "--dry-run")
+    assert status == 0 and f"would release session {left['id']}" in printed, printed
     assert [s["id"] for s in active_sessions(sandbox_url)] == [left["id"]]  # a dry run changes nothing
 
     # The next run on the same manifest releases it before running anything (here: nothing).

@@ -351,13 +351,16 @@ def test_two_vllm_cells_share_a_two_gpu_host_one_gpu_and_one_server_each(tmp_pat
               - {{gpu: RTX 4090, provider: duo, models: [qwen2:1.5b, qwen2:7b], runtime: vllm}}
             """))
         # Each cell, once its GPU is leased, waits for the other's lease: both run at once, or the
-        # run fails (a provider giving both cells GPU 0 one after the other could not pass).
+        # run fails (a provider giving both cells GPU 0 one after the other could not pass). A cell
+        # requests its fixtures in its body, so the barrier first sets up its session (the lease, at
+        # create) as the body would; waiting before that, no cell had leased and each waited the bound out.
         (tmp_path / "both_at_once.py").write_text(textwrap.dedent(f"""\
             import sqlite3, time
             import pytest
 
             @pytest.hookimpl(wrapper=True)
             def pytest_runtest_call(item):
+                item.funcargs["request"].getfixturevalue("gpu_session")
                 deadline = time.monotonic() + 120
                 while time.monotonic() < deadline:
                     with sqlite3.connect({str(tmp_path / "reports" / "manifest.db")!r}, timeout=30) as db:
