@@ -110,19 +110,32 @@ class Store(Protocol):
         """Hold ``worker``'s claim ``lease_seconds`` from now; False when the cell is no longer
         ``running`` under ``worker`` (finished, restarted or taken over)."""
 
-    def update_cell(self, row_id: str, **fields: Any) -> None:
-        """Set fields of a cell (:class:`~.records.CellRecord` names); ``running`` stamps ``started_at`` once."""
+    def update_cell(self, row_id: str, *, if_held_by: str | None = None, **fields: Any) -> bool:
+        """Set fields of a cell (:class:`~.records.CellRecord` names); ``running`` stamps ``started_at`` once.
+
+        With ``if_held_by``, only while the cell is ``running`` under that holder, checked
+        in the same atomic write (a holder that lost its claim writes nothing); returns
+        whether it was written (always True without ``if_held_by``).
+        """
 
     def finish_cell(self, row_id: str, *, status: str, failure_stage: Stage | str | None = None,
                     failure_reason: str | None = None, error_message: str | None = None,
-                    **fields: Any) -> None:
+                    if_held_by: str | None = None, **fields: Any) -> bool:
         """Record a cell's final ``status`` and ``completed_at``; a success clears earlier failures.
 
         Unless ``cost_usd`` is given it is the price x the time since :meth:`record_session`.
+        With ``if_held_by``, only while the cell is ``running`` under that holder (atomic
+        compare-and-set); returns whether it was written.
         """
 
-    def restart_cell(self, row_id: str) -> bool:
-        """Make a cell that ran ``pending`` again, without its earlier outcome (False: it was pending)."""
+    def restart_cell(self, row_id: str, *, ended_before: str | None = None) -> bool:
+        """Make a cell that ended ``pending`` again, without its earlier outcome.
+
+        Never a ``running`` cell (its holder, alive or not, is dealt with by claims and
+        leases) nor a pending one; with ``ended_before`` (ISO 8601) only a cell that ended
+        before then, so a rerun asked of many controllers runs each cell once, not once per
+        controller. Returns whether it was restarted; decided in one atomic write.
+        """
 
     def cell(self, row_id: str) -> CellRecord | None:
         """The cell ``row_id``, or None."""
@@ -150,8 +163,12 @@ class Store(Protocol):
         """The attempts of one cell (``row_id``), one run, or all, in order."""
 
     def record_session(self, row_id: str, *, session_id: str, consumer_id: str, offer_id: str,
-                       price_per_hour: float, **fields: Any) -> None:
-        """Record the session a cell rented, right after creating it and before using it."""
+                       price_per_hour: float, if_held_by: str | None = None, **fields: Any) -> bool:
+        """Record the session a cell rented, right after creating it and before using it.
+
+        With ``if_held_by``, only while the cell is ``running`` under that holder (the
+        session is then not the row's: the caller releases it); returns whether it was written.
+        """
 
     def unreleased_sessions(self, run_id: str | None = None) -> list[OwnedSession]:
         """Every session (of one run, or all) whose release was never recorded, once each, oldest first."""
