@@ -3,8 +3,10 @@
 Every command runs through :func:`run_git` (an argument list, never a shell) with a
 fixed author and configuration, so a user's hooks, signing or pull settings change
 nothing, and with ``GIT_TERMINAL_PROMPT=0`` so a missing credential is an error, not
-a prompt that hangs a test run. What git prints is passed through
-:func:`~.opening.redact` before it reaches a message: a password in the URL never does.
+a prompt that hangs a test run. Credentials in the URL never reach git's command line nor
+the clone's ``.git/config``: :class:`Remote` takes them out of the URL and hands an
+``http(s)://`` one to git as an ``Authorization`` header through the environment. What git
+prints is passed through :func:`~.redaction.redact` before it reaches a message as well.
 
 :class:`Clone` knows four moves, which are all the git store needs: start from the
 remote's latest commit (:meth:`Clone.sync`, a fetch and a hard reset), commit what
@@ -14,16 +16,18 @@ push won the race).
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import subprocess
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from ..errors import StoreProblem, UsageProblem
-from .redaction import redact
+from .redaction import redact, split_userinfo
 
-__all__ = ["AUTHOR", "Clone", "ensure_bare_repository", "git_url", "local_path", "run_git"]
+__all__ = ["AUTHOR", "Clone", "Remote", "ensure_bare_repository", "git_url", "local_path", "run_git"]
 
 #: Who the git store's commits are by, whoever runs it.
 AUTHOR = ("gpubench", "gpubench@localhost")
@@ -57,21 +61,61 @@ def local_path(url: str) -> Path | None:
     return Path(unquote(parts.path)) if parts.scheme == "file" else None
 
 
-def _environment() -> dict[str, str]:
+class Remote(NamedTuple):
+    """A repository URL split into what git may see and the credential it must not keep."""
+
+    #: The URL git is given: no password or token in it (an ssh user name stays).
+    url: str
+    #: ``(origin, "Authorization: Basic ...")`` for an ``http(s)`` URL that carried credentials.
+    header: tuple[str, str] | None = None
+
+    @classmethod
+    def of(cls, url: str) -> Remote:
+        """``url`` without its userinfo; an ``http(s)`` URL's user and password (or token as user
+        name) become a Basic ``Authorization`` header for that origin (what git sends for them)."""
+        head, userinfo, rest = split_userinfo(url)
+        if userinfo is None:
+            return cls(url)
+        scheme = head[:-3].lower()
+        if scheme == "ssh":  # a user name ssh needs; a password ssh cannot take from a URL
+            return cls(f"{head}{userinfo.partition(':')[0]}@{rest}")
+        if scheme not in ("http", "https"):  # file:// and git:// have no use for credentials
+            return cls(head + rest)
+        user, _, password = userinfo.partition(":")
+        token = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
+        origin = head + re.split(r"[/?#]", rest, maxsplit=1)[0] + "/"
+        return cls(head + rest, (origin, f"Authorization: Basic {token}"))
+
+    def environment(self) -> dict[str, str]:
+        """Git's configuration for the header, by ``GIT_CONFIG_COUNT`` after any the environment has
+        (so it is in no file and on no command line, where other users' ``ps`` would see it)."""
+        if self.header is None:
+            return {}
+        origin, value = self.header
+        index = int(os.environ.get("GIT_CONFIG_COUNT") or 0)
+        return {"GIT_CONFIG_COUNT": str(index + 1), f"GIT_CONFIG_KEY_{index}": f"http.{origin}.extraHeader",
+                f"GIT_CONFIG_VALUE_{index}": value}
+
+
+def _environment(remote: Remote | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(GIT_TERMINAL_PROMPT="0", GIT_ALLOW_PROTOCOL=":".join(ALLOWED_SCHEMES), LC_ALL="C",
                GIT_CONFIG_NOSYSTEM="1")
     # A developer's environment may point git elsewhere; the clone is ours alone.
     for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
         env.pop(name, None)
+    if remote is not None:
+        env.update(remote.environment())
     return env
 
 
-def run_git(*args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """``git ARGS`` with the fixed author and configuration; a :class:`~..errors.StoreProblem` when it fails
-    and ``check`` (else the completed process, to read its return code)."""
+def run_git(*args: str, cwd: Path | None = None, check: bool = True,
+            remote: Remote | None = None) -> subprocess.CompletedProcess[str]:
+    """``git ARGS`` with the fixed author and configuration (and ``remote``'s credentials, when it
+    has some); a :class:`~..errors.StoreProblem` when it fails and ``check`` (else the completed
+    process, to read its return code)."""
     try:
-        done = subprocess.run(["git", *_CONFIG, *args], cwd=cwd, env=_environment(), capture_output=True,
+        done = subprocess.run(["git", *_CONFIG, *args], cwd=cwd, env=_environment(remote), capture_output=True,
                               text=True, timeout=_TIMEOUT, check=False)
     except FileNotFoundError as exc:
         raise StoreProblem("git store: git is not installed (the git+URL store runs git)") from exc
@@ -100,9 +144,11 @@ class Clone:
     """A private clone of the results repository, on one branch; not shared between processes."""
 
     def __init__(self, url: str, directory: Path, branch: str | None = None) -> None:
-        self.url = url
+        self.remote = Remote.of(url)
+        #: The URL without credentials: what the clone's ``.git/config`` holds.
+        self.url = self.remote.url
         self.directory = directory
-        run_git("clone", "-q", "--no-tags", "--", url, str(directory))
+        run_git("clone", "-q", "--no-tags", "--", self.url, str(directory), remote=self.remote)
         self.branch = branch or self._remote_branch() or "main"
         if not self._has_remote_branch():
             self._first_commit()
@@ -110,7 +156,7 @@ class Clone:
 
     def git(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """``git ARGS`` in this clone."""
-        return run_git(*args, cwd=self.directory, check=check)
+        return run_git(*args, cwd=self.directory, check=check, remote=self.remote)
 
     def _remote_branch(self) -> str | None:
         head = self.git("symbolic-ref", "-q", "--short", "refs/remotes/origin/HEAD", check=False)

@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 from ..errors import Stage, StoreProblem
 from ..measure.results import BenchmarkResult, RequestRecord
 from .git_layout import ClaimFile, Layout, RepoCell, ResultFile, run_dir
-from .git_repo import Clone, ensure_bare_repository, git_url, local_path, run_git
+from .git_repo import Clone, Remote, ensure_bare_repository, git_url, local_path, run_git
 from .manifest import FINAL_STATUSES, Manifest
 from .redaction import redact
 from .record_keys import file_name
@@ -139,7 +139,8 @@ class GitStore(SqliteStore):
         path = local_path(url)
         if path is not None:
             return (path / "HEAD").is_file() or (path / ".git").exists()
-        run_git("ls-remote", "-q", "--heads", "--", url)
+        remote = Remote.of(url)
+        run_git("ls-remote", "-q", "--heads", "--", remote.url, remote=remote)
         return True
 
     @property

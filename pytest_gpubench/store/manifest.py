@@ -46,6 +46,7 @@ from .schema import (
 from .microbench_table import MicrobenchMixin
 from .systems_table import SystemsMixin
 from .sqlite import ManifestStore, plain, refuse_secrets, utc_now
+from .redaction import redact
 from ..cloud.processes import ProcessIdentity
 
 __all__ = ["CELL_STATUSES", "FINAL_STATUSES", "UPLOAD_STATUSES", "Manifest"]
@@ -361,7 +362,8 @@ def run_row(run_id: str, argv: list[str], matrix_files: list[str], *, owner: Pro
     row: dict[str, Any] = {
         "run_id": run_id,
         "started_at": utc_now(),
-        "argv": json.dumps(list(argv)),
+        # Every element, so both --gpubench-store=URL and --gpubench-store URL lose their password.
+        "argv": json.dumps([redact(arg) for arg in argv]),
         "matrix_files": json.dumps([str(f) for f in matrix_files]),
         "host": owner.host if owner is not None else socket.gethostname(),
         "status": "running",

@@ -307,3 +307,127 @@ def test_three_machines_racing_run_every_cell_exactly_once(tmp_path):
     holders = {f"phase1/{key}": found["cell"]["worker"] for key, found in results.items()}
     assert all(holders[row] == name for rows, name in zip(won, ("box-a", "box-b", "box-c")) for row in rows)
     assert all(found["result"]["results"]["avg_tokens_per_second"] == 70.0 for found in results.values())
+
+
+def test_a_credential_url_leaves_no_secret_in_the_clone_or_the_messages(tmp_path):
+    location = f"git+file://bench:s3cret@{tmp_path}/results.git"
+    with GitStore.open(location, manifest=tmp_path / "manifest.db", cache_dir=tmp_path / "cache") as store:
+        store.start_run(RUN, ["pytest", "--gpubench-store", location], [])
+        config = (store.clone.directory / ".git" / "config").read_text()
+        assert f"url = file://{tmp_path}/results.git" in config and "s3cret" not in config
+        assert store.location == f"git+file://bench:***@{tmp_path}/results.git"
+        assert "s3cret" not in json.dumps(store.manifest.run(RUN), default=str)  # runs.argv
+        add(store, "cell-a")
+    pushed = checkout(tmp_path)
+    assert (pushed / "data/README.md").is_file()
+    assert not [path for path in pushed.rglob("*") if path.is_file() and b"s3cret" in path.read_bytes()]
+
+
+class _GitOverHttp:
+    """``git http-backend`` behind Basic authentication: a real smart-HTTP remote that records
+    the ``Authorization`` header of every request and refuses one without the right header."""
+
+    def __init__(self, root: Path, user: str, password: str) -> None:
+        import base64
+        import http.server
+        import threading
+
+        self.expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        self.seen: list[str | None] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self._serve()
+
+            def do_POST(self):
+                self._serve()
+
+            def _serve(self):
+                outer.seen.append(self.headers.get("Authorization"))
+                if self.headers.get("Authorization") != outer.expected:
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", 'Basic realm="results"')
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                path, _, query = self.path.partition("?")
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                env = {"GIT_PROJECT_ROOT": str(root), "GIT_HTTP_EXPORT_ALL": "1", "REMOTE_USER": user,
+                       "PATH_INFO": path, "QUERY_STRING": query, "REQUEST_METHOD": self.command,
+                       "CONTENT_TYPE": self.headers.get("Content-Type", ""), "CONTENT_LENGTH": str(len(body)),
+                       "PATH": "/usr/bin:/bin"}
+                env.update({"HTTP_" + name.upper().replace("-", "_"): value for name, value in self.headers.items()})
+                done = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True, check=True)
+                head, _, payload = done.stdout.partition(b"\r\n\r\n")
+                headers = [line.split(": ", 1) for line in head.decode().split("\r\n") if line]
+                status = next((int(value.split()[0]) for name, value in headers if name == "Status"), 200)
+                self.send_response(status)
+                for name, value in headers:
+                    if name != "Status":
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_an_https_token_reaches_git_as_a_header_and_never_the_clone_s_config(tmp_path):
+    run_git("init", "--bare", "-q", "--initial-branch=main", str(tmp_path / "srv" / "results.git"))
+    remote = _GitOverHttp(tmp_path / "srv", "ghp_s3cret", "")
+    try:
+        location = f"git+http://ghp_s3cret@127.0.0.1:{remote.port}/results.git"
+        with GitStore.open(location, manifest=tmp_path / "m.db", cache_dir=tmp_path / "cache") as store:
+            add(store, "cell-a")
+            config = (store.clone.directory / ".git" / "config").read_text()
+            assert f"url = http://127.0.0.1:{remote.port}/results.git" in config and "s3cret" not in config
+        assert remote.seen and all(header == remote.expected for header in remote.seen)  # clone, fetch, push
+        assert GitStore.exists(location)
+        with pytest.raises(StoreProblem) as raised:  # the wrong token: refused, and not shown
+            GitStore.open(f"git+http://ghp_wr0ng@127.0.0.1:{remote.port}/results.git",
+                          manifest=tmp_path / "w.db", cache_dir=tmp_path / "cache-w")
+        assert "wr0ng" not in str(raised.value) and "127.0.0.1" in str(raised.value)
+    finally:
+        remote.server.shutdown()
+    run_git("--git-dir", str(tmp_path / "srv" / "results.git"), "rev-parse", "--verify", "main")  # pushed
+
+
+def _basic_header(user: str, password: str) -> str:
+    import base64
+
+    return "Authorization: Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+@pytest.mark.parametrize(("url", "given", "header"), [
+    ("https://u:p%40ss/w@git.example:8443/o/r.git", "https://git.example:8443/o/r.git",
+     ("https://git.example:8443/", _basic_header("u", "p@ss/w"))),
+    ("https://ghp_TOKEN@github.com/o/r.git", "https://github.com/o/r.git",
+     ("https://github.com/", _basic_header("ghp_TOKEN", ""))),
+    ("ssh://git:s3cret@host/r.git", "ssh://git@host/r.git", None),
+    ("ssh://git@host/r.git", "ssh://git@host/r.git", None),
+    ("file://u:s3cret@/srv/r.git", "file:///srv/r.git", None),
+    ("git://u:s3cret@host/r.git", "git://host/r.git", None),
+    ("https://host/r.git", "https://host/r.git", None),
+])
+def test_git_is_given_the_url_without_credentials_and_http_ones_as_a_header(url, given, header):
+    from pytest_gpubench.store.git_repo import Remote
+
+    remote = Remote.of(url)
+    assert remote == (given, header)
+    if header is None:
+        assert remote.environment() == {}
+
+
+def test_the_header_goes_after_the_configuration_the_environment_already_has(monkeypatch):
+    from pytest_gpubench.store.git_repo import Remote
+
+    monkeypatch.setenv("GIT_CONFIG_COUNT", "2")
+    assert Remote.of("https://t@h/r.git").environment() == {
+        "GIT_CONFIG_COUNT": "3", "GIT_CONFIG_KEY_2": "http.https://h/.extraHeader",
+        "GIT_CONFIG_VALUE_2": _basic_header("t", "")}
