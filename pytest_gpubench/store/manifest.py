@@ -80,13 +80,18 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
         refuse_secrets(row)
         return row
 
-    def _update(self, row_id: str, row: dict[str, Any]) -> None:
-        """Inside a transaction: apply ``row``; ``running`` stamps ``started_at`` once."""
-        current = self._cell_or_raise(row_id)
+    def _update(self, row_id: str, row: dict[str, Any], if_held_by: str | None = None,
+                current: Mapping[str, Any] | None = None) -> bool:
+        """Inside a transaction: apply ``row`` (unless ``if_held_by`` no longer holds the cell);
+        ``running`` stamps ``started_at`` once. Whether it was written."""
+        current = self._cell_or_raise(row_id) if current is None else current
+        if not held_or_unguarded(current, if_held_by):
+            return False
         if row.get("status") == "running" and not current["started_at"]:
             row.setdefault("started_at", utc_now())
         if row:
             self.db.table("benchmark_manifest").update(row_id, row)
+        return True
 
     # ---------------------------------------------------------------------- runs
 
@@ -158,22 +163,24 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
         self._write(lambda: self.db.table("benchmark_manifest").insert(row, ignore=True))
         return row["id"]
 
-    def update_cell(self, row_id: str, **fields: Any) -> None:
+    def update_cell(self, row_id: str, *, if_held_by: str | None = None, **fields: Any) -> bool:
         """Set manifest columns of ``row_id``; an unknown column or status is a ``ValueError``.
 
-        The first change to ``running`` also sets ``started_at``.
+        The first change to ``running`` also sets ``started_at``. With ``if_held_by``, only
+        while the cell runs under that holder (checked in the same transaction); whether it was written.
         """
         row = self._check_cell_fields(fields)
-        self._write(lambda: self._update(row_id, row))
+        return self._write(lambda: self._update(row_id, row, if_held_by))
 
     def record_session(
         self, row_id: str, *, session_id: str, consumer_id: str, offer_id: str,
-        price_per_hour: float, **fields: Any,
-    ) -> None:
+        price_per_hour: float, if_held_by: str | None = None, **fields: Any,
+    ) -> bool:
         """Record the session a cell rented, right after creating it and before using it.
 
         Also stamps ``session_started_at``, from which :meth:`finish_cell` computes
         ``cost_usd``. Extra ``fields`` (``session_status``, ``worker``, ...) are set too.
+        With ``if_held_by``, only while the cell runs under that holder; whether it was written.
         """
         row = self._check_cell_fields(
             {
@@ -185,7 +192,7 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
                 **fields,
             }
         )
-        self._write(lambda: self._update(row_id, row))
+        return self._write(lambda: self._update(row_id, row, if_held_by))
 
     def finish_cell(
         self,
@@ -195,22 +202,25 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
         failure_stage: Stage | str | None = None,
         failure_reason: str | None = None,
         error_message: str | None = None,
+        if_held_by: str | None = None,
         **fields: Any,
-    ) -> None:
+    ) -> bool:
         """Record a cell's outcome: a final ``status`` and ``completed_at``.
 
         The failure columns are always written, so a success clears an earlier
         failure. Unless ``cost_usd`` is given, it is computed as ``price_per_hour``
         x the time since :meth:`record_session` (a lower bound if the session is
-        released after this call).
+        released after this call). With ``if_held_by``, only while the cell runs
+        under that holder (compare-and-set); whether it was written.
         """
         row = finished_row(status=status, failure_stage=failure_stage, failure_reason=failure_reason,
                            error_message=error_message, **fields)
 
-        def finish() -> None:
-            self._update(row_id, priced(row, self._cell_or_raise(row_id)))
+        def finish() -> bool:
+            current = self._cell_or_raise(row_id)
+            return self._update(row_id, priced(row, current), if_held_by, current)
 
-        self._write(finish)
+        return self._write(finish)
 
     def cell(self, row_id: str) -> dict[str, Any] | None:
         """The manifest row ``row_id``, or ``None``."""
@@ -321,17 +331,18 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
         """The cell ids of ``run_id`` that ended ``success``, in the order they were added."""
         return [row["cell_id"] for row in self.cells(run_id) if row["status"] == "success"]
 
-    def restart_cell(self, row_id: str) -> bool:
+    def restart_cell(self, row_id: str, *, ended_before: str | None = None) -> bool:
         """Make a cell that already ran ``pending`` again, with nothing of its earlier outcome.
 
         For a cell run again in the same run (``--gpubench-resume``): its row is
-        updated, not duplicated. A pending cell is left as it is (returns False).
+        updated, not duplicated. A pending or running cell is left as it is, and with
+        ``ended_before`` (ISO 8601) one that ended since then (returns False).
         Results stored earlier stay in ``benchmarks``. A session of the earlier
         attempt that was never released is named in ``notes``, not forgotten.
         """
 
         def restart() -> bool:
-            row = restarted_row(self._cell_or_raise(row_id))
+            row = restarted_row(self._cell_or_raise(row_id), ended_before)
             if row is None:
                 return False
             self.db.table("benchmark_manifest").update(row_id, row)
@@ -433,9 +444,29 @@ def priced(row: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]
     return values
 
 
-def restarted_row(current: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The columns that make the cell ``current`` pending again without its outcome; None: it is pending."""
-    if current["status"] == "pending":
+def held_or_unguarded(current: Mapping[str, Any], if_held_by: str | None) -> bool:
+    """Whether a guarded write (:meth:`Manifest.update_cell` and friends) applies to the cell ``current``:
+    always without ``if_held_by``, else only while the cell runs under that holder."""
+    return if_held_by is None or (current["status"] == "running" and current["worker"] == if_held_by)
+
+
+def ended_since(current: Mapping[str, Any], ended_before: str | None) -> bool:
+    """Whether the ended cell ``current`` ended at or after ``ended_before`` (ISO 8601; None: never).
+    A cell ended without ``completed_at`` (an older row) counts as ended long ago."""
+    if ended_before is None or not current["completed_at"]:
+        return False
+    return _instant(current["completed_at"]) >= _instant(ended_before)
+
+
+def _instant(text: str) -> datetime:
+    found = datetime.fromisoformat(text)
+    return found if found.tzinfo is not None else found.replace(tzinfo=timezone.utc)
+
+
+def restarted_row(current: Mapping[str, Any], ended_before: str | None = None) -> dict[str, Any] | None:
+    """The columns that make the cell ``current`` pending again without its outcome; None: it has not
+    ended (pending, or running: its holder is the claims' business) or it ended since ``ended_before``."""
+    if current["status"] not in FINAL_STATUSES or ended_since(current, ended_before):
         return None
     row: dict[str, Any] = {name: None for name in ATTEMPT_FIELDS if name in current}
     row["status"] = "pending"

@@ -118,17 +118,18 @@ class SqliteStore:
 
         return manifest._write(renew)
 
-    def update_cell(self, row_id: str, **fields: Any) -> None:
-        self.manifest.update_cell(row_id, **fields)
+    def update_cell(self, row_id: str, *, if_held_by: str | None = None, **fields: Any) -> bool:
+        return self.manifest.update_cell(row_id, if_held_by=if_held_by, **fields)
 
     def finish_cell(self, row_id: str, *, status: str, failure_stage: Stage | str | None = None,
                     failure_reason: str | None = None, error_message: str | None = None,
-                    **fields: Any) -> None:
-        self.manifest.finish_cell(row_id, status=status, failure_stage=failure_stage,
-                                  failure_reason=failure_reason, error_message=error_message, **fields)
+                    if_held_by: str | None = None, **fields: Any) -> bool:
+        return self.manifest.finish_cell(row_id, status=status, failure_stage=failure_stage,
+                                         failure_reason=failure_reason, error_message=error_message,
+                                         if_held_by=if_held_by, **fields)
 
-    def restart_cell(self, row_id: str) -> bool:
-        return self.manifest.restart_cell(row_id)
+    def restart_cell(self, row_id: str, *, ended_before: str | None = None) -> bool:
+        return self.manifest.restart_cell(row_id, ended_before=ended_before)
 
     def cell(self, row_id: str) -> CellRecord | None:
         row = self.manifest.cell(row_id)
@@ -157,9 +158,10 @@ class SqliteStore:
         return [attempt_record(row) for row in self.manifest.attempts(run_id, row_id=row_id)]
 
     def record_session(self, row_id: str, *, session_id: str, consumer_id: str, offer_id: str,
-                       price_per_hour: float, **fields: Any) -> None:
-        self.manifest.record_session(row_id, session_id=session_id, consumer_id=consumer_id, offer_id=offer_id,
-                                     price_per_hour=price_per_hour, **fields)
+                       price_per_hour: float, if_held_by: str | None = None, **fields: Any) -> bool:
+        return self.manifest.record_session(row_id, session_id=session_id, consumer_id=consumer_id,
+                                            offer_id=offer_id, price_per_hour=price_per_hour,
+                                            if_held_by=if_held_by, **fields)
 
     def unreleased_sessions(self, run_id: str | None = None) -> list[OwnedSession]:
         return [OwnedSession.model_validate(found) for found in self.manifest.unreleased_sessions(run_id)]
