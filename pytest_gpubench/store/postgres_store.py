@@ -39,8 +39,8 @@ from .attempts import AttemptsMixin, ended
 from .base import Admission
 from .claim_rule import claimable, decide_claim
 from .gpu_leases import _lease, lease_rows
-from .manifest import (_GONE_SESSION_STATUSES, Manifest, cell_row, end_released_attempt, finished_row, merge_sessions,
-                       priced, released_fields, restarted_row, run_row, taken_over)
+from .manifest import (_GONE_SESSION_STATUSES, Manifest, cell_row, end_released_attempt, finished_row,
+                       held_or_unguarded, merge_sessions, priced, released_fields, restarted_row, run_row, taken_over)
 from .microbench_table import _row as microbench_row
 from .postgres_schema import TABLE_BY_NAME, migrate, quote
 from .redaction import redact
@@ -95,6 +95,13 @@ def _password(url: str) -> str | None:
     except ValueError:
         return None
     return unquote(found) if found else None
+
+
+def _busy(row_id: str, at: float) -> Claim:
+    """The claim when another transaction kept the cell locked past the wait: not won, holder
+    unknown, and a lease that has just run out, so the caller puts the cell aside and comes back
+    to it (no lease would read as "held until finished": the cell would never be looked at again)."""
+    return Claim(row_id=row_id, holder=None, won=False, status="running", lease_expires_at=at)
 
 
 def _plain(value: Any, kind: type) -> Any:
@@ -202,12 +209,24 @@ class PostgresStore:
             raise KeyError(f"no manifest row {row_id!r}")
         return _without_rowid(found)
 
-    def _update_cell(self, cursor: Any, row_id: str, row: dict[str, Any]) -> None:
-        """Inside a transaction: apply ``row``; ``running`` stamps ``started_at`` once."""
-        current = self._locked_cell(cursor, row_id)
+    def _update_cell(self, cursor: Any, row_id: str, row: dict[str, Any], if_held_by: str | None = None,
+                     current: Mapping[str, Any] | None = None) -> bool:
+        """Inside a transaction: apply ``row`` (the row locked, so the check and the write are one
+        step) unless ``if_held_by`` no longer holds the cell; ``running`` stamps ``started_at`` once."""
+        current = self._locked_cell(cursor, row_id) if current is None else current
+        if not held_or_unguarded(current, if_held_by):
+            return False
         if row.get("status") == "running" and not current["started_at"]:
             row.setdefault("started_at", utc_now())
         self._update(cursor, "benchmark_manifest", {"id": row_id}, row)
+        return True
+
+    @staticmethod
+    def _server_now(cursor: Any) -> float:
+        """The database server's clock (seconds since the epoch): one clock for every controller's
+        leases, however far the machines' own clocks drift apart."""
+        cursor.execute("SELECT extract(epoch FROM clock_timestamp())::float8 AS now")
+        return float(cursor.fetchone()["now"])
 
     def _update_row(self, table: str, key: Mapping[str, Any], row: Mapping[str, Any], what: str) -> None:
         refuse_secrets(row)
@@ -265,10 +284,12 @@ class PostgresStore:
 
     def claim_cell(self, row_id: str, worker: str, *, lease_seconds: float | None = None,
                    now: float | None = None) -> Claim:
-        at = time.time() if now is None else now
-        lease = at + lease_seconds if lease_seconds is not None else None
+        at = now if now is not None else time.time()
         for _ in range(3):
             with self._transaction() as cursor:
+                if now is None:
+                    at = self._server_now(cursor)
+                lease = at + lease_seconds if lease_seconds is not None else None
                 cursor.execute("SELECT * FROM benchmark_manifest WHERE id = %s FOR UPDATE SKIP LOCKED", [row_id])
                 current = cursor.fetchone()
                 if current is not None:
@@ -280,11 +301,11 @@ class PostgresStore:
                 # taken; wait only for that short transaction to end, to say who holds it.
                 seen = self._held(cursor, row_id)
             if seen is None:
-                return Claim(row_id=row_id, holder=None, won=False)
+                return _busy(row_id, at)
             if not claimable(seen, worker, at):
                 return decide_claim(row_id, seen, worker, at, lease)[0]
             # The lock was not a claim (the row is still claimable): claim it now.
-        return Claim(row_id=row_id, holder=None, won=False)
+        return _busy(row_id, at)
 
     def _held(self, cursor: Any, row_id: str) -> dict[str, Any] | None:
         """The cell another transaction has locked, once it is done with it (None: still locked)."""
@@ -301,8 +322,8 @@ class PostgresStore:
 
     def renew_cell_lease(self, row_id: str, worker: str, lease_seconds: float, *,
                          now: float | None = None) -> bool:
-        at = time.time() if now is None else now
         with self._transaction() as cursor:
+            at = self._server_now(cursor) if now is None else now
             cursor.execute("UPDATE benchmark_manifest SET lease_expires_at = %s "
                            "WHERE id = %s AND status = 'running' AND worker = %s",
                            [at + lease_seconds, row_id, worker])
@@ -313,23 +334,23 @@ class PostgresStore:
                 raise KeyError(f"no manifest row {row_id!r}")
             return False
 
-    def update_cell(self, row_id: str, **fields: Any) -> None:
+    def update_cell(self, row_id: str, *, if_held_by: str | None = None, **fields: Any) -> bool:
         row = Manifest._check_cell_fields(fields)
         with self._transaction() as cursor:
-            self._update_cell(cursor, row_id, row)
+            return self._update_cell(cursor, row_id, row, if_held_by)
 
     def finish_cell(self, row_id: str, *, status: str, failure_stage: Stage | str | None = None,
                     failure_reason: str | None = None, error_message: str | None = None,
-                    **fields: Any) -> None:
+                    if_held_by: str | None = None, **fields: Any) -> bool:
         row = finished_row(status=status, failure_stage=failure_stage, failure_reason=failure_reason,
-                                    error_message=error_message, **fields)
+                           error_message=error_message, **fields)
         with self._transaction() as cursor:
-            values = priced(row, self._locked_cell(cursor, row_id))
-            self._update_cell(cursor, row_id, values)
+            current = self._locked_cell(cursor, row_id)
+            return self._update_cell(cursor, row_id, priced(row, current), if_held_by, current)
 
-    def restart_cell(self, row_id: str) -> bool:
+    def restart_cell(self, row_id: str, *, ended_before: str | None = None) -> bool:
         with self._transaction() as cursor:
-            row = restarted_row(self._locked_cell(cursor, row_id))
+            row = restarted_row(self._locked_cell(cursor, row_id), ended_before)
             if row is None:
                 return False
             self._update(cursor, "benchmark_manifest", {"id": row_id}, row)
@@ -397,12 +418,12 @@ class PostgresStore:
         return [attempt_record(row) for row in rows]
 
     def record_session(self, row_id: str, *, session_id: str, consumer_id: str, offer_id: str,
-                       price_per_hour: float, **fields: Any) -> None:
+                       price_per_hour: float, if_held_by: str | None = None, **fields: Any) -> bool:
         row = Manifest._check_cell_fields({
             "session_id": session_id, "consumer_id": consumer_id, "offer_id": offer_id,
             "price_per_hour": price_per_hour, "session_started_at": utc_now(), **fields})
         with self._transaction() as cursor:
-            self._update_cell(cursor, row_id, row)
+            return self._update_cell(cursor, row_id, row, if_held_by)
 
     def unreleased_sessions(self, run_id: str | None = None) -> list[OwnedSession]:
         gone = ", ".join(["%s"] * len(_GONE_SESSION_STATUSES))

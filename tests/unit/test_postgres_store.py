@@ -221,6 +221,58 @@ def test_a_lease_holds_while_renewed_and_an_expired_one_is_taken_over(postgres_u
             store.renew_cell_lease(f"{RUN}/nope", "alive", 10)
 
 
+def test_a_claim_that_waited_out_the_lock_is_put_aside_not_given_up(postgres_url, monkeypatch):
+    """A transaction that keeps the cell locked past the wait (review 13, finding 12): the claim is
+    not won and carries a lease that has just run out, so the controller defers the cell and comes
+    back to it; with no lease it would read as claimed until finished and never be run here."""
+    from pytest_gpubench.plugin.claims import ProcessClaims, Verdict
+    from pytest_gpubench.store import postgres_store
+
+    monkeypatch.setattr(postgres_store, "_HOLDER_WAIT", "300ms")
+    with open_store(postgres_url) as store:
+        store.start_run(RUN, [], [])
+        row_id = add(store, "a")
+        with psycopg.connect(postgres_url) as other:  # a transaction that holds the row and does not end
+            other.execute("SELECT * FROM benchmark_manifest WHERE id = %s FOR UPDATE", [row_id])
+            busy = store.claim_cell(row_id, "me", lease_seconds=60)
+            claims = ProcessClaims(lambda: store, RUN, "me", 60.0)
+            admission = claims.admit(row_id, lambda: row_id)
+            other.rollback()
+        assert not busy.won and busy.holder is None and busy.status == "running"
+        assert busy.lease_expires_at is not None
+        assert admission.verdict is Verdict.DEFER
+        assert store.claim_cell(row_id, "me", lease_seconds=60).won  # the lock gone: claimed on the way back
+
+
+def _server_now(url: str) -> float:
+    with psycopg.connect(url) as connection:
+        return float(connection.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0])
+
+
+def test_leases_run_on_the_server_s_clock_not_the_claimant_s(postgres_url, monkeypatch):
+    """A controller whose clock runs an hour ahead (review 13, finding 10) neither takes over a live
+    cell nor writes leases in its own future: expiry is decided on the database server's clock."""
+    from types import SimpleNamespace
+
+    from pytest_gpubench.store import postgres_store
+
+    with open_store(postgres_url) as store:
+        store.start_run(RUN, [], [])
+        row_id = add(store, "a")
+        before = _server_now(postgres_url)
+        held = store.claim_cell(row_id, "them", lease_seconds=60)
+        after = _server_now(postgres_url)
+        assert held.won and before + 60 <= held.lease_expires_at <= after + 60
+        skewed = SimpleNamespace(time=lambda: after + 3600, sleep=postgres_store.time.sleep)
+        monkeypatch.setattr(postgres_store, "time", skewed)
+        ahead = store.claim_cell(row_id, "ahead", lease_seconds=60)
+        assert not ahead.won and ahead.holder == "them"
+        assert store.renew_cell_lease(row_id, "them", 60)
+        assert store.cell(row_id).lease_expires_at <= _server_now(postgres_url) + 60
+        # A test's explicit now= still decides.
+        assert store.claim_cell(row_id, "ahead", lease_seconds=60, now=after + 3600).won
+
+
 def test_admission_is_one_at_a_time_across_stores(postgres_url):
     """A spend cap of one attempt per run: of stores starting attempts at once, one is admitted."""
     from pytest_gpubench.store.postgres_store import PostgresStore
