@@ -191,6 +191,11 @@ class StageError(GpubenchError):
         self.stage = Stage(stage)
 
 
+class ClaimLost(StageError):
+    """The cell's claim is another controller's now (this one was presumed dead): the cell
+    stops, writes nothing more to the row, and no other offer is tried for it."""
+
+
 class NoEligibleOffer(StageError):
     """No offer meets the cell's constraints: the cell is skipped, not failed."""
 

@@ -72,7 +72,7 @@ def test_a_second_controller_reports_every_cell_claimed_and_writes_nothing_unles
     before, results, attempts = rows(store_location)
     assert {c.status for c in before.values()} == {"success"} and len(results) == 2
     holder = before[CELLS[0]].worker
-    assert holder.count(":") == 1 and holder.split(":")[1].isdigit()  # host:pid
+    assert holder.count(":") == 2 and holder.split(":")[1].isdigit()  # host:pid:nonce
 
     second, cases = controller(tmp_path, store_location, "second")
     assert second.returncode == 0, second.stdout[-3000:]
@@ -128,6 +128,39 @@ def test_a_cell_held_elsewhere_is_put_aside_then_taken_over_when_its_lease_runs_
     assert all(cells[c].completed_at <= cells[CELLS[0]].started_at for c in CELLS[1:])
     log = progress_path(tmp_path / "reports" / "progress", RUN, CELLS[0]).read_text()
     assert "TAKEN_OVER" in log and "taken_from=gone-host:4242" in log
+
+#: A store that refuses one cell's claim (a git claim that lost every push round, a
+#: database blip), injected where the claim hooks call it.
+FAILING_CLAIM = """
+from pytest_gpubench.errors import StoreProblem
+from pytest_gpubench.plugin import claims
+
+_admit = claims.ProcessClaims.admit
+
+
+def admit(self, row_id, add_row, now=None):
+    if row_id.endswith("qwen2:7b"):
+        raise StoreProblem("git claim: lost 60 push rounds")
+    return _admit(self, row_id, add_row, now)
+
+
+claims.ProcessClaims.admit = admit
+"""
+
+
+def test_a_store_error_while_claiming_fails_that_cell_and_the_others_run(tmp_path, store_location):
+    (tmp_path / "conftest.py").write_text(FAILING_CLAIM)
+    done, cases = controller(tmp_path, store_location, "run")
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "INTERNALERROR" not in done.stdout + done.stderr
+    assert "1 passed, 1 error" in done.stdout, done.stdout[-3000:]  # failed in setup: never started
+    failure = cases[CELLS[0]].find("error")
+    assert failure is not None and "could not claim cell" in failure.get("message", "") + (failure.text or "")
+    assert "lost 60 push rounds" in done.stdout
+    cells, results, _ = rows(store_location)
+    assert cells[CELLS[1]].status == "success" and len(results) == 1
+    assert CELLS[0] not in cells or cells[CELLS[0]].status == "pending"  # nothing left running under it
+
 
 def test_the_claim_ttl_option_is_scaled_with_a_floor(tmp_path):
     from pytest_gpubench.settings import MIN_CLAIM_SECONDS, Settings
