@@ -253,9 +253,10 @@ def test_cleanup_leaves_a_session_alone_while_its_cell_s_claim_is_live(store):
     found = survey(store, api=None, run_id="r1")
     assert [lo.session_id for lo in found.to_release] == ["s-dead"]
     (alone,) = found.left_alone
-    assert alone.leftover.session_id == "s-live" and f"held by {live_holder}" in alone.detail
-    store.update_cell(ROW, lease_expires_at=time.time() - 1)  # its lease ran out: the holder is presumed dead
-    assert {lo.session_id for lo in survey(store, api=None, run_id="r1").to_release} == {"s-live", "s-dead"}
+    assert alone.leftover.session_id == "s-live" and f"holder {live_holder} still holds a live claim" in alone.detail
+    store.update_cell(ROW, lease_expires_at=time.time() - 1)  # its lease ran out, but its process runs here
+    (alone,) = survey(store, api=None, run_id="r1").left_alone
+    assert f"holder {live_holder} still runs on this host" in alone.detail
 
 
 def test_the_time_spent_claiming_and_renewing_is_the_cell_s_claim_seconds(store, tmp_path, heartbeat):
@@ -436,3 +437,26 @@ def test_a_store_problem_in_the_finish_renewal_keeps_the_result(store, tmp_path,
     properties = recorder.finish(CellOutcome("success"))
     assert properties["gpubench_status"] == "success"
     assert store.cell(ROW).status == "success" and len(store.results("r1")) == 1
+
+
+def test_only_the_last_controller_of_a_shared_run_records_its_end_with_every_controller_s_outcome(store):
+    """A controller ends while another still runs a cell under a live lease: the run's end is
+    not its to record. The last one records it, failed if any controller's cell failed."""
+    import time
+
+    from pytest_gpubench.plugin.run_end import others_running, shared_run_status
+
+    add(store)
+    other = store.add_cell("r1", "other-cell", gpu_type="g", provider="p", model="m", matrix_file="f")
+    store.claim_cell(ROW, "box-a:1:aa", lease_seconds=60)
+    store.finish_cell(ROW, status="failed", if_held_by="box-a:1:aa")
+    store.claim_cell(other, "box-b:2:bb/gw0", lease_seconds=60)
+    assert others_running(store, "r1", "box-a:1:aa") == "box-b:2:bb/gw0"
+    assert others_running(store, "r1", "box-b:2:bb") is None  # its own xdist worker's cell
+    store.update_cell(other, lease_expires_at=time.time() - 1)
+    assert others_running(store, "r1", "box-a:1:aa") is None  # a dead holder's lease keeps nothing going
+    assert shared_run_status(store, "r1", "passed") == "failed"  # box-a's cell failed, box-b passed
+    assert shared_run_status(store, "r1", "interrupted") == "interrupted"
+    store.finish_cell(ROW, status="success")
+    store.finish_run("r1", "interrupted")
+    assert shared_run_status(store, "r1", "passed") == "interrupted"  # an earlier, worse end stays
