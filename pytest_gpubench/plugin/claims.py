@@ -84,7 +84,7 @@ def peek(record: CellRecord | None, holder: str, now: float, *, rerun: bool = Fa
     if record is None or record.status == "pending":
         return Verdict.RUN
     if record.status in ENDED:
-        if (rerun or (resume and record.status != "success")) and _ended_before(record, ended_before):
+        if (rerun or (resume and record.status != "success")) and ended_earlier(record, ended_before):
             return Verdict.RESTART
         return Verdict.CLAIMED
     if record.worker == holder:
@@ -95,10 +95,12 @@ def peek(record: CellRecord | None, holder: str, now: float, *, rerun: bool = Fa
     return Verdict.RUN if expires <= now else Verdict.DEFER
 
 
-def _ended_before(record: CellRecord, ended_before: str | None) -> bool:
-    if ended_before is None or not record.completed_at:
+def ended_earlier(record: CellRecord, instant: str | None) -> bool:
+    """Whether the ended cell ``record`` ended before ``instant`` (ISO 8601; None: always; a row
+    without ``completed_at``, as an older version left, counts as ended long ago)."""
+    if instant is None or not record.completed_at:
         return True
-    return _instant(record.completed_at) < _instant(ended_before)
+    return _instant(record.completed_at) < _instant(instant)
 
 
 def _instant(text: str) -> datetime:
