@@ -43,7 +43,7 @@ from ..errors import Stage, StoreProblem
 from ..measure.results import BenchmarkResult, RequestRecord
 from .git_layout import ClaimFile, Layout, RepoCell, ResultFile, run_dir
 from .git_repo import Clone, ensure_bare_repository, git_url, local_path, run_git
-from .manifest import FINAL_STATUSES, Manifest
+from .manifest import FINAL_STATUSES, Manifest, ended_since
 from .redaction import redact
 from .record_keys import file_name
 from .records import CellRecord, Claim
@@ -204,11 +204,8 @@ class GitStore(SqliteStore):
     def _flush(self, message: str, *, warn: bool = True) -> bool:
         """Push the pending changes (bounded tries); False, with a warning, when they stay pending."""
         _, pushed = self._transact(lambda: None, message, self._push_tries)
-        if not pushed and warn:
-            warnings.warn(GitStoreWarning(
-                f"git store {self._location}: could not push after {self._push_tries} tries "
-                f"({self.clone.last_push_error or 'the remote kept moving'}); {len(self._pending)} cell(s) stay in "
-                f"the local manifest and go with the next push"), stacklevel=3)
+        if warn:
+            self._pushed_or_warned(True, pushed, stacklevel=4)
         return pushed
 
     def _refresh(self) -> None:
@@ -228,9 +225,10 @@ class GitStore(SqliteStore):
                 continue
             run, key = _names(local.row_id, local.run_id)
             if action == "restart":
-                self.layout.remove_result(run, key)
-                self.layout.remove_claim(run, key)
-                self.layout.add_todo(run, key)
+                # A claim made since is the new run of the cell: never removed by a restart.
+                if self.layout.claim(run, key) is None:
+                    self.layout.remove_result(run, key)
+                    self.layout.add_todo(run, key)
             elif action == "publish" and local.status in FINAL_STATUSES:
                 self._publish(local, run, key)
             elif self.layout.result(run, key) is None:
@@ -239,11 +237,12 @@ class GitStore(SqliteStore):
     def _publish(self, local: CellRecord, run: str, key: str) -> None:
         """The cell is done: its result file (unless another worker's result is there), no TODO line, no claim.
 
-        Not when another machine holds it (a live claim): this machine's end of a cell it never held
-        (its cleanup closing what looked like running) stays in its own manifest.
+        Not when another holder has it (a live claim of another machine, or of another process of
+        this one): an end of a cell this holder no longer held (its cleanup closing what looked
+        like running) stays in its own manifest.
         """
         held = self.layout.claim(run, key)
-        if held is not None and not self._here(held.host) and not _expired(held, time.time()):
+        if held is not None and not self._held_by(held, local.worker) and not _expired(held, time.time()):
             return
         existing = self.layout.result(run, key)
         if existing is None or (existing.cell.get("worker") in (None, local.worker) and self._here(existing.host)):
@@ -257,6 +256,36 @@ class GitStore(SqliteStore):
     def _here(self, host: str) -> bool:
         """A claim or result of this machine's worker (a file without a host: by the worker's name alone)."""
         return host in ("", self.host)
+
+    def _held_by(self, held: ClaimFile, worker: str | None) -> bool:
+        """Whether the claim ``held`` is ``worker``'s, a worker of this machine."""
+        return held.holder == worker and self._here(held.host)
+
+    def _holds(self, run: str, key: str, worker: str) -> bool:
+        """On the clone as it is (inside a transaction, or just refreshed): the cell runs under
+        ``worker`` of this machine (its claim file, no result), whatever its lease says."""
+        held = self.layout.claim(run, key)
+        return held is not None and self._held_by(held, worker) and self.layout.result(run, key) is None
+
+    def _guarded_local(self, row_id: str, if_held_by: str | None, write: Callable[[], bool]) -> bool:
+        """A write only the local manifest keeps (``write``), made only while the repository says the
+        cell runs under ``if_held_by`` (None: always): the holder a machine that took over replaced
+        writes nothing more, and learns it."""
+        if if_held_by is None:
+            return write()
+        run, key = _names(row_id, self._known(row_id).run_id)
+        with self._lock:
+            self._refresh()
+            return self._holds(run, key, if_held_by) and write()
+
+    def _pushed_or_warned(self, answer: bool, pushed: bool, stacklevel: int = 3) -> bool:
+        """``answer``, after a warning when it was decided but could not be pushed (it stays pending)."""
+        if answer and not pushed:
+            warnings.warn(GitStoreWarning(
+                f"git store {self._location}: could not push after {self._push_tries} tries "
+                f"({self.clone.last_push_error or 'the remote kept moving'}); {len(self._pending)} cell(s) stay in "
+                f"the local manifest and go with the next push"), stacklevel=stacklevel)
+        return answer
 
     def _holder(self, worker: str | None, host: str) -> str | None:
         """A worker as this machine names workers: ``gw0``, or ``gw0@other-host``."""
@@ -346,24 +375,76 @@ class GitStore(SqliteStore):
             super().renew_cell_lease(row_id, worker, lease_seconds, now=now)
         return renewed
 
+    def update_cell(self, row_id: str, *, if_held_by: str | None = None, **fields: Any) -> bool:
+        return self._guarded_local(row_id, if_held_by,
+                                   lambda: super(GitStore, self).update_cell(row_id, if_held_by=if_held_by, **fields))
+
+    def record_session(self, row_id: str, *, session_id: str, consumer_id: str, offer_id: str,
+                       price_per_hour: float, if_held_by: str | None = None, **fields: Any) -> bool:
+        return self._guarded_local(row_id, if_held_by, lambda: super(GitStore, self).record_session(
+            row_id, session_id=session_id, consumer_id=consumer_id, offer_id=offer_id,
+            price_per_hour=price_per_hour, if_held_by=if_held_by, **fields))
+
     def finish_cell(self, row_id: str, *, status: str, failure_stage: Stage | str | None = None,
                     failure_reason: str | None = None, error_message: str | None = None,
-                    **fields: Any) -> None:
-        super().finish_cell(row_id, status=status, failure_stage=failure_stage, failure_reason=failure_reason,
-                            error_message=error_message, **fields)
-        with self._lock:
-            self._pending.pop(row_id, None)
-            self._pending[row_id] = "publish"
-            self._flush(f"gpubench: {status} {row_id}")
+                    if_held_by: str | None = None, **fields: Any) -> bool:
+        def write() -> bool:
+            return super(GitStore, self).finish_cell(
+                row_id, status=status, failure_stage=failure_stage, failure_reason=failure_reason,
+                error_message=error_message, if_held_by=if_held_by, **fields)
 
-    def restart_cell(self, row_id: str) -> bool:
-        restarted = super().restart_cell(row_id)
-        if restarted:
+        if if_held_by is None:
+            write()
             with self._lock:
                 self._pending.pop(row_id, None)
-                self._pending[row_id] = "restart"
-                self._flush(f"gpubench: run {row_id} again")
-        return restarted
+                self._pending[row_id] = "publish"
+                self._flush(f"gpubench: {status} {row_id}")
+            return True
+        run, key = _names(row_id, self._known(row_id).run_id)
+        written = False
+
+        def finish() -> bool:
+            # Compare-and-set against the repository: the claim file must still be the holder's.
+            nonlocal written
+            if not written:
+                if not self._holds(run, key, if_held_by) or not write():
+                    return False
+                written = True
+                self._pending.pop(row_id, None)
+                self._pending[row_id] = "publish"
+            # A later round (the push lost a race) has re-published it in the replay already.
+            self._publish(self._known(row_id), run, key)
+            return True
+
+        answer, pushed = self._transact(finish, f"gpubench: {status} {row_id}", self._push_tries)
+        return self._pushed_or_warned(answer, pushed)
+
+    def restart_cell(self, row_id: str, *, ended_before: str | None = None) -> bool:
+        run, key = _names(row_id, self._known(row_id).run_id)
+        restarted_here = False
+
+        def restart() -> bool:
+            # The repository decides: a claim file is a running cell (never restarted), a result
+            # newer than ended_before is a rerun another controller did already.
+            nonlocal restarted_here
+            if self.layout.claim(run, key) is not None:
+                return False
+            done = self.layout.result(run, key)
+            if done is not None and ended_since({"completed_at": done.cell.get("completed_at")}, ended_before):
+                return False
+            if not restarted_here:
+                here = super(GitStore, self).restart_cell(row_id, ended_before=ended_before)
+                if not here and done is None:
+                    return False
+                restarted_here = True
+            self.layout.remove_result(run, key)
+            self.layout.add_todo(run, key)
+            self._pending.pop(row_id, None)
+            self._pending[row_id] = "restart"
+            return True
+
+        answer, pushed = self._transact(restart, f"gpubench: run {row_id} again", self._push_tries)
+        return self._pushed_or_warned(answer, pushed)
 
     def add_result(self, row_id: str, result: BenchmarkResult, requests: Iterable[RequestRecord] = (),
                    *, unpriced: bool = False) -> str:

@@ -125,6 +125,48 @@ def test_workers_of_one_name_on_two_machines_are_two_workers(tmp_path):
         assert b.claim_cell(row, "main").holder == "main@box-a"
 
 
+def test_a_machine_that_was_taken_over_writes_nothing_more_of_the_cell(tmp_path):
+    """The guarded writes check the repository's claim file, not only the local manifest (which
+    still says running under the old holder on the machine that lost the cell)."""
+    with machine(tmp_path, "a", host="box-a") as a, machine(tmp_path, "b", host="box-b") as b:
+        row = add(a, "cell-1")
+        add(b, "cell-1")
+        assert a.claim_cell(row, "main", lease_seconds=30, now=1000.0).won
+        assert b.claim_cell(row, "main", lease_seconds=60).won  # a's lease ran out long ago
+        assert a.update_cell(row, if_held_by="main", progress_file="/tmp/late") is False
+        assert a.record_session(row, session_id="s-late", consumer_id="c", offer_id="o", price_per_hour=1.0,
+                                if_held_by="main") is False
+        assert a.finish_cell(row, status="success", if_held_by="main") is False
+        assert a.restart_cell(row) is False
+        seen = a.cell(row)
+        assert (seen.status, seen.worker, seen.session_id, seen.progress_file) == ("running", "main@box-b", None, None)
+        repo = checkout(tmp_path)
+        claimed = json.loads((repo / "data/runs/claims/phase1/cell-1.json").read_text())
+        assert (claimed["holder"], claimed["host"]) == ("main", "box-b")
+        assert b.record_session(row, session_id="s-b", consumer_id="c", offer_id="o", price_per_hour=1.0,
+                                if_held_by="main")
+        assert b.finish_cell(row, status="success", if_held_by="main") is True
+        assert (a.cell(row).status, a.cell(row).worker) == ("success", "main@box-b")
+        assert not (checkout(tmp_path) / "data/runs/claims/phase1/cell-1.json").exists()
+
+
+def test_a_same_host_process_does_not_publish_over_another_process_s_live_claim(tmp_path):
+    """Review 13, finding 13: two processes of one host name (containers, or cleanup) with their own
+    manifests: the one whose claim was taken over cannot publish its end over the live claim."""
+    with machine(tmp_path, "a", host="box") as a, machine(tmp_path, "b", host="box") as b:
+        row = add(a, "cell-1")
+        add(b, "cell-1")
+        assert a.claim_cell(row, "box:1", lease_seconds=30, now=1000.0).won
+        taken = b.claim_cell(row, "box:2", lease_seconds=60)
+        assert taken.won and taken.taken_over_from == "box:1"
+        a.finish_cell(row, status="failed", failure_reason="interrupted")  # unguarded, as cleanup writes today
+        repo = checkout(tmp_path)
+        claimed = json.loads((repo / "data/runs/claims/phase1/cell-1.json").read_text())
+        assert claimed["holder"] == "box:2"
+        assert not (repo / "data/runs/phase1/cell-1.json").exists()
+        assert (b.cell(row).status, b.cell(row).worker) == ("running", "box:2")
+
+
 def _push_after(store: GitStore, other_push) -> list[bool]:
     """Make ``other_push`` (another machine's real push) land between ``store``'s sync and its next push."""
     real_push, answers = store.clone.push, []

@@ -256,6 +256,118 @@ def test_a_finished_cell_cannot_be_claimed(store):
         store.claim_cell(f"{RUN}/nope", "gw0")
 
 
+# ------------------------------------------------------ leases and guarded writes
+# The lease semantics of store/base.py, once for every store: a holder that lost its
+# claim (taken over, finished, restarted) writes nothing over the row any more.
+
+T0 = 1_000_000.0
+
+
+def test_an_expired_lease_is_taken_over_and_the_old_holder_can_no_longer_renew(store):
+    row_id = add(store)
+    assert store.claim_cell(row_id, "gw0", lease_seconds=60, now=T0).won
+    held = store.claim_cell(row_id, "gw1", lease_seconds=60, now=T0 + 30)
+    assert not held.won and held.holder == "gw0" and held.lease_expires_at == T0 + 60
+    assert store.renew_cell_lease(row_id, "gw0", 60, now=T0 + 40)  # holds on to T0 + 100
+    assert not store.claim_cell(row_id, "gw1", lease_seconds=60, now=T0 + 90).won
+    taken = store.claim_cell(row_id, "gw1", lease_seconds=60, now=T0 + 101)
+    assert taken.won and taken.holder == "gw1" and taken.taken_over_from == "gw0"
+    assert taken.lease_expires_at == T0 + 161
+    assert not store.renew_cell_lease(row_id, "gw0", 60, now=T0 + 102)
+    assert store.renew_cell_lease(row_id, "gw1", 60, now=T0 + 102)
+    cell = store.cell(row_id)
+    assert (cell.status, cell.worker) == ("running", "gw1")
+
+
+def test_guarded_writes_apply_for_the_holder_only(store):
+    row_id = add(store)
+    assert store.claim_cell(row_id, "gw0", lease_seconds=60).won
+    assert store.update_cell(row_id, if_held_by="gw1", progress_file="/tmp/theirs") is False
+    assert store.update_cell(row_id, if_held_by="gw0", progress_file="/tmp/mine") is True
+    assert store.record_session(row_id, session_id="s-theirs", consumer_id="c", offer_id="o", price_per_hour=1.0,
+                                if_held_by="gw1") is False
+    assert store.record_session(row_id, session_id="s-mine", consumer_id="c", offer_id="o", price_per_hour=1.0,
+                                if_held_by="gw0") is True
+    assert store.finish_cell(row_id, status="failed", failure_reason="interrupted", if_held_by="gw1") is False
+    cell = store.cell(row_id)
+    assert (cell.status, cell.worker, cell.progress_file, cell.session_id) == (
+        "running", "gw0", "/tmp/mine", "s-mine")
+    assert store.finish_cell(row_id, status="success", if_held_by="gw0") is True
+    finished = store.cell(row_id)
+    assert finished.status == "success" and finished.completed_at and finished.failure_reason is None
+    # Finished: not running under anyone, so no guarded write applies any more; unguarded ones do.
+    assert store.update_cell(row_id, if_held_by="gw0", notes="late") is False
+    assert store.finish_cell(row_id, status="failed", if_held_by="gw0") is False
+    assert store.cell(row_id).status == "success"
+    assert store.update_cell(row_id, notes="by hand") is True
+    assert store.finish_cell(row_id, status="skipped") is True
+    assert store.cell(row_id).status == "skipped"
+
+
+def test_a_holder_that_was_taken_over_writes_nothing_over_the_new_holder(store):
+    row_id = add(store)
+    assert store.claim_cell(row_id, "gw0", lease_seconds=60, now=T0).won
+    assert store.record_session(row_id, session_id="s-0", consumer_id="c", offer_id="o", price_per_hour=1.0,
+                                if_held_by="gw0")
+    assert store.claim_cell(row_id, "gw1", lease_seconds=60, now=T0 + 61).won
+    assert store.record_session(row_id, session_id="s-1", consumer_id="c", offer_id="o", price_per_hour=1.0,
+                                if_held_by="gw1")
+    assert store.record_session(row_id, session_id="s-late", consumer_id="c", offer_id="o", price_per_hour=1.0,
+                                if_held_by="gw0") is False
+    assert store.finish_cell(row_id, status="success", if_held_by="gw0") is False
+    cell = store.cell(row_id)
+    assert (cell.status, cell.worker) == ("running", "gw1")
+    assert store.finish_cell(row_id, status="partial", if_held_by="gw1") is True
+    assert store.cell(row_id).status == "partial"
+
+
+def test_restart_never_touches_a_running_cell(store):
+    row_id = add(store)
+    assert store.restart_cell(row_id) is False  # pending
+    assert store.claim_cell(row_id, "gw0", lease_seconds=60, now=T0).won
+    assert store.restart_cell(row_id) is False  # running, live lease
+    assert store.restart_cell(row_id, ended_before="2999-01-01T00:00:00+00:00") is False
+    cell = store.cell(row_id)
+    assert (cell.status, cell.worker) == ("running", "gw0")
+    # Even with its lease long expired: a dead holder is the claims' business (a takeover), not a restart's.
+    assert store.restart_cell(row_id) is False
+    assert store.renew_cell_lease(row_id, "gw0", 60)
+    assert store.finish_cell(row_id, status="failed", if_held_by="gw0")
+    assert store.restart_cell(row_id) is True
+    assert store.cell(row_id).status == "pending"
+
+
+def test_restart_with_ended_before_restarts_only_what_ended_earlier(store):
+    row_id = add(store)
+    assert store.claim_cell(row_id, "gw0").won
+    assert store.finish_cell(row_id, status="success", if_held_by="gw0")
+    ended = store.cell(row_id).completed_at
+    assert store.restart_cell(row_id, ended_before="2000-01-01T00:00:00+00:00") is False  # ended since then
+    assert store.restart_cell(row_id, ended_before=ended) is False  # ended at that very moment: not before
+    assert store.cell(row_id).status == "success"
+    assert store.restart_cell(row_id, ended_before="2999-01-01T00:00:00+00:00") is True
+    restarted = store.cell(row_id)
+    assert restarted.status == "pending" and restarted.completed_at is None and restarted.worker is None
+
+
+def test_of_many_controllers_rerunning_one_cell_one_restarts_it(store, opener):
+    """The rerun race (review 13, finding 1): each controller restarts what ended before it
+    started and then claims; the cell runs once, not once per controller."""
+    row_id = add(store)
+    assert store.claim_cell(row_id, "gw-first").won
+    assert store.finish_cell(row_id, status="success", if_held_by="gw-first")
+    started = "2999-01-01T00:00:00+00:00"  # every controller started after the cell ended
+
+    def rerun(other: Store, worker: str) -> tuple[bool, bool]:
+        restarted = other.restart_cell(row_id, ended_before=started)
+        return restarted, other.claim_cell(row_id, worker, lease_seconds=60).won
+
+    answers = race(opener, rerun, stores=3)
+    assert sum(won for _, won in answers) == 1
+    cell = store.cell(row_id)
+    assert cell.status == "running" and cell.worker in {"gw0", "gw1", "gw2"}
+
+
 # ---------------------------------------------------- attempts and sessions
 
 
