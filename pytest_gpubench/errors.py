@@ -19,6 +19,7 @@
     ├── StoreProblem              a shared store (a results repository) cannot be reached or written
     └── StageError                a cell failed at one stage (stage, message, hint)
         ├── NoEligibleOffer       inventory: offers exist or not, none fits -> skipped
+        ├── ClaimLost             the cell's claim was taken over: it stops, no failover
         ├── BudgetRefused         provision: the spend cap leaves no room for the session
         ├── AttemptsFailed        every offer tried failed; the last error's stage
         ├── ApiError              the API answered with an error (status, error_type)

@@ -129,10 +129,11 @@ class PhaseHooks:
     def pytest_report_header(self, config: pytest.Config) -> str:
         return f"gpubench: {config.stash[PHASE_KEY].summary()}"
 
-    @pytest.hookimpl(tryfirst=True)
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.config.option.verbose < 0:  # -q hides the header that says it
             terminalreporter.write_line(f"gpubench: {self.config.stash[PHASE_KEY].summary()}")
+        if self.already_done:
+            terminalreporter.write_line(self.already_done, yellow=True, bold=True)
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         self.register()
@@ -167,8 +168,3 @@ class PhaseHooks:
                 f"claimed). To run the phase again, name a new run: --gpubench-run-id "
                 f"{phase.plan.phase}-{date.today().isoformat()} (or --gpubench-rerun to run this one again); "
                 "docs/runners.md")
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.already_done:
-            terminalreporter.write_line(self.already_done, yellow=True, bold=True)

@@ -10,18 +10,22 @@ cleanup was releasing. Real sessions on the sandbox API; the store is SQLite.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
+from e2e_helpers import RENTABLE_OFFER, rent, session_status
 from polling import wait_for
 
 from pytest_gpubench.cloud.cleanup import ReleaseOutcome, clean, close_cells
+from pytest_gpubench.cloud.processes import ProcessIdentity
 from pytest_gpubench.cloud.provider import consumer_id
 from pytest_gpubench.cloud.shopper_client import ShopperClient
 from pytest_gpubench.cloud.shopper_provider import ShopperProvider
 from pytest_gpubench.settings import Settings
 from pytest_gpubench.store.opening import open_store
 
-from test_cleanup_resume import OFFER, dead_process, rent, status
+OFFER = RENTABLE_OFFER
+status = session_status
 
 RUN = "shared"
 #: A controller on another machine that still renews its claims, and one that died there.
@@ -54,7 +58,8 @@ async def _clean(url, store):
 
 def test_cleanup_keeps_every_session_a_live_controller_holds_and_releases_a_dead_one_s(tmp_path, sandbox, api):
     with open_store(str(tmp_path / "shared.db")) as store:
-        store.start_run(RUN, [], [], owner=dead_process(), api=sandbox.url)  # its recorded owner died
+        dead_owner = ProcessIdentity(pid=2 ** 22 + 7, host=socket.gethostname())  # above any pid_max: not running
+        store.start_run(RUN, [], [], owner=dead_owner, api=sandbox.url)  # its recorded owner died
         running, kept, unrecorded, dead = (add(store, c) for c in ("running", "kept", "unrecorded", "dead"))
         store.claim_cell(running, LIVE, lease_seconds=600)
         s_running = rented(store, api, running, "running")
