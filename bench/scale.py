@@ -12,9 +12,10 @@ reads the store and prints one row per N:
 
 * wall time, and its ratio against 1 controller measured in the same run (the reference);
 * duplicate runs: executions beyond the first of a cell (must be 0). An execution is a
-  ``STARTING`` line in any controller's progress file of the cell, or a provisioning
-  attempt (a session rented) in the store, whichever counts more: a second run whose
-  result was thrown away (its claim lost) shows here, where counting results would hide it;
+  ``STARTING`` line in any controller's progress file of the cell (written when its
+  recorder starts, before anything is rented): a second run whose result was thrown away
+  (its claim lost) shows here, where counting results would hide it. (Sessions rented
+  are no count: failover rents several in one execution, a reuse group one for many.);
 * lost cells: cells of the matrix without a final status in the store (must be 0);
 * claim overhead per cell: the median of the cells' ``stage_seconds["claim"]``, the time
   their controller spent claiming the cell and renewing its lease (store calls);
@@ -86,8 +87,7 @@ def measure(count: int, matrix: Path, cells: int, url: str, work: Path, args: ar
     wall = time.perf_counter() - started
     with open_store(store) as opened:
         rows = opened.cells(run_id)
-        attempts = opened.attempts(run_id)
-    per_cell = executions(work, run_id, rows, attempts)
+    per_cell = executions(work, run_id, rows)
     claim = [row.stage_seconds["claim"] for row in rows if "claim" in row.stage_seconds]
     return {
         "controllers": count, "wall": wall, "codes": codes,
@@ -99,17 +99,14 @@ def measure(count: int, matrix: Path, cells: int, url: str, work: Path, args: ar
     }
 
 
-def executions(work: Path, run_id: str, rows: list, attempts: list) -> Counter[str]:
+def executions(work: Path, run_id: str, rows: list) -> Counter[str]:
     """How many times each cell (by cell id) was started: its ``STARTING`` lines in every
-    controller's progress files, or its attempts (sessions rented), whichever is more."""
+    controller's progress files (``reports-N/progress/<run>/<cell>.log``)."""
     started: Counter[str] = Counter()
     for path in work.glob(f"reports-*/progress/{run_id}/*.log"):
         started[path.stem] += sum(1 for line in read_progress(path) if line.kind == "STATUS" and line.label == "STARTING")
     by_file = {Path(row.progress_file).stem: row.cell_id for row in rows if row.progress_file}
-    counted: Counter[str] = Counter({by_file.get(stem, stem): n for stem, n in started.items()})
-    cell_of = {row.row_id: row.cell_id for row in rows}
-    rented = Counter(cell_of.get(attempt.row_id, attempt.row_id) for attempt in attempts)
-    return Counter({cell: max(counted[cell], rented[cell]) for cell in set(counted) | set(rented)})
+    return Counter({by_file.get(stem, stem): n for stem, n in started.items()})
 
 
 def table(rows: list[dict]) -> list[str]:

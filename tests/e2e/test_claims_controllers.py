@@ -97,6 +97,34 @@ def test_a_second_controller_reports_every_cell_claimed_and_writes_nothing_unles
     assert all(case.find("skipped") is None for case in cases.values())
 
 
+def test_two_controllers_asked_to_rerun_at_once_run_each_cell_once_more(tmp_path, store_location):
+    """A rerun means once per request, not once per controller: two controllers started together
+    with --gpubench-rerun after a first run each run some cells and report the rest claimed."""
+    from pytest_gpubench.store.progress import read_progress
+
+    first, _ = controller(tmp_path, store_location, "first")
+    assert first.returncode == 0, first.stdout[-3000:]
+    done = {}
+    both = [threading.Thread(target=lambda n=n: done.__setitem__(n, controller(tmp_path, store_location, n,
+                                                                                "--gpubench-rerun")))
+            for n in ("a", "b")]
+    for thread in both:
+        thread.start()
+    for thread in both:
+        thread.join()
+    for name, (run, _) in done.items():
+        assert run.returncode == 0, (name, run.stdout[-3000:])
+    cells, results, _ = rows(store_location)
+    assert {c.status for c in cells.values()} == {"success"} and len(results) == 4  # 2 first + 2 rerun
+    # Executions, not results (a run whose result was discarded counts): started twice each, not 3 times.
+    for cell in CELLS:
+        path = progress_path(tmp_path / "reports" / "progress", RUN, cell)
+        assert sum(1 for line in read_progress(path) if line.label == "STARTING") == 2, path.read_text()
+    ran = sum(int(run.stdout.rsplit(" passed", 1)[0].rsplit(" ", 1)[-1].strip("="))
+              for run, _ in done.values() if " passed" in run.stdout)
+    assert ran == len(CELLS)  # the other controller reported each of them claimed
+
+
 @pytest.mark.parametrize("spread", [[], pytest.param(["-n", "2"], marks=pytest.mark.slow)],
                          ids=["one-process", "xdist"])
 def test_a_cell_held_elsewhere_is_put_aside_then_taken_over_when_its_lease_runs_out(tmp_path, store_location,
