@@ -11,7 +11,11 @@ store and one run id (``--gpubench-run-id``), the sandbox reset before each. The
 reads the store and prints one row per N:
 
 * wall time, and its ratio against 1 controller measured in the same run (the reference);
-* duplicate runs: results beyond the first of a cell (must be 0);
+* duplicate runs: executions beyond the first of a cell (must be 0). An execution is a
+  ``STARTING`` line in any controller's progress file of the cell (written when its
+  recorder starts, before anything is rented): a second run whose result was thrown away
+  (its claim lost) shows here, where counting results would hide it. (Sessions rented
+  are no count: failover rents several in one execution, a reuse group one for many.);
 * lost cells: cells of the matrix without a final status in the store (must be 0);
 * claim overhead per cell: the median of the cells' ``stage_seconds["claim"]``, the time
   their controller spent claiming the cell and renewing its lease (store calls);
@@ -41,6 +45,7 @@ from soak import write_matrix
 
 sys.path.insert(0, str(REPO))
 from pytest_gpubench.store.opening import open_store  # noqa: E402
+from pytest_gpubench.store.progress import read_progress  # noqa: E402
 
 ENDED = ("success", "partial", "failed", "skipped")
 
@@ -82,17 +87,26 @@ def measure(count: int, matrix: Path, cells: int, url: str, work: Path, args: ar
     wall = time.perf_counter() - started
     with open_store(store) as opened:
         rows = opened.cells(run_id)
-        results = opened.results(run_id)
-    per_row = Counter(result.row_id for result in results)
+    per_cell = executions(work, run_id, rows)
     claim = [row.stage_seconds["claim"] for row in rows if "claim" in row.stage_seconds]
     return {
         "controllers": count, "wall": wall, "codes": codes,
-        "duplicates": sum(n - 1 for n in per_row.values() if n > 1),
+        "duplicates": sum(n - 1 for n in per_cell.values() if n > 1),
         "lost": cells - sum(1 for row in rows if row.status in ENDED),
         "claim_ms": statistics.median(claim) * 1000 if claim else None,
         "statuses": Counter(row.status for row in rows),
         "ran": sorted(Counter(row.worker for row in rows if row.status in ENDED).values(), reverse=True),
     }
+
+
+def executions(work: Path, run_id: str, rows: list) -> Counter[str]:
+    """How many times each cell (by cell id) was started: its ``STARTING`` lines in every
+    controller's progress files (``reports-N/progress/<run>/<cell>.log``)."""
+    started: Counter[str] = Counter()
+    for path in work.glob(f"reports-*/progress/{run_id}/*.log"):
+        started[path.stem] += sum(1 for line in read_progress(path) if line.kind == "STATUS" and line.label == "STARTING")
+    by_file = {Path(row.progress_file).stem: row.cell_id for row in rows if row.progress_file}
+    return Counter({by_file.get(stem, stem): n for stem, n in started.items()})
 
 
 def table(rows: list[dict]) -> list[str]:

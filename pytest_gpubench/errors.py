@@ -19,6 +19,7 @@
     ├── StoreProblem              a shared store (a results repository) cannot be reached or written
     └── StageError                a cell failed at one stage (stage, message, hint)
         ├── NoEligibleOffer       inventory: offers exist or not, none fits -> skipped
+        ├── ClaimLost             the cell's claim was taken over: it stops, no failover
         ├── BudgetRefused         provision: the spend cap leaves no room for the session
         ├── AttemptsFailed        every offer tried failed; the last error's stage
         ├── ApiError              the API answered with an error (status, error_type)
@@ -189,6 +190,11 @@ class StageError(GpubenchError):
     def __init__(self, stage: Stage, message: str, *, hint: str = "") -> None:
         super().__init__(message, hint=hint)
         self.stage = Stage(stage)
+
+
+class ClaimLost(StageError):
+    """The cell's claim is another controller's now (this one was presumed dead): the cell
+    stops, writes nothing more to the row, and no other offer is tried for it."""
 
 
 class NoEligibleOffer(StageError):

@@ -133,6 +133,25 @@ def sandbox_sessions(url: str) -> list[dict]:
     return httpx.get(f"{url}/sandbox/state").json()["sessions"]
 
 
+#: An RTX 4090 offer the sandbox catalog always has.
+RENTABLE_OFFER = "vastai-18430201"
+
+
+def rent(api: httpx.Client, consumer: str) -> str:
+    """A running sandbox session for ``consumer``; returns its id."""
+    answer = api.post("/api/v1/sessions", json={"consumer_id": consumer, "offer_id": RENTABLE_OFFER,
+                                                "workload_type": "interactive", "reservation_hours": 1})
+    assert answer.status_code == 201, answer.text
+    session_id = answer.json()["session"]["id"]
+    wait_for(lambda: session_status(api, session_id) == "running", 60, f"session {session_id} to run")
+    return session_id
+
+
+def session_status(api: httpx.Client, session_id: str) -> str:
+    """A sandbox session's status, as the API reports it."""
+    return api.get(f"/api/v1/sessions/{session_id}").json()["status"]
+
+
 def active_sessions(url: str) -> list[dict[str, Any]]:
     """The sandbox's sessions that still hold an instance."""
     return [s for s in sandbox_sessions(url) if s["status"] in ACTIVE]

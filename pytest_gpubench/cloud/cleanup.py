@@ -25,6 +25,14 @@ without ``finished_at`` whose owning process (pid, host and start time in the
 ``runs`` table) is alive is left alone, and so is one on another host, where
 that cannot be checked.
 
+**Claims.** Controllers sharing a run hold its cells with leases (``plugin/claims.py``);
+the run's recorded owner is only one of them. A session is left alone while the
+controller its cell names (the cell's recorded holder, ``host:pid:nonce[/gwN]``) holds a
+live lease on any cell of the run, or runs on this host: that covers a session kept for
+the next cell of a reuse group, and one only the API knows. A cell is marked failed
+only while it still runs under the holder cleanup found it with (``if_held_by``): one a
+live controller took over meanwhile is its.
+
 **Release.** The provider's one release path (:meth:`.Provider.release`, the
 same teardown uses): ``done``, then ``DELETE`` if the session is still active (or
 ``failed``, which may still hold an instance). The manifest records the final
@@ -37,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta, timezone
 from enum import Enum
 from pathlib import Path
@@ -265,9 +273,48 @@ class Survey(BaseModel):
     known_runs: dict[str, RunInfo] = {}
 
 
+class LiveHolders:
+    """Which controllers hold a live claim in each run, read from the store once per run."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._live: dict[str, dict[str, str]] = {}
+
+    def of(self, run_id: str) -> dict[str, str]:
+        """``{controller: cell id}`` of the run's cells running under a live lease whose holder
+        is not known dead (a controller is a holder without its ``/gwN``)."""
+        if run_id not in self._live:
+            now, live = time.time(), {}
+            for cell in self.store.cells(run_id):
+                if (cell.status == "running" and cell.worker and cell.lease_expires_at is not None
+                        and cell.lease_expires_at > now and holder_alive(cell.worker) is not False):
+                    live.setdefault(controller_of(cell.worker), cell.cell_id)
+            self._live[run_id] = live
+        return self._live[run_id]
+
+    def why_kept(self, leftover: Leftover) -> str | None:
+        """Why ``leftover`` must be left alone although its run's owner is gone: the controller
+        its cell names still holds a live claim in the run, or runs on this host. None: nothing
+        holds it."""
+        holder = leftover.worker
+        if not holder:
+            return None
+        held = self.of(leftover.run_id).get(controller_of(holder))
+        if held is not None:
+            return f"its cell's holder {holder} still holds a live claim in run {leftover.run_id} (cell {held})"
+        if holder_alive(holder):
+            return f"its cell's holder {holder} still runs on this host"
+        return None
+
+
+def controller_of(holder: str) -> str:
+    """The controller a claim holder belongs to: ``host:pid:nonce`` of ``host:pid:nonce/gw1``."""
+    return holder.split("/", 1)[0]
+
+
 def survey(
     store: Store, *, api: str | None, run_id: str | None = None, worker: str | None = None,
-    check_liveness: bool = True, me: ProcessIdentity | None = None,
+    check_liveness: bool = True, me: ProcessIdentity | None = None, live: LiveHolders | None = None,
 ) -> Survey:
     """Sort the store's unreleased sessions: to release through ``api``, ended, left alone.
 
@@ -277,6 +324,7 @@ def survey(
     """
     runs = _all_runs(store)
     result = Survey(known_runs=runs)
+    live = live or LiveHolders(store)
     for found in store.unreleased_sessions(run_id):
         leftover = Leftover.model_validate(found, from_attributes=True)
         if worker is not None and not held_by(leftover.worker, worker):
@@ -292,7 +340,7 @@ def survey(
             continue
         reason = _releasable(run, api, check_liveness, me)
         if reason is None and check_liveness:
-            reason = _claimed_by_live_holder(store, leftover)
+            reason = live.why_kept(leftover)
         if reason is None:
             result.to_release.append(leftover)
         elif reason == "sandbox":
@@ -313,20 +361,6 @@ def _releasable(run: RunInfo, api: str | None, check_liveness: bool, me: Process
             return "sandbox"  # its own sandbox stopped every session when the run's process went away
         return f"run {run.run_id} used the API at {run.api}: gpubench cleanup --api {run.api}"
     return None
-
-
-def _claimed_by_live_holder(store: Store, leftover: Leftover) -> str | None:
-    """Why a session must be left alone although its run's owner is gone: its cell is running
-    under another controller of a shared run whose claim's lease is live (and whose process,
-    when it is on this host, runs). None when nothing holds it."""
-    if leftover.cell_status != "running" or leftover.row_id is None:
-        return None
-    cell = store.cell(leftover.row_id)
-    if cell is None or cell.lease_expires_at is None or cell.lease_expires_at <= time.time():
-        return None
-    if holder_alive(cell.worker) is False:
-        return None
-    return f"cell {cell.cell_id} is held by {cell.worker}, whose claim is live"
 
 
 def apis_to_visit(store: Store, default: str) -> list[str]:
@@ -355,7 +389,7 @@ def _all_runs(store: Store) -> dict[str, RunInfo]:
 
 async def find_on_api(
     provider: Provider, store: Store, found: Survey, *, run_id: str | None = None,
-    check_liveness: bool = True, me: ProcessIdentity | None = None,
+    check_liveness: bool = True, me: ProcessIdentity | None = None, live: LiveHolders | None = None,
 ) -> tuple[list[Leftover], list[Action]]:
     """Active sessions the API lists under this store's consumer ids that the store lacks.
 
@@ -366,6 +400,7 @@ async def find_on_api(
     known = {lo.session_id for lo in found.to_release} | {a.leftover.session_id for a in found.left_alone}
     known |= {lo.session_id for lo in found.ended_with_sandbox}
     leftovers, alone = [], []
+    live = live or LiveHolders(store)
     for session in await provider.owned_sessions():
         if session.id in known:
             continue
@@ -374,7 +409,9 @@ async def find_on_api(
             continue  # not ours (or not this pass's run): never touched
         leftover = Leftover(session_id=session.id, run_id=owner, consumer_id=session.consumer_id, found_by="api",
                             **_cell_of_consumer(store, owner, session.consumer_id))
-        running = found.known_runs[owner].still_running(me) if check_liveness else None
+        running = None
+        if check_liveness:
+            running = found.known_runs[owner].still_running(me) or await asyncio.to_thread(live.why_kept, leftover)
         if running is None:
             leftovers.append(leftover)
         else:
@@ -467,19 +504,25 @@ def end_gpu_leases(store: Store, leftover: Leftover) -> int:
     return len(held)
 
 
-def close_cells(store: Store, row_ids: Iterable[str], reason: str, released_by: str) -> list[str]:
-    """Mark cells left ``pending``/``running`` by a process that is gone as ``failed``; returns them."""
+def close_cells(store: Store, held: Mapping[str, str | None], reason: str, released_by: str) -> list[str]:
+    """Mark cells left ``running`` by a process that is gone as ``failed``; returns them.
+
+    ``held`` maps each row id to the holder cleanup found it under: a cell is closed only
+    while it still runs under that holder (a compare-and-set), never one a live controller
+    took over since (None: whoever holds it, for a row found with no holder).
+    """
     closed = []
-    for row_id in dict.fromkeys(row_ids):
+    for row_id, holder in held.items():
         cell = store.cell(row_id)
-        if cell is None or cell.status != "running":
+        if cell is None or cell.status != "running" or (holder is not None and cell.worker != holder):
             continue
         stage = stage_reached(cell.progress_file)
         message = f"{reason} before this cell finished"
         if cell.session_id:
             message += f"; its session was released by {released_by}"
-        store.finish_cell(row_id, status="failed", failure_stage=stage, failure_reason="interrupted",
-                          error_message=message)
+        if not store.finish_cell(row_id, status="failed", failure_stage=stage, failure_reason="interrupted",
+                                 error_message=message, if_held_by=cell.worker):
+            continue  # taken over (or finished) between the read and the write
         if cell.progress_file and Path(cell.progress_file).parent.is_dir():
             writer = ProgressWriter(cell.progress_file)
             try:
@@ -504,13 +547,14 @@ async def clean(
     crashed worker's, or those left at the end of a run).
     """
     report = CleanupReport(dry_run=dry_run)
-    found = survey(store, api=api, run_id=run_id, worker=worker, check_liveness=check_liveness, me=me)
+    live = LiveHolders(store)
+    found = survey(store, api=api, run_id=run_id, worker=worker, check_liveness=check_liveness, me=me, live=live)
     report.actions += found.left_alone
     leftovers = list(found.to_release)
     if provider is not None and search_api:
         try:
             extra, alone = await find_on_api(provider, store, found, run_id=run_id,
-                                             check_liveness=check_liveness, me=me)
+                                             check_liveness=check_liveness, me=me, live=live)
         except StageError as exc:
             report.notes.append(f"could not list the sessions at {api}: {exc}")
         else:
@@ -529,7 +573,7 @@ async def clean(
         if not dry_run:
             await asyncio.to_thread(end_gpu_leases, store, leftover)
             await asyncio.to_thread(record, store, action, released_by)
-    touched = []
+    touched: dict[str, str | None] = {}  # row id -> the holder it was found under
     for leftover in leftovers:
         if provider is None:
             action = Action(leftover=leftover, outcome=ReleaseOutcome.FAILED, detail=f"the API at {api} cannot be reached")
@@ -539,10 +583,11 @@ async def clean(
         if not dry_run:
             await asyncio.to_thread(record, store, action, released_by)
             if action.outcome is not ReleaseOutcome.FAILED and leftover.row_id:
-                touched.append(leftover.row_id)
+                touched.setdefault(leftover.row_id, leftover.worker)
     if not dry_run:
         if close_running:
-            touched += [cell.row_id for cell in store.cells(run_id)
-                        if cell.status == "running" and (worker is None or held_by(cell.worker, worker))]
+            for cell in store.cells(run_id):
+                if cell.status == "running" and (worker is None or held_by(cell.worker, worker)):
+                    touched.setdefault(cell.row_id, cell.worker)
         report.closed_cells = await asyncio.to_thread(close_cells, store, touched, reason, released_by)
     return report

@@ -11,7 +11,9 @@ time; elsewhere the pid alone is the evidence.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
+from datetime import datetime, timezone
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -19,6 +21,8 @@ from pydantic import BaseModel, ConfigDict
 _PROC = Path("/proc")
 #: What an execnet ``popen`` gateway (an xdist worker) runs: ``python -u -c <this>``.
 _EXECNET_BOOTSTRAP = b"exec(eval(sys.stdin.readline()))"
+#: This process's own nonce and the time it first named itself (:meth:`ProcessIdentity.current`).
+_THIS_PROCESS: dict[int, tuple[str, str]] = {}
 
 
 class ProcessIdentity(BaseModel):
@@ -30,17 +34,29 @@ class ProcessIdentity(BaseModel):
     host: str
     #: ``<boot id>:<start time in clock ticks>`` on Linux; ``None`` where unknown.
     start: str | None = None
+    #: Random, drawn once per process: two containers with the same hostname and pid
+    #: (``--network host``, a fixed ``hostname:``) still hold claims under different names.
+    nonce: str | None = None
+    #: When this process first named itself (ISO 8601, UTC, ms): a rerun it asks for
+    #: restarts only cells that ended before then (its xdist workers get the same).
+    since: str | None = None
 
     @classmethod
     def current(cls) -> ProcessIdentity:
-        """This process."""
-        return cls(pid=os.getpid(), host=socket.gethostname(), start=start_token(os.getpid()))
+        """This process (the same nonce and ``since`` on every call in it, new ones after a fork)."""
+        pid = os.getpid()
+        if pid not in _THIS_PROCESS:
+            _THIS_PROCESS[pid] = (secrets.token_hex(4),
+                                  datetime.now(timezone.utc).isoformat(timespec="milliseconds"))
+        nonce, since = _THIS_PROCESS[pid]
+        return cls(pid=pid, host=socket.gethostname(), start=start_token(pid), nonce=nonce, since=since)
 
     def holder(self, worker: str | None = None) -> str:
-        """The name this process's claims are held under: ``host:pid``, ``host:pid/gw0`` for
-        its xdist worker ``gw0``: unique across the machines and processes sharing a store,
-        and each xdist worker's name known to its controller (cleanup after a crash)."""
-        base = f"{self.host}:{self.pid}"
+        """The name this process's claims are held under: ``host:pid:nonce``, ``host:pid:nonce/gw0``
+        for its xdist worker ``gw0``: unique across the machines, containers and processes sharing
+        a store, each xdist worker's name known to its controller (cleanup after a crash), and
+        ``host:pid`` first so that a process on this host can tell whether the holder lives."""
+        base = f"{self.host}:{self.pid}:{self.nonce}" if self.nonce else f"{self.host}:{self.pid}"
         return f"{base}/{worker}" if worker else base
 
     def alive(self) -> bool | None:
@@ -62,10 +78,10 @@ def held_by(holder: str | None, scope: str) -> bool:
 
 
 def holder_alive(holder: str | None) -> bool | None:
-    """Whether the process a claim ``holder`` names (``host:pid[/gwN]``) runs: None when that
-    cannot be told here (another host, or a name of another form)."""
+    """Whether the process a claim ``holder`` names (``host:pid[:nonce][/gwN]``) runs: None when
+    that cannot be told here (another host, or a name of another form)."""
     host, _, rest = (holder or "").partition(":")
-    pid = rest.split("/", 1)[0]
+    pid = rest.split("/", 1)[0].split(":", 1)[0]
     if not pid.isdigit() or host != socket.gethostname():
         return None
     return pid_alive(int(pid))

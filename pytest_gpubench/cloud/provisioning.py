@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from ..aio import run as run_async
 from .budget import admission, expected_session_seconds
-from ..errors import ApiError, AttemptsFailed, BudgetRefused, NoEligibleOffer, Stage, StageError
+from ..errors import ApiError, AttemptsFailed, BudgetRefused, ClaimLost, NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell
 from .offers import Constraints, next_offer
 from ..store.progress import ProgressWriter
@@ -48,6 +48,8 @@ _RETRYABLE_STATUSES = frozenset({404, 408, 409, 429})
 
 def can_fail_over(error: StageError) -> bool:
     """Whether another offer may succeed where this provisioning error happened."""
+    if isinstance(error, ClaimLost):
+        return False  # the cell is another controller's now: no offer can fix that
     if isinstance(error, ApiError):
         return error.status >= 500 or error.status in _RETRYABLE_STATUSES or error.retry_suggested
     return error.stage in (Stage.PROVISION, Stage.SSH_WAIT)

@@ -33,7 +33,7 @@ from ..settings import SEED_TOTAL_TIMEOUT
 from ..store.progress import ProgressWriter
 from ..store.record_keys import row_id
 from .claims import (CLAIMED_BY, CLAIMED_STATUS, ROW_KEY, ProcessClaims, Verdict, claimed_message,
-                     claimed_properties, release_for_takeover, report_claimed)
+                     claimed_properties, release_for_takeover, report_claimed, report_failed)
 from .live import own_line
 from .record import progress_path
 from .stash import CELL_KEY, RECORD_KEY, RECORDER_KEY, RESUME_KEY, run_context
@@ -61,7 +61,8 @@ class ClaimHooks:
             settings = context.settings
             self._claims = ProcessClaims(lambda: context.store, context.run_id, context.worker,
                                          settings.claim_seconds, rerun=settings.rerun,
-                                         resume=RESUME_KEY in self.config.stash)
+                                         resume=RESUME_KEY in self.config.stash,
+                                         ended_before=context.owner.since)
         return self._claims
 
     @pytest.hookimpl(tryfirst=True)
@@ -76,19 +77,36 @@ class ClaimHooks:
                                   model=cell.model, matrix_file=cell.source)
 
         started = time.perf_counter()
-        admission = claims.admit(row_id(claims.run_id, key), add_row)
+        item.stash[ROW_KEY] = row_id(claims.run_id, key)
+        try:
+            admission = claims.admit(item.stash[ROW_KEY], add_row)
+        except Exception as exc:  # noqa: BLE001 - a store error fails this item, never the whole session
+            return self._unrun(item, nextitem, f"gpubench: could not claim cell {key}: {type(exc).__name__}: {exc}")
         item.stash[CLAIM_SECONDS_KEY] = time.perf_counter() - started
         item.stash[ROW_KEY] = admission.row_id
         if admission.verdict is Verdict.RUN:
             item.stash[CLAIMED_KEY] = True
             if admission.claim is not None and admission.claim.taken_over_from:
-                self._take_over(item, admission.claim.taken_over_from)
+                try:
+                    self._take_over(item, admission.claim.taken_over_from)
+                except Exception as exc:  # noqa: BLE001 - as above; the cell goes back to pending
+                    self._give_back(item)
+                    return self._unrun(item, nextitem, f"gpubench: cell {key}: could not release what "
+                                       f"{admission.claim.taken_over_from} left before taking it over: "
+                                       f"{type(exc).__name__}: {exc}; the cell is pending again")
             return None  # pytest's own protocol runs it
         if admission.verdict is Verdict.DEFER and (self.deadline is None or time.time() < self.deadline):
             claims.deferred.append(item)
         else:
             holder, since, status = admission.claimed_text()
             report_claimed(item, claimed_message(holder, since, status), claimed_properties(key, holder, status))
+        item.session._setupstate.teardown_exact(nextitem)  # private API: see the module docstring
+        return True
+
+    def _unrun(self, item: pytest.Item, nextitem: pytest.Item | None, message: str) -> bool:
+        """Answer ``item`` failed with ``message`` without running it."""
+        item.stash[CLAIMED_KEY] = False
+        report_failed(item, message)
         item.session._setupstate.teardown_exact(nextitem)  # private API: see the module docstring
         return True
 
@@ -125,10 +143,15 @@ class ClaimHooks:
     def _give_back(self, item: pytest.Item) -> None:
         """The item never started its cell (a skip mark, a fixture before the recorder failed):
         the row goes back to ``pending`` rather than stay ``running`` under this holder."""
-        store = run_context(self.config).store
-        current = store.cell(item.stash[ROW_KEY])
-        if current is not None and current.status == "running" and current.worker == self.claims.holder:
-            store.restart_cell(current.row_id)
+        try:
+            self.claims.give_back(item.stash[ROW_KEY])
+        except Exception as exc:  # noqa: BLE001 - its lease runs out and another controller takes it
+            self._warn(f"gpubench: could not give back cell {item.stash[RECORD_KEY]}: {type(exc).__name__}: {exc}")
+
+    def _warn(self, line: str) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None and not hasattr(self.config, "workerinput"):
+            own_line(self.config, reporter, line, yellow=True)
 
     def _take_over(self, item: pytest.Item, old_holder: str) -> None:
         """Release what the dead holder left of the cell, and say so in its progress file
@@ -151,10 +174,8 @@ class ClaimHooks:
             writer.status("TAKEN_OVER", taken_from=old_holder, by=context.worker, released_sessions=released)
         finally:
             writer.close()
-        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None and not hasattr(self.config, "workerinput"):
-            own_line(self.config, reporter, f"gpubench: {item.stash[RECORD_KEY]}: taken over from {old_holder} "
-                                            f"(its claim expired); released sessions: {released}", yellow=True)
+        self._warn(f"gpubench: {item.stash[RECORD_KEY]}: taken over from {old_holder} "
+                   f"(its claim expired); released sessions: {released}")
 
 
 def _xdist_reports_as(config: pytest.Config, session: pytest.Session, item: pytest.Item) -> None:

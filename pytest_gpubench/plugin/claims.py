@@ -7,9 +7,11 @@ cell runs exactly once; the store's atomic claim with a lease
 
 * A cell is claimed just before its item runs (:meth:`ProcessClaims.admit`). Won:
   it runs here, and a heartbeat thread (:class:`ClaimHeartbeat`, one per process)
-  renews its lease every third of ``--gpubench-claim-ttl`` until it finishes. A
-  renewal refused means another controller took the cell over (this one was
-  presumed dead): the cell fails at its next stage and writes nothing to the row.
+  renews its lease every third of ``--gpubench-claim-ttl`` from that moment until its
+  outcome is on the row. A renewal refused means another controller took the cell
+  over (this one was presumed dead): the cell fails at its next stage; the writes
+  that change the row are guarded (``if_held_by``), so nothing lands on the new
+  holder's row.
 * Won over an expired lease (a dead controller's cell): the old holder's sessions of
   that cell are released first (:func:`release_for_takeover`), then it runs.
 * Held by another live controller: put aside (:data:`Verdict.DEFER`); after every
@@ -18,7 +20,9 @@ cell runs exactly once; the store's atomic claim with a lease
 * Ended already in this run: reported ``claimed`` (a report category of its own,
   "c"/"CLAIMED", and a skipped JUnit testcase saying who ran it), unless
   ``--gpubench-rerun`` (every ended cell) or ``--gpubench-resume`` (the failed ones)
-  asks to run it again.
+  asks to run it again: only a cell that ended before this controller started
+  (``ended_before``, the same for its xdist workers), so N controllers asked to rerun
+  run each cell once, and a running cell is never restarted.
 
 The hooks that call this module are in :mod:`.claim_hooks`.
 """
@@ -31,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -67,17 +72,19 @@ class Verdict(str, Enum):
 
 
 def peek(record: CellRecord | None, holder: str, now: float, *, rerun: bool = False,
-         resume: bool = False) -> Verdict:
+         resume: bool = False, ended_before: str | None = None) -> Verdict:
     """The verdict on a cell from its row as the store has it (None: not recorded yet).
 
-    ``rerun``: every ended cell runs again; ``resume``: the ended ones that did not succeed.
+    ``rerun``: every ended cell runs again; ``resume``: the ended ones that did not succeed;
+    either only when it ended before ``ended_before`` (ISO 8601; another controller's rerun
+    of it since then counts as this one's).
     A cell running elsewhere without a lease (a holder that takes none, or a row an older
     version left) is reported claimed at once: no lease will ever run out to wait for.
     """
     if record is None or record.status == "pending":
         return Verdict.RUN
     if record.status in ENDED:
-        if rerun or (resume and record.status != "success"):
+        if (rerun or (resume and record.status != "success")) and ended_earlier(record, ended_before):
             return Verdict.RESTART
         return Verdict.CLAIMED
     if record.worker == holder:
@@ -86,6 +93,19 @@ def peek(record: CellRecord | None, holder: str, now: float, *, rerun: bool = Fa
     if expires is None:
         return Verdict.CLAIMED
     return Verdict.RUN if expires <= now else Verdict.DEFER
+
+
+def ended_earlier(record: CellRecord, instant: str | None) -> bool:
+    """Whether the ended cell ``record`` ended before ``instant`` (ISO 8601; None: always; a row
+    without ``completed_at``, as an older version left, counts as ended long ago)."""
+    if instant is None or not record.completed_at:
+        return True
+    return _instant(record.completed_at) < _instant(instant)
+
+
+def _instant(text: str) -> datetime:
+    found = datetime.fromisoformat(text)
+    return found if found.tzinfo is not None else found.replace(tzinfo=timezone.utc)
 
 
 def item_row(item: pytest.Item) -> str:
@@ -112,12 +132,22 @@ def is_claimed_report(report: Any) -> bool:
 def report_claimed(item: pytest.Item, message: str, properties: list[tuple[str, Any]]) -> None:
     """Report ``item`` as claimed elsewhere, never run here: a skipped setup (JUnit writes a
     skipped testcase with ``message``) and a passed teardown carrying ``properties``."""
+    path, lineno, _ = item.location
+    _report_unrun(item, "skipped", (str(path), (lineno or 0) + 1, message), properties)
+
+
+def report_failed(item: pytest.Item, message: str) -> None:
+    """Report ``item`` failed in setup with ``message``, never run (the store could not say
+    whether it is this process's to run)."""
+    _report_unrun(item, "failed", message, [])
+
+
+def _report_unrun(item: pytest.Item, setup: str, longrepr: Any, properties: list[tuple[str, Any]]) -> None:
+    """The reports of an item answered without pytest's protocol: ``setup``, then a passed teardown."""
     ihook = item.ihook
     ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-    path, lineno, _ = item.location
     keywords = {name: 1 for name in item.keywords}
-    for when, outcome, longrepr in (("setup", "skipped", (str(path), (lineno or 0) + 1, message)),
-                                    ("teardown", "passed", None)):
+    for when, outcome, longrepr in (("setup", setup, longrepr), ("teardown", "passed", None)):
         report = pytest.TestReport(item.nodeid, item.location, keywords, outcome, longrepr, when,
                                    user_properties=list(properties))
         ihook.pytest_runtest_logreport(report=report)
@@ -154,6 +184,11 @@ class ClaimHeartbeat:
         with self._lock:
             self._held.pop(row_id, None)
             return self._spent.pop(row_id, 0.0)
+
+    def spent(self, row_id: str) -> float:
+        """The seconds ``row_id``'s renewals took so far."""
+        with self._lock:
+            return self._spent.get(row_id, 0.0)
 
     def held(self) -> list[str]:
         with self._lock:
@@ -254,7 +289,11 @@ class ProcessClaims:
     lease_seconds: float
     rerun: bool = False
     resume: bool = False
+    #: A rerun or resume restarts only cells that ended before this (the controller's start).
+    ended_before: str | None = None
     heartbeat: ClaimHeartbeat = field(init=False)
+    #: Cells whose claim was taken over before their recorder started: the new holder.
+    lost: dict[str, str | None] = field(default_factory=dict)
     #: Items held elsewhere when their turn came, in run order.
     deferred: list[pytest.Item] = field(default_factory=list)
     #: The put-aside pass has begun: nothing is put aside any more.
@@ -273,17 +312,30 @@ class ProcessClaims:
             row_id = add_row()
             record = store.cell(row_id)
         at = time.time() if now is None else now
-        verdict = peek(record, self.holder, at, rerun=self.rerun, resume=self.resume)
+        verdict = peek(record, self.holder, at, rerun=self.rerun, resume=self.resume,
+                       ended_before=self.ended_before)
         if verdict in (Verdict.DEFER, Verdict.CLAIMED):
             return Admission(verdict, row_id, record=record)
         if verdict is Verdict.RESTART:
-            store.restart_cell(row_id)
+            # Refused when another controller restarted (or is running) it since the peek.
+            store.restart_cell(row_id, ended_before=self.ended_before)
         claim = store.claim_cell(row_id, self.holder, lease_seconds=self.lease_seconds, now=now)
         if claim.won:
+            # Renewed from now on: a take-over's releases or slow fixtures may outlast a lease.
+            self.lost.pop(row_id, None)
+            self.heartbeat.hold(row_id, lambda new_holder: self.lost.__setitem__(row_id, new_holder))
             return Admission(Verdict.RUN, row_id, claim=claim)
         # Another process was quicker between the peek and the claim.
         later = Verdict.CLAIMED if claim.status in ENDED or claim.lease_expires_at is None else Verdict.DEFER
         return Admission(later, row_id, claim=claim)
+
+    def give_back(self, row_id: str) -> bool:
+        """A cell this process won but never started (a skip mark, a fixture that failed
+        before the recorder, a store error): stop renewing it and make it ``pending`` again,
+        only while it is still this holder's. Whether it was given back."""
+        self.heartbeat.drop(row_id)
+        return self.store().update_cell(row_id, if_held_by=self.holder, status="pending", worker=None,
+                                        lease_expires_at=None)
 
     def next_ready(self, deadline: float, now: Callable[[], float] = time.time,
                    sleep: Callable[[float], None] = time.sleep) -> pytest.Item | None:
@@ -293,9 +345,12 @@ class ProcessClaims:
         has passed, the first item whatever its state. None when nothing is put aside."""
         interval = max(0.2, self.lease_seconds * POLL_FRACTION)
         while self.deferred:
-            store = self.store()
             for item in self.deferred:
-                if peek(store.cell(item_row(item)), self.holder, now()) is not Verdict.DEFER:
+                try:
+                    record = self.store().cell(item_row(item))
+                except Exception:  # noqa: BLE001 - a store blip: still put aside; admit says why at the deadline
+                    continue
+                if peek(record, self.holder, now()) is not Verdict.DEFER:
                     self.deferred.remove(item)
                     return item
             if now() >= deadline:

@@ -26,6 +26,7 @@ from ..store.opening import open_store, store_exists
 from .matrix_scan import runs_matrix_files
 from .outcome import run_status
 from ..cloud.processes import ProcessIdentity, xdist_worker_pids
+from .run_end import others_running, shared_run_status
 from .shutdown import GracefulTermination
 from .stash import CELL_KEY, RESUME_KEY, SETTINGS_KEY, run_context
 
@@ -102,9 +103,13 @@ class RunLifecycle:
         self._clean("the run's controller, at its end", reason="the run ended", run_id=settings.run_id,
                     worker=ProcessIdentity.current().holder(), check_liveness=False, search_api=interrupted,
                     close_running=True)
-        if run.finished_at is None:
-            with open_store(settings.store_location) as store:
-                store.finish_run(settings.run_id, run_status(exitstatus))
+        me = ProcessIdentity.current().holder()
+        with open_store(settings.store_location) as store:
+            still = others_running(store, settings.run_id, me)
+            if still is not None:  # the last controller of a shared run records its end
+                self._write(f"gpubench: run {settings.run_id} goes on under {still}: its end is theirs to record")
+            else:
+                store.finish_run(settings.run_id, shared_run_status(store, settings.run_id, run_status(exitstatus)))
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.termination.uninstall()

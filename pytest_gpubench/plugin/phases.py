@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterable
+from datetime import date
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from ..errors import MatrixError
 from ..matrix.cells import Cell, load_cells
 from ..matrix.runners import RunnerPlan, load_runners, plan_runner
 from ..settings import Settings
-from ..store.record_keys import distinct_keys, matrix_key
+from ..store.record_keys import distinct_keys, matrix_key, row_id
 from .matrix_scan import matrix_files, real_run
 from .stash import run_context
 
@@ -122,6 +123,8 @@ class PhaseHooks:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.registered = False
+        #: The warning that the phase ran before under this run id, if it did (:meth:`register`).
+        self.already_done: str | None = None
 
     def pytest_report_header(self, config: pytest.Config) -> str:
         return f"gpubench: {config.stash[PHASE_KEY].summary()}"
@@ -129,6 +132,8 @@ class PhaseHooks:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.config.option.verbose < 0:  # -q hides the header that says it
             terminalreporter.write_line(f"gpubench: {self.config.stash[PHASE_KEY].summary()}")
+        if self.already_done:
+            terminalreporter.write_line(self.already_done, yellow=True, bold=True)
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         self.register()
@@ -144,3 +149,22 @@ class PhaseHooks:
             cell = run.cell
             context.store.add_cell(context.run_id, run.key, gpu_type=cell.gpu, provider=cell.provider,
                                    model=cell.model, matrix_file=cell.source)
+        self.already_done = self._already_done()
+
+    def _already_done(self) -> str | None:
+        """What to say when every cell this runner takes ended in the run before this controller
+        started (the phase was run before under the same run id): nothing will run."""
+        from .claims import ENDED, ended_earlier  # not at plugin load: only a phase run needs claims
+
+        context = run_context(self.config)
+        settings, phase = context.settings, self.config.stash[PHASE_KEY]
+        if settings.rerun or settings.resume or not phase.taken:
+            return None
+        records = [context.store.cell(row_id(context.run_id, run.key)) for run in phase.taken]
+        if not all(r is not None and r.status in ENDED and ended_earlier(r, context.owner.since) for r in records):
+            return None
+        return (f"gpubench: every cell runner {phase.plan.runner} takes in phase {phase.plan.phase} already ended "
+                f"in run {context.run_id}, before this controller started: nothing runs (each is reported "
+                f"claimed). To run the phase again, name a new run: --gpubench-run-id "
+                f"{phase.plan.phase}-{date.today().isoformat()} (or --gpubench-rerun to run this one again); "
+                "docs/runners.md")

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import Stage, StageError
+from ..errors import ClaimLost, Stage, StageError
 from ..measure.figures import FIGURES, FigureSource, figure_values
 from ..store.base import Store
 from ..matrix.cells import Cell
@@ -34,6 +34,8 @@ class ClaimKeeper(Protocol):
     def hold(self, row_id: str, lost: Callable[[str | None], None]) -> None: ...
 
     def drop(self, row_id: str) -> float: ...
+
+    def spent(self, row_id: str) -> float: ...
 
 
 STATUSES = ("pending", "running", "success", "partial", "failed", "skipped")
@@ -106,6 +108,9 @@ class CellRecorder:
     heartbeat: ClaimKeeper | None = None
     #: Why the cell's claim is no longer this worker's (taken over), once the heartbeat found out.
     claim_lost: str | None = None
+    #: The outcome was written to the row while this worker held it: a renewal refused from
+    #: then on (the row is no longer ``running``) is not a lost claim.
+    row_finished: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -138,7 +143,8 @@ class CellRecorder:
         if heartbeat is not None:
             recorder.heartbeat = heartbeat
             heartbeat.hold(recorder.row_id, recorder.lose_claim)
-        store.update_cell(recorder.row_id, started_at=_now(), progress_file=str(path))
+        if not store.update_cell(recorder.row_id, started_at=_now(), progress_file=str(path), if_held_by=worker):
+            recorder.lose_claim(_holder_of(store, recorder.row_id))
         recorder.progress.status("STARTING", gpu=cell.gpu, provider=cell.provider, model=cell.model,
                                  worker=worker, run=run_id, **(labels or {}))
         return recorder
@@ -146,16 +152,19 @@ class CellRecorder:
     def lose_claim(self, new_holder: str | None) -> None:
         """The heartbeat's renewal was refused: another worker took the cell over (this one was
         presumed dead). The cell fails at its next stage and writes nothing more to the row."""
-        self.claim_lost = (f"lost its claim on cell {self.record_key}: taken over by "
-                           f"{new_holder or 'another worker'} after this worker's lease expired; "
-                           "its result, if any, is not recorded")
+        with self._lock:
+            if self.row_finished:
+                return  # refused because this worker just finished the row
+            self.claim_lost = (f"lost its claim on cell {self.record_key}: taken over by "
+                               f"{new_holder or 'another worker'} after this worker's lease expired; "
+                               "its result, if any, is not recorded")
 
     def enter(self, stage: Stage) -> None:
         """Note the stage the cell is in: an error from here on is blamed on it, and the
         time from now on counts as its (``stage_seconds``). A cell whose claim was taken
         over stops here."""
         if self.claim_lost is not None:
-            raise StageError(stage, self.claim_lost)
+            raise ClaimLost(stage, self.claim_lost)
         self.stage = stage
         self.time_as(str(stage))
 
@@ -179,8 +188,12 @@ class CellRecorder:
         self.session_ended = self.session_status = self.api_cost_usd = None
         self.session_id, self.offer_id, self.price_per_hour = session_id, offer_id, price
         self.session_started = time.monotonic()
-        self.store.record_session(self.row_id, session_id=session_id, consumer_id=consumer_id,
-                                     offer_id=offer_id, price_per_hour=price)
+        if not self.store.record_session(self.row_id, session_id=session_id, consumer_id=consumer_id,
+                                         offer_id=offer_id, price_per_hour=price, if_held_by=self.worker):
+            # The row is another worker's: the session is not on it, so its creator (the
+            # attempt, on this error) releases it now; cleanup would never find it there.
+            self.lose_claim(_holder_of(self.store, self.row_id))
+            raise ClaimLost(self.stage, self.claim_lost or "claim lost")
 
     def session_adopted(self, owner: str, session: Any, offer: Any, *, consumer: str, turn: int) -> None:
         """The cell runs on a session another cell of its reuse group rented.
@@ -190,10 +203,13 @@ class CellRecorder:
         """
         self.session_id, self.offer_id, self.price_per_hour = session.id, offer.id, offer.price_per_hour
         self.session_started, self.session_ended = time.monotonic(), None
-        self.store.record_session(self.row_id, session_id=session.id, consumer_id=consumer, offer_id=offer.id,
-                                     price_per_hour=offer.price_per_hour, instance_ip=session.ssh_host,
-                                     ssh_port=session.ssh_port, reuse_group=self.cell.session_group,
-                                     session_turn=turn, session_owner=owner)
+        if not self.store.record_session(self.row_id, session_id=session.id, consumer_id=consumer,
+                                         offer_id=offer.id, price_per_hour=offer.price_per_hour,
+                                         instance_ip=session.ssh_host, ssh_port=session.ssh_port,
+                                         reuse_group=self.cell.session_group, session_turn=turn,
+                                         session_owner=owner, if_held_by=self.worker):
+            # The session is its group owner's, which releases it; this cell stops at its next stage.
+            self.lose_claim(_holder_of(self.store, self.row_id))
         self.progress.status("SESSION_REUSED", session_id=session.id, rented_by=owner, turn=turn)
 
     def session_handed_back(self) -> None:
@@ -242,13 +258,12 @@ class CellRecorder:
             if self.finished:
                 return self.properties(outcome)
             self.finished = True
-        if self.heartbeat is not None:
-            started = time.perf_counter() - self.heartbeat.drop(self.row_id)
-            if self.claim_lost is None and not self.store.renew_cell_lease(
-                    self.row_id, self.worker, self.heartbeat.lease_seconds):
-                self.lose_claim(_holder_of(self.store, self.row_id))
-            self.stage_seconds["claim"] = self.stage_seconds.get("claim", 0.0) + time.perf_counter() - started
+        # The heartbeat keeps renewing through the result writes and the upload (which may
+        # outlast a lease); it is dropped only once the outcome is on the row.
+        if self.heartbeat is not None and self.claim_lost is None and not self._still_held():
+            self.lose_claim(_holder_of(self.store, self.row_id))
         if self.claim_lost is not None:  # the row is another worker's now: nothing is written to it
+            self._drop_heartbeat()
             return self._lost(outcome)
         self.failed_now(outcome)
         benchmark_id = None
@@ -269,6 +284,8 @@ class CellRecorder:
         if cost is not None:
             self.final_cost_usd = cost = round(cost, 6)
         self.time_as(self._timed)
+        if self.heartbeat is not None:  # the renewals so far; the last ones are too few to count
+            self.stage_seconds["claim"] = self.stage_seconds.get("claim", 0.0) + self.heartbeat.spent(self.row_id)
         measured = {
             "stage_seconds": json.dumps({k: round(v, 3) for k, v in self.stage_seconds.items()}),
             "output_tokens_per_second": figures.get("output_tokens_per_second"),
@@ -283,14 +300,24 @@ class CellRecorder:
             "benchmark_id": benchmark_id,
         }
         # Unknown values are left out so they never overwrite what is already known.
-        self.store.finish_cell(
-            self.row_id,
-            status=outcome.status,
-            failure_stage=outcome.failure_stage,
-            failure_reason=outcome.failure_reason,
-            error_message=outcome.error_message,
-            **{name: value for name, value in measured.items() if value is not None},
-        )
+        try:
+            written = self.store.finish_cell(
+                self.row_id,
+                status=outcome.status,
+                failure_stage=outcome.failure_stage,
+                failure_reason=outcome.failure_reason,
+                error_message=outcome.error_message,
+                if_held_by=self.worker,
+                **{name: value for name, value in measured.items() if value is not None},
+            )
+            if written:
+                with self._lock:  # a renewal refused from now on is this very write's doing
+                    self.row_finished, self.claim_lost = True, None
+        finally:
+            self._drop_heartbeat()
+        if not written:  # taken over during the writes: the row is the new holder's
+            self.lose_claim(_holder_of(self.store, self.row_id))
+            return self._lost(outcome)
         self.progress.status(
             "COMPLETED" if outcome.status == "success" else outcome.status.upper(),
             output_tokens_per_second=figures.get("output_tokens_per_second"),
@@ -298,6 +325,25 @@ class CellRecorder:
             cost=cost_text(cost),
         )
         return self.properties(outcome)
+
+    def _still_held(self) -> bool:
+        """Renew the claim once before the outcome is written: False when it was taken over.
+
+        A store that cannot say (a git push that failed, a database blip) is taken as "still
+        this worker's": the result is written locally and the guarded finish decides."""
+        assert self.heartbeat is not None
+        started = time.perf_counter()
+        try:
+            return self.store.renew_cell_lease(self.row_id, self.worker, self.heartbeat.lease_seconds)
+        except Exception:  # noqa: BLE001 - unknown (StoreProblem, a blip): still this worker's
+            return True
+        finally:
+            self.stage_seconds["claim"] = self.stage_seconds.get("claim", 0.0) + time.perf_counter() - started
+
+    def _drop_heartbeat(self) -> None:
+        """Stop renewing the claim (its renewals' time was counted already: :meth:`finish`)."""
+        if self.heartbeat is not None:
+            self.heartbeat.drop(self.row_id)
 
     def _lost(self, outcome: CellOutcome) -> dict[str, Any]:
         """Finish a cell whose claim was taken over: its progress file says why, its report

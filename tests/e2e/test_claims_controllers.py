@@ -72,7 +72,7 @@ def test_a_second_controller_reports_every_cell_claimed_and_writes_nothing_unles
     before, results, attempts = rows(store_location)
     assert {c.status for c in before.values()} == {"success"} and len(results) == 2
     holder = before[CELLS[0]].worker
-    assert holder.count(":") == 1 and holder.split(":")[1].isdigit()  # host:pid
+    assert holder.count(":") == 2 and holder.split(":")[1].isdigit()  # host:pid:nonce
 
     second, cases = controller(tmp_path, store_location, "second")
     assert second.returncode == 0, second.stdout[-3000:]
@@ -95,6 +95,34 @@ def test_a_second_controller_reports_every_cell_claimed_and_writes_nothing_unles
     assert {c.status for c in rerun.values()} == {"success"} and len(results_rerun) == 4
     assert {c.worker for c in rerun.values()} != {holder}
     assert all(case.find("skipped") is None for case in cases.values())
+
+
+def test_two_controllers_asked_to_rerun_at_once_run_each_cell_once_more(tmp_path, store_location):
+    """A rerun means once per request, not once per controller: two controllers started together
+    with --gpubench-rerun after a first run each run some cells and report the rest claimed."""
+    from pytest_gpubench.store.progress import read_progress
+
+    first, _ = controller(tmp_path, store_location, "first")
+    assert first.returncode == 0, first.stdout[-3000:]
+    done = {}
+    both = [threading.Thread(target=lambda n=n: done.__setitem__(n, controller(tmp_path, store_location, n,
+                                                                                "--gpubench-rerun")))
+            for n in ("a", "b")]
+    for thread in both:
+        thread.start()
+    for thread in both:
+        thread.join()
+    for name, (run, _) in done.items():
+        assert run.returncode == 0, (name, run.stdout[-3000:])
+    cells, results, _ = rows(store_location)
+    assert {c.status for c in cells.values()} == {"success"} and len(results) == 4  # 2 first + 2 rerun
+    # Executions, not results (a run whose result was discarded counts): started twice each, not 3 times.
+    for cell in CELLS:
+        path = progress_path(tmp_path / "reports" / "progress", RUN, cell)
+        assert sum(1 for line in read_progress(path) if line.label == "STARTING") == 2, path.read_text()
+    ran = sum(int(run.stdout.rsplit(" passed", 1)[0].rsplit(" ", 1)[-1].strip("="))
+              for run, _ in done.values() if " passed" in run.stdout)
+    assert ran == len(CELLS)  # the other controller reported each of them claimed
 
 
 @pytest.mark.parametrize("spread", [[], pytest.param(["-n", "2"], marks=pytest.mark.slow)],
@@ -128,6 +156,39 @@ def test_a_cell_held_elsewhere_is_put_aside_then_taken_over_when_its_lease_runs_
     assert all(cells[c].completed_at <= cells[CELLS[0]].started_at for c in CELLS[1:])
     log = progress_path(tmp_path / "reports" / "progress", RUN, CELLS[0]).read_text()
     assert "TAKEN_OVER" in log and "taken_from=gone-host:4242" in log
+
+#: A store that refuses one cell's claim (a git claim that lost every push round, a
+#: database blip), injected where the claim hooks call it.
+FAILING_CLAIM = """
+from pytest_gpubench.errors import StoreProblem
+from pytest_gpubench.plugin import claims
+
+_admit = claims.ProcessClaims.admit
+
+
+def admit(self, row_id, add_row, now=None):
+    if row_id.endswith("qwen2:7b"):
+        raise StoreProblem("git claim: lost 60 push rounds")
+    return _admit(self, row_id, add_row, now)
+
+
+claims.ProcessClaims.admit = admit
+"""
+
+
+def test_a_store_error_while_claiming_fails_that_cell_and_the_others_run(tmp_path, store_location):
+    (tmp_path / "conftest.py").write_text(FAILING_CLAIM)
+    done, cases = controller(tmp_path, store_location, "run")
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "INTERNALERROR" not in done.stdout + done.stderr
+    assert "1 passed, 1 error" in done.stdout, done.stdout[-3000:]  # failed in setup: never started
+    failure = cases[CELLS[0]].find("error")
+    assert failure is not None and "could not claim cell" in failure.get("message", "") + (failure.text or "")
+    assert "lost 60 push rounds" in done.stdout
+    cells, results, _ = rows(store_location)
+    assert cells[CELLS[1]].status == "success" and len(results) == 1
+    assert CELLS[0] not in cells or cells[CELLS[0]].status == "pending"  # nothing left running under it
+
 
 def test_the_claim_ttl_option_is_scaled_with_a_floor(tmp_path):
     from pytest_gpubench.settings import MIN_CLAIM_SECONDS, Settings

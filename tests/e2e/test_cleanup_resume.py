@@ -19,10 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 import sqlite_utils
-from e2e_helpers import PytestRun, active_sessions
+from e2e_helpers import RENTABLE_OFFER, PytestRun, active_sessions, rent, session_status
 from polling import wait_for
 
 from pytest_gpubench.cloud.cleanup import ReleaseOutcome, owning_run, release, stage_reached
@@ -38,7 +37,8 @@ from pytest_gpubench.store.resume import ResumePlan, plan_resume, still_to_run
 from pytest_gpubench.cloud.shopper_client import ShopperClient
 from pytest_gpubench.plugin.shutdown import GracefulTermination, Terminated
 
-OFFER = "vastai-18430201"  # an RTX 4090 the catalog always has
+OFFER = RENTABLE_OFFER
+status = session_status
 ACTIVE = {"pending", "provisioning", "running", "stopping"}
 
 
@@ -50,20 +50,6 @@ def dead_process() -> ProcessIdentity:
     token = start_token(child.pid)
     child.wait()
     return ProcessIdentity(pid=child.pid, host=socket.gethostname(), start=token)
-
-
-def rent(api: httpx.Client, consumer: str) -> str:
-    """A running sandbox session for ``consumer``; returns its id."""
-    answer = api.post("/api/v1/sessions", json={"consumer_id": consumer, "offer_id": OFFER,
-                                                "workload_type": "interactive", "reservation_hours": 1})
-    assert answer.status_code == 201, answer.text
-    session_id = answer.json()["session"]["id"]
-    wait_for(lambda: status(api, session_id) == "running", 60, f"session {session_id} to run")
-    return session_id
-
-
-def status(api: httpx.Client, session_id: str) -> str:
-    return api.get(f"/api/v1/sessions/{session_id}").json()["status"]
 
 
 def add_run(manifest: Manifest, run_id: str, owner: ProcessIdentity | None, api_url: str | None,

@@ -54,3 +54,11 @@ runners:
     assert "  left     RTX_4090-vastai-qwen2:1.5b-rerun2" in text
     (run,) = json.loads(status(tmp_path, "--json"))["runs"]
     assert (run["run_id"], run["done"], run["left"], run["total"]) == ("nightly", 4, 2, 6)
+
+    # The phase again under the same run id (day 2, no --gpubench-run-id): nothing runs, and it says so.
+    again = run_pytest(tmp_path, str(QUICK), *common, "--gpubench-runner", "box-a")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+    assert "2 claimed" in again.stdout and " passed" not in again.stdout.splitlines()[-1]
+    assert ("every cell runner box-a takes in phase nightly already ended in run nightly, before this "
+            "controller started: nothing runs") in again.stdout
+    assert "--gpubench-run-id nightly-" in again.stdout

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_gpubench.cloud.processes import ProcessIdentity, held_by
-from pytest_gpubench.errors import Stage, StageError
+from pytest_gpubench.cloud.processes import ProcessIdentity, held_by, holder_alive
+from pytest_gpubench.errors import ClaimLost, Stage, StageError, StoreProblem
 from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.plugin.claims import ClaimHeartbeat, ProcessClaims, Verdict, peek
 from pytest_gpubench.plugin.record import CellOutcome, CellRecorder
@@ -253,9 +253,10 @@ def test_cleanup_leaves_a_session_alone_while_its_cell_s_claim_is_live(store):
     found = survey(store, api=None, run_id="r1")
     assert [lo.session_id for lo in found.to_release] == ["s-dead"]
     (alone,) = found.left_alone
-    assert alone.leftover.session_id == "s-live" and f"held by {live_holder}" in alone.detail
-    store.update_cell(ROW, lease_expires_at=time.time() - 1)  # its lease ran out: the holder is presumed dead
-    assert {lo.session_id for lo in survey(store, api=None, run_id="r1").to_release} == {"s-live", "s-dead"}
+    assert alone.leftover.session_id == "s-live" and f"holder {live_holder} still holds a live claim" in alone.detail
+    store.update_cell(ROW, lease_expires_at=time.time() - 1)  # its lease ran out, but its process runs here
+    (alone,) = survey(store, api=None, run_id="r1").left_alone
+    assert f"holder {live_holder} still runs on this host" in alone.detail
 
 
 def test_the_time_spent_claiming_and_renewing_is_the_cell_s_claim_seconds(store, tmp_path, heartbeat):
@@ -264,3 +265,198 @@ def test_the_time_spent_claiming_and_renewing_is_the_cell_s_claim_seconds(store,
     recorder.finish(CellOutcome("success"))
     claim = store.cell(ROW).stage_seconds["claim"]
     assert 0.25 < claim < 5
+
+
+def test_a_holder_name_carries_a_per_process_nonce_and_keeps_host_pid_first():
+    """Two containers with the same hostname and pid still hold claims under different names."""
+    import os
+    import socket
+
+    me = ProcessIdentity.current()
+    assert me.holder() == ProcessIdentity.current().holder()  # one nonce for the whole process
+    host, pid, nonce = me.holder().split(":")
+    assert (host, pid) == (socket.gethostname(), str(os.getpid())) and len(nonce) >= 8
+    twin = ProcessIdentity(pid=me.pid, host=me.host, start=me.start, nonce="0" * 8)
+    assert twin.holder() != me.holder() and not held_by(twin.holder("gw0"), me.holder())
+    assert holder_alive(me.holder("gw1")) is True and holder_alive(f"{host}:{2 ** 22 + 7}:abc/gw0") is False
+    assert holder_alive("elsewhere:1:abc") is None
+
+
+def test_admit_holds_the_heartbeat_from_the_claim_on_and_give_back_lets_go(store):
+    """A take-over's releases and slow fixtures come between the claim and the recorder: the
+    lease is renewed from the moment admit wins; a cell never started goes back to pending."""
+    mine = claims(store, "box-a:1")
+    try:
+        assert mine.admit(ROW, lambda: add(store), now=1000.0).verdict is Verdict.RUN
+        assert mine.heartbeat.held() == [ROW]
+        mine.heartbeat.beat()
+        assert store.cell(ROW).lease_expires_at > 1000.0 + LEASE  # renewed from now, not the claim's time
+        assert mine.give_back(ROW)
+        assert mine.heartbeat.held() == []
+        record = store.cell(ROW)
+        assert (record.status, record.worker, record.lease_expires_at) == ("pending", None, None)
+        store.claim_cell(ROW, "box-b:2", lease_seconds=LEASE)
+        assert not mine.give_back(ROW)  # another holder's: left alone
+        assert store.cell(ROW).worker == "box-b:2"
+    finally:
+        mine.close()
+
+
+def test_a_rerun_asked_of_many_controllers_runs_each_cell_once(store):
+    """Two controllers started with --gpubench-rerun after the cell ended: the first restarts
+    and claims it; the second never restarts it while it runs, and once it ended again (after
+    the second started) reports it claimed rather than running it a third time."""
+    add(store)
+    store.claim_cell(ROW, "old:1")
+    store.finish_cell(ROW, status="success")
+    started = _iso_now()
+    first, second = (claims(store, holder, rerun=True, ended_before=started) for holder in ("box-a:1", "box-b:2"))
+    try:
+        assert first.admit(ROW, lambda: add(store)).verdict is Verdict.RUN
+        assert second.admit(ROW, lambda: add(store)).verdict is Verdict.DEFER  # running: never restarted
+        assert not store.restart_cell(ROW, ended_before=started)
+        assert store.cell(ROW).worker == "box-a:1"
+        assert store.finish_cell(ROW, status="success", if_held_by="box-a:1")
+        assert second.admit(ROW, lambda: add(store)).verdict is Verdict.CLAIMED  # ended since it started
+        assert store.cell(ROW).worker == "box-a:1"
+    finally:
+        first.close(), second.close()
+
+
+def test_concurrent_reruns_claim_each_cell_once(store_location, tmp_path):
+    """Controllers racing to rerun the same ended cell, each with its own connection: exactly
+    one runs it, whatever the interleaving of their peeks, restarts and claims."""
+    import threading
+
+    with open_store(store_location) as setup:
+        setup.start_run("r1", [], [])
+        add(setup)
+        setup.claim_cell(ROW, "old:1")
+        setup.finish_cell(ROW, status="success")
+    started = _iso_now()
+    gate, verdicts = threading.Barrier(4), []
+
+    def controller(n):
+        with open_store(store_location) as own:
+            mine = ProcessClaims(lambda: own, "r1", f"box-{n}:{n}", LEASE, rerun=True, ended_before=started)
+            try:
+                gate.wait(timeout=30)
+                verdicts.append(mine.admit(ROW, lambda: add(own)).verdict)
+            finally:
+                mine.close()
+
+    threads = [threading.Thread(target=controller, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(v.value for v in verdicts).count("run") == 1, verdicts
+    assert all(v in (Verdict.RUN, Verdict.DEFER) for v in verdicts)
+
+
+def _iso_now():
+    """Now, as a controller's start, strictly after anything recorded before (ms resolution)."""
+    import time
+    from datetime import datetime, timezone
+
+    time.sleep(0.002)
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+class Uploading:
+    """A result to store and an upload callback that runs ``during`` while the cell finishes."""
+
+    def __init__(self, recorder, during):
+        from pytest_gpubench.measure.results import BenchmarkResult, PerformanceResults
+
+        recorder.result = BenchmarkResult(results=PerformanceResults())
+        self.held_during = None
+        self.during = during
+        self.recorder = recorder
+        recorder.upload = self
+
+    def __call__(self, benchmark_id):
+        self.held_during = list(self.recorder.heartbeat.held())
+        self.during()
+
+
+def test_the_heartbeat_holds_the_claim_through_the_upload_until_the_outcome_is_written(store, tmp_path, heartbeat):
+    recorder = start(store, tmp_path, "me:1", lease_seconds=LEASE, heartbeat=heartbeat)
+    upload = Uploading(recorder, heartbeat.beat)  # a renewal during the upload: still ours
+    properties = recorder.finish(CellOutcome("success"))
+    assert upload.held_during == [ROW] and heartbeat.held() == []
+    assert properties["gpubench_status"] == "success" and recorder.claim_lost is None
+    row = store.cell(ROW)
+    assert (row.status, row.lease_expires_at) == ("success", None)
+    heartbeat.hold(ROW, recorder.lose_claim)
+    heartbeat.beat()  # refused: the row is finished, by this very worker; not a lost claim
+    assert recorder.claim_lost is None
+
+
+def test_a_cell_taken_over_during_its_upload_writes_no_outcome_over_the_new_holder(store, tmp_path, heartbeat):
+    recorder = start(store, tmp_path, "me:1", lease_seconds=LEASE, heartbeat=heartbeat)
+    Uploading(recorder, lambda: take_over(store))  # the upload outlasted the lease
+    properties = recorder.finish(CellOutcome("success"))
+    assert properties["gpubench_status"] == "failed" and "taken over by other:2" in recorder.claim_lost
+    row = store.cell(ROW)
+    assert (row.status, row.worker, row.error_message) == ("running", "other:2", None)
+    assert heartbeat.held() == []
+    assert "claim_lost" in recorder.progress.path.read_text()
+
+
+def test_a_session_rented_after_the_claim_was_lost_is_not_recorded_and_stops_the_cell(store, tmp_path, heartbeat):
+    recorder = start(store, tmp_path, "me:1", lease_seconds=LEASE, heartbeat=heartbeat)
+    recorder.enter(Stage.PROVISION)
+    take_over(store)
+    with pytest.raises(ClaimLost, match=r"taken over by other:2") as raised:
+        recorder.session_created("s-1", "c-1", "o-1", 1.0)
+    assert raised.value.stage is Stage.PROVISION
+    assert store.cell(ROW).session_id is None  # the attempt that rented it releases it (provisioning)
+    from pytest_gpubench.cloud.provisioning import can_fail_over
+
+    assert not can_fail_over(raised.value)  # and tries no other offer
+
+
+class RenewalFails:
+    """The store as a git store is with an unreachable remote: a renewal raises StoreProblem."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def renew_cell_lease(self, *args, **kwargs):
+        raise StoreProblem("git push: could not reach the remote")
+
+
+def test_a_store_problem_in_the_finish_renewal_keeps_the_result(store, tmp_path, heartbeat):
+    recorder = start(store, tmp_path, "me:1", lease_seconds=LEASE, heartbeat=heartbeat)
+    recorder.store = RenewalFails(store)
+    Uploading(recorder, lambda: None)
+    properties = recorder.finish(CellOutcome("success"))
+    assert properties["gpubench_status"] == "success"
+    assert store.cell(ROW).status == "success" and len(store.results("r1")) == 1
+
+
+def test_only_the_last_controller_of_a_shared_run_records_its_end_with_every_controller_s_outcome(store):
+    """A controller ends while another still runs a cell under a live lease: the run's end is
+    not its to record. The last one records it, failed if any controller's cell failed."""
+    import time
+
+    from pytest_gpubench.plugin.run_end import others_running, shared_run_status
+
+    add(store)
+    other = store.add_cell("r1", "other-cell", gpu_type="g", provider="p", model="m", matrix_file="f")
+    store.claim_cell(ROW, "box-a:1:aa", lease_seconds=60)
+    store.finish_cell(ROW, status="failed", if_held_by="box-a:1:aa")
+    store.claim_cell(other, "box-b:2:bb/gw0", lease_seconds=60)
+    assert others_running(store, "r1", "box-a:1:aa") == "box-b:2:bb/gw0"
+    assert others_running(store, "r1", "box-b:2:bb") is None  # its own xdist worker's cell
+    store.update_cell(other, lease_expires_at=time.time() - 1)
+    assert others_running(store, "r1", "box-a:1:aa") is None  # a dead holder's lease keeps nothing going
+    assert shared_run_status(store, "r1", "passed") == "failed"  # box-a's cell failed, box-b passed
+    assert shared_run_status(store, "r1", "interrupted") == "interrupted"
+    store.finish_cell(ROW, status="success")
+    store.finish_run("r1", "interrupted")
+    assert shared_run_status(store, "r1", "passed") == "interrupted"  # an earlier, worse end stays
