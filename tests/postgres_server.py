@@ -8,6 +8,10 @@ PostgreSQL refuses to run as root, so as root the cluster belongs to the ``postg
 system user and runs as it. Each xdist worker starts its own (measured: about 1.5 s of
 initdb and start on this machine), stopped at the end of the session.
 
+``shared_store`` (function): where a test's controllers share a store, of the kind its
+``store_kind`` parameter names (``sqlite``: a file, ``postgresql``: a fresh schema, ``git``: a
+bare repository); each test picks the kinds worth its time.
+
 ``postgres_url`` (function): a fresh, empty store location on that server for one test: a
 schema of its own (the URL sets ``search_path``), dropped after it. A schema takes
 milliseconds where ``CREATE DATABASE`` took 0.3 to 0.6 s here (a checkpoint each). Without PostgreSQL installed both skip, unless ``GPUBENCH_REQUIRE_POSTGRES=1``
@@ -29,7 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-__all__ = ["postgres_server", "postgres_url", "schema_url"]
+__all__ = ["postgres_server", "postgres_url", "schema_url", "shared_store"]
 
 _USER = "gpubench"
 
@@ -129,3 +133,16 @@ def postgres_url(postgres_server: str) -> Iterator[str]:
     yield schema_url(postgres_server, name)
     with psycopg.connect(postgres_server, autocommit=True) as admin:
         admin.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture
+def shared_store(store_kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The location of a store the test's controllers share, of kind ``store_kind`` (a parameter
+    the test gives: ``@pytest.mark.parametrize("store_kind", ["postgresql"])``)."""
+    if store_kind == "postgresql":
+        return request.getfixturevalue("postgres_url")
+    if store_kind == "git":
+        return f"git+file://{tmp_path}/results.git"
+    if store_kind == "sqlite":
+        return str(tmp_path / "shared.db")
+    raise ValueError(f"no store kind {store_kind!r}: sqlite, postgresql or git")

@@ -32,14 +32,6 @@ CELLS = 8
 RUN = "shared"
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
-def store_location(request, tmp_path):
-    """The store the controllers share: a SQLite file (one machine) or a PostgreSQL database."""
-    if request.param == "postgresql":
-        return request.getfixturevalue("postgres_url")
-    return str(tmp_path / "shared.db")
-
-
 def holding_a_session(store_location: str, holder: str):
     """A cell the controller ``holder`` (``host:pid``, its nonce unknown) runs on a session it
     rented (mid-cell), or None."""
@@ -65,7 +57,9 @@ def starts(tmp_path, cell_id: str) -> int:
 
 
 @pytest.mark.slow
-def test_three_controllers_one_killed_mid_cell_every_cell_ends_once(tmp_path, standalone_sandbox, store_location):
+@pytest.mark.parametrize("store_kind", ["postgresql"])  # the issue's case; SQLite's takeover: test_claims_controllers
+def test_three_controllers_one_killed_mid_cell_every_cell_ends_once(tmp_path, standalone_sandbox, shared_store):
+    store_location = shared_store
     matrix = tmp_path / "gpubench_many.yaml"
     matrix.write_text(MATRIX)
     runs = [PytestRun(tmp_path, standalone_sandbox, "--gpubench-store", store_location, "--gpubench-run-id", RUN,
