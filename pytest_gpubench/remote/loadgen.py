@@ -1022,12 +1022,13 @@ class WorkerProcess:
 
     def eof(self, now):
         """Its stdout closed: it exited (or is about to)."""
-        self.close_pipes()
         try:
             self.code = self.proc.wait(timeout=5)
         except Exception:
             self.stop()
             self.code = -1
+        self.drain_stderr()
+        self.close_pipes()
         exchange, self.exchange = self.exchange, None
         if self in self.run.idle_workers:
             self.run.idle_workers.remove(self)
@@ -1043,6 +1044,18 @@ class WorkerProcess:
         else:
             what = "worker exited before its finish event"
         exchange.fail(what + ("; its stderr ends: %s" % tail if tail else ""), now)
+
+    def drain_stderr(self):
+        """Read what its stderr still holds: stdout's end can be seen before the last
+        words it wrote to stderr (its error message), which the selector has not read yet."""
+        while True:
+            try:
+                data = os.read(self.proc.stderr.fileno(), RECV_SIZE)
+            except (BlockingIOError, OSError, ValueError):
+                return  # nothing more now (a process it started may hold the pipe open)
+            if not data:
+                return
+            self.stderr = (self.stderr + data)[-WORKER_TAIL:]
 
     def close_pipes(self):
         for pipe in (self.proc.stdout, self.proc.stderr, self.proc.stdin):
