@@ -391,11 +391,9 @@ def run_row(run_id: str, argv: list[str], matrix_files: list[str], *, owner: Pro
 
 def taken_over(current: Mapping[str, Any], row: Mapping[str, Any], owner: ProcessIdentity) -> dict[str, Any]:
     """What the stored run ``current`` changes to when ``owner`` starts it (``row``) again; {}: nothing."""
-    taken = current["finished_at"] is not None or (
-        current["pid"] is not None and (current["pid"], current["pid_start"]) != (owner.pid, owner.start)
-    )
-    if current["pid"] is not None and not taken:
-        return {}
+    if current["pid"] is not None and (current["pid"], current["pid_start"]) == (owner.pid, owner.start):
+        return {}  # its own process again (a worker, or a store opened after the run ended): no change
+    taken = current["finished_at"] is not None or current["pid"] is not None
     update = {key: row[key] for key in ("host", "pid", "pid_start", "api", "sandbox") if key in row}
     if taken:
         update.update(finished_at=None, status="running", resumed_at=utc_now())

@@ -111,6 +111,9 @@ def test_starting_a_run_twice_changes_nothing_and_a_new_owner_takes_it_over(stor
     assert run.owner == me and run.api == "http://api" and run.sandbox and run.argv == ["pytest"]
     assert run.resumed_at is None
     store.finish_run("owned", "failed")
+    store.start_run("owned", ["pytest"], [], owner=me)  # its own process opening the store late: still ended
+    ended = store.run("owned")
+    assert (ended.status, ended.resumed_at) == ("failed", None) and ended.finished_at
     other = ProcessIdentity(pid=202, host="here", start="boot:2")
     store.start_run("owned", ["pytest"], [], owner=other)
     taken = store.run("owned")
