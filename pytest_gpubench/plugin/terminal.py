@@ -15,7 +15,6 @@ from ..cloud.budget import skipped_by_budget, spend_of, summary_line
 from ..errors import ApiUnreachable
 from .live import LiveProgress, own_line
 from .matrix_scan import matrix_files, runs_matrix_files
-from .outcome import run_status
 from ..store.redaction import redact
 from ..store.sandbox_label import summary_title
 from .stash import SANDBOX_KEY, SETTINGS_KEY, run_context
@@ -67,12 +66,11 @@ class TerminalHooks:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        # The run's end is recorded by the lifecycle (plugin/lifecycle.py), by the last
+        # controller of a shared run, not here by every one that ends.
         if self.live is not None:
             self.live.stop()
             self.live = None
-        if self.summary.rows:
-            context = run_context(self.config)
-            context.store.finish_run(context.run_id, run_status(exitstatus))
 
     def _billed(self, run_id: str) -> float | None:
         """What the run's sessions cost (the attempts table, where a shared session is one

@@ -194,6 +194,24 @@ def test_a_store_error_while_claiming_fails_that_cell_and_the_others_run(tmp_pat
     assert CELLS[0] not in cells or cells[CELLS[0]].status == "pending"  # nothing left running under it
 
 
+@pytest.mark.parametrize("store_kind", ["postgresql"])
+def test_a_controller_that_ends_while_another_runs_a_cell_leaves_the_run_s_end_to_it(tmp_path, store_location):
+    """Only the last controller of a shared run records its end: cleanup treats a finished run's
+    sessions as nobody's, so the first one to end must not mark it finished."""
+    with open_store(store_location) as store:
+        store.start_run(RUN, ["pytest"], [])
+        other = store.add_cell(RUN, "A100_80GB-vastai-qwen2:7b", gpu_type="A100 80GB", provider="vastai",
+                               model="qwen2:7b", matrix_file="elsewhere.yaml")
+        assert store.claim_cell(other, "otherhost:777:abcd", lease_seconds=600).won
+    done, _ = controller(tmp_path, store_location, "first")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert f"run {RUN} goes on under otherhost:777:abcd: its end is theirs to record" in done.stdout
+    with open_store(store_location) as store:
+        run = store.run(RUN)
+        assert run is not None and run.finished_at is None, run
+        assert store.finish_cell(other, status="success", if_held_by="otherhost:777:abcd")
+
+
 def test_the_claim_ttl_option_is_scaled_with_a_floor(tmp_path):
     from pytest_gpubench.settings import MIN_CLAIM_SECONDS, Settings
 
