@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -50,7 +49,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench_common import start_sandbox  # noqa: E402 - bench/ is on sys.path: the script's own directory
+from bench_common import SANDBOX_AUTH, pytest_env, start_sandbox  # noqa: E402 - bench/ is on sys.path: the script's own directory
 
 from pytest_gpubench.matrix.cells import expand, load_matrix  # noqa: E402
 from pytest_gpubench.sandbox.catalog import load_catalog  # noqa: E402
@@ -80,8 +79,7 @@ def write_matrix(work: Path, time_scale: float) -> Path:
 
 
 def run_pytest(matrix: Path, url: str, work: Path, reuse: str, args: argparse.Namespace) -> float:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))  # also without pip install
+    env = pytest_env()  # this checkout's plugin, the sandbox's token
     command = [sys.executable, "-m", "pytest", str(matrix), "-n", str(args.workers), "-q", "-p", "no:cacheprovider",
                "--rootdir", str(work), "--gpubench-api", url, "--gpubench-time-scale", str(args.time_scale),
                "--gpubench-live", "false", "--gpubench-reuse", reuse, "--gpubench-reports", str(work / "reports"),
@@ -156,7 +154,7 @@ def measure(work: Path, url: str) -> dict[str, float]:
     attempts = [a for a in db["attempts"].rows if a["session_id"]]
     billed = sum((_time(a["ended_at"]) - _time(a["session_started_at"])) for a in attempts if a["ended_at"])
     cells = list(db["benchmark_manifest"].rows)
-    sessions = httpx.get(f"{url}/sandbox/state").json()["sessions"]
+    sessions = httpx.get(f"{url}/sandbox/state", headers=SANDBOX_AUTH).json()["sessions"]
     running = [s for s in sessions if s["status"] not in ("stopped", "failed")]
     benchmark_s = {c["cell_id"]: json.loads(c["stage_seconds"]).get("benchmark", 0.0)
                    for c in cells if c["stage_seconds"]}

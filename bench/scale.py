@@ -28,7 +28,6 @@ suite: the 200-cell default takes minutes.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import subprocess
@@ -40,7 +39,7 @@ from pathlib import Path
 
 import httpx
 
-from bench_common import REPO, start_sandbox
+from bench_common import REPO, SANDBOX_AUTH, pytest_env, start_sandbox
 from soak import write_matrix
 
 sys.path.insert(0, str(REPO))
@@ -66,8 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def controller(matrix: Path, url: str, store: str, run_id: str, work: Path, index: int,
                args: argparse.Namespace) -> subprocess.Popen[str]:
     """One controller: pytest on the matrix, into the shared store and run."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))  # this checkout's plugin
+    env = pytest_env()  # this checkout's plugin, the sandbox's token
     command = [sys.executable, "-m", "pytest", str(matrix), "-q", "-p", "no:cacheprovider", "--rootdir", str(work),
                "--gpubench-api", url, "--gpubench-time-scale", str(args.time_scale), "--gpubench-live", "false",
                "--gpubench-store", store, "--gpubench-run-id", run_id, "--gpubench-claim-ttl", args.claim_ttl,
@@ -78,7 +76,7 @@ def controller(matrix: Path, url: str, store: str, run_id: str, work: Path, inde
 
 def measure(count: int, matrix: Path, cells: int, url: str, work: Path, args: argparse.Namespace) -> dict:
     """Run ``count`` controllers at once; what the store says afterwards."""
-    httpx.post(f"{url}/sandbox/reset", timeout=120).raise_for_status()
+    httpx.post(f"{url}/sandbox/reset", headers=SANDBOX_AUTH, timeout=120).raise_for_status()
     run_id = f"scale-{count}-{int(time.time())}"
     store = args.store or str(work / f"store-{count}.db")
     started = time.perf_counter()

@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import REPO, start_sandbox  # noqa: E402
+from bench_common import REPO, SANDBOX_AUTH, start_sandbox  # noqa: E402
 
 sys.path.insert(0, str(REPO))  # this checkout's stand-ins, as the sandbox it starts (cwd=REPO) uses
 
@@ -105,7 +105,7 @@ def main() -> int:
     process, url = start_sandbox(0.01)
     serve = None
     try:
-        with httpx.Client(base_url=url, timeout=30) as api, tempfile.TemporaryDirectory() as old_dir:
+        with httpx.Client(base_url=url, headers=SANDBOX_AUTH, timeout=30) as api, tempfile.TemporaryDirectory() as old_dir:
             state = _session(api)
             root = Path(state["instance_dir"])
             bin_dir, home = root / "bin", root / "home"

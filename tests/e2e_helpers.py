@@ -19,7 +19,29 @@ import httpx
 import sqlite_utils
 from polling import wait_for
 
+from pytest_gpubench.sandbox.auth import CLIENT_TOKEN_ENV, TOKEN_ENV, bearer, new_token
+
 REPO = Path(__file__).resolve().parents[1]
+#: The bearer token of every sandbox this test process starts (issue 21 item 3: the sandbox's API
+#: answers 401 without it). Set once, here, in this process's environment: the e2e fixtures'
+#: sandboxes, a test's own ``SandboxThread`` and ``gpubench sandbox`` children all read
+#: ``GPUBENCH_SANDBOX_TOKEN``; :func:`run_pytest` and :class:`PytestRun` hand it to pytest as
+#: ``GPUBENCH_API_TOKEN``; :data:`SANDBOX_AUTH` is the header for a test's own requests.
+SANDBOX_TOKEN = os.environ.setdefault(TOKEN_ENV, new_token())
+#: ``headers=`` for a request to a test sandbox (``httpx.get(url, headers=SANDBOX_AUTH)``).
+SANDBOX_AUTH = bearer(SANDBOX_TOKEN)
+
+
+def pytest_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a pytest the tests start: this one without ``GPUBENCH_*`` settings,
+    with the test sandboxes' token as ``GPUBENCH_API_TOKEN``, then ``extra_env``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
+    return env | {CLIENT_TOKEN_ENV: SANDBOX_TOKEN} | (extra_env or {})
+
+
+def sandbox_api(url: str, **options: Any) -> httpx.Client:
+    """An HTTP client for the test sandbox at ``url`` (its token in every request)."""
+    return httpx.Client(base_url=url, headers=SANDBOX_AUTH, **{"timeout": 30, **options})
 QUICK = REPO / "matrix" / "gpubench_quick.yaml"
 SEED = REPO / "matrix" / "gpubench_seed.yaml"
 #: A small matrix of five cells (two GPUs, two providers, three models) for plugin tests
@@ -41,8 +63,8 @@ ACTIVE = {"pending", "provisioning", "running", "stopping"}
 def run_pytest(tmp_path: Path, *args: str, timeout: float = 600,
                extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``pytest ARGS`` in the repository, recording into ``tmp_path/reports``; the environment is
-    this one without ``GPUBENCH_*`` settings, plus ``extra_env``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")} | (extra_env or {})
+    :func:`pytest_env` (this one without ``GPUBENCH_*`` settings, the sandboxes' token), plus ``extra_env``."""
+    env = pytest_env(extra_env)
     command = [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider",
                "--gpubench-reports", str(tmp_path / "reports"),
                "--gpubench-manifest", str(tmp_path / "reports" / "manifest.db")]
@@ -76,7 +98,7 @@ class PytestRun:
         self.manifest = self.reports / "manifest.db"
         self.url = url
         self.output = tmp_path / f"{name}.out"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
+        env = pytest_env()
         # A run that hangs is sent SIGABRT by finish(): every thread's stack then lands in the output.
         env["PYTHONFAULTHANDLER"] = "1"
         cache_args = ["-o", f"cache_dir={tmp_path / 'cache'}"] if cache else ["-p", "no:cacheprovider"]
@@ -130,7 +152,7 @@ class PytestRun:
 
 def sandbox_sessions(url: str) -> list[dict]:
     """Every session the sandbox at ``url`` knows, whatever its state."""
-    return httpx.get(f"{url}/sandbox/state").json()["sessions"]
+    return httpx.get(f"{url}/sandbox/state", headers=SANDBOX_AUTH).json()["sessions"]
 
 
 #: An RTX 4090 offer the sandbox catalog always has.
@@ -171,8 +193,8 @@ def assert_fails_at_install_without(tmp_path: Path, url: str, tool: str, matrix_
     """A one-cell matrix (``model: 'qwen2:1.5b'}`` in its row) run on the cheapest RTX 4090 offer,
     whose instances lack ``tool``: the cell fails at ``ollama_install`` with ``message``, and every
     session is released."""
-    httpx.post(f"{url}/sandbox/faults", json={"fault": "missing_tools", "offer_id": "vastai-18430205",
-                                              "tools": [tool]}).raise_for_status()
+    httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH,
+               json={"fault": "missing_tools", "offer_id": "vastai-18430205", "tools": [tool]}).raise_for_status()
     matrix = tmp_path / f"gpubench_without_{tool}.yaml"
     matrix.write_text(matrix_text.replace("model: 'qwen2:1.5b'}", "model: 'qwen2:1.5b', offer: {max_price: 0.115}}"))
     done = run_pytest(tmp_path, str(matrix), "--gpubench-api", url, "--gpubench-time-scale", "0.02",

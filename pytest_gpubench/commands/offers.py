@@ -101,17 +101,19 @@ def list_offers(gpus: Sequence[str] = (), providers: Sequence[str] = (), api: st
     if api and sandbox:
         raise CommandProblem("give --api URL or --sandbox, not both", 2)
     url = api or os.environ.get("GPUBENCH_API_BASE") or DEFAULT_API
+    token = os.environ.get("GPUBENCH_API_TOKEN") or None
     with ExitStack() as stack:
         if sandbox:
             from ..sandbox import SandboxThread
 
             catalog = os.environ.get("GPUBENCH_SANDBOX_CATALOG") or None
             try:
-                url = stack.enter_context(SandboxThread(catalog=catalog)).url
+                started = stack.enter_context(SandboxThread(catalog=catalog))
             except Exception as exc:  # noqa: BLE001 - a bad catalog file: one line
                 raise CommandProblem(f"the sandbox did not start: {exc}", 2) from None
+            url, token = started.url, started.token  # its API needs its own token
         try:
-            offers = asyncio.run(fetch_offers(url, os.environ.get("GPUBENCH_API_TOKEN") or None))
+            offers = asyncio.run(fetch_offers(url, token))
         except ApiUnreachable as exc:
             raise CommandProblem(f"{exc.message}: start the server, point --api or GPUBENCH_API_BASE at it, or "
                                 "list the sandbox's offers with --sandbox", 1) from None

@@ -382,6 +382,8 @@ def make_plan(paths: list[str], *, keyword: str | None = None, gpus: list[str] |
             except GpubenchError as exc:
                 raise CommandProblem(str(exc), 1) from None
         url = process.url if process is not None else (api or settings.api)
+        if process is not None:  # the sandbox's API needs the token drawn for it
+            settings = settings.model_copy(update={"api_token": process.token})
         try:
             choices = asyncio.run(_read_inventory(url, settings, [cell for _, cell in cells]))
         except ApiUnreachable as exc:

@@ -42,6 +42,8 @@ def start(config: pytest.Config, gate: Any) -> None:
         update = {"run_id": workerinput["gpubench_run_id"]} if workerinput.get("gpubench_run_id") else {}
         if workerinput.get("gpubench_api"):
             update["api"] = workerinput["gpubench_api"]
+        if workerinput.get("gpubench_api_token"):  # the sandbox's token: in no environment
+            update["api_token"] = workerinput["gpubench_api_token"]
         settings = settings.model_copy(update=update)
         if workerinput.get("gpubench_groups"):  # the controller's scheduler learns the groups from this worker
             from .xdist import GROUPS_INPUT, WorkerGroups
@@ -68,7 +70,7 @@ def start(config: pytest.Config, gate: Any) -> None:
 
             sandbox = SandboxProcess.start(settings)
             config.stash[SANDBOX_KEY] = sandbox
-            settings = settings.model_copy(update={"api": sandbox.url})
+            settings = settings.model_copy(update={"api": sandbox.url, "api_token": sandbox.token})
     config.stash[SETTINGS_KEY] = settings
     config.stash[CELL_FILTERS_KEY] = CellFilters.of(settings)
     if config.option.collectonly:

@@ -3,6 +3,10 @@
 A child process, not a thread: its SSH servers and token streams must not
 compete with the tests for this interpreter's GIL, and ``gpubench sandbox``
 runs exactly the same program standalone.
+
+The sandbox's API needs a bearer token (``sandbox/auth.py``): drawn here, handed to
+the child in its environment (never its command line, which ``ps`` shows every
+user), and to the run as its ``api_token``; it is never written to the sandbox's log.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from ..errors import UsageProblem
+from ..sandbox.auth import TOKEN_ENV, bearer, new_token
 from ..settings import Settings
 
 URL_PREFIX = "GPUBENCH_SANDBOX_URL="
@@ -25,12 +30,16 @@ START_TIMEOUT = 60.0
 
 
 class SandboxProcess:
-    """A running ``python -m pytest_gpubench.sandbox`` and its URL."""
+    """A running ``python -m pytest_gpubench.sandbox``, its URL and the token its API needs."""
 
-    def __init__(self, process: subprocess.Popen[str], url: str, log_path: Path) -> None:
+    def __init__(self, process: subprocess.Popen[str], url: str, log_path: Path, token: str) -> None:
         self.process = process
         self.url = url
         self.log_path = log_path
+        self.token = token
+
+    def __repr__(self) -> str:  # never the token
+        return f"SandboxProcess(pid={self.process.pid}, url={self.url!r})"
 
     @classmethod
     def start(cls, settings: Settings) -> SandboxProcess:
@@ -41,11 +50,13 @@ class SandboxProcess:
                    "--ssh-server", settings.sandbox_ssh]
         if settings.sandbox_catalog:
             command += ["--catalog", settings.sandbox_catalog]
+        token = new_token()
         log = open(log_path, "w")  # noqa: SIM115 - the child keeps writing to it
         # stdin is a pipe nobody writes: when this process dies, however it dies,
         # the pipe closes and the sandbox stops its sessions and exits.
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True,
-                                   stdin=subprocess.PIPE, start_new_session=True)
+                                   stdin=subprocess.PIPE, start_new_session=True,
+                                   env={**os.environ, TOKEN_ENV: token})
         log.close()
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=_pump, args=(process, lines), daemon=True).start()
@@ -53,7 +64,7 @@ class SandboxProcess:
             while True:
                 line = lines.get(timeout=START_TIMEOUT)
                 if line.startswith(URL_PREFIX):
-                    return cls(process, line[len(URL_PREFIX):].strip(), log_path)
+                    return cls(process, line[len(URL_PREFIX):].strip(), log_path, token)
                 if line == "":
                     break
         except queue.Empty:
@@ -65,7 +76,7 @@ class SandboxProcess:
     def running_sessions(self) -> list[str]:
         """Ids of sandbox sessions that are still active (should be none at the end)."""
         try:
-            state = httpx.get(f"{self.url}/sandbox/state", timeout=10).json()
+            state = httpx.get(f"{self.url}/sandbox/state", headers=bearer(self.token), timeout=10).json()
         except (httpx.HTTPError, ValueError):
             return []
         return [s["id"] for s in state.get("sessions", [])

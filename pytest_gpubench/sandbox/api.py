@@ -5,6 +5,11 @@ Routes, status codes and bodies follow the server's gin handlers
 ``{"error": ..., "request_id": ...}`` with extra keys where the server adds them.
 ``X-Request-ID`` is honoured when valid and echoed, as the server's middleware does.
 
+Every route, ``/health`` and ``/ready`` included, needs the sandbox's bearer token
+(``Authorization: Bearer <token>``, :mod:`.auth`) and answers 401 without it: the API hands
+out private keys that run commands as the user running the sandbox. Nothing needs an open
+route: the sandbox's own start-up check takes any HTTP answer (a 401 too) as "listening".
+
 Sandbox-only routes (not part of the real API):
 
 ``GET /sandbox/state``
@@ -40,6 +45,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .auth import authorized
 from .billing import month_bounds
 from .catalog import CatalogError, format_time, load_catalog, offer_json
 from .cloud import EmulatedCloud
@@ -58,6 +64,7 @@ from .sessions import ApiFailure
 
 log = logging.getLogger("pytest_gpubench.sandbox")
 CLOUD = web.AppKey("cloud", EmulatedCloud)
+TOKEN = web.AppKey("token", str)
 _REQUEST_ID = re.compile(r"^[a-zA-Z0-9._-]{1,128}$")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -77,6 +84,9 @@ async def _request_id_and_errors(request: web.Request, handler: Handler) -> web.
     if request.path.startswith("/api/"):
         _count_bearer(request)
     try:
+        if not authorized(request.headers.get("Authorization"), request.app[TOKEN]):
+            raise ApiFailure(401, "unauthorized: this sandbox needs its token as Authorization: Bearer "
+                                  "(gpubench sandbox prints it; the plugin reads GPUBENCH_API_TOKEN)")
         response = await handler(request)
     except ApiFailure as failure:
         response = _json({**failure.body, "request_id": request_id}, failure.status)
@@ -98,10 +108,13 @@ def _count_bearer(request: web.Request) -> None:
     counts[digest] = counts.get(digest, 0) + 1
 
 
-def make_app(cloud: EmulatedCloud) -> web.Application:
-    """The aiohttp application serving ``cloud``."""
+def make_app(cloud: EmulatedCloud, token: str) -> web.Application:
+    """The aiohttp application serving ``cloud`` to requests that carry ``token``."""
+    if not token:
+        raise ValueError("the sandbox API needs a token")
     app = web.Application(middlewares=[_request_id_and_errors], client_max_size=1 << 20)
     app[CLOUD] = cloud
+    app[TOKEN] = token
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/api/v1/inventory", list_inventory)

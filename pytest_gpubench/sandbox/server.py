@@ -1,12 +1,15 @@
 """Running the sandbox: in-process (:class:`Sandbox`, :class:`SandboxThread`) or as a program.
 
 ``python -m pytest_gpubench.sandbox [--host H] [--port P] [--catalog FILE]
-[--time-scale S] [--ssh-server {asyncssh,openssh}]`` prints exactly one line to
-stdout once the API answers::
+[--time-scale S] [--ssh-server {asyncssh,openssh}]`` prints two lines to stdout
+once the API answers, its address and the bearer token every request needs
+(:mod:`.auth`; the environment's ``GPUBENCH_SANDBOX_TOKEN``, else a new random one)::
 
     GPUBENCH_SANDBOX_URL=http://127.0.0.1:PORT
+    export GPUBENCH_API_TOKEN=<token>
 
-then logs to stderr. SIGTERM or SIGINT stops every session (``stopped``), kills
+then logs to stderr (never the token). It refuses to print the token into a regular
+file that other users can read (``gpubench sandbox > out`` under umask 022). SIGTERM or SIGINT stops every session (``stopped``), kills
 every instance process, removes the temporary directories, prints a one-line
 summary to stderr and exits 0.
 """
@@ -19,6 +22,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -31,6 +35,7 @@ from aiohttp import web
 
 from . import openssh
 from .api import make_app
+from .auth import TOKEN_ENV, TOKEN_LINE_PREFIX, new_token
 from .catalog import Catalog, CatalogError, load_catalog
 from .cloud import EmulatedCloud
 from .instances import SSH_SERVERS
@@ -62,7 +67,9 @@ class Sandbox:
     install, pull, model load) and never token rates or TTFT. ``ssh_server`` is
     what answers on each instance's SSH port: ``"asyncssh"`` in this process, or
     ``"openssh"``, a real ``sshd`` per instance (needs openssh-server and root;
-    :meth:`start` raises :class:`~.openssh.SshServerUnavailable` otherwise).
+    :meth:`start` raises :class:`~.openssh.SshServerUnavailable` otherwise). ``token`` is
+    the bearer token every API request must carry (None: ``GPUBENCH_SANDBOX_TOKEN`` from the
+    environment, else a new random one); :attr:`token` holds it.
     """
 
     def __init__(
@@ -75,6 +82,7 @@ class Sandbox:
         workdir: str | Path | None = None,
         access_log: bool = False,
         ssh_server: str = "asyncssh",
+        token: str | None = None,
     ) -> None:
         if time_scale < 0:
             raise ValueError("time_scale must be >= 0")
@@ -91,6 +99,7 @@ class Sandbox:
         self._runner: web.AppRunner | None = None
         self.cloud: EmulatedCloud | None = None
         self.url = ""
+        self.token = token or os.environ.get(TOKEN_ENV) or new_token()
 
     async def start(self) -> str:
         """Start serving; returns the base URL once the API answers."""
@@ -101,7 +110,7 @@ class Sandbox:
         self.cloud = EmulatedCloud(
             self.catalog, time_scale=self.time_scale, workdir=self._workdir, ssh_server=self.ssh_server
         )
-        runner = web.AppRunner(make_app(self.cloud), access_log=log if self._access_log else None)
+        runner = web.AppRunner(make_app(self.cloud, self.token), access_log=log if self._access_log else None)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)
         await site.start()
@@ -163,9 +172,12 @@ async def serve(
     catalog: Catalog | str | Path | None = None,
     time_scale: float = 1.0,
     ssh_server: str = "asyncssh",
+    token: str | None = None,
 ) -> Sandbox:
-    """Start a :class:`Sandbox` on the running loop; ``await sandbox.close()`` when done."""
-    sandbox = Sandbox(catalog=catalog, time_scale=time_scale, host=host, port=port, ssh_server=ssh_server)
+    """Start a :class:`Sandbox` on the running loop; ``await sandbox.close()`` when done (its
+    requests need ``sandbox.token``)."""
+    sandbox = Sandbox(catalog=catalog, time_scale=time_scale, host=host, port=port, ssh_server=ssh_server,
+                      token=token)
     await sandbox.start()
     return sandbox
 
@@ -176,7 +188,7 @@ class SandboxThread:
     ::
 
         with SandboxThread(time_scale=0.01) as sandbox:
-            httpx.get(sandbox.url + "/health")
+            httpx.get(sandbox.url + "/health", headers=bearer(sandbox.token))
     """
 
     def __init__(self, **sandbox_args: Any) -> None:
@@ -184,6 +196,7 @@ class SandboxThread:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="gpubench-sandbox", daemon=True)
         self.url = ""
+        self.token = self.sandbox.token
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
         """Run a coroutine on the sandbox's loop and wait for its result."""
@@ -283,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     except CatalogError as exc:
         print(f"gpubench sandbox: {exc}", file=sys.stderr)
         return 2
+    problem = _shared_stdout()
+    if problem:
+        print(f"gpubench sandbox: {problem}", file=sys.stderr)
+        return 2
     if args.ssh_server == "openssh":
         try:
             openssh.require_sshd()
@@ -301,6 +318,18 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"gpubench sandbox: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
+
+
+def _shared_stdout() -> str | None:
+    """Why standard output must not get the token: a regular file that other users can read."""
+    try:
+        mode = os.fstat(sys.stdout.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):
+        return None
+    if stat.S_ISREG(mode) and mode & 0o077:
+        return (f"standard output is a file other users can read (mode {stat.S_IMODE(mode):04o}), and the "
+                "sandbox prints its API token there: write it to a private file (umask 077) or a pipe")
+    return None
 
 
 def _stop_on_eof(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
@@ -332,7 +361,8 @@ async def _serve_until_signal(catalog: Catalog, args: argparse.Namespace) -> int
     stop = stop_on_signals(args.exit_with_stdin)
     try:
         url = await sandbox.start()
-        sys.stdout.write(f"{URL_PREFIX}{url}\n")
+        # The token goes to stdout only (a terminal, a pipe or a private file): the log never has it.
+        sys.stdout.write(f"{URL_PREFIX}{url}\n{TOKEN_LINE_PREFIX}{sandbox.token}\n")
         sys.stdout.flush()
         await stop.wait()
     finally:

@@ -8,6 +8,10 @@ starting one took a Python process or an event loop with its API and SSH keys.
   ``SANDBOX_CATALOG`` (default: the shipped catalog);
 - ``standalone_sandbox``: ``gpubench sandbox`` as a user starts it (time scale 0.02),
   reset before each test that uses it.
+
+Every sandbox here needs the test process's token (``e2e_helpers.SANDBOX_TOKEN``, issue 21
+item 3): ``api`` sends it; with ``standalone_sandbox``'s URL, send ``headers=SANDBOX_AUTH``
+(or use ``sandbox_api(url)``); ``run_pytest``/``PytestRun`` hand it to pytest.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from e2e_helpers import SANDBOX_AUTH, SANDBOX_TOKEN, sandbox_api
 from pytest_gpubench.sandbox import SandboxThread
+from pytest_gpubench.sandbox.auth import token_from_line
 
 DEFAULT_TIME_SCALE = 0.01
 STANDALONE_TIME_SCALE = 0.02
@@ -28,7 +34,7 @@ STANDALONE_TIME_SCALE = 0.02
 @pytest.fixture(scope="session")
 def shared_sandbox() -> Iterator[SandboxThread]:
     """The in-process sandbox every module of this process shares (through :func:`sandbox`)."""
-    with SandboxThread(time_scale=DEFAULT_TIME_SCALE) as running:
+    with SandboxThread(time_scale=DEFAULT_TIME_SCALE, token=SANDBOX_TOKEN) as running:
         yield running
 
 
@@ -46,7 +52,7 @@ def sandbox(request: pytest.FixtureRequest, shared_sandbox: SandboxThread) -> It
 @pytest.fixture(scope="module")
 def api(sandbox: SandboxThread) -> Iterator[httpx.Client]:
     """An HTTP client for :func:`sandbox`."""
-    with httpx.Client(base_url=sandbox.url, timeout=30) as client:
+    with sandbox_api(sandbox.url) as client:
         yield client
 
 
@@ -60,6 +66,8 @@ def shared_standalone_sandbox() -> Iterator[str]:
     )
     line = process.stdout.readline()
     assert line.startswith("GPUBENCH_SANDBOX_URL="), line
+    # Its token: the environment's GPUBENCH_SANDBOX_TOKEN, set by e2e_helpers for this process.
+    assert token_from_line(process.stdout.readline()) == SANDBOX_TOKEN
     yield line.split("=", 1)[1].strip()
     process.terminate()
     process.wait(30)
@@ -68,6 +76,6 @@ def shared_standalone_sandbox() -> Iterator[str]:
 @pytest.fixture
 def standalone_sandbox(shared_standalone_sandbox: str) -> str:
     """The standalone sandbox (time scale 0.02), fresh for this test; yields its URL."""
-    answer = httpx.post(f"{shared_standalone_sandbox}/sandbox/reset", timeout=120)
+    answer = httpx.post(f"{shared_standalone_sandbox}/sandbox/reset", headers=SANDBOX_AUTH, timeout=120)
     assert answer.status_code == 200, answer.text
     return shared_standalone_sandbox

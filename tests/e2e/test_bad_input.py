@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -32,6 +31,7 @@ from pytest_gpubench.matrix.cells import load_matrix
 from pytest_gpubench.matrix.fields import RUNTIME_NAMES
 from pytest_gpubench.cloud.offers import Constraints
 from pytest_gpubench.cloud.shopper_provider import ShopperProvider
+from e2e_helpers import SANDBOX_AUTH, pytest_env
 from pytest_gpubench.sandbox import SandboxThread
 from pytest_gpubench.sandbox.catalog import load_catalog
 from pytest_gpubench.sandbox.faults import FaultRequest
@@ -445,17 +445,17 @@ def test_every_kind_of_bad_answer_fails_its_cell_clearly_and_loses_nothing(tmp_p
     matrix.write_text(E2E_MATRIX)
     with SandboxThread(time_scale=0.02) as sandbox:
         for offer_id, tools in (("vastai-18430205", ["python3"]), ("vastai-18430101", ["curl"])):
-            httpx.post(f"{sandbox.url}/sandbox/faults", json={"fault": "missing_tools", "offer_id": offer_id,
-                                                              "tools": tools}).raise_for_status()
+            httpx.post(f"{sandbox.url}/sandbox/faults", headers=SANDBOX_AUTH,
+                       json={"fault": "missing_tools", "offer_id": offer_id, "tools": tools}).raise_for_status()
         proxy = MisbehavingProxy(sandbox.url)
         url = sandbox.run(proxy.start())
         try:
-            env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
+            env = pytest_env()  # the sandbox's token, through the proxy
             command = [sys.executable, "-m", "pytest", str(matrix), "--rootdir", str(tmp_path),
                        "-p", "no:cacheprovider", "--gpubench-api", url, "--gpubench-time-scale", "0.02",
                        "--gpubench-reports", str(tmp_path / "reports"), "--gpubench-live", "false"]
             done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-            state = httpx.get(f"{sandbox.url}/sandbox/state").json()
+            state = httpx.get(f"{sandbox.url}/sandbox/state", headers=SANDBOX_AUTH).json()
         finally:
             sandbox.run(proxy.stop())
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import sqlite_utils
-from e2e_helpers import QUICK, REPO, SEED, manifest_rows, run_pytest
+from e2e_helpers import QUICK, REPO, SANDBOX_AUTH, SEED, manifest_rows, run_pytest
 from polling import wait_for
 
 from pytest_gpubench.store.progress import read_progress
@@ -99,9 +99,9 @@ def test_standalone_sandbox_every_session_stopped_and_failures_recorded(tmp_path
     url = standalone_sandbox
     # One cell's offer fails to provision: the cell fails at its stage, the others go on.
     # (Failover to the next offer is off here; tests/e2e/test_failover_budget.py covers it.)
-    offers = httpx.get(f"{url}/api/v1/inventory", params={"provider": "vastai"}).json()["offers"]
+    offers = httpx.get(f"{url}/api/v1/inventory", headers=SANDBOX_AUTH, params={"provider": "vastai"}).json()["offers"]
     cheapest_3090 = min((o for o in offers if o["gpu_type"] == "RTX 3090"), key=lambda o: o["price_per_hour"])
-    httpx.post(f"{url}/sandbox/faults", json={"offer_id": cheapest_3090["id"], "fault": "provision_error",
+    httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH, json={"offer_id": cheapest_3090["id"], "fault": "provision_error",
                                               "message": "No available public IPs"}).raise_for_status()
     done = run_pytest(tmp_path, str(QUICK), "--gpubench-api", url, "--gpubench-time-scale", "0.02",
                       "-k", "3090 or 1.5b", "--gpubench-duration", "2", "--gpubench-max-attempts", "1")
@@ -115,7 +115,7 @@ def test_standalone_sandbox_every_session_stopped_and_failures_recorded(tmp_path
     assert "No available public IPs" in rows["RTX_3090-vastai-qwen2:7b"]["error_message"]
     assert rows["RTX_4090-vastai-qwen2:1.5b"]["status"] == "success"
 
-    state = httpx.get(f"{url}/sandbox/state").json()
+    state = httpx.get(f"{url}/sandbox/state", headers=SANDBOX_AUTH).json()
     assert state["sessions"], "the run created sessions"
     assert {s["status"] for s in state["sessions"]} <= {"stopped", "failed"}
     consumer_ids = {s["consumer_id"] for s in state["sessions"]}
@@ -206,9 +206,9 @@ def test_instance_lost_mid_benchmark_records_partial(tmp_path, standalone_sandbo
             return any("PROGRESS: requests=" in p.read_text() for p in (tmp_path / "reports").rglob("*.log"))
 
         wait_for(measuring, 120, "the benchmark to report progress")
-        (session,) = [s for s in httpx.get(f"{url}/sandbox/state").json()["sessions"] if s["status"] == "running"]
+        (session,) = [s for s in httpx.get(f"{url}/sandbox/state", headers=SANDBOX_AUTH).json()["sessions"] if s["status"] == "running"]
         kill = {"fault": "kill_instance", "session_id": session["id"]}
-        httpx.post(f"{url}/sandbox/faults", json=kill).raise_for_status()
+        httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH, json=kill).raise_for_status()
         output, _ = run.communicate(timeout=120)
     finally:
         if run.poll() is None:

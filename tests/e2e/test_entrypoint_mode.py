@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from e2e_helpers import manifest_rows, only_result, run_pytest, sandbox_sessions
+from e2e_helpers import SANDBOX_AUTH, manifest_rows, only_result, run_pytest, sandbox_sessions
 from polling import wait_for
 
 from pytest_gpubench.sandbox.instances import free_port
@@ -86,13 +86,13 @@ def test_an_image_whose_server_never_answers_fails_the_cell_at_provision_with_th
 def test_the_sandbox_refuses_nothing_it_cannot_serve_and_reports_the_api_port(standalone_sandbox):
     """The create answer of an entrypoint session: still provisioning, its API port the first exposed one."""
     url = standalone_sandbox
-    offers = httpx.get(f"{url}/api/v1/inventory", params={"gpu_type": "RTX 4090", "provider": "vastai"}).json()
+    offers = httpx.get(f"{url}/api/v1/inventory", headers=SANDBOX_AUTH, params={"gpu_type": "RTX 4090", "provider": "vastai"}).json()
     body = {"consumer_id": "gpubench-test-entry", "offer_id": offers["offers"][0]["id"],
             "workload_type": "llm_vllm", "reservation_hours": 1, "launch_mode": "entrypoint",
             "docker_image": "example/no-model-server:1", "model_id": "qwen2:1.5b", "exposed_ports": [18123, 9000]}
-    created = httpx.post(f"{url}/api/v1/sessions", json=body)
+    created = httpx.post(f"{url}/api/v1/sessions", headers=SANDBOX_AUTH, json=body)
     assert created.status_code == 201, created.text
     session = created.json()["session"]
     assert (session["status"], session["launch_mode"], session["api_port"]) == ("provisioning", "entrypoint", 18123)
     assert "api_endpoint" not in session  # set only once /health answered
-    httpx.delete(f"{url}/api/v1/sessions/{session['id']}", timeout=60).raise_for_status()
+    httpx.delete(f"{url}/api/v1/sessions/{session['id']}", headers=SANDBOX_AUTH, timeout=60).raise_for_status()

@@ -20,6 +20,7 @@ from pytest_gpubench.commands.cli import main
 from pytest_gpubench.store.export import csv_columns, export_results, upload_pending
 from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.measure.results import BenchmarkResult
+from e2e_helpers import SANDBOX_AUTH, SANDBOX_TOKEN
 from pytest_gpubench.sandbox import SandboxThread
 from pytest_gpubench.cloud.shopper_client import ShopperClient
 
@@ -107,7 +108,7 @@ def test_unknown_format_is_refused(manifest_path):
 
 
 async def _upload(path: Path, url: str, run_id: str | None = None):
-    client = ShopperClient(url, timeout=10)
+    client = ShopperClient(url, timeout=10, token=SANDBOX_TOKEN)
     try:
         with Manifest(path) as m:
             return await upload_pending(SqliteStore(m), client, run_id)
@@ -130,7 +131,7 @@ def test_upload_retries_after_an_unreachable_api_and_loses_nothing(manifest_path
 
     with SandboxThread(time_scale=0.01) as sandbox:
         uploaded, failed = asyncio.run(_upload(manifest_path, sandbox.url))
-        listed = httpx.get(f"{sandbox.url}/api/v1/benchmarks", timeout=10).json()
+        listed = httpx.get(f"{sandbox.url}/api/v1/benchmarks", headers=SANDBOX_AUTH, timeout=10).json()
         assert uploaded == ids and failed == {}
         again = asyncio.run(_upload(manifest_path, sandbox.url))
         assert again == ([], {})  # nothing is uploaded twice
@@ -165,7 +166,7 @@ def test_one_refused_result_does_not_stop_the_others(manifest_path):
 
     with SandboxThread(time_scale=0.01) as sandbox:
         uploaded, failed = asyncio.run(_upload(manifest_path, sandbox.url))
-        count = httpx.get(f"{sandbox.url}/api/v1/benchmarks", timeout=10).json()["count"]
+        count = httpx.get(f"{sandbox.url}/api/v1/benchmarks", headers=SANDBOX_AUTH, timeout=10).json()["count"]
     assert uploaded == [second] and count == 1
     assert "API answered 400" in failed[first] and "price_per_hour" in failed[first]
     assert "the stored result is not a JSON object" in failed[third]  # unreadable JSON reads as none
@@ -233,18 +234,20 @@ def test_cli_upload_unreachable_then_through(manifest_path, monkeypatch, capsys)
 
     with SandboxThread(time_scale=0.01) as sandbox:
         monkeypatch.setenv("GPUBENCH_API_BASE", sandbox.url)
+        monkeypatch.setenv("GPUBENCH_API_TOKEN", sandbox.token)
         assert main(["upload", "--manifest", str(manifest_path)]) == 0  # retries what run-1 asked for
         err = capsys.readouterr().err
         assert f"uploaded 2 of 2 results to {sandbox.url}" in err
         assert main(["upload", "--manifest", str(manifest_path), "--run", "last"]) == 0
         assert "uploaded 1 of 1 result to" in capsys.readouterr().err
-        listed = httpx.get(f"{sandbox.url}/api/v1/benchmarks", timeout=10).json()
+        listed = httpx.get(f"{sandbox.url}/api/v1/benchmarks", headers=SANDBOX_AUTH, timeout=10).json()
     assert listed["count"] == 3
     with Manifest(manifest_path) as m:
         assert {row["remote_id"] for row in m.benchmarks()} == {b["id"] for b in listed["benchmarks"]}
 
 
-def test_cli_upload_reports_refused_results_and_exits_1(manifest_path, capsys):
+def test_cli_upload_reports_refused_results_and_exits_1(manifest_path, monkeypatch, capsys):
+    monkeypatch.setenv("GPUBENCH_API_TOKEN", SANDBOX_TOKEN)
     with Manifest(manifest_path) as m:
         m.request_uploads("run-2")
         bad = m.benchmarks("run-2")[0]["id"]

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 import httpx
 import pytest
 import sqlite_utils
-from e2e_helpers import assert_every_session_released, run_pytest, sandbox_sessions
+from e2e_helpers import SANDBOX_AUTH, assert_every_session_released, run_pytest, sandbox_sessions
 
 from pytest_gpubench.aio import run as run_async
 from pytest_gpubench.cloud.budget import (
@@ -366,7 +366,7 @@ def run_cells(tmp_path, url: str, keyword: str, *extra: str):
 
 
 def arm(url: str, fault: str, offer_id: str, **extra) -> None:
-    httpx.post(f"{url}/sandbox/faults", json={"fault": fault, "offer_id": offer_id, **extra}).raise_for_status()
+    httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH, json={"fault": fault, "offer_id": offer_id, **extra}).raise_for_status()
 
 
 def cell_and_attempts(tmp_path) -> tuple[dict, list[dict]]:

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from polling import wait_for
+from e2e_helpers import SANDBOX_AUTH
 
 from pytest_gpubench.sandbox import CatalogError, SandboxThread, load_catalog
 from pytest_gpubench.sandbox.catalog import availability_confidence, offer_vram_gb
@@ -389,7 +390,7 @@ def test_sandbox_state_counts(api):
 
 
 def test_billing_by_clock_hour_and_expiry():
-    with SandboxThread(time_scale=TIME_SCALE) as own, httpx.Client(base_url=own.url, timeout=30) as api:
+    with SandboxThread(time_scale=TIME_SCALE) as own, httpx.Client(base_url=own.url, headers=SANDBOX_AUTH, timeout=30) as api:
         session = create(api, reservation_hours=2).json()["session"]
         wait_status(api, session["id"], "running")
 
@@ -463,7 +464,7 @@ def test_program_prints_url_and_stops_sessions_on_sigterm():
     try:
         line = program.stdout.readline()
         assert line.startswith("GPUBENCH_SANDBOX_URL=http://127.0.0.1:")
-        with httpx.Client(base_url=line.strip().split("=", 1)[1], timeout=30) as api:
+        with httpx.Client(base_url=line.strip().split("=", 1)[1], headers=SANDBOX_AUTH, timeout=30) as api:
             session = create(api).json()["session"]
             wait_status(api, session["id"], "running")
             sessions = api.get("/sandbox/state").json()["sessions"]

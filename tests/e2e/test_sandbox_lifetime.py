@@ -22,6 +22,7 @@ import asyncssh
 import httpx
 import pytest
 from polling import wait_for
+from e2e_helpers import SANDBOX_AUTH
 
 from pytest_gpubench.sandbox.lifeline import OWNER_ENV, owner_alive, owner_token
 from pytest_gpubench.sandbox.server import URL_PREFIX
@@ -96,7 +97,7 @@ def test_killed_sandbox_leaves_no_instance_process(tmp_path):
     process, url = start_sandbox(tmp_path)
     marker = b""
     try:
-        with httpx.Client(base_url=url, timeout=30) as api:
+        with httpx.Client(base_url=url, headers=SANDBOX_AUTH, timeout=30) as api:
             session, key = running_session(api)
         loop = asyncio.new_event_loop()
         marker, conn = loop.run_until_complete(start_instance_processes(session, key))

@@ -20,6 +20,7 @@ from typing import Any
 import asyncssh
 import httpx
 import pytest
+from e2e_helpers import SANDBOX_AUTH
 
 from pytest_gpubench.sandbox import SandboxThread
 from pytest_gpubench.sandbox.instances import process_cmdline
@@ -124,7 +125,7 @@ async def _create_running(api: httpx.AsyncClient) -> tuple[dict[str, Any], str]:
 
 def test_session_on_real_sshd(sandbox):
     async def go() -> None:
-        async with httpx.AsyncClient(base_url=sandbox.url, timeout=30) as api:
+        async with httpx.AsyncClient(base_url=sandbox.url, headers=SANDBOX_AUTH, timeout=30) as api:
             session, key_pem = await _create_running(api)
             assert key_pem.startswith("-----BEGIN " "RSA PRIVATE KEY-----")
             state = next(s for s in (await api.get("/sandbox/state")).json()["sessions"] if s["id"] == session["id"])
@@ -132,6 +133,12 @@ def test_session_on_real_sshd(sandbox):
             sshd_pid = int((root / "sshd" / "sshd.pid").read_text())
             assert b"sshd" in process_cmdline(sshd_pid)
             assert (root / "sshd" / "ssh_host_ed25519_key").stat().st_mode & 0o777 == 0o600
+            # Only the session's key opens it (issue 21 item 3): not another key, not another user.
+            stranger = asyncssh.generate_private_key("ssh-rsa", key_size=2048)
+            for user, key in ((session["ssh_user"], stranger), ("nobody", asyncssh.import_private_key(key_pem))):
+                with pytest.raises(asyncssh.PermissionDenied):
+                    await asyncssh.connect(session["ssh_host"], session["ssh_port"], username=user,
+                                           client_keys=[key], known_hosts=None, agent_path=None, config=[])
 
             async with asyncssh.connect(
                 session["ssh_host"],

@@ -20,6 +20,7 @@ import pytest
 import yaml
 from polling import wait_for
 from sandbox_session import connect, new_session
+from e2e_helpers import SANDBOX_AUTH
 
 from pytest_gpubench.errors import Stage
 from pytest_gpubench.sandbox import SandboxThread
@@ -41,7 +42,7 @@ def without_clock(value: Any) -> Any:
 
 
 def views(url: str) -> dict[str, Any]:
-    with httpx.Client(base_url=url, timeout=30) as client:
+    with httpx.Client(base_url=url, headers=SANDBOX_AUTH, timeout=30) as client:
         return {path: without_clock(client.get(path).json()) for path in VIEWS}
 
 
@@ -95,7 +96,7 @@ def dirty(api: httpx.Client) -> dict[str, Any]:
 
 
 def test_a_reset_sandbox_answers_as_a_fresh_one_and_leaves_nothing_running(tmp_path):
-    with SandboxThread(time_scale=TIME_SCALE) as used, httpx.Client(base_url=used.url, timeout=60) as api:
+    with SandboxThread(time_scale=TIME_SCALE) as used, httpx.Client(base_url=used.url, headers=SANDBOX_AUTH, timeout=60) as api:
         left = dirty(api)
         assert pid_alive(left["pid"]) and port_answers(left["ssh_port"]) and left["instance_dir"].is_dir()
 

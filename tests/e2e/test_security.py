@@ -31,6 +31,7 @@ from pytest_gpubench.errors import HostKeyChanged
 from pytest_gpubench.remote.ssh import HostKeyPins
 from pytest_gpubench.runtimes.ollama import check_model_name
 from pytest_gpubench.sandbox import SandboxThread
+from pytest_gpubench.sandbox.auth import bearer
 from pytest_gpubench.settings import resolve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -255,7 +256,7 @@ def test_no_key_or_token_reaches_any_output_and_key_files_are_private_and_remove
 
     keys: list[str] = []
     try:
-        with SandboxThread(time_scale=0.02) as sandbox:
+        with SandboxThread(time_scale=0.02, token=token) as sandbox:  # the run's token is the sandbox's
             cloud = sandbox.sandbox.cloud
             original_create = cloud.create_session
 
@@ -270,7 +271,8 @@ def test_no_key_or_token_reaches_any_output_and_key_files_are_private_and_remove
                 ("vastai-18430401", {"fault": "provision_error", "message": "No available public IPs"}),
                 ("vastai-18430402", {"fault": "provision_error", "message": "No available public IPs"}),
             ):
-                httpx.post(f"{sandbox.url}/sandbox/faults", json={"offer_id": offer_id, **fault}).raise_for_status()
+                httpx.post(f"{sandbox.url}/sandbox/faults", headers=bearer(token),
+                           json={"offer_id": offer_id, **fault}).raise_for_status()
 
             junit = tmp_path / "junit.xml"
             env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
@@ -298,7 +300,7 @@ def test_no_key_or_token_reaches_any_output_and_key_files_are_private_and_remove
                 time.sleep(0.02)
             process.wait(timeout=60)
             stdout, stderr = out_path.read_text(), err_path.read_text()
-            state = httpx.get(f"{sandbox.url}/sandbox/state").json()
+            state = httpx.get(f"{sandbox.url}/sandbox/state", headers=bearer(token)).json()
     finally:
         for logger, level in zip(watched, levels, strict=True):
             logger.removeHandler(handler)

@@ -23,6 +23,7 @@ import asyncssh
 import httpx
 import pytest
 from polling import wait_for
+from e2e_helpers import SANDBOX_AUTH
 
 from pytest_gpubench.sandbox import SandboxThread, shims, standin_service
 from pytest_gpubench.sandbox.standin_answer import Answer
@@ -78,7 +79,7 @@ def instance(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     if request.param == "openssh" and _openssh_missing():
         pytest.skip(_openssh_missing())
     with SandboxThread(time_scale=TIME_SCALE, ssh_server=request.param) as sandbox, \
-            httpx.Client(base_url=sandbox.url, timeout=30) as api:
+            httpx.Client(base_url=sandbox.url, headers=SANDBOX_AUTH, timeout=30) as api:
         body = {"consumer_id": f"test-{uuid.uuid4().hex[:8]}", "offer_id": PREINSTALLED_4090,
                 "workload_type": "interactive", "reservation_hours": 1}
         created = api.post("/api/v1/sessions", json=body)

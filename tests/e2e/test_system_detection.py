@@ -119,13 +119,13 @@ def test_detection_answers_the_results_hardware(loop: LoopThread, api: httpx.Cli
 def test_a_result_records_the_compute_capability_detection_found(tmp_path, standalone_sandbox: str) -> None:
     """An old driver with nvidia-ml-py: NVML gives the compute capability at ssh_connect, nvidia-smi's
     CSV query does not know it; the result keeps what detection found, with no query of its own."""
-    from e2e_helpers import only_result, run_pytest
+    from e2e_helpers import SANDBOX_AUTH, only_result, run_pytest
 
-    offers = httpx.get(f"{standalone_sandbox}/api/v1/inventory",
+    offers = httpx.get(f"{standalone_sandbox}/api/v1/inventory", headers=SANDBOX_AUTH,
                        params={"provider": "vastai", "gpu_type": "RTX 4090"}).json()["offers"]
     for offer in offers:
-        httpx.post(f"{standalone_sandbox}/sandbox/faults", json={"fault": "gpu_driver", "driver": "old_nvml",
-                                                                 "offer_id": offer["id"]}).raise_for_status()
+        httpx.post(f"{standalone_sandbox}/sandbox/faults", headers=SANDBOX_AUTH,
+                   json={"fault": "gpu_driver", "driver": "old_nvml", "offer_id": offer["id"]}).raise_for_status()
     matrix = tmp_path / "gpubench_cc.yaml"
     matrix.write_text("workload: {duration: 2s, max_tokens: 16, warmup_requests: 1}\n"
                       "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:1.5b'}\n")

@@ -33,14 +33,18 @@ matrix:
 
 #: Python tests over the same cell, each arming one worker fault on its session before measuring.
 FAULTED = '''
+import os
+
 import httpx
 import pytest
 
 API = {api!r}
+#: The sandbox's token, as the plugin gets it (the test run's GPUBENCH_API_TOKEN).
+SANDBOX_AUTH = {{"Authorization": "Bearer " + os.environ["GPUBENCH_API_TOKEN"]}}
 
 
 def fault(gpubench, kind):
-    httpx.post(API + "/sandbox/faults", json={{"fault": kind, "session_id": gpubench.session.session.id,
+    httpx.post(API + "/sandbox/faults", headers=SANDBOX_AUTH, json={{"fault": kind, "session_id": gpubench.session.session.id,
                                                "after_tokens": 2}}).raise_for_status()
 
 
