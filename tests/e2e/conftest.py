@@ -11,7 +11,8 @@ starting one took a Python process or an event loop with its API and SSH keys.
 
 Every sandbox here needs the test process's token (``e2e_helpers.SANDBOX_TOKEN``, issue 21
 item 3): ``api`` sends it; with ``standalone_sandbox``'s URL, send ``headers=SANDBOX_AUTH``
-(or use ``sandbox_api(url)``); ``run_pytest``/``PytestRun`` hand it to pytest.
+(or use ``sandbox_api(url)``); ``run_pytest``/``PytestRun`` hand it to pytest, and every test
+has it as ``GPUBENCH_API_TOKEN`` for the commands it runs in this process.
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ from pytest_gpubench.sandbox.auth import token_from_line
 
 DEFAULT_TIME_SCALE = 0.01
 STANDALONE_TIME_SCALE = 0.02
+
+
+@pytest.fixture(autouse=True)
+def _sandbox_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test sandboxes' token as ``GPUBENCH_API_TOKEN`` here too: the ``gpubench`` commands and
+    plans a test runs in this process send it, as they would a user's."""
+    monkeypatch.setenv("GPUBENCH_API_TOKEN", SANDBOX_TOKEN)
 
 
 @pytest.fixture(scope="session")

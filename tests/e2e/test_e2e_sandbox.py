@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import sqlite_utils
-from e2e_helpers import QUICK, REPO, SANDBOX_AUTH, SEED, manifest_rows, run_pytest
+from e2e_helpers import QUICK, REPO, SANDBOX_AUTH, SEED, manifest_rows, pytest_env, run_pytest
 from polling import wait_for
 
 from pytest_gpubench.store.progress import read_progress
@@ -195,7 +195,7 @@ def test_seed_matrix_passes_all_21_cells(tmp_path):
 @pytest.mark.slow
 def test_instance_lost_mid_benchmark_records_partial(tmp_path, standalone_sandbox):
     url = standalone_sandbox
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
+    env = pytest_env()  # the sandbox's token
     command = [sys.executable, "-m", "pytest", str(QUICK), "-p", "no:cacheprovider", "-k", "4090 and 1.5b",
                "--gpubench-api", url, "--gpubench-time-scale", "0.02", "--gpubench-duration", "60",
                "--gpubench-progress-interval", "0.5", "--gpubench-reports", str(tmp_path / "reports"),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 import sqlite_utils
-from e2e_helpers import QUICK, REPO, SANDBOX_AUTH, manifest_rows, run_pytest
+from e2e_helpers import QUICK, REPO, SANDBOX_AUTH, manifest_rows, pytest_env, run_pytest
 from polling import wait_for
 from sandbox_session import connect, new_session
 from standin_helpers import Server, write_instance
@@ -359,7 +358,7 @@ def test_a_lost_connection_keeps_every_record_through_the_checkpoint(sandbox, ap
 
 
 def start_pytest(tmp_path: Path, url: str, *args: str) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
+    env = pytest_env()  # the sandbox's token
     command = [sys.executable, "-m", "pytest", str(QUICK), "-p", "no:cacheprovider", "-k", "4090 and 1.5b",
                "--gpubench-api", url, "--gpubench-time-scale", "0.02", "--gpubench-progress-interval", "0.5",
                "--gpubench-reports", str(tmp_path / "reports"),
@@ -543,7 +542,7 @@ def test_ollama_restarted_once_and_invalid_results_kept_raw(tmp_path, standalone
 @pytest.mark.slow
 def test_instance_killed_during_the_install_is_named_as_the_cause(tmp_path, standalone_sandbox):  # noqa: F811
     url = standalone_sandbox
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
+    env = pytest_env()  # the sandbox's token
     # The cheapest RTX 3090 has no Ollama: the (slow) install command runs, and the
     # instance dies under it.
     run = subprocess.Popen(

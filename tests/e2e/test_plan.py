@@ -13,6 +13,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from e2e_helpers import SANDBOX_TOKEN, pytest_env
 
 from pytest_gpubench.errors import Stage
 from pytest_gpubench.store.manifest import Manifest
@@ -39,6 +40,7 @@ def _no_gpubench_env(monkeypatch):
     """The plan reads settings like pytest does: none may leak in from the environment."""
     for name in [opt.env for opt in OPTIONS if opt.env] + ["GPUBENCH_API_TOKEN"]:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GPUBENCH_API_TOKEN", SANDBOX_TOKEN)  # only the test sandboxes' token
 
 
 def plan_of(sandbox, paths, tmp_path, **kwargs):
@@ -330,9 +332,8 @@ def test_makespan_is_longest_first_to_the_least_loaded_worker():
 
 
 def gpubench(*args: str, env: dict | None = None, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
     return subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", *args], cwd=REPO,
-                          env={**clean, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+                          env=pytest_env(env), capture_output=True, text=True, timeout=timeout)
 
 
 def test_command_prints_the_table_and_json(sandbox, api, tmp_path):

@@ -3,13 +3,13 @@ wrapping of long offer ids, against the sandbox's known catalog."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from e2e_helpers import SANDBOX_TOKEN, pytest_env
 
 from pytest_gpubench.commands.plan import make_plan
 from pytest_gpubench.commands.plan_estimates import DEFAULT_STAGE_SECONDS
@@ -32,6 +32,7 @@ matrix:
 def _no_gpubench_env(monkeypatch):
     for name in [opt.env for opt in OPTIONS if opt.env] + ["GPUBENCH_API_TOKEN"]:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GPUBENCH_API_TOKEN", SANDBOX_TOKEN)  # only the test sandboxes' token
 
 
 def plan_of(sandbox, path: Path, tmp_path: Path, **kwargs):
@@ -139,7 +140,7 @@ def test_wrap_text_breaks_after_dashes_and_cuts_what_has_none():
 
 def test_command_takes_the_split_options(sandbox, tmp_path):
     path = write(tmp_path, FOUR)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
+    env = pytest_env()
     base = [sys.executable, "-m", "pytest_gpubench.commands.cli", "plan", str(path), "--api", sandbox.url,
             "--manifest", str(tmp_path / "none.db"), "-n", "4"]
     done = subprocess.run([*base, "--sessions-per-group", "2"], cwd=REPO, env=env, capture_output=True,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from chromium import ChromiumProcess, DevTools, find_chromium
+from e2e_helpers import pytest_env
 
 from pytest_gpubench.store.sqlite_store import SqliteStore
 from pytest_gpubench.commands.cli import main
@@ -582,7 +583,7 @@ def test_report_of_a_real_sandbox_run_matches_its_summary(tmp_path, sandbox, api
     cheapest_3090 = min((o for o in offers if o["gpu_type"] == "RTX 3090"), key=lambda o: o["price_per_hour"])
     api.post("/sandbox/faults", json={"offer_id": cheapest_3090["id"], "fault": "provision_error",
                                       "message": "No available public IPs"}).raise_for_status()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
+    env = pytest_env()  # the sandbox's token
     reports = tmp_path / "reports"
     done = subprocess.run(
         [sys.executable, "-m", "pytest", str(REPO / "matrix" / "gpubench_quick.yaml"), "-p", "no:cacheprovider",
