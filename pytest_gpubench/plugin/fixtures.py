@@ -304,6 +304,8 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
         pytest.skip(f"[model_pull] {shortfall}")
     recorder.enter(Stage.OLLAMA_INSTALL)
     runtime = runtime_for(cell, gpu_ssh, gpu_indices=gpu_session.ssh.gpu_indices)
+    if hasattr(runtime, "on_status"):  # a server it starts: a stale pid file of one is reported here
+        runtime.on_status = recorder.progress.status
     lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
     known = take_over_server(lease, runtime)  # an earlier cell of the group started it
     known = adopt_image_server(runtime, cell.launch) or known  # the session's image serves the model

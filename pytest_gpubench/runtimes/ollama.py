@@ -15,7 +15,7 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import httpx
@@ -27,6 +27,8 @@ from ..settings import DEFAULT_OLLAMA_INSTALL
 from .base import Endpoint, PulledModel, ServingApi
 from .gpus import GpuPlacement
 from .restart import restart_once
+from .server_pid import identify, record, stale_in
+from .server_pid import stop as stop_script
 
 #: Ollama model references: name[:tag], optionally namespaced. Nothing a shell
 #: or a URL would treat specially.
@@ -37,6 +39,9 @@ DOWNLOADERS = ("curl", "wget")
 SERVE_LOG = "$HOME/.gpubench/ollama-serve.log"
 #: The pid of the ``ollama serve`` this runtime started, so that a hung one can be ended.
 SERVE_PID = "$HOME/.gpubench/ollama-serve.pid"
+#: What the command line of an ``ollama serve`` matches (``server_pid.py``): a word naming ollama, then
+#: ``serve`` (the sandbox's stand-in runs as ``python -m ...ollama_standin serve``).
+SERVE_PATTERN = '*ollama*" serve "*'
 
 
 def check_model_name(model: str) -> str:
@@ -78,6 +83,9 @@ class OllamaRuntime:
     placement: GpuPlacement = GpuPlacement()
     #: Ollama splits layers over GPUs; it has no tensor parallelism.
     tensor_parallel: ClassVar[None] = None
+    #: Where a finding goes as a progress line (``STALE_PID_FILE``): the cell's progress file, set by
+    #: the plugin; None: nowhere.
+    on_status: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def for_cell(cls, conn: Connection, cell: Cell, placement: GpuPlacement = GpuPlacement()) -> OllamaRuntime:
@@ -202,23 +210,29 @@ class OllamaRuntime:
     async def stop(self, timeout: float, stage: Stage = Stage.OLLAMA_INSTALL) -> None:
         """Kill the ``ollama serve`` this runtime (or an earlier one on the session) started.
 
-        One found running (no pid file of ours) is left alone: it cannot be told from another process.
+        One found running (no pid file of ours) is left alone: it cannot be told from another process;
+        so is a process a stale pid file names (``server_pid.py``), whose file is dropped and reported.
         """
-        await self.conn.run(f'pid=$(cat "{SERVE_PID}" 2>/dev/null) && [ -n "$pid" ] && kill -9 "$pid"; true',
-                            stage=stage, what="ending the ollama serve started earlier", timeout=timeout)
+        result = await self.conn.run(stop_script(SERVE_PID, SERVE_PATTERN, grace_steps=0), stage=stage,
+                                     what="ending the ollama serve started earlier", timeout=timeout)
+        self._report_stale(result.stdout)
         deadline = time.monotonic() + timeout
         while await self._version() is not None and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
 
+    def _report_stale(self, output: str) -> None:
+        stale = stale_in(output)
+        if stale is not None and self.on_status is not None:
+            self.on_status("STALE_PID_FILE", **stale.fields(SERVE_PID))
+
     async def _left_by_gpubench(self) -> bool:
-        """Whether the process in gpubench's pid file is a running ``ollama serve`` (its command line
-        names ollama and serve: a pid the system gave to another process since is not taken for it;
-        the sandbox's stand-in runs as ``python -m ...ollama_standin serve``)."""
-        result = await self.conn.run(
-            f'pid=$(cat "{SERVE_PID}" 2>/dev/null) && [ -n "$pid" ] && tr "\\0" " " < "/proc/$pid/cmdline"',
-            stage=Stage.OLLAMA_INSTALL, what="looking for an ollama serve gpubench left", timeout=30, check=False)
-        words = result.stdout.split() if result.ok else []
-        return "serve" in words and any("ollama" in word.rsplit("/", 1)[-1] for word in words)
+        """Whether the process in gpubench's pid file is the ``ollama serve`` gpubench started there
+        (its start time and command line: a pid the system gave to another process since is not taken
+        for it, and its file is dropped)."""
+        result = await self.conn.run(identify(SERVE_PID, SERVE_PATTERN), stage=Stage.OLLAMA_INSTALL,
+                                     what="looking for an ollama serve gpubench left", timeout=30, check=False)
+        self._report_stale(result.stdout)
+        return result.ok and result.stdout.startswith("ours ")
 
     async def _serve(self, parallel: int, timeout: float, stage: Stage) -> str:
         """Start ``ollama serve`` in the background and wait until it answers."""
@@ -226,7 +240,7 @@ class OllamaRuntime:
         # the SSH channel's stdout open for as long as the server runs.
         command = (
             f'mkdir -p "$HOME/.gpubench"; {self.server_environment(parallel)}'
-            f'nohup ollama serve > "{SERVE_LOG}" 2>&1 < /dev/null & echo $! > "{SERVE_PID}"'
+            f'nohup ollama serve > "{SERVE_LOG}" 2>&1 < /dev/null & {record(SERVE_PID)}'
         )
         await self.conn.run(command, stage=stage, what="starting ollama serve", timeout=timeout)
         version = await self._wait_version(timeout, stage)

@@ -39,6 +39,8 @@ from ..remote.ssh import Connection
 from .base import Endpoint, PulledModel, ServingApi
 from .gpus import GpuPlacement
 from .restart import restart_once
+from .server_pid import record, stale_in, word_pattern
+from .server_pid import stop as stop_script
 
 #: Hugging Face repo ids (``org/name``), local paths, or catalog names with a tag; nothing a shell expands.
 MODEL_NAME = re.compile(r"^[A-Za-z0-9./_][A-Za-z0-9._/:-]*$")
@@ -91,6 +93,9 @@ class LaunchSpec:
     api: ServingApi = ServingApi.OPENAI_CHAT
     #: Set per cell on a shared machine (``runtimes/shared_machine.py``): its own log, pid and port files.
     file_tag: str = ""
+    #: A word the server process's command line holds (default: the launch command's first word): a pid
+    #: file naming a process without it is stale and never signalled (``server_pid.py``).
+    process_word: str = ""
 
     def command(self, model: str, port: int, parallel: int, args: Sequence[str], gpus: int = 1) -> list[str]:
         """The launch command's words for ``model`` on ``port`` (validated, not yet quoted), spanning
@@ -111,8 +116,13 @@ class LaunchSpec:
         return [self.tensor_parallel_flag, str(int(gpus))] if gpus > 1 and self.tensor_parallel_flag else []
 
     def files(self, suffix: str) -> str:
-        """The instance path of this server's ``log``, ``pid`` or ``port`` file."""
+        """The instance path of this server's ``log``, ``pid``, ``start`` or ``port`` file."""
         return f"$HOME/.gpubench/{self.name}-serve{self.file_tag}.{suffix}"
+
+    @property
+    def process_pattern(self) -> str:
+        """The ``case`` pattern the server process's command line matches (``server_pid.py``)."""
+        return word_pattern(self.process_word or self.argv[0])
 
 
 class _PortTaken(Exception):
@@ -157,6 +167,9 @@ class OpenAIServerRuntime:
     prepared: dict[str, PulledModel] = field(default_factory=dict)
     #: The GPUs a server started here spans and sees (``CUDA_VISIBLE_DEVICES``).
     placement: GpuPlacement = GpuPlacement()
+    #: Where a finding goes as a progress line (``status("STALE_PID_FILE", file=..., ...)``): the cell's
+    #: progress file, set by the plugin; None: nowhere.
+    on_status: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def for_cell(cls, conn: Connection, cell: Cell, placement: GpuPlacement = GpuPlacement()) -> OpenAIServerRuntime:
@@ -273,7 +286,7 @@ class OpenAIServerRuntime:
         # Two statements: "a && b &" would keep the SSH channel open for as long as the server runs.
         return (f'mkdir -p "$HOME/.gpubench"; {self.placement.shell_prefix()}nohup {shlex.join(argv)} '
                 f'> "{files("log")}" 2>&1 < /dev/null & '
-                f'echo $! > "{files("pid")}"; echo {int(self.remote_port)} > "{files("port")}"')
+                f'{record(files("pid"))}; echo {int(self.remote_port)} > "{files("port")}"')
 
     async def _serve(self, model: str, parallel: int, timeout: float, stage: Stage) -> None:
         """Launch the server and wait for its health path; the log's tail in the error when it does not
@@ -351,20 +364,25 @@ class OpenAIServerRuntime:
 
     async def stop(self, timeout: float, stage: Stage = Stage.OLLAMA_INSTALL) -> None:
         """SIGTERM the server this runtime (or an earlier one on the session) started, SIGKILL
-        after :data:`TERM_GRACE_SECONDS`; one found running (no pid file of ours) is left alone."""
+        after :data:`TERM_GRACE_SECONDS`; one found running (no pid file of ours) is left alone, and
+        so is a process a stale pid file names (not the server started: its start time or command
+        line differ), whose file is dropped and reported (``STALE_PID_FILE``)."""
         grace = max(0.5, min(TERM_GRACE_SECONDS, timeout / 2))
-        steps = int(grace / 0.1)
         pid_file = self.spec.files("pid")
-        result = await self.conn.run(
-            f'pid=$(cat "{pid_file}" 2>/dev/null); [ -n "$pid" ] || exit 0; kill -TERM "$pid" 2>/dev/null; '
-            f'i=0; while kill -0 "$pid" 2>/dev/null && [ $i -lt {steps} ]; do sleep 0.1; i=$((i+1)); done; '
-            f'kill -KILL "$pid" 2>/dev/null; rm -f "{pid_file}"; echo stopped',
-            stage=stage, what=f"stopping the {self.spec.program} started earlier", timeout=timeout)
+        result = await self.conn.run(stop_script(pid_file, self.spec.process_pattern, grace_steps=int(grace / 0.1)),
+                                     stage=stage, what=f"stopping the {self.spec.program} started earlier",
+                                     timeout=timeout)
+        self._report_stale(result.stdout, pid_file)
         if "stopped" not in result.stdout:
             return  # nothing of ours ran: a server answering is someone else's
         deadline = time.monotonic() + timeout
         while await self._healthy() and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
+
+    def _report_stale(self, output: str, pid_file: str) -> None:
+        stale = stale_in(output)
+        if stale is not None and self.on_status is not None:
+            self.on_status("STALE_PID_FILE", **stale.fields(pid_file))
 
     # -- the model ---------------------------------------------------------------
 

@@ -27,6 +27,7 @@ SGLANG = LaunchSpec(
     install_hint="use an image with SGLang installed (such as lmsysorg/sglang) or install it with "
                  "`pip install sglang` first",
     tensor_parallel_flag="--tp-size",
+    process_word="sglang",  # python3 -m sglang.launch_server: the interpreter is the first word
 )
 
 

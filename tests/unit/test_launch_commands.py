@@ -27,7 +27,9 @@ def test_the_serve_command_is_vllm_serve_model_port_parallelism_and_the_argument
     command = runtime.serve_command(runtime.model, 8)
     assert argv_of(command) == ["vllm", "serve", "Qwen/Qwen2-1.5B-Instruct", "--port", "8000",
                                 "--max-num-seqs", "8", "--max-model-len", "4096"]
-    assert command.endswith('echo $! > "$HOME/.gpubench/vllm-serve.pid"; echo 8000 > "$HOME/.gpubench/vllm-serve.port"')
+    assert 'echo $! > "$HOME/.gpubench/vllm-serve.pid"; pid=$!; ' in command  # and its start time beside it
+    assert '> "$HOME/.gpubench/vllm-serve.start"; echo 8000 > "$HOME/.gpubench/vllm-serve.port"' in command
+    assert command.endswith('echo 8000 > "$HOME/.gpubench/vllm-serve.port"')
 
 
 def test_an_argument_with_shell_syntax_is_one_quoted_word():
@@ -82,7 +84,8 @@ def test_each_servers_launch_command_is_its_template_with_model_port_parallelism
     assert argv_of(command) == argv
     name = runtime_class.name
     assert f'> "$HOME/.gpubench/{name}-serve.log" 2>&1' in command
-    assert command.endswith(f'echo $! > "$HOME/.gpubench/{name}-serve.pid"; '
+    assert f'echo $! > "$HOME/.gpubench/{name}-serve.pid"; pid=$!; ' in command
+    assert command.endswith(f'> "$HOME/.gpubench/{name}-serve.start"; '
                             f'echo 23456 > "$HOME/.gpubench/{name}-serve.port"')
 
 
