@@ -16,6 +16,7 @@ The reference for users is ``docs/matrix.md``.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from functools import cached_property
@@ -188,6 +189,9 @@ class RuntimeSpec(_Strict):
     #: A fixed port for the server: one found running there with the cell's model is used;
     #: None: a free port picked on the instance (docs/runtimes.md).
     port: int | None = Field(default=None, ge=1, le=65535)
+    #: The address the server the plugin starts listens on (``--host``, TGI's ``--hostname``,
+    #: ``OLLAMA_HOST``); None: 127.0.0.1, the instance's loopback only (docs/runtimes.md).
+    host: str | None = None
     #: How GPU Shopper launches the instance (``mode: entrypoint``: its image serves the model; see launch.py).
     launch: LaunchSpec | None = None
     # A running endpoint (``name: openai``, matrix/endpoint.py): nothing is rented or started.
@@ -216,6 +220,16 @@ class RuntimeSpec(_Strict):
         if not text.strip() or "\0" in text:
             raise invalid("must be a non-empty shell command without NUL characters")
         return text.strip()
+
+    @field_validator("host", mode="before")
+    @classmethod
+    def _host(cls, value: Any) -> Any:
+        text = text_field("an IP address", "'0.0.0.0'")(value)
+        try:
+            return str(ipaddress.ip_address(text.strip()))
+        except ValueError:
+            raise invalid(f"must be an IP address to listen on, such as 127.0.0.1 (the default) or 0.0.0.0 "
+                          f"(every interface); got {describe(value)}") from None
 
     @field_validator("presets", mode="before")
     @classmethod
@@ -400,6 +414,7 @@ class Matrix(BaseModel):
     ollama_install: str | None = None
     runtime_args: tuple[str, ...] = ()
     runtime_port: int | None = None
+    runtime_host: str | None = None
     launch: LaunchSpec | None = None
     endpoint: EndpointSpec | None = None
     runtime_presets: str | None = None
@@ -439,6 +454,8 @@ class Cell(BaseModel):
     runtime_args: tuple[str, ...] = ()
     #: The server's fixed port (``runtime.port``); None: a free one picked on the instance.
     runtime_port: int | None = None
+    #: The address a server the plugin starts listens on (``runtime.host``); None: 127.0.0.1.
+    runtime_host: str | None = None
     #: ``runtime.launch`` with the server's defaults filled; None: a plain SSH launch.
     launch: LaunchSpec | None = None
     #: The running server a ``runtime: openai`` cell benchmarks (matrix/endpoint.py); None otherwise.
@@ -598,6 +615,7 @@ def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -
         ollama_install=spec.runtime.ollama_install,
         runtime_args=spec.runtime.args,
         runtime_port=spec.runtime.port,
+        runtime_host=spec.runtime.host,
         launch=spec.runtime.launch,
         endpoint=spec.runtime.endpoint_spec(),
         runtime_presets=spec.runtime.presets,
@@ -668,6 +686,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
         install = row_runtime.ollama_install if "ollama_install" in runtime_set else matrix.ollama_install
         runtime_args = row_runtime.args if "args" in runtime_set else matrix.runtime_args
         runtime_port = row_runtime.port if "port" in runtime_set else matrix.runtime_port
+        runtime_host = row_runtime.host if "host" in runtime_set else matrix.runtime_host
         launch = row_runtime.launch if "launch" in runtime_set else matrix.launch
         # A running endpoint is described beside its name (RuntimeSpec), so it comes with the name.
         endpoint = row_runtime.endpoint_spec() if "name" in runtime_set else matrix.endpoint
@@ -709,7 +728,8 @@ def _expand(matrix: Matrix) -> list[Cell]:
         row_shared = dict(
             gpu=row.gpu, runtime=runtime, cloud=cloud, hosts_file=matrix.hosts_file, ollama_install=install,
             matrix_name=matrix.name,
-            runtime_args=runtime_args, runtime_port=runtime_port, endpoint=endpoint, runtime_presets=presets,
+            runtime_args=runtime_args, runtime_port=runtime_port, runtime_host=runtime_host, endpoint=endpoint,
+            runtime_presets=presets,
             source=matrix.source,
             launch=cell_launch,
             row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu), microbench=None,
@@ -783,8 +803,8 @@ def _microbench_cell(matrix: Matrix, r: int, row: RowSpec, row_shared: dict[str,
         raise MatrixError(matrix.source, f"matrix[{r}].microbench", (
             "microbenchmarks need a rented GPU reached over SSH; a running endpoint has none"
             + at_line(_row_line(matrix, r))))
-    no_server = {"runtime": DEFAULT_RUNTIME, "runtime_args": (), "runtime_port": None, "launch": None,
-                 "runtime_presets": None, "endpoint": None}
+    no_server = {"runtime": DEFAULT_RUNTIME, "runtime_args": (), "runtime_port": None, "runtime_host": None,
+                 "launch": None, "runtime_presets": None, "endpoint": None}
     shared = {name: value for name, value in row_shared.items() if name != "gpu_compact"}  # a cached property
     return Cell(**{
         **shared, **no_server, "gpus": 1, "reuse": "cell", "microbench": row.microbench,

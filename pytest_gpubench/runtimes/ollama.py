@@ -11,6 +11,7 @@ carries a model name or prompt.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import re
 import time
@@ -26,6 +27,7 @@ from ..remote.ssh import Connection
 from ..settings import DEFAULT_OLLAMA_INSTALL
 from .base import Endpoint, PulledModel, ServingApi
 from .gpus import GpuPlacement
+from .openai_server import LOOPBACK, reach_address
 from .restart import restart_once
 from .server_pid import identify, record, stale_in
 from .server_pid import stop as stop_script
@@ -66,7 +68,10 @@ class OllamaRuntime:
     #: Run when ``ollama --version`` fails: the matrix's ``runtime.ollama_install`` or Ollama's own.
     install_command: str = DEFAULT_OLLAMA_INSTALL
     version: str = ""
-    remote_host: str = "127.0.0.1"
+    #: Where a server started here listens (the matrix's ``runtime.host``): the instance's loopback unless
+    #: the matrix says otherwise; it is reached there (loopback for every interface).
+    bind_host: str = LOOPBACK
+    remote_host: str = LOOPBACK
     remote_port: int = DEFAULT_PORT
     local_port: int = 0
     warmup_load_seconds: float | None = None
@@ -90,14 +95,21 @@ class OllamaRuntime:
     @classmethod
     def for_cell(cls, conn: Connection, cell: Cell, placement: GpuPlacement = GpuPlacement()) -> OllamaRuntime:
         """The runtime a cell's matrix asks for, on ``conn``, on ``placement``'s GPUs."""
-        return cls(conn, install_command=cell.ollama_install or DEFAULT_OLLAMA_INSTALL, placement=placement)
+        host = cell.runtime_host or LOOPBACK
+        return cls(conn, install_command=cell.ollama_install or DEFAULT_OLLAMA_INSTALL, placement=placement,
+                   bind_host=host, remote_host=reach_address(host))
 
     def server_environment(self, parallel: int) -> str:
-        """The variables ``ollama serve`` starts with: ``OLLAMA_NUM_PARALLEL``, the cell's GPUs
+        """The variables ``ollama serve`` starts with: ``OLLAMA_HOST`` (where it listens: the instance's
+        loopback unless the matrix's ``runtime.host`` says otherwise, whatever the instance's own
+        ``OLLAMA_HOST`` names, on that one's port), ``OLLAMA_NUM_PARALLEL``, the cell's GPUs
         (``CUDA_VISIBLE_DEVICES``) and, on more than one, ``OLLAMA_SCHED_SPREAD=1``: Ollama otherwise
         keeps a model that fits one GPU on that one, and the cell would measure one GPU."""
         spread = "OLLAMA_SCHED_SPREAD=1 " if self.placement.count > 1 else ""
-        return f"OLLAMA_NUM_PARALLEL={int(parallel)} {spread}{self.placement.shell_prefix()}"
+        host = ipaddress.ip_address(self.bind_host)
+        listen = f"[{host}]" if host.version == 6 else str(host)
+        return (f"OLLAMA_HOST={listen}:{int(self.remote_port)} OLLAMA_NUM_PARALLEL={int(parallel)} "
+                f"{spread}{self.placement.shell_prefix()}")
 
     @property
     def endpoint(self) -> Endpoint:
@@ -116,7 +128,8 @@ class OllamaRuntime:
     @property
     def remote_url(self) -> str:
         """The URL of the Ollama API as seen on the instance."""
-        return f"http://{self.remote_host}:{self.remote_port}"
+        host = f"[{self.remote_host}]" if ":" in self.remote_host else self.remote_host
+        return f"http://{host}:{self.remote_port}"
 
     async def installed_version(self, timeout: float) -> str | None:
         result = await self.conn.run(
@@ -175,12 +188,14 @@ class OllamaRuntime:
                 )
 
     async def locate(self, timeout: float) -> None:
-        """Read the instance's OLLAMA_HOST and forward a local port to it."""
+        """Read the port of the instance's OLLAMA_HOST and forward a local port to it, on the address
+        a server started here listens on (:attr:`bind_host`; the instance's loopback by default)."""
         result = await self.conn.run(
             'printf "%s" "${OLLAMA_HOST:-}"', stage=Stage.OLLAMA_INSTALL,
             what="reading OLLAMA_HOST", timeout=timeout,
         )
-        self.remote_host, self.remote_port = parse_ollama_host(result.stdout.strip())
+        _, self.remote_port = parse_ollama_host(result.stdout.strip())
+        self.remote_host = reach_address(self.bind_host)
         self.local_port = await self.conn.forward(self.remote_host, self.remote_port)
 
     async def ensure_serving(self, timeout: float, num_parallel: int = 1) -> str:

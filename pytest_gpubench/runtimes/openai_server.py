@@ -23,6 +23,7 @@ unused from the instance's shell, another one tried when the server exits with
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import random
 import re
 import shlex
@@ -52,6 +53,15 @@ PICKED_PORTS = range(20000, 32768)
 PORT_ATTEMPTS = 3
 #: How long a SIGTERM'd server gets to exit before SIGKILL.
 TERM_GRACE_SECONDS = 10.0
+#: Where a server the plugin starts listens, unless the matrix's ``runtime.host`` says otherwise: the
+#: instance's loopback, reached through the SSH forward; never the network (vLLM's and TGI's default).
+LOOPBACK = "127.0.0.1"
+
+
+def reach_address(host: str) -> str:
+    """Where a server listening on ``host`` is reached from its own machine: loopback for every
+    interface (``0.0.0.0``, ``::``), else that address."""
+    return LOOPBACK if ipaddress.ip_address(host).is_unspecified else host
 
 
 def check_model_name(model: str, stage: Stage = Stage.MODEL_PULL) -> str:
@@ -77,7 +87,7 @@ class LaunchSpec:
     name: str
     #: How messages name the launcher (``vllm serve``).
     program: str
-    #: The launch command's words: ``{model}``, ``{port}`` and ``{parallel}`` are filled in,
+    #: The launch command's words: ``{model}``, ``{host}``, ``{port}`` and ``{parallel}`` are filled in,
     #: ``{args}`` stands for the matrix's ``runtime.args`` (each one word).
     argv: tuple[str, ...]
     #: A shell command whose output carries the version; failing means "not installed".
@@ -97,11 +107,13 @@ class LaunchSpec:
     #: file naming a process without it is stale and never signalled (``server_pid.py``).
     process_word: str = ""
 
-    def command(self, model: str, port: int, parallel: int, args: Sequence[str], gpus: int = 1) -> list[str]:
-        """The launch command's words for ``model`` on ``port`` (validated, not yet quoted), spanning
+    def command(self, model: str, port: int, parallel: int, args: Sequence[str], gpus: int = 1,
+                host: str = LOOPBACK) -> list[str]:
+        """The launch command's words for ``model`` on ``host:port`` (validated, not yet quoted), spanning
         ``gpus`` GPUs with :attr:`tensor_parallel_flag` (the matrix's ``runtime.args`` come after it,
         so a ``-tp`` there wins)."""
-        values = {"model": check_model_name(model), "port": str(int(port)), "parallel": str(int(parallel))}
+        values = {"model": check_model_name(model), "host": str(ipaddress.ip_address(host)), "port": str(int(port)),
+                  "parallel": str(int(parallel))}
         words: list[str] = []
         for word in self.argv:
             if word == "{args}":
@@ -145,6 +157,8 @@ class OpenAIServerRuntime:
     args: tuple[str, ...] = ()
     #: The matrix's ``runtime.port``: a fixed port, where a server found running is used.
     port: int | None = None
+    #: Where a server started here listens (the matrix's ``runtime.host``; default :data:`LOOPBACK`).
+    host: str = LOOPBACK
     version: str = ""
     #: Where the server listens on the instance (0 until :meth:`locate` decides).
     remote_port: int = 0
@@ -175,7 +189,7 @@ class OpenAIServerRuntime:
     def for_cell(cls, conn: Connection, cell: Cell, placement: GpuPlacement = GpuPlacement()) -> OpenAIServerRuntime:
         """The runtime for ``cell``'s model, launch arguments and port, on ``conn``, on ``placement``'s GPUs."""
         return cls(conn, model=cell.model, args=tuple(cell.runtime_args), port=cell.runtime_port,
-                   placement=placement)
+                   host=cell.runtime_host or LOOPBACK, placement=placement)
 
     @property
     def tensor_parallel(self) -> int | None:
@@ -185,7 +199,14 @@ class OpenAIServerRuntime:
     @property
     def endpoint(self) -> Endpoint:
         """The server's OpenAI API, on the instance and through the forward."""
-        return Endpoint(remote_url=f"http://127.0.0.1:{self.remote_port}", local_url=self.url, api=self.spec.api)
+        return Endpoint(remote_url=f"http://{self.remote_address}:{self.remote_port}", local_url=self.url,
+                        api=self.spec.api)
+
+    @property
+    def remote_address(self) -> str:
+        """Where the server is reached on the instance (the forward's and the load generator's target)."""
+        host = reach_address(self.host)
+        return f"[{host}]" if ":" in host else host
 
     @property
     def url(self) -> str:
@@ -231,7 +252,7 @@ class OpenAIServerRuntime:
                 self.remote_port = await self._recorded_port()
             if not self.remote_port:
                 self.remote_port, self.port_picked = await self._pick_port(timeout), True
-        self.local_port = await self.conn.forward("127.0.0.1", self.remote_port)
+        self.local_port = await self.conn.forward(reach_address(self.host), self.remote_port)
 
     async def _recorded_port(self) -> int:
         result = await self.conn.run(f'cat "{self.spec.files("port")}" 2>/dev/null', stage=Stage.OLLAMA_INSTALL,
@@ -253,7 +274,7 @@ class OpenAIServerRuntime:
     async def _move_port(self, timeout: float) -> None:
         """Another free port, and the forward to it."""
         self.remote_port, self.port_picked = await self._pick_port(timeout), True
-        self.local_port = await self.conn.forward("127.0.0.1", self.remote_port)
+        self.local_port = await self.conn.forward(reach_address(self.host), self.remote_port)
 
     async def ensure_serving(self, timeout: float, num_parallel: int = 1) -> str:
         """Launch the server for the cell's model unless one of ours (or, on a given port, one
@@ -281,7 +302,7 @@ class OpenAIServerRuntime:
 
     def serve_command(self, model: str, parallel: int) -> str:
         """The shell command that starts the server in the background and keeps its pid, port and log."""
-        argv = self.spec.command(model, self.remote_port, parallel, self.args, self.placement.count)
+        argv = self.spec.command(model, self.remote_port, parallel, self.args, self.placement.count, self.host)
         files = self.spec.files
         # Two statements: "a && b &" would keep the SSH channel open for as long as the server runs.
         return (f'mkdir -p "$HOME/.gpubench"; {self.placement.shell_prefix()}nohup {shlex.join(argv)} '

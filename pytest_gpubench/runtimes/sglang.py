@@ -1,9 +1,9 @@
-"""SGLang (``runtime: sglang``): ``python3 -m sglang.launch_server --model-path {model} --port {port}
+"""SGLang (``runtime: sglang``): ``python3 -m sglang.launch_server --model-path {model} --host {host} --port {port}
 --max-running-requests {parallel} {args}``.
 
 Checked against SGLang's docs (server arguments, quick start, native APIs): the model
 is ``--model-path`` (a Hugging Face repo id or a local folder); the server listens on
-``--port`` (default 30000) of ``--host`` (default 127.0.0.1); ``--max-running-requests``
+``--port`` (default 30000) of ``--host`` (default 127.0.0.1; given anyway, ``runtime.host`` may change it); ``--max-running-requests``
 caps the requests batched at once; ``--tp-size`` (``--tp``) is tensor parallelism;
 ``GET /health`` answers 200 once the server is ready; the version is
 ``sglang.__version__`` (``python3 -c "import sglang; print(sglang.__version__)"``, the
@@ -20,7 +20,7 @@ from .openai_server import LaunchSpec, OpenAIServerRuntime
 SGLANG = LaunchSpec(
     name="sglang",
     program="sglang.launch_server",
-    argv=("python3", "-m", "sglang.launch_server", "--model-path", "{model}", "--port", "{port}",
+    argv=("python3", "-m", "sglang.launch_server", "--model-path", "{model}", "--host", "{host}", "--port", "{port}",
           "--max-running-requests", "{parallel}", "{args}"),
     version_command="python3 -c 'import sglang; print(sglang.__version__)'",
     version_pattern=r"(\d+\.\d+[.\w+-]*)",

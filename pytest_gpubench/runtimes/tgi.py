@@ -1,8 +1,9 @@
 """Text Generation Inference (``runtime: tgi``): ``text-generation-launcher --model-id {model}
---port {port} --max-concurrent-requests {parallel} {args}``.
+--hostname {host} --port {port} --max-concurrent-requests {parallel} {args}``.
 
 Checked against TGI's launcher reference: ``--model-id`` (a Hugging Face repo id or a
-local directory), ``--port`` (default 3000), ``--max-concurrent-requests`` (the
+local directory), ``--hostname`` (default 0.0.0.0, every interface: so always given,
+127.0.0.1 unless ``runtime.host`` says otherwise), ``--port`` (default 3000), ``--max-concurrent-requests`` (the
 router's cap on requests in flight, default 128; more are refused, so it is set to the
 cell's concurrency), ``--num-shard`` for tensor parallelism; the launcher downloads
 the weights, starts the shards, then the router, which serves ``GET /health`` (200
@@ -21,7 +22,7 @@ from .openai_server import LaunchSpec, OpenAIServerRuntime
 TGI = LaunchSpec(
     name="tgi",
     program="text-generation-launcher",
-    argv=("text-generation-launcher", "--model-id", "{model}", "--port", "{port}",
+    argv=("text-generation-launcher", "--model-id", "{model}", "--hostname", "{host}", "--port", "{port}",
           "--max-concurrent-requests", "{parallel}", "{args}"),
     version_command="text-generation-launcher --version",
     version_pattern=r"(\d+\.\d+[.\w+-]*)",

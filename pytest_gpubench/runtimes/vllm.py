@@ -1,7 +1,8 @@
-"""vLLM (``runtime: vllm``): ``vllm serve {model} --port {port} --max-num-seqs {parallel} {args}``.
+"""vLLM (``runtime: vllm``): ``vllm serve {model} --host {host} --port {port} --max-num-seqs {parallel} {args}``.
 
 Checked against vLLM's docs (the ``vllm serve`` CLI and its OpenAI-compatible server):
-the model is the positional ``model_tag`` (a Hugging Face repo id or a local path);
+the model is the positional ``model_tag`` (a Hugging Face repo id or a local path); ``--host``
+(default 0.0.0.0, every interface: so always given, 127.0.0.1 unless ``runtime.host`` says otherwise);
 ``--max-num-seqs`` caps the sequences batched at once; ``--tensor-parallel-size``
 (``-tp``) spreads the model over GPUs; ``GET /health`` answers 200 once the API server
 listens, which it does only after the model is loaded (nothing answers before);
@@ -19,7 +20,7 @@ from .openai_server import LaunchSpec, OpenAIServerRuntime
 VLLM = LaunchSpec(
     name="vllm",
     program="vllm serve",
-    argv=("vllm", "serve", "{model}", "--port", "{port}", "--max-num-seqs", "{parallel}", "{args}"),
+    argv=("vllm", "serve", "{model}", "--host", "{host}", "--port", "{port}", "--max-num-seqs", "{parallel}", "{args}"),
     version_command="vllm --version",
     version_pattern=r"(\d+\.\d+[.\w+-]*)",
     install_hint="use an image with vLLM installed (such as vllm/vllm-openai) or install it with `pip install vllm` "

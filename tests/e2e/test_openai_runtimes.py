@@ -11,7 +11,10 @@ leaves it running.
 
 from __future__ import annotations
 
+import ipaddress
+import os
 from collections.abc import Coroutine, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -22,6 +25,7 @@ from pytest_gpubench.aio import LoopThread
 from pytest_gpubench.errors import Stage, StageError
 from pytest_gpubench.matrix.cells import Cell, expand, parse_matrix
 from pytest_gpubench.remote.ssh import Connection
+from pytest_gpubench.runtimes.ollama import SERVE_PID
 from pytest_gpubench.runtimes.openai_server import PICKED_PORTS, OpenAIServerRuntime
 from pytest_gpubench.runtimes.registry import runtime_for
 
@@ -214,3 +218,57 @@ def test_a_stream_fault_stalls_every_servers_stream_mid_answer(api, session, run
     assert run(stream(), 60) == (2, True)  # two tokens, then silence
     assert run(stream(), 60)[1] is False  # fired once: the next answer streams to its end
     api.delete("/sandbox/faults")
+
+
+# ------------------------------------------- where the servers listen (issue 21 item 4)
+
+
+def listening_addresses(pid: int) -> set[str]:
+    """The ``address:port`` of every listening TCP socket of ``pid`` and its descendants, read from
+    ``/proc`` (the socket inodes among their fds, matched in ``/proc/net/tcp`` and ``tcp6``)."""
+    pids, inodes = [pid], set()
+    while pids:
+        current = pids.pop()
+        try:
+            for fd in Path(f"/proc/{current}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[len("socket:["):-1])
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except OSError:
+            continue
+        pids.extend(int(child) for child in children)
+    found = set()
+    for table, size in (("tcp", 4), ("tcp6", 16)):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            raw, port = fields[1].split(":")
+            packed = bytes.fromhex(raw)
+            # /proc prints each 32-bit word in host (little-endian) order.
+            packed = b"".join(packed[i:i + 4][::-1] for i in range(0, size, 4))
+            found.add(f"{ipaddress.ip_address(packed)}:{int(port, 16)}")
+    return found
+
+
+# vLLM and TGI (every interface by default) and Ollama (OLLAMA_HOST from the instance); the flags of all
+# four OpenAI servers are checked in tests/unit/test_launch_commands.py.
+@pytest.mark.parametrize("name", ["vllm", "tgi", "ollama"])
+def test_every_server_the_plugin_starts_listens_on_the_instance_loopback_only(session, run, started, name):
+    """vLLM and TGI listen on every interface unless told: the launch command says 127.0.0.1
+    (Ollama: OLLAMA_HOST), and the stand-in's listening socket is bound there and nowhere else."""
+    runtime = runtime_for(cell_for(name), session[1])
+    started.append(runtime)
+    serve(run, runtime)
+    assert runtime.started_here
+    pid_file = runtime.spec.files("pid") if name != "ollama" else SERVE_PID
+    pid = int(run(session[1].run(f'cat "{pid_file}"', stage=Stage.CLEANUP, what="pid", timeout=10)).stdout)
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    if name != "ollama":
+        flag = b"--hostname" if name == "tgi" else b"--host"
+        assert cmdline[cmdline.index(flag) + 1] == b"127.0.0.1", cmdline
+    else:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert f"OLLAMA_HOST=127.0.0.1:{runtime.remote_port}".encode() in environ
+    assert listening_addresses(pid) == {f"127.0.0.1:{runtime.remote_port}"}

@@ -10,6 +10,7 @@ from pytest_gpubench.errors import MatrixError, Stage, StageError
 from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.measure.fingerprint import fingerprint, incomparable
 from pytest_gpubench.runtimes.llamacpp import LlamacppRuntime
+from pytest_gpubench.runtimes.ollama import OllamaRuntime
 from pytest_gpubench.runtimes.sglang import SglangRuntime
 from pytest_gpubench.runtimes.tgi import TgiRuntime
 from pytest_gpubench.runtimes.vllm import VllmRuntime
@@ -25,7 +26,7 @@ def test_the_serve_command_is_vllm_serve_model_port_parallelism_and_the_argument
     runtime = VllmRuntime(conn=None, model="Qwen/Qwen2-1.5B-Instruct", args=("--max-model-len", "4096"),
                           remote_port=8000)
     command = runtime.serve_command(runtime.model, 8)
-    assert argv_of(command) == ["vllm", "serve", "Qwen/Qwen2-1.5B-Instruct", "--port", "8000",
+    assert argv_of(command) == ["vllm", "serve", "Qwen/Qwen2-1.5B-Instruct", "--host", "127.0.0.1", "--port", "8000",
                                 "--max-num-seqs", "8", "--max-model-len", "4096"]
     assert 'echo $! > "$HOME/.gpubench/vllm-serve.pid"; pid=$!; ' in command  # and its start time beside it
     assert '> "$HOME/.gpubench/vllm-serve.start"; echo 8000 > "$HOME/.gpubench/vllm-serve.port"' in command
@@ -72,11 +73,12 @@ def test_runtime_args_must_be_a_list_of_printable_words(args):
 
 @pytest.mark.parametrize(("runtime_class", "argv"), [
     (SglangRuntime, ["python3", "-m", "sglang.launch_server", "--model-path", "Qwen/Qwen2-1.5B-Instruct",
-                     "--port", "23456", "--max-running-requests", "8", "--tp-size", "2"]),
-    (TgiRuntime, ["text-generation-launcher", "--model-id", "Qwen/Qwen2-1.5B-Instruct", "--port", "23456",
+                     "--host", "127.0.0.1", "--port", "23456", "--max-running-requests", "8", "--tp-size", "2"]),
+    (TgiRuntime, ["text-generation-launcher", "--model-id", "Qwen/Qwen2-1.5B-Instruct", "--hostname", "127.0.0.1",
+                  "--port", "23456",
                   "--max-concurrent-requests", "8", "--tp-size", "2"]),
     (LlamacppRuntime, ["llama-server", "-m", "Qwen/Qwen2-1.5B-Instruct", "--alias", "Qwen/Qwen2-1.5B-Instruct",
-                       "--port", "23456", "-np", "8", "--tp-size", "2"]),
+                       "--host", "127.0.0.1", "--port", "23456", "-np", "8", "--tp-size", "2"]),
 ], ids=["sglang", "tgi", "llamacpp"])
 def test_each_servers_launch_command_is_its_template_with_model_port_parallelism_and_arguments(runtime_class, argv):
     runtime = runtime_class(conn=None, model="Qwen/Qwen2-1.5B-Instruct", args=("--tp-size", "2"), remote_port=23456)
@@ -137,3 +139,45 @@ def test_the_matrix_example_of_docs_runtimes_md_parses_into_a_cell_per_runtime()
     cells = expand(parse_matrix(example, "gpubench_runtimes_doc.yaml"))
     assert [(c.runtime, c.runtime_port) for c in cells] == [("vllm", None), ("sglang", None), ("tgi", 3000),
                                                             ("llamacpp", None)]
+
+
+# ----------------------------------------------- where the servers listen (issue 21 item 4)
+
+HOSTED = ("runtime: {name: vllm, host: 0.0.0.0}\n"
+          "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:1.5b'}\n"
+          "  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:7b', runtime: {name: tgi}}\n"
+          "  - {gpu: RTX 4090, provider: vastai, model: 'llama3:8b', runtime: {name: ollama, host: '::1'}}\n")
+
+
+@pytest.mark.parametrize(("runtime_class", "flag"), [
+    (VllmRuntime, "--host"), (SglangRuntime, "--host"), (TgiRuntime, "--hostname"), (LlamacppRuntime, "--host")])
+def test_every_server_listens_on_the_instance_loopback_unless_the_matrix_says_otherwise(runtime_class, flag):
+    """vLLM and TGI listen on every interface by default: the flag is always given."""
+    runtime = runtime_class(conn=None, model="qwen2:1.5b", remote_port=23456)
+    words = argv_of(runtime.serve_command("qwen2:1.5b", 1))
+    assert words[words.index(flag) + 1] == "127.0.0.1" and words.count(flag) == 1
+    assert runtime.endpoint.remote_url == "http://127.0.0.1:23456"
+    everywhere = runtime_class(conn=None, model="qwen2:1.5b", remote_port=23456, host="0.0.0.0")
+    words = argv_of(everywhere.serve_command("qwen2:1.5b", 1))
+    assert words[words.index(flag) + 1] == "0.0.0.0"
+    assert everywhere.endpoint.remote_url == "http://127.0.0.1:23456"  # reached on loopback all the same
+
+
+def test_runtime_host_reaches_each_cell_and_a_row_may_replace_or_keep_it():
+    vllm, tgi, ollama = expand(parse_matrix(HOSTED, "gpubench_hosts.yaml"))
+    assert (vllm.runtime_host, tgi.runtime_host, ollama.runtime_host) == ("0.0.0.0", "0.0.0.0", "::1")
+    assert VllmRuntime.for_cell(None, vllm).host == "0.0.0.0"
+    served = OllamaRuntime.for_cell(None, ollama)
+    assert served.server_environment(1).startswith("OLLAMA_HOST=[::1]:11434 ")
+    assert served.remote_url == "http://[::1]:11434"
+    (plain,) = expand(parse_matrix("runtime: ollama\nmatrix:\n  - {gpu: RTX 4090, provider: vastai, "
+                                   "model: 'qwen2:1.5b'}\n", "gpubench_plain.yaml"))
+    assert plain.runtime_host is None
+    assert OllamaRuntime.for_cell(None, plain).server_environment(1).startswith("OLLAMA_HOST=127.0.0.1:11434 ")
+
+
+@pytest.mark.parametrize("host", ["localhost", "'0.0.0.0; id'", "[1]", "300.1.1.1"])
+def test_runtime_host_must_be_an_ip_address(host):
+    with pytest.raises(MatrixError) as info:
+        parse_matrix(f"runtime: {{name: vllm, host: {host}}}\n" + ROWS, "gpubench_vllm.yaml")
+    assert "runtime.host: must be an IP address" in str(info.value)  # a list: "such as '0.0.0.0'; got a list"

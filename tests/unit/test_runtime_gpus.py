@@ -81,10 +81,11 @@ def test_the_gpus_a_provider_leased_are_the_only_ones_the_server_sees() -> None:
 def test_ollama_sees_the_leased_gpus_and_spreads_a_multi_gpu_cells_model_over_them() -> None:
     two = runtime_for(cell_on("ollama", 2), conn=None, gpu_indices=(0, 1))
     assert isinstance(two, OllamaRuntime)
-    assert two.server_environment(4) == ("OLLAMA_NUM_PARALLEL=4 OLLAMA_SCHED_SPREAD=1 "
+    assert two.server_environment(4) == ("OLLAMA_HOST=127.0.0.1:11434 OLLAMA_NUM_PARALLEL=4 OLLAMA_SCHED_SPREAD=1 "
                                          "CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0,1 ")
     one = runtime_for(cell_on("ollama", 1), conn=None)
-    assert one.server_environment(1) == "OLLAMA_NUM_PARALLEL=1 "  # as before: nothing new for one GPU
+    # As before for one GPU, and it listens on the instance's loopback only (issue 21 item 4).
+    assert one.server_environment(1) == "OLLAMA_HOST=127.0.0.1:11434 OLLAMA_NUM_PARALLEL=1 "
 
 
 def test_docker_gets_the_devices_as_one_quoted_csv_field() -> None:
