@@ -49,7 +49,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench_common import SANDBOX_AUTH, pytest_env, start_sandbox  # noqa: E402 - bench/ is on sys.path: the script's own directory
+# bench/ is on sys.path: the script's own directory
+from bench_common import SANDBOX_AUTH, pytest_env, start_sandbox  # noqa: E402
 
 from pytest_gpubench.matrix.cells import expand, load_matrix  # noqa: E402
 from pytest_gpubench.sandbox.catalog import load_catalog  # noqa: E402

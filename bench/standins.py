@@ -105,7 +105,8 @@ def main() -> int:
     process, url = start_sandbox(0.01)
     serve = None
     try:
-        with httpx.Client(base_url=url, headers=SANDBOX_AUTH, timeout=30) as api, tempfile.TemporaryDirectory() as old_dir:
+        with httpx.Client(base_url=url, headers=SANDBOX_AUTH, timeout=30) as api, \
+                tempfile.TemporaryDirectory() as old_dir:
             state = _session(api)
             root = Path(state["instance_dir"])
             bin_dir, home = root / "bin", root / "home"

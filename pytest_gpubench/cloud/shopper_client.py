@@ -185,6 +185,10 @@ class ShopperClient:
             except httpx.TransportError as exc:
                 raise ApiUnreachable(self.base_url, type(exc).__name__) from None
             if response.status_code != 503:
+                if response.status_code in (401, 403):  # it answers, and wants a token (the sandbox does)
+                    raise ApiUnreachable(self.base_url, f"/health answered {response.status_code}: the server "
+                                                        "refused the credentials: set GPUBENCH_API_TOKEN to its "
+                                                        "token (`gpubench sandbox` prints its own)")
                 if response.status_code >= 400:
                     raise ApiUnreachable(self.base_url, f"/health answered {response.status_code}")
                 return

@@ -4,8 +4,8 @@
 The model is a GGUF file on the instance (``-m``, a path); ``--alias`` makes
 ``/v1/models`` and the results name it as the matrix does. Checked against
 llama.cpp's server README: ``--port`` (default 8080) on ``--host`` (default
-127.0.0.1; given anyway, ``runtime.host`` may change it); ``-np``/``--parallel`` is the number of slots (requests decoded at
-once); ``GET /health`` answers 503 ``{"error": {"message": "Loading model", ...}}``
+127.0.0.1; given anyway, ``runtime.host`` may change it); ``-np``/``--parallel`` is the
+number of slots (requests decoded at once); ``GET /health`` answers 503 ``{"error": {"message": "Loading model", ...}}``
 while the model loads and 200 ``{"status": "ok"}`` after (the server listens
 first); ``--version`` prints ``version: BUILD (COMMIT)`` on stderr; ``/v1/models``
 lists ``{id, object: "model", owned_by: "llamacpp", meta}``. It has no

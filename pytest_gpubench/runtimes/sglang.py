@@ -3,8 +3,9 @@
 
 Checked against SGLang's docs (server arguments, quick start, native APIs): the model
 is ``--model-path`` (a Hugging Face repo id or a local folder); the server listens on
-``--port`` (default 30000) of ``--host`` (default 127.0.0.1; given anyway, ``runtime.host`` may change it); ``--max-running-requests``
-caps the requests batched at once; ``--tp-size`` (``--tp``) is tensor parallelism;
+``--port`` (default 30000) of ``--host`` (default 127.0.0.1; given anyway, ``runtime.host``
+may change it); ``--max-running-requests`` caps the requests batched at once; ``--tp-size``
+(``--tp``) is tensor parallelism;
 ``GET /health`` answers 200 once the server is ready; the version is
 ``sglang.__version__`` (``python3 -c "import sglang; print(sglang.__version__)"``, the
 docs' own check); ``/v1/models`` lists ``{id, object: "model", owned_by: "sglang",

@@ -9,9 +9,9 @@ once the API answers, its address and the bearer token every request needs
     export GPUBENCH_API_TOKEN=<token>
 
 then logs to stderr (never the token). It refuses to print the token into a regular
-file that other users can read (``gpubench sandbox > out`` under umask 022). SIGTERM or SIGINT stops every session (``stopped``), kills
-every instance process, removes the temporary directories, prints a one-line
-summary to stderr and exits 0.
+file that other users can read (``gpubench sandbox > out`` under umask 022). SIGTERM
+or SIGINT stops every session (``stopped``), kills every instance process, removes the
+temporary directories, prints a one-line summary to stderr and exits 0.
 """
 
 from __future__ import annotations

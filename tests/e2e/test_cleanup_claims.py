@@ -13,7 +13,7 @@ import asyncio
 import socket
 import time
 
-from e2e_helpers import RENTABLE_OFFER, rent, session_status
+from e2e_helpers import RENTABLE_OFFER, SANDBOX_TOKEN, rent, session_status
 from polling import wait_for
 
 from pytest_gpubench.cloud.cleanup import ReleaseOutcome, clean, close_cells
@@ -48,7 +48,7 @@ def rented(store, api, row, cell_id, *, record=True):
 
 
 async def _clean(url, store):
-    provider = ShopperProvider(ShopperClient(url), Settings(api=url))
+    provider = ShopperProvider(ShopperClient(url, token=SANDBOX_TOKEN), Settings(api=url, api_token=SANDBOX_TOKEN))
     try:
         return await clean(store, provider, api=url, released_by="test", reason="its controller died",
                            run_id=RUN, check_liveness=True, search_api=True)

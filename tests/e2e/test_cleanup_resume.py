@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import sqlite_utils
-from e2e_helpers import RENTABLE_OFFER, PytestRun, active_sessions, rent, session_status
+from e2e_helpers import RENTABLE_OFFER, SANDBOX_TOKEN, PytestRun, active_sessions, rent, session_status
 from polling import wait_for
 
 from pytest_gpubench.cloud.cleanup import ReleaseOutcome, owning_run, release, stage_reached
@@ -193,7 +193,7 @@ def test_cleanup_leaves_other_hosts_and_apis_alone_and_closes_dead_sandbox_runs(
 
 
 async def _release_all(url: str, leftovers):
-    provider = ShopperProvider(ShopperClient(url), Settings(api=url))
+    provider = ShopperProvider(ShopperClient(url, token=SANDBOX_TOKEN), Settings(api=url, api_token=SANDBOX_TOKEN))
     try:
         return [await release(provider, lo) for lo in leftovers]
     finally:

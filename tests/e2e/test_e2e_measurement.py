@@ -80,7 +80,8 @@ def test_axes_runs_telemetry_thresholds_and_upload(tmp_path, standalone_sandbox)
     assert json.loads(benchmarks["RTX_4090-vastai-qwen2:1.5b-c4"]["result_json"])["test_config"]["concurrent_reqs"] == 4
     assert len(rows(tmp_path, "gpu_samples")) >= 3 and len(rows(tmp_path, "benchmark_runs")) >= 4
 
-    stored = httpx.get(f"{standalone_sandbox}/api/v1/benchmarks", headers=SANDBOX_AUTH, params={"model": "qwen2:1.5b"}).json()
+    stored = httpx.get(f"{standalone_sandbox}/api/v1/benchmarks", headers=SANDBOX_AUTH,
+                       params={"model": "qwen2:1.5b"}).json()
     assert stored["count"] >= 2  # the uploads reached the API
 
     # The same cell again, compared with that run: the change is printed and a loose bound holds.

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import sqlite_utils
-from e2e_helpers import QUICK, REPO, SANDBOX_AUTH, SEED, manifest_rows, pytest_env, run_pytest
+from e2e_helpers import QUICK, REPO, SANDBOX_AUTH, SEED, manifest_rows, pytest_env, run_pytest, sandbox_sessions
 from polling import wait_for
 
 from pytest_gpubench.store.progress import read_progress
@@ -101,7 +101,8 @@ def test_standalone_sandbox_every_session_stopped_and_failures_recorded(tmp_path
     # (Failover to the next offer is off here; tests/e2e/test_failover_budget.py covers it.)
     offers = httpx.get(f"{url}/api/v1/inventory", headers=SANDBOX_AUTH, params={"provider": "vastai"}).json()["offers"]
     cheapest_3090 = min((o for o in offers if o["gpu_type"] == "RTX 3090"), key=lambda o: o["price_per_hour"])
-    httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH, json={"offer_id": cheapest_3090["id"], "fault": "provision_error",
+    httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH,
+               json={"offer_id": cheapest_3090["id"], "fault": "provision_error",
                                               "message": "No available public IPs"}).raise_for_status()
     done = run_pytest(tmp_path, str(QUICK), "--gpubench-api", url, "--gpubench-time-scale", "0.02",
                       "-k", "3090 or 1.5b", "--gpubench-duration", "2", "--gpubench-max-attempts", "1")
@@ -206,7 +207,7 @@ def test_instance_lost_mid_benchmark_records_partial(tmp_path, standalone_sandbo
             return any("PROGRESS: requests=" in p.read_text() for p in (tmp_path / "reports").rglob("*.log"))
 
         wait_for(measuring, 120, "the benchmark to report progress")
-        (session,) = [s for s in httpx.get(f"{url}/sandbox/state", headers=SANDBOX_AUTH).json()["sessions"] if s["status"] == "running"]
+        (session,) = [s for s in sandbox_sessions(url) if s["status"] == "running"]
         kill = {"fault": "kill_instance", "session_id": session["id"]}
         httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH, json=kill).raise_for_status()
         output, _ = run.communicate(timeout=120)

@@ -86,7 +86,8 @@ def test_an_image_whose_server_never_answers_fails_the_cell_at_provision_with_th
 def test_the_sandbox_refuses_nothing_it_cannot_serve_and_reports_the_api_port(standalone_sandbox):
     """The create answer of an entrypoint session: still provisioning, its API port the first exposed one."""
     url = standalone_sandbox
-    offers = httpx.get(f"{url}/api/v1/inventory", headers=SANDBOX_AUTH, params={"gpu_type": "RTX 4090", "provider": "vastai"}).json()
+    offers = httpx.get(f"{url}/api/v1/inventory", headers=SANDBOX_AUTH,
+                       params={"gpu_type": "RTX 4090", "provider": "vastai"}).json()
     body = {"consumer_id": "gpubench-test-entry", "offer_id": offers["offers"][0]["id"],
             "workload_type": "llm_vllm", "reservation_hours": 1, "launch_mode": "entrypoint",
             "docker_image": "example/no-model-server:1", "model_id": "qwen2:1.5b", "exposed_ports": [18123, 9000]}

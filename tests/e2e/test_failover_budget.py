@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 import httpx
 import pytest
 import sqlite_utils
-from e2e_helpers import SANDBOX_AUTH, assert_every_session_released, run_pytest, sandbox_sessions
+from e2e_helpers import SANDBOX_AUTH, SANDBOX_TOKEN, assert_every_session_released, run_pytest, sandbox_sessions
 
 from pytest_gpubench.aio import run as run_async
 from pytest_gpubench.cloud.budget import (
@@ -144,7 +144,7 @@ def test_sandbox_template_lookup_gives_the_image_and_a_heavy_wait(sandbox, api):
     settings = resolve({"time_scale": str(TIME_SCALE)}, {}, lambda name: None)
 
     async def images():
-        provider = ShopperProvider(ShopperClient(sandbox.url), settings)
+        provider = ShopperProvider(ShopperClient(sandbox.url, token=SANDBOX_TOKEN), settings)
         try:
             return (await provider.template_image("9b2f3c0e8d7a4f61b5c2e1d0a3f4b5c6"),
                     await provider.template_image("nope"))
@@ -366,7 +366,8 @@ def run_cells(tmp_path, url: str, keyword: str, *extra: str):
 
 
 def arm(url: str, fault: str, offer_id: str, **extra) -> None:
-    httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH, json={"fault": fault, "offer_id": offer_id, **extra}).raise_for_status()
+    httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH,
+               json={"fault": fault, "offer_id": offer_id, **extra}).raise_for_status()
 
 
 def cell_and_attempts(tmp_path) -> tuple[dict, list[dict]]:

@@ -22,7 +22,8 @@ from typing import Any
 import httpx
 import pytest
 import sqlite_utils
-from e2e_helpers import QUICK, REPO, SANDBOX_AUTH, manifest_rows, pytest_env, run_pytest
+from e2e_helpers import (QUICK, REPO, SANDBOX_AUTH, SANDBOX_TOKEN, manifest_rows, pytest_env, run_pytest,
+                         sandbox_sessions)
 from polling import wait_for
 from sandbox_session import connect, new_session
 from standin_helpers import Server, write_instance
@@ -173,7 +174,7 @@ def test_session_watch_names_the_reason_of_an_instance_that_vanished_silently(sa
 
     async def scenario() -> tuple[InstanceLost, float, bool, int]:
         conn = await connect(session, key)
-        client = ShopperClient(sandbox.url)
+        client = ShopperClient(sandbox.url, token=SANDBOX_TOKEN)
         try:
             async with SessionWatch(client, session["id"], interval=0.2) as watch:
                 long_command = conn.run("sleep 120", stage=Stage.BENCHMARK, what="a long command", timeout=300)
@@ -370,7 +371,7 @@ def measuring_session(tmp_path: Path, url: str) -> str:
     """Wait until the cell's benchmark reports progress; return its session id."""
     wait_for(lambda: any("PROGRESS: requests=" in p.read_text() for p in (tmp_path / "reports").rglob("*.log")),
              120, "the benchmark to report progress")
-    (session,) = [s for s in httpx.get(f"{url}/sandbox/state", headers=SANDBOX_AUTH).json()["sessions"] if s["status"] == "running"]
+    (session,) = [s for s in sandbox_sessions(url) if s["status"] == "running"]
     return session["id"]
 
 
@@ -396,7 +397,8 @@ def test_instance_stopped_silently_mid_benchmark_ends_the_cell_in_seconds(tmp_pa
     try:
         session_id = measuring_session(tmp_path, url)
         killed_at = time.monotonic()
-        httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH, json={"fault": "kill_instance", "session_id": session_id,
+        httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH,
+                   json={"fault": "kill_instance", "session_id": session_id,
                                                   "silent": True}).raise_for_status()
         output = finish(run)
         ended_after = time.monotonic() - killed_at
@@ -421,7 +423,8 @@ def test_connection_lost_mid_benchmark_recovers_the_instance_checkpoint(tmp_path
     run = start_pytest(tmp_path, url, "--gpubench-duration", str(duration))
     try:
         session_id = measuring_session(tmp_path, url)
-        dropped = httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH, json={"fault": "drop_ssh", "session_id": session_id})
+        dropped = httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH,
+                             json={"fault": "drop_ssh", "session_id": session_id})
         dropped.raise_for_status()
         output = finish(run)
     finally:
@@ -445,7 +448,8 @@ def test_a_stalled_request_is_an_error_and_the_cell_goes_on(tmp_path, standalone
     run = start_pytest(tmp_path, url, "--gpubench-duration", "8", "--gpubench-stall-timeout", "2")
     try:
         session_id = measuring_session(tmp_path, url)
-        httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH, json={"fault": "stall_stream", "session_id": session_id,
+        httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH,
+                   json={"fault": "stall_stream", "session_id": session_id,
                                                   "after_tokens": 2, "times": 1}).raise_for_status()
         output = finish(run)
     finally:
@@ -464,7 +468,8 @@ def test_a_stalled_request_is_an_error_and_the_cell_goes_on(tmp_path, standalone
 def test_model_too_large_for_the_gpu_is_skipped_before_the_pull(tmp_path, standalone_sandbox):  # noqa: F811
     url = standalone_sandbox
     # Every RTX 4090 listing is wrong: the machines really have a 4 GB card.
-    offers = httpx.get(f"{url}/api/v1/inventory", headers=SANDBOX_AUTH, params={"provider": "vastai", "gpu_type": "RTX 4090"}).json()
+    offers = httpx.get(f"{url}/api/v1/inventory", headers=SANDBOX_AUTH,
+                       params={"provider": "vastai", "gpu_type": "RTX 4090"}).json()
     for offer in offers["offers"]:
         httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH, json={"fault": "gpu_memory", "offer_id": offer["id"],
                                                   "memory_mib": 4096}).raise_for_status()
@@ -554,8 +559,9 @@ def test_instance_killed_during_the_install_is_named_as_the_cause(tmp_path, stan
     try:
         wait_for(lambda: any("SYSTEM_INFO" in p.read_text() for p in (tmp_path / "reports").rglob("*.log")),
                  120, "the cell to reach the install")
-        (session,) = [s for s in httpx.get(f"{url}/sandbox/state", headers=SANDBOX_AUTH).json()["sessions"] if s["status"] == "running"]
-        httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH, json={"fault": "kill_instance", "session_id": session["id"]}
+        (session,) = [s for s in sandbox_sessions(url) if s["status"] == "running"]
+        httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH,
+                   json={"fault": "kill_instance", "session_id": session["id"]}
                    ).raise_for_status()
         output = finish(run, timeout=120)
     finally:

@@ -84,7 +84,8 @@ def test_an_instance_without_torch_gets_it_in_a_venv_within_the_install_stage(
     url = standalone_sandbox
     # The cheapest RTX 4090 offer boots without torch: python3 -m venv and pip install torch (offline, the
     # sandbox's local wheel of the stand-in) run at stage ollama_install.
-    httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH, json={"fault": "missing_tools", "offer_id": "vastai-18430205",
+    httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH,
+               json={"fault": "missing_tools", "offer_id": "vastai-18430205",
                                               "tools": ["torch"]}).raise_for_status()
     done = run_matrix(tmp_path, url, "matrix:\n  - {gpu: RTX 4090, provider: vastai, offer: {max_price: 0.115}, "
                                      f"microbench: {{precisions: [fp16, fp8], {SETTINGS}}}}}\n",

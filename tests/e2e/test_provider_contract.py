@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from polling import wait_for
+from e2e_helpers import SANDBOX_TOKEN
 
 from pytest_gpubench.aio import run as run_async
 from pytest_gpubench.cloud.cleanup import Leftover, ReleaseOutcome, record, release
@@ -45,7 +46,7 @@ CALL = 60.0  # bound on one provider call through the loop bridge
 def provider(request: pytest.FixtureRequest, sandbox) -> Iterator[Provider]:
     """Each registered provider that rents, pointed at this module's sandbox (the ones that rent
     nothing, and those leasing GPUs of machines, have their own parts of the contract at the end)."""
-    built = build_provider(request.param, Settings(api=sandbox.url, time_scale=TIME_SCALE))
+    built = build_provider(request.param, Settings(api=sandbox.url, api_token=SANDBOX_TOKEN, time_scale=TIME_SCALE))
     run_async(built.ready(), CALL)
     yield built
     run_async(built.aclose(), CALL)
@@ -207,8 +208,8 @@ def test_teardown_and_cleanup_release_alike(sandbox, api, tmp_path):
     """One session-release path: for a session in each state, a cell's teardown
     (``Provisioning.release_all``) and ``gpubench cleanup`` (``cleanup.release``)
     record the same status."""
-    settings = Settings(api=sandbox.url, time_scale=TIME_SCALE, reports=tmp_path, manifest=tmp_path / "m.db",
-                        run_id="agree")
+    settings = Settings(api=sandbox.url, api_token=SANDBOX_TOKEN, time_scale=TIME_SCALE, reports=tmp_path,
+                        manifest=tmp_path / "m.db", run_id="agree")
     run = RunContext(settings)
     (cell,) = expand(parse_matrix("matrix: [{gpu: RTX 4090, provider: vastai, model: qwen2:7b}]", "gpubench_a.yaml"))
     provider = run.provider_for(cell.cloud)
@@ -288,7 +289,8 @@ def test_the_plugin_reaches_a_session_by_the_providers_ssh_details(provider, tmp
     created, session = running(provider, "details")
     ssh = provider.ssh_details(created, session)
     elsewhere = session.model_copy(update={"ssh_host": "192.0.2.1", "ssh_port": 9})  # TEST-NET-1: unreachable
-    run = RunContext(Settings(api=provider.where, manifest=tmp_path / "m.db", reports=tmp_path))
+    run = RunContext(Settings(api=provider.where, api_token=SANDBOX_TOKEN, manifest=tmp_path / "m.db",
+                              reports=tmp_path))
     key_file = KeyFile(ssh.private_key, name=session.id)
     offer = call(provider.offers())[0]
     try:

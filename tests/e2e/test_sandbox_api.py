@@ -390,7 +390,8 @@ def test_sandbox_state_counts(api):
 
 
 def test_billing_by_clock_hour_and_expiry():
-    with SandboxThread(time_scale=TIME_SCALE) as own, httpx.Client(base_url=own.url, headers=SANDBOX_AUTH, timeout=30) as api:
+    with SandboxThread(time_scale=TIME_SCALE) as own, httpx.Client(base_url=own.url, headers=SANDBOX_AUTH,
+                                                                   timeout=30) as api:
         session = create(api, reservation_hours=2).json()["session"]
         wait_status(api, session["id"], "running")
 

@@ -9,6 +9,7 @@ line, a log or a file others can read.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -17,9 +18,12 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 from e2e_helpers import SANDBOX_AUTH, SANDBOX_TOKEN
 
+from pytest_gpubench.cloud.shopper_client import ShopperClient
 from pytest_gpubench.commands.cli import main
+from pytest_gpubench.errors import ApiUnreachable
 from pytest_gpubench.plugin.sandbox_process import SandboxProcess
 from pytest_gpubench.sandbox.api import make_app
 from pytest_gpubench.sandbox.auth import TOKEN_ENV, authorized, bearer, token_from_line
@@ -131,3 +135,18 @@ def test_the_plugins_sandbox_gets_its_token_through_the_environment_only(tmp_pat
         process.stop()
     assert token not in process.log_path.read_text()
 
+
+
+def test_a_client_without_the_token_is_told_to_set_it(sandbox):
+    async def ready(token):
+        client = ShopperClient(sandbox.url, token=token)
+        try:
+            await client.wait_ready(attempts=1)
+        finally:
+            await client.aclose()
+
+    for token in (None, "not-the-token"):
+        with pytest.raises(ApiUnreachable, match=r"/health answered 401: the server refused the credentials: "
+                                                 r"set GPUBENCH_API_TOKEN to its token"):
+            asyncio.run(ready(token))
+    asyncio.run(ready(SANDBOX_TOKEN))

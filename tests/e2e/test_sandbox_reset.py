@@ -96,7 +96,8 @@ def dirty(api: httpx.Client) -> dict[str, Any]:
 
 
 def test_a_reset_sandbox_answers_as_a_fresh_one_and_leaves_nothing_running(tmp_path):
-    with SandboxThread(time_scale=TIME_SCALE) as used, httpx.Client(base_url=used.url, headers=SANDBOX_AUTH, timeout=60) as api:
+    with SandboxThread(time_scale=TIME_SCALE) as used, httpx.Client(base_url=used.url, headers=SANDBOX_AUTH,
+                                                                    timeout=60) as api:
         left = dirty(api)
         assert pid_alive(left["pid"]) and port_answers(left["ssh_port"]) and left["instance_dir"].is_dir()
 

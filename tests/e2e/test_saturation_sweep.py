@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 import sqlite_utils
-from e2e_helpers import SANDBOX_AUTH, PytestRun, assert_every_session_released, run_pytest
+from e2e_helpers import SANDBOX_AUTH, PytestRun, assert_every_session_released, run_pytest, sandbox_sessions
 from polling import wait_for
 
 from pytest_gpubench.commands.cli import main
@@ -84,8 +84,9 @@ def test_a_sweep_cut_short_keeps_the_steps_it_ran_and_their_requests(tmp_path, s
     try:
         progress = wait_for(lambda: [p for p in run.reports.glob("progress/*/*.log")
                                      if "PROGRESS: stage=sweep step=0" in p.read_text()], 120, "the first step")
-        (session,) = [s for s in httpx.get(f"{url}/sandbox/state", headers=SANDBOX_AUTH).json()["sessions"] if s["status"] == "running"]
-        httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH, json={"fault": "kill_instance", "session_id": session["id"],
+        (session,) = [s for s in sandbox_sessions(url) if s["status"] == "running"]
+        httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH,
+                   json={"fault": "kill_instance", "session_id": session["id"],
                                                   "silent": True}).raise_for_status()
         output = run.finish()
     finally:

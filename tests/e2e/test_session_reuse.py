@@ -180,7 +180,8 @@ def test_an_instance_lost_mid_group_ends_only_its_cell_and_the_rest_rent_anew(
         return logs and [s for s in sandbox_sessions(url) if s["status"] == "running"]
 
     (session,) = wait_for(second_cell_measuring, 180, "the second cell's benchmark")
-    httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH, json={"fault": "kill_instance", "session_id": session["id"]}
+    httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH,
+               json={"fault": "kill_instance", "session_id": session["id"]}
                ).raise_for_status()
     output = run.finish()
     rows = rows_by_cell(tmp_path)

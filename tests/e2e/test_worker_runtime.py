@@ -44,7 +44,8 @@ SANDBOX_AUTH = {{"Authorization": "Bearer " + os.environ["GPUBENCH_API_TOKEN"]}}
 
 
 def fault(gpubench, kind):
-    httpx.post(API + "/sandbox/faults", headers=SANDBOX_AUTH, json={{"fault": kind, "session_id": gpubench.session.session.id,
+    httpx.post(API + "/sandbox/faults", headers=SANDBOX_AUTH,
+               json={{"fault": kind, "session_id": gpubench.session.session.id,
                                                "after_tokens": 2}}).raise_for_status()
 
 
