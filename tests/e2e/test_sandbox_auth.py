@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -22,7 +24,6 @@ import pytest
 from e2e_helpers import SANDBOX_AUTH, SANDBOX_TOKEN
 
 from pytest_gpubench.cloud.shopper_client import ShopperClient
-from pytest_gpubench.commands.cli import main
 from pytest_gpubench.errors import ApiUnreachable
 from pytest_gpubench.plugin.sandbox_process import SandboxProcess
 from pytest_gpubench.sandbox.api import make_app
@@ -90,9 +91,11 @@ def test_the_program_draws_a_token_prints_it_on_stdout_only_and_needs_it(tmp_pat
         program = subprocess.Popen(
             [sys.executable, "-m", "pytest_gpubench.commands.cli", "sandbox", "--time-scale", "0.01", "--verbose"],
             stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=REPO)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in program.stdout], daemon=True).start()
     try:
-        url = program.stdout.readline().strip().split("=", 1)[1]
-        export = program.stdout.readline()
+        url = lines.get(timeout=120).strip().split("=", 1)[1]
+        export = lines.get(timeout=30)  # printed with the URL line
         token = token_from_line(export)
         assert token and len(token) >= 40 and token != SANDBOX_TOKEN, export
         assert export.startswith("export GPUBENCH_API_TOKEN=")
@@ -108,14 +111,15 @@ def test_the_program_draws_a_token_prints_it_on_stdout_only_and_needs_it(tmp_pat
     assert token not in log
 
 
-def test_the_program_refuses_to_print_its_token_into_a_file_others_can_read(tmp_path, monkeypatch, capsys):
+def test_the_program_refuses_to_print_its_token_into_a_file_others_can_read(tmp_path):
     out = tmp_path / "sandbox.out"
     out.touch(mode=0o644)
     out.chmod(0o644)  # whatever the umask: what `gpubench sandbox > out` gives under umask 022
     with open(out, "w") as stdout:
-        monkeypatch.setattr(sys, "stdout", stdout)
-        assert main(["sandbox", "--time-scale", "0.01"]) == 2
-    assert capsys.readouterr().err.strip() == (
+        done = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "sandbox", "--time-scale", "0.01"],
+                              stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
         "gpubench sandbox: standard output is a file other users can read (mode 0644), and the sandbox prints "
         "its API token there: write it to a private file (umask 077) or a pipe")
     assert out.read_text() == ""
