@@ -184,7 +184,7 @@ matrix:
 def test_provisioning_fails_over_with_a_template_and_releases_every_attempt(sandbox, api, tmp_path):
     """In process, on the real sandbox: what gpu_session does, without pytest around it."""
     settings = resolve({"api": sandbox.url, "time_scale": str(TIME_SCALE), "reports": str(tmp_path),
-                        "run_id": "inproc"}, {}, lambda name: None)
+                        "run_id": "inproc"}, {"GPUBENCH_API_TOKEN": SANDBOX_TOKEN}, lambda name: None)
     run = RunContext(settings)
     (cell,) = expand(parse_matrix(TEMPLATE_MATRIX, "gpubench_t.yaml"))
     api.post("/sandbox/faults", json={"fault": "provision_error", "offer_id": "vastai-18430701",

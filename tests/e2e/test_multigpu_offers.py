@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from e2e_helpers import SANDBOX_TOKEN
 
 from pytest_gpubench.cloud.offers import Constraints
 from pytest_gpubench.commands.plan import make_plan
@@ -16,7 +17,7 @@ from pytest_gpubench.settings import resolve
 
 
 def provider_on(url: str, *, fixed_offers: bool = False) -> ShopperProvider:
-    settings = resolve({"api": url, "time_scale": "0.01"}, {}, lambda name: None)
+    settings = resolve({"api": url, "time_scale": "0.01"}, {"GPUBENCH_API_TOKEN": SANDBOX_TOKEN}, lambda name: None)
     return ShopperProvider.from_settings(settings, fixed_offers=fixed_offers)
 
 
