@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -218,23 +219,37 @@ async def _consume(
     async for line in lines:
         try:
             event = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: JSON nested past the interpreter's limit
             continue  # a stray line on stdout is not an event
+        if not isinstance(event, dict):
+            continue  # nor is JSON that is not an object
         kind = event.pop("event", None)
         if kind == "request":
             try:
                 outcome.records.append(RequestRecord.model_validate(event))
             except ValidationError:
                 continue
-        elif kind == "progress" and isinstance(event.get("elapsed"), (int, float)):
-            outcome.elapsed = float(event["elapsed"])
+        elif kind == "progress" and _seconds(event.get("elapsed")) is not None:
+            outcome.elapsed = _seconds(event["elapsed"])
         elif kind == "finish":
             outcome.finish = dict(event)
-            outcome.status = event.get("status", "completed")
-            outcome.duration_seconds = float(event.get("duration_seconds") or 0.0)
+            outcome.status = str(event.get("status", "completed"))
+            outcome.duration_seconds = _seconds(event.get("duration_seconds")) or 0.0
             outcome.message = str(event.get("message") or "")
         if on_event is not None and kind is not None:
             on_event({"event": kind, **event})
+
+
+def _seconds(value: Any) -> float | None:
+    """A number of seconds from an event, or None when it is not a finite number (a float() of
+    an integer too large for one raises OverflowError, of a word ValueError)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:
+        return None
+    return seconds if math.isfinite(seconds) else None
 
 
 async def _local_lines(config: dict[str, Any]) -> AsyncIterator[str]:

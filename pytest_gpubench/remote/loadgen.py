@@ -136,6 +136,8 @@ READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 RECV_SIZE = 65536
 GAPS_SORTED_MAX = 4000000  # beyond this many gaps, ITL percentiles come from an even sample
 OUTPUT_MAX = 32 * 1024 * 1024  # unread stdout beyond this: the reader is gone
+LINE_MAX = 16 * 1024 * 1024  # a stream line (NDJSON, SSE, a worker's event) longer than this: a malformed answer
+COUNT_MAX = 2 ** 63 - 1  # a server's counter beyond this fits no store's integer column
 CONNECTING, SENDING, HEAD, BODY, CLOSED, HANDSHAKE = range(6)
 THINKING, ANSWER = range(2)  # what a token chunk carries
 CHUNKED, LENGTH, UNTIL_CLOSE = range(3)
@@ -168,6 +170,39 @@ def tls_context(url, ca_file=None):
 
 #: A non-blocking TLS socket's "not yet": the handshake, a read or a write waits for the socket.
 TLS_WAIT = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
+
+
+#: What a malformed answer raises in the parsers below: ValueError (JSON, int()), and
+#: RecursionError for JSON nested deeper than the interpreter's limit (``[[[[...``).
+MALFORMED = (ValueError, RecursionError)
+
+
+def server_count(value):
+    """A server's counter (tokens, nanoseconds) as a record keeps it: a whole number from 0 to
+    COUNT_MAX, else None. A server that sends another type or size says nothing usable, and a
+    record carrying it would not validate on the controller, which would drop the request."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= COUNT_MAX:
+        return value
+    return None
+
+
+def nanoseconds(milliseconds):
+    """llama.cpp's ``timings`` milliseconds as a record's nanoseconds; None for anything else."""
+    if isinstance(milliseconds, (int, float)) and not isinstance(milliseconds, bool):
+        try:
+            return server_count(int(milliseconds * 1e6))
+        except (OverflowError, ValueError):  # infinity, NaN, an integer past a float
+            pass
+    return None
+
+
+def chunk_size(line):
+    """The size of a chunk from its size line (hex digits, maybe ``;extensions``). int(x, 16)
+    alone takes ``-6``, and a negative size sent the chunk parser back over the same bytes forever."""
+    size = line.split(b";", 1)[0].strip()
+    if not size or size.strip(b"0123456789abcdefABCDEF"):
+        raise ValueError("bad chunk size %r" % line[:40])
+    return int(size, 16)
 
 
 def error_message(payload):
@@ -468,34 +503,36 @@ class Exchange:
             return self.broken(exc)
         now = perf()  # the moment these bytes reached us
         self.last_io = now
-        if not data:
-            return self.eof(now)
-        self.received = True
         try:
+            if not data:
+                return self.eof(now)  # a body that ends at the close is parsed here too
+            self.received = True
             if self.state != BODY:
                 self.head(data, now)
             elif self.mode == CHUNKED:
                 self.dechunk(data, now)
             else:
                 self.body(data, now)
-        except ValueError as exc:  # includes JSON and int() errors: a malformed response
-            self.fail("bad response: %s" % exc, now)
+        except MALFORMED as exc:  # a malformed response: this request's error, not the run's end
+            self.fail("bad response: %s" % (exc if isinstance(exc, ValueError) else "JSON nested too deep"), now)
 
     def head(self, data, now):
         self.buffer += data
-        end = self.buffer.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self.buffer) > 65536:
-                raise ValueError("response head longer than 64 KiB")
-            return
-        lines = self.buffer[:end].decode("latin-1").split("\r\n")
-        rest, self.buffer = self.buffer[end + 4:], b""
-        version, _, status = lines[0].partition(" ")
-        if not version.startswith("HTTP/"):
-            raise ValueError("not an HTTP response: %r" % lines[0][:80])
-        status = int(status.split(None, 1)[0])
-        if status < 200:  # interim (100 Continue): the real head follows
-            return self.head(rest, now)
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self.buffer) > 65536:
+                    raise ValueError("response head longer than 64 KiB")
+                return
+            lines = self.buffer[:end].decode("latin-1").split("\r\n")
+            rest, self.buffer = self.buffer[end + 4:], b""
+            version, _, status = lines[0].partition(" ")
+            if not version.startswith("HTTP/"):
+                raise ValueError("not an HTTP response: %r" % lines[0][:80])
+            status = int((status.split(None, 1) or ["(none)"])[0])
+            if status >= 200:
+                break
+            self.buffer = rest  # interim (100 Continue): the real head follows (a loop: there may be thousands)
         headers = {}
         for line in lines[1:]:
             name, _, value = line.partition(":")
@@ -508,6 +545,8 @@ class Exchange:
             self.mode, self.left, self.skip, self.trailer = CHUNKED, 0, 0, False
         elif "content-length" in headers:
             self.mode, self.left = LENGTH, int(headers["content-length"])
+            if self.left < 0:
+                raise ValueError("negative Content-Length %d" % self.left)
             if not self.left:
                 return self.message_end(now)
         else:
@@ -536,7 +575,7 @@ class Exchange:
             header_end = data.find(b"\r\n")
             if header_end > 0:
                 start = header_end + 2
-                end = start + int(data[:header_end].split(b";", 1)[0], 16)
+                end = start + chunk_size(data[:header_end])
                 if len(data) == end + 2 and end > start:
                     if self.status == 200 and self.active and not self.partial and data[end - 1] == 10:
                         stop = end - 1
@@ -573,7 +612,7 @@ class Exchange:
                     if not line:
                         return self.message_end(now)
                 elif line:
-                    self.left = int(line.split(b";", 1)[0], 16)
+                    self.left = chunk_size(line)
                     self.trailer = not self.left
 
     def content(self, data, now):
@@ -590,6 +629,8 @@ class Exchange:
             newline = data.find(b"\n", start)
             if newline < 0:
                 self.partial = data[start:]
+                if len(self.partial) > LINE_MAX:
+                    raise ValueError("a stream line longer than %d bytes" % LINE_MAX)
                 return
             self.line(data[start:newline], now)
             start = newline + 1
@@ -634,8 +675,19 @@ class Exchange:
         self.run.finished(self, self.record(None), now)
 
     def answer_text(self, chunk):
-        """The answer text of a parsed token chunk."""
-        return chunk.get("response") or ""
+        """The answer text of a parsed token chunk ("" when it has none as text)."""
+        text = chunk.get("response") if isinstance(chunk, dict) else None
+        return text if isinstance(text, str) else ""
+
+    def kept_text(self, piece):
+        """The text of a token kept for the expectation check: a token line is kept unparsed,
+        and one the server wrote wrong (not JSON, not an object) has none."""
+        if not isinstance(piece, bytes):
+            return piece if isinstance(piece, str) else ""
+        try:
+            return self.answer_text(json.loads(piece))
+        except MALFORMED:
+            return ""
 
     def token(self, now, kind):
         if kind == ANSWER:
@@ -721,14 +773,15 @@ class Exchange:
         # A cut request's decode ends at its last token, a finished one's at the final chunk.
         decode_end = self.last if incomplete else self.end
         decode = self.last - self.first if count >= 2 else 0.0
-        eval_count, eval_ns = final.get("eval_count"), final.get("eval_duration")
+        # The server's own figures, kept only as the types a record holds: it must never raise here.
+        eval_count, eval_ns = server_count(final.get("eval_count")), server_count(final.get("eval_duration"))
+        done_reason = final.get("done_reason")
         server_rate = None
-        if isinstance(eval_count, int) and isinstance(eval_ns, (int, float)) and eval_ns > 0:
+        if eval_count is not None and eval_ns:
             server_rate = round(eval_count / (eval_ns / 1e9), 4)
         matched = None
         if self.expect and error is None and not incomplete:
-            text = "".join(self.answer_text(json.loads(t)) if isinstance(t, bytes) else t
-                           for t in self.texts).lower()
+            text = "".join(self.kept_text(t) for t in self.texts).lower()
             matched = any(e in text for e in self.expect)
         return {
             "index": self.index,
@@ -744,11 +797,11 @@ class Exchange:
             "thinking_tokens": self.thinking,
             "eval_count": eval_count,
             "eval_duration_ns": eval_ns,
-            "prompt_tokens": final.get("prompt_eval_count"),
-            "prompt_eval_duration_ns": final.get("prompt_eval_duration"),
-            "load_duration_ns": final.get("load_duration"),
-            "total_duration_ns": final.get("total_duration"),
-            "done_reason": final.get("done_reason"),
+            "prompt_tokens": server_count(final.get("prompt_eval_count")),
+            "prompt_eval_duration_ns": server_count(final.get("prompt_eval_duration")),
+            "load_duration_ns": server_count(final.get("load_duration")),
+            "total_duration_ns": server_count(final.get("total_duration")),
+            "done_reason": done_reason[:200] if isinstance(done_reason, str) else None,
             "tokens_per_second": round((count - 1) / decode, 4) if decode > 0 else None,
             "tpot_ms": ms((decode_end - self.first) / (count - 1)) if count >= 2 else None,
             "itl_mean_ms": ms(self.itl_sum / (count - 1)) if count >= 2 else None,
@@ -764,7 +817,7 @@ def http_error(status, detail):
     text = detail.decode("utf-8", "replace").strip()
     try:
         payload = json.loads(text)
-    except ValueError:
+    except MALFORMED:
         payload = None
     if isinstance(payload, dict) and ("error" in payload or "message" in payload):
         text = error_message(payload)
@@ -841,14 +894,16 @@ class SSEExchange(Exchange):
             self.complete(now)
 
     def answer_text(self, chunk):
-        choices = chunk.get("choices") or []
-        if not choices or not isinstance(choices[0], dict):
+        choices = chunk.get("choices") if isinstance(chunk, dict) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             return ""
         choice = choices[0]
         if not self.run.chat:
-            return choice.get("text") or ""
-        message = choice.get("delta") or choice.get("message")
-        return (message.get("content") or "") if isinstance(message, dict) else ""
+            text = choice.get("text")
+        else:
+            message = choice.get("delta") or choice.get("message")
+            text = message.get("content") if isinstance(message, dict) else None
+        return text if isinstance(text, str) else ""
 
     @staticmethod
     def reasoning_text(message):
@@ -866,11 +921,8 @@ class SSEExchange(Exchange):
         usage, timings = self.usage or {}, self.timings or {}
         final = {"eval_count": usage.get("completion_tokens"), "prompt_eval_count": usage.get("prompt_tokens"),
                  "done_reason": self.finish_reason}
-        predicted_ms, prompt_ms = timings.get("predicted_ms"), timings.get("prompt_ms")
-        if isinstance(predicted_ms, (int, float)):
-            final["eval_duration"] = int(predicted_ms * 1e6)
-        if isinstance(prompt_ms, (int, float)):
-            final["prompt_eval_duration"] = int(prompt_ms * 1e6)
+        final["eval_duration"] = nanoseconds(timings.get("predicted_ms"))
+        final["prompt_eval_duration"] = nanoseconds(timings.get("prompt_ms"))
         self.final = final
         Exchange.complete(self, now)
 
@@ -889,7 +941,7 @@ def parse_worker_line(line):
     text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
     try:
         event = json.loads(text)
-    except ValueError:
+    except MALFORMED:
         raise ValueError("not JSON: %r" % text[:200])
     if not isinstance(event, dict):
         raise ValueError("not a JSON object: %r" % text[:200])
@@ -969,13 +1021,25 @@ class WorkerProcess:
         while True:
             newline = self.stdout.find(b"\n")
             if newline < 0:
-                return
+                break
             line = bytes(self.stdout[:newline]).strip()
             del self.stdout[:newline + 1]
             if line:
                 self.line(line, now)
             if self.code is not None:
                 return
+        if len(self.stdout) > LINE_MAX:  # no end of line in sight: the worker's output is broken
+            del self.stdout[:]
+            self.malformed("a line longer than %d bytes" % LINE_MAX, now)
+
+    def malformed(self, problem, now):
+        """Its output is not seed 004's: the request fails (which stops the worker), or the run says why."""
+        message = "malformed worker output: %s" % problem
+        if self.exchange is not None:
+            self.exchange.fail(message, now)  # this stops the worker too
+        else:
+            self.run.worker_problem = message
+            self.stop()
 
     def line(self, line, now):
         exchange = self.exchange
@@ -985,13 +1049,7 @@ class WorkerProcess:
         try:
             event = parse_worker_line(line)
         except ValueError as exc:
-            message = "malformed worker output: %s" % exc
-            if exchange is not None:
-                exchange.fail(message, now)  # this stops the worker too
-            else:
-                self.run.worker_problem = message
-                self.stop()
-            return
+            return self.malformed(exc, now)
         kind = event["event"]
         if not self.up:
             self.up = True
