@@ -268,7 +268,11 @@ def _parse_line(line: str) -> ProgressLine:
     timestamp = datetime.fromisoformat(stamp[:-1] + "+00:00" if stamp.endswith("Z") else stamp)
     kind, body = match["kind"], match["body"] or ""
     if kind == "RESULTS":
-        return ProgressLine(kind=kind, timestamp=timestamp, data=json.loads(body), raw=line)
+        try:
+            data = json.loads(body)
+        except RecursionError:  # nested past the interpreter's limit: as malformed as bad JSON
+            raise ValueError("RESULTS JSON nested too deep") from None
+        return ProgressLine(kind=kind, timestamp=timestamp, data=data, raw=line)
     label = None
     if kind == "STATUS":
         label, _, body = body.partition(" ")
