@@ -10,6 +10,8 @@ provisioning failures.
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -25,7 +27,9 @@ ACTIVE_STATUSES = frozenset({"pending", "provisioning", "running"})
 class Offer(BaseModel):
     """One GPU offer from the inventory."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    # No NaN or infinity (Python's JSON reader takes both): a NaN price compares false with
+    # everything, so it slipped past any price cap and the spend check.
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     id: str
     provider: str
@@ -54,7 +58,7 @@ class Offer(BaseModel):
 class Session(BaseModel):
     """A GPU session as the API reports it."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)  # a price must be a number (Offer)
 
     id: str
     consumer_id: str = ""
@@ -167,7 +171,7 @@ class ShopperClient:
             return None
         try:
             return response.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: JSON nested past the interpreter's limit
             raise StageError(
                 stage, f"{call} answered {response.status_code} with invalid JSON: {_snippet(response)}",
                 hint=f"{self.base_url} does not answer like a GPU Shopper API (a proxy or a web page?): "
@@ -255,9 +259,10 @@ class ShopperClient:
         """The API's own cost figure (billed by the clock hour; may be 0)."""
         data = await self._request(Stage.CLEANUP, "GET", "/api/v1/costs", params={"session_id": session_id})
         try:
-            return float(data["total_cost"])
-        except (TypeError, KeyError, ValueError):
+            cost = float(data["total_cost"])
+        except (TypeError, KeyError, ValueError, OverflowError):  # OverflowError: an integer past a float
             return None
+        return cost if math.isfinite(cost) else None
 
     async def post_benchmark(self, result: dict[str, Any]) -> dict[str, Any]:
         return await self._request(Stage.RESULTS, "POST", "/api/v1/benchmarks", json=result)
@@ -266,13 +271,13 @@ class ShopperClient:
 def _api_error(stage: Stage, response: httpx.Response, call: str = "") -> ApiError:
     try:
         body = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         body = None
     status = response.status_code
     if isinstance(body, dict):
-        message = str(body.get("error") or response.reason_phrase or "error").strip()
+        message = _line(body.get("error") or response.reason_phrase or "error")
         if body.get("request_id"):
-            message += f" (request_id {body['request_id']})"
+            message += f" (request_id {_line(body['request_id'], 80)})"
     else:
         # Not the server's own error shape: a proxy, a crash page, a load balancer.
         message = f"{response.reason_phrase or 'error'}; the body is not the API's JSON: {_snippet(response)}"
@@ -290,11 +295,19 @@ def _api_error(stage: Stage, response: httpx.Response, call: str = "") -> ApiErr
         stage,
         status,
         message,
-        error_type=str(body.get("error_type") or ""),
+        error_type=_line(body.get("error_type") or "", 80),
         retry_suggested=retry,
         call=call,
         hint=hint,
     )
+
+
+def _line(value: Any, limit: int = 500) -> str:
+    """A value from the server's answer as message text: one line (line breaks and other control
+    characters become spaces) of at most ``limit`` characters. The server's text is data: it must
+    not turn an error into many lines, or a megabyte of them."""
+    text = " ".join(re.sub(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]", " ", str(value)).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _snippet(response: httpx.Response) -> str:
