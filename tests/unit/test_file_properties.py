@@ -154,6 +154,8 @@ def test_a_matrix_nested_past_the_c_stack_is_an_error_not_a_crash():
 @PARSER_SETTINGS
 @given(content=documents(HOSTS).filter(lambda b: _utf8(b)))
 @example(content=b"hosts: " + b"[" * 3000 + b"}")
+# YAML that does not parse: a MatrixError, which the hosts provider (catching InventoryError) let through.
+@example(content=b"hosts: [\n")
 @example(content=b"hosts: {lab1: {address: a, agent: true, gpu: T4, gpus: 1e400, port: 99999999999999999999}}")
 def test_any_utf8_hosts_file_loads_or_says_what_is_wrong_in_one_line(folder, content):
     check(load_inventory, fresh(folder, "hosts.yaml", content), InventoryError)
@@ -180,6 +182,7 @@ def test_a_hosts_file_that_is_not_utf8_says_so_in_one_line(folder, content):
 @PARSER_SETTINGS
 @given(content=documents(RUNNERS).filter(lambda b: _utf8(b)))
 @example(content=b"phases: " + b"[" * 3000 + b"}")
+@example(content=b"phases: [\n")  # a MatrixError, not the file's own RunnersError
 def test_any_utf8_runners_file_loads_or_says_what_is_wrong_in_one_line(folder, content):
     check(load_runners, fresh(folder, "runners.yaml", content), RunnersError)
 
