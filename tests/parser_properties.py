@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, settings
 
 #: The settings of every parser property: deterministic, no database, a deadline per example.
 PARSER_SETTINGS = settings(
-    max_examples=150,
+    max_examples=100,
     derandomize=True,
     database=None,
     deadline=timedelta(seconds=5),

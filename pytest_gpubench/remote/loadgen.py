@@ -74,6 +74,13 @@ Protocols (``protocol``, default ``ollama``):
   tail) and a stall are request errors; the container is then stopped. At the end
   every container's stdin closes, then SIGTERM, then SIGKILL to its process group.
 
+Whatever a server or a container sends ends its request in one record, never the run:
+a malformed answer (an HTTP head or chunk size that does not parse, JSON that does not
+parse or nests past the interpreter's limit, a line longer than ``LINE_MAX``) is that
+request's error (``bad response: ...``), and a server's counter of another type or size
+(not a whole number from 0 to 2**63-1) is left out of the record (None), which the
+controller would otherwise drop as invalid.
+
 Events, one JSON object per line on stdout (seed 004's protocol, extended)::
 
     {"event": "connection", "status": "connected", "url": ...}
