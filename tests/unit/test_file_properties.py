@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,8 @@ from pytest_gpubench.cloud.cleanup import stage_reached
 from pytest_gpubench.cloud.hosts_inventory import load_inventory
 from pytest_gpubench.commands.plan_estimates import stage_seconds
 from pytest_gpubench.errors import InventoryError, MatrixError, RunnersError
-from pytest_gpubench.matrix.cells import load_matrix, parse_matrix
+from pytest_gpubench.matrix.cells import load_matrix
+from pytest_gpubench.matrix.datasets import load_dataset
 from pytest_gpubench.matrix.runners import load_runners
 from pytest_gpubench.matrix.worker_presets import load_presets
 from pytest_gpubench.store.progress import ProgressLine, read_progress
@@ -242,3 +244,54 @@ def test_any_progress_file_reads_to_records_and_its_readers_never_raise(folder, 
             read_progress(path, strict=True)
     except ValueError as exc:  # strict: the first line that is not a record, by file and number
         assert_one_line(str(exc).split(": ", 1)[0] + ": ...", str(path))
+
+
+# ------------------------------------------------------------------ datasets (prompts: {dataset: ...})
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=12)),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8)
+records = st.one_of(
+    st.fixed_dictionaries({"prompt": st.one_of(st.text(max_size=20), json_values)},
+                          optional={"answer": json_values}),
+    st.fixed_dictionaries({"conversations": st.lists(st.fixed_dictionaries(
+        {"from": st.sampled_from(["human", "gpt", "user", "system", 5]), "value": json_values}), max_size=3)}),
+    json_values,
+)
+dataset_files = st.one_of(
+    st.lists(records, max_size=5).map(lambda items: "\n".join(json.dumps(i) for i in items).encode()),
+    st.lists(records, max_size=5).map(lambda items: json.dumps(items).encode()),
+    st.binary(max_size=100),
+    st.lists(st.sampled_from(['{"prompt": "a"}', "[", "]", ",", "\n", '{"prompt":', '"x"}', "\u2028", "\ufeff",
+                              "\r\n", "null", '{"a\\nb": 1}']), max_size=10).map(lambda p: "".join(p).encode()),
+)
+dataset_specs = st.fixed_dictionaries({}, optional={
+    "field": st.sampled_from(["prompt", "text"]), "output_tokens": st.just("dataset"),
+    "output_field": st.sampled_from(["answer", "prompt"]), "limit": st.integers(1, 3), "seed": st.integers(0, 3)})
+
+
+@PARSER_SETTINGS
+@given(content=dataset_files, spec=dataset_specs)
+# Nested past json's recursion: RecursionError, not the ValueError the workload makes an error of.
+@example(content=b'{"prompt": ' + b"[" * 100_000 + b"\n", spec={})
+@example(content=b"[" * 100_000, spec={})
+# A key with a line break, named in the error: the message was two lines.
+@example(content=b'{"a\\nb": 1}\n', spec={})
+def test_any_dataset_gives_prompts_or_one_line_naming_the_file(folder, content, spec):
+    path = fresh(folder, "data.jsonl", content)
+    try:
+        with within():
+            prompts, source = load_dataset({"dataset": path.name, **spec}, folder)
+    except ValueError as exc:  # the workload's validator makes it the matrix's one-line error
+        assert_one_line(str(exc), str(path))
+        return
+    assert prompts and all(isinstance(p.text, str) and p.text.strip() for p in prompts)
+
+
+def test_a_jsonl_record_holding_a_line_separator_is_one_record(folder):
+    # JSON strings may hold U+2028 as it is; str.splitlines() broke the line there and the
+    # valid record read as invalid JSON.
+    path = fresh(folder, "data.jsonl", '{"prompt": "a\u2028b"}\n{"prompt": "c\x85d"}\n'.encode())
+    prompts, _ = load_dataset({"dataset": path.name}, folder)
+    assert [p.text for p in prompts] == ["a\u2028b", "c\x85d"]
