@@ -40,7 +40,9 @@ class Hang(AssertionError):
 @contextmanager
 def within(seconds: float = HANG_SECONDS) -> Iterator[None]:
     """Fail with :class:`Hang` when the block runs longer than ``seconds`` (SIGALRM: the
-    main thread, as pytest runs tests; a loop in Python code is interrupted)."""
+    main thread, as pytest runs tests; a loop in Python code is interrupted). A RecursionError
+    out of the block fails as a short AssertionError: formatting its thousand-frame traceback
+    crashed pytest-xdist's worker (INTERNALERROR) instead of reporting the failure."""
     def expired(signum: int, frame: object) -> None:
         raise Hang(f"the parser did not return within {seconds:g} s")
 
@@ -48,6 +50,8 @@ def within(seconds: float = HANG_SECONDS) -> Iterator[None]:
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
+    except RecursionError as exc:
+        raise AssertionError(f"RecursionError out of the parser: {exc}") from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)

@@ -417,3 +417,98 @@ def test_the_controller_reads_any_loadgen_output_without_breaking_off(lines):
     outcome = consume(lines)
     assert isinstance(outcome.status, str) and isinstance(outcome.message, str)
     assert isinstance(outcome.duration_seconds, float)
+
+
+# ------------------------------------------------------------------ Ollama's own API streams (pull, ps)
+
+
+class CannedServer:
+    """A real HTTP server on loopback that answers every request with ``status`` and ``body``."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's names
+                self.answer()
+
+            def do_POST(self) -> None:  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.answer()
+
+            def answer(self) -> None:
+                self.send_response(server.status)
+                self.send_header("Content-Length", str(len(server.body)))
+                self.end_headers()
+                self.wfile.write(server.body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.status, self.body = 200, b""
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def canned():
+    server = CannedServer()
+    yield server
+    server.close()
+
+
+pull_lines = st.one_of(
+    st.builds(lambda fields: json.dumps(fields), st.dictionaries(
+        st.sampled_from(["status", "error", "digest", "total", "completed"]), odd_values, max_size=3)),
+    st.text(max_size=20), st.sampled_from(['{"status":"success"}', "[1]", "5", "null", "[" * 100_000, "\x00"]),
+)
+
+
+@PARSER_SETTINGS
+@given(status=st.sampled_from([200, 200, 404, 500]), lines=st.lists(pull_lines, max_size=5))
+# A line that is not JSON: JSONDecodeError came out of pull() raw, not a model_pull error.
+@example(status=200, lines=["pulling manifest", '{"status":"success"}'])
+@example(status=200, lines=["5"])  # JSON that is not an object: `"error" in 5` raised TypeError
+@example(status=200, lines=["[" * 100_000])
+@example(status=200, lines=[json.dumps({"error": "line one\nline two" * 1000})])
+def test_any_pull_stream_succeeds_or_is_a_one_line_model_pull_error(canned, status, lines):
+    from pytest_gpubench.errors import Stage, StageError
+    from pytest_gpubench.runtimes.ollama import OllamaRuntime
+
+    canned.status, canned.body = status, "\n".join(lines).encode() + b"\n"
+    runtime = OllamaRuntime(conn=None, local_port=canned.port)  # type: ignore[arg-type]
+    try:
+        with within():
+            asyncio.run(runtime.pull("qwen2:7b", timeout=10))
+    except StageError as exc:
+        assert exc.stage == Stage.MODEL_PULL
+        message = str(exc)
+        assert "\n" not in message and len(message) <= 1200, message[:200]
+
+
+@PARSER_SETTINGS
+@given(status=st.sampled_from([200, 500]), body=st.one_of(
+    st.builds(lambda models: json.dumps({"models": models}), st.one_of(
+        odd_values, st.lists(st.one_of(odd_values, st.dictionaries(st.sampled_from(["name", "model"]), odd_values)),
+                             max_size=3))),
+    st.binary(max_size=30), st.just(b"[" * 100_000)))
+# Models that are not a list of objects: AttributeError out of loaded_models().
+@example(status=200, body=b'{"models": [1]}')
+@example(status=200, body=b'{"models": {"a": 1}}')
+@example(status=200, body=b"[" * 100_000)
+def test_any_ps_answer_gives_a_list_of_names(canned, status, body):
+    from pytest_gpubench.runtimes.ollama import OllamaRuntime
+
+    canned.status, canned.body = status, body if isinstance(body, bytes) else body.encode()
+    runtime = OllamaRuntime(conn=None, local_port=canned.port)  # type: ignore[arg-type]
+    with within():
+        names = asyncio.run(runtime.loaded_models())
+    assert isinstance(names, list) and all(isinstance(name, str) for name in names)
