@@ -12,7 +12,7 @@ import asyncio
 import json
 
 import pytest
-from hypothesis import example, given, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from parser_properties import PARSER_SETTINGS, within
 from pytest_gpubench.measure.benchmark import LoadgenPass, _consume
@@ -472,7 +472,7 @@ pull_lines = st.one_of(
 )
 
 
-@PARSER_SETTINGS
+@settings(PARSER_SETTINGS, max_examples=50)  # a real HTTP round trip each
 @given(status=st.sampled_from([200, 200, 404, 500]), lines=st.lists(pull_lines, max_size=5))
 # A line that is not JSON: JSONDecodeError came out of pull() raw, not a model_pull error.
 @example(status=200, lines=["pulling manifest", '{"status":"success"}'])
@@ -494,7 +494,7 @@ def test_any_pull_stream_succeeds_or_is_a_one_line_model_pull_error(canned, stat
         assert "\n" not in message and len(message) <= 1200, message[:200]
 
 
-@PARSER_SETTINGS
+@settings(PARSER_SETTINGS, max_examples=50)  # a real HTTP round trip each
 @given(status=st.sampled_from([200, 500]), body=st.one_of(
     st.builds(lambda models: json.dumps({"models": models}), st.one_of(
         odd_values, st.lists(st.one_of(odd_values, st.dictionaries(st.sampled_from(["name", "model"]), odd_values)),
