@@ -145,6 +145,7 @@ GAPS_SORTED_MAX = 4000000  # beyond this many gaps, ITL percentiles come from an
 OUTPUT_MAX = 32 * 1024 * 1024  # unread stdout beyond this: the reader is gone
 LINE_MAX = 16 * 1024 * 1024  # a stream line (NDJSON, SSE, a worker's event) longer than this: a malformed answer
 COUNT_MAX = 2 ** 63 - 1  # a server's counter beyond this fits no store's integer column
+ERROR_MAX = 1000  # characters of a server's error message a record keeps
 CONNECTING, SENDING, HEAD, BODY, CLOSED, HANDSHAKE = range(6)
 THINKING, ANSWER = range(2)  # what a token chunk carries
 CHUNKED, LENGTH, UNTIL_CLOSE = range(3)
@@ -218,7 +219,12 @@ def error_message(payload):
     error = payload.get("error", payload.get("message"))
     if isinstance(error, dict):
         error = error.get("message") or json.dumps(error, sort_keys=True)
-    return str(error)
+    return clipped(str(error).strip() or "an error with no message")  # a request error always says something
+
+
+def clipped(text):
+    """A server's error text as a record keeps it: at most ERROR_MAX characters."""
+    return text if len(text) <= ERROR_MAX else text[:ERROR_MAX - 3] + "..."
 
 
 def percentile(ordered, p):
@@ -828,7 +834,7 @@ def http_error(status, detail):
         payload = None
     if isinstance(payload, dict) and ("error" in payload or "message" in payload):
         text = error_message(payload)
-    return "HTTP %d: %s" % (status, text)
+    return "HTTP %d: %s" % (status, clipped(text))
 
 
 class SSEExchange(Exchange):

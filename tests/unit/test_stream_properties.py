@@ -102,7 +102,7 @@ def assert_one_clean_record(exchange, records: list[dict]) -> dict:
     text = json.dumps(record, separators=(",", ":"))
     RequestRecord.model_validate(json.loads(text))
     if record["error"] is not None:
-        assert isinstance(record["error"], str) and record["error"].strip()
+        assert isinstance(record["error"], str) and record["error"].strip() and len(record["error"]) <= 1100
     return record
 
 
@@ -217,7 +217,8 @@ def test_odd_usage_and_timings_give_a_record_the_controller_keeps(usage, timings
     st.binary(max_size=40),
     st.sampled_from([b'{"done":false,"response":"x"}', b'{"done":true}', b'[{"done":false,"response":"x"}]',
                      b'{"done":false,"response":"x"', b'{"response":5,"done":true}', b'{"error":{"a":1}}',
-                     b'{"error":null}', b"\xff\xfe", b"[" * 3000, b"null", b"1e999999"]),
+                     b'{"error":null}', b'{"error":""}', b'{"error":"' + b"e" * 5000 + b'"}', b"\xff\xfe",
+                     b"[" * 3000, b"null", b"1e999999"]),
 ), max_size=6), framing=framings, sizes=chunk_sizes, cuts=cut_points, expect=st.booleans())
 # Nested deeper than json's recursion limit: RecursionError, not ValueError, ended the whole run.
 @example(lines=[b"[" * 100000], framing="length", sizes=[], cuts=[], expect=False)
@@ -233,6 +234,9 @@ def test_odd_usage_and_timings_give_a_record_the_controller_keeps(usage, timings
          expect=True)
 # A final chunk whose text is not a string: "".join raised TypeError.
 @example(lines=[b'{"response":5,"done":true}'], framing="length", sizes=[], cuts=[], expect=True)
+# An error with no message was an error record with an empty one; a long one was kept whole.
+@example(lines=[b'{"error":""}'], framing="length", sizes=[], cuts=[], expect=False)
+@example(lines=[b'{"error":"' + b"e" * 5000 + b'"}'], framing="length", sizes=[], cuts=[], expect=False)
 def test_any_ollama_body_ends_in_one_record(lines, framing, sizes, cuts, expect):
     data = response(b"\n".join(lines) + b"\n", framing, sizes)
     exchange, records = exchange_over(loadgen.Exchange, splits(data, cuts), expect=["x"] if expect else None)
