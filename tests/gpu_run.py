@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import site
 import subprocess
 import sys
 import time
@@ -128,6 +129,13 @@ def run(folder: Path) -> LocalRun:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("GPUBENCH_") or k in ("GPUBENCH_SANDBOX_INSTANCE", "GPUBENCH_SANDBOX_OWNER")}
     env[MARK] = mark
+    # cloud: local runs its commands with HOME set to its own home (~/.gpubench/local-home), where
+    # Python looks for user-site packages too: a torch or nvidia-ml-py installed with `pip install
+    # --user` would vanish there and the cell would try to install torch (from the network). The
+    # tier is about the GPU, not about where its Python keeps packages: the user site stays on the path.
+    user_site = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+    if user_site and Path(user_site).is_dir():
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), user_site]))
     command = [sys.executable, "-m", "pytest", str(matrix), *plugin_args(), "-p", "no:cacheprovider",
                "--rootdir", str(folder), "-rA", "--junitxml", str(folder / "junit.xml"),
                "--gpubench-reports", str(reports), "--gpubench-manifest", str(reports / "manifest.db")]
