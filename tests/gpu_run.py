@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from pytest_gpubench.gpucheck import (
+from pytest_gpubench.measure.gpucheck import (
     HostSnapshot,
     list_entries,
     processes_with_marker,

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from pytest_gpubench.gpucheck import gpu_absent_reason
+from pytest_gpubench.measure.gpucheck import gpu_absent_reason
 
 _REASON: list[str | None] = []
 #: A dry run of the tier's plumbing on the sandbox's stand-ins (``gpubench sandbox local``'s

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from gpu_run import MEMORY_TOLERANCE_MIB, LocalRun
-from pytest_gpubench.gpucheck import (
+from pytest_gpubench.measure.gpucheck import (
     BOUNDS,
     compare_facts,
     host_differences,

@@ -1,4 +1,4 @@
-"""The ``gpu`` tier's logic without a GPU (``pytest_gpubench.gpucheck``, ``measure/gpu_peaks.py``):
+"""The ``gpu`` tier's logic without a GPU (``pytest_gpubench.measure.gpucheck``, ``measure/gpu_peaks.py``):
 NVML, ``nvidia-smi -q -x`` and the CSV query compared (the sandbox's nvidia-smi and NVML stand-ins
 render the real formats), the datasheet shares and their bounds, the H100/H200 datasheet lines
 and the names ``nvidia-smi`` gives those cards, the host snapshot's difference, and why a machine
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpubench.gpucheck import (
+from pytest_gpubench.measure.gpucheck import (
     SETTINGS_FIELDS,
     GpuState,
     HostSnapshot,

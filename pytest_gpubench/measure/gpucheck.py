@@ -29,9 +29,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .gpuinfo import parse_gpu_query_csv
-from .measure.gpu_peaks import GpuPeaks
-from .remote.sysinfo import GpuDevice, GpuFacts
+from ..gpuinfo import parse_gpu_query_csv
+from .gpu_peaks import GpuPeaks
+from ..remote.sysinfo import GpuDevice, GpuFacts
 
 __all__ = [
     "BOUNDS", "ESSENTIAL_FIGURES", "SETTINGS_FIELDS", "GpuState", "HostSnapshot", "PeakShare",
