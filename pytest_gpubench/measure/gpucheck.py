@@ -42,9 +42,9 @@ __all__ = [
 
 # ----------------------------------------------------------------- sources agree
 
-#: The figures every source must give on a current data-center card (H100, H200): without
-#: them "the sources agree" would be vacuous.
-ESSENTIAL_FIGURES = ("name", "uuid", "memory_total_mib", "power_limit_w")
+#: The figures every source must give on any card: without them "the sources agree" would be
+#: vacuous. (A power limit or clocks some cards do not report are compared where present.)
+ESSENTIAL_FIGURES = ("name", "uuid", "memory_total_mib")
 #: Compared GPU figures: exact, except those with a tolerance (units differ: NVML counts bytes and
 #: milliwatts, nvidia-smi MiB and watts with two decimals).
 _EXACT = ("name", "uuid", "pci_bus_id", "compute_capability", "sm_clock_max_mhz", "mem_clock_max_mhz")
