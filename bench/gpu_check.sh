@@ -16,7 +16,10 @@ SITE=${GPUBENCH_SITE:-/tmp/site}
 RESULTS=${GPUBENCH_GPU_CHECK_DIR:-/tmp/gpubench-gpu-check}
 export PYTHONDONTWRITEBYTECODE=1 GPUBENCH_REQUIRE_GPU=1
 if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl || exit 1
+  # A wheel is a zip file: without pip, unpacking it is the same install (no scripts are needed).
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl ||
+    python3 -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
+      "$SITE" .whl/*.whl || exit 1
   export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 else
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

@@ -225,7 +225,8 @@ def test_why_a_machine_cannot_run_the_gpu_tier(tmp_path: Path) -> None:
     # nvidia-smi is there, but no NVML library nor a CUDA torch for this Python (-I: not this suite's path).
     (tmp_path / "nvidia-smi").write_text("#!/bin/sh\nexit 0\n")
     (tmp_path / "nvidia-smi").chmod(0o755)
-    (tmp_path / "torch.py").write_text("__version__ = '0.0'\nclass cuda:\n    is_available = staticmethod(lambda: False)\n")
+    (tmp_path / "torch.py").write_text("__version__ = '0.0'\n"
+                                       "class cuda:\n    is_available = staticmethod(lambda: False)\n")
     reason = gpu_absent_reason(sys.executable, {"PATH": str(tmp_path), "PYTHONPATH": str(tmp_path)})
     assert reason.startswith("NVML cannot be loaded") and "pip install nvidia-ml-py" in reason
     assert reason.endswith("torch 0.0 sees no CUDA device (torch.cuda.is_available() is False)")
