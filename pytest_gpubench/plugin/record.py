@@ -276,6 +276,8 @@ class CellRecorder:
                 self.store.set_result_details(benchmark_id, self.details)
             if self.upload is not None:
                 self.upload(benchmark_id)
+        elif self.samples:  # a cell without a result (a microbenchmark): its telemetry is the cell's
+            self.store.add_gpu_samples(self.row_id, None, self.samples)
         if self.microbench is not None:
             self.store.add_microbench(self.row_id, self.microbench)
         results = self.result.results if self.result else None

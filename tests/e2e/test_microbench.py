@@ -75,6 +75,10 @@ def test_a_microbench_cell_measures_the_catalog_figures_with_the_instances_torch
     junit = (tmp_path / "junit.xml").read_text()
     assert 'name="gpubench_microbench_memory_bandwidth" value="8' in junit
     assert "gpubench_microbench_matmul_fp8" not in junit  # skipped: no figure
+    # nvidia-smi sampled the GPU while it measured: the samples are the cell's (no result to hang them on).
+    samples = list(sqlite_utils.Database(tmp_path / "reports" / "manifest.db")["gpu_samples"].rows)
+    assert samples and {s["manifest_id"] for s in samples} == {row["id"]}
+    assert all(s["benchmark_id"] is None and s["gpu"] == 0 and s["power_draw_w"] > 0 for s in samples)
     assert_every_session_released(standalone_sandbox)
 
 
