@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from e2e_helpers import RENTABLE_OFFER, rent, session_status

@@ -78,3 +78,18 @@ def test_a_key_file_named_by_a_bad_session_id_is_refused_and_leaves_nothing(tmp_
     with pytest.raises(InvalidId, match="session id"):
         KeyFile("-----BEGIN " "OPENSSH PRIVATE KEY-----\nabc\n", name=session_id)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_shared_store_s_run_id_that_is_no_id_is_not_resumed(tmp_path):
+    # Item 14 through a store: --gpubench-resume takes the run id from the store ("last").
+    from pytest_gpubench.errors import UsageProblem
+    from pytest_gpubench.store.manifest import Manifest
+    from pytest_gpubench.store.resume import plan_resume
+
+    path = tmp_path / "m.db"
+    with Manifest(path) as manifest:
+        manifest.start_run("..", argv=[], matrix_files=[], owner=None, api=None)
+        manifest.finish_run("..", "failed")
+    with pytest.raises(UsageProblem, match=r"--gpubench-resume: the store's run id '\.\.' is not a run id "
+                                           r"\(1-64 letters.*\): it cannot be resumed"):
+        plan_resume(path, "..")
