@@ -106,9 +106,11 @@ class ApiUnreachable(GpubenchError):
     """Nothing answers at the GPU Shopper API URL: no cell can run."""
 
     def __init__(self, url: str, reason: str) -> None:
-        self.url = url
+        from .redaction import redact
+
+        self.url = redact(url)  # a URL's user:password@ is never shown
         super().__init__(
-            f"no GPU Shopper API answers at {url} ({reason})",
+            f"no GPU Shopper API answers at {self.url} ({reason})",
             hint="start the server, point --gpubench-api / GPUBENCH_API_BASE at it, "
             "or run offline with --gpubench-sandbox",
         )

@@ -227,7 +227,9 @@ OPTIONS: tuple[Option, ...] = (
            "run again cells that already ended in this run (--gpubench-run-id given again); without it "
            "they are reported claimed",
            type=_bool, env="GPUBENCH_RERUN", ini=False, action="store_true"),
-    Option("run_id", "--gpubench-run-id", "run id for the manifest (default: a new one per run)",
+    Option("run_id", "--gpubench-run-id",
+           "run id for the manifest: 1-64 letters, digits, '.', '_' or '-', not starting with '.' "
+           "(default: a new one per run)",
            env="GPUBENCH_RUN_ID", ini=False, metavar="ID"),
     Option("runners", "--gpubench-runners",
            "the runners file (YAML): phases, named sets of cells with reruns, and which host takes what; "

@@ -8,8 +8,8 @@ other clients (curl, the GPU Shopper CLI, CI pipelines) to rent from for free.
 ``gpubench sandbox local [GPU[*COUNT]]`` prints the ``export`` lines that give a shell stand-in
 GPUs and Ollama for ``cloud: local``.
 
-``gpubench cleanup [--manifest PATH] [--api URL] [--dry-run]`` releases the GPU
-sessions that dead runs of the manifest left running (see ``cleanup.py``).
+``gpubench cleanup [--manifest PATH] [--api URL] [--reports DIR] [--dry-run]`` releases, through
+the API it is given, the GPU sessions that dead runs of the manifest left running (see ``cleanup.py``).
 
 ``gpubench export --format json|csv [--run RUN|last] [--manifest PATH] [-o FILE]``
 writes stored results; ``gpubench export --to PATH|URL [--run RUN|last]`` copies the
@@ -171,6 +171,8 @@ async def _upload_async(store, run_id: str | None, api: str, token: str | None):
 
 
 def _upload(args: argparse.Namespace) -> int:
+    from ..redaction import redact
+
     api = args.api or os.environ.get("GPUBENCH_API_BASE") or DEFAULT_API
     token = os.environ.get("GPUBENCH_API_TOKEN") or None
     with _open_store(args.manifest) as store:
@@ -187,13 +189,13 @@ def _upload(args: argparse.Namespace) -> int:
         uploaded, failed = asyncio.run(_upload_async(store, run_id, api, token))
     for benchmark_id, error in failed.items():
         print(f"failed {benchmark_id}: {error}", file=sys.stderr)
-    print(f"uploaded {len(uploaded)} of {len(pending)} result{'s' * (len(pending) != 1)} to {api}"
+    print(f"uploaded {len(uploaded)} of {len(pending)} result{'s' * (len(pending) != 1)} to {redact(api)}"
           + (f"; {len(failed)} failed and stay pending: run `gpubench upload` again" if failed else ""),
           file=sys.stderr)
     return EXIT_FAILED if failed else EXIT_OK
 
 
-async def _cleanup_async(store, apis: list[str], token: str | None, dry_run: bool):
+async def _cleanup_async(store, api: str, token: str | None, dry_run: bool, progress_dir: Path):
     from ..cloud.cleanup import CleanupReport, clean
     from ..cloud.registry import build_provider
     from ..errors import ApiUnreachable
@@ -201,31 +203,30 @@ async def _cleanup_async(store, apis: list[str], token: str | None, dry_run: boo
     from ..settings import Settings
 
     report = CleanupReport(dry_run=dry_run)
-    for api in apis:
-        # Runs record their API, not their cloud: every one so far rented through GPU Shopper.
-        provider = build_provider(DEFAULT_CLOUD, Settings(api=api, api_token=token))
+    # Runs record their API, not their cloud: every one so far rented through GPU Shopper.
+    provider = build_provider(DEFAULT_CLOUD, Settings(api=api, api_token=token))
+    try:
         try:
-            try:
-                await provider.ready(attempts=5)
-                reachable = provider
-            except ApiUnreachable as exc:
-                reachable = None
-                report.notes.append(f"cannot reach the API: {exc.message}")
-            report.merge(await clean(store, reachable, api=api, released_by="gpubench cleanup",
-                                     reason="its run's process went away", dry_run=dry_run))
-        finally:
-            await provider.aclose()
+            await provider.ready(attempts=5)
+            reachable = provider
+        except ApiUnreachable as exc:
+            reachable = None
+            report.notes.append(f"cannot reach the API: {exc.message}")
+        report.merge(await clean(store, reachable, api=api, released_by="gpubench cleanup",
+                                 reason="its run's process went away", dry_run=dry_run, progress_dir=progress_dir))
+    finally:
+        await provider.aclose()
     return report
 
 
 def _cleanup(args: argparse.Namespace) -> int:
-    from ..cloud.cleanup import apis_to_visit
-
     token = os.environ.get("GPUBENCH_API_TOKEN") or None
+    # The token goes to the API the user names, never to one a store row names (a shared store's
+    # rows are anyone's to write): runs recorded against another API are listed, left alone.
+    api = args.api or os.environ.get("GPUBENCH_API_BASE") or DEFAULT_API
+    reports = Path(args.reports or os.environ.get("GPUBENCH_REPORTS") or "reports")
     with _open_store(args.manifest) as store:
-        default = os.environ.get("GPUBENCH_API_BASE") or DEFAULT_API
-        apis = [args.api] if args.api else apis_to_visit(store, default)
-        report = asyncio.run(_cleanup_async(store, apis, token, args.dry_run))
+        report = asyncio.run(_cleanup_async(store, api, token, args.dry_run, reports / "progress"))
     for line in report.lines():
         print(line)
     print(f"gpubench cleanup: {report.summary()}")
@@ -377,8 +378,11 @@ def _parser() -> argparse.ArgumentParser:
                     "release is recorded in the manifest. Token: $GPUBENCH_API_TOKEN.")
     cleanup.add_argument("--manifest", "--store", dest="manifest", metavar="PATH|URL", help=manifest_help)
     cleanup.add_argument("--api", metavar="URL",
-                         help="only this API (default: the API each run used, else $GPUBENCH_API_BASE or "
-                              f"{DEFAULT_API})")
+                         help=f"the API to release through (default $GPUBENCH_API_BASE or {DEFAULT_API}); "
+                              "runs recorded against another API are listed and left alone")
+    cleanup.add_argument("--reports", metavar="DIR",
+                         help="the reports folder whose progress files get a line per release "
+                              "(default $GPUBENCH_REPORTS or reports)")
     cleanup.add_argument("--dry-run", action="store_true", help="say what would be released; change nothing")
     cleanup.set_defaults(handler=_cleanup)
 

@@ -23,6 +23,7 @@ from ..cloud.cleanup import CleanupReport, ReleaseOutcome, clean
 from ..errors import ApiUnreachable, Stage
 from .live import own_line
 from ..store.opening import open_store, store_exists
+from ..store.redaction import redact
 from .matrix_scan import runs_matrix_files
 from .outcome import run_status
 from ..cloud.processes import ProcessIdentity, xdist_worker_pids
@@ -77,7 +78,7 @@ class RunLifecycle:
                 ids = ", ".join(s.session_id for s in left)
                 raise pytest.UsageError(
                     f"--gpubench-resume: run {plan.run_id} still has sessions that could not be released "
-                    f"({ids}): run `gpubench cleanup --api {settings.api}` and resume again")
+                    f"({ids}): run `gpubench cleanup --api {redact(settings.api)}` and resume again")
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Python tests on matrix cells are known only now (in the process that collects)."""
@@ -139,8 +140,9 @@ class RunLifecycle:
         timeout = 3 * max(120.0, settings.stage_timeout(Stage.CLEANUP))
         try:
             with open_store(settings.store_location) as store:
-                report = run_async(clean(store, provider, api=settings.api, released_by=released_by, **scope),
-                                   timeout)
+                # The token goes only to the configured API; progress lines only under the configured folder.
+                report = run_async(clean(store, provider, api=settings.api, released_by=released_by,
+                                         progress_dir=settings.progress_dir, **scope), timeout)
         except Exception as exc:  # noqa: BLE001 - cleanup reports; it never breaks the run
             self._write(f"gpubench: cleanup by {released_by} failed: {type(exc).__name__}: {exc}", red=True)
             return None

@@ -56,6 +56,16 @@ def test_bad_values_name_their_source(cli, env, expected):
         resolve(cli, env, no_ini)
 
 
+@pytest.mark.parametrize("run_id", [".", "..", "...", ".hidden", "a/b", "../x", "é", "x" * 65])
+def test_a_run_id_that_would_leave_its_folder_is_refused(run_id):
+    # Issue 21 item 14: the run id names the progress folder and a results repository's run folder;
+    # "." and ".." put them beside it. The rule is the one for every id that becomes a path segment.
+    with pytest.raises(UsageProblem, match="--gpubench-run-id: .* must be 1-64 letters, digits, '.', '_' or '-', "
+                                           "not starting with '.'"):
+        resolve({"run_id": run_id}, {}, no_ini)
+    assert resolve({"run_id": "nightly.2026-01_a"}, {}, no_ini).run_id == "nightly.2026-01_a"
+
+
 def test_token_only_from_environment():
     settings = resolve({}, {"GPUBENCH_API_TOKEN": "s3cret"}, no_ini)
     assert settings.api_token == "s3cret"
