@@ -43,6 +43,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from .plaintext import one_line
+
 
 class Stage(str, Enum):
     """The stage names of seed 000, in the order a cell passes through them."""
@@ -185,10 +187,14 @@ class StoreProblem(GpubenchError):
 
 
 class StageError(GpubenchError):
-    """A cell failed at ``stage``; the message is one paragraph for a person."""
+    """A cell failed at ``stage``; the message is one paragraph for a person.
+
+    Its message and hint often quote the instance (stderr, a server's answer): they go through
+    :func:`~.plaintext.one_line`, the progress files' rule, so no escape sequence or line break
+    from there reaches the terminal, the manifest or JUnit."""
 
     def __init__(self, stage: Stage, message: str, *, hint: str = "") -> None:
-        super().__init__(message, hint=hint)
+        super().__init__(one_line(message), hint=one_line(hint))
         self.stage = Stage(stage)
 
 
@@ -231,7 +237,7 @@ class RemoteCommandError(StageError):
 
     def __init__(self, stage: Stage, what: str, exit_status: int | None, stderr: str) -> None:
         self.exit_status = exit_status
-        self.stderr_tail = stderr.strip()[-600:]
+        self.stderr_tail = one_line(stderr).strip()[-600:]
         status = "was killed" if exit_status is None else f"exited {exit_status}"
         detail = f": {self.stderr_tail}" if self.stderr_tail else ""
         super().__init__(stage, f"{what} {status}{detail}")
