@@ -5,6 +5,8 @@
     GpubenchError                 anything this project raises on purpose
     ├── UsageProblem              bad options or environment (-> pytest.UsageError)
     │   ├── ManifestTooNew        a manifest written by a newer pytest-gpubench
+    │   ├── MigrationNeeded       a manifest a reader finds older than this version writes
+    │   ├── NotAManifest          a file a reader was pointed at that is no manifest
     │   └── StoreUnreachable      a store's server (postgresql://) that does not answer
     ├── MatrixError               a matrix file that does not validate (file, field, message)
     │   ├── InventoryError        a hosts inventory (hosts.yaml) that does not validate
@@ -81,6 +83,16 @@ class UsageProblem(GpubenchError):
 
 class ManifestTooNew(UsageProblem):
     """The manifest was written by a newer pytest-gpubench, whose columns this one does not know."""
+
+
+class MigrationNeeded(UsageProblem):
+    """A read-only command met a manifest written by an older pytest-gpubench: it says so and
+    changes nothing (``gpubench migrate`` brings the file up to date)."""
+
+
+class NotAManifest(UsageProblem):
+    """A read-only command was pointed at a file that is not a manifest (another SQLite
+    database, or no database at all): refused, unchanged."""
 
 
 class StoreUnreachable(UsageProblem):
