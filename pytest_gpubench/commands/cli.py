@@ -100,6 +100,13 @@ def _open_store(path: str | None, *, create: bool = False, read_only: bool = Fal
         raise CommandProblem(f"no manifest at {redact(where)} (run pytest with the plugin first, or pass "
                              "--manifest PATH or --store URL)")
     try:
+        if not read_only and exists and isinstance(where, Path):
+            # A writer (upload, cleanup, import, export --to) migrates an older manifest, but never
+            # turns another program's SQLite file into one: look before writing.
+            try:
+                open_store(where, busy_timeout=5, retry_seconds=10, read_only=True).close()
+            except MigrationNeeded:
+                pass
         return open_store(where, busy_timeout=5, retry_seconds=10, read_only=read_only)
     except (NotAManifest, MigrationNeeded, ManifestTooNew) as exc:
         raise CommandProblem(str(exc)) from None
@@ -305,7 +312,8 @@ def _migrate(args: argparse.Namespace) -> int:
     """``gpubench migrate``: bring a manifest an older pytest-gpubench wrote up to date, in place (what
     every run's first write does anyway); a file that is not a manifest is refused, unchanged."""
     from ..errors import ManifestTooNew, MigrationNeeded, NotAManifest
-    from ..store.migrate import SCHEMA_VERSION, missing_schema
+    from ..store.migrate import SCHEMA_VERSION
+    from ..store.schema import missing_schema
     from ..store.opening import open_store, store_kind
 
     where = _location(args.manifest) if args.manifest else default_manifest()

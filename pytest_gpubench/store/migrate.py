@@ -24,17 +24,11 @@ Versions:
 
 from __future__ import annotations
 
-import sqlite3
-
 import sqlite_utils
 
-from ..errors import ManifestTooNew, MigrationNeeded, NotAManifest
+from ..errors import ManifestTooNew
 
-__all__ = ["SCHEMA_VERSION", "check_current", "fill_in", "missing_schema", "rename_columns", "schema_version",
-           "set_version"]
-
-#: A file with neither of these tables is no manifest (seed 001's files have the first only).
-_MANIFEST_TABLES = ("benchmark_manifest", "runs")
+__all__ = ["SCHEMA_VERSION", "fill_in", "rename_columns", "schema_version", "set_version"]
 
 SCHEMA_VERSION = 1
 
@@ -91,50 +85,3 @@ def fill_in(db: sqlite_utils.Database, version: int) -> None:
             "  SELECT b.output_tokens_per_second FROM benchmarks b WHERE b.id = benchmark_manifest.benchmark_id) "
             "WHERE output_tokens_per_second IS NULL AND benchmark_id IS NOT NULL")
 
-
-def _tables(db: sqlite_utils.Database) -> dict[str, set[str]]:
-    return {name: set(db.table(name).columns_dict) for name in db.table_names()}
-
-
-def missing_schema(db: sqlite_utils.Database) -> list[str]:
-    """What opening the file for writing would change (empty: nothing): an older schema version,
-    and each table or column :func:`~.schema.create_schema` would add. Compared with a fresh schema
-    made in memory, so it follows every table the schema gains. Reads only."""
-    from .schema import create_schema  # schema imports this module
-
-    fresh = sqlite_utils.Database(memory=True)
-    create_schema(fresh)
-    wanted, present = _tables(fresh), _tables(db)
-    fresh.close()
-    found = []
-    version = schema_version(db)
-    if version < SCHEMA_VERSION:
-        found.append(f"schema version {version}, where this pytest-gpubench writes {SCHEMA_VERSION}")
-    for table, columns in wanted.items():
-        if table not in present:
-            found.append(f"no {table} table")
-        elif columns - present[table]:
-            found.append(f"{table} lacks {', '.join(sorted(columns - present[table]))}")
-    return found
-
-
-def check_current(db: sqlite_utils.Database, path: object = "") -> None:
-    """Refuse, without changing the file, what a reader cannot read as it is: a SQLite file that is not
-    a manifest (:class:`NotAManifest`), one written by a newer version (:class:`ManifestTooNew`) or an
-    older one (:class:`MigrationNeeded`: ``gpubench migrate`` brings it up to date)."""
-    try:
-        tables = set(db.table_names())
-        if not tables & set(_MANIFEST_TABLES):
-            raise NotAManifest(f"{path} is not a pytest-gpubench manifest (it has no benchmark_manifest or "
-                               "runs table); nothing was read or changed")
-        if schema_version(db) > SCHEMA_VERSION:
-            rename_columns(db, path)  # raises ManifestTooNew, changing nothing
-        missing = missing_schema(db)
-    except sqlite3.DatabaseError as exc:  # "file is not a database", a corrupt page
-        raise NotAManifest(f"{path} is not a pytest-gpubench manifest ({exc}); nothing was read or changed") \
-            from None
-    if missing:
-        raise MigrationNeeded(f"the manifest {path} was written by an older pytest-gpubench ({missing[0]}"
-                              f"{f', and {len(missing) - 1} more change' + 's' * (len(missing) > 2) if len(missing) > 1 else ''}); "
-                              "it was left "
-                              "as it is", hint=f"run `gpubench migrate --store {path}` to bring it up to date")

@@ -24,7 +24,7 @@ import sqlite_utils
 from sqlite_utils.db import NotFoundError
 
 from ..errors import NotAManifest
-from .schema import create_schema
+from .schema import check_current, create_schema
 
 T = TypeVar("T")
 S = TypeVar("S", bound="ManifestStore")
@@ -94,9 +94,7 @@ class ManifestStore:
     def _open_read_only(self, busy_timeout: float) -> None:
         """A ``mode=ro`` connection to a file that must be a current manifest (readers: report, export,
         status, browse, plan): nothing is created, migrated or stamped, the file is left byte for byte
-        as it was; what it cannot read is refused (``migrate.check_current``)."""
-        from .migrate import check_current
-
+        as it was; what it cannot read is refused (``schema.check_current``)."""
         if not self.path.is_file():
             raise NotAManifest(f"no manifest at {self.path}" + (" (a folder)" if self.path.is_dir() else ""))
         conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=busy_timeout,

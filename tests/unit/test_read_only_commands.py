@@ -117,3 +117,20 @@ def test_gpubench_migrate_brings_an_old_manifest_up_to_date_and_refuses_other_fi
     assert main(["migrate", "--store", str(tmp_path / "nothing.db")]) == 2
     assert not (tmp_path / "nothing.db").exists()
     assert os.listdir(foreign / "store") == ["manifest.db"]
+
+
+@pytest.mark.parametrize("command", [["upload", "--run", "last"], ["cleanup", "--dry-run"], ["import", "{json}"],
+                                     ["export", "--manifest", "{good}", "--to"]])
+def test_a_writer_never_turns_another_programs_sqlite_file_into_a_manifest(tmp_path, capsys, command):
+    """The commands that write migrate an older manifest, but refuse a file that is no manifest."""
+    path = _file(tmp_path, "foreign")
+    good = tmp_path / "good.db"
+    with Manifest(good) as m:
+        m.start_run("run-1", ["pytest"], [])
+    (tmp_path / "r.json").write_text("[]")
+    before = _state(path)
+    args = [arg.format(json=tmp_path / "r.json", good=good) for arg in command]
+    assert main([*args, str(path)] if args[-1] == "--to" else [*args, "--manifest", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path} is not a pytest-gpubench manifest" in err and len(err.splitlines()) == 1, err
+    assert _state(path) == before
