@@ -134,3 +134,13 @@ def test_a_writer_never_turns_another_programs_sqlite_file_into_a_manifest(tmp_p
     err = capsys.readouterr().err
     assert f"{path} is not a pytest-gpubench manifest" in err and len(err.splitlines()) == 1, err
     assert _state(path) == before
+
+
+def test_gpubench_migrate_on_a_postgresql_store_leaves_it_to_its_own_migrations(postgres_url, capsys):
+    from pytest_gpubench.store.opening import open_store
+
+    with open_store(postgres_url) as store:
+        store.start_run("run-1", ["pytest"], [])
+    assert main(["migrate", "--store", postgres_url]) == 0
+    assert capsys.readouterr().out.startswith("gpubench migrate: postgresql://")
+    assert main(["status", "--store", postgres_url]) == 0  # a reader of a server store: as before
