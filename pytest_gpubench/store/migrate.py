@@ -84,4 +84,3 @@ def fill_in(db: sqlite_utils.Database, version: int) -> None:
             "UPDATE benchmark_manifest SET output_tokens_per_second = ("
             "  SELECT b.output_tokens_per_second FROM benchmarks b WHERE b.id = benchmark_manifest.benchmark_id) "
             "WHERE output_tokens_per_second IS NULL AND benchmark_id IS NOT NULL")
-

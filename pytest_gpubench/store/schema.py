@@ -391,7 +391,8 @@ def check_current(db: sqlite_utils.Database, path: object = "") -> None:
         raise NotAManifest(f"{path} is not a pytest-gpubench manifest ({exc}); nothing was read or changed") \
             from None
     if missing:
-        raise MigrationNeeded(f"the manifest {path} was written by an older pytest-gpubench ({missing[0]}"
-                              f"{f', and {len(missing) - 1} more change' + 's' * (len(missing) > 2) if len(missing) > 1 else ''}); "
-                              "it was left "
-                              "as it is", hint=f"run `gpubench migrate --store {path}` to bring it up to date")
+        more = len(missing) - 1
+        also = f", and {more} more change{'s' * (more > 1)}" if more else ""
+        raise MigrationNeeded(f"the manifest {path} was written by an older pytest-gpubench ({missing[0]}{also}); "
+                              "it was left as it is",
+                              hint=f"run `gpubench migrate --store {path}` to bring it up to date")
