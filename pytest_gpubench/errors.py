@@ -5,6 +5,8 @@
     GpubenchError                 anything this project raises on purpose
     ├── UsageProblem              bad options or environment (-> pytest.UsageError)
     │   ├── ManifestTooNew        a manifest written by a newer pytest-gpubench
+    │   ├── MigrationNeeded       a manifest a reader finds older than this version writes
+    │   ├── NotAManifest          a file a reader was pointed at that is no manifest
     │   └── StoreUnreachable      a store's server (postgresql://) that does not answer
     ├── MatrixError               a matrix file that does not validate (file, field, message)
     │   ├── InventoryError        a hosts inventory (hosts.yaml) that does not validate
@@ -43,6 +45,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from .plaintext import one_line
+
 
 class Stage(str, Enum):
     """The stage names of seed 000, in the order a cell passes through them."""
@@ -79,6 +83,16 @@ class UsageProblem(GpubenchError):
 
 class ManifestTooNew(UsageProblem):
     """The manifest was written by a newer pytest-gpubench, whose columns this one does not know."""
+
+
+class MigrationNeeded(UsageProblem):
+    """A read-only command met a manifest written by an older pytest-gpubench: it says so and
+    changes nothing (``gpubench migrate`` brings the file up to date)."""
+
+
+class NotAManifest(UsageProblem):
+    """A read-only command was pointed at a file that is not a manifest (another SQLite
+    database, or no database at all): refused, unchanged."""
 
 
 class StoreUnreachable(UsageProblem):
@@ -187,10 +201,14 @@ class StoreProblem(GpubenchError):
 
 
 class StageError(GpubenchError):
-    """A cell failed at ``stage``; the message is one paragraph for a person."""
+    """A cell failed at ``stage``; the message is one paragraph for a person.
+
+    Its message and hint often quote the instance (stderr, a server's answer): they go through
+    :func:`~.plaintext.one_line`, the progress files' rule, so no escape sequence or line break
+    from there reaches the terminal, the manifest or JUnit."""
 
     def __init__(self, stage: Stage, message: str, *, hint: str = "") -> None:
-        super().__init__(message, hint=hint)
+        super().__init__(one_line(message), hint=one_line(hint))
         self.stage = Stage(stage)
 
 
@@ -233,7 +251,7 @@ class RemoteCommandError(StageError):
 
     def __init__(self, stage: Stage, what: str, exit_status: int | None, stderr: str) -> None:
         self.exit_status = exit_status
-        self.stderr_tail = stderr.strip()[-600:]
+        self.stderr_tail = one_line(stderr).strip()[-600:]
         status = "was killed" if exit_status is None else f"exited {exit_status}"
         detail = f": {self.stderr_tail}" if self.stderr_tail else ""
         super().__init__(stage, f"{what} {status}{detail}")

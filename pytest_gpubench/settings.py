@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -94,6 +94,9 @@ class Settings(BaseModel):
     hosts: str | None = None
     #: Where host keys found in no known_hosts file are pinned on first use.
     known_hosts: str = DEFAULT_KNOWN_HOSTS
+    #: ``--gpubench-host-keys``: ``pin`` (a host key in no known_hosts file is trusted on first use and
+    #: pinned in :attr:`known_hosts`) or ``strict`` (it fails ``ssh_connect``).
+    host_keys: Literal["pin", "strict"] = "pin"
     #: How long a GPU lease holds unless renewed (seconds, unscaled: see ``gpu_lease_seconds``).
     gpu_lease_ttl: float = DEFAULT_GPU_LEASE_TTL
     #: How long a cell's claim holds unless renewed (seconds, unscaled: see ``claim_seconds``).

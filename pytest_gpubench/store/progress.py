@@ -50,6 +50,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..errors import Stage
 from ..ids import InvalidId, path_under
+from ..plaintext import one_line as _one_line
 from .record_keys import file_name
 
 __all__ = ["ProgressLine", "ProgressWriter", "REDACTED", "cell_progress_path", "existing_progress_file",
@@ -61,8 +62,6 @@ _MONEY_KEY = re.compile(r"(?:^|_)(?:price|cost|usd)(?:_|$)", re.IGNORECASE)
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 _LABEL = re.compile(r"[A-Z][A-Z0-9_]*")
 _BARE = re.compile(r'[^\s"\\]+')
-# Everything str.splitlines() would break on, plus the other control characters.
-_LINE_BREAKING = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")
 _RECORD = re.compile(
     r"^\[(?P<ts>[^\]]+)\] (?P<kind>STATUS|PROGRESS|ERROR|RESULTS):(?: (?P<body>.*))?$"
 )
@@ -72,10 +71,6 @@ Kind = Literal["STATUS", "PROGRESS", "ERROR", "RESULTS"]
 
 def _is_secret(text: str) -> bool:
     return any(marker in text for marker in _SECRET_MARKERS)
-
-
-def _one_line(text: str) -> str:
-    return _LINE_BREAKING.sub(" ", text)
 
 
 def _quote(text: str) -> str:
