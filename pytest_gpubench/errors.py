@@ -18,6 +18,7 @@
     ├── ImportProblem             a result file, or an item of it, that cannot be imported (field, message)
     ├── CommandProblem            a gpubench command cannot do what was asked: one line, its exit status
     ├── UnknownRun                a run name (an id, or last) the store does not know
+    ├── InvalidId                 an id from outside (store row, API answer) that may not be a path or URL part
     ├── StoreProblem              a shared store (a results repository) cannot be reached or written
     └── StageError                a cell failed at one stage (stage, message, hint)
         ├── NoEligibleOffer       inventory: offers exist or not, none fits -> skipped
@@ -97,6 +98,11 @@ class NotAManifest(UsageProblem):
 
 class StoreUnreachable(UsageProblem):
     """The store's server (``--gpubench-store postgresql://...``) did not answer or refused the connection."""
+
+
+class InvalidId(GpubenchError, ValueError):
+    """An id that may not become a path segment or a URL part (its message says which and why);
+    a ``ValueError`` too, as pydantic validators and callers that parse ids expect."""
 
 
 class MatrixError(GpubenchError):

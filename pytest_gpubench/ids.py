@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from .errors import InvalidId
+
 __all__ = ["ID_RULE", "InvalidId", "MAX_ID", "check_id", "is_id", "path_under", "shown_id"]
 
 #: The longest id: a file name's limit on Linux and macOS.
@@ -20,10 +22,6 @@ MAX_ID = 255
 _ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 #: The rule in words, for error messages.
 ID_RULE = "letters, digits, '.', '_' or '-', not starting with '.'"
-
-
-class InvalidId(ValueError):
-    """An id that may not become a path segment (its message says which and why)."""
 
 
 def is_id(text: object, max_length: int = MAX_ID) -> bool:
