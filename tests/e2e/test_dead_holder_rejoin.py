@@ -71,6 +71,7 @@ def test_a_controller_joining_after_another_died_mid_cell_takes_the_cell_over_an
     last = output.strip().splitlines()[-1]
     assert "2 passed" in last and "claimed" not in last, output[-4000:]
     assert f"released session {cell.session_id}" in output, output[-4000:]
+    assert f"cell {cell.row_id} marked failed (abandoned: its run's next controller takes it over)" in output
 
     with open_store(shared_store) as store:
         cells = {c.row_id: c for c in store.cells(RUN)}
