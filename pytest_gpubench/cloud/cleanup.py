@@ -31,7 +31,11 @@ controller its cell names (the cell's recorded holder, ``host:pid:nonce[/gwN]``)
 live lease on any cell of the run, or runs on this host: that covers a session kept for
 the next cell of a reuse group, and one only the API knows. A cell is marked failed
 only while it still runs under the holder cleanup found it with (``if_held_by``): one a
-live controller took over meanwhile is its.
+live controller took over meanwhile is its. A cell whose holder cleanup found gone
+(``check_liveness``: the start of a run, ``gpubench cleanup``) is marked ``failed`` as
+:data:`ABANDONED`: its run never failed it, and the next controller of its run that
+reaches it takes it over and runs it (``store/claim_rule.py``), as it would a running
+cell whose lease ran out.
 
 **Release.** The provider's one release path (:meth:`.Provider.release`, the
 same teardown uses): ``done``, then ``DELETE`` if the session is still active (or
@@ -75,6 +79,9 @@ if TYPE_CHECKING:
     from ..store.base import Store
     from ..store.records import RunRecord
 
+#: The failure reason of a cell cleanup closed because its holder's process was gone (not its
+#: run's own failure): the claim rule lets the next claimant take it over.
+ABANDONED = "abandoned"
 #: The API's longest reservation: a run with no recorded owner that started longer
 #: ago than this cannot hold a session any more, whatever became of its process.
 MAX_RESERVATION = timedelta(hours=12)
@@ -565,7 +572,7 @@ def end_gpu_leases(store: Store, leftover: Leftover) -> int:
 
 
 def close_cells(store: Store, held: Mapping[str, str | None], reason: str, released_by: str,
-                progress_dir: Path | None = None) -> list[str]:
+                progress_dir: Path | None = None, *, abandoned: bool = False) -> list[str]:
     """Mark cells left ``running`` by a process that is gone as ``failed``; returns them.
 
     The stage comes from, and an ``ERROR:`` line goes to, the cell's progress file under
@@ -574,6 +581,8 @@ def close_cells(store: Store, held: Mapping[str, str | None], reason: str, relea
     ``held`` maps each row id to the holder cleanup found it under: a cell is closed only
     while it still runs under that holder (a compare-and-set), never one a live controller
     took over since (None: whoever holds it, for a row found with no holder).
+    ``abandoned``: another process found the holder gone (not the holder's own controller):
+    the cell is :data:`ABANDONED`, left for the next controller of its run to take over.
     """
     closed = []
     for row_id, holder in held.items():
@@ -585,7 +594,10 @@ def close_cells(store: Store, held: Mapping[str, str | None], reason: str, relea
         message = f"{reason} before this cell finished"
         if cell.session_id:
             message += f"; its session was released by {released_by}"
-        if not store.finish_cell(row_id, status="failed", failure_stage=stage, failure_reason="interrupted",
+        if abandoned:
+            message += f"; the next controller of run {cell.run_id} that reaches it takes it over"
+        if not store.finish_cell(row_id, status="failed", failure_stage=stage,
+                                 failure_reason=ABANDONED if abandoned else "interrupted",
                                  error_message=message, if_held_by=cell.worker):
             continue  # taken over (or finished) between the read and the write
         _append(progress, lambda writer: writer.error(stage, message))
@@ -654,5 +666,6 @@ async def clean(
             for cell in store.cells(run_id):
                 if cell.status == "running" and (worker is None or held_by(cell.worker, worker)):
                     touched.setdefault(cell.row_id, cell.worker)
-        report.closed_cells = await asyncio.to_thread(close_cells, store, touched, reason, released_by, progress_dir)
+        report.closed_cells = await asyncio.to_thread(close_cells, store, touched, reason, released_by,
+                                                      progress_dir, abandoned=check_liveness)
     return report

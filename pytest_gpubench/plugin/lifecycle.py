@@ -6,7 +6,9 @@ Thin glue; the work is in :mod:`.cleanup` (and :mod:`.shutdown` for SIGTERM):
   (every process of a run with benchmark cells; the xdist controller passes it on
   to its workers).
 * At the start of a run (the controller, before any cell runs), sessions that dead
-  runs of the same manifest left running are released.
+  runs of the same manifest left running are released; their cells are marked failed as
+  ``abandoned``, which the next controller of their run takes over and runs (this one,
+  when it joins that run).
 * When an xdist worker dies, the controller releases its sessions and marks its
   unfinished cells failed; at the end of the run it releases whatever of the run
   is still open and records the run's end.
@@ -149,8 +151,10 @@ class RunLifecycle:
         for action in report.actions:
             if action.outcome is not ReleaseOutcome.LEFT_ALONE:
                 self._write(f"gpubench: {action.line()}", red=action.outcome is ReleaseOutcome.FAILED)
+        # A dead holder's cell (found by a liveness check) is abandoned: whoever claims it next runs it.
+        abandoned = " (abandoned: its run's next controller takes it over)" if scope.get("check_liveness") else ""
         for row_id in report.closed_cells:
-            self._write(f"gpubench: cell {row_id} marked failed: {scope.get('reason', 'stopped')}")
+            self._write(f"gpubench: cell {row_id} marked failed{abandoned}: {scope.get('reason', 'stopped')}")
         alone = report.count(ReleaseOutcome.LEFT_ALONE)
         if alone and scope.get("run_id") is None:
             self._write(f"gpubench: {alone} session(s) of other runs left alone (still running, or on another "
