@@ -1,7 +1,9 @@
 """The load generator that runs on the instance, next to the model.
 
 Standard library only, Python 3.8 or newer: it is sent over SSH as the stdin of
-``python3 - CONFIG`` and must run on whatever Python an instance has. It must also
+``python3 -c BOOTSTRAP``, its config after it on the same stdin (``read_config``;
+``python3 - CONFIG`` works too, for a config small enough to be an argument), and
+must run on whatever Python an instance has. It must also
 never be the bottleneck it measures, so it is one thread driving non-blocking
 sockets through ``selectors`` with its own minimal HTTP/1.1 client (chunked,
 Content-Length and close-delimited bodies, kept-alive connections). Every
@@ -9,12 +11,12 @@ timestamp is ``perf_counter()`` taken as the bytes are received, and a token
 chunk costs a few substring tests, not a JSON parse: only the final chunk is
 parsed, and a token's text only when its prompt carries an expectation.
 
-Config (one JSON argument): ``ollama_url`` (the server's base URL, whatever the
-protocol), ``protocol`` (below), ``model``, ``prompts`` (strings, or objects
-``{"prompt": str, "expect": [str, ...], "max_tokens": n, "ignore_eos": true}``: any
-one expected substring matching, case-insensitive; ``max_tokens`` there overrides the
-run's; ``ignore_eos`` is sent on the OpenAI protocols only),
-``max_tokens``, ``think`` (Ollama only: sent as the request's ``think`` only
+Config (one JSON object, after the script on stdin or as the one argument):
+``ollama_url`` (the server's base URL, whatever the protocol), ``protocol``
+(below), ``model``, ``prompts`` (strings, or objects ``{"prompt": str, "expect":
+[str, ...], "max_tokens": n, "ignore_eos": true}``: any one expected substring
+matching, case-insensitive; ``max_tokens`` there overrides the run's; ``ignore_eos``
+is sent on the OpenAI protocols only), ``max_tokens``, ``think`` (Ollama only: sent as the request's ``think`` only
 when set: absent or null leaves the model's default), ``extra_body`` (fields
 merged into every request body last, e.g. ``ignore_eos`` or
 ``chat_template_kwargs`` for a server that takes them), ``api_key_env`` (the
@@ -1666,8 +1668,25 @@ class LoadGenerator(WorkerPool):
                 "max": ordered[-1]}
 
 
+def read_config(argv, stdin):
+    """The run's config: one JSON argument when given (``python3 - CONFIG``), else the JSON
+    that follows the script on stdin (the plugin's way, ``measure/benchmark.py``: a dataset
+    of megabytes is no argument, which Linux caps at 128 KiB)."""
+    text = argv[1] if len(argv) > 1 else stdin.read()
+    if not text.strip():
+        raise ValueError("no config: give it as one JSON argument or after the script on stdin")
+    config = json.loads(text)
+    if not isinstance(config, dict):
+        raise ValueError("the config is not a JSON object")
+    return config
+
+
 def main(argv):
-    config = json.loads(argv[1])
+    try:
+        config = read_config(argv, sys.stdin.buffer)
+    except ValueError as exc:
+        sys.stderr.write("loadgen: %s\n" % exc)
+        return 2
     path = config.get("checkpoint_path")
     if path and not os.path.isabs(path):
         # Relative to the login home, whatever directory the SSH server started in.
