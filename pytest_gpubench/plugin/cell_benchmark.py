@@ -207,6 +207,15 @@ class Bench:
         if event["event"] == "worker" and "container" in event:  # a container worker's own status (seed 004)
             self.recorder.progress.status("WORKER", container=event["container"], status=event.get("status"),
                                           message=event.get("message"))
+        elif event["event"] == "backoff":
+            # Once when the load generator starts backing off from a server that fails at once, once
+            # when a request succeeds again: never a line per error.
+            if event.get("status") == "started":
+                self.recorder.progress.status("LOADGEN_BACKOFF", errors=event.get("errors"),
+                                              pause_s=event.get("pause_s"), max_pause_s=event.get("max_pause_s"),
+                                              error=event.get("error"))
+            else:
+                self.recorder.progress.status("LOADGEN_BACKOFF_ENDED", errors=event.get("errors"))
         elif event["event"] == "progress":
             # The load generator's "tps" is its tokens so far / time so far: output throughput.
             self.recorder.progress.progress(requests=event.get("requests"), tokens=event.get("tokens"),

@@ -141,6 +141,17 @@ OUTPUT_MAX = 32 * 1024 * 1024  # unread stdout beyond this: the reader is gone
 CONNECTING, SENDING, HEAD, BODY, CLOSED, HANDSHAKE = range(6)
 THINKING, ANSWER = range(2)  # what a token chunk carries
 CHUNKED, LENGTH, UNTIL_CLOSE = range(3)
+BACKOFF_AFTER = 3  # consecutive requests that failed before any token: then the generator backs off
+BACKOFF_FIRST = 0.05  # seconds: the first pause, doubled by each further such failure
+BACKOFF_CAP = 2.0  # seconds: the longest pause
+
+
+def backoff_pause(streak):
+    """Seconds to wait before the next request after ``streak`` consecutive requests that failed
+    before any token (0.0 below ``BACKOFF_AFTER``): exponential from ``BACKOFF_FIRST``, capped."""
+    if streak < BACKOFF_AFTER:
+        return 0.0
+    return min(BACKOFF_CAP, BACKOFF_FIRST * 2.0 ** min(streak - BACKOFF_AFTER, 64))
 
 
 PROTOCOLS = ("ollama", "openai-chat", "openai-completions", "worker")
@@ -1266,7 +1277,7 @@ class Warmup:
         self.left = count
 
     def launch(self, run, now):
-        if self.left and not run.in_flight:
+        if self.left and not run.in_flight and not run.held(now):
             self.left -= 1
             run.launch(True, now)
 
@@ -1291,6 +1302,8 @@ class FixedConcurrency:
         if now < self.deadline:
             # Only the slots free now: one that fails at once is refilled next turn.
             for _ in range(len(self.due)):
+                if run.held(now):
+                    return  # backing off: the slot waits, and its send lag shows it
                 run.launch(False, self.due.popleft())
 
     def exhausted(self, now):
@@ -1320,7 +1333,7 @@ class PoissonArrivals:
     def launch(self, run, now):
         if now >= self.deadline:
             return  # arrivals the cap held back stay unsent
-        while self.next <= now and self.next < self.deadline and run.in_flight < self.cap:
+        while self.next <= now and self.next < self.deadline and run.in_flight < self.cap and not run.held(now):
             run.launch(False, self.next)
             self.next += self.rng.expovariate(self.rate)
 
@@ -1398,6 +1411,10 @@ class LoadGenerator(WorkerPool):
         self.area = self.area_at = 0.0  # integral of requests in flight over the run
         self.interval = float(config.get("progress_interval", 60))
         self.timer = 0.0  # when housekeeping is next due
+        # Backing off: ``streak`` requests in a row failed before any token (a server that refuses
+        # at once would otherwise meet a closed loop's tight loop); none is sent before ``hold_until``.
+        self.streak = self.backoffs = 0
+        self.hold_until = 0.0
 
     def prepare(self):
         if self.protocol not in PROTOCOLS:
@@ -1516,6 +1533,7 @@ class LoadGenerator(WorkerPool):
         self.checkpoint.add(record_json)
         if self.checkpoint.due and self.checkpoint.not_before < self.timer:
             self.timer = self.checkpoint.not_before
+        self.pace(record, now)
         if not exchange.warmup:
             if record["error"] is None:
                 if record["incomplete"]:
@@ -1527,6 +1545,30 @@ class LoadGenerator(WorkerPool):
                 self.errors += 1
             self.lags.append(record["send_lag_ms"])
         self.pattern.freed(now)
+
+    def pace(self, record, now):
+        """Back off after ``BACKOFF_AFTER`` requests in a row failed before any token: pause
+        (``backoff_pause``), then send one request at a time until one succeeds. Said once, when
+        it starts and when it ends, as ``backoff`` events, never once per error."""
+        if record["error"] is None:
+            if self.streak >= BACKOFF_AFTER:
+                self.output.emit("backoff", status="ended", errors=self.streak)
+            self.streak = 0
+            return
+        if record["output_tokens"]:
+            return  # it failed mid-answer: the server answers, so no pause (and the streak goes on)
+        self.streak += 1
+        pause = backoff_pause(self.streak)
+        if pause:
+            self.hold_until = now + pause
+            if self.streak == BACKOFF_AFTER:
+                self.backoffs += 1
+                self.output.emit("backoff", status="started", errors=self.streak, pause_s=pause,
+                                 max_pause_s=BACKOFF_CAP, error=str(record["error"])[:300])
+
+    def held(self, now):
+        """Whether no request may go now: backing off, its pause not over or its one request in flight."""
+        return self.streak >= BACKOFF_AFTER and (now < self.hold_until or self.in_flight > 0)
 
     def totals(self, now):
         elapsed = now - self.start if self.start is not None else 0.0
@@ -1556,6 +1598,11 @@ class LoadGenerator(WorkerPool):
             if not self.in_flight and pattern.exhausted(now):
                 break
             wake = pattern.wake(self)
+            if wake is not None and self.streak >= BACKOFF_AFTER:
+                # Backing off: the pause's end, or the request in flight's completion (select wakes).
+                wake = None if self.in_flight else max(wake, self.hold_until)
+                if wake is not None and measuring and wake > self.deadline:
+                    wake = self.deadline
             if wake is None or wake > self.timer:
                 wake = self.timer
             if cutting and now < self.deadline < wake:
@@ -1645,7 +1692,7 @@ class LoadGenerator(WorkerPool):
             cpu_seconds_per_1k_tokens=round(cpu_seconds / (self.tokens / 1000), 4) if self.tokens else None,
             delivered_concurrency=round(self.area / window, 4) if window > 0 else None,
             send_lag_ms=self.lag_summary(), unsent=pattern.unsent() if pattern else 0,
-            abandoned=self.abandoned, incomplete=self.incomplete,
+            abandoned=self.abandoned, incomplete=self.incomplete, backoffs=self.backoffs,
         )
 
     def itl_summary(self):
