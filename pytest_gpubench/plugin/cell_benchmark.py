@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from ..aio import run as run_async
 from ..measure.benchmark import BenchmarkPlan, LoadgenPass
 from ..measure.compare import compare, figures_of, parse_compare_fail
-from ..errors import BenchmarkInterrupted, ResultsInvalid, Stage, ThresholdMissed
+from ..errors import BenchmarkInterrupted, ErrorBudgetExceeded, ResultsInvalid, Stage, ThresholdMissed
 from ..store.export import upload_result
 from ..measure.fingerprint import Fingerprint, fingerprint, incomparable
 from ..matrix.cells import DEFAULT_CLOUD, Cell
@@ -312,6 +312,9 @@ class Bench:
                 recorder.progress.status("COMPARED", line=self.comparison_line)
                 if comparison.failed:
                     raise ThresholdMissed(comparison.failure())
+        if violations and all(v.default for v in violations):
+            # Only the default error budget: what was measured stays, the cell is partial.
+            raise ErrorBudgetExceeded(describe_violations(violations))
         if violations:
             raise ThresholdMissed(describe_violations(violations))
 
