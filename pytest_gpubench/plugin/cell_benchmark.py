@@ -213,7 +213,7 @@ class Bench:
             if event.get("status") == "started":
                 self.recorder.progress.status("LOADGEN_BACKOFF", errors=event.get("errors"),
                                               pause_s=event.get("pause_s"), max_pause_s=event.get("max_pause_s"),
-                                              error=event.get("error"))
+                                              error=str(event.get("error") or "")[:300])  # instance output
             else:
                 self.recorder.progress.status("LOADGEN_BACKOFF_ENDED", errors=event.get("errors"))
         elif event["event"] == "progress":
@@ -314,7 +314,8 @@ class Bench:
                     raise ThresholdMissed(comparison.failure())
         if violations and all(v.default for v in violations):
             # Only the default error budget: what was measured stays, the cell is partial.
-            raise ErrorBudgetExceeded(describe_violations(violations))
+            why = commonest_error(self.measurement.records)
+            raise ErrorBudgetExceeded(describe_violations(violations) + (f"; {why}" if why else ""))
         if violations:
             raise ThresholdMissed(describe_violations(violations))
 

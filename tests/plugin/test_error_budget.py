@@ -84,6 +84,7 @@ matrix:
     assert (row["status"], row["failure_stage"], row["failure_reason"]) == (
         "partial", "results", "ErrorBudgetExceeded"), row
     assert "of the measured requests failed, above the default error budget of 50%" in row["error_message"]
+    assert "; the requests failed with: HTTP 503: server overloaded (" in row["error_message"]
     assert "Traceback" not in done.stdout
     # What was measured is kept: the two answers, and the errors (a few: the generator backed off).
     assert row["benchmark_id"] and row["total_requests"] - row["error_count"] == ANSWERED
