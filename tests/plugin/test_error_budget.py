@@ -64,7 +64,7 @@ class Failing(http.server.BaseHTTPRequestHandler):
 def server() -> Iterator[str]:
     handler = type("Handler", (Failing,), {"streamed": []})
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
     httpd.server_close()

@@ -69,7 +69,7 @@ def serve() -> Iterator:
         count: list[int] = []
         handler = type("Handler", (Flaky,), {"failing": failing, "count": count})
         httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
         servers.append(httpd)
         return f"http://127.0.0.1:{httpd.server_address[1]}", count
 

@@ -59,7 +59,7 @@ def server() -> Iterator[tuple[str, list[str]]]:
     seen: list[str] = []
     handler = type("Handler", (Recorder,), {"seen": seen})
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}", seen
     httpd.shutdown()
