@@ -82,17 +82,26 @@ Events, one JSON object per line on stdout (seed 004's protocol, extended)::
     {"event": "worker", "status": "warmup" | "running"}
     {"event": "request", <RequestRecord fields>}
     {"event": "progress", "requests", "tokens", "tps", "errors", "elapsed", "in_flight"}
+    {"event": "backoff", "status": "started", "errors", "pause_s", "max_pause_s", "error"}
+    {"event": "backoff", "status": "ended", "errors"}
     {"event": "finish", "status": "completed" | "interrupted" | "failed",
      "duration_seconds", "message", "itl_ms": {count, mean, p50, p90, p95, p99, max},
      "cpu_seconds", "cpu_seconds_per_1k_tokens", "delivered_concurrency",
-     "send_lag_ms": {p50, p99, max}, "unsent", "abandoned", "incomplete"}
+     "send_lag_ms": {p50, p99, max}, "unsent", "abandoned", "incomplete", "backoffs"}
 
 ``delivered_concurrency`` is the time-weighted mean of requests in flight (sent,
 final chunk not yet received) from the run's start to its deadline;
 ``cpu_seconds`` the generator's own CPU time over the measured run (per 1,000
 output tokens of successful measured requests in ``cpu_seconds_per_1k_tokens``);
-``unsent`` counts arrivals ``max_in_flight`` held back past the deadline,
+``unsent`` counts arrivals ``max_in_flight`` (or a backoff) held back past the deadline,
 ``abandoned`` requests still in flight when a signal ended the run.
+
+Backoff: a server that fails every request at once (refused, an HTTP error before any
+token) would meet a tight loop, each freed slot re-sent at once. After ``BACKOFF_AFTER``
+requests in a row failed before any token, the generator pauses (``backoff_pause``:
+0.05 s, doubled by each further such failure, at most 2 s) and then sends one request
+at a time until one succeeds, which ends it. ``backoff`` events say when it starts and
+ends, never once per error; ``backoffs`` in the finish event counts the starts.
 
 With ``cut_at_deadline`` the run ends at its deadline, as GuideLLM's
 ``--max-seconds`` does: each measured request still in flight is closed there and
