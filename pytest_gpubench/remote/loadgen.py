@@ -3,8 +3,8 @@
 Standard library only, Python 3.8 or newer: it is sent over SSH as the stdin of
 ``python3 -c BOOTSTRAP``, its config after it on the same stdin (``read_config``;
 ``python3 - CONFIG`` works too, for a config small enough to be an argument), and
-must run on whatever Python an instance has. It must also
-never be the bottleneck it measures, so it is one thread driving non-blocking
+must run on whatever Python an instance has. It must also never be the bottleneck
+it measures, so it is one thread driving non-blocking
 sockets through ``selectors`` with its own minimal HTTP/1.1 client (chunked,
 Content-Length and close-delimited bodies, kept-alive connections). Every
 timestamp is ``perf_counter()`` taken as the bytes are received, and a token
@@ -16,8 +16,9 @@ Config (one JSON object, after the script on stdin or as the one argument):
 (below), ``model``, ``prompts`` (strings, or objects ``{"prompt": str, "expect":
 [str, ...], "max_tokens": n, "ignore_eos": true}``: any one expected substring
 matching, case-insensitive; ``max_tokens`` there overrides the run's; ``ignore_eos``
-is sent on the OpenAI protocols only), ``max_tokens``, ``think`` (Ollama only: sent as the request's ``think`` only
-when set: absent or null leaves the model's default), ``extra_body`` (fields
+is sent on the OpenAI protocols only), ``max_tokens``, ``think`` (Ollama only: sent
+as the request's ``think`` only when set: absent or null leaves the model's
+default), ``extra_body`` (fields
 merged into every request body last, e.g. ``ignore_eos`` or
 ``chat_template_kwargs`` for a server that takes them), ``api_key_env`` (the
 name of an environment variable on the instance whose value is sent as
