@@ -31,6 +31,7 @@
         ├── RemoteCommandError    a command on the instance failed (exit status, stderr tail)
         ├── BenchmarkInterrupted  the benchmark stopped early; carries what it measured
         ├── ThresholdMissed       results: a threshold missed, or a regression against the baseline
+        │   └── ErrorBudgetExceeded   results: more requests failed than the default max_error_rate -> partial
         └── ResultsInvalid        results: figures that cannot be right, kept raw, not recorded
 
 The stage becomes the manifest's ``failure_stage``, the progress file's ``ERROR:``
@@ -319,6 +320,11 @@ class ThresholdMissed(StageError):
 
     def __init__(self, message: str) -> None:
         super().__init__(Stage.RESULTS, message)
+
+
+class ErrorBudgetExceeded(ThresholdMissed):
+    """More requests failed than the default ``max_error_rate`` allows (the matrix set none):
+    what was measured is kept, but the cell is ``partial``, never a success."""
 
 
 class ResultsInvalid(StageError):
