@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -237,10 +238,11 @@ def takeover_consumers(run_id: str, record_key: str) -> re.Pattern[str]:
 
 
 async def release_for_takeover(store: Store, provider: Provider | None, cell: CellRecord,
-                               old_holder: str | None) -> list[Action]:
+                               old_holder: str | None, progress_dir: Path | None = None) -> list[Action]:
     """Release the sessions a dead holder left of ``cell``: those recorded on its row and
     those the provider knows by the cell's consumer ids; each release is recorded
-    (``released_by="takeover"``). Returns what was done."""
+    (``released_by="takeover"``), with a line in the cell's progress file under ``progress_dir``.
+    Returns what was done."""
     leftovers = [Leftover.model_validate(found, from_attributes=True)
                  for found in await asyncio.to_thread(store.unreleased_sessions, cell.run_id)
                  if found.row_id == cell.row_id]
@@ -259,7 +261,7 @@ async def release_for_takeover(store: Store, provider: Provider | None, cell: Ce
             action = Action(leftover=leftover, outcome=ReleaseOutcome.FAILED, detail="no provider to release it")
         else:
             action = await release(provider, leftover)
-        await asyncio.to_thread(record, store, action, "takeover")
+        await asyncio.to_thread(record, store, action, "takeover", progress_dir)
         actions.append(action)
     return actions
 
