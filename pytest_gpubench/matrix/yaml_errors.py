@@ -103,12 +103,25 @@ def parse_yaml(text: str, source: str, error: type[MatrixError] = MatrixError) -
 Checked = TypeVar("Checked", bound=BaseModel)
 
 
+def read_text(path: str | os.PathLike[str], error: type[MatrixError] = MatrixError, source: str = "") -> str:
+    """The UTF-8 text of the file at ``path``; a file that is not UTF-8, a folder, or one that cannot be
+    read is an ``error`` naming ``source`` (default the path) and what is wrong, in one line."""
+    source = source or str(path)
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(source, "", f"the file is not UTF-8 text (byte {exc.start} is invalid); "
+                                "save it as UTF-8") from None
+    except OSError as exc:
+        raise error(source, "", f"cannot read the file: {exc.strerror or exc}") from None
+
+
 def validate_file(path: str, model: type[Checked], error: type[MatrixError], not_a_mapping: str,
                   **extra: Any) -> tuple[Checked, yaml.Node | None]:
     """The YAML file at ``path`` validated as ``model`` (with ``extra`` keys; relative paths resolve
     against its folder), and its node tree for line numbers. A problem is an ``error`` naming the
     file, the field and the line; a document that is not a mapping says ``not_a_mapping``."""
-    root, data = parse_yaml(Path(path).read_text(encoding="utf-8"), path, error)
+    root, data = parse_yaml(read_text(path, error), path, error)
     if not isinstance(data, dict):
         raise error(path, "", not_a_mapping)
     try:

@@ -1,8 +1,11 @@
 """Run the load generator next to the model and gather its event stream.
 
-The generator (``remote/loadgen.py``) is sent as the stdin of ``python3 -`` on the
-instance; its config travels as one quoted argument. Without python3 there, the
-same script runs here against the SSH-forwarded Ollama port (DESIGN decision 7).
+The generator (``remote/loadgen.py``) is sent as the stdin of ``python3 -c`` with a
+short bootstrap on the instance, and its config (every prompt of the dataset) follows
+the script on the same stdin: never as an argument, which Linux caps at 128 KiB
+(``MAX_ARG_STRLEN``), while a ShareGPT-sized dataset is megabytes. Without python3
+there, the same script runs here against the SSH-forwarded Ollama port (DESIGN
+decision 7), its config sent the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +29,19 @@ from .results import RequestRecord
 from ..cloud.watch import SessionWatch
 
 LOADGEN_SOURCE = resources.files("pytest_gpubench.remote").joinpath("loadgen.py").read_text()
+
+#: Run with ``python3 -c``: reads the load generator from stdin (its length in bytes on the
+#: first line, then the script) and runs it as ``__main__``; the script then reads its config,
+#: the rest of stdin. Python 3.8's too: the instance's python3 may be old.
+LOADGEN_BOOTSTRAP = ("import sys;r=sys.stdin.buffer;n=int(r.readline());"
+                     "exec(compile(r.read(n),'gpubench-loadgen','exec'),{'__name__':'__main__'})")
+#: The instance's command: short and fixed, whatever the size of the dataset.
+LOADGEN_COMMAND = "python3 -c " + quote(LOADGEN_BOOTSTRAP)
+
+
+def loadgen_input(config: dict[str, Any]) -> str:
+    """The load generator's stdin for ``config``: the script's length, the script, then the config (JSON)."""
+    return f"{len(LOADGEN_SOURCE.encode())}\n{LOADGEN_SOURCE}{json.dumps(config)}"
 
 
 @dataclass
@@ -145,8 +161,7 @@ async def run_benchmark(
                        timeout=30, check=False)
     ).ok
     if has_python:
-        command = "python3 - " + quote(json.dumps(plan.config(remote_ollama_url)))
-        lines = conn.stream_lines(command, stdin=LOADGEN_SOURCE)
+        lines = conn.stream_lines(LOADGEN_COMMAND, stdin=loadgen_input(plan.config(remote_ollama_url)))
     elif plan.worker_command:
         raise StageError(Stage.BENCHMARK, "runtime worker needs python3 on the instance: the load generator "
                                           "runs there, next to the containers it starts")
@@ -254,13 +269,17 @@ def _seconds(value: Any) -> float | None:
 
 async def _local_lines(config: dict[str, Any]) -> AsyncIterator[str]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-", json.dumps(config),
+        sys.executable, "-c", LOADGEN_BOOTSTRAP,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
     )
     assert process.stdin is not None and process.stdout is not None
-    process.stdin.write(LOADGEN_SOURCE.encode())
-    process.stdin.close()
     try:
+        process.stdin.write(loadgen_input(config).encode())
+        try:
+            await process.stdin.drain()  # the script reads all of it before it writes a line
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # it exited without reading: its output (none) says so
+        process.stdin.close()
         async for raw in process.stdout:
             yield raw.decode("utf-8", "replace").rstrip("\n")
         await process.wait()

@@ -1,21 +1,24 @@
 """The load generator that runs on the instance, next to the model.
 
 Standard library only, Python 3.8 or newer: it is sent over SSH as the stdin of
-``python3 - CONFIG`` and must run on whatever Python an instance has. It must also
-never be the bottleneck it measures, so it is one thread driving non-blocking
+``python3 -c BOOTSTRAP``, its config after it on the same stdin (``read_config``;
+``python3 - CONFIG`` works too, for a config small enough to be an argument), and
+must run on whatever Python an instance has. It must also never be the bottleneck
+it measures, so it is one thread driving non-blocking
 sockets through ``selectors`` with its own minimal HTTP/1.1 client (chunked,
 Content-Length and close-delimited bodies, kept-alive connections). Every
 timestamp is ``perf_counter()`` taken as the bytes are received, and a token
 chunk costs a few substring tests, not a JSON parse: only the final chunk is
 parsed, and a token's text only when its prompt carries an expectation.
 
-Config (one JSON argument): ``ollama_url`` (the server's base URL, whatever the
-protocol), ``protocol`` (below), ``model``, ``prompts`` (strings, or objects
-``{"prompt": str, "expect": [str, ...], "max_tokens": n, "ignore_eos": true}``: any
-one expected substring matching, case-insensitive; ``max_tokens`` there overrides the
-run's; ``ignore_eos`` is sent on the OpenAI protocols only),
-``max_tokens``, ``think`` (Ollama only: sent as the request's ``think`` only
-when set: absent or null leaves the model's default), ``extra_body`` (fields
+Config (one JSON object, after the script on stdin or as the one argument):
+``ollama_url`` (the server's base URL, whatever the protocol), ``protocol``
+(below), ``model``, ``prompts`` (strings, or objects ``{"prompt": str, "expect":
+[str, ...], "max_tokens": n, "ignore_eos": true}``: any one expected substring
+matching, case-insensitive; ``max_tokens`` there overrides the run's; ``ignore_eos``
+is sent on the OpenAI protocols only), ``max_tokens``, ``think`` (Ollama only: sent
+as the request's ``think`` only when set: absent or null leaves the model's
+default), ``extra_body`` (fields
 merged into every request body last, e.g. ``ignore_eos`` or
 ``chat_template_kwargs`` for a server that takes them), ``api_key_env`` (the
 name of an environment variable on the instance whose value is sent as
@@ -87,17 +90,26 @@ Events, one JSON object per line on stdout (seed 004's protocol, extended)::
     {"event": "worker", "status": "warmup" | "running"}
     {"event": "request", <RequestRecord fields>}
     {"event": "progress", "requests", "tokens", "tps", "errors", "elapsed", "in_flight"}
+    {"event": "backoff", "status": "started", "errors", "pause_s", "max_pause_s", "error"}
+    {"event": "backoff", "status": "ended", "errors"}
     {"event": "finish", "status": "completed" | "interrupted" | "failed",
      "duration_seconds", "message", "itl_ms": {count, mean, p50, p90, p95, p99, max},
      "cpu_seconds", "cpu_seconds_per_1k_tokens", "delivered_concurrency",
-     "send_lag_ms": {p50, p99, max}, "unsent", "abandoned", "incomplete"}
+     "send_lag_ms": {p50, p99, max}, "unsent", "abandoned", "incomplete", "backoffs"}
 
 ``delivered_concurrency`` is the time-weighted mean of requests in flight (sent,
 final chunk not yet received) from the run's start to its deadline;
 ``cpu_seconds`` the generator's own CPU time over the measured run (per 1,000
 output tokens of successful measured requests in ``cpu_seconds_per_1k_tokens``);
-``unsent`` counts arrivals ``max_in_flight`` held back past the deadline,
+``unsent`` counts arrivals ``max_in_flight`` (or a backoff) held back past the deadline,
 ``abandoned`` requests still in flight when a signal ended the run.
+
+Backoff: a server that fails every request at once (refused, an HTTP error before any
+token) would meet a tight loop, each freed slot re-sent at once. After ``BACKOFF_AFTER``
+requests in a row failed before any token, the generator pauses (``backoff_pause``:
+0.05 s, doubled by each further such failure, at most 2 s) and then sends one request
+at a time until one succeeds, which ends it. ``backoff`` events say when it starts and
+ends, never once per error; ``backoffs`` in the finish event counts the starts.
 
 With ``cut_at_deadline`` the run ends at its deadline, as GuideLLM's
 ``--max-seconds`` does: each measured request still in flight is closed there and
@@ -149,6 +161,17 @@ ERROR_MAX = 1000  # characters of a server's error message a record keeps
 CONNECTING, SENDING, HEAD, BODY, CLOSED, HANDSHAKE = range(6)
 THINKING, ANSWER = range(2)  # what a token chunk carries
 CHUNKED, LENGTH, UNTIL_CLOSE = range(3)
+BACKOFF_AFTER = 3  # consecutive requests that failed before any token: then the generator backs off
+BACKOFF_FIRST = 0.05  # seconds: the first pause, doubled by each further such failure
+BACKOFF_CAP = 2.0  # seconds: the longest pause
+
+
+def backoff_pause(streak):
+    """Seconds to wait before the next request after ``streak`` consecutive requests that failed
+    before any token (0.0 below ``BACKOFF_AFTER``): exponential from ``BACKOFF_FIRST``, capped."""
+    if streak < BACKOFF_AFTER:
+        return 0.0
+    return min(BACKOFF_CAP, BACKOFF_FIRST * 2.0 ** min(streak - BACKOFF_AFTER, 64))
 
 
 PROTOCOLS = ("ollama", "openai-chat", "openai-completions", "worker")
@@ -1335,7 +1358,7 @@ class Warmup:
         self.left = count
 
     def launch(self, run, now):
-        if self.left and not run.in_flight:
+        if self.left and not run.in_flight and not run.held(now):
             self.left -= 1
             run.launch(True, now)
 
@@ -1360,6 +1383,8 @@ class FixedConcurrency:
         if now < self.deadline:
             # Only the slots free now: one that fails at once is refilled next turn.
             for _ in range(len(self.due)):
+                if run.held(now):
+                    return  # backing off: the slot waits, and its send lag shows it
                 run.launch(False, self.due.popleft())
 
     def exhausted(self, now):
@@ -1389,7 +1414,7 @@ class PoissonArrivals:
     def launch(self, run, now):
         if now >= self.deadline:
             return  # arrivals the cap held back stay unsent
-        while self.next <= now and self.next < self.deadline and run.in_flight < self.cap:
+        while self.next <= now and self.next < self.deadline and run.in_flight < self.cap and not run.held(now):
             run.launch(False, self.next)
             self.next += self.rng.expovariate(self.rate)
 
@@ -1467,6 +1492,10 @@ class LoadGenerator(WorkerPool):
         self.area = self.area_at = 0.0  # integral of requests in flight over the run
         self.interval = float(config.get("progress_interval", 60))
         self.timer = 0.0  # when housekeeping is next due
+        # Backing off: ``streak`` requests in a row failed before any token (a server that refuses
+        # at once would otherwise meet a closed loop's tight loop); none is sent before ``hold_until``.
+        self.streak = self.backoffs = 0
+        self.hold_until = 0.0
 
     def prepare(self):
         if self.protocol not in PROTOCOLS:
@@ -1585,6 +1614,7 @@ class LoadGenerator(WorkerPool):
         self.checkpoint.add(record_json)
         if self.checkpoint.due and self.checkpoint.not_before < self.timer:
             self.timer = self.checkpoint.not_before
+        self.pace(record, now)
         if not exchange.warmup:
             if record["error"] is None:
                 if record["incomplete"]:
@@ -1596,6 +1626,30 @@ class LoadGenerator(WorkerPool):
                 self.errors += 1
             self.lags.append(record["send_lag_ms"])
         self.pattern.freed(now)
+
+    def pace(self, record, now):
+        """Back off after ``BACKOFF_AFTER`` requests in a row failed before any token: pause
+        (``backoff_pause``), then send one request at a time until one succeeds. Said once, when
+        it starts and when it ends, as ``backoff`` events, never once per error."""
+        if record["error"] is None:
+            if self.streak >= BACKOFF_AFTER:
+                self.output.emit("backoff", status="ended", errors=self.streak)
+            self.streak = 0
+            return
+        if record["output_tokens"]:
+            return  # it failed mid-answer: the server answers, so no pause (and the streak goes on)
+        self.streak += 1
+        pause = backoff_pause(self.streak)
+        if pause:
+            self.hold_until = now + pause
+            if self.streak == BACKOFF_AFTER:
+                self.backoffs += 1
+                self.output.emit("backoff", status="started", errors=self.streak, pause_s=pause,
+                                 max_pause_s=BACKOFF_CAP, error=str(record["error"])[:300])
+
+    def held(self, now):
+        """Whether no request may go now: backing off, its pause not over or its one request in flight."""
+        return self.streak >= BACKOFF_AFTER and (now < self.hold_until or self.in_flight > 0)
 
     def totals(self, now):
         elapsed = now - self.start if self.start is not None else 0.0
@@ -1625,6 +1679,11 @@ class LoadGenerator(WorkerPool):
             if not self.in_flight and pattern.exhausted(now):
                 break
             wake = pattern.wake(self)
+            if wake is not None and self.streak >= BACKOFF_AFTER:
+                # Backing off: the pause's end, or the request in flight's completion (select wakes).
+                wake = None if self.in_flight else max(wake, self.hold_until)
+                if wake is not None and measuring and wake > self.deadline:
+                    wake = self.deadline
             if wake is None or wake > self.timer:
                 wake = self.timer
             if cutting and now < self.deadline < wake:
@@ -1714,7 +1773,7 @@ class LoadGenerator(WorkerPool):
             cpu_seconds_per_1k_tokens=round(cpu_seconds / (self.tokens / 1000), 4) if self.tokens else None,
             delivered_concurrency=round(self.area / window, 4) if window > 0 else None,
             send_lag_ms=self.lag_summary(), unsent=pattern.unsent() if pattern else 0,
-            abandoned=self.abandoned, incomplete=self.incomplete,
+            abandoned=self.abandoned, incomplete=self.incomplete, backoffs=self.backoffs,
         )
 
     def itl_summary(self):
@@ -1737,8 +1796,25 @@ class LoadGenerator(WorkerPool):
                 "max": ordered[-1]}
 
 
+def read_config(argv, stdin):
+    """The run's config: one JSON argument when given (``python3 - CONFIG``), else the JSON
+    that follows the script on stdin (the plugin's way, ``measure/benchmark.py``: a dataset
+    of megabytes is no argument, which Linux caps at 128 KiB)."""
+    text = argv[1] if len(argv) > 1 else stdin.read()
+    if not text.strip():
+        raise ValueError("no config: give it as one JSON argument or after the script on stdin")
+    config = json.loads(text)
+    if not isinstance(config, dict):
+        raise ValueError("the config is not a JSON object")
+    return config
+
+
 def main(argv):
-    config = json.loads(argv[1])
+    try:
+        config = read_config(argv, sys.stdin.buffer)
+    except ValueError as exc:
+        sys.stderr.write("loadgen: %s\n" % exc)
+        return 2
     path = config.get("checkpoint_path")
     if path and not os.path.isabs(path):
         # Relative to the login home, whatever directory the SSH server started in.

@@ -171,8 +171,6 @@ def _utf8(content: bytes) -> bool:
     return True
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 item 11 (a hosts.yaml that is not UTF-8 or is a folder): "
-                                       "fixed by helper flow's branch; remove this mark once it is merged")
 @pytest.mark.parametrize("content", [b"\xff\xfehosts: {}", b"hosts:\n  lab\xe9: {}\n"])
 def test_a_hosts_file_that_is_not_utf8_says_so_in_one_line(folder, content):
     check(load_inventory, fresh(folder, "hosts.yaml", content), InventoryError)
