@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from e2e_helpers import RENTABLE_OFFER, rent, session_status
+from e2e_helpers import RENTABLE_OFFER, SANDBOX_TOKEN, rent, session_status
 
 from pytest_gpubench.cloud.processes import ProcessIdentity, start_token
 from pytest_gpubench.cloud.provider import consumer_id
@@ -21,7 +21,8 @@ from pytest_gpubench.commands.cli import main as gpubench
 from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.store.progress import ProgressWriter
 
-TOKEN = "tok-" "s3cret-never-elsewhere"
+#: The token the user configured: the test sandbox's (its API answers 401 to any other), never sent elsewhere.
+TOKEN = SANDBOX_TOKEN
 
 
 def dead_process() -> ProcessIdentity:
