@@ -493,7 +493,10 @@ def test_every_kind_of_bad_answer_fails_its_cell_clearly_and_loses_nothing(tmp_p
     assert details["loadgen_where"] == ["local"]
     assert bench["total_requests"] > 0 and bench["total_errors"] == 0
     truth, _, _ = load_catalog().rate("RTX 4090", "vastai", "qwen2:1.5b")
-    assert bench["p50_tokens_per_second"] == pytest.approx(truth, rel=0.05)
+    # 10%, not the 5% of the instance-side tests: from here the tokens come through the SSH forward,
+    # and on a loaded 2-core machine (the suite's own -n 6) a late first token shortens the decode
+    # span it is timed over (seen: 330-354 tok/s for 320 under load, 320-325 on a quiet machine).
+    assert bench["p50_tokens_per_second"] == pytest.approx(truth, rel=0.10)
 
     # Every session the run created is over: none left running, none lost.
     assert state["sessions"] and all(s["status"] in ("stopped", "failed") for s in state["sessions"]), state

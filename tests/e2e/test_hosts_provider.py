@@ -104,9 +104,13 @@ def test_three_cells_on_two_hosts_with_two_workers_never_share_a_gpu(tmp_path, t
     held = leases(tmp_path)
     assert len(held) == 3 and all(row["released_at"] is not None for row in held)
     assert_no_gpu_held_twice_at_once(held)
-    # Both machines worked (the busy one is passed over for the idle one), each cell on one of them.
+    # The busy machine is passed over for the idle one: with two one-GPU machines and two workers,
+    # no cell ever waits for a GPU. (Whether two cells overlap at all is the scheduler's timing:
+    # on a loaded machine one worker may run all three one after another, on one machine.)
     ports = {str(m.ssh_port) for m in two_hosts.hosts.machines.values()}
-    assert {row["machine"].rpartition(":")[2] for row in held} == ports
+    assert {row["machine"].rpartition(":")[2] for row in held} <= ports
+    logs = list((tmp_path / "reports" / "progress").rglob("*.log"))
+    assert len(logs) == 3 and not any("status=waiting_for_gpu" in log.read_text() for log in logs)
     assert {str(row["ssh_port"]) for row in rows} <= ports
     # Their keys were in no known_hosts file: pinned on first use, and said so.
     pinned = known_hosts.read_text().splitlines()
