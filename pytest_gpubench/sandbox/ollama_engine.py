@@ -37,7 +37,7 @@ from .instance_spec import (BASELINE_MIB, BASELINE_RAM_MIB, MIB, InstanceSpec, M
 from .ollama_common import DEFAULT_KEEP_ALIVE_S, FOREVER, human_bytes_binary, parse_keep_alive
 from .ollama_schedule import FifoSlots, Generation, Job, LagStats, batch_slowdown
 from .ollama_text import plan_output
-from .standin_state import LoadedModel, PulledModel, RuntimeState, StateStore, StreamFault
+from .standin_state import LoadedModel, PulledModel, PullFault, RuntimeState, StateStore, StreamFault
 
 log = logging.getLogger("ollama_standin")
 
@@ -152,6 +152,7 @@ class Engine:
         self._fault_stamp: tuple[int, int] | None = None
         self._stream_faults: list[StreamFault] = []
         self._fault_fired: dict[int, int] = {}
+        self._pull_fault_fired: dict[int, int] = {}
 
     # -- the model store ------------------------------------------------------
 
@@ -383,6 +384,16 @@ class Engine:
             if fault.times is None or fired < fault.times:
                 self._fault_fired[fault.id] = fired + 1
                 log.info("stream fault %d (%s) on this generation", fault.id, fault.kind)
+                return fault
+        return None
+
+    def next_pull_fault(self) -> PullFault | None:
+        """The armed pull fault the pull starting now meets, counted as fired; or None."""
+        for fault in self.store.read_pull_faults():
+            fired = self._pull_fault_fired.get(fault.id, 0)
+            if fault.times is None or fired < fault.times:
+                self._pull_fault_fired[fault.id] = fired + 1
+                log.info("pull fault %d on this pull", fault.id)
                 return fault
         return None
 
