@@ -121,7 +121,8 @@ class Bench:
             prompts=workload.prompt_payload(), warmup_requests=workload.warmup_requests if run_index == 0 else 0,
             progress_interval=workload.progress_interval, checkpoint_every=workload.checkpoint_every,
             checkpoint_path=str(checkpoint), concurrency=self.cell.concurrency, rate=self.cell.rate,
-            seed=run_index, request_timeout=self._run.settings.stall_seconds(workload.stall_timeout),
+            seed=run_index, request_timeout=self._run.settings.stall_seconds(
+                workload.stall_timeout, first_token_ms=self._first_token_ms(), concurrency=self._streams()),
             think=workload.think, cut_at_deadline=self._run.settings.cut_at_deadline,
             protocol=str(self.runtime.endpoint.api),  # the API the runtime serves, which the load generator speaks
             api_key_env=self.runtime.endpoint.api_key_env, ca_file=self.runtime.endpoint.ca_file,
@@ -130,6 +131,17 @@ class Bench:
     @property
     def settings(self) -> Settings:
         return self._run.settings
+
+    def _first_token_ms(self) -> float | None:
+        """A lone request's first-token time, from the warm-up: the Ollama runtime measures it
+        on every warm-up; the others only on a cold one (then with the load in it)."""
+        runtime = self.runtime
+        return getattr(runtime, "first_token_ms", None) or runtime.cold_first_token_ms
+
+    def _streams(self) -> int:
+        """The requests that may wait together for their first token: the cell's concurrency, or
+        the parallel requests its server was started for (a rate cell's, more)."""
+        return max(self.cell.concurrency, self.runtime.num_parallel or 1)
 
     def measure_run(self, plan: BenchmarkPlan, run_index: int) -> tuple[LoadgenPass, list[GpuSample]]:
         """One load-generator run of ``plan`` after the health check, with telemetry beside it and
