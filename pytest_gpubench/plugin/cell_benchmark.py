@@ -205,9 +205,14 @@ class Bench:
             recorder.progress.status("OLLAMA_RESTART", reason=reason)
 
         # A restart is a start command, then a wait for /api/version, then maybe the serve log.
-        if run_async(runtime.ensure_healthy(timeout, Stage.BENCHMARK, restarting), timeout * 2 + 30 + BRIDGE_SLACK):
+        # Watched: a server that stopped answering because its instance died is the instance's
+        # loss, named as such (not "SSH connection lost" from the restart that followed).
+        if run_async(watched(self._run, self.session, Stage.BENCHMARK,
+                             lambda _: runtime.ensure_healthy(timeout, Stage.BENCHMARK, restarting)),
+                     timeout * 2 + 30 + BRIDGE_SLACK):
             load_timeout = settings.stage_timeout(Stage.MODEL_PULL)
-            load = run_async(runtime.warm_up(self.cell.model, load_timeout, cold_start=False),
+            load = run_async(watched(self._run, self.session, Stage.BENCHMARK,
+                                     lambda _: runtime.warm_up(self.cell.model, load_timeout, cold_start=False)),
                              load_timeout + BRIDGE_SLACK)
             recorder.progress.status("OLLAMA_RESTARTED", version=runtime.version, load_s=round(load, 2))
 
