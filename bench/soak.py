@@ -12,7 +12,8 @@ cells from the sandbox catalog's GPU x provider x model rates (a ``concurrency``
 axis multiplies the rows up to the count; ``--worker-share`` of them, 3% by default,
 in a second matrix file served by container workers, ``runtime: worker``), runs
 them with session reuse while a fault thread injects, spread over the run,
-``round(cells x --fault-share)`` faults drawn in turn from every kind the sandbox has
+``round(cells x --fault-share)`` faults (paced by the cells started so far, so that
+a slow machine meets as many per cell) drawn in turn from every kind the sandbox has
 (docs/sandbox.md): stale offers (``stale_inventory``), provisioning failure at create
 and at boot (``provision_error``), SSH never up (``no_ssh``), the instance killed
 mid-run (``kill_instance``), the model pull failing (``pull_error``), the runtime
@@ -190,22 +191,29 @@ def write_matrices(work: Path, cells: int, duration: float, worker_share: float)
 
 
 class FaultInjector(threading.Thread):
-    """Injects ``total`` faults spread over ``expected_seconds``, cycling through :data:`FAULT_KINDS`
-    (shuffled by ``seed``), each at a random offer or a running session it can act on."""
+    """Injects ``total`` faults, cycling through :data:`FAULT_KINDS` (shuffled by ``seed``), each at a
+    random offer or a running session it can act on. Paced by the run's own progress: at most
+    ``share`` faults per cell started so far (``started()``), so a machine slower than expected
+    meets the same faults per cell, not a pile of them waiting on a few offers."""
 
-    def __init__(self, url: str, total: int, expected_seconds: float, seed: int) -> None:
+    def __init__(self, url: str, total: int, share: float, started: Any, seed: int, gpus: set[str]) -> None:
         super().__init__(daemon=True)
-        self.url, self.total, self.rng = url, total, random.Random(seed)
-        self.interval = max(0.5, expected_seconds / max(1, total))
+        self.url, self.total, self.rng, self.gpus = url, total, random.Random(seed), gpus
+        self.share, self.started = share, started
+        self.interval = 1.0
         self.injected: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
         self.stop = threading.Event()
 
     def run(self) -> None:
         with httpx.Client(base_url=self.url, timeout=30) as api:
-            offers = [o["id"] for o in api.get("/api/v1/inventory").json()["offers"]]
+            # Offer faults wait for a rental: only offers the matrix's cells can rent (one GPU of its types).
+            offers = [o["id"] for o in api.get("/api/v1/inventory").json()["offers"]
+                      if o.get("gpu_type") in self.gpus and (o.get("gpu_count") or 1) == 1]
             queue: list[str] = []
             while sum(self.injected.values()) < self.total and not self.stop.wait(self.interval):
+                if sum(self.injected.values()) >= self.share * self.started() + 1:
+                    continue
                 if not queue:
                     queue = list(FAULT_KINDS)
                     self.rng.shuffle(queue)
@@ -397,6 +405,7 @@ def report(args: argparse.Namespace, url: str, store: str, run_id: str, work: Pa
         stored_ollama, stored_workers = stored_requests(opened, run_id, worker_ids)
     state = httpx.get(f"{url}/sandbox/state", timeout=60).json()
     sessions = state["sessions"]
+    never_met = Counter(f["fault"] for f in state["faults"])
     left_running = [s["id"] for s in sessions if s["status"] in ("provisioning", "running", "stopping")]
     worker_sessions = {r.session_id for r in rows if r.cell_id in worker_ids and r.session_id}
     served_workers = sum(s["served_requests"] for s in sessions if s["id"] in worker_sessions)
@@ -413,7 +422,9 @@ def report(args: argparse.Namespace, url: str, store: str, run_id: str, work: Pa
           f"{figures.wall:.0f} s, -n {args.workers} x {len(figures.controllers)} controller(s)")
     print(f"faults injected: {sum(injector.injected.values())} "
           f"({', '.join(f'{k} {v}' for k, v in sorted(injector.injected.items()))})"
-          + (f"; refused (the session ended first): {sum(injector.refused.values())}" if injector.refused else ""))
+          + (f"; refused (the session ended first): {sum(injector.refused.values())}" if injector.refused else "")
+          + (f"; offer faults never met (no rental of their offer after them): {sum(never_met.values())}"
+             if never_met else ""))
     print(f"statuses: {', '.join(f'{k} {v}' for k, v in sorted(statuses.items()))}")
     print(f"manifest rows: {len(rows)} (cells: {cells}) {'OK' if len(rows) == cells else 'MISMATCH'}")
     verdict = "OK" if not left_running else "LEFT RUNNING: " + ", ".join(left_running)
@@ -468,8 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     store = args.store or str(work / "manifest.db")
     sandbox, url = start_sandbox(args.time_scale)
     faults = round(cells * args.fault_share)
-    # A rough guess at the run's length, to spread the faults over it.
-    injector = FaultInjector(url, faults, expected_seconds=cells * 6 / 8, seed=args.seed)
+    injector = FaultInjector(url, faults, args.fault_share, seed=args.seed, gpus={row["gpu"] for row in matrix_rows()},
+                             started=lambda: sum(1 for _ in work.glob("reports-*/progress/*/*.log")))
     try:
         print(f"soak: {cells} cells, -n {args.workers}, {faults} faults, time scale {args.time_scale}, store "
               f"{args.store or 'SQLite'}{f' ({args.controllers} controllers)' if args.store else ''}, work dir {work}",
