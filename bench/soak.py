@@ -29,8 +29,9 @@ and prints, from the store, the sandbox and the progress files:
 * sessions created, sessions left running (must be 0);
 * measured requests lost (must be 0): streamed requests the stand-ins delivered
   whole (``served_requests`` of ``/sandbox/state``) that are not in the store as a
-  successful request (requests of worker cells are shown apart: a worker's
-  warm-up is a streamed request too);
+  successful request, session by session (requests of worker cells are shown apart:
+  a worker's warm-up is a streamed request too; so are, with ``--store``, those of
+  sessions a killed controller used: what it measured died with it);
 * cells that failed without a stage (must be 0);
 * the commonest failure message per stage and per skip reason (numbers, ids and
   paths folded, so one message is counted once);
@@ -79,6 +80,7 @@ from bench_common import (  # noqa: E402 - bench/ is on sys.path: the script's o
 
 from pytest_gpubench.sandbox.catalog import load_catalog  # noqa: E402
 from pytest_gpubench.store.opening import open_store  # noqa: E402
+from pytest_gpubench.store.progress import read_progress  # noqa: E402
 
 #: Every fault kind the soak injects, in the order it cycles through them.
 FAULT_KINDS = ("stale_inventory", "provision_error_create", "provision_error_boot", "no_ssh", "kill_instance",
@@ -274,10 +276,13 @@ class Controller:
     process: subprocess.Popen[str] | None = None
     incarnation: int = 0
     killed: int = 0
+    #: Whether its latest incarnation was killed (else it ran to its end).
+    killed_last: bool = False
     memory: list[PeakMemory] = field(default_factory=list)
 
     def start(self) -> None:
         self.incarnation += 1
+        self.killed_last = False
         reports = self.work / f"reports-{self.index}-{self.incarnation}"
         self.process = start_controller(self.command_for(reports), self.work,
                                         self.work / f"controller-{self.index}.out")
@@ -291,6 +296,7 @@ class Controller:
         kill_controller(self.process)
         self.memory[-1].stop.set()
         self.killed += 1
+        self.killed_last = True
 
     def wait(self) -> int:
         assert self.process is not None
@@ -374,16 +380,27 @@ def commonest(rows: list[Any], status: str) -> dict[str, tuple[int, int, str]]:
     return {stage: (sum(c.values()), *c.most_common(1)[0][::-1]) for stage, c in sorted(by_stage.items())}
 
 
-def stored_requests(opened: Any, run_id: str, worker_cells: set[str]) -> tuple[int, int]:
-    """Successful measured requests in the store: of Ollama cells, and of worker cells."""
-    ollama = workers = 0
+def stored_by_session(opened: Any, run_id: str, rows: list[Any]) -> Counter[str]:
+    """Successful measured requests in the store, by the session their cell ran on."""
+    session_of = {row.row_id: row.session_id for row in rows}
+    stored: Counter[str] = Counter()
     for result in opened.results(run_id):
-        ok = sum(1 for r in opened.requests(result.id) if not r.error and not r.warmup)
-        if result.row_id.split("/", 1)[-1] in worker_cells:
-            workers += ok
-        else:
-            ollama += ok
-    return ollama, workers
+        stored[session_of.get(result.row_id) or "?"] += sum(
+            1 for r in opened.requests(result.id) if not r.error and not r.warmup)
+    return stored
+
+
+def killed_sessions(controllers: list[Controller], work: Path) -> set[str]:
+    """Sessions named in the progress files of controller incarnations that were killed: what
+    they measured died with them (the cells were run again by another controller)."""
+    found: set[str] = set()
+    for one in controllers:
+        for incarnation in range(1, one.incarnation + 1 if one.killed_last else one.incarnation):
+            for path in (work / f"reports-{one.index}-{incarnation}").glob("progress/*/*.log"):
+                for line in read_progress(path):
+                    if line.fields.get("session_id"):
+                        found.add(str(line.fields["session_id"]))
+    return found
 
 
 @dataclass
@@ -402,15 +419,25 @@ def report(args: argparse.Namespace, url: str, store: str, run_id: str, work: Pa
         rows = opened.cells(run_id)
         attempts = opened.attempts(run_id)
         worker_ids = {r.cell_id for r in rows if r.cell_id and "-runtime_worker" in r.cell_id}
-        stored_ollama, stored_workers = stored_requests(opened, run_id, worker_ids)
+        stored = stored_by_session(opened, run_id, rows)
     state = httpx.get(f"{url}/sandbox/state", timeout=60).json()
     sessions = state["sessions"]
     never_met = Counter(f["fault"] for f in state["faults"])
     left_running = [s["id"] for s in sessions if s["status"] in ("provisioning", "running", "stopping")]
+    # Per session: what its stand-ins delivered whole against what the store holds of it. Worker
+    # sessions apart (a worker's warm-up streams too), and sessions of killed controllers apart.
     worker_sessions = {r.session_id for r in rows if r.cell_id in worker_ids and r.session_id}
-    served_workers = sum(s["served_requests"] for s in sessions if s["id"] in worker_sessions)
-    served_ollama = state["served_requests"] - served_workers
-    lost = max(0, served_ollama - stored_ollama)
+    killed = killed_sessions(figures.controllers, work)
+    lost = lost_to_kills = served_ollama = stored_ollama = served_workers = stored_workers = 0
+    for s in sessions:
+        served, kept = s["served_requests"], stored.get(s["id"], 0)
+        if s["id"] in worker_sessions:
+            served_workers, stored_workers = served_workers + served, stored_workers + kept
+        elif s["id"] in killed:
+            lost_to_kills += max(0, served - kept)
+        else:
+            served_ollama, stored_ollama = served_ollama + served, stored_ollama + kept
+            lost += max(0, served - kept)
     statuses = Counter(r.status for r in rows)
     no_stage = [r.cell_id for r in rows if r.status in ("failed", "partial") and not r.failure_stage]
     spent = sum(r.cost_usd or 0.0 for r in rows)
@@ -431,8 +458,9 @@ def report(args: argparse.Namespace, url: str, store: str, run_id: str, work: Pa
     print(f"sessions created: {len(sessions)} ({len(sessions) / max(1, cells):.2f} per cell); "
           f"left running: {len(left_running)} {verdict}")
     print(f"measured requests lost: {lost} {'OK' if not lost else 'LOST'} (streamed requests served "
-          f"{served_ollama}, successful in the store {stored_ollama}; worker cells: served {served_workers} "
-          f"with their warm-ups, stored {stored_workers})")
+          f"{served_ollama}, successful in the store {stored_ollama}, compared session by session; worker "
+          f"cells: served {served_workers} with their warm-ups, stored {stored_workers}"
+          + (f"; on sessions of killed controllers: {lost_to_kills} served, not stored" if killed else "") + ")")
     print(f"cells failed without a stage: {len(no_stage)} {'OK' if not no_stage else ', '.join(no_stage)}")
     for label, status in (("failures", "failed"), ("partial", "partial"), ("skips", "skipped")):
         for stage, (n, top, message) in commonest(rows, status).items():

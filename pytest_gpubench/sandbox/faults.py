@@ -71,7 +71,8 @@ Faults that act at once:
     ``docker_images`` sizes make ``vllm/vllm-openai`` pull for minutes.)
 ``pull_error`` (``session_id``, ``message``, ``times``)
     the next ``times`` model pulls on the instance (default: every one, until
-    cleared) fail as a registry that drops the download does: after ``pulling
+    cleared; a firing is counted in the state file, so a restarted server does not
+    fire it again) fail as a registry that drops the download does: after ``pulling
     manifest`` and the first report of the weights layer (right after the manifest
     for a model already on disk, whose manifest Ollama still fetches), the stream
     ends with ``{"error": message}`` (default ``max retries exceeded: unexpected

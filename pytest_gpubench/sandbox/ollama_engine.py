@@ -152,7 +152,6 @@ class Engine:
         self._fault_stamp: tuple[int, int] | None = None
         self._stream_faults: list[StreamFault] = []
         self._fault_fired: dict[int, int] = {}
-        self._pull_fault_fired: dict[int, int] = {}
 
     # -- the model store ------------------------------------------------------
 
@@ -388,14 +387,21 @@ class Engine:
         return None
 
     def next_pull_fault(self) -> PullFault | None:
-        """The armed pull fault the pull starting now meets, counted as fired; or None."""
-        for fault in self.store.read_pull_faults():
-            fired = self._pull_fault_fired.get(fault.id, 0)
-            if fault.times is None or fired < fault.times:
-                self._pull_fault_fired[fault.id] = fired + 1
-                log.info("pull fault %d on this pull", fault.id)
-                return fault
-        return None
+        """The armed pull fault the pull starting now meets, or None. A firing is written back
+        to the file (``times`` less one, gone at 0): unlike a stream fault's, it does not fire
+        again in the next server process (a restart, a cell's own ``ollama serve``)."""
+        faults = self.store.read_pull_faults()
+        if not faults:
+            return None
+        fault, rest = faults[0], faults[1:]
+        if fault.times is not None and fault.times > 1:
+            rest = [fault.model_copy(update={"times": fault.times - 1}), *rest]
+        elif fault.times is None:
+            rest = faults
+        if rest != faults:
+            self.store.write_pull_faults(rest)
+        log.info("pull fault %d on this pull", fault.id)
+        return fault
 
     def _set_active(self, delta: int) -> None:
         before = self.active

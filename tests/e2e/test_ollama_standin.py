@@ -480,3 +480,24 @@ def test_pull_error_fault_fails_the_next_pull_like_a_dropped_download(tmp_path: 
         assert [m["name"] for m in srv.http.get("/api/tags").json()["models"]] == ["qwen2:7b"]
     finally:
         srv.stop()
+
+
+def test_a_pull_fault_fired_does_not_fire_again_in_a_restarted_server(tmp_path: Path) -> None:
+    """Firings are kept in the state file: the plugin starts its own ``ollama serve`` per cell, and a
+    fault armed for one pull failed three cells' pulls in the soak when each process counted anew."""
+    from pytest_gpubench.sandbox.standin_state import PullFault, StateStore
+
+    store = StateStore(tmp_path / "state")
+    store.write_pull_faults([PullFault(id=1, message="max retries exceeded: EOF", times=1)])
+    first = Server(write_instance(tmp_path))
+    try:
+        failed = first.http.post("/api/pull", json={"model": "qwen2:7b", "stream": False})
+        assert failed.status_code == 500 and failed.json()["error"] == "max retries exceeded: EOF"
+    finally:
+        first.stop()
+    assert store.read_pull_faults() == []
+    second = Server(tmp_path / "instance.json")
+    try:
+        second.pull("qwen2:7b")
+    finally:
+        second.stop()
