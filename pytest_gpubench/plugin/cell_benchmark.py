@@ -175,7 +175,11 @@ class Bench:
         recorder.enter(Stage.BENCHMARK)
         run_index = 0
         while True:
-            self.measure_run(self.plan(run_index), run_index)
+            mark = self.measurement.mark()
+            outcome, _ = self.measure_run(self.plan(run_index), run_index)
+            if self._spoiled_by_a_crash(outcome, run_index):
+                self.measurement.rewind(mark)
+                continue
             run_index += 1
             values = [r["decode_tokens_per_second"] for r in self.measurement.runs]
             if enough_runs(cell, settings.runs, values):
@@ -195,9 +199,22 @@ class Bench:
         self._judge(result)
         return result
 
-    def _ensure_healthy(self) -> None:
+    def _spoiled_by_a_crash(self, outcome: LoadgenPass, run_index: int) -> bool:
+        """A run whose every request failed because the server crashed during it measured the
+        crash, not the model: when the health check finds the server dead and restarts it (its
+        one restart), the run is measured again. A server that still answers (every request
+        failed for another reason), or a second crash, fails the cell as before."""
+        if outcome.successful or not outcome.records:
+            return False
+        if not self._ensure_healthy():
+            return False
+        self.recorder.progress.status("RUN_REPEATED", run=run_index + 1,
+                                      reason="the server stopped answering during the run and was restarted")
+        return True
+
+    def _ensure_healthy(self) -> bool:
         """Seed 001's health check before each run: a server that stopped answering is
-        restarted once (and the model loaded again) before the cell fails."""
+        restarted once (and the model loaded again) before the cell fails. Whether it was restarted."""
         settings, recorder, runtime = self._run.settings, self.recorder, self.runtime
         timeout = settings.stage_timeout(Stage.OLLAMA_INSTALL)
 
@@ -215,6 +232,8 @@ class Bench:
                                      lambda _: runtime.warm_up(self.cell.model, load_timeout, cold_start=False)),
                              load_timeout + BRIDGE_SLACK)
             recorder.progress.status("OLLAMA_RESTARTED", version=runtime.version, load_s=round(load, 2))
+            return True
+        return False
 
     def _reconnect(self) -> Awaitable[Connection]:
         """A new SSH connection to this cell's session (its host key must not have changed)."""
