@@ -5,6 +5,8 @@
     GpubenchError                 anything this project raises on purpose
     ├── UsageProblem              bad options or environment (-> pytest.UsageError)
     │   ├── ManifestTooNew        a manifest written by a newer pytest-gpubench
+    │   ├── MigrationNeeded       a manifest a reader finds older than this version writes
+    │   ├── NotAManifest          a file a reader was pointed at that is no manifest
     │   └── StoreUnreachable      a store's server (postgresql://) that does not answer
     ├── MatrixError               a matrix file that does not validate (file, field, message)
     │   ├── InventoryError        a hosts inventory (hosts.yaml) that does not validate
@@ -16,6 +18,7 @@
     ├── ImportProblem             a result file, or an item of it, that cannot be imported (field, message)
     ├── CommandProblem            a gpubench command cannot do what was asked: one line, its exit status
     ├── UnknownRun                a run name (an id, or last) the store does not know
+    ├── InvalidId                 an id from outside (store row, API answer) that may not be a path or URL part
     ├── StoreProblem              a shared store (a results repository) cannot be reached or written
     └── StageError                a cell failed at one stage (stage, message, hint)
         ├── NoEligibleOffer       inventory: offers exist or not, none fits -> skipped
@@ -28,6 +31,7 @@
         ├── RemoteCommandError    a command on the instance failed (exit status, stderr tail)
         ├── BenchmarkInterrupted  the benchmark stopped early; carries what it measured
         ├── ThresholdMissed       results: a threshold missed, or a regression against the baseline
+        │   └── ErrorBudgetExceeded   results: more requests failed than the default max_error_rate -> partial
         └── ResultsInvalid        results: figures that cannot be right, kept raw, not recorded
 
 The stage becomes the manifest's ``failure_stage``, the progress file's ``ERROR:``
@@ -42,6 +46,8 @@ from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any
+
+from .plaintext import one_line
 
 
 class Stage(str, Enum):
@@ -81,8 +87,23 @@ class ManifestTooNew(UsageProblem):
     """The manifest was written by a newer pytest-gpubench, whose columns this one does not know."""
 
 
+class MigrationNeeded(UsageProblem):
+    """A read-only command met a manifest written by an older pytest-gpubench: it says so and
+    changes nothing (``gpubench migrate`` brings the file up to date)."""
+
+
+class NotAManifest(UsageProblem):
+    """A read-only command was pointed at a file that is not a manifest (another SQLite
+    database, or no database at all): refused, unchanged."""
+
+
 class StoreUnreachable(UsageProblem):
     """The store's server (``--gpubench-store postgresql://...``) did not answer or refused the connection."""
+
+
+class InvalidId(GpubenchError, ValueError):
+    """An id that may not become a path segment or a URL part (its message says which and why);
+    a ``ValueError`` too, as pydantic validators and callers that parse ids expect."""
 
 
 class MatrixError(GpubenchError):
@@ -106,9 +127,11 @@ class ApiUnreachable(GpubenchError):
     """Nothing answers at the GPU Shopper API URL: no cell can run."""
 
     def __init__(self, url: str, reason: str) -> None:
-        self.url = url
+        from .redaction import redact
+
+        self.url = redact(url)  # a URL's user:password@ is never shown
         super().__init__(
-            f"no GPU Shopper API answers at {url} ({reason})",
+            f"no GPU Shopper API answers at {self.url} ({reason})",
             hint="start the server, point --gpubench-api / GPUBENCH_API_BASE at it, "
             "or run offline with --gpubench-sandbox",
         )
@@ -185,10 +208,14 @@ class StoreProblem(GpubenchError):
 
 
 class StageError(GpubenchError):
-    """A cell failed at ``stage``; the message is one paragraph for a person."""
+    """A cell failed at ``stage``; the message is one paragraph for a person.
+
+    Its message and hint often quote the instance (stderr, a server's answer): they go through
+    :func:`~.plaintext.one_line`, the progress files' rule, so no escape sequence or line break
+    from there reaches the terminal, the manifest or JUnit."""
 
     def __init__(self, stage: Stage, message: str, *, hint: str = "") -> None:
-        super().__init__(message, hint=hint)
+        super().__init__(one_line(message), hint=one_line(hint))
         self.stage = Stage(stage)
 
 
@@ -231,7 +258,7 @@ class RemoteCommandError(StageError):
 
     def __init__(self, stage: Stage, what: str, exit_status: int | None, stderr: str) -> None:
         self.exit_status = exit_status
-        self.stderr_tail = stderr.strip()[-600:]
+        self.stderr_tail = one_line(stderr).strip()[-600:]
         status = "was killed" if exit_status is None else f"exited {exit_status}"
         detail = f": {self.stderr_tail}" if self.stderr_tail else ""
         super().__init__(stage, f"{what} {status}{detail}")
@@ -293,6 +320,11 @@ class ThresholdMissed(StageError):
 
     def __init__(self, message: str) -> None:
         super().__init__(Stage.RESULTS, message)
+
+
+class ErrorBudgetExceeded(ThresholdMissed):
+    """More requests failed than the default ``max_error_rate`` allows (the matrix set none):
+    what was measured is kept, but the cell is ``partial``, never a success."""
 
 
 class ResultsInvalid(StageError):

@@ -28,6 +28,8 @@ DEFAULT_SPLIT_COST = 0.20
 MAX_DURATION_S = 24 * 3600.0
 DURATION_ALLOWED = ("a number of seconds or a duration such as '90s', '5m', '1h30m' "
                     "(more than 0, at most 24h)")
+#: ``--gpubench-host-keys``: a host key in no known_hosts file is pinned on first use, or refused.
+HOST_KEY_POLICIES = ("pin", "strict")
 #: The filters' bare flags, which a project opts in to with :func:`add_short_filters`.
 SHORT_FILTERS = {"gpu": "--gpu", "provider": "--provider", "model": "--model"}
 
@@ -189,6 +191,10 @@ OPTIONS: tuple[Option, ...] = (
            "where gpubench pins the SSH host keys of hosts found in no known_hosts file, on first use "
            "(default ~/.gpubench/known_hosts)",
            env="GPUBENCH_KNOWN_HOSTS", metavar="FILE"),
+    Option("host_keys", "--gpubench-host-keys",
+           "what a host's SSH key found in no known_hosts file gets: pin (the default: trusted on first use "
+           "and pinned in --gpubench-known-hosts) or strict (refused: the cell fails at ssh_connect)",
+           type=_choice(*HOST_KEY_POLICIES), env="GPUBENCH_HOST_KEYS", metavar="pin|strict"),
     Option("gpu_lease_ttl", "--gpubench-gpu-lease-ttl",
            "how long a host's GPU lease lasts unless its run renews it (a dead run's GPUs come free after it), "
            "e.g. 2m (default 2m, time-scaled in the sandbox)",
@@ -227,7 +233,9 @@ OPTIONS: tuple[Option, ...] = (
            "run again cells that already ended in this run (--gpubench-run-id given again); without it "
            "they are reported claimed",
            type=_bool, env="GPUBENCH_RERUN", ini=False, action="store_true"),
-    Option("run_id", "--gpubench-run-id", "run id for the manifest (default: a new one per run)",
+    Option("run_id", "--gpubench-run-id",
+           "run id for the manifest: 1-64 letters, digits, '.', '_' or '-', not starting with '.' "
+           "(default: a new one per run)",
            env="GPUBENCH_RUN_ID", ini=False, metavar="ID"),
     Option("runners", "--gpubench-runners",
            "the runners file (YAML): phases, named sets of cells with reruns, and which host takes what; "

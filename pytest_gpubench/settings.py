@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import Stage, UsageProblem
+from .ids import ID_RULE, is_id, shown_id
 from .options import (  # noqa: F401 - re-exported: the table's users import it from here
     DEFAULT_API,
     DEFAULT_SPLIT_COST,
@@ -96,6 +97,9 @@ class Settings(BaseModel):
     hosts: str | None = None
     #: Where host keys found in no known_hosts file are pinned on first use.
     known_hosts: str = DEFAULT_KNOWN_HOSTS
+    #: ``--gpubench-host-keys``: ``pin`` (a host key in no known_hosts file is trusted on first use and
+    #: pinned in :attr:`known_hosts`) or ``strict`` (it fails ``ssh_connect``).
+    host_keys: Literal["pin", "strict"] = "pin"
     #: How long a GPU lease holds unless renewed (seconds, unscaled: see ``gpu_lease_seconds``).
     gpu_lease_ttl: float = DEFAULT_GPU_LEASE_TTL
     #: How long a cell's claim holds unless renewed (seconds, unscaled: see ``claim_seconds``).
@@ -274,9 +278,12 @@ def _convert(opt: Option, raw: Any, source: str) -> Any:
     return raw
 
 
+#: A run id is an id (:mod:`.ids`) of at most this many characters.
+MAX_RUN_ID = 64
+
+
 def _check_run_id(run_id: str) -> None:
-    # The run id becomes part of consumer_id, file names and a remote path.
-    if not run_id or not all(ch.isalnum() or ch in "-_." for ch in run_id) or len(run_id) > 64:
-        raise UsageProblem(
-            f"--gpubench-run-id: {run_id!r} must be 1-64 letters, digits, '-', '_' or '.'"
-        )
+    # The run id becomes part of consumer_id, a folder name (progress files, a results repository's
+    # runs) and a remote path: never "." or "..", which would put them beside their folder.
+    if not is_id(run_id, MAX_RUN_ID):
+        raise UsageProblem(f"--gpubench-run-id: {shown_id(run_id)} must be 1-{MAX_RUN_ID} {ID_RULE}")

@@ -1,10 +1,11 @@
 """What every tier shares: fixtures used in more than one tier, and the tiers themselves.
 
-The tests live in three folders (README, "Tests"): ``unit/`` (the package's logic in
+The tests live in four folders (README, "Tests"): ``unit/`` (the package's logic in
 this process), ``plugin/`` (pytest running the plugin: pytester or a pytest
-subprocess, no sandbox) and ``e2e/`` (anything on the sandbox; its fixtures are in
-``e2e/conftest.py``). Each item gets its folder's marker, so ``-m "not e2e"`` works
-as ``pytest tests/unit tests/plugin`` does. Shared helpers live in plain modules next
+subprocess, no sandbox), ``e2e/`` (anything on the sandbox; its fixtures are in
+``e2e/conftest.py``) and ``gpu/`` (``cloud: local`` on a real NVIDIA GPU; skipped
+without one, see ``gpu/conftest.py``). Each item gets its folder's marker, so
+``-m "not e2e"`` works as ``pytest tests/unit tests/plugin tests/gpu`` does. Shared helpers live in plain modules next
 to this file (e2e_helpers.py, polling.py, ...): this folder is on ``sys.path`` for
 every tier (under pytest's default ``prepend`` import mode, the folder of a conftest.py that is
 in no package goes on ``sys.path``).
@@ -32,8 +33,8 @@ HERE = Path(__file__).parent
 UNUSED_PLUGINS = ("hypothesispytest", "anyio", "benchmark")
 #: The tier folders, each its marker (registered in pyproject.toml), in the order they
 #: are collected: the long end-to-end tests first, so that under ``-n auto`` no worker
-#: is left alone with one at the end of the run.
-TIERS = ("e2e", "plugin", "unit")
+#: is left alone with one at the end of the run (the GPU tier's, where it runs, longest).
+TIERS = ("gpu", "e2e", "plugin", "unit")
 
 
 def tier_of(item: pytest.Item) -> str | None:

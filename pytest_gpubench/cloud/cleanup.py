@@ -31,13 +31,24 @@ controller its cell names (the cell's recorded holder, ``host:pid:nonce[/gwN]``)
 live lease on any cell of the run, or runs on this host: that covers a session kept for
 the next cell of a reuse group, and one only the API knows. A cell is marked failed
 only while it still runs under the holder cleanup found it with (``if_held_by``): one a
-live controller took over meanwhile is its.
+live controller took over meanwhile is its. A cell whose holder cleanup found gone
+(``check_liveness``: the start of a run, ``gpubench cleanup``) is marked ``failed`` as
+:data:`ABANDONED`: its run never failed it, and the next controller of its run that
+reaches it takes it over and runs it (``store/claim_rule.py``), as it would a running
+cell whose lease ran out.
 
 **Release.** The provider's one release path (:meth:`.Provider.release`, the
 same teardown uses): ``done``, then ``DELETE`` if the session is still active (or
 ``failed``, which may still hold an instance). The manifest records the final
 status, who released it (``released_by``) and when; a cell its dead process left
 ``running`` is marked ``failed`` at the stage its progress file last reached.
+
+**The store is data.** A shared store's rows are anyone's to write, so nothing in them is
+followed: the token goes only to the API the caller configured (``api``; runs recorded against
+another API are left alone with a line saying how to clean them), a session id that is not an id
+(:mod:`pytest_gpubench.ids`) is never sent to an API, and progress lines are written (and read)
+only in the cell's file under the configured progress folder (``progress_dir``), found from the
+cell's ids, never at the path a row's ``progress_file`` names.
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta, timezone
 from enum import Enum
@@ -54,10 +66,12 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import ApiError, Stage, StageError
+from ..ids import is_id, shown_id
+from ..redaction import redact
 from .hosts_provider import on_leased_machine
 from .owned import OwnedSession
 from .processes import ProcessIdentity, held_by, holder_alive
-from ..store.progress import ProgressWriter, read_progress
+from ..store.progress import ProgressWriter, existing_progress_file, read_progress
 from .provider import CONSUMER_PREFIX, Provider, Released, consumer_id
 from .shopper_client import Session
 
@@ -65,6 +79,9 @@ if TYPE_CHECKING:
     from ..store.base import Store
     from ..store.records import RunRecord
 
+#: The failure reason of a cell cleanup closed because its holder's process was gone (not its
+#: run's own failure): the claim rule lets the next claimant take it over.
+ABANDONED = "abandoned"
 #: The API's longest reservation: a run with no recorded owner that started longer
 #: ago than this cannot hold a session any more, whatever became of its process.
 MAX_RESERVATION = timedelta(hours=12)
@@ -85,10 +102,33 @@ _STAGE_AFTER = {
 
 
 def same_api(a: str | None, b: str | None) -> bool:
-    """Whether two API base URLs name the same server (a missing one matches any)."""
+    """Whether two API base URLs name the same server (a missing one matches any): the same scheme,
+    host, port (a scheme's default one spelled or not) and path; credentials do not count (a stored
+    URL has them redacted, ``user:***@``), nor a trailing ``/``."""
     if not a or not b:
         return True
-    return a.rstrip("/").lower() == b.rstrip("/").lower()
+    return _api_key(a) == _api_key(b)
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _api_key(url: str) -> tuple[str, str, int | None, str] | str:
+    """What tells an API apart: (scheme, host, port, path); the text itself when it is no URL."""
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return url.strip().rstrip("/").lower()
+    scheme = parts.scheme.lower()
+    if not scheme or not parts.hostname:
+        return url.strip().rstrip("/").lower()
+    return scheme, parts.hostname.lower(), port or _DEFAULT_PORTS.get(scheme), parts.path.rstrip("/")
+
+
+def shown_url(url: str | None) -> str:
+    """A URL from a store, fit for one line: credentials redacted, control characters dropped."""
+    return re.sub(r"[\x00-\x1f\x7f-\x9f]", "", redact(url or ""))
 
 
 def owning_run(consumer_id: str, run_ids: Iterable[str]) -> str | None:
@@ -103,12 +143,20 @@ def owning_run(consumer_id: str, run_ids: Iterable[str]) -> str | None:
     return max(fitting, key=len) if fitting else None
 
 
-def stage_reached(progress_file: str | None) -> Stage:
-    """The stage a cell was in when its progress file stopped (inventory if unknown)."""
+def stage_reached(progress_file: str | Path | None) -> Stage:
+    """The stage a cell was in when its progress file stopped (inventory if unknown).
+
+    ``progress_file`` is one :func:`~pytest_gpubench.store.progress.existing_progress_file` found,
+    never a path from a store row; a symlink is not read.
+    """
     stage = Stage.INVENTORY
     if not progress_file or not Path(progress_file).is_file():
         return stage
-    for line in read_progress(progress_file):
+    try:
+        lines = read_progress(progress_file, follow_symlinks=False)
+    except OSError:
+        return stage
+    for line in lines:
         # A CLEANUP line with by= is this module's own, written after the cell stopped.
         if line.kind == "STATUS" and line.label in _STAGE_AFTER and "by" not in line.fields:
             stage = _STAGE_AFTER[line.label]
@@ -171,8 +219,13 @@ class Leftover(OwnedSession):
     found_by: str = "manifest"  # or "api": only the API knew it (by consumer_id)
 
     def describe(self) -> str:
-        cell = f", cell {self.cell_id}" if self.cell_id else ""
-        return f"session {self.session_id} (run {self.run_id}{cell})"
+        cell = f", cell {_printable(self.cell_id)}" if self.cell_id else ""
+        return f"session {_printable(self.session_id)} (run {_printable(self.run_id)}{cell})"
+
+
+def _printable(text: str) -> str:
+    """Text from a store fit for one line: an id as it is, anything else quoted with escapes shown."""
+    return text if is_id(text) else shown_id(text)
 
 
 class ReleaseOutcome(str, Enum):
@@ -329,6 +382,10 @@ def survey(
         leftover = Leftover.model_validate(found, from_attributes=True)
         if worker is not None and not held_by(leftover.worker, worker):
             continue
+        if not is_id(leftover.session_id):  # a row written by hand or by someone else: never sent to an API
+            result.left_alone.append(Action(leftover=leftover, outcome=ReleaseOutcome.LEFT_ALONE,
+                                            detail=f"its session id is not a valid id ({_INVALID_ID})"))
+            continue
         run = runs.get(leftover.run_id) or RunInfo(run_id=leftover.run_id)
         if on_leased_machine(leftover.session_id):  # no API holds it: only a live run must be left alone
             running = run.still_running(me) if check_liveness else None
@@ -359,26 +416,14 @@ def _releasable(run: RunInfo, api: str | None, check_liveness: bool, me: Process
     if not same_api(run.api, api):
         if run.sandbox:
             return "sandbox"  # its own sandbox stopped every session when the run's process went away
-        return f"run {run.run_id} used the API at {run.api}: gpubench cleanup --api {run.api}"
+        # The token goes to the configured API only: the user decides whether the run's is theirs.
+        other = shown_url(run.api)
+        return f"run {_printable(run.run_id)} used the API at {other}: gpubench cleanup --api {other}"
     return None
 
 
-def apis_to_visit(store: Store, default: str) -> list[str]:
-    """The APIs that runs with unreleased sessions rented from (``default`` for an unknown one).
-
-    A run's own sandbox is not among them: it is gone with the run. With nothing
-    to release, ``default`` alone, to look for sessions only the API knows.
-    """
-    runs = _all_runs(store)
-    apis: list[str] = []
-    for found in store.unreleased_sessions():
-        run = runs.get(found.run_id)
-        if run is not None and run.sandbox:
-            continue
-        api = (run.api if run is not None else None) or default
-        if not any(same_api(api, known) for known in apis):
-            apis.append(api)
-    return apis or [default]
+#: Why a session id from a store is not used.
+_INVALID_ID = "not sent to any API: a store row written by hand or by someone else?"
 
 
 def _all_runs(store: Store) -> dict[str, RunInfo]:
@@ -432,7 +477,10 @@ def _cell_of_consumer(store: Store, run_id: str, consumer: str) -> dict[str, Any
 
 async def release(provider: Provider, leftover: Leftover, *, dry_run: bool = False) -> Action:
     """End one session through the provider's one release path (:meth:`Provider.release`);
-    never raises."""
+    never raises. A session id that is not an id (:mod:`pytest_gpubench.ids`) is never sent."""
+    if not is_id(leftover.session_id):
+        return Action(leftover=leftover, outcome=ReleaseOutcome.LEFT_ALONE,
+                      detail=f"its session id is not a valid id ({_INVALID_ID})")
     try:
         if dry_run:
             current = await _status(provider, leftover.session_id)
@@ -469,8 +517,9 @@ async def _status(provider: Provider, session_id: str) -> Session | None:
         raise
 
 
-def record(store: Store, action: Action, released_by: str) -> None:
-    """Write what happened to a session into its cell and progress file."""
+def record(store: Store, action: Action, released_by: str, progress_dir: Path | None = None) -> None:
+    """Write what happened to a session into its cell and its progress file (the cell's file
+    under ``progress_dir``, the configured folder, if it is there; None: no progress line)."""
     leftover = action.leftover
     if action.outcome in (ReleaseOutcome.RELEASED, ReleaseOutcome.ALREADY_ENDED):
         status = action.after or "stopped"
@@ -487,12 +536,30 @@ def record(store: Store, action: Action, released_by: str) -> None:
                                 released_by=released_by, attempt=leftover.attempt)
     except KeyError:
         return
-    if leftover.progress_file and Path(leftover.progress_file).parent.is_dir():
-        writer = ProgressWriter(leftover.progress_file)
-        try:
-            writer.status("CLEANUP", session_id=leftover.session_id, status=status, by=released_by)
-        finally:
-            writer.close()
+    _append(existing_progress_file(progress_dir, leftover.run_id, _record_key(leftover)),
+             lambda writer: writer.status("CLEANUP", session_id=leftover.session_id, status=status, by=released_by))
+
+
+def _record_key(leftover: Leftover) -> str | None:
+    """The leftover's cell's record key: its cell id, else what its row id says after the run's."""
+    if leftover.cell_id:
+        return leftover.cell_id
+    prefix = f"{leftover.run_id}/"
+    return leftover.row_id.removeprefix(prefix) if leftover.row_id and leftover.row_id.startswith(prefix) else None
+
+
+def _append(path: Path | None, write: Any) -> None:
+    """One progress line into ``path`` (an :func:`existing_progress_file`), never through a symlink;
+    a file that cannot be written is left as it is (cleanup records in the store in any case)."""
+    if path is None:
+        return
+    writer = ProgressWriter(path, follow_symlinks=False)
+    try:
+        write(writer)
+    except OSError:
+        pass
+    finally:
+        writer.close()
 
 
 def end_gpu_leases(store: Store, leftover: Leftover) -> int:
@@ -504,31 +571,36 @@ def end_gpu_leases(store: Store, leftover: Leftover) -> int:
     return len(held)
 
 
-def close_cells(store: Store, held: Mapping[str, str | None], reason: str, released_by: str) -> list[str]:
+def close_cells(store: Store, held: Mapping[str, str | None], reason: str, released_by: str,
+                progress_dir: Path | None = None, *, abandoned: bool = False) -> list[str]:
     """Mark cells left ``running`` by a process that is gone as ``failed``; returns them.
+
+    The stage comes from, and an ``ERROR:`` line goes to, the cell's progress file under
+    ``progress_dir`` (see :func:`record`).
 
     ``held`` maps each row id to the holder cleanup found it under: a cell is closed only
     while it still runs under that holder (a compare-and-set), never one a live controller
     took over since (None: whoever holds it, for a row found with no holder).
+    ``abandoned``: another process found the holder gone (not the holder's own controller):
+    the cell is :data:`ABANDONED`, left for the next controller of its run to take over.
     """
     closed = []
     for row_id, holder in held.items():
         cell = store.cell(row_id)
         if cell is None or cell.status != "running" or (holder is not None and cell.worker != holder):
             continue
-        stage = stage_reached(cell.progress_file)
+        progress = existing_progress_file(progress_dir, cell.run_id, cell.cell_id)
+        stage = stage_reached(progress)
         message = f"{reason} before this cell finished"
         if cell.session_id:
             message += f"; its session was released by {released_by}"
-        if not store.finish_cell(row_id, status="failed", failure_stage=stage, failure_reason="interrupted",
+        if abandoned:
+            message += f"; the next controller of run {cell.run_id} that reaches it takes it over"
+        if not store.finish_cell(row_id, status="failed", failure_stage=stage,
+                                 failure_reason=ABANDONED if abandoned else "interrupted",
                                  error_message=message, if_held_by=cell.worker):
             continue  # taken over (or finished) between the read and the write
-        if cell.progress_file and Path(cell.progress_file).parent.is_dir():
-            writer = ProgressWriter(cell.progress_file)
-            try:
-                writer.error(stage, message)
-            finally:
-                writer.close()
+        _append(progress, lambda writer: writer.error(stage, message))
         closed.append(row_id)
     return closed
 
@@ -537,9 +609,13 @@ async def clean(
     store: Store, provider: Provider | None, *, api: str | None, released_by: str,
     reason: str, run_id: str | None = None, worker: str | None = None, check_liveness: bool = True,
     search_api: bool = True, close_running: bool = False, dry_run: bool = False,
-    me: ProcessIdentity | None = None,
+    me: ProcessIdentity | None = None, progress_dir: Path | None = None,
 ) -> CleanupReport:
     """One cleanup pass through ``api`` (``provider``; None when it cannot be reached).
+
+    ``api`` is the API the user configured, the one ``provider`` talks to: only runs recorded
+    against it are released (their sessions through ``provider``); the others are left alone.
+    ``progress_dir`` is the configured progress folder (None: no progress line is written).
 
     ``released_by`` is recorded with every release; ``reason`` says why the cells
     whose sessions are released stopped (e.g. ``worker gw1 crashed``).
@@ -556,7 +632,7 @@ async def clean(
             extra, alone = await find_on_api(provider, store, found, run_id=run_id,
                                              check_liveness=check_liveness, me=me, live=live)
         except StageError as exc:
-            report.notes.append(f"could not list the sessions at {api}: {exc}")
+            report.notes.append(f"could not list the sessions at {shown_url(api)}: {exc}")
         else:
             leftovers += [lo for lo in extra if worker is None or held_by(lo.worker, worker)]
             report.actions += alone
@@ -565,29 +641,31 @@ async def clean(
                         detail="the run's own sandbox stopped every session when the run ended")
         report.actions.append(action)
         if not dry_run:
-            record(store, action, "the run's sandbox, on exit")
+            record(store, action, "the run's sandbox, on exit", progress_dir)
     for leftover in found.leased_machines:
         action = Action(leftover=leftover, outcome=ReleaseOutcome.LEASE_ENDED,
                         detail="a machine the run does not own: its GPU lease is ended (it would run out anyway)")
         report.actions.append(action)
         if not dry_run:
             await asyncio.to_thread(end_gpu_leases, store, leftover)
-            await asyncio.to_thread(record, store, action, released_by)
+            await asyncio.to_thread(record, store, action, released_by, progress_dir)
     touched: dict[str, str | None] = {}  # row id -> the holder it was found under
     for leftover in leftovers:
         if provider is None:
-            action = Action(leftover=leftover, outcome=ReleaseOutcome.FAILED, detail=f"the API at {api} cannot be reached")
+            action = Action(leftover=leftover, outcome=ReleaseOutcome.FAILED,
+                            detail=f"the API at {shown_url(api)} cannot be reached")
         else:
             action = await release(provider, leftover, dry_run=dry_run)
         report.actions.append(action)
         if not dry_run:
-            await asyncio.to_thread(record, store, action, released_by)
-            if action.outcome is not ReleaseOutcome.FAILED and leftover.row_id:
+            await asyncio.to_thread(record, store, action, released_by, progress_dir)
+            if action.outcome not in (ReleaseOutcome.FAILED, ReleaseOutcome.LEFT_ALONE) and leftover.row_id:
                 touched.setdefault(leftover.row_id, leftover.worker)
     if not dry_run:
         if close_running:
             for cell in store.cells(run_id):
                 if cell.status == "running" and (worker is None or held_by(cell.worker, worker)):
                     touched.setdefault(cell.row_id, cell.worker)
-        report.closed_cells = await asyncio.to_thread(close_cells, store, touched, reason, released_by)
+        report.closed_cells = await asyncio.to_thread(close_cells, store, touched, reason, released_by,
+                                                      progress_dir, abandoned=check_liveness)
     return report

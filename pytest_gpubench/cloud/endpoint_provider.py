@@ -13,6 +13,7 @@ nothing outlives the run that could need cleaning up.
 from __future__ import annotations
 
 import itertools
+import re
 import urllib.parse
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -59,7 +60,9 @@ class EndpointProvider:
                      ssh_timeout_minutes: int | None = None, disk_gb: int | None = None,
                      launch: LaunchSpec | None = None, runtime: str = "", model: str = "") -> CreatedSession:
         now = datetime.now(timezone.utc)
-        session = Session(id=f"{ENDPOINT_PROVIDER}-{next(self._numbers)}-{consumer}", consumer_id=consumer,
+        # An id (pytest_gpubench.ids) like every session's: cleanup sends none other to an API.
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", consumer)
+        session = Session(id=f"{ENDPOINT_PROVIDER}-{next(self._numbers)}-{safe}", consumer_id=consumer,
                           provider=offer.provider, gpu_type=offer.gpu_type, status="running",
                           ssh_host=offer.location, price_per_hour=offer.price_per_hour,
                           reservation_hours=hours, created_at=now, offer_id=offer.id)

@@ -13,7 +13,7 @@
         price_per_hour: 0          # declared cost of the whole machine; 0: owned
         tags: [lab, ada]
         keep_models: true          # models a run pulled stay as a cache (false: removed after the cell)
-        known_hosts: ./known_hosts # checked before ~/.ssh/known_hosts; optional
+        known_hosts: ./known_hosts # checked before ~/.ssh/known_hosts; optional, must exist
     local:                         # this machine (`cloud: local`); optional
       price_per_hour: 0
       keep_models: true
@@ -137,7 +137,12 @@ class Host(StrictModel):
     @field_validator("known_hosts", mode="before")
     @classmethod
     def _known_hosts(cls, value: Any, info: ValidationInfo) -> Any:
-        return _path(value, info, "a known_hosts file")
+        path = _path(value, info, "a known_hosts file")
+        # A file that is not there would leave the host to trust on first use: the key the
+        # user meant to check against would silently check nothing (issue 21 item 7).
+        if not Path(path).is_file():
+            raise invalid(f"no such file: {path!r} (a known_hosts file the host's SSH key is checked against)")
+        return path
 
     @model_validator(mode="after")
     def _one_way_in(self) -> Host:

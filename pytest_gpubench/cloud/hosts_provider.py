@@ -338,9 +338,13 @@ class HostsProvider(MachineProvider):
         host = machine.host
         assert host is not None
         known = tuple(path for path in (host.known_hosts, str(Path(USER_KNOWN_HOSTS).expanduser())) if path)
+        pin_file = str(Path(self.settings.known_hosts).expanduser())
+        if self.settings.host_keys == "strict":
+            # Keys pinned before (or put there by hand) are still known; no new one is pinned.
+            known, pin_file = (*known, pin_file), ""
         return SshDetails(host=host.address, port=host.port, user=host.user, private_key="",
                           key_file=host.key_file or "", agent=host.agent, gpu_indices=gpu_indices, known_hosts=known,
-                          pin_file=str(Path(self.settings.known_hosts).expanduser()), keep_models=host.keep_models)
+                          pin_file=pin_file, keep_models=host.keep_models)
 
 
 class LocalProvider(MachineProvider):

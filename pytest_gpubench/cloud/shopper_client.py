@@ -5,11 +5,18 @@ returned unwrapped by ``GET /sessions/{id}`` (seed 000 assumed ``.session``: bot
 are accepted), ``done`` on a stopped session answers 409, and errors come as
 ``{"error", "request_id"}`` with ``error_type``/``retry_suggested`` on
 provisioning failures.
+
+A session id becomes a key file's name and a segment of later URLs: one the API answers
+with must be an id (:mod:`pytest_gpubench.ids`), else the answer is a ``StageError`` at
+its stage (``../../admin/users`` never becomes ``DELETE /admin/users``); every id put in
+a URL is quoted as one segment too. Messages name the API without its credentials.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -18,6 +25,8 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import ApiError, ApiUnreachable, Stage, StageError
+from ..ids import InvalidId, check_id
+from ..redaction import redact
 
 ACTIVE_STATUSES = frozenset({"pending", "provisioning", "running"})
 
@@ -25,7 +34,9 @@ ACTIVE_STATUSES = frozenset({"pending", "provisioning", "running"})
 class Offer(BaseModel):
     """One GPU offer from the inventory."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    # No NaN or infinity (Python's JSON reader takes both): a NaN price compares false with
+    # everything, so it slipped past any price cap and the spend check.
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     id: str
     provider: str
@@ -54,7 +65,7 @@ class Offer(BaseModel):
 class Session(BaseModel):
     """A GPU session as the API reports it."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)  # a price must be a number (Offer)
 
     id: str
     consumer_id: str = ""
@@ -135,6 +146,8 @@ class ShopperClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        #: The URL as messages show it: ``user:***@`` (see :func:`~pytest_gpubench.redaction.redact`).
+        self.where = redact(self.base_url)
         self.timeout = timeout
         # The token lives in the client's headers only: no message or log line shows them.
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -152,13 +165,13 @@ class ShopperClient:
             response = await self._http.request(method, path, **kwargs)
         except httpx.TimeoutException as exc:
             raise StageError(
-                stage, f"the GPU Shopper API at {self.base_url} did not answer {call} within "
+                stage, f"the GPU Shopper API at {self.where} did not answer {call} within "
                 f"{self.timeout:g} s ({type(exc).__name__})",
                 hint="the server is stuck or overloaded: check its /health and logs, then rerun the cell",
             ) from None
         except httpx.TransportError as exc:
             raise StageError(
-                stage, f"{call} to the GPU Shopper API at {self.base_url} failed: {exc or type(exc).__name__}",
+                stage, f"{call} to the GPU Shopper API at {self.where} failed: {exc or type(exc).__name__}",
                 hint="check that the server is running and reachable, then rerun the cell",
             ) from None
         if response.status_code >= 400:
@@ -167,10 +180,10 @@ class ShopperClient:
             return None
         try:
             return response.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: JSON nested past the interpreter's limit
             raise StageError(
                 stage, f"{call} answered {response.status_code} with invalid JSON: {_snippet(response)}",
-                hint=f"{self.base_url} does not answer like a GPU Shopper API (a proxy or a web page?): "
+                hint=f"{self.where} does not answer like a GPU Shopper API (a proxy or a web page?): "
                 "check --gpubench-api / GPUBENCH_API_BASE",
             ) from None
 
@@ -183,14 +196,14 @@ class ShopperClient:
             try:
                 response = await self._http.get("/health")
             except httpx.TransportError as exc:
-                raise ApiUnreachable(self.base_url, type(exc).__name__) from None
+                raise ApiUnreachable(self.where, type(exc).__name__) from None
             if response.status_code != 503:
                 if response.status_code >= 400:
-                    raise ApiUnreachable(self.base_url, f"/health answered {response.status_code}")
+                    raise ApiUnreachable(self.where, f"/health answered {response.status_code}")
                 return
             if attempt < attempts - 1:
                 await asyncio.sleep(interval)
-        raise ApiUnreachable(self.base_url, "still starting up (503) after retries")
+        raise ApiUnreachable(self.where, "still starting up (503) after retries")
 
     async def inventory(self, **filters: Any) -> list[Offer]:
         params = {k: v for k, v in filters.items() if v is not None}
@@ -210,25 +223,33 @@ class ShopperClient:
         body = request.model_dump(exclude_none=True)
         data = await self._request(Stage.PROVISION, "POST", "/api/v1/sessions", json=body)
         try:
-            return CreatedSession.model_validate(data)
+            created = CreatedSession.model_validate(data)
         except ValidationError as exc:
             raise StageError(Stage.PROVISION, f"unexpected session answer: {_first(exc)}",
                              hint=SHAPE_HINT) from None
+        _check_session_id(Stage.PROVISION, created.session.id,
+                          "nothing can address it safely: if it holds an instance, end it on the provider's console")
+        return created
 
     async def get_session(self, session_id: str, stage: Stage = Stage.SSH_WAIT) -> Session:
-        data = await self._request(stage, "GET", f"/api/v1/sessions/{session_id}")
+        data = await self._request(stage, "GET", _session_path(stage, session_id))
         if isinstance(data, dict) and isinstance(data.get("session"), dict):
             data = data["session"]  # seed 000's wrapped shape
         try:
-            return Session.model_validate(data)
+            session = Session.model_validate(data)
         except ValidationError as exc:
             raise StageError(stage, f"unexpected session answer: {_first(exc)}",
                              hint=SHAPE_HINT) from None
+        _check_session_id(stage, session.id)
+        return session
 
     async def list_sessions(self, **filters: Any) -> list[Session]:
         params = {k: v for k, v in filters.items() if v is not None}
         data = await self._request(Stage.CLEANUP, "GET", "/api/v1/sessions", params=params)
-        return _parse_list(Stage.CLEANUP, data, "sessions", Session)
+        sessions = _parse_list(Stage.CLEANUP, data, "sessions", Session)
+        for session in sessions:
+            _check_session_id(Stage.CLEANUP, session.id)
+        return sessions
 
     async def release(self, session_id: str) -> bool:
         """Ask the server to shut a session down (``done``); 409 means already done.
@@ -236,7 +257,7 @@ class ShopperClient:
         Returns True when this call stopped it, False when it was already stopped.
         """
         try:
-            await self._request(Stage.CLEANUP, "POST", f"/api/v1/sessions/{session_id}/done")
+            await self._request(Stage.CLEANUP, "POST", _session_path(Stage.CLEANUP, session_id, "done"))
         except ApiError as exc:
             if exc.status in (404, 409):
                 return False
@@ -246,7 +267,7 @@ class ShopperClient:
     async def destroy(self, session_id: str) -> None:
         """Force-destroy a session (``DELETE``); safe to repeat."""
         try:
-            await self._request(Stage.CLEANUP, "DELETE", f"/api/v1/sessions/{session_id}")
+            await self._request(Stage.CLEANUP, "DELETE", _session_path(Stage.CLEANUP, session_id))
         except ApiError as exc:
             if exc.status != 404:
                 raise
@@ -255,24 +276,43 @@ class ShopperClient:
         """The API's own cost figure (billed by the clock hour; may be 0)."""
         data = await self._request(Stage.CLEANUP, "GET", "/api/v1/costs", params={"session_id": session_id})
         try:
-            return float(data["total_cost"])
-        except (TypeError, KeyError, ValueError):
+            cost = float(data["total_cost"])
+        except (TypeError, KeyError, ValueError, OverflowError):  # OverflowError: an integer past a float
             return None
+        return cost if math.isfinite(cost) else None
 
     async def post_benchmark(self, result: dict[str, Any]) -> dict[str, Any]:
         return await self._request(Stage.RESULTS, "POST", "/api/v1/benchmarks", json=result)
 
 
+def _check_session_id(stage: Stage, session_id: str, hint: str = "") -> None:
+    """A session id the API answered with must be an id: it names a key file and later URLs."""
+    try:
+        check_id(session_id, "session id")
+    except InvalidId as exc:
+        raise StageError(stage, f"the API answered with {exc}", hint=hint or SHAPE_HINT) from None
+
+
+def _session_path(stage: Stage, session_id: str, action: str = "") -> str:
+    """``/api/v1/sessions/{id}[/action]``: the id checked (a ``StageError`` at ``stage`` otherwise)
+    and quoted as one segment, whoever passed it."""
+    try:
+        check_id(session_id, "session id")
+    except InvalidId as exc:
+        raise StageError(stage, f"{exc}: not sent to the API") from None
+    return f"/api/v1/sessions/{quote(session_id, safe='')}" + (f"/{action}" if action else "")
+
+
 def _api_error(stage: Stage, response: httpx.Response, call: str = "") -> ApiError:
     try:
         body = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         body = None
     status = response.status_code
     if isinstance(body, dict):
-        message = str(body.get("error") or response.reason_phrase or "error").strip()
+        message = _line(body.get("error") or response.reason_phrase or "error")
         if body.get("request_id"):
-            message += f" (request_id {body['request_id']})"
+            message += f" (request_id {_line(body['request_id'], 80)})"
     else:
         # Not the server's own error shape: a proxy, a crash page, a load balancer.
         message = f"{response.reason_phrase or 'error'}; the body is not the API's JSON: {_snippet(response)}"
@@ -290,11 +330,19 @@ def _api_error(stage: Stage, response: httpx.Response, call: str = "") -> ApiErr
         stage,
         status,
         message,
-        error_type=str(body.get("error_type") or ""),
+        error_type=_line(body.get("error_type") or "", 80),
         retry_suggested=retry,
         call=call,
         hint=hint,
     )
+
+
+def _line(value: Any, limit: int = 500) -> str:
+    """A value from the server's answer as message text: one line (line breaks and other control
+    characters become spaces) of at most ``limit`` characters. The server's text is data: it must
+    not turn an error into many lines, or a megabyte of them."""
+    text = " ".join(re.sub(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]", " ", str(value)).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _snippet(response: httpx.Response) -> str:

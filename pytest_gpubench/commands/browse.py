@@ -25,46 +25,32 @@ from typing import Any, TextIO
 
 from ..errors import CommandProblem, Stage
 from ..store.data_dictionary import TABLES, schema_of
-from ..store.migrate import SCHEMA_VERSION
 
 INSTALL_HINT = "pip install 'pytest-gpubench[browse]'"
 DEFAULT_PORT = 8001  # Datasette's own default
 
 
-def _migrated(path: Path) -> dict[str, list[str]]:
-    """Bring a manifest written by an older version up to date (its columns renamed,
-    docs/metrics.md), once, before serving it read-only."""
-    from ..store.manifest import Manifest
-
-    try:
-        with Manifest(path, busy_timeout=5, retry_seconds=10) as manifest:
-            return schema_of(manifest.db.conn)
-    except sqlite3.Error as exc:
-        raise CommandProblem(f"the manifest {path} was written by an older pytest-gpubench and could not be "
-                            f"migrated: {exc}") from None
-
-
 def read_schema(path: Path) -> dict[str, list[str]]:
     """The tables and columns of the manifest at ``path``, read through a read-only connection.
 
-    Raises :class:`CommandProblem` when there is no file, or it is not a manifest.
+    Raises :class:`CommandProblem` when there is no file, it is not a manifest, or it needs
+    ``gpubench migrate`` (an older version's file is left as it is: Datasette serves it read-only).
     """
+    from ..errors import ManifestTooNew, MigrationNeeded, NotAManifest
+    from ..store.sqlite import ManifestStore
+
     if not path.is_file():
         raise CommandProblem(f"no manifest at {path} (run pytest with the plugin first, or pass --manifest PATH)")
     try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
-        try:
-            schema = schema_of(conn)
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-        finally:
-            conn.close()
+        store = ManifestStore(path, busy_timeout=5, read_only=True)
+    except (NotAManifest, MigrationNeeded, ManifestTooNew) as exc:
+        raise CommandProblem(str(exc)) from None
     except sqlite3.Error as exc:
         raise CommandProblem(f"cannot read the manifest {path}: {exc}") from None
-    if "benchmark_manifest" in schema and version < SCHEMA_VERSION:
-        schema = _migrated(path)
-    if "benchmark_manifest" not in schema:
-        raise CommandProblem(f"{path} is not a pytest-gpubench manifest (it has no benchmark_manifest table)")
-    return schema
+    try:
+        return schema_of(store.db.conn)
+    finally:
+        store.close()
 
 
 # ------------------------------------------------------------------ metadata

@@ -8,8 +8,8 @@ other clients (curl, the GPU Shopper CLI, CI pipelines) to rent from for free.
 ``gpubench sandbox local [GPU[*COUNT]]`` prints the ``export`` lines that give a shell stand-in
 GPUs and Ollama for ``cloud: local``.
 
-``gpubench cleanup [--manifest PATH] [--api URL] [--dry-run]`` releases the GPU
-sessions that dead runs of the manifest left running (see ``cleanup.py``).
+``gpubench cleanup [--manifest PATH] [--api URL] [--reports DIR] [--dry-run]`` releases, through
+the API it is given, the GPU sessions that dead runs of the manifest left running (see ``cleanup.py``).
 
 ``gpubench export --format json|csv [--run RUN|last] [--manifest PATH] [-o FILE]``
 writes stored results; ``gpubench export --to PATH|URL [--run RUN|last]`` copies the
@@ -32,6 +32,10 @@ prices the cells pytest would run against the live inventory, renting nothing (s
 
 ``gpubench offers [--gpu X] [--provider Y] [--api URL | --sandbox] [--json]`` lists what can
 be rented now: price, VRAM, availability confidence, location (see ``offers_cli.py``).
+
+``gpubench migrate [--store PATH]`` brings a manifest an older version wrote up to date; the
+commands that only read (report, export, status, browse, plan) open a SQLite manifest read-only
+and leave such a file, or one that is not a manifest, as it is, saying so.
 
 ``gpubench status [--store LOC] [--run|--phase NAME|last] [--cells] [--json]`` shows per phase
 (run) what is done, claimed (by whom, since when) and left (see ``status.py``).
@@ -79,10 +83,12 @@ def _location(given: str) -> Path | str:
         raise CommandProblem(exc.message) from None
 
 
-def _open_store(path: str | None, *, create: bool = False):
+def _open_store(path: str | None, *, create: bool = False, read_only: bool = False):
     """The manifest's store (``--manifest``, else :func:`default_manifest`); a missing one is a
-    ``CommandProblem`` unless ``create``, and so is a file that is not a manifest."""
-    from ..errors import UsageProblem
+    ``CommandProblem`` unless ``create``, and so is a file that is not a manifest. ``read_only``
+    (the commands that only read): the file is left as it is, and one that is not a manifest, or
+    needs ``gpubench migrate``, is refused saying so."""
+    from ..errors import ManifestTooNew, MigrationNeeded, NotAManifest, UsageProblem
     from ..store.opening import open_store, redact, store_exists
 
     where = _location(path) if path else default_manifest()
@@ -94,7 +100,16 @@ def _open_store(path: str | None, *, create: bool = False):
         raise CommandProblem(f"no manifest at {redact(where)} (run pytest with the plugin first, or pass "
                              "--manifest PATH or --store URL)")
     try:
-        return open_store(where, busy_timeout=5, retry_seconds=10)
+        if not read_only and exists and isinstance(where, Path):
+            # A writer (upload, cleanup, import, export --to) migrates an older manifest, but never
+            # turns another program's SQLite file into one: look before writing.
+            try:
+                open_store(where, busy_timeout=5, retry_seconds=10, read_only=True).close()
+            except MigrationNeeded:
+                pass
+        return open_store(where, busy_timeout=5, retry_seconds=10, read_only=read_only)
+    except (NotAManifest, MigrationNeeded, ManifestTooNew) as exc:
+        raise CommandProblem(str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - a corrupt or foreign file: say so in one line
         raise CommandProblem(f"cannot read the manifest {redact(where)}: {exc}") from None
 
@@ -116,7 +131,7 @@ def _export(args: argparse.Namespace) -> int:
 
     if args.to:
         return _export_to(args)
-    with _open_store(args.manifest) as store:
+    with _open_store(args.manifest, read_only=True) as store:
         run_id = _resolve_run(store, args.run)
         if args.output in (None, "-"):
             count = export_results(store, run_id, args.format, sys.stdout)
@@ -139,7 +154,7 @@ def _export_to(args: argparse.Namespace) -> int:
     """``gpubench export --to LOCATION``: the store's rows (or one run's) into another store."""
     from ..store.copy import copy_store
 
-    with _open_store(args.manifest) as source:
+    with _open_store(args.manifest, read_only=True) as source:
         run_id = _resolve_run(source, args.run)
         with _open_store(args.to, create=True) as target:
             if target.location == source.location:
@@ -171,6 +186,8 @@ async def _upload_async(store, run_id: str | None, api: str, token: str | None):
 
 
 def _upload(args: argparse.Namespace) -> int:
+    from ..redaction import redact
+
     api = args.api or os.environ.get("GPUBENCH_API_BASE") or DEFAULT_API
     token = os.environ.get("GPUBENCH_API_TOKEN") or None
     with _open_store(args.manifest) as store:
@@ -187,13 +204,13 @@ def _upload(args: argparse.Namespace) -> int:
         uploaded, failed = asyncio.run(_upload_async(store, run_id, api, token))
     for benchmark_id, error in failed.items():
         print(f"failed {benchmark_id}: {error}", file=sys.stderr)
-    print(f"uploaded {len(uploaded)} of {len(pending)} result{'s' * (len(pending) != 1)} to {api}"
+    print(f"uploaded {len(uploaded)} of {len(pending)} result{'s' * (len(pending) != 1)} to {redact(api)}"
           + (f"; {len(failed)} failed and stay pending: run `gpubench upload` again" if failed else ""),
           file=sys.stderr)
     return EXIT_FAILED if failed else EXIT_OK
 
 
-async def _cleanup_async(store, apis: list[str], token: str | None, dry_run: bool):
+async def _cleanup_async(store, api: str, token: str | None, dry_run: bool, progress_dir: Path):
     from ..cloud.cleanup import CleanupReport, clean
     from ..cloud.registry import build_provider
     from ..errors import ApiUnreachable
@@ -201,31 +218,30 @@ async def _cleanup_async(store, apis: list[str], token: str | None, dry_run: boo
     from ..settings import Settings
 
     report = CleanupReport(dry_run=dry_run)
-    for api in apis:
-        # Runs record their API, not their cloud: every one so far rented through GPU Shopper.
-        provider = build_provider(DEFAULT_CLOUD, Settings(api=api, api_token=token))
+    # Runs record their API, not their cloud: every one so far rented through GPU Shopper.
+    provider = build_provider(DEFAULT_CLOUD, Settings(api=api, api_token=token))
+    try:
         try:
-            try:
-                await provider.ready(attempts=5)
-                reachable = provider
-            except ApiUnreachable as exc:
-                reachable = None
-                report.notes.append(f"cannot reach the API: {exc.message}")
-            report.merge(await clean(store, reachable, api=api, released_by="gpubench cleanup",
-                                     reason="its run's process went away", dry_run=dry_run))
-        finally:
-            await provider.aclose()
+            await provider.ready(attempts=5)
+            reachable = provider
+        except ApiUnreachable as exc:
+            reachable = None
+            report.notes.append(f"cannot reach the API: {exc.message}")
+        report.merge(await clean(store, reachable, api=api, released_by="gpubench cleanup",
+                                 reason="its run's process went away", dry_run=dry_run, progress_dir=progress_dir))
+    finally:
+        await provider.aclose()
     return report
 
 
 def _cleanup(args: argparse.Namespace) -> int:
-    from ..cloud.cleanup import apis_to_visit
-
     token = os.environ.get("GPUBENCH_API_TOKEN") or None
+    # The token goes to the API the user names, never to one a store row names (a shared store's
+    # rows are anyone's to write): runs recorded against another API are listed, left alone.
+    api = args.api or os.environ.get("GPUBENCH_API_BASE") or DEFAULT_API
+    reports = Path(args.reports or os.environ.get("GPUBENCH_REPORTS") or "reports")
     with _open_store(args.manifest) as store:
-        default = os.environ.get("GPUBENCH_API_BASE") or DEFAULT_API
-        apis = [args.api] if args.api else apis_to_visit(store, default)
-        report = asyncio.run(_cleanup_async(store, apis, token, args.dry_run))
+        report = asyncio.run(_cleanup_async(store, api, token, args.dry_run, reports / "progress"))
     for line in report.lines():
         print(line)
     print(f"gpubench cleanup: {report.summary()}")
@@ -280,7 +296,7 @@ def _report(args: argparse.Namespace) -> int:
     from ..report.write import write_reports
 
     directory = Path(args.output_dir or os.environ.get("GPUBENCH_REPORTS") or "reports")
-    with _open_store(args.manifest) as store:
+    with _open_store(args.manifest, read_only=True) as store:
         if not store.run_ids():
             raise CommandProblem(f"the manifest {store.location} has no runs yet: nothing to report")
         runs = list(dict.fromkeys(_resolve_run(store, run) for run in args.run or []))
@@ -290,6 +306,37 @@ def _report(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise CommandProblem(f"cannot write the report to {directory}: {exc.strerror or exc}", EXIT_FAILED) from None
     print(f"gpubench report: {report.describe()}; wrote {markdown} and {html}")
+    return EXIT_OK
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    """``gpubench migrate``: bring a manifest an older pytest-gpubench wrote up to date, in place (what
+    every run's first write does anyway); a file that is not a manifest is refused, unchanged."""
+    from ..errors import ManifestTooNew, MigrationNeeded, NotAManifest
+    from ..store.migrate import SCHEMA_VERSION
+    from ..store.schema import missing_schema
+    from ..store.opening import open_store, store_kind
+
+    where = _location(args.manifest) if args.manifest else default_manifest()
+    if store_kind(where) != "sqlite":  # a server store migrates its own schema whenever it is opened
+        with _open_store(str(where)) as store:
+            print(f"gpubench migrate: {store.location} is up to date")
+        return EXIT_OK
+    if not Path(where).is_file():
+        raise CommandProblem(f"no manifest at {where} (pass --manifest PATH or --store PATH)")
+    try:
+        with open_store(where, read_only=True, busy_timeout=5, retry_seconds=10):
+            print(f"gpubench migrate: {where} is up to date (schema version {SCHEMA_VERSION}); nothing changed")
+            return EXIT_OK
+    except MigrationNeeded:
+        pass
+    except (NotAManifest, ManifestTooNew) as exc:  # only a manifest that needs it is migrated
+        raise CommandProblem(str(exc)) from None
+    with _open_store(str(where)) as store:  # opening for writing migrates (schema.create_schema), in one transaction
+        left = missing_schema(store.manifest.db)
+    if left:
+        raise CommandProblem(f"{where} could not be brought up to date: {'; '.join(left)}", EXIT_FAILED)
+    print(f"gpubench migrate: {where} brought up to date (schema version {SCHEMA_VERSION})")
     return EXIT_OK
 
 
@@ -317,7 +364,8 @@ def _plan(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from .status import show_status
 
-    with _open_store(args.store or args.manifest or os.environ.get("GPUBENCH_STORE") or None) as store:
+    with _open_store(args.store or args.manifest or os.environ.get("GPUBENCH_STORE") or None,
+                     read_only=True) as store:
         return show_status(store, _resolve_run(store, args.run), cells=args.cells, as_json=args.json,
                            out=sys.stdout)
 
@@ -377,8 +425,11 @@ def _parser() -> argparse.ArgumentParser:
                     "release is recorded in the manifest. Token: $GPUBENCH_API_TOKEN.")
     cleanup.add_argument("--manifest", "--store", dest="manifest", metavar="PATH|URL", help=manifest_help)
     cleanup.add_argument("--api", metavar="URL",
-                         help="only this API (default: the API each run used, else $GPUBENCH_API_BASE or "
-                              f"{DEFAULT_API})")
+                         help=f"the API to release through (default $GPUBENCH_API_BASE or {DEFAULT_API}); "
+                              "runs recorded against another API are listed and left alone")
+    cleanup.add_argument("--reports", metavar="DIR",
+                         help="the reports folder whose progress files get a line per release "
+                              "(default $GPUBENCH_REPORTS or reports)")
     cleanup.add_argument("--dry-run", action="store_true", help="say what would be released; change nothing")
     cleanup.set_defaults(handler=_cleanup)
 
@@ -394,6 +445,16 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--output-dir", metavar="DIR",
                         help="where to write the two files (default $GPUBENCH_REPORTS or reports)")
     report.set_defaults(handler=_report)
+
+    migrate = commands.add_parser(
+        "migrate", help="bring a manifest an older pytest-gpubench wrote up to date, in place",
+        description="The read-only commands (report, export, status, browse, plan) leave a manifest written by "
+                    "an older pytest-gpubench as it is and say it needs this: its columns are renamed and "
+                    "filled in and the tables and columns added since are created, in one transaction (a "
+                    "pytest run does the same when it opens the file). A file that is not a manifest is "
+                    "refused, unchanged. Keep a copy if older versions must still read it.")
+    migrate.add_argument("--manifest", "--store", dest="manifest", metavar="PATH|URL", help=manifest_help)
+    migrate.set_defaults(handler=_migrate)
 
     browse = commands.add_parser(
         "browse", help="explore the manifest in Datasette (pip install 'pytest-gpubench[browse]')",

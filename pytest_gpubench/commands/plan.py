@@ -32,6 +32,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import CommandProblem, NoEligibleOffer, Stage, StageError
+from ..redaction import redact
 from ..matrix.cells import Cell
 from ..cloud.offers import Constraints, unfit
 from ..plugin.plan_collect import collect_cells
@@ -392,7 +393,8 @@ def make_plan(paths: list[str], *, keyword: str | None = None, gpus: list[str] |
     finally:
         if process is not None:
             process.stop()
-    return plan_with_split(cells, choices, history, settings, api="sandbox" if process is not None else url,
+    # The plan (its text and its JSON) names the API without the credentials a URL may carry.
+    return plan_with_split(cells, choices, history, settings, api="sandbox" if process is not None else redact(url),
                            sandbox=sandbox, workers=workers)
 
 

@@ -126,12 +126,19 @@ class StageHistory:
     def from_manifest(cls, path: Path | str, *, sandbox: bool, time_scale: float = 1.0) -> StageHistory:
         """Read the finished cells of ``path`` (left alone, and not created, when missing)."""
         history = cls(time_scale=time_scale)
+        from ..errors import ManifestTooNew, MigrationNeeded, NotAManifest
         from ..store.opening import open_store, redact, store_exists
 
         if not store_exists(path):
             history.description = f"no manifest at {redact(path)}"
             return history
-        with open_store(path, busy_timeout=5, retry_seconds=10) as store:
+        try:
+            # A plan only reads: a file that is no manifest, or an older one, is left as it is.
+            store = open_store(path, busy_timeout=5, retry_seconds=10, read_only=True)
+        except (NotAManifest, MigrationNeeded, ManifestTooNew) as exc:
+            history.description = f"no manifest history: {exc}"
+            return history
+        with store:
             runs = [store.run(run_id) for run_id in store.run_ids()]
             sandboxed = {run.run_id for run in runs if run is not None and run.sandbox}
             cells = [cell for cell in store.cells() if cell.status in _FINISHED

@@ -101,7 +101,7 @@ from .endpoint import (ENDPOINT_CLOUD, ENDPOINT_KEYS, ENDPOINT_PROVIDER, ENDPOIN
 from .sweep import SWEEP, SweepSpec, sweep_problem
 from .microbench import MICROBENCH_MODEL, MicrobenchSpec
 from ..measure.thresholds import Slo, Thresholds, merged
-from .yaml_errors import at_line, describe, node_line, parse_yaml, translate
+from .yaml_errors import at_line, describe, node_line, parse_yaml, read_text, translate
 
 DEFAULT_MIN_AVAILABILITY_CONFIDENCE = 0.5
 """Seed 000's bar; TensorDock offers always report 0.3, so give it its own bar."""
@@ -522,14 +522,7 @@ class Cell(BaseModel):
 def load_matrix(path: str | Path) -> Matrix:
     """Read and validate a matrix file; raises :class:`MatrixError` for any problem."""
     source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise MatrixError(source, "", f"the file is not UTF-8 text (byte {exc.start} is invalid); "
-                                      "save it as UTF-8") from None
-    except OSError as exc:
-        raise MatrixError(source, "", f"cannot read the file: {exc.strerror or exc}") from None
-    return parse_matrix(text, source)
+    return parse_matrix(read_text(path, MatrixError, source), source)
 
 
 def load_cells(path: str | Path) -> list[Cell]:

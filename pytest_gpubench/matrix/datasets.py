@@ -133,7 +133,9 @@ def _records(text: str, path: Path) -> list[tuple[int, Any]]:
     if text.lstrip().startswith("["):
         return _list_items(text, path)
     out = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    # JSONL lines end at "\n" alone: str.splitlines() also breaks at U+2028 and the like,
+    # which a JSON string may hold as they are, cutting a valid record in two.
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -141,6 +143,8 @@ def _records(text: str, path: Path) -> list[tuple[int, Any]]:
         except json.JSONDecodeError as exc:
             raise ValueError(f"dataset {path} line {number}: invalid JSON: {exc.msg} "
                                f"(column {exc.colno})") from None
+        except RecursionError:
+            raise ValueError(f"dataset {path} line {number}: invalid JSON: nested too deep") from None
     return out
 
 
@@ -168,6 +172,8 @@ def _list_items(text: str, path: Path) -> list[tuple[int, Any]]:
         except json.JSONDecodeError as exc:
             raise ValueError(f"dataset {path} line {exc.lineno}: invalid JSON: {exc.msg} "
                                f"(column {exc.colno})") from None
+        except RecursionError:
+            raise fail(position, "nested too deep") from None
         out.append((line, item))
         position = skip(position)
         if position >= len(text):
@@ -189,7 +195,7 @@ def _prompt_of(record: Any, path: Path, line: int, field: str, output_field: str
     if "conversations" in record and field == "prompt" and "prompt" not in record:
         return _sharegpt(record["conversations"], where, from_data=from_data)
     if field not in record:
-        keys = ", ".join(map(str, list(record)[:8])) or "none"
+        keys = ", ".join(k if k.isprintable() and len(k) <= 40 else _shown(k) for k in list(record)[:8]) or "none"
         raise ValueError(f"{where}: field `{field}` is missing (the record's keys: {keys}); "
                            "name the prompt's field with `field:`")
     text = record[field]

@@ -25,11 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..errors import MatrixError
 from .fields import is_image_reference
-from .yaml_errors import describe
+from .yaml_errors import describe, parse_yaml
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Set by the runtime itself for every worker (seed 004); a preset may override MODEL_NAME only.
@@ -53,7 +51,7 @@ def _printable(value: str) -> bool:
 
 def parse_preset(path: str, model: str, entry: Any) -> WorkerPreset:
     """Validate ``models.MODEL`` of the file at ``path``."""
-    where = f"models.{model}"
+    where = f"models.{model}" if model.isprintable() else f"models.{model!r}"  # the error stays one line
     if not isinstance(entry, Mapping) or not isinstance(entry.get("inference"), Mapping):
         raise MatrixError(path, where, f"must be a mapping with `inference: {{docker_image: ...}}`; "
                                         f"got {describe(entry)}")
@@ -96,11 +94,13 @@ def load_presets(path: str | Path) -> dict[str, WorkerPreset]:
     """Every model of the presets file at ``path``, validated."""
     shown = str(path)
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise MatrixError(shown, "", f"the presets file is not UTF-8 text (byte {exc.start} is invalid); "
+                                     "save it as UTF-8") from None
     except OSError as exc:
         raise MatrixError(shown, "", f"cannot read the presets file: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise MatrixError(shown, "", f"not valid YAML: {str(exc).splitlines()[0]}") from None
+    _, data = parse_yaml(text, shown)  # the matrix's own YAML: its errors, its bound on nesting
     if not isinstance(data, Mapping) or not isinstance(data.get("models"), Mapping) or not data["models"]:
         raise MatrixError(shown, "models", "the file needs `models:` mapping model names to "
                                             "`{inference: {docker_image: ...}}` (seed 004's model_presets.yaml)")

@@ -31,8 +31,28 @@ def describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+#: How deep a YAML document may nest (a matrix nests about seven levels). PyYAML composes
+#: nodes recursively: past this, its pure-Python composer raised RecursionError and libyaml's
+#: (C) composer overflowed the C stack, killing the interpreter (30,000 ``[`` in a file).
+MAX_DEPTH = 100
+
+
 class _UniqueKeys:
-    """Refuses duplicate keys (PyYAML silently keeps the last)."""
+    """Refuses duplicate keys (PyYAML silently keeps the last), and nesting deeper than
+    :data:`MAX_DEPTH` (both composers call ``descend_resolver`` once per node, going down)."""
+
+    _depth = 0
+
+    def descend_resolver(self, current_node: yaml.Node | None, current_index: Any) -> None:
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels",
+                                              getattr(current_node, "start_mark", None))
+        super().descend_resolver(current_node, current_index)  # type: ignore[misc]
+
+    def ascend_resolver(self) -> None:
+        self._depth -= 1
+        super().ascend_resolver()  # type: ignore[misc]
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
@@ -60,8 +80,9 @@ _FastLoader: type = type("_FastLoader", (_UniqueKeys, yaml.CSafeLoader), {}) \
     if getattr(yaml, "__with_libyaml__", False) else _Loader
 
 
-def parse_yaml(text: str, source: str) -> tuple[yaml.Node | None, Any]:
-    """The document's node tree (for line numbers) and its data."""
+def parse_yaml(text: str, source: str, error: type[MatrixError] = MatrixError) -> tuple[yaml.Node | None, Any]:
+    """The document's node tree (for line numbers) and its data; YAML that does not parse is an
+    ``error`` (the file's own kind: a hosts inventory's is an InventoryError, which its callers catch)."""
     if _FastLoader is not _Loader:
         try:
             return _load(_FastLoader, text)
@@ -76,10 +97,23 @@ def parse_yaml(text: str, source: str) -> tuple[yaml.Node | None, Any]:
         problem = f"{context}: {problem}" if context else problem
         field = f"line {mark.line + 1}" if mark else ""
         column = f" (column {mark.column + 1})" if mark else ""
-        raise MatrixError(source, field, f"invalid YAML: {problem}{column}") from None
+        raise error(source, field, f"invalid YAML: {problem}{column}") from None
 
 
 Checked = TypeVar("Checked", bound=BaseModel)
+
+
+def read_text(path: str | os.PathLike[str], error: type[MatrixError] = MatrixError, source: str = "") -> str:
+    """The UTF-8 text of the file at ``path``; a file that is not UTF-8, a folder, or one that cannot be
+    read is an ``error`` naming ``source`` (default the path) and what is wrong, in one line."""
+    source = source or str(path)
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(source, "", f"the file is not UTF-8 text (byte {exc.start} is invalid); "
+                                "save it as UTF-8") from None
+    except OSError as exc:
+        raise error(source, "", f"cannot read the file: {exc.strerror or exc}") from None
 
 
 def validate_file(path: str, model: type[Checked], error: type[MatrixError], not_a_mapping: str,
@@ -87,7 +121,7 @@ def validate_file(path: str, model: type[Checked], error: type[MatrixError], not
     """The YAML file at ``path`` validated as ``model`` (with ``extra`` keys; relative paths resolve
     against its folder), and its node tree for line numbers. A problem is an ``error`` naming the
     file, the field and the line; a document that is not a mapping says ``not_a_mapping``."""
-    root, data = parse_yaml(Path(path).read_text(encoding="utf-8"), path)
+    root, data = parse_yaml(read_text(path, error), path, error)
     if not isinstance(data, dict):
         raise error(path, "", not_a_mapping)
     try:

@@ -1,14 +1,18 @@
 """Run the load generator next to the model and gather its event stream.
 
-The generator (``remote/loadgen.py``) is sent as the stdin of ``python3 -`` on the
-instance; its config travels as one quoted argument. Without python3 there, the
-same script runs here against the SSH-forwarded Ollama port (DESIGN decision 7).
+The generator (``remote/loadgen.py``) is sent as the stdin of ``python3 -c`` with a
+short bootstrap on the instance, and its config (every prompt of the dataset) follows
+the script on the same stdin: never as an argument, which Linux caps at 128 KiB
+(``MAX_ARG_STRLEN``), while a ShareGPT-sized dataset is megabytes. Without python3
+there, the same script runs here against the SSH-forwarded Ollama port (DESIGN
+decision 7), its config sent the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -25,6 +29,19 @@ from .results import RequestRecord
 from ..cloud.watch import SessionWatch
 
 LOADGEN_SOURCE = resources.files("pytest_gpubench.remote").joinpath("loadgen.py").read_text()
+
+#: Run with ``python3 -c``: reads the load generator from stdin (its length in bytes on the
+#: first line, then the script) and runs it as ``__main__``; the script then reads its config,
+#: the rest of stdin. Python 3.8's too: the instance's python3 may be old.
+LOADGEN_BOOTSTRAP = ("import sys;r=sys.stdin.buffer;n=int(r.readline());"
+                     "exec(compile(r.read(n),'gpubench-loadgen','exec'),{'__name__':'__main__'})")
+#: The instance's command: short and fixed, whatever the size of the dataset.
+LOADGEN_COMMAND = "python3 -c " + quote(LOADGEN_BOOTSTRAP)
+
+
+def loadgen_input(config: dict[str, Any]) -> str:
+    """The load generator's stdin for ``config``: the script's length, the script, then the config (JSON)."""
+    return f"{len(LOADGEN_SOURCE.encode())}\n{LOADGEN_SOURCE}{json.dumps(config)}"
 
 
 @dataclass
@@ -144,8 +161,7 @@ async def run_benchmark(
                        timeout=30, check=False)
     ).ok
     if has_python:
-        command = "python3 - " + quote(json.dumps(plan.config(remote_ollama_url)))
-        lines = conn.stream_lines(command, stdin=LOADGEN_SOURCE)
+        lines = conn.stream_lines(LOADGEN_COMMAND, stdin=loadgen_input(plan.config(remote_ollama_url)))
     elif plan.worker_command:
         raise StageError(Stage.BENCHMARK, "runtime worker needs python3 on the instance: the load generator "
                                           "runs there, next to the containers it starts")
@@ -218,34 +234,52 @@ async def _consume(
     async for line in lines:
         try:
             event = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: JSON nested past the interpreter's limit
             continue  # a stray line on stdout is not an event
+        if not isinstance(event, dict):
+            continue  # nor is JSON that is not an object
         kind = event.pop("event", None)
         if kind == "request":
             try:
                 outcome.records.append(RequestRecord.model_validate(event))
             except ValidationError:
                 continue
-        elif kind == "progress" and isinstance(event.get("elapsed"), (int, float)):
-            outcome.elapsed = float(event["elapsed"])
+        elif kind == "progress" and _seconds(event.get("elapsed")) is not None:
+            outcome.elapsed = _seconds(event["elapsed"])
         elif kind == "finish":
             outcome.finish = dict(event)
-            outcome.status = event.get("status", "completed")
-            outcome.duration_seconds = float(event.get("duration_seconds") or 0.0)
+            outcome.status = str(event.get("status", "completed"))
+            outcome.duration_seconds = _seconds(event.get("duration_seconds")) or 0.0
             outcome.message = str(event.get("message") or "")
         if on_event is not None and kind is not None:
             on_event({"event": kind, **event})
 
 
+def _seconds(value: Any) -> float | None:
+    """A number of seconds from an event, or None when it is not a finite number (a float() of
+    an integer too large for one raises OverflowError, of a word ValueError)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:
+        return None
+    return seconds if math.isfinite(seconds) else None
+
+
 async def _local_lines(config: dict[str, Any]) -> AsyncIterator[str]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-", json.dumps(config),
+        sys.executable, "-c", LOADGEN_BOOTSTRAP,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
     )
     assert process.stdin is not None and process.stdout is not None
-    process.stdin.write(LOADGEN_SOURCE.encode())
-    process.stdin.close()
     try:
+        process.stdin.write(loadgen_input(config).encode())
+        try:
+            await process.stdin.drain()  # the script reads all of it before it writes a line
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # it exited without reading: its output (none) says so
+        process.stdin.close()
         async for raw in process.stdout:
             yield raw.decode("utf-8", "replace").rstrip("\n")
         await process.wait()

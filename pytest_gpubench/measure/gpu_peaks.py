@@ -15,12 +15,15 @@ can reach. A precision a GPU has no tensor-core path for is absent (None), not 0
 
 from __future__ import annotations
 
+import re
+
 from pydantic import BaseModel, ConfigDict
 
+from ..gpuinfo import gpu_type_of
 from ..matrix.microbench import PRECISIONS  # noqa: F401 - the order reports show them in
 from ..matrix.selection import compact_gpu
 
-__all__ = ["PEAKS", "PRECISIONS", "GpuPeaks", "peaks_for", "percent_of_peak"]
+__all__ = ["PEAKS", "PRECISIONS", "GpuPeaks", "peaks_for", "peaks_for_product", "percent_of_peak"]
 
 _AMPERE_GA102 = "https://www.nvidia.com/content/PDF/nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf"
 _ADA = "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"
@@ -29,6 +32,8 @@ _RTX_BLACKWELL = ("https://images.nvidia.com/aem-dam/Solutions/geforce/blackwell
 _A100 = ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
          "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
 _H200 = "https://www.nvidia.com/en-us/data-center/h200/"
+_H100 = "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper"
+_H100_SHEET = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
 
 
 class GpuPeaks(BaseModel):
@@ -42,6 +47,10 @@ class GpuPeaks(BaseModel):
     tflops: dict[str, float]
     source: str
     note: str = ""
+    #: Other names of the same card: what ``nvidia-smi`` calls it, reduced as ``cloud: local`` and
+    #: ``cloud: hosts`` name a machine's GPU type (``gpuinfo.gpu_type_of``): "NVIDIA H200" is "H200".
+    #: Only names that are this card and no other (the H100 PCIe's "H100" is not: clouds say it of both).
+    aliases: tuple[str, ...] = ()
 
     def peak(self, kind: str, precision: str | None = None) -> float | None:
         """The peak a measured figure of ``kind`` (and ``precision``) is compared with."""
@@ -75,20 +84,52 @@ PEAKS: tuple[GpuPeaks, ...] = (
     GpuPeaks(gpu="A100 80GB", memory_gb_per_s=1935,
              tflops={"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0, "int8": 624.0},
              source=_A100, note="A100 80GB PCIe column, dense figures; the SXM card has 2039 GB/s"),
+    GpuPeaks(gpu="H100 SXM", memory_gb_per_s=3350,
+             tflops={"fp32": 66.9, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4, "fp8": 1978.9, "int8": 1978.9},
+             source=_H100, aliases=("H100 80GB", "H100 SXM5", "H100 SXM5 80GB"),
+             note="Hopper whitepaper, H100 SXM5 column (dense, FP32 accumulate); 3.35 TB/s from the H100 "
+                  "datasheet. nvidia-smi names it \"NVIDIA H100 80GB HBM3\""),
+    GpuPeaks(gpu="H100 PCIe", memory_gb_per_s=2000,
+             tflops={"fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0, "fp8": 1513.0, "int8": 1513.0},
+             source=_H100, aliases=("H100 PCIe 80GB",),
+             note="Hopper whitepaper, H100 PCIe column (dense, FP32 accumulate); 2 TB/s from the H100 "
+                  "datasheet. nvidia-smi names it \"NVIDIA H100 PCIe\""),
+    GpuPeaks(gpu="H100 NVL", memory_gb_per_s=3900,
+             tflops={"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5, "fp8": 1670.5, "int8": 1670.5},
+             source=_H100_SHEET, note="H100 NVL column of the H100 datasheet (94 GB); its tensor figures are "
+                                      "with sparsity: halved"),
     GpuPeaks(gpu="H200 NVL", memory_gb_per_s=4800,
              tflops={"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5, "fp8": 1670.5, "int8": 1670.5},
              source=_H200, note="H200 NVL column; the datasheet's tensor figures are with sparsity: halved"),
     GpuPeaks(gpu="H200 SXM", memory_gb_per_s=4800,
              tflops={"fp32": 67.0, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5, "fp8": 1979.0, "int8": 1979.0},
-             source=_H200, note="H200 SXM column; the datasheet's tensor figures are with sparsity: halved"),
+             source=_H200, aliases=("H200", "H200 141GB"),
+             note="H200 SXM column (141 GB HBM3e); the datasheet's tensor figures are with sparsity: halved. "
+                  "nvidia-smi names it \"NVIDIA H200\" (the NVL card \"NVIDIA H200 NVL\")"),
 )
 
-_BY_NAME = {compact_gpu(entry.gpu).lower(): entry for entry in PEAKS}
+_BY_NAME = {compact_gpu(name).lower(): entry for entry in PEAKS for name in (entry.gpu, *entry.aliases)}
+#: Words of nvidia-smi's product names that are no part of a card's name here (vendor, brand
+#: line, memory type); the form factor (PCIe, SXM) and the memory size stay: they tell H100s apart.
+_VENDOR_WORDS = re.compile(r"(?i)\b(nvidia|geforce|tesla|quadro|hbm2e?|hbm3e?|gddr6x?|gddr7)\b")
 
 
 def peaks_for(gpu: str) -> GpuPeaks | None:
     """The peaks of ``gpu`` as a matrix or an offer writes it (``RTX 4090``, ``rtx4090``); None if unknown."""
     return _BY_NAME.get(compact_gpu(gpu).lower())
+
+
+def peaks_for_product(product_name: str) -> GpuPeaks | None:
+    """The peaks of the card ``nvidia-smi`` (or NVML) names ``product_name``; None if unknown.
+
+    The vendor and memory-type words go, the form factor and memory size stay:
+    "NVIDIA H100 PCIe" is the H100 PCIe, "NVIDIA H100 80GB HBM3" the SXM5 card,
+    "NVIDIA H200" the H200 SXM, "NVIDIA GeForce RTX 4090" the RTX 4090. A name that is
+    still unknown is read as a machine's GPU type (``gpuinfo.gpu_type_of``: "NVIDIA
+    A100-SXM4-80GB" is "A100 80GB").
+    """
+    stripped = _VENDOR_WORDS.sub(" ", product_name.replace("-", " "))
+    return peaks_for(stripped) or peaks_for(gpu_type_of(product_name))
 
 
 def percent_of_peak(value: float | None, peak: float | None) -> float | None:

@@ -7,6 +7,12 @@ one. :func:`check_thresholds` compares measured figures with a cell's
 :class:`Thresholds` and returns a :class:`Violation` per bound missed, each of
 which reads as one sentence (``min_tps: measured 38.2 tok/s, below the threshold
 of 40 tok/s``). No pytest here: the plugin turns violations into failures.
+
+``max_error_rate`` has a default, :data:`DEFAULT_MAX_ERROR_RATE`: a run in which most
+requests failed is no measurement, whatever its throughput says (one cell logged
+68,658 errors and read as a success at 34.8 tok/s). Missing that default bound marks
+the cell ``partial`` (seed 001's status for a run with errors: what was measured is
+kept); a bound the matrix sets fails the cell like any threshold; ``null`` removes it.
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator
 
 from ..matrix.fields import StrictModel, fraction, invalid, number_text, positive
 from ..matrix.yaml_errors import describe
+
+#: ``thresholds.max_error_rate`` when the matrix sets none: more than half the measured requests
+#: failed, and the run is no measurement (the cell ends ``partial``).
+DEFAULT_MAX_ERROR_RATE = 0.5
 
 TTFT_PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
 """The TTFT percentiles ``thresholds.ttft_percentile`` may name."""
@@ -55,7 +65,7 @@ class Thresholds(StrictModel):
     min_tps: TokensPerSecond = None
     max_ttft_ms: Milliseconds = None
     ttft_percentile: int = 95
-    max_error_rate: Rate = None
+    max_error_rate: Rate = DEFAULT_MAX_ERROR_RATE
     min_match_rate: Rate = None
 
     @field_validator("ttft_percentile", mode="before")
@@ -69,8 +79,14 @@ class Thresholds(StrictModel):
 
     @property
     def is_set(self) -> bool:
-        return any(v is not None for v in (self.min_tps, self.max_ttft_ms, self.max_error_rate,
-                                           self.min_match_rate))
+        """Whether the matrix set a bound (the default ``max_error_rate`` is not one it set)."""
+        return any(v is not None for v in (self.min_tps, self.max_ttft_ms, self.min_match_rate)) or (
+            self.error_rate_set and self.max_error_rate is not None)
+
+    @property
+    def error_rate_set(self) -> bool:
+        """Whether ``max_error_rate`` came from the matrix (a value or null), not the default."""
+        return "max_error_rate" in self.model_fields_set
 
 
 def merged(base: StrictModel, row: StrictModel | None) -> Any:
@@ -103,6 +119,8 @@ class Violation(BaseModel):
     threshold: float
     measured: float | None
     percentile: int | None = None
+    #: The default ``max_error_rate``, which the matrix did not set: the cell is ``partial``, not failed.
+    default: bool = False
 
     @property
     def label(self) -> str:
@@ -123,6 +141,10 @@ class Violation(BaseModel):
             digits += 1
             shown = _shown(measured, digits)
         side = "below" if self.metric.startswith("min_") else "above"
+        if self.default:
+            return (f"{self.label}: {shown}{unit} of the measured requests failed, above the default error budget "
+                    f"of {threshold}{unit}: the run is mostly errors, not a measurement (thresholds.max_error_rate "
+                    f"sets another budget, null none)")
         return f"{self.label}: measured {shown}{unit}, {side} the threshold of {threshold}{unit}"
 
 
@@ -157,10 +179,13 @@ def check_thresholds(
             continue
         if value is not None and math.isnan(value):
             value = None
+        default = metric == "max_error_rate" and not thresholds.error_rate_set
+        if default and value is None:
+            continue  # the default budget judges errors among requests made, not their absence
         missed = value is None or (value < bound if metric.startswith("min_") else value > bound)
         if missed:
-            violations.append(Violation(metric=metric, threshold=bound, measured=value,
-                                        percentile=percentile))
+            violations.append(Violation(metric=metric, threshold=bound, measured=value, percentile=percentile,
+                                        default=default))
     return violations
 
 

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from ..aio import run as run_async
 from ..measure.benchmark import BenchmarkPlan, LoadgenPass
 from ..measure.compare import compare, figures_of, parse_compare_fail
-from ..errors import BenchmarkInterrupted, ResultsInvalid, Stage, ThresholdMissed
+from ..errors import BenchmarkInterrupted, ErrorBudgetExceeded, ResultsInvalid, Stage, ThresholdMissed
 from ..store.export import upload_result
 from ..measure.fingerprint import Fingerprint, fingerprint, incomparable
 from ..matrix.cells import DEFAULT_CLOUD, Cell
@@ -243,6 +243,15 @@ class Bench:
         if event["event"] == "worker" and "container" in event:  # a container worker's own status (seed 004)
             self.recorder.progress.status("WORKER", container=event["container"], status=event.get("status"),
                                           message=event.get("message"))
+        elif event["event"] == "backoff":
+            # Once when the load generator starts backing off from a server that fails at once, once
+            # when a request succeeds again: never a line per error.
+            if event.get("status") == "started":
+                self.recorder.progress.status("LOADGEN_BACKOFF", errors=event.get("errors"),
+                                              pause_s=event.get("pause_s"), max_pause_s=event.get("max_pause_s"),
+                                              error=str(event.get("error") or "")[:300])  # instance output
+            else:
+                self.recorder.progress.status("LOADGEN_BACKOFF_ENDED", errors=event.get("errors"))
         elif event["event"] == "progress":
             # The load generator's "tps" is its tokens so far / time so far: output throughput.
             self.recorder.progress.progress(requests=event.get("requests"), tokens=event.get("tokens"),
@@ -339,6 +348,10 @@ class Bench:
                 recorder.progress.status("COMPARED", line=self.comparison_line)
                 if comparison.failed:
                     raise ThresholdMissed(comparison.failure())
+        if violations and all(v.default for v in violations):
+            # Only the default error budget: what was measured stays, the cell is partial.
+            why = commonest_error(self.measurement.records)
+            raise ErrorBudgetExceeded(describe_violations(violations) + (f"; {why}" if why else ""))
         if violations:
             raise ThresholdMissed(describe_violations(violations))
 

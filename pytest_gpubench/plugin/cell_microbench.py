@@ -3,11 +3,16 @@
 The cell went offer -> session -> ``gpu_ssh`` like any other; :class:`Microbench` then
 makes torch importable there (``remote/microbench.ensure_torch``: the instance's, or a
 venv it installs), runs the microbenchmark script (``remote/microbench.run_microbench``)
-and hands its figures (``measure/microbench.py``) to the cell's recorder, which stores
-them with the cell's outcome. No pytest here: the ``gpubench_microbench`` fixture wires it up.
+with ``nvidia-smi`` sampled beside it (``remote/telemetry.sample_gpus``, the cell's
+``telemetry_interval``), and hands its figures (``measure/microbench.py``) and the samples
+of its GPU to the cell's recorder, which stores them with the cell's outcome. No pytest
+here: the ``gpubench_microbench`` fixture wires it up.
 """
 
 from __future__ import annotations
+
+import asyncio
+from typing import Any
 
 from ..aio import run as run_async
 from ..cloud.ssh_wait import stage_timeout
@@ -16,6 +21,7 @@ from ..matrix.cells import Cell
 from ..measure.microbench import MicrobenchRun, figures_from_events
 from ..remote.microbench import ensure_torch, run_microbench
 from ..remote.ssh import Connection
+from ..remote.telemetry import GpuSample, sample_gpus
 from ..runtimes.gpus import GpuPlacement
 from .cell_benchmark import BRIDGE_SLACK, GpuSession, watched
 from .record import CellRecorder
@@ -23,6 +29,8 @@ from .run_context import RunContext
 
 #: Seconds the script may take per timed or warm-up run of each figure, beyond the stage's budget.
 _SECONDS_PER_RUN = 5.0
+#: Seconds a run that ended before nvidia-smi's first reading waits for it.
+FIRST_SAMPLE_WAIT = 5.0
 
 
 class Microbench:
@@ -52,10 +60,12 @@ class Microbench:
         runs = (self.spec.runs + self.spec.warmup) * (len(self.spec.precisions) + 1)
         timeout = settings.stage_timeout(Stage.BENCHMARK, _SECONDS_PER_RUN * runs)
         # The leased GPU on a shared machine (hosts, local): the script measures its cuda:0.
-        prefix = GpuPlacement.of(1, self.session.ssh.gpu_indices).shell_prefix()
+        placement = GpuPlacement.of(1, self.session.ssh.gpu_indices)
         events = run_async(watched(self._run, self.session, Stage.BENCHMARK,
-                                   lambda _: run_microbench(self.conn, torch.python, self.plan(), timeout,
-                                                            env_prefix=prefix)),
+                                   lambda _: self._sampled(run_microbench(self.conn, torch.python, self.plan(),
+                                                                          timeout,
+                                                                          env_prefix=placement.shell_prefix()),
+                                                           placement)),
                            timeout + BRIDGE_SLACK)
         measured = figures_from_events(events)
         recorder.progress.status("MEASURED_ON", device=measured.device,
@@ -72,3 +82,27 @@ class Microbench:
             reasons = "; ".join(f"{f.label}: {f.skipped}" for f in measured.figures) or "the script measured nothing"
             raise StageError(Stage.BENCHMARK, f"no microbenchmark figure could be measured ({reasons})")
         return measured
+
+    async def _sampled(self, work: Any, placement: GpuPlacement) -> Any:
+        """Await ``work`` with nvidia-smi sampling the machine beside it; the samples of the cell's GPU
+        go to the recorder (stored with the outcome, also when the work failed), as a model cell's do.
+
+        A run that ends before nvidia-smi's first line (it starts in tens of milliseconds, torch in
+        seconds, but a stand-in's may be slower than the work) waits for that line, at most
+        :data:`FIRST_SAMPLE_WAIT` seconds: every cell that measured has at least one reading of its GPU.
+        """
+        stop, first = asyncio.Event(), asyncio.Event()
+        sampler = asyncio.ensure_future(sample_gpus(self.conn, self.cell.workload.telemetry_interval, stop,
+                                                    on_sample=lambda _: first.set()))
+        try:
+            result = await work
+            if not first.is_set():
+                waiting = asyncio.ensure_future(first.wait())
+                await asyncio.wait({waiting, sampler}, timeout=FIRST_SAMPLE_WAIT,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                waiting.cancel()
+            return result
+        finally:
+            stop.set()
+            samples: list[GpuSample] = await sampler
+            self.recorder.samples = [sample for sample in samples if placement.owns(sample.gpu)]

@@ -165,7 +165,8 @@ class ClaimHooks:
         record = context.store.cell(item.stash[ROW_KEY])
         actions = []
         if record is not None:
-            actions = run_async(release_for_takeover(context.store, provider, record, old_holder),
+            actions = run_async(release_for_takeover(context.store, provider, record, old_holder,
+                                                     context.settings.progress_dir),
                                 timeout=3 * max(120.0, context.settings.claim_seconds))
         released = ",".join(action.leftover.session_id for action in actions) or "none"
         path = progress_path(context.settings.progress_dir, context.run_id, item.stash[RECORD_KEY])

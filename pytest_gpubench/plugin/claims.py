@@ -14,6 +14,8 @@ cell runs exactly once; the store's atomic claim with a lease
   holder's row.
 * Won over an expired lease (a dead controller's cell): the old holder's sessions of
   that cell are released first (:func:`release_for_takeover`), then it runs.
+* Abandoned (cleanup found its holder's process gone, released its session and marked it
+  ``failed`` as ``abandoned``): taken over like an expired lease, and run here.
 * Held by another live controller: put aside (:data:`Verdict.DEFER`); after every
   other item, this process waits for it (polling the store) until it ends there
   (reported ``claimed``) or its lease runs out (taken over, run here).
@@ -37,12 +39,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from ..cloud.cleanup import Action, Leftover, ReleaseOutcome, record, release
 from ..cloud.provider import consumer_id
+from ..store.claim_rule import abandoned
 from ..store.records import CellRecord, Claim
 
 if TYPE_CHECKING:
@@ -65,7 +69,7 @@ CATEGORY = ("claimed", "c", "CLAIMED")
 class Verdict(str, Enum):
     """What this process does with a cell it is about to run."""
 
-    RUN = "run"          # pending, ours already, or a dead holder's (expired lease): claim and run it
+    RUN = "run"          # pending, ours already, or a dead holder's (expired lease, abandoned): claim and run it
     RESTART = "restart"  # ended in this run, and asked to run again: restart the row, then claim it
     DEFER = "defer"      # running under another live holder: come back to it after the other cells
     CLAIMED = "claimed"  # ended in this run (or held with no lease): report who has it, do not run it
@@ -80,8 +84,9 @@ def peek(record: CellRecord | None, holder: str, now: float, *, rerun: bool = Fa
     of it since then counts as this one's).
     A cell running elsewhere without a lease (a holder that takes none, or a row an older
     version left) is reported claimed at once: no lease will ever run out to wait for.
+    An abandoned cell (its holder died; cleanup marked it failed) is a dead holder's: run.
     """
-    if record is None or record.status == "pending":
+    if record is None or record.status == "pending" or abandoned(record.status, record.failure_reason):
         return Verdict.RUN
     if record.status in ENDED:
         if (rerun or (resume and record.status != "success")) and ended_earlier(record, ended_before):
@@ -233,10 +238,11 @@ def takeover_consumers(run_id: str, record_key: str) -> re.Pattern[str]:
 
 
 async def release_for_takeover(store: Store, provider: Provider | None, cell: CellRecord,
-                               old_holder: str | None) -> list[Action]:
+                               old_holder: str | None, progress_dir: Path | None = None) -> list[Action]:
     """Release the sessions a dead holder left of ``cell``: those recorded on its row and
     those the provider knows by the cell's consumer ids; each release is recorded
-    (``released_by="takeover"``). Returns what was done."""
+    (``released_by="takeover"``), with a line in the cell's progress file under ``progress_dir``.
+    Returns what was done."""
     leftovers = [Leftover.model_validate(found, from_attributes=True)
                  for found in await asyncio.to_thread(store.unreleased_sessions, cell.run_id)
                  if found.row_id == cell.row_id]
@@ -255,7 +261,7 @@ async def release_for_takeover(store: Store, provider: Provider | None, cell: Ce
             action = Action(leftover=leftover, outcome=ReleaseOutcome.FAILED, detail="no provider to release it")
         else:
             action = await release(provider, leftover)
-        await asyncio.to_thread(record, store, action, "takeover")
+        await asyncio.to_thread(record, store, action, "takeover", progress_dir)
         actions.append(action)
     return actions
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ..errors import GpubenchError, MatrixError, StageError
+from ..plaintext import one_line
 from ..matrix.filters import CellFilters, split_by_filters
 from .hints import UnknownGpuWarning, check_gpu_names
 from ..matrix.cells import Cell, load_cells
@@ -110,12 +111,15 @@ def describe_failure(error: BaseException, item: pytest.Item) -> str | None:
         return None
     lines = []
     recorder = item.stash.get(RECORDER_KEY, None)
+    # Whatever the error quotes (instance output, an API's answer) reaches the terminal and JUnit
+    # as one line with no escape sequence: the progress files' rule.
+    text = one_line(str(error))
     if isinstance(error, StageError):
-        lines.append(f"[{error.stage}] {error}")
+        lines.append(f"[{error.stage}] {text}")
     elif recorder is not None:
-        lines.append(f"[{recorder.stage}] {error}")
+        lines.append(f"[{recorder.stage}] {text}")
     else:
-        lines.append(str(error))
+        lines.append(text)
     if recorder is not None:
         lines.append(f"progress file: {recorder.progress.path}")
         if recorder.session_id:

@@ -6,7 +6,9 @@ Thin glue; the work is in :mod:`.cleanup` (and :mod:`.shutdown` for SIGTERM):
   (every process of a run with benchmark cells; the xdist controller passes it on
   to its workers).
 * At the start of a run (the controller, before any cell runs), sessions that dead
-  runs of the same manifest left running are released.
+  runs of the same manifest left running are released; their cells are marked failed as
+  ``abandoned``, which the next controller of their run takes over and runs (this one,
+  when it joins that run).
 * When an xdist worker dies, the controller releases its sessions and marks its
   unfinished cells failed; at the end of the run it releases whatever of the run
   is still open and records the run's end.
@@ -23,6 +25,7 @@ from ..cloud.cleanup import CleanupReport, ReleaseOutcome, clean
 from ..errors import ApiUnreachable, Stage
 from .live import own_line
 from ..store.opening import open_store, store_exists
+from ..store.redaction import redact
 from .matrix_scan import runs_matrix_files
 from .outcome import run_status
 from ..cloud.processes import ProcessIdentity, xdist_worker_pids
@@ -77,7 +80,7 @@ class RunLifecycle:
                 ids = ", ".join(s.session_id for s in left)
                 raise pytest.UsageError(
                     f"--gpubench-resume: run {plan.run_id} still has sessions that could not be released "
-                    f"({ids}): run `gpubench cleanup --api {settings.api}` and resume again")
+                    f"({ids}): run `gpubench cleanup --api {redact(settings.api)}` and resume again")
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Python tests on matrix cells are known only now (in the process that collects)."""
@@ -139,16 +142,19 @@ class RunLifecycle:
         timeout = 3 * max(120.0, settings.stage_timeout(Stage.CLEANUP))
         try:
             with open_store(settings.store_location) as store:
-                report = run_async(clean(store, provider, api=settings.api, released_by=released_by, **scope),
-                                   timeout)
+                # The token goes only to the configured API; progress lines only under the configured folder.
+                report = run_async(clean(store, provider, api=settings.api, released_by=released_by,
+                                         progress_dir=settings.progress_dir, **scope), timeout)
         except Exception as exc:  # noqa: BLE001 - cleanup reports; it never breaks the run
             self._write(f"gpubench: cleanup by {released_by} failed: {type(exc).__name__}: {exc}", red=True)
             return None
         for action in report.actions:
             if action.outcome is not ReleaseOutcome.LEFT_ALONE:
                 self._write(f"gpubench: {action.line()}", red=action.outcome is ReleaseOutcome.FAILED)
+        # A dead holder's cell (found by a liveness check) is abandoned: whoever claims it next runs it.
+        abandoned = " (abandoned: its run's next controller takes it over)" if scope.get("check_liveness") else ""
         for row_id in report.closed_cells:
-            self._write(f"gpubench: cell {row_id} marked failed: {scope.get('reason', 'stopped')}")
+            self._write(f"gpubench: cell {row_id} marked failed{abandoned}: {scope.get('reason', 'stopped')}")
         alone = report.count(ReleaseOutcome.LEFT_ALONE)
         if alone and scope.get("run_id") is None:
             self._write(f"gpubench: {alone} session(s) of other runs left alone (still running, or on another "

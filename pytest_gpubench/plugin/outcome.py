@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..errors import BenchmarkInterrupted, GpubenchError, Stage, StageError
+from ..errors import BenchmarkInterrupted, ErrorBudgetExceeded, GpubenchError, Stage, StageError
 from .record import CellOutcome
 from .stash import RECORDER_KEY, REPORTS_KEY
 
@@ -54,6 +54,9 @@ def _failure(error: BaseException | None, stage: Stage) -> CellOutcome:
     if isinstance(error, BenchmarkInterrupted):
         return CellOutcome("partial", failure_stage=str(error.stage), failure_reason="interrupted",
                        error_message=str(error))
+    if isinstance(error, ErrorBudgetExceeded):  # measured and kept, but mostly errors: seed 001's partial
+        return CellOutcome("partial", failure_stage=str(error.stage), failure_reason="ErrorBudgetExceeded",
+                           error_message=str(error))
     if isinstance(error, StageError):
         return CellOutcome("failed", failure_stage=str(error.stage), failure_reason=type(error).__name__,
                        error_message=str(error))

@@ -20,8 +20,7 @@ from ..errors import ClaimLost, Stage, StageError
 from ..measure.figures import FIGURES, FigureSource, figure_values
 from ..store.base import Store
 from ..matrix.cells import Cell
-from ..store.progress import ProgressWriter
-from ..store.record_keys import file_name
+from ..store.progress import ProgressWriter, cell_progress_path
 from ..measure.results import BenchmarkResult, HardwareInfo, RequestRecord
 from ..remote.sysinfo import SystemInfo
 from ..runtimes.base import PulledModel
@@ -42,8 +41,8 @@ STATUSES = ("pending", "running", "success", "partial", "failed", "skipped")
 
 
 def progress_path(progress_dir: Path, run_id: str, record_key: str) -> Path:
-    """``reports/progress/<run>/<cell>.log``, with a file-name-safe cell."""
-    return progress_dir / run_id / f"{file_name(record_key)}.log"
+    """``reports/progress/<run>/<cell>.log``, with a file-name-safe cell (:func:`.cell_progress_path`)."""
+    return cell_progress_path(progress_dir, run_id, record_key)
 
 
 @dataclass
@@ -276,6 +275,8 @@ class CellRecorder:
                 self.store.set_result_details(benchmark_id, self.details)
             if self.upload is not None:
                 self.upload(benchmark_id)
+        elif self.samples:  # a cell without a result (a microbenchmark): its telemetry is the cell's
+            self.store.add_gpu_samples(self.row_id, None, self.samples)
         if self.microbench is not None:
             self.store.add_microbench(self.row_id, self.microbench)
         results = self.result.results if self.result else None

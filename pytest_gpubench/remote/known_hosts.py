@@ -7,7 +7,8 @@ up in the known_hosts files it is given (the inventory's own, the user's
 of those keys; a changed key is an ``ssh_connect`` failure (:class:`HostKeyChanged`) naming
 the key expected and the key presented. A host found in none is trusted on first use:
 its key is appended to gpubench's own known_hosts file (``--gpubench-known-hosts``) and
-the caller is told, so it can say so plainly; later runs check against it.
+the caller is told, so it can say so plainly; later runs check against it. Without a pin file
+(``--gpubench-host-keys strict``) such a host is refused instead, naming the key it presented.
 
 ``@cert-authority`` entries count as knowing the host (a host certificate signed by one of
 them is accepted, nothing is pinned) and ``@revoked`` keys, from every file, are refused,
@@ -137,8 +138,12 @@ async def connect_checked(
                                                     "or its certificate is revoked; refusing to connect") from None
             raise HostKeyChanged(host, port, expected, presented=presented, where=keys.source) from None
     if not pin_file:
-        raise StageError(Stage.SSH_CONNECT, f"the host key of {host}:{port} is in no known_hosts file and "
-                                            "pinning on first use is off")
+        # Strict mode (--gpubench-host-keys strict): an unknown key is refused before authenticating.
+        presented = await _presented_key(host, port, [], timeout)
+        raise StageError(Stage.SSH_CONNECT, f"the SSH host key of {host}:{port} ({presented or 'unknown'}) is in "
+                                            f"no known_hosts file ({', '.join(files) or 'none given'}) and "
+                                            "--gpubench-host-keys is strict: refusing to connect; check the key "
+                                            f"and add it to one of them (ssh-keyscan -p {port} {host})")
     conn = await Connection.open(host, port, user, key_pem, timeout=timeout, keepalive_interval=keepalive_interval,
                                  agent_path=agent_path, key_path=key_path)
     try:
@@ -159,8 +164,9 @@ def _revoked(host: str, port: int, fingerprint: str) -> StageError:
 
 
 async def _presented_key(host: str, port: int, trusted: list[asyncssh.SSHKey], timeout: float) -> str:
-    """The fingerprint of the key the server presents now, of the trusted keys' algorithms ("" when unknown)."""
-    algorithms = sorted({key.get_algorithm() for key in trusted})
+    """The fingerprint of the key the server presents now, of the trusted keys' algorithms (any without
+    them; "" when unknown)."""
+    algorithms = sorted({key.get_algorithm() for key in trusted}) or "default"
     try:
         key = await asyncio.wait_for(asyncssh.get_server_host_key(host, port, server_host_key_algs=algorithms,
                                                                   config=()), timeout)

@@ -1,21 +1,24 @@
 """The load generator that runs on the instance, next to the model.
 
 Standard library only, Python 3.8 or newer: it is sent over SSH as the stdin of
-``python3 - CONFIG`` and must run on whatever Python an instance has. It must also
-never be the bottleneck it measures, so it is one thread driving non-blocking
+``python3 -c BOOTSTRAP``, its config after it on the same stdin (``read_config``;
+``python3 - CONFIG`` works too, for a config small enough to be an argument), and
+must run on whatever Python an instance has. It must also never be the bottleneck
+it measures, so it is one thread driving non-blocking
 sockets through ``selectors`` with its own minimal HTTP/1.1 client (chunked,
 Content-Length and close-delimited bodies, kept-alive connections). Every
 timestamp is ``perf_counter()`` taken as the bytes are received, and a token
 chunk costs a few substring tests, not a JSON parse: only the final chunk is
 parsed, and a token's text only when its prompt carries an expectation.
 
-Config (one JSON argument): ``ollama_url`` (the server's base URL, whatever the
-protocol), ``protocol`` (below), ``model``, ``prompts`` (strings, or objects
-``{"prompt": str, "expect": [str, ...], "max_tokens": n, "ignore_eos": true}``: any
-one expected substring matching, case-insensitive; ``max_tokens`` there overrides the
-run's; ``ignore_eos`` is sent on the OpenAI protocols only),
-``max_tokens``, ``think`` (Ollama only: sent as the request's ``think`` only
-when set: absent or null leaves the model's default), ``extra_body`` (fields
+Config (one JSON object, after the script on stdin or as the one argument):
+``ollama_url`` (the server's base URL, whatever the protocol), ``protocol``
+(below), ``model``, ``prompts`` (strings, or objects ``{"prompt": str, "expect":
+[str, ...], "max_tokens": n, "ignore_eos": true}``: any one expected substring
+matching, case-insensitive; ``max_tokens`` there overrides the run's; ``ignore_eos``
+is sent on the OpenAI protocols only), ``max_tokens``, ``think`` (Ollama only: sent
+as the request's ``think`` only when set: absent or null leaves the model's
+default), ``extra_body`` (fields
 merged into every request body last, e.g. ``ignore_eos`` or
 ``chat_template_kwargs`` for a server that takes them), ``api_key_env`` (the
 name of an environment variable on the instance whose value is sent as
@@ -74,23 +77,39 @@ Protocols (``protocol``, default ``ollama``):
   tail) and a stall are request errors; the container is then stopped. At the end
   every container's stdin closes, then SIGTERM, then SIGKILL to its process group.
 
+Whatever a server or a container sends ends its request in one record, never the run:
+a malformed answer (an HTTP head or chunk size that does not parse, JSON that does not
+parse or nests past the interpreter's limit, a line longer than ``LINE_MAX``) is that
+request's error (``bad response: ...``), and a server's counter of another type or size
+(not a whole number from 0 to 2**63-1) is left out of the record (None), which the
+controller would otherwise drop as invalid.
+
 Events, one JSON object per line on stdout (seed 004's protocol, extended)::
 
     {"event": "connection", "status": "connected", "url": ...}
     {"event": "worker", "status": "warmup" | "running"}
     {"event": "request", <RequestRecord fields>}
     {"event": "progress", "requests", "tokens", "tps", "errors", "elapsed", "in_flight"}
+    {"event": "backoff", "status": "started", "errors", "pause_s", "max_pause_s", "error"}
+    {"event": "backoff", "status": "ended", "errors"}
     {"event": "finish", "status": "completed" | "interrupted" | "failed",
      "duration_seconds", "message", "itl_ms": {count, mean, p50, p90, p95, p99, max},
      "cpu_seconds", "cpu_seconds_per_1k_tokens", "delivered_concurrency",
-     "send_lag_ms": {p50, p99, max}, "unsent", "abandoned", "incomplete"}
+     "send_lag_ms": {p50, p99, max}, "unsent", "abandoned", "incomplete", "backoffs"}
 
 ``delivered_concurrency`` is the time-weighted mean of requests in flight (sent,
 final chunk not yet received) from the run's start to its deadline;
 ``cpu_seconds`` the generator's own CPU time over the measured run (per 1,000
 output tokens of successful measured requests in ``cpu_seconds_per_1k_tokens``);
-``unsent`` counts arrivals ``max_in_flight`` held back past the deadline,
+``unsent`` counts arrivals ``max_in_flight`` (or a backoff) held back past the deadline,
 ``abandoned`` requests still in flight when a signal ended the run.
+
+Backoff: a server that fails every request at once (refused, an HTTP error before any
+token) would meet a tight loop, each freed slot re-sent at once. After ``BACKOFF_AFTER``
+requests in a row failed before any token, the generator pauses (``backoff_pause``:
+0.05 s, doubled by each further such failure, at most 2 s) and then sends one request
+at a time until one succeeds, which ends it. ``backoff`` events say when it starts and
+ends, never once per error; ``backoffs`` in the finish event counts the starts.
 
 With ``cut_at_deadline`` the run ends at its deadline, as GuideLLM's
 ``--max-seconds`` does: each measured request still in flight is closed there and
@@ -136,9 +155,23 @@ READ, WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 RECV_SIZE = 65536
 GAPS_SORTED_MAX = 4000000  # beyond this many gaps, ITL percentiles come from an even sample
 OUTPUT_MAX = 32 * 1024 * 1024  # unread stdout beyond this: the reader is gone
+LINE_MAX = 16 * 1024 * 1024  # a stream line (NDJSON, SSE, a worker's event) longer than this: a malformed answer
+COUNT_MAX = 2 ** 63 - 1  # a server's counter beyond this fits no store's integer column
+ERROR_MAX = 1000  # characters of a server's error message a record keeps
 CONNECTING, SENDING, HEAD, BODY, CLOSED, HANDSHAKE = range(6)
 THINKING, ANSWER = range(2)  # what a token chunk carries
 CHUNKED, LENGTH, UNTIL_CLOSE = range(3)
+BACKOFF_AFTER = 3  # consecutive requests that failed before any token: then the generator backs off
+BACKOFF_FIRST = 0.05  # seconds: the first pause, doubled by each further such failure
+BACKOFF_CAP = 2.0  # seconds: the longest pause
+
+
+def backoff_pause(streak):
+    """Seconds to wait before the next request after ``streak`` consecutive requests that failed
+    before any token (0.0 below ``BACKOFF_AFTER``): exponential from ``BACKOFF_FIRST``, capped."""
+    if streak < BACKOFF_AFTER:
+        return 0.0
+    return min(BACKOFF_CAP, BACKOFF_FIRST * 2.0 ** min(streak - BACKOFF_AFTER, 64))
 
 
 PROTOCOLS = ("ollama", "openai-chat", "openai-completions", "worker")
@@ -170,13 +203,51 @@ def tls_context(url, ca_file=None):
 TLS_WAIT = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
+#: What a malformed answer raises in the parsers below: ValueError (JSON, int()), and
+#: RecursionError for JSON nested deeper than the interpreter's limit (``[[[[...``).
+MALFORMED = (ValueError, RecursionError)
+
+
+def server_count(value):
+    """A server's counter (tokens, nanoseconds) as a record keeps it: a whole number from 0 to
+    COUNT_MAX, else None. A server that sends another type or size says nothing usable, and a
+    record carrying it would not validate on the controller, which would drop the request."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= COUNT_MAX:
+        return value
+    return None
+
+
+def nanoseconds(milliseconds):
+    """llama.cpp's ``timings`` milliseconds as a record's nanoseconds; None for anything else."""
+    if isinstance(milliseconds, (int, float)) and not isinstance(milliseconds, bool):
+        try:
+            return server_count(int(milliseconds * 1e6))
+        except (OverflowError, ValueError):  # infinity, NaN, an integer past a float
+            pass
+    return None
+
+
+def chunk_size(line):
+    """The size of a chunk from its size line (hex digits, maybe ``;extensions``). int(x, 16)
+    alone takes ``-6``, and a negative size sent the chunk parser back over the same bytes forever."""
+    size = line.split(b";", 1)[0].strip()
+    if not size or size.strip(b"0123456789abcdefABCDEF"):
+        raise ValueError("bad chunk size %r" % line[:40])
+    return int(size, 16)
+
+
 def error_message(payload):
     """The message of an error body: Ollama's ``{"error": "..."}``, OpenAI's
     ``{"error": {"message": ...}}`` or vLLM's ``{"object": "error", "message": ...}``."""
     error = payload.get("error", payload.get("message"))
     if isinstance(error, dict):
         error = error.get("message") or json.dumps(error, sort_keys=True)
-    return str(error)
+    return clipped(str(error).strip() or "an error with no message")  # a request error always says something
+
+
+def clipped(text):
+    """A server's error text as a record keeps it: at most ERROR_MAX characters."""
+    return text if len(text) <= ERROR_MAX else text[:ERROR_MAX - 3] + "..."
 
 
 def percentile(ordered, p):
@@ -468,34 +539,36 @@ class Exchange:
             return self.broken(exc)
         now = perf()  # the moment these bytes reached us
         self.last_io = now
-        if not data:
-            return self.eof(now)
-        self.received = True
         try:
+            if not data:
+                return self.eof(now)  # a body that ends at the close is parsed here too
+            self.received = True
             if self.state != BODY:
                 self.head(data, now)
             elif self.mode == CHUNKED:
                 self.dechunk(data, now)
             else:
                 self.body(data, now)
-        except ValueError as exc:  # includes JSON and int() errors: a malformed response
-            self.fail("bad response: %s" % exc, now)
+        except MALFORMED as exc:  # a malformed response: this request's error, not the run's end
+            self.fail("bad response: %s" % (exc if isinstance(exc, ValueError) else "JSON nested too deep"), now)
 
     def head(self, data, now):
         self.buffer += data
-        end = self.buffer.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self.buffer) > 65536:
-                raise ValueError("response head longer than 64 KiB")
-            return
-        lines = self.buffer[:end].decode("latin-1").split("\r\n")
-        rest, self.buffer = self.buffer[end + 4:], b""
-        version, _, status = lines[0].partition(" ")
-        if not version.startswith("HTTP/"):
-            raise ValueError("not an HTTP response: %r" % lines[0][:80])
-        status = int(status.split(None, 1)[0])
-        if status < 200:  # interim (100 Continue): the real head follows
-            return self.head(rest, now)
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self.buffer) > 65536:
+                    raise ValueError("response head longer than 64 KiB")
+                return
+            lines = self.buffer[:end].decode("latin-1").split("\r\n")
+            rest, self.buffer = self.buffer[end + 4:], b""
+            version, _, status = lines[0].partition(" ")
+            if not version.startswith("HTTP/"):
+                raise ValueError("not an HTTP response: %r" % lines[0][:80])
+            status = int((status.split(None, 1) or ["(none)"])[0])
+            if status >= 200:
+                break
+            self.buffer = rest  # interim (100 Continue): the real head follows (a loop: there may be thousands)
         headers = {}
         for line in lines[1:]:
             name, _, value = line.partition(":")
@@ -508,6 +581,8 @@ class Exchange:
             self.mode, self.left, self.skip, self.trailer = CHUNKED, 0, 0, False
         elif "content-length" in headers:
             self.mode, self.left = LENGTH, int(headers["content-length"])
+            if self.left < 0:
+                raise ValueError("negative Content-Length %d" % self.left)
             if not self.left:
                 return self.message_end(now)
         else:
@@ -536,7 +611,7 @@ class Exchange:
             header_end = data.find(b"\r\n")
             if header_end > 0:
                 start = header_end + 2
-                end = start + int(data[:header_end].split(b";", 1)[0], 16)
+                end = start + chunk_size(data[:header_end])
                 if len(data) == end + 2 and end > start:
                     if self.status == 200 and self.active and not self.partial and data[end - 1] == 10:
                         stop = end - 1
@@ -573,7 +648,7 @@ class Exchange:
                     if not line:
                         return self.message_end(now)
                 elif line:
-                    self.left = int(line.split(b";", 1)[0], 16)
+                    self.left = chunk_size(line)
                     self.trailer = not self.left
 
     def content(self, data, now):
@@ -590,6 +665,8 @@ class Exchange:
             newline = data.find(b"\n", start)
             if newline < 0:
                 self.partial = data[start:]
+                if len(self.partial) > LINE_MAX:
+                    raise ValueError("a stream line longer than %d bytes" % LINE_MAX)
                 return
             self.line(data[start:newline], now)
             start = newline + 1
@@ -634,8 +711,19 @@ class Exchange:
         self.run.finished(self, self.record(None), now)
 
     def answer_text(self, chunk):
-        """The answer text of a parsed token chunk."""
-        return chunk.get("response") or ""
+        """The answer text of a parsed token chunk ("" when it has none as text)."""
+        text = chunk.get("response") if isinstance(chunk, dict) else None
+        return text if isinstance(text, str) else ""
+
+    def kept_text(self, piece):
+        """The text of a token kept for the expectation check: a token line is kept unparsed,
+        and one the server wrote wrong (not JSON, not an object) has none."""
+        if not isinstance(piece, bytes):
+            return piece if isinstance(piece, str) else ""
+        try:
+            return self.answer_text(json.loads(piece))
+        except MALFORMED:
+            return ""
 
     def token(self, now, kind):
         if kind == ANSWER:
@@ -721,14 +809,15 @@ class Exchange:
         # A cut request's decode ends at its last token, a finished one's at the final chunk.
         decode_end = self.last if incomplete else self.end
         decode = self.last - self.first if count >= 2 else 0.0
-        eval_count, eval_ns = final.get("eval_count"), final.get("eval_duration")
+        # The server's own figures, kept only as the types a record holds: it must never raise here.
+        eval_count, eval_ns = server_count(final.get("eval_count")), server_count(final.get("eval_duration"))
+        done_reason = final.get("done_reason")
         server_rate = None
-        if isinstance(eval_count, int) and isinstance(eval_ns, (int, float)) and eval_ns > 0:
+        if eval_count is not None and eval_ns:
             server_rate = round(eval_count / (eval_ns / 1e9), 4)
         matched = None
         if self.expect and error is None and not incomplete:
-            text = "".join(self.answer_text(json.loads(t)) if isinstance(t, bytes) else t
-                           for t in self.texts).lower()
+            text = "".join(self.kept_text(t) for t in self.texts).lower()
             matched = any(e in text for e in self.expect)
         return {
             "index": self.index,
@@ -744,11 +833,11 @@ class Exchange:
             "thinking_tokens": self.thinking,
             "eval_count": eval_count,
             "eval_duration_ns": eval_ns,
-            "prompt_tokens": final.get("prompt_eval_count"),
-            "prompt_eval_duration_ns": final.get("prompt_eval_duration"),
-            "load_duration_ns": final.get("load_duration"),
-            "total_duration_ns": final.get("total_duration"),
-            "done_reason": final.get("done_reason"),
+            "prompt_tokens": server_count(final.get("prompt_eval_count")),
+            "prompt_eval_duration_ns": server_count(final.get("prompt_eval_duration")),
+            "load_duration_ns": server_count(final.get("load_duration")),
+            "total_duration_ns": server_count(final.get("total_duration")),
+            "done_reason": done_reason[:200] if isinstance(done_reason, str) else None,
             "tokens_per_second": round((count - 1) / decode, 4) if decode > 0 else None,
             "tpot_ms": ms((decode_end - self.first) / (count - 1)) if count >= 2 else None,
             "itl_mean_ms": ms(self.itl_sum / (count - 1)) if count >= 2 else None,
@@ -764,11 +853,11 @@ def http_error(status, detail):
     text = detail.decode("utf-8", "replace").strip()
     try:
         payload = json.loads(text)
-    except ValueError:
+    except MALFORMED:
         payload = None
     if isinstance(payload, dict) and ("error" in payload or "message" in payload):
         text = error_message(payload)
-    return "HTTP %d: %s" % (status, text)
+    return "HTTP %d: %s" % (status, clipped(text))
 
 
 class SSEExchange(Exchange):
@@ -841,14 +930,16 @@ class SSEExchange(Exchange):
             self.complete(now)
 
     def answer_text(self, chunk):
-        choices = chunk.get("choices") or []
-        if not choices or not isinstance(choices[0], dict):
+        choices = chunk.get("choices") if isinstance(chunk, dict) else None
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             return ""
         choice = choices[0]
         if not self.run.chat:
-            return choice.get("text") or ""
-        message = choice.get("delta") or choice.get("message")
-        return (message.get("content") or "") if isinstance(message, dict) else ""
+            text = choice.get("text")
+        else:
+            message = choice.get("delta") or choice.get("message")
+            text = message.get("content") if isinstance(message, dict) else None
+        return text if isinstance(text, str) else ""
 
     @staticmethod
     def reasoning_text(message):
@@ -866,11 +957,8 @@ class SSEExchange(Exchange):
         usage, timings = self.usage or {}, self.timings or {}
         final = {"eval_count": usage.get("completion_tokens"), "prompt_eval_count": usage.get("prompt_tokens"),
                  "done_reason": self.finish_reason}
-        predicted_ms, prompt_ms = timings.get("predicted_ms"), timings.get("prompt_ms")
-        if isinstance(predicted_ms, (int, float)):
-            final["eval_duration"] = int(predicted_ms * 1e6)
-        if isinstance(prompt_ms, (int, float)):
-            final["prompt_eval_duration"] = int(prompt_ms * 1e6)
+        final["eval_duration"] = nanoseconds(timings.get("predicted_ms"))
+        final["prompt_eval_duration"] = nanoseconds(timings.get("prompt_ms"))
         self.final = final
         Exchange.complete(self, now)
 
@@ -889,7 +977,7 @@ def parse_worker_line(line):
     text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
     try:
         event = json.loads(text)
-    except ValueError:
+    except MALFORMED:
         raise ValueError("not JSON: %r" % text[:200])
     if not isinstance(event, dict):
         raise ValueError("not a JSON object: %r" % text[:200])
@@ -969,13 +1057,25 @@ class WorkerProcess:
         while True:
             newline = self.stdout.find(b"\n")
             if newline < 0:
-                return
+                break
             line = bytes(self.stdout[:newline]).strip()
             del self.stdout[:newline + 1]
             if line:
                 self.line(line, now)
             if self.code is not None:
                 return
+        if len(self.stdout) > LINE_MAX:  # no end of line in sight: the worker's output is broken
+            del self.stdout[:]
+            self.malformed("a line longer than %d bytes" % LINE_MAX, now)
+
+    def malformed(self, problem, now):
+        """Its output is not seed 004's: the request fails (which stops the worker), or the run says why."""
+        message = "malformed worker output: %s" % problem
+        if self.exchange is not None:
+            self.exchange.fail(message, now)  # this stops the worker too
+        else:
+            self.run.worker_problem = message
+            self.stop()
 
     def line(self, line, now):
         exchange = self.exchange
@@ -985,13 +1085,7 @@ class WorkerProcess:
         try:
             event = parse_worker_line(line)
         except ValueError as exc:
-            message = "malformed worker output: %s" % exc
-            if exchange is not None:
-                exchange.fail(message, now)  # this stops the worker too
-            else:
-                self.run.worker_problem = message
-                self.stop()
-            return
+            return self.malformed(exc, now)
         kind = event["event"]
         if not self.up:
             self.up = True
@@ -1264,7 +1358,7 @@ class Warmup:
         self.left = count
 
     def launch(self, run, now):
-        if self.left and not run.in_flight:
+        if self.left and not run.in_flight and not run.held(now):
             self.left -= 1
             run.launch(True, now)
 
@@ -1289,6 +1383,8 @@ class FixedConcurrency:
         if now < self.deadline:
             # Only the slots free now: one that fails at once is refilled next turn.
             for _ in range(len(self.due)):
+                if run.held(now):
+                    return  # backing off: the slot waits, and its send lag shows it
                 run.launch(False, self.due.popleft())
 
     def exhausted(self, now):
@@ -1318,7 +1414,7 @@ class PoissonArrivals:
     def launch(self, run, now):
         if now >= self.deadline:
             return  # arrivals the cap held back stay unsent
-        while self.next <= now and self.next < self.deadline and run.in_flight < self.cap:
+        while self.next <= now and self.next < self.deadline and run.in_flight < self.cap and not run.held(now):
             run.launch(False, self.next)
             self.next += self.rng.expovariate(self.rate)
 
@@ -1396,6 +1492,10 @@ class LoadGenerator(WorkerPool):
         self.area = self.area_at = 0.0  # integral of requests in flight over the run
         self.interval = float(config.get("progress_interval", 60))
         self.timer = 0.0  # when housekeeping is next due
+        # Backing off: ``streak`` requests in a row failed before any token (a server that refuses
+        # at once would otherwise meet a closed loop's tight loop); none is sent before ``hold_until``.
+        self.streak = self.backoffs = 0
+        self.hold_until = 0.0
 
     def prepare(self):
         if self.protocol not in PROTOCOLS:
@@ -1514,6 +1614,7 @@ class LoadGenerator(WorkerPool):
         self.checkpoint.add(record_json)
         if self.checkpoint.due and self.checkpoint.not_before < self.timer:
             self.timer = self.checkpoint.not_before
+        self.pace(record, now)
         if not exchange.warmup:
             if record["error"] is None:
                 if record["incomplete"]:
@@ -1525,6 +1626,30 @@ class LoadGenerator(WorkerPool):
                 self.errors += 1
             self.lags.append(record["send_lag_ms"])
         self.pattern.freed(now)
+
+    def pace(self, record, now):
+        """Back off after ``BACKOFF_AFTER`` requests in a row failed before any token: pause
+        (``backoff_pause``), then send one request at a time until one succeeds. Said once, when
+        it starts and when it ends, as ``backoff`` events, never once per error."""
+        if record["error"] is None:
+            if self.streak >= BACKOFF_AFTER:
+                self.output.emit("backoff", status="ended", errors=self.streak)
+            self.streak = 0
+            return
+        if record["output_tokens"]:
+            return  # it failed mid-answer: the server answers, so no pause (and the streak goes on)
+        self.streak += 1
+        pause = backoff_pause(self.streak)
+        if pause:
+            self.hold_until = now + pause
+            if self.streak == BACKOFF_AFTER:
+                self.backoffs += 1
+                self.output.emit("backoff", status="started", errors=self.streak, pause_s=pause,
+                                 max_pause_s=BACKOFF_CAP, error=str(record["error"])[:300])
+
+    def held(self, now):
+        """Whether no request may go now: backing off, its pause not over or its one request in flight."""
+        return self.streak >= BACKOFF_AFTER and (now < self.hold_until or self.in_flight > 0)
 
     def totals(self, now):
         elapsed = now - self.start if self.start is not None else 0.0
@@ -1554,6 +1679,11 @@ class LoadGenerator(WorkerPool):
             if not self.in_flight and pattern.exhausted(now):
                 break
             wake = pattern.wake(self)
+            if wake is not None and self.streak >= BACKOFF_AFTER:
+                # Backing off: the pause's end, or the request in flight's completion (select wakes).
+                wake = None if self.in_flight else max(wake, self.hold_until)
+                if wake is not None and measuring and wake > self.deadline:
+                    wake = self.deadline
             if wake is None or wake > self.timer:
                 wake = self.timer
             if cutting and now < self.deadline < wake:
@@ -1643,7 +1773,7 @@ class LoadGenerator(WorkerPool):
             cpu_seconds_per_1k_tokens=round(cpu_seconds / (self.tokens / 1000), 4) if self.tokens else None,
             delivered_concurrency=round(self.area / window, 4) if window > 0 else None,
             send_lag_ms=self.lag_summary(), unsent=pattern.unsent() if pattern else 0,
-            abandoned=self.abandoned, incomplete=self.incomplete,
+            abandoned=self.abandoned, incomplete=self.incomplete, backoffs=self.backoffs,
         )
 
     def itl_summary(self):
@@ -1666,8 +1796,25 @@ class LoadGenerator(WorkerPool):
                 "max": ordered[-1]}
 
 
+def read_config(argv, stdin):
+    """The run's config: one JSON argument when given (``python3 - CONFIG``), else the JSON
+    that follows the script on stdin (the plugin's way, ``measure/benchmark.py``: a dataset
+    of megabytes is no argument, which Linux caps at 128 KiB)."""
+    text = argv[1] if len(argv) > 1 else stdin.read()
+    if not text.strip():
+        raise ValueError("no config: give it as one JSON argument or after the script on stdin")
+    config = json.loads(text)
+    if not isinstance(config, dict):
+        raise ValueError("the config is not a JSON object")
+    return config
+
+
 def main(argv):
-    config = json.loads(argv[1])
+    try:
+        config = read_config(argv, sys.stdin.buffer)
+    except ValueError as exc:
+        sys.stderr.write("loadgen: %s\n" % exc)
+        return 2
     path = config.get("checkpoint_path")
     if path and not os.path.isabs(path):
         # Relative to the login home, whatever directory the SSH server started in.

@@ -6,7 +6,8 @@ the same interface and the same rules: a command is one already-quoted POSIX she
 line (every word from a matrix through ``shlex.quote``), scripts go through stdin,
 never the command line. Commands run in the shell's home, which is also their ``HOME``
 (where the load generator's checkpoint lands), with the plugin's own Python first on
-``PATH`` as ``python3``. ``forward`` is the identity: the server is reached directly.
+``PATH`` as ``python3`` (a script that runs it, so a virtualenv's packages come along).
+``forward`` is the identity: the server is reached directly.
 
 A running endpoint's shell (:meth:`LocalShell.open`) has a private temporary home, removed
 when it closes. This machine as a provider (:meth:`LocalShell.open_machine`) keeps a
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -55,7 +57,7 @@ class LocalShell:
         self._processes: set[asyncio.subprocess.Process] = set()
         bin_dir = home / ".bin"
         bin_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _link(bin_dir / "python3", sys.executable)
+        _interpreter_wrapper(bin_dir / "python3", sys.executable)
         if hide_gpu:
             stub = bin_dir / "nvidia-smi"
             stub.write_text(_NO_DRIVER)
@@ -180,11 +182,19 @@ def machine_home() -> Path:
     return Path.home() / ".gpubench" / "local-home"
 
 
-def _link(link: Path, target: str) -> None:
-    """Point ``link`` at ``target``, replacing what is there in one step (two workers may share a home)."""
-    if link.is_symlink() and os.readlink(link) == target:
+def _interpreter_wrapper(path: Path, interpreter: str) -> None:
+    """Make ``path`` a script that runs ``interpreter``, replacing what is there in one step
+    (two workers may share a home).
+
+    A script, not a symlink: a virtualenv's interpreter started through a symlink outside the
+    virtualenv finds no ``pyvenv.cfg`` beside it and runs as the bare base interpreter, without
+    the virtualenv's packages (PyTorch and NVML's bindings on a GPU box set up that way).
+    """
+    script = f"#!/bin/sh\nexec {shlex.quote(interpreter)} \"$@\"\n"
+    if path.is_file() and not path.is_symlink() and path.read_text(encoding="utf-8") == script:
         return
-    fresh = link.with_name(f".{link.name}.{os.getpid()}")
+    fresh = path.with_name(f".{path.name}.{os.getpid()}")
     fresh.unlink(missing_ok=True)
-    fresh.symlink_to(target)
-    os.replace(fresh, link)
+    fresh.write_text(script, encoding="utf-8")
+    fresh.chmod(0o700)
+    os.replace(fresh, path)

@@ -20,6 +20,7 @@ from pathlib import Path
 import asyncssh
 
 from ..errors import HostKeyChanged, RemoteCommandError, Stage, StageError
+from ..ids import check_id, path_under
 
 #: SSH keepalives notice a dead instance in about a minute instead of at the
 #: stage timeout (seed 001: "Connection lost - periodic heartbeat check").
@@ -45,15 +46,23 @@ class KeyFile:
     """The session's private key as a 0600 file in a private 0700 directory.
 
     Users can ``ssh -i`` with it while a cell runs; ``remove()`` deletes both.
+    ``name`` (the session id) must be an id (:mod:`pytest_gpubench.ids`: ``InvalidId``
+    otherwise, before anything is made), so the file stays in its folder; a write that
+    fails leaves nothing behind.
     """
 
     def __init__(self, key_pem: str, name: str = "session") -> None:
+        file_name = f"{check_id(name, 'session id')}.pem"
         self.dir = Path(tempfile.mkdtemp(prefix="gpubench-key-"))
-        os.chmod(self.dir, 0o700)
-        self.path = self.dir / f"{name}.pem"
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(key_pem if key_pem.endswith("\n") else key_pem + "\n")
+        self.path = path_under(self.dir, file_name)
+        try:
+            os.chmod(self.dir, 0o700)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(key_pem if key_pem.endswith("\n") else key_pem + "\n")
+        except BaseException:
+            self.remove()
+            raise
 
     def remove(self) -> None:
         for path in (self.path, self.dir):

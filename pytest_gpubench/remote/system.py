@@ -82,18 +82,34 @@ async def gpu_facts(conn: Connection, timeout: float, expected_gpu: str) -> GpuF
     facts = await _from_nvml(conn, timeout)
     if facts is not None:
         return facts
+    facts = await _from_xml(conn, timeout, expected_gpu)
+    if facts is not None:
+        return facts
+    return await _from_csv(conn, timeout, expected_gpu)
+
+
+async def _from_xml(conn: Connection, timeout: float, expected_gpu: str) -> GpuFacts | None:
     xml = await conn.run("nvidia-smi -q -x", stage=Stage.SSH_CONNECT, what="nvidia-smi -q -x",
                          timeout=timeout, check=False)
     if xml.exit_status == 127 or "command not found" in xml.stderr:
         raise _no_driver(expected_gpu)
-    if xml.ok:
-        try:
-            facts = gpu_facts_from_xml(xml.stdout)
-        except ValueError:
-            facts = None
-        if facts is not None and facts.gpus:
-            return facts
-    return await _from_csv(conn, timeout, expected_gpu)
+    if not xml.ok:
+        return None
+    try:
+        facts = gpu_facts_from_xml(xml.stdout)
+    except ValueError:
+        return None
+    return facts if facts.gpus else None
+
+
+async def facts_by_source(conn: Connection, timeout: float, expected_gpu: str = "NVIDIA GPU",
+                          ) -> dict[str, GpuFacts | None]:
+    """What each source says, every one asked (``gpu_facts`` stops at the first that answers): for
+    checking that they agree on a real machine (``gpucheck.compare_facts``, the ``gpu`` test tier).
+    A source that cannot answer is None; no driver at all is the stage error ``gpu_facts`` raises."""
+    return {"nvml": await _from_nvml(conn, timeout),
+            "nvidia-smi-xml": await _from_xml(conn, timeout, expected_gpu),
+            "nvidia-smi-csv": await _from_csv(conn, timeout, expected_gpu)}
 
 
 async def detect_system(conn: Connection, expected_gpu: str, timeout: float, *, gpu_count: int = 1,

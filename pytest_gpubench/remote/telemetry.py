@@ -30,6 +30,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict
 
 from ..gpuinfo import parse_gpu_query_csv
+from ..plaintext import one_line
 from ..measure.results import GPUStats
 
 __all__ = [
@@ -200,7 +201,7 @@ async def sample_gpus(
         log.info(
             "nvidia-smi telemetry ended early: exit status %s %s",
             getattr(conn, "last_exit_status", None),
-            (getattr(conn, "last_stderr", "") or "").strip()[-200:],
+            one_line(getattr(conn, "last_stderr", "") or "").strip()[-200:],  # the instance's text: no escapes
         )
     return samples
 

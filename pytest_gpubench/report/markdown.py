@@ -8,6 +8,8 @@ table row or turning into HTML where the Markdown is rendered.
 
 from __future__ import annotations
 
+import re
+
 from . import tables as fmt
 from .hardware_table import HARDWARE_INTRO, NO_HARDWARE, hardware_table
 from .microbench import MICROBENCH_INTRO, microbench_table, peak_sources
@@ -23,12 +25,21 @@ PERCENTILES_INTRO = ("Per cell, in ms: time to first token, time per output toke
                      "end-to-end request latency (docs/metrics.md).")
 
 
+#: What data may not bring into Markdown: HTML (``< > &``, as entities), a column break (``|``) and
+#: every CommonMark punctuation that makes a link, an image, emphasis, code, a heading or strikethrough
+#: (backslash-escaped: ``[x](https://evil)`` and ``![x](...)`` stay text).
+_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+_ESCAPED = frozenset("\\`*_[]()!#|~{}")
+#: A list marker (``- x``, ``+ x``) where a text starts a line.
+_LIST_MARKER = re.compile(r"^([-+])(?=\s|$)")
+
+
 def cell(text: object) -> str:
-    """``text`` safe inside Markdown (and a table cell): one line, no column break, no HTML."""
+    """``text`` safe inside Markdown (and a table cell): one line, no column break, no HTML, no link,
+    image, emphasis or code span, no heading or list item where it starts a line."""
     value = " ".join(str(text).split())
-    for raw, escaped in (("\\", "\\\\"), ("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ("|", "\\|")):
-        value = value.replace(raw, escaped)
-    return value
+    value = "".join(_ENTITIES.get(ch) or (f"\\{ch}" if ch in _ESCAPED else ch) for ch in value)
+    return _LIST_MARKER.sub(r"\\\1", value)
 
 
 def _table(table: fmt.Table) -> list[str]:

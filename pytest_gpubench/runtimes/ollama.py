@@ -319,9 +319,14 @@ class OllamaRuntime:
                     async for line in response.aiter_lines():
                         if not line.strip():
                             continue
-                        status = json.loads(line)
+                        status = _stream_object(line)
+                        if status is None:
+                            raise StageError(Stage.MODEL_PULL, f"pull of {model}: the server's stream is not "
+                                                               f"Ollama's (a line that is not a JSON object: "
+                                                               f"{_one_line(line, 120)!r})")
                         if "error" in status:
-                            raise StageError(Stage.MODEL_PULL, f"pull of {model} failed: {status['error']}")
+                            raise StageError(Stage.MODEL_PULL,
+                                             f"pull of {model} failed: {_one_line(status['error'], 500)}")
                         if on_progress is not None:
                             on_progress(status)
                         if status.get("status") == "success":
@@ -335,9 +340,11 @@ class OllamaRuntime:
         try:
             async with httpx.AsyncClient(base_url=self.url, timeout=30) as http:
                 entries = (await http.get("/api/ps")).json().get("models", [])
-        except (httpx.HTTPError, ValueError, AttributeError):
+        except (httpx.HTTPError, ValueError, RecursionError, AttributeError):
             return []
-        return [str(entry.get("name") or entry.get("model") or "") for entry in entries]
+        if not isinstance(entries, list):
+            return []
+        return [str(entry.get("name") or entry.get("model") or "") for entry in entries if isinstance(entry, dict)]
 
     async def unload(self, model: str) -> None:
         """Free ``model``'s GPU memory now (``keep_alive: 0``), as ``ollama stop`` does."""
@@ -415,9 +422,26 @@ def parse_ollama_host(value: str) -> tuple[str, int]:
         return host, DEFAULT_PORT
 
 
+def _stream_object(line: str) -> dict[str, Any] | None:
+    """One line of an Ollama NDJSON stream as its object; None when it is not a JSON object
+    (RecursionError: JSON nested past the interpreter's limit)."""
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _one_line(value: Any, limit: int) -> str:
+    """A server's text in a message: one line, at most ``limit`` characters."""
+    text = " ".join(str(value).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def _error_text(response: httpx.Response) -> str:
     try:
-        return str(response.json().get("error", response.text))[:500]
-    except ValueError:
-        return response.text[:500]
+        body = response.json()
+    except (ValueError, RecursionError):
+        body = None
+    return _one_line(body.get("error", response.text) if isinstance(body, dict) else response.text, 500)
 

@@ -168,12 +168,16 @@ def write_sglang_package(python_dir: Path) -> None:
     (package / "__init__.py").write_text(
         f'"""gpubench sandbox stand-in for SGLang (pytest_gpubench.sandbox)."""\n__version__ = {SGLANG_VERSION!r}\n',
         encoding="utf-8")
+    # The stand-in runs on the sandbox's own interpreter, named here, not on the instance's
+    # python3 that started it: that one is the bare interpreter (a symlink outside any virtualenv),
+    # without the project's dependencies, as on a fresh cloud instance.
     (package / "launch_server.py").write_text(
         '"""gpubench sandbox stand-in for `python3 -m sglang.launch_server`."""\n'
         "import os\nimport sys\n\n"
         f"os.environ['PYTHONPATH'] = os.pathsep.join(filter(None, [{str(PACKAGE_ROOT)!r}, "
         "os.environ.get('PYTHONPATH')]))\n"
-        f"os.execv(sys.executable, [sys.executable, '-m', {LAUNCHERS_MODULE!r}, 'sglang', *sys.argv[1:]])\n",
+        f"SANDBOX_PYTHON = {sys.executable!r}\n"
+        f"os.execv(SANDBOX_PYTHON, [SANDBOX_PYTHON, '-m', {LAUNCHERS_MODULE!r}, 'sglang', *sys.argv[1:]])\n",
         encoding="utf-8")
 
 

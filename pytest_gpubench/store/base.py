@@ -25,8 +25,9 @@ holds each one to them):
   cell key that has figures, outside the run being compared.
 * **claims**: of two workers claiming one pending cell, exactly one wins. A claim made
   with a lease holds while it is renewed; a running cell whose lease expired is won by
-  the next claimant (``taken_over_from`` names the old holder). A finished cell is
-  never won: the claim says its final status.
+  the next claimant (``taken_over_from`` names the old holder), and so is a cell cleanup
+  marked ``failed`` as ``abandoned`` (its holder died; it runs again without its recorded
+  end). Any other finished cell is never won: the claim says its final status.
 * **systems**: what system detection found, once per session of a run, reads back equal.
 * **GPU leases**: of a machine's GPUs, a claim gets ``count`` not held by another lease
   (released or expired ones are free) or nothing, atomically across processes; a lease
@@ -100,9 +101,10 @@ class Store(Protocol):
 
         Atomic: of two workers claiming one cell exactly one wins; the holder
         claiming again wins again (and renews its lease). A finished cell cannot be
-        claimed. With ``lease_seconds`` the claim holds until ``now + lease_seconds``
-        unless renewed (:meth:`renew_cell_lease`); a running cell whose lease has
-        expired is taken over. ``now``: seconds since the epoch (tests).
+        claimed, except one cleanup marked ``abandoned`` (``store/claim_rule.py``). With
+        ``lease_seconds`` the claim holds until ``now + lease_seconds`` unless renewed
+        (:meth:`renew_cell_lease`); a running cell whose lease has expired, or an abandoned
+        one, is taken over. ``now``: seconds since the epoch (tests).
         """
 
     def renew_cell_lease(self, row_id: str, worker: str, lease_seconds: float, *,

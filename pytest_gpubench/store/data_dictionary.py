@@ -88,7 +88,8 @@ BENCHMARK_MANIFEST = TableDoc(
         "error_count": "Measured requests that failed.",
         "failure_reason": (
             "Why the cell did not succeed, in a word: the error's class name (e.g. NoEligibleOffer, InstanceLost), "
-            "interrupted or skipped."
+            "interrupted (its controller stopped it), abandoned (cleanup found its holder's process gone; the next "
+            "controller of its run takes it over) or skipped."
         ),
         "failure_stage": f"Stage at which the cell failed or was skipped: {_STAGES}.",
         "error_message": "The failure's message, one paragraph for a person.",

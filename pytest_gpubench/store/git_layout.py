@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from ..ids import InvalidId, shown_id
 from .record_keys import file_name
 
 __all__ = ["CLAIMS", "ClaimFile", "Layout", "RepoCell", "ResultFile", "run_dir"]
@@ -30,8 +31,14 @@ CLAIMS = RUNS / "claims"
 
 
 def run_dir(run_id: str) -> str:
-    """The file name of a run's TODO file, claims and results folder (``claims`` is taken)."""
+    """The file name of a run's TODO file, claims and results folder (``claims`` is taken).
+
+    A run id that starts with ``.`` (``..`` would put the run's results beside ``data/runs``) is
+    :class:`~pytest_gpubench.ids.InvalidId`: run ids are checked where they enter, this holds anyway.
+    """
     name = file_name(run_id)
+    if not name or name.startswith("."):
+        raise InvalidId(f"run id {shown_id(run_id)} cannot name a folder of the results repository")
     return f"{name}_" if name == CLAIMS.name else name
 
 

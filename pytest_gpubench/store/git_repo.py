@@ -149,7 +149,7 @@ class Clone:
         self.url = self.remote.url
         self.directory = directory
         run_git("clone", "-q", "--no-tags", "--", self.url, str(directory), remote=self.remote)
-        self.branch = branch or self._remote_branch() or "main"
+        self.branch = branch or self._remote_branch(url) or "main"
         if not self._has_remote_branch():
             self._first_commit()
         self.sync()
@@ -158,14 +158,39 @@ class Clone:
         """``git ARGS`` in this clone."""
         return run_git(*args, cwd=self.directory, check=check, remote=self.remote)
 
-    def _remote_branch(self) -> str | None:
+    def _remote_branch(self, url: str) -> str | None:
+        """The branch the remote's ``HEAD`` names: the branch a plain ``git clone`` checks out.
+
+        A remote whose ``HEAD`` names no existing branch (an empty repository, ``git init
+        --bare`` with any default branch: ``master``, ``trunk``) sets no ``origin/HEAD`` and
+        ``ls-remote --symref`` prints nothing for it; its ``HEAD`` is read from the repository
+        itself for a ``file://`` one, else from the fresh clone, whose own ``HEAD`` git (2.31 and
+        later) sets to the remote's unborn branch. The first commit then goes to that branch.
+        """
         head = self.git("symbolic-ref", "-q", "--short", "refs/remotes/origin/HEAD", check=False)
         if head.returncode == 0 and head.stdout.strip():
             return head.stdout.strip().removeprefix("origin/")
-        # An empty remote: its HEAD names the branch its first push makes.
-        remote = self.git("ls-remote", "--symref", "origin", "HEAD", check=False).stdout
-        found = re.search(r"ref: refs/heads/(\S+)\s+HEAD", remote)
-        return found[1] if found else None
+        branch = self._unborn_head(url)
+        if not branch:
+            return None
+        if not self._fetched(branch) and self._fetched("main"):
+            # HEAD names a branch that is not there while ``main`` is: earlier versions of this store,
+            # which could not read an unborn HEAD, pushed there; their results stay the record.
+            return "main"
+        return branch
+
+    def _unborn_head(self, url: str) -> str:
+        """The branch a remote's ``HEAD`` names although it does not exist ("" when not known)."""
+        path = local_path(url)
+        if path is not None:  # a bare repository on this machine: its HEAD, whatever git's version
+            found = run_git("--git-dir", str(path), "symbolic-ref", "-q", "--short", "HEAD", check=False)
+            if found.stdout.strip():
+                return found.stdout.strip()
+        return self.git("symbolic-ref", "-q", "--short", "HEAD", check=False).stdout.strip()
+
+    def _fetched(self, branch: str) -> bool:
+        """Whether the clone fetched ``branch`` from the remote (it has it), without asking it again."""
+        return self.git("rev-parse", "-q", "--verify", f"refs/remotes/origin/{branch}", check=False).returncode == 0
 
     def _has_remote_branch(self) -> bool:
         return bool(self.git("ls-remote", "--heads", "origin", f"refs/heads/{self.branch}").stdout.strip())

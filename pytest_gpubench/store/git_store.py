@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 
 from ..errors import Stage, StoreProblem
 from ..measure.results import BenchmarkResult, RequestRecord
+from .claim_rule import REOPENED, abandoned
 from .git_layout import ClaimFile, Layout, RepoCell, ResultFile, run_dir
 from .git_repo import Clone, Remote, ensure_bare_repository, git_url, local_path, run_git
 from .manifest import FINAL_STATUSES, Manifest, ended_since
@@ -328,29 +329,38 @@ class GitStore(SqliteStore):
         def claim() -> Claim:
             done = self.layout.result(run, key)
             if done is not None:
-                return Claim(row_id=row_id, holder=self._holder(done.cell.get("worker"), done.host), won=False,
-                             status=done.status,
-                             since=done.cell.get("started_at"))
-            held = self.layout.claim(run, key)
-            mine = held is not None and held.holder == worker and self._here(held.host)
-            expired = held is not None and not mine and _expired(held, at)
-            if held is not None and not mine and not expired:
-                return Claim(row_id=row_id, holder=self._holder(held.holder, held.host), won=False, since=held.since,
-                             lease_expires_at=held.lease_expires_at)
-            since = held.since if mine else utc_now()
+                holder = self._holder(done.cell.get("worker"), done.host)
+                if not abandoned(done.status, done.cell.get("failure_reason")):
+                    return Claim(row_id=row_id, holder=holder, won=False, status=done.status,
+                                 since=done.cell.get("started_at"))
+                # Its holder died (cleanup's mark): taken over, as an expired claim is; it runs again.
+                self.layout.remove_result(run, key)
+                taken_from: str | None = holder
+                since = utc_now()
+            else:
+                held = self.layout.claim(run, key)
+                mine = held is not None and held.holder == worker and self._here(held.host)
+                expired = held is not None and not mine and _expired(held, at)
+                if held is not None and not mine and not expired:
+                    return Claim(row_id=row_id, holder=self._holder(held.holder, held.host), won=False,
+                                 since=held.since, lease_expires_at=held.lease_expires_at)
+                taken_from = self._holder(held.holder, held.host) if expired else None
+                since = held.since if mine else utc_now()
             self.layout.write_claim(run, key, ClaimFile(holder=worker, host=self.host, since=since,
                                                         lease_expires_at=lease,
                                                         cell=local.model_dump(include=set(_IDENTITY))))
             return Claim(row_id=row_id, holder=worker, won=True, since=since, lease_expires_at=lease,
-                         taken_over_from=self._holder(held.holder, held.host) if expired else None)
+                         taken_over_from=taken_from)
 
         answer, pushed = self._transact(claim, f"gpubench: claim {row_id} for {worker}", self._claim_tries)
         if not pushed:
             raise StoreProblem(f"git store {self._location}: could not push the claim of {row_id} after "
                              f"{self._claim_tries} tries ({self.clone.last_push_error or 'the remote kept moving'})")
         if answer.won:
+            # An abandoned cell taken over runs again: its recorded end goes (the repository's went above).
+            reopened = dict.fromkeys(REOPENED) if answer.taken_over_from is not None else {}
             self.manifest.update_cell(row_id, status="running", worker=worker, started_at=answer.since,
-                                      lease_expires_at=lease)
+                                      lease_expires_at=lease, **reopened)
         return answer
 
     def renew_cell_lease(self, row_id: str, worker: str, lease_seconds: float, *,

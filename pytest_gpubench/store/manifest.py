@@ -382,7 +382,7 @@ def run_row(run_id: str, argv: list[str], matrix_files: list[str], *, owner: Pro
     if owner is not None:
         row.update(pid=owner.pid, pid_start=owner.start)
     if api is not None:
-        row["api"] = api
+        row["api"] = redact(api)  # shown by gpubench browse and cleanup: never its password
     if sandbox is not None:
         row["sandbox"] = int(sandbox)
     refuse_secrets(row)

@@ -46,12 +46,16 @@ def store_kind(location: str | Path) -> StoreKind:
     raise UsageProblem(f"store {found[1]}://...: not a store this version knows; a store is {_SUPPORTED}")
 
 
-def open_store(location: str | Path, **options: Any) -> Store:
+def open_store(location: str | Path, *, read_only: bool = False, **options: Any) -> Store:
     """The store at ``location``, created as needed.
 
     ``options`` tune the SQLite file (``busy_timeout``, ``retry_seconds``: see
     :class:`~.manifest.Manifest`); the other stores take what applies to them and
-    ignore the rest.
+    ignore the rest. ``read_only``: for a command that only reads (report, export, status,
+    browse, plan): a SQLite file is opened ``mode=ro`` and must already be a current manifest
+    (else :class:`~pytest_gpubench.errors.NotAManifest` or
+    :class:`~pytest_gpubench.errors.MigrationNeeded`, the file unchanged). A server store
+    (PostgreSQL, git) keeps its own rules: it is reached as for writing.
     """
     kind = store_kind(location)
     if kind == "postgresql":
@@ -64,7 +68,7 @@ def open_store(location: str | Path, **options: Any) -> Store:
         return GitStore.open(str(location), **options)
     from .sqlite_store import SqliteStore  # sqlite-utils is loaded only when a store is opened
 
-    return SqliteStore.open(Path(location), **options)
+    return SqliteStore.open(Path(location), read_only=read_only, **options)
 
 
 def store_exists(location: str | Path) -> bool:

@@ -26,12 +26,18 @@ Formatting rules (the reader, :func:`read_progress`, undoes them):
 * ``RESULTS:`` is compact, ASCII-only JSON on one line; NaN and infinities become null.
 * Any value containing ``-----BEGIN`` or ``PRIVATE KEY`` is written as
   ``[REDACTED]``: the SSH key must never reach this file, even by mistake.
+
+Where a cell's file is: ``<progress folder>/<run id>/<record key as a file name>.log``
+(:func:`cell_progress_path`). A store row's ``progress_file`` says where it was written, for
+people; the plugin never follows it (a shared store's rows are anyone's to write): cleanup
+finds a cell's file from the configured folder and the cell's ids (:func:`existing_progress_file`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import threading
 from collections.abc import Callable, Mapping
@@ -43,8 +49,12 @@ from typing import IO, Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import Stage
+from ..ids import InvalidId, path_under
+from ..plaintext import one_line as _one_line
+from .record_keys import file_name
 
-__all__ = ["ProgressLine", "ProgressWriter", "REDACTED", "format_value", "read_progress"]
+__all__ = ["ProgressLine", "ProgressWriter", "REDACTED", "cell_progress_path", "existing_progress_file",
+           "format_value", "read_progress"]
 
 REDACTED = "[REDACTED]"
 _SECRET_MARKERS = ("-----BEGIN", "PRIVATE KEY")
@@ -52,8 +62,6 @@ _MONEY_KEY = re.compile(r"(?:^|_)(?:price|cost|usd)(?:_|$)", re.IGNORECASE)
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 _LABEL = re.compile(r"[A-Z][A-Z0-9_]*")
 _BARE = re.compile(r'[^\s"\\]+')
-# Everything str.splitlines() would break on, plus the other control characters.
-_LINE_BREAKING = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")
 _RECORD = re.compile(
     r"^\[(?P<ts>[^\]]+)\] (?P<kind>STATUS|PROGRESS|ERROR|RESULTS):(?: (?P<body>.*))?$"
 )
@@ -63,10 +71,6 @@ Kind = Literal["STATUS", "PROGRESS", "ERROR", "RESULTS"]
 
 def _is_secret(text: str) -> bool:
     return any(marker in text for marker in _SECRET_MARKERS)
-
-
-def _one_line(text: str) -> str:
-    return _LINE_BREAKING.sub(" ", text)
 
 
 def _quote(text: str) -> str:
@@ -125,18 +129,58 @@ def _utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def cell_progress_path(folder: str | Path, run_id: str, record_key: str) -> Path:
+    """``<folder>/<run>/<cell>.log``: the run id must be an id (:mod:`pytest_gpubench.ids`;
+    :class:`~pytest_gpubench.ids.InvalidId` otherwise), the record key becomes a file name
+    (:func:`~.record_keys.file_name`, which ``.log`` ends): the path never leaves ``folder``."""
+    return path_under(folder, run_id, what="run id") / f"{file_name(record_key)}.log"
+
+
+def existing_progress_file(folder: str | Path | None, run_id: str, record_key: str | None) -> Path | None:
+    """The progress file of a cell of another process (cleanup's), to read or append to; None when
+    there is none to touch.
+
+    Derived from the configured ``folder`` (resolved) and the cell's ids, never from a path a store
+    row names: None when ``folder`` is None, the run id is not an id, the run's folder is missing
+    or is a symlink, or the file is a symlink or not a regular file. Write to it with
+    ``ProgressWriter(path, follow_symlinks=False)``.
+    """
+    if folder is None or not record_key:
+        return None
+    try:
+        path = cell_progress_path(Path(folder).resolve(), run_id, record_key)
+    except (InvalidId, OSError):
+        return None
+    run_folder = path.parent
+    if run_folder.is_symlink() or not run_folder.is_dir() or path.is_symlink():
+        return None
+    if path.exists() and not path.is_file():
+        return None
+    return path
+
+
+def _append_no_follow(path: str, flags: int) -> int:
+    """``open``'s opener for a file that must not be a symlink (its last part)."""
+    return os.open(path, flags | os.O_NOFOLLOW, 0o644)
+
+
 class ProgressWriter:
     """Appends seed-000 progress lines to ``path``; safe to share between threads.
 
     The parent directories are created, the file is opened for appending and every
     line is flushed as it is written, so ``tail -f`` and a crash both see whole
     lines. Every method returns the line it wrote (without the newline).
-    ``clock`` (returning a datetime) exists for tests.
+    ``clock`` (returning a datetime) exists for tests. With ``follow_symlinks=False`` (a file of
+    another process, found by :func:`existing_progress_file`) the folder must exist and a symlink
+    in the file's place is refused when the file is opened (``OSError``).
     """
 
-    def __init__(self, path: str | Path, *, clock: Callable[[], datetime] = _utc_now) -> None:
+    def __init__(self, path: str | Path, *, clock: Callable[[], datetime] = _utc_now,
+                 follow_symlinks: bool = True) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if follow_symlinks:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._opener = None if follow_symlinks else _append_no_follow
         self._clock = clock
         self._lock = threading.Lock()
         self._file: IO[str] | None = None
@@ -188,7 +232,7 @@ class ProgressWriter:
         line = f"[{stamp:%Y-%m-%dT%H:%M:%S}Z] {kind}:" + (f" {body}" if body else "")
         with self._lock:
             if self._file is None:
-                self._file = open(self.path, "a", encoding="utf-8", buffering=1, newline="\n")
+                self._file = open(self.path, "a", encoding="utf-8", buffering=1, newline="\n", opener=self._opener)
             # One write per line: with O_APPEND, lines from several writers never interleave.
             self._file.write(line + "\n")
             self._file.flush()
@@ -268,7 +312,11 @@ def _parse_line(line: str) -> ProgressLine:
     timestamp = datetime.fromisoformat(stamp[:-1] + "+00:00" if stamp.endswith("Z") else stamp)
     kind, body = match["kind"], match["body"] or ""
     if kind == "RESULTS":
-        return ProgressLine(kind=kind, timestamp=timestamp, data=json.loads(body), raw=line)
+        try:
+            data = json.loads(body)
+        except RecursionError:  # nested past the interpreter's limit: as malformed as bad JSON
+            raise ValueError("RESULTS JSON nested too deep") from None
+        return ProgressLine(kind=kind, timestamp=timestamp, data=data, raw=line)
     label = None
     if kind == "STATUS":
         label, _, body = body.partition(" ")
@@ -281,15 +329,20 @@ def _parse_line(line: str) -> ProgressLine:
     )
 
 
-def read_progress(path: str | Path, *, strict: bool = False) -> list[ProgressLine]:
+def read_progress(path: str | Path, *, strict: bool = False, follow_symlinks: bool = True) -> list[ProgressLine]:
     """Parse a progress file back into :class:`ProgressLine` records.
 
     A last line cut short (a writer killed mid-line, a file copied while written) is
     dropped when it does not parse. Other lines that are not progress records (output
     of some other tool mixed in) are skipped, or raise ``ValueError`` with
-    ``strict=True``.
+    ``strict=True``. ``follow_symlinks=False`` refuses a symlink (``OSError``).
     """
-    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    if follow_symlinks:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    else:
+        with open(path, encoding="utf-8", errors="replace",
+                  opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW)) as handle:
+            text = handle.read()
     lines = text.split("\n")
     # split() leaves "" after a final newline; otherwise the last piece is unterminated.
     unterminated = lines.pop()

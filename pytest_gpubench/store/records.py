@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..cloud.owned import OwnedSession
 from ..cloud.processes import ProcessIdentity
 from ..measure.results import PerformanceResults
+from ..redaction import redact
 from ..remote.sysinfo import SystemInfo
 
 __all__ = [
@@ -43,12 +44,18 @@ class RunRecord(_Record):
     status: str | None = None
     #: The process that owns the run (the xdist controller); cleanup leaves a live one alone.
     owner: ProcessIdentity | None = None
-    #: The GPU Shopper URL the run rents from.
+    #: The GPU Shopper URL the run rents from, its credentials redacted (``user:***@``); a row an
+    #: older version stored raw is redacted when read.
     api: str | None = None
     #: The run rented from its own sandbox, whose sessions end when it exits.
     sandbox: bool = False
     #: The last time another process took the run over (``--gpubench-resume``).
     resumed_at: str | None = None
+
+    @field_validator("api")
+    @classmethod
+    def _redacted(cls, value: str | None) -> str | None:
+        return redact(value) if value else value
 
 
 class CellRecord(_Record):

@@ -20,6 +20,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from ..cloud.cleanup import RunInfo
+from ..ids import ID_RULE, is_id, shown_id
+from ..settings import MAX_RUN_ID
 from ..errors import UnknownRun, UsageProblem
 from .run_choice import SHOWN_RUNS, resolve_run
 from .opening import open_store, store_exists
@@ -67,6 +69,9 @@ def plan_resume(manifest_path: Path, wanted: str, me: ProcessIdentity | None = N
             run_id = resolve_run(store, wanted)
         except UnknownRun as exc:
             raise UsageProblem(f"{FLAG}: {exc.message}") from None
+        if not is_id(run_id, MAX_RUN_ID):  # a row of a shared store: it would name the progress folder
+            raise UsageProblem(f"{FLAG}: the store's run id {shown_id(run_id)} is not a run id (1-{MAX_RUN_ID} "
+                               f"{ID_RULE}): it cannot be resumed")
         run = store.run(run_id)
         if run is not None:
             running = RunInfo.of(run).still_running(me)

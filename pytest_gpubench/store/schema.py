@@ -6,19 +6,22 @@ other tables hold
 results (``benchmarks``, the flattened ``PerformanceResults`` plus the full JSON),
 their ``requests``, ``gpu_samples`` and repeated ``benchmark_runs``, and each cell's
 provisioning ``attempts`` (one row per offer tried). A file made by
-an older version is migrated when it is opened (:mod:`.manifest_migrate`): its
-schema version is in ``PRAGMA user_version``.
+an older version is migrated when it is opened for writing (:mod:`.migrate`): its
+schema version is in ``PRAGMA user_version``. A reader (``mode=ro``) migrates nothing:
+:func:`check_current` refuses what it cannot read as it is.
 """
 
 from __future__ import annotations
 
+import sqlite3
 import typing
 from typing import Any
 
 import sqlite_utils
 from pydantic import BaseModel
 
-from .migrate import fill_in, rename_columns, set_version
+from ..errors import MigrationNeeded, NotAManifest
+from .migrate import SCHEMA_VERSION, fill_in, rename_columns, schema_version, set_version
 from .systems import create_systems_table
 from ..measure.results import PerformanceResults, RequestRecord
 
@@ -340,3 +343,56 @@ def create_schema(db: sqlite_utils.Database, path: object = "") -> None:
     create_gpu_leases_table(db)
     fill_in(db, version)
     set_version(db)
+
+
+# ------------------------------------------------------------- what a reader may read as it is
+
+#: A file with neither of these tables is no manifest (seed 001's files have the first only).
+_MANIFEST_TABLES = ("benchmark_manifest", "runs")
+
+
+def _tables(db: sqlite_utils.Database) -> dict[str, set[str]]:
+    return {name: set(db.table(name).columns_dict) for name in db.table_names()}
+
+
+def missing_schema(db: sqlite_utils.Database) -> list[str]:
+    """What opening the file for writing would change (empty: nothing): an older schema version,
+    and each table or column :func:`create_schema` would add. Compared with a fresh schema
+    made in memory, so it follows every table the schema gains. Reads only."""
+    fresh = sqlite_utils.Database(memory=True)
+    create_schema(fresh)
+    wanted, present = _tables(fresh), _tables(db)
+    fresh.close()
+    found = []
+    version = schema_version(db)
+    if version < SCHEMA_VERSION:
+        found.append(f"schema version {version}, where this pytest-gpubench writes {SCHEMA_VERSION}")
+    for table, columns in wanted.items():
+        if table not in present:
+            found.append(f"no {table} table")
+        elif columns - present[table]:
+            found.append(f"{table} lacks {', '.join(sorted(columns - present[table]))}")
+    return found
+
+
+def check_current(db: sqlite_utils.Database, path: object = "") -> None:
+    """Refuse, without changing the file, what a reader cannot read as it is: a SQLite file that is not
+    a manifest (:class:`NotAManifest`), one written by a newer version (:class:`ManifestTooNew`) or an
+    older one (:class:`MigrationNeeded`: ``gpubench migrate`` brings it up to date)."""
+    try:
+        tables = set(db.table_names())
+        if not tables & set(_MANIFEST_TABLES):
+            raise NotAManifest(f"{path} is not a pytest-gpubench manifest (it has no benchmark_manifest or "
+                               "runs table); nothing was read or changed")
+        if schema_version(db) > SCHEMA_VERSION:
+            rename_columns(db, path)  # raises ManifestTooNew, changing nothing
+        missing = missing_schema(db)
+    except sqlite3.DatabaseError as exc:  # "file is not a database", a corrupt page
+        raise NotAManifest(f"{path} is not a pytest-gpubench manifest ({exc}); nothing was read or changed") \
+            from None
+    if missing:
+        more = len(missing) - 1
+        also = f", and {more} more change{'s' * (more > 1)}" if more else ""
+        raise MigrationNeeded(f"the manifest {path} was written by an older pytest-gpubench ({missing[0]}{also}); "
+                              "it was left as it is",
+                              hint=f"run `gpubench migrate --store {path}` to bring it up to date")

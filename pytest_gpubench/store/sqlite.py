@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 import sqlite_utils
 from sqlite_utils.db import NotFoundError
 
-from .schema import create_schema
+from ..errors import NotAManifest
+from .schema import check_current, create_schema
 
 T = TypeVar("T")
 S = TypeVar("S", bound="ManifestStore")
@@ -69,11 +70,16 @@ class ManifestStore:
         *,
         busy_timeout: float = 30.0,
         retry_seconds: float = 120.0,
+        read_only: bool = False,
     ) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.read_only = read_only
         self._retry_seconds = retry_seconds
         self._lock = threading.RLock()
+        if read_only:
+            self._open_read_only(busy_timeout)
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(str(self.path), timeout=busy_timeout, check_same_thread=False)
         self.db = sqlite_utils.Database(conn)
         self.db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
@@ -84,6 +90,22 @@ class ManifestStore:
         # an fsync per commit.
         self.db.execute("PRAGMA synchronous = NORMAL")
         self._write(lambda: create_schema(self.db, self.path))
+
+    def _open_read_only(self, busy_timeout: float) -> None:
+        """A ``mode=ro`` connection to a file that must be a current manifest (readers: report, export,
+        status, browse, plan): nothing is created, migrated or stamped, the file is left byte for byte
+        as it was; what it cannot read is refused (``schema.check_current``)."""
+        if not self.path.is_file():
+            raise NotAManifest(f"no manifest at {self.path}" + (" (a folder)" if self.path.is_dir() else ""))
+        conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, timeout=busy_timeout,
+                               check_same_thread=False)
+        self.db = sqlite_utils.Database(conn)
+        try:
+            self.db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            check_current(self.db, self.path)
+        except BaseException:
+            conn.close()
+            raise
 
     # ------------------------------------------------------------------ plumbing
 

@@ -10,17 +10,21 @@ cleanup was releasing. Real sessions on the sandbox API; the store is SQLite.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import time
 
 from e2e_helpers import RENTABLE_OFFER, rent, session_status
 from polling import wait_for
 
+import pytest
+
 from pytest_gpubench.cloud.cleanup import ReleaseOutcome, clean, close_cells
 from pytest_gpubench.cloud.processes import ProcessIdentity
 from pytest_gpubench.cloud.provider import consumer_id
 from pytest_gpubench.cloud.shopper_client import ShopperClient
 from pytest_gpubench.cloud.shopper_provider import ShopperProvider
+from pytest_gpubench.plugin.claims import ProcessClaims, Verdict, release_for_takeover
 from pytest_gpubench.settings import Settings
 from pytest_gpubench.store.opening import open_store
 
@@ -104,3 +108,42 @@ def test_cleanup_never_marks_failed_a_cell_a_live_controller_took_over_meanwhile
         assert store.renew_cell_lease(row, LIVE, 60)
         assert close_cells(store, {row: LIVE}, "its controller died", "test") == [row]  # still its holder's: closed
         assert store.cell(row).status == "failed"
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql", "git"])
+def test_a_dead_holder_s_cell_is_released_and_left_for_the_next_controller_to_take_over(
+        tmp_path, sandbox, api, shared_store, monkeypatch):
+    """Issue 21 item 15: a controller died mid-cell on this host, its lease still live; the next
+    controller's start-up cleanup releases its session and marks the cell failed as abandoned,
+    and that controller (or any other that claims it first) takes it over and runs it, instead
+    of reporting it claimed by the dead one."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # the git store's local manifest and clones
+    dead = ProcessIdentity(pid=2 ** 22 + 7, host=socket.gethostname(), nonce="0a0b0c0d")  # not running
+    joiner = ProcessIdentity(pid=os.getpid(), host=socket.gethostname(), nonce="1a1b1c1d").holder()
+    with open_store(shared_store) as store:
+        store.start_run(RUN, [], [], owner=dead, api=sandbox.url)
+        row = add(store, "x")
+        assert store.claim_cell(row, dead.holder(), lease_seconds=3600).won  # its lease runs for an hour
+        session = rented(store, api, row, "x")
+
+        report = asyncio.run(_clean(sandbox.url, store))
+
+        assert {a.leftover.session_id: a.outcome for a in report.actions} == {session: ReleaseOutcome.RELEASED}
+        assert status(api, session) == "stopped"
+        assert report.closed_cells == [row]
+        closed = store.cell(row)
+        taker, other = (ProcessClaims(lambda: store, RUN, name, 60.0) for name in (joiner, "box-b:7:0a0b0c0d"))
+        try:
+            taken = taker.admit(row, lambda: row)
+            assert taken.verdict is Verdict.RUN and taken.claim.taken_over_from == dead.holder()
+            assert other.admit(row, lambda: row).verdict is Verdict.DEFER  # one taker: the cell runs once
+        finally:
+            taker.close()
+            other.close()
+        # Until then the record said why: failed, its holder gone, for the next controller to take over.
+        assert (closed.status, closed.failure_reason) == ("failed", "abandoned")
+        assert f"the next controller of run {RUN} that reaches it takes it over" in closed.error_message
+        cell = store.cell(row)
+        assert (cell.status, cell.worker, cell.failure_reason, cell.error_message, cell.completed_at) == (
+            "running", joiner, None, None, None)
+        assert asyncio.run(release_for_takeover(store, None, cell, dead.holder())) == []  # nothing left to release

@@ -218,6 +218,44 @@ def test_a_revoked_host_key_is_refused_and_a_host_known_by_its_ca_is_not_pinned(
     assert uncertified.value.stage is Stage.SSH_CONNECT and not (tmp_path / "pins_ca").exists()
 
 
+def test_strict_host_keys_refuse_a_host_in_no_known_hosts_file_and_pin_nothing(tmp_path):
+    """Issue 21 item 7: ``--gpubench-host-keys strict`` fails ``ssh_connect`` on an unknown host key,
+    naming the key presented, instead of pinning it; a key already pinned (or listed) still connects."""
+    from pytest_gpubench.cloud.hosts_provider import HostsProvider
+    from pytest_gpubench.errors import StageError
+    from pytest_gpubench.settings import Settings
+
+    machines = SandboxHostsThread(tmp_path / "machines", [HostPlan("lab1")])
+    machines.start()
+    try:
+        pin_file = tmp_path / "pins" / "known_hosts"
+
+        def login(policy: str) -> str:
+            settings = Settings(hosts=str(machines.hosts.inventory), known_hosts=str(pin_file), host_keys=policy)
+            (machine,) = HostsProvider(settings).machines(None)
+            ssh = HostsProvider(settings).ssh_for(machine, (0,))
+
+            async def go() -> str:
+                conn = await connect_checked(ssh.host, ssh.port, ssh.user, ssh.private_key, known_hosts=ssh.known_hosts,
+                                             pin_file=ssh.pin_file, timeout=20, key_path=ssh.key_file)
+                try:
+                    return conn.host_key_fingerprint
+                finally:
+                    await conn.close()
+            return run_async(go(), 60)
+
+        with pytest.raises(StageError) as refused:
+            login("strict")
+        message = str(refused.value)
+        assert refused.value.stage is Stage.SSH_CONNECT and "--gpubench-host-keys is strict" in message
+        assert "SHA256:" in message and str(pin_file) in message and not pin_file.exists()
+        first = login("pin")  # the default: trusted on first use and pinned
+        assert first in pinned_fingerprints(pin_file) and first in message
+        assert login("strict") == first  # known now (gpubench's own file is still read): connects
+    finally:
+        machines.stop()
+
+
 def pinned_fingerprints(path: Path) -> str:
     import asyncssh
 

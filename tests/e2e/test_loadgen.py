@@ -16,7 +16,13 @@ import threading
 import pytest
 from standin_helpers import RATE, THINKING_MODEL, TTFT_MS, Server, write_instance
 
-from pytest_gpubench.measure.benchmark import LOADGEN_SOURCE, BenchmarkPlan, _local_lines
+from pytest_gpubench.measure.benchmark import (
+    LOADGEN_BOOTSTRAP,
+    LOADGEN_SOURCE,
+    BenchmarkPlan,
+    _local_lines,
+    loadgen_input,
+)
 from pytest_gpubench.matrix.cells import SEED_PROMPTS
 from pytest_gpubench.measure.results import RequestRecord, summarize
 from pytest_gpubench.sandbox.standin_state import StateStore, StreamFault
@@ -33,7 +39,8 @@ def ollama(tmp_path_factory):
 
 
 def run_loadgen(config, python=sys.executable):
-    done = subprocess.run([python, "-", json.dumps(config)], input=LOADGEN_SOURCE, text=True,
+    # As the plugin runs it: the bootstrap reads the script, then the config, from stdin.
+    done = subprocess.run([python, "-c", LOADGEN_BOOTSTRAP], input=loadgen_input(config), text=True,
                           capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return [json.loads(line) for line in done.stdout.splitlines()]

@@ -91,6 +91,7 @@ def test_three_controllers_one_killed_mid_cell_every_cell_ends_once(tmp_path, st
     assert any(of(taken.worker, p) for p in survivors)  # taken over once its lease ran out
     log = progress_path(tmp_path / "reports" / "progress", RUN, cell.cell_id).read_text()
     assert f"TAKEN_OVER taken_from={cell.worker}" in log and f"released_sessions={cell.session_id}" in log, log
+    assert f"CLEANUP session_id={cell.session_id} status=stopped by=takeover" in log, log
     own = sorted((a for a in attempts if a.row_id == cell.row_id), key=lambda a: a.attempt)
     assert own[0].worker == cell.worker and own[0].session_id == cell.session_id and own[0].session_status == "stopped"
     assert own[-1].worker == taken.worker and own[-1].attempt > own[0].attempt  # numbering goes on

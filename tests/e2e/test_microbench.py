@@ -69,12 +69,16 @@ def test_a_microbench_cell_measures_the_catalog_figures_with_the_instances_torch
     with SqliteStore.open(tmp_path / "reports" / "manifest.db") as store:
         markdown = render_markdown(build_report(store))
     memory = figures(tmp_path)["RTX 3090", "memory_bandwidth"]["value"]
-    assert "## GPU microbenchmarks" in markdown and "| RTX 3090 | vastai | memory_bandwidth |" in markdown
+    assert "## GPU microbenchmarks" in markdown and "| RTX 3090 | vastai | memory\\_bandwidth |" in markdown
     assert f"| {100 * memory / 936:.0f}% |" in markdown and 87.5 < 100 * memory / 936 < 89.8
     # JUnit carries each measured figure, for CI to gate on.
     junit = (tmp_path / "junit.xml").read_text()
     assert 'name="gpubench_microbench_memory_bandwidth" value="8' in junit
     assert "gpubench_microbench_matmul_fp8" not in junit  # skipped: no figure
+    # nvidia-smi sampled the GPU while it measured: the samples are the cell's (no result to hang them on).
+    samples = list(sqlite_utils.Database(tmp_path / "reports" / "manifest.db")["gpu_samples"].rows)
+    assert samples and {s["manifest_id"] for s in samples} == {row["id"]}
+    assert all(s["benchmark_id"] is None and s["gpu"] == 0 and s["power_draw_w"] > 0 for s in samples)
     assert_every_session_released(standalone_sandbox)
 
 

@@ -286,8 +286,14 @@ def section(markdown: str, title: str) -> str:
 
 
 def table_rows(text: str) -> list[list[str]]:
+    """The body rows of the tables in ``text``, each cell as it reads rendered (escapes read)."""
     rows = [line for line in text.splitlines() if line.startswith("| ")]
-    return [[cell.strip() for cell in re.split(r"(?<!\\)\|", row)[1:-1]] for row in rows[1:]]
+    return [[rendered(cell.strip()) for cell in re.split(r"(?<!\\)\|", row)[1:-1]] for row in rows[1:]]
+
+
+def rendered(text: str) -> str:
+    """``text`` with CommonMark's backslash escapes read (``\\(`` is ``(``), as a reader sees it."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", text)
 
 
 def test_markdown_sections_and_figures(manifest_path):
@@ -296,7 +302,7 @@ def test_markdown_sections_and_figures(manifest_path):
     for title in ("Headline findings", "Tokens/s leaderboard", "$ per million tokens leaderboard", "Results by model",
                   "Provider head-to-head", "Failures by stage", "Spend", "Figures"):
         assert f"\n## {title}\n" in markdown
-    headlines = section(markdown, "Headline findings")
+    headlines = rendered(section(markdown, "Headline findings"))
     assert ("- **qwen2:7b**: fastest RTX 4090 on vastai (200.0 output tok/s); cheapest RTX 3090 on vastai "
             "($0.19/M tokens)") in headlines
     assert "- **Best value**: RTX 3090 on vastai, the lowest $/M tokens on 2 of the 2 models it ran" in headlines
@@ -323,7 +329,7 @@ def test_markdown_sections_and_figures(manifest_path):
         ["RTX 3090", "vastai", "100.0", "100.0", "55", "$0.080", "$0.22", "50", "2"],
     ]
     assert ("**Fastest**: RTX 4090 on vastai (150.0 output tok/s). **Cheapest**: RTX 3090 on vastai "
-            "($0.22/M tokens).") in llama
+            "($0.22/M tokens).") in rendered(llama)
 
     (matchup,) = table_rows(section(markdown, "Provider head-to-head"))
     assert matchup == ["RTX 4090", "qwen2:7b", "tensordock 150.0, vastai 200.0", "tensordock $0.440, vastai $0.300",
@@ -333,7 +339,7 @@ def test_markdown_sections_and_figures(manifest_path):
     assert [row[:3] for row in failures] == [
         ["provision", "2", "session failed: No available public IPs"],
         ["model_pull", "1", "pull failed: manifest unknown"],
-        ["benchmark", "2", "the instance is gone \\| lost"],  # a pipe in a message does not split the row
+        ["benchmark", "2", "the instance is gone | lost"],  # a pipe in a message does not split the row
     ]
     skipped = table_rows(section(markdown, "Failures by stage").split("### Skipped cells")[1])
     assert skipped == [["inventory", "1", "no eligible offer for H100", "H100 / vastai / qwen2:7b"]]
@@ -357,9 +363,45 @@ def test_output_is_deterministic_and_user_text_is_escaped(tmp_path, manifest_pat
     assert render_markdown(first) == render_markdown(second) and render_html(first) == render_html(second)
     markdown, html = render_markdown(evil), render_html(evil)
     assert "<script>alert" not in markdown and "<img" not in markdown
-    assert "&lt;img src=x onerror=\"alert(2)\"&gt; &amp; \\| broken line" in markdown
+    assert "&lt;img src=x onerror=\"alert\\(2\\)\"&gt; &amp; \\| broken line" in markdown
     assert "<script>alert" not in html and "<img" not in html
     assert "&lt;img src=x onerror=&quot;alert(2)&quot;&gt; &amp; | broken line" in html
+
+
+#: Markdown that turns text into something else: a link, an image, a code span, emphasis, HTML.
+_ACTIVE = re.compile(r"\]\(|!\[|\[[^\]]*\]|`|<|\*\*\S|__\S|~~")
+
+
+def _unescaped(line: str) -> str:
+    """``line`` with every backslash escape (a backslash and the ASCII punctuation after it) removed:
+    what CommonMark would still read as syntax."""
+    return re.sub(r"\\[!-/:-@\[-`{-~]", "", line)
+
+
+def test_hostile_model_provider_and_error_text_stay_text_in_the_markdown(tmp_path):
+    """Issue 21 item 12: a model, provider, GPU or error message from the store never becomes a live
+    link, image, code span or emphasis in BENCHMARK_REPORT.md (it did: ``[ ] ( ) !`` went through)."""
+    model, provider = "[x](https://evil.example/m)", "![p](https://evil.example/p.png)"
+    message = "see [docs](javascript:alert(1)) **now** `rm -rf` _x_ ~~y~~ #z"
+    with Manifest(tmp_path / "manifest.db") as m:
+        b = Builder(m)
+        run = b.run("run-h", "2026-11-20T10:00:00.000+00:00")
+        b.cell(run, "RTX 4090", provider, model, result=make_result("RTX 4090", model, provider, 36000, 0.36),
+               session_cost=0.10)
+        b.cell(run, "[g](https://evil.example/g)", provider, model, status="failed", stage="benchmark",
+               message=message, session_cost=0.01)
+        markdown = render_markdown(build_report(SqliteStore(m)))
+    hostile = [line for line in markdown.splitlines() if "evil.example" in line or "javascript" in line]
+    assert len(hostile) >= 5, markdown  # headings, leaderboards, the failures table
+    for line in hostile:
+        # Our own bold (``- **lead**:``, never escaped) is the only syntax left once the escapes are read.
+        live = _ACTIVE.findall(_unescaped(re.sub(r"(?<!\\)\*\*", "", line)))
+        assert not live, f"{live} live in: {line}"
+        assert "](" not in line and "![" not in line
+    assert "\\[x\\]\\(https://evil.example/m\\)" in markdown  # escaped, still readable as text
+    failures = section(markdown, "Failures by stage")
+    assert "see \\[docs\\]\\(javascript:alert\\(1\\)\\) \\*\\*now\\*\\* \\`rm -rf\\` \\_x\\_ \\~\\~y\\~\\~ \\#z" \
+        in failures, failures
 
 
 # --------------------------------------------------------------------- HTML
@@ -431,7 +473,7 @@ def test_command_writes_both_files_and_says_where(tmp_path, manifest_path, capsy
     assert "| 1 | RTX 4090 | qwen2:7b | vastai | 200.0 |" in (out / "BENCHMARK_REPORT.md").read_text()
 
     assert main(["report", "--manifest", str(manifest_path), "--output-dir", str(out), "--run", "last"]) == 0
-    latest = (out / "BENCHMARK_REPORT.md").read_text()
+    latest = rendered((out / "BENCHMARK_REPORT.md").read_text())
     assert "1 result from 1 of 1 run" in latest and "RTX 3090 (partial)" in latest and "run-a" not in latest
     assert main(["report", "--manifest", str(manifest_path), "--output-dir", str(out),
                  "--run", "run-a", "--run", "run-b", "--run", "run-a"]) == 0

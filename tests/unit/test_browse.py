@@ -227,7 +227,7 @@ def test_without_datasette_the_command_says_how_to_install_it(manifest_path, mon
 @pytest.mark.parametrize(("args", "message"), [
     (["--manifest", "{missing}"], "no manifest at {missing}"),
     (["--manifest", "{foreign}"], "is not a pytest-gpubench manifest"),
-    (["--manifest", "{junk}"], "cannot read the manifest"),
+    (["--manifest", "{junk}"], "is not a pytest-gpubench manifest (file is not a database)"),
     (["--manifest", "{manifest}", "extra.db"], "unexpected argument 'extra.db'"),
     (["--manifest", "{manifest}", "--port", "70000"], "--port must be 0-65535"),
 ])

@@ -100,6 +100,24 @@ def test_peek_runs_a_cell_the_store_does_not_know_yet():
     assert peek(None, "me", now=0.0) is Verdict.RUN
 
 
+def test_an_abandoned_cell_is_run_by_whoever_claims_it_first_and_only_it(store):
+    """Cleanup found its holder gone and marked it failed as abandoned (issue 21 item 15): a dead
+    holder's cell, run here (taken over), not reported claimed; a failure of its own run is."""
+    add(store)
+    store.update_cell(ROW, status="failed", worker="dead", failure_reason="abandoned", lease_expires_at=None)
+    assert peek(store.cell(ROW), "me", now=100.0) is Verdict.RUN
+    first, second = claims(store, "me"), claims(store, "other")
+    try:
+        won = first.admit(ROW, lambda: ROW)
+        assert won.verdict is Verdict.RUN and won.claim.taken_over_from == "dead"
+        assert second.admit(ROW, lambda: ROW).verdict is Verdict.DEFER
+    finally:
+        first.close()
+        second.close()
+    store.update_cell(ROW, status="failed", worker="dead", failure_reason="interrupted")
+    assert peek(store.cell(ROW), "me", now=100.0) is Verdict.CLAIMED
+
+
 def test_admit_claims_with_a_lease_and_reports_what_it_did_not_win(store):
     mine, theirs = claims(store, "box-a:1"), claims(store, "box-b:2")
     won = mine.admit(ROW, lambda: add(store), now=1000.0)

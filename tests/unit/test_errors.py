@@ -8,7 +8,10 @@ import ast
 import inspect
 from pathlib import Path
 
+import pytest
+
 from pytest_gpubench import errors
+from pytest_gpubench.errors import Stage
 
 PACKAGE = Path(errors.__file__).parent
 ELSEWHERE = ("sandbox",)  # the emulated cloud and its stand-ins: their errors are theirs
@@ -47,3 +50,36 @@ def test_every_stage_error_knows_its_stage():
     assert errors.ThresholdMissed("slow").stage is errors.Stage.RESULTS
     assert errors.ResultsInvalid("NaN", Path("raw.json")).stage is errors.Stage.RESULTS
     assert errors.InstanceLost(errors.Stage.BENCHMARK, "gone").hint == errors.LOST_HINT
+
+
+def test_remote_stderr_reaches_failure_messages_without_escape_sequences_or_line_breaks(tmp_path):
+    """Issue 21 item 13: an instance's stderr (a real process here) is quoted in the failure
+    message, the terminal's and JUnit's text (``repr_failure``), through the progress files' rule."""
+    import asyncio
+    import types
+
+    from pytest_gpubench.errors import GpubenchError, RemoteCommandError
+    from pytest_gpubench.plugin.collect import describe_failure
+    from pytest_gpubench.remote.local import LocalShell
+    from pytest_gpubench.store.progress import ProgressWriter, read_progress
+
+    hostile = r"printf '\033]0;owned\007\033[2J\033[31mboom\033[0m\nsecond\r\n\342\200\256gnp.exe' >&2; exit 3"
+
+    async def run() -> RemoteCommandError:
+        shell = LocalShell(tmp_path / "home")
+        with pytest.raises(RemoteCommandError) as caught:
+            await shell.run(hostile, stage=Stage.MODEL_PULL, what="ollama pull", timeout=30)
+        await shell.close()
+        return caught.value
+
+    error = asyncio.run(run())
+    item = types.SimpleNamespace(stash={})
+    shown = [str(error), error.stderr_tail, describe_failure(error, item),
+             describe_failure(GpubenchError("bad \x1b[1;1Hanswer\nfrom the API", hint="\x1b]8;;x\x07y"), item)]
+    for text in shown:
+        assert not any(ord(ch) < 32 or 0x7F <= ord(ch) <= 0x9F or ch == "\u202e" for ch in text), repr(text)
+    assert str(error) == "ollama pull exited 3: boom second gnp.exe"
+    assert shown[3] == "bad answer from the API (y)"
+    with ProgressWriter(tmp_path / "p.log") as progress:  # the same text as the progress file's
+        progress.error(error.stage, str(error))
+    assert read_progress(tmp_path / "p.log")[-1].message == str(error), read_progress(tmp_path / "p.log")

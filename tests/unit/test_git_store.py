@@ -420,6 +420,56 @@ class _GitOverHttp:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
+def _heads(repository: Path) -> list[str]:
+    """The branches a bare repository has."""
+    return run_git("--git-dir", str(repository), "for-each-ref", "--format=%(refname:short)",
+                   "refs/heads").stdout.split()
+
+
+@pytest.mark.parametrize("branch", ["master", "trunk"])
+def test_an_empty_repository_s_results_go_to_the_branch_its_head_names(tmp_path, branch):
+    """Issue 21 item 16: ``git init --bare`` where the default branch is not ``main``. Its HEAD is
+    unborn (``ls-remote --symref`` says nothing): the store still pushes to the branch it names,
+    so a plain ``git clone`` checks the results out (docs/git-mode.md's crash recovery)."""
+    run_git("init", "--bare", "-q", f"--initial-branch={branch}", str(tmp_path / "results.git"))
+    with machine(tmp_path, "a") as store:
+        row = add(store, "cell-a")
+        assert store.claim_cell(row, "gw0", lease_seconds=60).won
+        used = store.clone.branch
+    repo = checkout(tmp_path)  # a plain git clone: what HEAD names is checked out
+    assert (repo / "data/runs/claims/phase1/cell-a.json").is_file(), sorted(p.name for p in repo.iterdir())
+    assert json.loads((repo / "data/runs/claims/phase1/cell-a.json").read_text())["holder"] == "gw0"
+    assert (used, _heads(tmp_path / "results.git")) == (branch, [branch])
+    with machine(tmp_path, "b") as other:
+        held = other.claim_cell(add(other, "cell-a"), "gw1", lease_seconds=60)
+        assert not held.won and held.holder == "gw0"  # the claim the first one pushed
+
+
+def test_an_empty_remote_over_http_gets_its_results_on_the_branch_its_head_names(tmp_path):
+    """Not a file on this machine: the unborn HEAD is read from the fresh clone's own (git sets it)."""
+    run_git("init", "--bare", "-q", "--initial-branch=trunk", str(tmp_path / "srv" / "results.git"))
+    remote = _GitOverHttp(tmp_path / "srv", "tok", "")
+    try:
+        location = f"git+http://tok@127.0.0.1:{remote.port}/results.git"
+        with GitStore.open(location, manifest=tmp_path / "m.db", cache_dir=tmp_path / "cache") as store:
+            assert store.claim_cell(add(store, "cell-a"), "gw0", lease_seconds=60).won
+    finally:
+        remote.server.shutdown()
+    assert _heads(tmp_path / "srv" / "results.git") == ["trunk"]  # nothing pushed to a main HEAD does not name
+
+
+def test_a_repository_an_earlier_version_filled_on_main_under_another_head_stays_on_main(tmp_path):
+    """An earlier version pushed to ``main`` whatever the empty repository's HEAD named: its results
+    stay the record (HEAD still names a branch that does not exist)."""
+    run_git("init", "--bare", "-q", "--initial-branch=master", str(tmp_path / "results.git"))
+    with machine(tmp_path, "a", branch="main") as earlier:
+        assert earlier.claim_cell(add(earlier, "cell-a"), "gw0", lease_seconds=60).won
+    with machine(tmp_path, "b") as store:
+        assert store.clone.branch == "main"
+        assert not store.claim_cell(add(store, "cell-a"), "gw1", lease_seconds=60).won
+    assert _heads(tmp_path / "results.git") == ["main"]
+
+
 def test_an_https_token_reaches_git_as_a_header_and_never_the_clone_s_config(tmp_path):
     run_git("init", "--bare", "-q", "--initial-branch=main", str(tmp_path / "srv" / "results.git"))
     remote = _GitOverHttp(tmp_path / "srv", "ghp_s3cret", "")

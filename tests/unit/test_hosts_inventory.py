@@ -32,6 +32,7 @@ hosts:
   lab2: {address: lab2.example, agent: true, gpu: A100 80GB}
 local: {price_per_hour: 0.1}
 """)
+    (tmp_path / "kh").write_text("")
     inventory = load_inventory(path)
     lab1, lab2 = inventory.hosts["lab1"], inventory.hosts["lab2"]
     assert (lab1.name, lab1.port, lab1.user, lab1.gpus, lab1.price_per_hour) == ("lab1", 2222, "bench", 2, 0.4)
@@ -66,6 +67,37 @@ def test_a_bad_inventory_names_the_file_the_field_and_what_is_allowed(tmp_path, 
     message = str(caught.value)
     assert message.startswith(f"{path.resolve()}: {field}") and words in message, message
     assert "line 1" in message or field == "hosts.lab1.key_file"
+
+
+def test_a_known_hosts_file_that_is_not_there_is_an_error_naming_the_host_and_field(tmp_path):
+    # Issue 21 item 7: it used to be accepted, and the host was then trusted on first use.
+    path = write(tmp_path, "hosts: {lab1: {address: a, key_file: id_test, gpu: T4, known_hosts: ./kh}}")
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path.resolve()}: hosts.lab1.known_hosts: no such file"), message
+    assert str((tmp_path / "kh").resolve()) in message and "\n" not in message
+
+
+@pytest.mark.parametrize("make", ["latin-1", "folder"], ids=["not-utf8", "a-folder"])
+def test_an_inventory_that_is_not_utf8_text_or_is_a_folder_is_one_line_naming_the_file(tmp_path, make):
+    """Issue 21 item 11: the matrix loader's error, not a raw UnicodeDecodeError / IsADirectoryError."""
+    from pytest_gpubench.matrix.cells import load_matrix
+    from pytest_gpubench.errors import MatrixError
+
+    path = tmp_path / "hosts.yaml"
+    if make == "folder":
+        path.mkdir()
+        words = "cannot read the file: Is a directory"
+    else:
+        path.write_bytes("hosts: {caf\u00e9: {}}\n".encode("latin-1"))
+        words = "the file is not UTF-8 text (byte 11 is invalid); save it as UTF-8"
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(path)
+    assert str(caught.value) == f"{path.resolve()}: {words}"
+    with pytest.raises(MatrixError) as matrix_caught:  # the matrix loader says the same of the same file
+        load_matrix(path.resolve())
+    assert str(matrix_caught.value) == str(caught.value)
 
 
 def test_a_missing_inventory_says_so(tmp_path):

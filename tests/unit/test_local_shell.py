@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -38,6 +39,28 @@ def test_commands_run_in_a_private_home_with_this_python_as_python3(shell):
     cwd, home, python = result.stdout.split()
     assert Path(cwd) == Path(home) == shell.home and oct(shell.home.stat().st_mode & 0o777) == "0o700"
     assert os.path.realpath(python) == os.path.realpath(sys.executable)
+
+
+def test_python3_is_the_plugins_virtualenv_with_its_packages(tmp_path, monkeypatch):
+    """A GPU box whose PyTorch lives in a virtualenv: ``python3`` in the shell must be that
+    virtualenv, not its base interpreter (a symlink outside the virtualenv loses its packages,
+    so a ``cloud: local`` cell could not import torch nor NVML's bindings)."""
+    import venv
+
+    env_dir = tmp_path / "gpu-box-venv"
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(env_dir)
+    venv_python = env_dir / "bin" / "python"
+    site = subprocess.run([str(venv_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "only_in_the_venv.py").write_text("WHERE = 'venv'\n", encoding="utf-8")
+    monkeypatch.setattr(sys, "executable", str(venv_python))
+    opened = LocalShell.open()
+    try:
+        result = run(opened.run("python3 -c 'import only_in_the_venv; print(only_in_the_venv.WHERE)'",
+                                stage=Stage.BENCHMARK, what="import", timeout=60))
+    finally:
+        run(opened.close())
+    assert result.ok and result.stdout.strip() == "venv", result.stderr
 
 
 def test_failures_and_timeouts_are_stage_errors(shell):

@@ -126,9 +126,21 @@ def test_a_manifest_from_a_newer_version_is_refused_clearly(tmp_path):
     assert str(path) in str(info.value)
 
 
-def test_gpubench_browse_migrates_an_old_file_before_serving_it(old_manifest):
+def test_gpubench_browse_leaves_an_old_file_to_gpubench_migrate_then_serves_it(old_manifest, capsys):
+    """Issue 21 item 10: browse only reads; it says the file needs `gpubench migrate` (it used to
+    migrate it in place), and serves it once migrated."""
     from pytest_gpubench.commands.browse import _QUERIES, datasette_metadata, read_schema
+    from pytest_gpubench.commands.cli import main
+    from pytest_gpubench.errors import CommandProblem
 
+    before = old_manifest.read_bytes()
+    with pytest.raises(CommandProblem, match=r"older pytest-gpubench .*gpubench migrate --store"):
+        read_schema(old_manifest)
+    assert old_manifest.read_bytes() == before
+    assert main(["migrate", "--store", str(old_manifest)]) == 0
+    assert "brought up to date (schema version 1)" in capsys.readouterr().out
+    assert main(["migrate", "--store", str(old_manifest)]) == 0  # again: nothing to do, nothing changed
+    assert "is up to date" in capsys.readouterr().out
     schema = read_schema(old_manifest)
     assert "output_tokens_per_second" in schema["benchmarks"] and "tokens_per_second" not in schema["benchmarks"]
     metadata = datasette_metadata("manifest", schema)

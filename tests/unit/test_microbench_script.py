@@ -136,9 +136,11 @@ def test_a_figure_event_without_runs_is_kept_as_skipped_not_averaged_as_zero() -
 
 def test_every_known_gpu_has_a_sourced_peak_for_memory_and_fp32() -> None:
     names = {entry.gpu for entry in gpu_peaks.PEAKS}
-    assert {"RTX 3090", "RTX 4090", "RTX 5090", "A100 80GB", "H200 NVL", "RTX 5060 Ti", "RTX 5070"} <= names
+    assert {"RTX 3090", "RTX 4090", "RTX 5090", "A100 80GB", "H200 NVL", "RTX 5060 Ti", "RTX 5070",
+            "H100 SXM", "H100 PCIe", "H200 SXM"} <= names
     for entry in gpu_peaks.PEAKS:
-        assert entry.source.startswith("https://www.nvidia.com/") or entry.source.startswith("https://images.nvidia")
+        assert entry.source.startswith(("https://www.nvidia.com/", "https://images.nvidia",
+                                        "https://resources.nvidia.com/"))
         assert entry.memory_gb_per_s > 0 and entry.tflops["fp32"] > 0
         assert set(entry.tflops) <= set(gpu_peaks.PRECISIONS)
     assert "fp8" not in gpu_peaks.peaks_for("A100 80GB").tflops  # Ampere has no FP8 path

@@ -56,7 +56,7 @@ def test_markdown_and_html_show_the_hardware_table(tmp_path):
     text = render_markdown(report)
     assert "## Hardware" in text
     assert ("| RTX 4090 | vastai | NVIDIA GeForce RTX 4090 | 24 | 8.9 | 2520 | 10501 | 450 | 550.54.15 | 12.4 | "
-            "AMD EPYC 7543 32-Core Processor (32 cores) | 64 | Ubuntu 22.04.4 LTS | 5.15.0-105-generic | 30 / 50 | "
+            "AMD EPYC 7543 32-Core Processor \\(32 cores\\) | 64 | Ubuntu 22.04.4 LTS | 5.15.0-105-generic | 30 / 50 | "
             "nvidia-smi-xml | 1 |") in text
     assert "| RTX 4090 | tensordock | 2 x NVIDIA GeForce RTX 4090 |" in text
     html = render_html(report)
@@ -92,5 +92,5 @@ def test_alike_hosts_are_two_machines_named_beside_the_provider(tmp_path):
     assert [(m.provider_label, m.sessions) for m in report.machines] == [
         ("hosts (lab1)", 2), ("hosts (lab2)", 1), ("lab2", 1)]
     text = render_markdown(report)
-    assert "| RTX 4090 | hosts (lab1) | NVIDIA GeForce RTX 4090 |" in text
-    assert "| RTX 4090 | hosts (lab2) | NVIDIA GeForce RTX 4090 |" in text
+    assert "| RTX 4090 | hosts \\(lab1\\) | NVIDIA GeForce RTX 4090 |" in text
+    assert "| RTX 4090 | hosts \\(lab2\\) | NVIDIA GeForce RTX 4090 |" in text

@@ -74,7 +74,7 @@ def test_both_renderings_show_the_table_and_the_peaks_sources(store) -> None:
     assert str(memory[3]).startswith("907.2 ± ") and str(memory[7]) == "300.0 (qwen2:1.5b on vastai)"
     assert str(table.rows[2][3]) == "skipped: torch could not run it: no"
     markdown, html = render_markdown(report), render_html(report)
-    assert "## GPU microbenchmarks" in markdown and "| RTX 4090 | vastai | matmul_fp16 |" in markdown
+    assert "## GPU microbenchmarks" in markdown and "| RTX 4090 | vastai | matmul\\_fp16 |" in markdown
     assert peaks_for("RTX 4090").source in markdown
     assert "<h2>GPU microbenchmarks</h2>" in html and 'data-table="microbench"' in html and ">90%<" in html
 

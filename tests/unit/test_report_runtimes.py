@@ -49,8 +49,8 @@ def test_each_runtime_is_its_own_result_and_the_tables_name_it(tmp_path):
     assert report.replaced == 0
     text = render_markdown(report)
     assert "| Rank | GPU | Model | Provider | Runtime | output tok/s |" in text
-    assert "| 2 | RTX 4090 | qwen2:7b | vastai | vllm (entrypoint) | 880.0 |" in text
-    assert "fastest RTX 4090 on vastai with vllm (900.0 output tok/s)" in text
+    assert "| 2 | RTX 4090 | qwen2:7b | vastai | vllm \\(entrypoint\\) | 880.0 |" in text
+    assert "fastest RTX 4090 on vastai with vllm \\(900.0 output tok/s\\)" in text
 
 
 def test_providers_are_compared_only_on_the_same_runtime(tmp_path):

@@ -56,6 +56,16 @@ def test_bad_values_name_their_source(cli, env, expected):
         resolve(cli, env, no_ini)
 
 
+@pytest.mark.parametrize("run_id", [".", "..", "...", ".hidden", "a/b", "../x", "é", "x" * 65])
+def test_a_run_id_that_would_leave_its_folder_is_refused(run_id):
+    # Issue 21 item 14: the run id names the progress folder and a results repository's run folder;
+    # "." and ".." put them beside it. The rule is the one for every id that becomes a path segment.
+    with pytest.raises(UsageProblem, match="--gpubench-run-id: .* must be 1-64 letters, digits, '.', '_' or '-', "
+                                           "not starting with '.'"):
+        resolve({"run_id": run_id}, {}, no_ini)
+    assert resolve({"run_id": "nightly.2026-01_a"}, {}, no_ini).run_id == "nightly.2026-01_a"
+
+
 def test_token_only_from_environment():
     settings = resolve({}, {"GPUBENCH_API_TOKEN": "s3cret"}, no_ini)
     assert settings.api_token == "s3cret"
@@ -108,3 +118,16 @@ def test_stall_timeout_leaves_a_slow_model_its_first_token_at_the_cells_concurre
     assert sandbox.stall_seconds(120, first_token_ms=None, concurrency=20) == 5.0  # nothing measured: as before
     assert sandbox.stall_seconds(2, first_token_ms=2400, concurrency=20) == 2.0  # asked for less: as asked
     assert Settings(time_scale=1.0).stall_seconds(120, first_token_ms=2400, concurrency=28) == 120
+
+
+def test_the_host_key_policy_is_pin_unless_strict_from_flag_environment_or_ini():
+    """Issue 21 item 7: one option-table entry gives the flag, ``GPUBENCH_HOST_KEYS`` and ini
+    ``gpubench_host_keys``; anything but pin/strict is a usage problem naming where it came from."""
+    assert resolve({}, {}, lambda key: None).host_keys == "pin"
+    assert resolve({"host_keys": "strict"}, {}, lambda key: None).host_keys == "strict"
+    assert resolve({}, {"GPUBENCH_HOST_KEYS": "strict"}, lambda key: None).host_keys == "strict"
+    assert resolve({}, {}, {"gpubench_host_keys": "strict"}.get).host_keys == "strict"
+    with pytest.raises(UsageProblem,
+                       match=r"environment variable GPUBENCH_HOST_KEYS: 'off' must be one of: pin, strict"):
+        resolve({}, {"GPUBENCH_HOST_KEYS": "off"}, lambda key: None)
+    assert OPTIONS_BY_DEST["host_keys"].flag == "--gpubench-host-keys"

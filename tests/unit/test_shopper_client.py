@@ -130,3 +130,74 @@ def test_nothing_listening_is_api_unreachable_naming_the_url():
         run(go())
     assert "http://127.0.0.1:9" in str(info.value)
     assert "--gpubench-sandbox" in str(info.value)
+
+
+@pytest.mark.parametrize("bad_id", ["../../admin/users", "vastai/1", "..", ".x", "a b"])
+def test_a_session_id_the_api_answers_with_must_be_an_id(bad_id):
+    # Issue 21 item 8: the id names the key file and later URLs (../../admin/users became
+    # DELETE /admin/users with the token). A clear error at the call's stage, never a crash.
+    from pytest_gpubench.errors import Stage
+
+    bad = {**SESSION, "id": bad_id}
+
+    def handler(request):
+        if request.method == "POST":
+            return httpx.Response(201, json={"session": bad, "ssh_private_key": "k"})
+        if request.url.path == "/api/v1/sessions":
+            return httpx.Response(200, json={"sessions": [SESSION, bad]})
+        return httpx.Response(200, json=bad)
+
+    async def go():
+        client = client_for(handler, token="tok")
+        errors = []
+        for call in (client.create_session(SessionRequest(consumer_id="c", offer_id="o", reservation_hours=1)),
+                     client.get_session(SESSION["id"], Stage.SSH_WAIT), client.list_sessions()):
+            with pytest.raises(StageError) as info:
+                await call
+            errors.append(info.value)
+        await client.aclose()
+        return errors
+
+    created, got, listed = run(go())
+    assert [e.stage for e in (created, got, listed)] == [Stage.PROVISION, Stage.SSH_WAIT, Stage.CLEANUP]
+    for error in (created, got, listed):
+        assert "session id" in error.message and "is not a valid id" in error.message
+    assert "provider's console" in created.hint
+
+
+@pytest.mark.parametrize("bad_id", ["../../admin/users", "..", "x/../../admin"])
+def test_a_bad_session_id_is_never_sent_and_good_ones_are_one_quoted_segment(bad_id):
+    seen = []
+
+    def handler(request):
+        seen.append((request.method, request.url.raw_path.decode()))
+        return httpx.Response(200, json=SESSION)
+
+    async def go():
+        client = client_for(handler, token="tok")
+        for call in (client.get_session(bad_id), client.release(bad_id), client.destroy(bad_id)):
+            with pytest.raises(StageError, match="is not a valid id: .*not sent to the API"):
+                await call
+        await client.get_session(SESSION["id"])
+        await client.aclose()
+
+    run(go())
+    assert seen == [("GET", f"/api/v1/sessions/{SESSION['id']}")]
+
+
+def test_messages_name_the_api_without_its_password():
+    # Issue 21 item 9: https://user:pass@... reached error messages, the store and the terminal.
+    async def go():
+        client = ShopperClient("http://alice:s3cret@127.0.0.1:9", timeout=2)
+        try:
+            with pytest.raises(ApiUnreachable) as unreachable:
+                await client.wait_ready(attempts=1)
+            with pytest.raises(StageError) as failed:
+                await client.inventory()
+        finally:
+            await client.aclose()
+        return unreachable.value, failed.value
+
+    unreachable, failed = run(go())
+    for text in (str(unreachable), unreachable.url, failed.message):
+        assert "s3cret" not in text and "alice:***@127.0.0.1:9" in text

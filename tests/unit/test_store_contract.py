@@ -259,6 +259,35 @@ def test_a_finished_cell_cannot_be_claimed(store):
         store.claim_cell(f"{RUN}/nope", "gw0")
 
 
+def test_an_abandoned_cell_is_taken_over_by_one_claimant_and_runs_again(store, opener):
+    """Cleanup found its holder's process gone and marked the cell failed as abandoned (issue 21
+    item 15): the run never failed it, so one next claimant takes it over, as it would a cell
+    whose lease ran out, and the row runs again without its recorded end."""
+    row_id, own_failure = add(store), add(store, "failed-by-its-run")
+    for row in (row_id, own_failure):
+        assert store.claim_cell(row, "dead", lease_seconds=3600).won
+    assert store.record_session(row_id, session_id="s-dead", consumer_id="c", offer_id="o", price_per_hour=1.0,
+                                if_held_by="dead")
+    assert store.finish_cell(row_id, status="failed", failure_stage=Stage.BENCHMARK, failure_reason="abandoned",
+                             error_message="its run's process went away before this cell finished",
+                             if_held_by="dead")
+    assert store.finish_cell(own_failure, status="failed", failure_stage=Stage.BENCHMARK,
+                             failure_reason="interrupted", if_held_by="dead")
+    assert not store.claim_cell(own_failure, "gw0", lease_seconds=60).won  # its run's own end stays
+
+    claims = race(opener, lambda other, worker: other.claim_cell(row_id, worker, lease_seconds=60), stores=3)
+    (winner,) = [claim for claim in claims if claim.won]
+    assert winner.taken_over_from == "dead" and winner.lease_expires_at is not None
+    assert all(claim.holder == winner.holder for claim in claims)
+    cell = store.cell(row_id)
+    assert (cell.status, cell.worker, cell.completed_at, cell.failure_stage, cell.failure_reason,
+            cell.error_message) == ("running", winner.holder, None, None, None, None)
+    assert not store.renew_cell_lease(row_id, "dead", 60)  # the dead holder's claim is gone
+    assert store.finish_cell(row_id, status="success", if_held_by=winner.holder)
+    assert not store.claim_cell(row_id, "gw9", lease_seconds=60).won  # ended for good now
+    assert store.cell(row_id).status == "success"
+
+
 # ------------------------------------------------------ leases and guarded writes
 # The lease semantics of store/base.py, once for every store: a holder that lost its
 # claim (taken over, finished, restarted) writes nothing over the row any more.

@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
-TIERS = ("unit", "plugin", "e2e")
+TIERS = ("unit", "plugin", "e2e", "gpu")
 
 
 def test_every_test_module_is_in_a_tier_and_no_two_share_a_name():

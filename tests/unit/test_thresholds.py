@@ -12,7 +12,9 @@ import pytest
 from pydantic import ValidationError
 
 from pytest_gpubench.matrix.cells import load_cells
+from pytest_gpubench.errors import Stage
 from pytest_gpubench.measure.thresholds import (
+    DEFAULT_MAX_ERROR_RATE,
     Slo,
     Thresholds,
     Violation,
@@ -132,7 +134,7 @@ def test_violations_come_in_a_fixed_order_and_describe_on_one_line():
 def test_violation_is_a_frozen_json_value():
     (violation,) = check({"max_ttft_ms": 800}, ttft_ms_by_percentile={95: 912.0})
     assert violation.model_dump() == {"metric": "max_ttft_ms", "threshold": 800.0,
-                                      "measured": 912.0, "percentile": 95}
+                                      "measured": 912.0, "percentile": 95, "default": False}
     json.dumps(violation.model_dump())
     with pytest.raises(ValidationError):
         violation.measured = 1.0
@@ -166,3 +168,49 @@ def test_cells_from_a_matrix_check_against_their_own_thresholds(tmp_path):
 def test_thresholds_module_does_not_import_pytest():
     code = "import sys, pytest_gpubench.measure.thresholds; sys.exit('pytest' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+# ------------------------------------------------ the default error budget (issue 21 item 17)
+
+
+@pytest.mark.parametrize("error_rate,missed", [(0.0, None), (0.5, None), (0.5001, "50.01%"), (0.99, "99%")])
+def test_a_run_that_is_mostly_errors_misses_the_default_error_budget(error_rate, missed):
+    violations = check({}, error_rate=error_rate)  # the matrix sets no max_error_rate
+    assert [(v.metric, v.threshold, v.default) for v in violations] == (
+        [("max_error_rate", DEFAULT_MAX_ERROR_RATE, True)] if missed else [])
+    if missed:
+        assert str(violations[0]) == (
+            f"max_error_rate: {missed} of the measured requests failed, above the default error budget of "
+            "50%: the run is mostly errors, not a measurement (thresholds.max_error_rate sets another budget, "
+            "null none)")
+
+
+def test_the_matrix_s_own_error_bound_replaces_the_default_and_null_removes_it(tmp_path):
+    assert check({"max_error_rate": None}, error_rate=0.99) == []
+    (own,) = check({"max_error_rate": 0.6}, error_rate=0.7)
+    assert not own.default and str(own) == "max_error_rate: measured 70%, above the threshold of 60%"
+    assert not Thresholds().is_set and Thresholds().max_error_rate == DEFAULT_MAX_ERROR_RATE
+    # Through a matrix: a file-level bound, a row's null, and a row that sets nothing.
+    path = tmp_path / "gpubench_e.yaml"
+    path.write_text(textwrap.dedent("""\
+        matrix:
+          - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}
+          - {gpu: RTX 3090, provider: vastai, model: qwen2:7b, thresholds: {max_error_rate: null}}
+          - {gpu: A100 80GB, provider: vastai, model: qwen2:7b, thresholds: {max_error_rate: 5%}}
+        """))
+    default, removed, own = (cell.thresholds for cell in load_cells(path))
+    figures = {"tps": 50.0, "ttft_ms_by_percentile": {}, "error_rate": 0.9, "match_rate": None}
+    assert [v.default for v in check_thresholds(default, **figures)] == [True]
+    assert check_thresholds(removed, **figures) == []
+    assert [v.default for v in check_thresholds(own, **figures)] == [False]
+
+
+def test_missing_only_the_default_budget_makes_the_cell_partial_not_failed():
+    from pytest_gpubench.errors import ErrorBudgetExceeded, ThresholdMissed
+    from pytest_gpubench.plugin.outcome import _failure
+
+    budget = _failure(ErrorBudgetExceeded("max_error_rate: 99% of the measured requests failed"), Stage.BENCHMARK)
+    assert (budget.status, budget.failure_stage, budget.failure_reason) == ("partial", "results",
+                                                                           "ErrorBudgetExceeded")
+    own = _failure(ThresholdMissed("max_error_rate: measured 2%, above the threshold of 1%"), Stage.BENCHMARK)
+    assert (own.status, own.failure_stage) == ("failed", "results")
