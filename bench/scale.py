@@ -39,12 +39,12 @@ from pathlib import Path
 
 import httpx
 
-from bench_common import REPO, SANDBOX_AUTH, pytest_env, start_sandbox
+from bench_common import REPO, SANDBOX_AUTH, pytest_command, start_controller, start_sandbox
+from bench_common import executions as count_executions
 from soak import write_matrix
 
 sys.path.insert(0, str(REPO))
 from pytest_gpubench.store.opening import open_store  # noqa: E402
-from pytest_gpubench.store.progress import read_progress  # noqa: E402
 
 ENDED = ("success", "partial", "failed", "skipped")
 
@@ -65,13 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def controller(matrix: Path, url: str, store: str, run_id: str, work: Path, index: int,
                args: argparse.Namespace) -> subprocess.Popen[str]:
     """One controller: pytest on the matrix, into the shared store and run."""
-    env = pytest_env()  # this checkout's plugin, the sandbox's token
-    command = [sys.executable, "-m", "pytest", str(matrix), "-q", "-p", "no:cacheprovider", "--rootdir", str(work),
-               "--gpubench-api", url, "--gpubench-time-scale", str(args.time_scale), "--gpubench-live", "false",
-               "--gpubench-store", store, "--gpubench-run-id", run_id, "--gpubench-claim-ttl", args.claim_ttl,
-               "--gpubench-reports", str(work / f"reports-{index}")]
-    out = open(work / f"{run_id}-{index}.out", "w")  # noqa: SIM115 - closed by the caller through the process
-    return subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+    command = pytest_command([matrix], url, work, args.time_scale, work / f"reports-{index}", "--gpubench-store", store,
+                             "--gpubench-run-id", run_id, "--gpubench-claim-ttl", args.claim_ttl)
+    return start_controller(command, work, work / f"{run_id}-{index}.out")
 
 
 def measure(count: int, matrix: Path, cells: int, url: str, work: Path, args: argparse.Namespace) -> dict:
@@ -100,11 +96,7 @@ def measure(count: int, matrix: Path, cells: int, url: str, work: Path, args: ar
 def executions(work: Path, run_id: str, rows: list) -> Counter[str]:
     """How many times each cell (by cell id) was started: its ``STARTING`` lines in every
     controller's progress files (``reports-N/progress/<run>/<cell>.log``)."""
-    started: Counter[str] = Counter()
-    for path in work.glob(f"reports-*/progress/{run_id}/*.log"):
-        started[path.stem] += sum(1 for line in read_progress(path) if line.kind == "STATUS" and line.label == "STARTING")
-    by_file = {Path(row.progress_file).stem: row.cell_id for row in rows if row.progress_file}
-    return Counter({by_file.get(stem, stem): n for stem, n in started.items()})
+    return count_executions(work.glob(f"reports-*/progress/{run_id}/*.log"), rows)[0]
 
 
 def table(rows: list[dict]) -> list[str]:

@@ -49,6 +49,9 @@ DEFAULT_OLLAMA_INSTALL = "curl -fsSL https://ollama.com/install.sh | sh"
 MIN_SCALED_TIMEOUT = 15.0
 #: The same for the stall timeout (seconds without a token).
 MIN_STALL_TIMEOUT = 5.0
+#: Before its first token a request may wait for the prefill of every prompt sent with it:
+#: up to ``concurrency`` times a lone request's first-token time, with this margin for a busy host.
+FIRST_TOKEN_MARGIN = 3.0
 #: gpubench's own known_hosts: host keys pinned on first use (a host in no known_hosts file).
 DEFAULT_KNOWN_HOSTS = "~/.gpubench/known_hosts"
 #: A GPU lease lasts this long unless renewed; its heartbeat renews it three times as often.
@@ -198,11 +201,24 @@ class Settings(BaseModel):
     def poll_interval(self) -> float:
         return self.scaled(SEED_POLL_INTERVAL, 0.05)
 
-    def stall_seconds(self, stall_timeout: float) -> float:
+    def stall_seconds(self, stall_timeout: float, *, first_token_ms: float | None = None,
+                      concurrency: int = 1) -> float:
         """A stall timeout on this run's clock: scaled, yet never below
         ``MIN_STALL_TIMEOUT`` unless the configured value itself is lower (tokens
-        stream at real speed in the sandbox too, and a busy machine delays them)."""
-        return max(stall_timeout * self.time_scale, min(stall_timeout, MIN_STALL_TIMEOUT))
+        stream at real speed in the sandbox too, and a busy machine delays them).
+
+        Nor below what the model needs before its first token at the cell's
+        concurrency: ``concurrency`` x ``first_token_ms`` (a lone request's, measured
+        at warm-up) x ``FIRST_TOKEN_MARGIN``, since the time scale shrinks emulated
+        waits, never the model's real-time first token; but never above the configured
+        value. Without that, every request of a slow model at a high concurrency was
+        aborted as stalled (a 2.4 s first token x 20 streams against a 5 s floor) and
+        its cell failed at ``results`` with no data after paying for the benchmark."""
+        scaled = max(stall_timeout * self.time_scale, min(stall_timeout, MIN_STALL_TIMEOUT))
+        if first_token_ms is None or first_token_ms <= 0:
+            return scaled
+        needed = first_token_ms / 1000 * max(1, concurrency) * FIRST_TOKEN_MARGIN
+        return max(scaled, min(stall_timeout, needed))
 
 
 def resolve(

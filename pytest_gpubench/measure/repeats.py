@@ -62,6 +62,15 @@ class Measurement:
             "outlier": False,
         })
 
+    def mark(self) -> tuple[int, int, int, int]:
+        """Where the measurement stands now, for :meth:`rewind`."""
+        return len(self.records), len(self.samples), len(self.runs), len(self.outcomes)
+
+    def rewind(self, mark: tuple[int, int, int, int]) -> None:
+        """Forget everything added since ``mark`` (a run measured again)."""
+        records, samples, runs, outcomes = mark
+        del self.records[records:], self.samples[samples:], self.runs[runs:], self.outcomes[outcomes:]
+
     def statistics(self) -> RunStatistics | None:
         values = [run["decode_tokens_per_second"] for run in self.runs]
         if not values:

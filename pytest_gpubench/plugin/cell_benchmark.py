@@ -121,7 +121,8 @@ class Bench:
             prompts=workload.prompt_payload(), warmup_requests=workload.warmup_requests if run_index == 0 else 0,
             progress_interval=workload.progress_interval, checkpoint_every=workload.checkpoint_every,
             checkpoint_path=str(checkpoint), concurrency=self.cell.concurrency, rate=self.cell.rate,
-            seed=run_index, request_timeout=self._run.settings.stall_seconds(workload.stall_timeout),
+            seed=run_index, request_timeout=self._run.settings.stall_seconds(
+                workload.stall_timeout, first_token_ms=self._first_token_ms(), concurrency=self._streams()),
             think=workload.think, cut_at_deadline=self._run.settings.cut_at_deadline,
             protocol=str(self.runtime.endpoint.api),  # the API the runtime serves, which the load generator speaks
             api_key_env=self.runtime.endpoint.api_key_env, ca_file=self.runtime.endpoint.ca_file,
@@ -130,6 +131,17 @@ class Bench:
     @property
     def settings(self) -> Settings:
         return self._run.settings
+
+    def _first_token_ms(self) -> float | None:
+        """A lone request's first-token time, from the warm-up: the Ollama runtime measures it
+        on every warm-up; the others only on a cold one (then with the load in it)."""
+        runtime = self.runtime
+        return getattr(runtime, "first_token_ms", None) or runtime.cold_first_token_ms
+
+    def _streams(self) -> int:
+        """The requests that may wait together for their first token: the cell's concurrency, or
+        the parallel requests its server was started for (a rate cell's, more)."""
+        return max(self.cell.concurrency, self.runtime.num_parallel or 1)
 
     def measure_run(self, plan: BenchmarkPlan, run_index: int) -> tuple[LoadgenPass, list[GpuSample]]:
         """One load-generator run of ``plan`` after the health check, with telemetry beside it and
@@ -163,7 +175,11 @@ class Bench:
         recorder.enter(Stage.BENCHMARK)
         run_index = 0
         while True:
-            self.measure_run(self.plan(run_index), run_index)
+            mark = self.measurement.mark()
+            outcome, _ = self.measure_run(self.plan(run_index), run_index)
+            if self._spoiled_by_a_crash(outcome, run_index):
+                self.measurement.rewind(mark)
+                continue
             run_index += 1
             values = [r["decode_tokens_per_second"] for r in self.measurement.runs]
             if enough_runs(cell, settings.runs, values):
@@ -183,9 +199,22 @@ class Bench:
         self._judge(result)
         return result
 
-    def _ensure_healthy(self) -> None:
+    def _spoiled_by_a_crash(self, outcome: LoadgenPass, run_index: int) -> bool:
+        """A run whose every request failed because the server crashed during it measured the
+        crash, not the model: when the health check finds the server dead and restarts it (its
+        one restart), the run is measured again. A server that still answers (every request
+        failed for another reason), or a second crash, fails the cell as before."""
+        if outcome.successful or not outcome.records:
+            return False
+        if not self._ensure_healthy():
+            return False
+        self.recorder.progress.status("RUN_REPEATED", run=run_index + 1,
+                                      reason="the server stopped answering during the run and was restarted")
+        return True
+
+    def _ensure_healthy(self) -> bool:
         """Seed 001's health check before each run: a server that stopped answering is
-        restarted once (and the model loaded again) before the cell fails."""
+        restarted once (and the model loaded again) before the cell fails. Whether it was restarted."""
         settings, recorder, runtime = self._run.settings, self.recorder, self.runtime
         timeout = settings.stage_timeout(Stage.OLLAMA_INSTALL)
 
@@ -193,11 +222,18 @@ class Bench:
             recorder.progress.status("OLLAMA_RESTART", reason=reason)
 
         # A restart is a start command, then a wait for /api/version, then maybe the serve log.
-        if run_async(runtime.ensure_healthy(timeout, Stage.BENCHMARK, restarting), timeout * 2 + 30 + BRIDGE_SLACK):
+        # Watched: a server that stopped answering because its instance died is the instance's
+        # loss, named as such (not "SSH connection lost" from the restart that followed).
+        if run_async(watched(self._run, self.session, Stage.BENCHMARK,
+                             lambda _: runtime.ensure_healthy(timeout, Stage.BENCHMARK, restarting)),
+                     timeout * 2 + 30 + BRIDGE_SLACK):
             load_timeout = settings.stage_timeout(Stage.MODEL_PULL)
-            load = run_async(runtime.warm_up(self.cell.model, load_timeout, cold_start=False),
+            load = run_async(watched(self._run, self.session, Stage.BENCHMARK,
+                                     lambda _: runtime.warm_up(self.cell.model, load_timeout, cold_start=False)),
                              load_timeout + BRIDGE_SLACK)
             recorder.progress.status("OLLAMA_RESTARTED", version=runtime.version, load_s=round(load, 2))
+            return True
+        return False
 
     def _reconnect(self) -> Awaitable[Connection]:
         """A new SSH connection to this cell's session (its host key must not have changed)."""

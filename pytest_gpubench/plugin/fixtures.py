@@ -26,6 +26,7 @@ from ..matrix.machines import KEPT_MACHINES
 from .hints import host_key_pinned
 from ..runtimes.shared_machine import has_model, keep_apart, leave_as_found
 from ..cloud.offers import Constraints
+from ..cloud.offer_recheck import EVICTION_SECONDS, MIN_RECHECK_WAIT, choose_offer_rechecking
 from .outcome import outcome_of
 from ..cloud.provider import OfferChoice
 from ..cloud.provisioning import Provisioning
@@ -144,14 +145,22 @@ def gpu_offer(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench
             pytest.skip(f"[inventory] {used_up}")
     wanted = Constraints.for_cell(cell)
     provider = gpubench_run.provider_for(cell.cloud)
+    # An offer of this group listed earlier may be away for a provider's cache TTL (cloud/offer_recheck.py).
+    wait = gpubench_run.settings.scaled(EVICTION_SECONDS, MIN_RECHECK_WAIT)
+
+    def waiting(reason: str, seconds: float) -> None:
+        recorder.progress.status("OFFERS_RECHECK", reason=reason, wait_s=round(seconds, 1))
+
     try:
-        choice = run_async(provider.choose_offer(wanted),
-                           gpubench_run.settings.stage_timeout(Stage.INVENTORY) + BRIDGE_SLACK)
+        choice = run_async(choose_offer_rechecking(provider, wanted, wait=wait, on_wait=waiting,
+                                                   offered_before=gpubench_run.offers_seen.seen(cell.reuse_group)),
+                           gpubench_run.settings.stage_timeout(Stage.INVENTORY) + wait + BRIDGE_SLACK)
     except NoEligibleOffer as exc:
         if gpubench_run.settings.fail_on_skip:
             raise
         recorder.skip_reason = exc.message
         pytest.skip(f"[inventory] {exc.message}")
+    gpubench_run.offers_seen.saw(cell.reuse_group)
     choice = user_hooks.select_offer(request.config, cell, choice)
     recorder.progress.status("INVENTORY_QUERY", offers_found=choice.offers_found,
                              selected_offer_id=choice.offer.id, price=choice.offer.price_per_hour)

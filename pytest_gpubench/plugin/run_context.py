@@ -15,6 +15,7 @@ from ..errors import ApiUnreachable
 from ..store.base import Store
 from ..store.opening import open_store
 from ..matrix.cells import DEFAULT_CLOUD, Cell
+from ..cloud.offer_recheck import OfferMemory
 from ..cloud.processes import ProcessIdentity
 from ..cloud.provider import Provider
 from ..cloud.registry import build_provider
@@ -41,6 +42,8 @@ class RunContext:
     _unreachable: dict[str, ApiUnreachable] = field(default_factory=dict, repr=False)
     _api_client: ShopperClient | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: Reuse groups that had an eligible offer earlier in this run: worth a second look when none is listed.
+    offers_seen: OfferMemory = field(default_factory=OfferMemory, repr=False)
 
     @property
     def run_id(self) -> str:

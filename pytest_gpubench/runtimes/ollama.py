@@ -80,6 +80,8 @@ class OllamaRuntime:
     num_parallel: int | None = None
     started_here: bool = False
     cold_first_token_ms: float | None = None
+    #: The last warm-up's first-token time less any load (ms): what a lone request waits before its first token.
+    first_token_ms: float | None = None
     #: OLLAMA_NUM_PARALLEL asked for: what a restarted server gets.
     wanted_parallel: int = 1
     #: Restarts after a failed health check (at most one per runtime).
@@ -420,6 +422,8 @@ class OllamaRuntime:
             raise StageError(Stage.MODEL_PULL, f"{model} could not be loaded: {_error_text(response)}")
         answer = response.json()
         load_seconds = int(answer.get("load_duration") or 0) / 1e9
+        # A one-token answer less its load: the model's first-token time, cold or warm (the stall floor).
+        self.first_token_ms = max(0.0, int(answer.get("total_duration") or 0) / 1e6 - load_seconds * 1000)
         if cold_start:
             self.warmup_load_seconds = load_seconds
             # A one-token request on a cold model: its total time is the cold TTFT.

@@ -16,7 +16,11 @@ Sandbox-only routes (not part of the real API):
     every session with its final status and sandbox details (offer, instance
     directory, Ollama address, cost), counts by status, armed faults, clock, and
     ``bearer_sha256``: how many API requests came with each bearer token, by the
-    token's SHA-256 hex digest (``""`` for none; the tokens themselves are not kept).
+    token's SHA-256 hex digest (``""`` for none; the tokens themselves are not kept);
+    ``served_requests``: the streamed generations the instances' stand-ins delivered
+    whole (what a load generator sends), in all and per session (:mod:`.served`), to
+    check a store's request rows against; ``served_whole_answers``: the non-streamed
+    ones (warm-ups, probes).
 ``POST /sandbox/faults`` / ``GET`` / ``DELETE``
     arm, list, clear faults (see :mod:`.faults`).
 ``POST /sandbox/clock`` ``{"advance_seconds": s}``
@@ -391,9 +395,12 @@ async def get_template(request: web.Request) -> web.Response:
 
 async def sandbox_state(request: web.Request) -> web.Response:
     cloud = request.app[CLOUD]
+    sessions = [r.state(cloud.ledger.session_cost(r.id)) for r in cloud.sessions.values()]
     return _json(
         {
-            "sessions": [r.state(cloud.ledger.session_cost(r.id)) for r in cloud.sessions.values()],
+            "sessions": sessions,
+            "served_requests": sum(s["served_requests"] for s in sessions),
+            "served_whole_answers": sum(s["served_whole_answers"] for s in sessions),
             "counts": cloud.counts(),
             "time_scale": cloud.time_scale,
             "clock": cloud.clock.now(),

@@ -35,13 +35,13 @@ import asyncssh
 from . import docker_standin, entrypoint, sshd
 from .billing import Clock, Ledger
 from .catalog import Catalog, OfferSpec
-from .faults import DRIVER_TOOLS, WORKER_FAULTS, FaultBook, FaultRequest
+from .faults import DRIVER_TOOLS, PULL_ERROR_MESSAGE, WORKER_FAULTS, FaultBook, FaultRequest
 from .instances import SSH_SERVERS, Instance, UnsupportedFault, free_port, instance_document
 from .instance_spec import InstanceSpec
 from .inventory import Inventory
 from .schemas import RETRY_SCOPES, WORKLOAD_TYPES
 from .sessions import ApiFailure, SessionRecord, SessionTerminal
-from .standin_state import StreamFault
+from .standin_state import PullFault, StreamFault
 
 log = logging.getLogger("pytest_gpubench.sandbox")
 
@@ -414,7 +414,7 @@ class EmulatedCloud:
 
     async def instance_fault(self, request: FaultRequest) -> dict[str, Any]:
         """Faults on a running instance: ``drop_ssh``, ``stop_ollama``, ``stop_server``, ``stall_stream``,
-        ``empty_output``."""
+        ``empty_output``, ``pull_error``, the worker faults."""
         assert request.session_id is not None
         instance = self.running_instance(request.session_id)
         if request.fault == "drop_ssh":
@@ -432,6 +432,11 @@ class EmulatedCloud:
             if not pids:
                 raise ApiFailure(409, f"session {request.session_id}: no OpenAI server launcher is running")
             return {"stopped_pids": pids}
+        if request.fault == "pull_error":
+            message = request.message if "message" in request.model_fields_set else PULL_ERROR_MESSAGE
+            pull = PullFault(id=next(self._stream_fault_ids), message=message, times=request.times)
+            instance.arm_pull_fault(pull)
+            return {"pull_fault": pull.model_dump()}
         if request.fault in WORKER_FAULTS:
             return {"worker_fault": instance.arm_worker_fault(
                 {"kind": request.fault, "after_tokens": request.after_tokens, "times": request.times})}

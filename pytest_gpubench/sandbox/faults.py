@@ -69,6 +69,14 @@ Faults that act at once:
     3 and a CUDA error on stderr; a line on stdout that is not JSON; a ``finish``
     with ``status: failed``. (A heavy image is no fault: the catalog's
     ``docker_images`` sizes make ``vllm/vllm-openai`` pull for minutes.)
+``pull_error`` (``session_id``, ``message``, ``times``)
+    the next ``times`` model pulls on the instance (default: every one, until
+    cleared; a firing is counted in the state file, so a restarted server does not
+    fire it again) fail as a registry that drops the download does: after ``pulling
+    manifest`` and the first report of the weights layer (right after the manifest
+    for a model already on disk, whose manifest Ollama still fetches), the stream
+    ends with ``{"error": message}`` (default ``max retries exceeded: unexpected
+    EOF``) and the model is not added; ``stream: false`` answers 500 with it.
 ``not_ready`` (``seconds``)
     ``/health`` and ``/ready`` answer 503 for that many (real) seconds, like the
     server's start-up sweep.
@@ -87,10 +95,12 @@ OFFER_FAULTS = frozenset({"provision_error", "stale_inventory", "no_ssh", "missi
 #: Faults of the ``docker`` stand-in's worker containers (:mod:`.worker_standin`).
 WORKER_FAULTS = frozenset({"worker_crash", "worker_malformed", "worker_failed"})
 SESSION_FAULTS = frozenset({"kill_instance", "drop_ssh", "stop_ollama", "stop_server", "stall_stream",
-                            "empty_output"}) | WORKER_FAULTS
+                            "empty_output", "pull_error"}) | WORKER_FAULTS
+#: What a ``pull_error`` says without a ``message``: Ollama's words when the registry drops the download.
+PULL_ERROR_MESSAGE = "max retries exceeded: unexpected EOF"
 FaultKind = Literal["provision_error", "stale_inventory", "no_ssh", "missing_tools", "gpu_memory", "kill_instance",
                     "drop_ssh", "stop_ollama", "stop_server", "stall_stream", "empty_output", "not_ready",
-                    "worker_crash", "worker_malformed", "worker_failed", "gpu_driver"]
+                    "worker_crash", "worker_malformed", "worker_failed", "gpu_driver", "pull_error"]
 #: What the ``gpu_driver`` fault makes of the instance's driver: its ``gpu_tools``.
 DRIVER_TOOLS: dict[str, dict[str, object]] = {
     "nvml": {"nvml": True},

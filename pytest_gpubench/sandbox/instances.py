@@ -55,7 +55,8 @@ from . import lifeline, openssh, pynvml_standin, shims, sshd, worker_standin
 from .catalog import Catalog, OfferSpec
 from .standin_service import StandinService
 from .torch_wheel import build_torch_wheel, write_torch_package
-from .standin_state import StateStore, StreamFault
+from .served import count_served
+from .standin_state import PullFault, StateStore, StreamFault
 
 log = logging.getLogger("pytest_gpubench.sandbox")
 INSTANCE_ENV = shims.INSTANCE_ENV
@@ -219,6 +220,7 @@ class Instance:
         self.bin_dir = root / "bin"
         self.home = root / "home"
         self.state_dir = Path(document["state_dir"])
+        self._served_at_stop: dict[str, int] | None = None
         self.tmp_dir = root / "tmp"
         self.python_dir = root / "python"
         self.wheels_dir = root / "wheels"
@@ -368,9 +370,18 @@ class Instance:
             await asyncio.wait(pending, timeout=2.0)
         for task in pending:
             task.cancel()
+        # Its processes are dead: the count is final, and must outlive the directory.
+        self._served_at_stop = count_served(self.state_dir)
         if remove:
             shutil.rmtree(self.root, ignore_errors=True)
 
+
+    @property
+    def served_requests(self) -> dict[str, int]:
+        """Requests its stand-ins delivered whole, by kind (:mod:`.served`): so far, or in all once stopped."""
+        if self._served_at_stop is not None:
+            return self._served_at_stop
+        return count_served(self.state_dir)
 
     async def _thaw_later(self) -> None:
         await asyncio.sleep(SILENT_HOLD_SECONDS)
@@ -421,12 +432,18 @@ class Instance:
         store = StateStore(self.state_dir)
         store.write_stream_faults([*store.read_stream_faults(), fault])
 
-    def clear_stream_faults(self) -> int:
-        """Disarm the instance's stream faults (its worker containers' too); returns how many there were."""
+    def arm_pull_fault(self, fault: PullFault) -> None:
+        """Add a pull fault for the instance's Ollama stand-in to apply."""
         store = StateStore(self.state_dir)
-        count = len(store.read_stream_faults())
+        store.write_pull_faults([*store.read_pull_faults(), fault])
+
+    def clear_stream_faults(self) -> int:
+        """Disarm the instance's stream and pull faults (its worker containers' too); returns how many there were."""
+        store = StateStore(self.state_dir)
+        count = len(store.read_stream_faults()) + len(store.read_pull_faults())
         if count:
             store.write_stream_faults([])
+            store.write_pull_faults([])
         return count + worker_standin.clear_faults(self.state_dir)
 
     def arm_worker_fault(self, fault: dict[str, Any]) -> dict[str, Any]:

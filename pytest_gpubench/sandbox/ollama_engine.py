@@ -37,7 +37,7 @@ from .instance_spec import (BASELINE_MIB, BASELINE_RAM_MIB, MIB, InstanceSpec, M
 from .ollama_common import DEFAULT_KEEP_ALIVE_S, FOREVER, human_bytes_binary, parse_keep_alive
 from .ollama_schedule import FifoSlots, Generation, Job, LagStats, batch_slowdown
 from .ollama_text import plan_output
-from .standin_state import LoadedModel, PulledModel, RuntimeState, StateStore, StreamFault
+from .standin_state import LoadedModel, PulledModel, PullFault, RuntimeState, StateStore, StreamFault
 
 log = logging.getLogger("ollama_standin")
 
@@ -385,6 +385,23 @@ class Engine:
                 log.info("stream fault %d (%s) on this generation", fault.id, fault.kind)
                 return fault
         return None
+
+    def next_pull_fault(self) -> PullFault | None:
+        """The armed pull fault the pull starting now meets, or None. A firing is written back
+        to the file (``times`` less one, gone at 0): unlike a stream fault's, it does not fire
+        again in the next server process (a restart, a cell's own ``ollama serve``)."""
+        faults = self.store.read_pull_faults()
+        if not faults:
+            return None
+        fault, rest = faults[0], faults[1:]
+        if fault.times is not None and fault.times > 1:
+            rest = [fault.model_copy(update={"times": fault.times - 1}), *rest]
+        elif fault.times is None:
+            rest = faults
+        if rest != faults:
+            self.store.write_pull_faults(rest)
+        log.info("pull fault %d on this pull", fault.id)
+        return fault
 
     def _set_active(self, delta: int) -> None:
         before = self.active

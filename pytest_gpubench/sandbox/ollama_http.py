@@ -18,6 +18,7 @@ from aiohttp import web
 from .ollama_engine import Engine, EngineError
 from .ollama_schedule import Generation, Job
 from .ollama_text import Thought
+from .served import record_served
 
 ENGINE = web.AppKey("engine", Engine)
 
@@ -132,6 +133,8 @@ async def serve_generation(request: web.Request, job: Job, fmt: ResponseFormat, 
 
             if not stream:
                 thinking, text = split_thinking([token async for token in gen.tokens(client_gone)])
+                if not client_gone():
+                    record_served(engine.store.state_dir, "whole", job.model)
                 return json_response(fmt.whole(text, gen, loop.time(), thinking))
             response = web.StreamResponse(headers={"Content-Type": fmt.content_type})
             await response.prepare(request)
@@ -139,6 +142,8 @@ async def serve_generation(request: web.Request, job: Job, fmt: ResponseFormat, 
                 await response.write(fmt.token(token))
             await response.write(fmt.done(gen, loop.time()))
             await response.write_eof()
+            if not client_gone():  # a stream the client gave up on (a stall) was not served
+                record_served(engine.store.state_dir, "stream", job.model)
             return response
     except EngineError as exc:
         if response is None:

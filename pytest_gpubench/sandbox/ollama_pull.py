@@ -10,7 +10,8 @@ Every layer's bytes land on the instance's emulated disk as they arrive (see
 :mod:`.disk`). Like Ollama, the pull does not check for room first: it stops when
 the disk is full, with ``write <models>/blobs/sha256-<hex>-partial: no space left
 on device``, and adds nothing to the model list; what it wrote stays on the disk
-and the next pull of that model resumes from there.
+and the next pull of that model resumes from there. A ``pull_error`` fault armed by
+the sandbox fails the pull as a registry dropping the download does.
 """
 
 from __future__ import annotations
@@ -75,6 +76,11 @@ async def pull_progress(engine: Engine, name: str) -> AsyncIterator[dict[str, An
         raise PullError(MANIFEST_NOT_FOUND)
     key, model = found
     already = engine.find_pulled(key) is not None
+    # A registry that drops the download (the sandbox's pull_error): a model on disk
+    # still has its manifest fetched, so it fails there; else the weights start first.
+    fault = engine.next_pull_fault()
+    if fault is not None and already:
+        raise PullError(fault.message)
     loop = asyncio.get_running_loop()
     bytes_per_s = engine.spec.ollama.pull_mb_per_s * 1e6
     layers = model_layers(model)
@@ -85,6 +91,9 @@ async def pull_progress(engine: Engine, name: str) -> AsyncIterator[dict[str, An
             continue
         resumed = engine.downloads.get(layer.digest)
         duration = engine.spec.scaled((layer.size - resumed) / bytes_per_s)
+        if fault is not None:
+            yield base
+            raise PullError(fault.message)
         if duration > 0:
             # Like Ollama, the first report of a layer has no "completed" yet.
             yield base

@@ -16,6 +16,7 @@ from typing import Any
 
 from .catalog import format_time
 from .instances import Instance
+from .served import served_fields
 
 ACTIVE = frozenset({"pending", "provisioning", "running"})
 TERMINAL = frozenset({"stopped", "failed"})
@@ -139,6 +140,7 @@ class SessionRecord:
                 "exposed_ports": self.exposed_ports or None,
                 "instance_dir": str(self.instance.root) if self.instance and not self.instance.stopped else None,
                 "total_cost": cost,
+                **served_fields(self.instance.served_requests if self.instance else {}),
             }
         )
         return body

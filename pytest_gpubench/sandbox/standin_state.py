@@ -15,6 +15,9 @@ never sees half of one:
 ``ollama_faults.json``
     stream faults armed by the sandbox (``stall_stream``, ``empty_output``): the
     server applies each to the generations it starts next.
+``ollama_pull_faults.json``
+    pull faults armed by the sandbox (``pull_error``): the server fails the pulls it
+    starts next with their message.
 ``ollama_downloads.json``
     bytes on disk of each blob of a pull not finished (in progress, or stopped by a
     full disk): ``df`` counts them, a new pull resumes them, a restarted server
@@ -39,6 +42,7 @@ RUNTIME_FILE = "ollama_runtime.json"
 PID_FILE = "ollama.pid"
 STREAM_FAULTS_FILE = "ollama_faults.json"
 DOWNLOADS_FILE = "ollama_downloads.json"
+PULL_FAULTS_FILE = "ollama_pull_faults.json"
 
 
 class PulledModel(BaseModel):
@@ -81,6 +85,16 @@ class StreamFault(BaseModel):
     after_tokens: int = 0
     times: int | None = None
     stall_seconds: float = 3600.0
+
+
+class PullFault(BaseModel):
+    """A fault the Ollama stand-in applies to its next pulls (``times``; None: every one)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: int
+    message: str
+    times: int | None = None
 
 
 class RuntimeState(BaseModel):
@@ -195,3 +209,20 @@ class StateStore:
         """Remove the pid file if it is still ours (a newer server may have replaced it)."""
         if self.read_pid() == pid:
             self.pid_path.unlink(missing_ok=True)
+
+    @property
+    def pull_faults_path(self) -> Path:
+        return self.state_dir / PULL_FAULTS_FILE
+
+    def read_pull_faults(self) -> list[PullFault]:
+        data = _read_json(self.pull_faults_path) or {}
+        faults = []
+        for entry in data.get("faults", []) if isinstance(data, dict) else []:
+            try:
+                faults.append(PullFault.model_validate(entry))
+            except ValueError:
+                continue
+        return faults
+
+    def write_pull_faults(self, faults: list[PullFault]) -> None:
+        atomic_write_json(self.pull_faults_path, {"faults": [f.model_dump(mode="json") for f in faults]})

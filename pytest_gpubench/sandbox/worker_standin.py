@@ -41,6 +41,7 @@ from typing import Any
 
 from .instance_spec import load_instance_spec
 from .ollama_text import plan_output
+from .served import record_served
 
 FAULTS_FILE = "worker_faults.json"
 WORKER_FAULTS = ("worker_crash", "worker_malformed", "worker_failed")
@@ -165,6 +166,7 @@ def answer(request: dict[str, Any], model: str, timing: Timing, *, last: bool = 
     if last:
         emit("worker", status="cleaning_up", message="Unloading model")
     emit("finish", status="completed", tokens=len(text), finish_reason=plan.done_reason)
+    record_served(timing.state_dir, "worker", model)
     return True
 
 

@@ -428,3 +428,76 @@ def test_cli_pull_list_run_ps_rm(server: Server) -> None:
     assert (removed.returncode, removed.stdout) == (0, "deleted 'llama3:8b'\n")
     again = server.cli("rm", "llama3:8b")
     assert again.returncode == 1 and again.stderr.strip() == "Error: model 'llama3:8b' not found"
+
+
+def test_served_requests_count_what_was_delivered_whole(tmp_path: Path) -> None:
+    """The count a soak checks the store against (sandbox/served.py): a streamed answer
+    delivered whole counts as served, a non-streamed one (a warm-up) apart, and a stream
+    that stalled until the client gave up not at all."""
+    from pytest_gpubench.sandbox.served import count_served
+    from pytest_gpubench.sandbox.standin_state import StateStore, StreamFault
+
+    instance = write_instance(tmp_path)
+    state = tmp_path / "state"
+    srv = Server(instance)
+    try:
+        srv.pull("qwen2:7b")
+        generate(srv, "Hello", num_predict=1)  # a warm-up: whole, not streamed
+        srv.stream("/api/generate", {"model": "qwen2:7b", "prompt": "Count to three", "options": {"num_predict": 4}})
+        StateStore(state).write_stream_faults([StreamFault(id=1, kind="stall", after_tokens=1, times=1)])
+        with pytest.raises(httpx.ReadTimeout):
+            with httpx.Client(base_url=srv.url, timeout=httpx.Timeout(30.0, read=1.0), trust_env=False) as http:
+                with http.stream("POST", "/api/generate", json={"model": "qwen2:7b", "prompt": "Stall",
+                                                                "options": {"num_predict": 4}}) as response:
+                    for _ in response.iter_lines():
+                        pass
+        # The stalled generation ends once the server sees the client gone; then one more whole stream.
+        srv.stream("/api/generate", {"model": "qwen2:7b", "prompt": "Again", "options": {"num_predict": 4}})
+        deadline = time.monotonic() + 30
+        while count_served(state) != {"stream": 2, "worker": 0, "whole": 1} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert count_served(state) == {"stream": 2, "worker": 0, "whole": 1}
+    finally:
+        srv.stop()
+
+
+def test_pull_error_fault_fails_the_next_pull_like_a_dropped_download(tmp_path: Path) -> None:
+    """The sandbox's ``pull_error``: the armed pull fails after the manifest and the first
+    layer report, the model is not added, and the next pull goes through."""
+    from pytest_gpubench.sandbox.standin_state import PullFault, StateStore
+
+    srv = Server(write_instance(tmp_path))
+    try:
+        StateStore(tmp_path / "state").write_pull_faults([PullFault(id=1, message="max retries exceeded: EOF",
+                                                                    times=1)])
+        with srv.http.stream("POST", "/api/pull", json={"model": "qwen2:7b"}) as response:
+            lines = [json.loads(line) for line in response.iter_lines() if line.strip()]
+        assert lines[0] == {"status": "pulling manifest"}
+        assert lines[1]["status"].startswith("pulling ") and "completed" not in lines[1]
+        assert lines[-1] == {"error": "max retries exceeded: EOF"}
+        assert srv.http.get("/api/tags").json()["models"] == []
+        srv.pull("qwen2:7b")  # fired once: the next pull succeeds
+        assert [m["name"] for m in srv.http.get("/api/tags").json()["models"]] == ["qwen2:7b"]
+    finally:
+        srv.stop()
+
+
+def test_a_pull_fault_fired_does_not_fire_again_in_a_restarted_server(tmp_path: Path) -> None:
+    """Firings are kept in the state file: the plugin starts its own ``ollama serve`` per cell, and a
+    fault armed for one pull failed three cells' pulls in the soak when each process counted anew."""
+    from pytest_gpubench.sandbox.standin_state import PullFault, StateStore
+
+    store = StateStore(tmp_path / "state")
+    store.write_pull_faults([PullFault(id=1, message="max retries exceeded: EOF", times=1)])
+    first = Server(write_instance(tmp_path))
+    try:
+        failed = first.http.post("/api/pull", json={"model": "qwen2:7b", "stream": False})
+        assert failed.status_code == 500 and failed.json()["error"] == "max retries exceeded: EOF"
+    finally:
+        first.stop()
+    assert store.read_pull_faults() == []
+    second = Server(tmp_path / "instance.json")
+    try:
+        second.pull("qwen2:7b")
+    finally:
+        second.stop()

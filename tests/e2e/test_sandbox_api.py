@@ -7,6 +7,7 @@ tests that move the clock get their own. No fixed sleeps: waits poll with bounds
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -480,3 +481,21 @@ def test_program_prints_url_and_stops_sessions_on_sigterm():
     assert out == ""  # exactly one line on stdout, already read
     assert "1 session(s) created, 1 left running before shutdown" in err
     assert not workdir.exists()
+
+
+def test_fault_pull_error_is_armed_on_the_running_instance(api, clean_faults):
+    session = create(api).json()["session"]
+    wait_status(api, session["id"], "running")
+    armed = api.post("/sandbox/faults", json={"fault": "pull_error", "session_id": session["id"], "times": 1})
+    assert armed.status_code == 200
+    assert armed.json()["pull_fault"]["message"] == "max retries exceeded: unexpected EOF"
+    mine = next(s for s in api.get("/sandbox/state").json()["sessions"] if s["id"] == session["id"])
+    state_dir = Path(mine["instance_dir"]) / "state"
+    assert json.loads((state_dir / "ollama_pull_faults.json").read_text())["faults"][0]["times"] == 1
+    state = api.get("/sandbox/state").json()
+    mine = next(s for s in state["sessions"] if s["id"] == session["id"])
+    assert mine["served_requests"] == 0 and mine["served_whole_answers"] == 0  # nothing generated yet
+    assert state["served_requests"] >= 0 and state["served_whole_answers"] >= 0
+    assert api.delete("/sandbox/faults").json()["cleared"] >= 1
+    assert json.loads((state_dir / "ollama_pull_faults.json").read_text())["faults"] == []
+    api.delete(f"/api/v1/sessions/{session['id']}")

@@ -1,7 +1,7 @@
 import pytest
 
 from pytest_gpubench.errors import Stage, UsageProblem
-from pytest_gpubench.settings import DEFAULT_API, OPTIONS_BY_DEST, SANDBOX_TIME_SCALE, resolve
+from pytest_gpubench.settings import DEFAULT_API, OPTIONS_BY_DEST, SANDBOX_TIME_SCALE, Settings, resolve
 
 
 def no_ini(_name):
@@ -104,6 +104,20 @@ def test_duration_from_the_environment_and_ini_too():
     assert resolve({}, {}, lambda key: "1m" if key == "gpubench_stall_timeout" else None).stall_timeout == 60.0
     with pytest.raises(UsageProblem, match="environment variable GPUBENCH_DURATION: '5 min' must be a number"):
         resolve({}, {"GPUBENCH_DURATION": "5 min"}, lambda _: None)
+
+
+def test_stall_timeout_leaves_a_slow_model_its_first_token_at_the_cells_concurrency():
+    """Issue 21 (soak): in the sandbox the 120 s stall timeout became 5 s while the model's first
+    token stays real-time: deepseek-r1:32b on an RTX 3090 (2.4 s) at concurrency 20 had every
+    request aborted as stalled and the cell failed at ``results``. The floor grows with the
+    measured first-token time x concurrency, never above the configured value."""
+    sandbox = Settings(time_scale=0.02)
+    assert sandbox.stall_seconds(120, first_token_ms=2400, concurrency=20) == 120  # capped at the configured
+    assert sandbox.stall_seconds(120, first_token_ms=400, concurrency=10) == pytest.approx(12.0)
+    assert sandbox.stall_seconds(120, first_token_ms=40, concurrency=4) == 5.0  # a fast model keeps the floor
+    assert sandbox.stall_seconds(120, first_token_ms=None, concurrency=20) == 5.0  # nothing measured: as before
+    assert sandbox.stall_seconds(2, first_token_ms=2400, concurrency=20) == 2.0  # asked for less: as asked
+    assert Settings(time_scale=1.0).stall_seconds(120, first_token_ms=2400, concurrency=28) == 120
 
 
 def test_the_host_key_policy_is_pin_unless_strict_from_flag_environment_or_ini():
