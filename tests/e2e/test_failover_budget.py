@@ -491,3 +491,23 @@ def test_budget_lets_the_cheap_cells_start_and_skips_the_one_it_cannot_afford(tm
     assert sum(row["cost_usd"] for row in cells.values() if row["cost_usd"]) < 0.002
     assert not any(s["gpu_type"] == "H200 NVL" for s in sandbox_sessions(url))
     assert_every_session_released(url)
+
+
+@pytest.mark.slow
+def test_a_group_whose_offers_went_stale_waits_for_them_instead_of_skipping(tmp_path, standalone_sandbox):  # noqa: F811
+    """Every RTX 5060 Ti offer is stale once: the group's first cell fails at provision, and the
+    API evicts the offers for the provider's cache TTL. Its next cell, which found offers earlier
+    in the run, looks again until they are listed (cloud/offer_recheck.py) instead of skipping."""
+    url = standalone_sandbox
+    for offer_id in RTX_5060_TI:
+        arm(url, "stale_inventory", offer_id, times=1)
+    matrix = tmp_path / "gpubench_stale_group.yaml"
+    matrix.write_text(FAILOVER_MATRIX.replace("model: qwen2:1.5b}", "models: [qwen2:1.5b, qwen2:7b]}"))
+    done = run_pytest(tmp_path, str(matrix), "--gpubench-api", url, "--gpubench-time-scale", "0.02",
+                      "--rootdir", str(tmp_path), "-k", "5060", "-rs")
+    db = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")
+    cells = {row["model"]: row for row in db["benchmark_manifest"].rows}
+    first, second = cells["qwen2:1.5b"], cells["qwen2:7b"]
+    assert (first["status"], first["failure_stage"]) == ("failed", "provision"), done.stdout[-3000:]
+    assert second["status"] == "success", (second["status"], second["error_message"], done.stdout[-3000:])
+    assert "1 failed, 1 passed" in done.stdout
