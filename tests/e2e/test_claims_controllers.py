@@ -40,7 +40,10 @@ def controller(tmp_path, store_location, name, *args):
     matrix = tmp_path / "gpubench_claims.yaml"
     matrix.write_text(MATRIX)
     junit = tmp_path / f"{name}.xml"
-    done = run_pytest(tmp_path, str(matrix), "--gpubench-sandbox", "--gpubench-store", store_location,
+    # The sandbox's clock at 0.01 (as the in-process sandbox's default), not the flag's 0.02: these
+    # tests time nothing, and eight controller runs each wait out a provisioning and an install.
+    done = run_pytest(tmp_path, str(matrix), "--gpubench-sandbox", "--gpubench-time-scale", "0.01",
+                      "--gpubench-store", store_location,
                       "--gpubench-run-id", RUN, "--junitxml", str(junit), *args, timeout=300)
     cases = ET.parse(junit).getroot().iter("testcase") if junit.exists() else []
     return done, {case.get("name"): case for case in cases}

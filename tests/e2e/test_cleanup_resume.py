@@ -457,8 +457,10 @@ def test_timeout_thread_method_leftover_is_released_at_the_next_start(tmp_path, 
     cleanup_finds_nothing(run)
 
 
+#: 1 s benchmarks: the resume test checks which cells run again, not what they measure
+#: (min_tps 1 passes with any measured rate, 100000 fails with any).
 RESUME_MATRIX = """
-workload: {duration: 2s, max_tokens: 32, progress_interval: 1s}
+workload: {duration: 1s, max_tokens: 16, progress_interval: 1s}
 matrix:
   - gpu: RTX 4090
     provider: vastai
@@ -525,7 +527,7 @@ def test_resume_reruns_only_the_failed_cell_of_the_run_s_selection_into_the_same
 
 
 CRASH_GROUP_MATRIX = """
-workload: {duration: 2s, max_tokens: 32, progress_interval: 1s}
+workload: {duration: 1s, max_tokens: 16, progress_interval: 1s}
 matrix:
   - {gpu: RTX 4090, provider: vastai, model: qwen2:7b, workload: {duration: 300s}}
   - {gpu: RTX 4090, provider: vastai, model: qwen2:1.5b}

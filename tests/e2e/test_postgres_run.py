@@ -12,7 +12,9 @@ from pytest_gpubench.store.opening import open_store
 
 @pytest.mark.slow
 def test_a_sandbox_run_records_into_postgresql(tmp_path, postgres_url):
+    # The sandbox's clock at 0.01, not the flag's 0.02: this test times nothing.
     done = run_pytest(tmp_path, str(QUICK), "-k", "4090", "-n", "2", "--gpubench-sandbox",
+                      "--gpubench-time-scale", "0.01",
                       "--gpubench-duration", "3", "--gpubench-store", postgres_url)
     assert done.returncode == 0, done.stdout[-3000:]
     with open_store(postgres_url) as store:

@@ -67,9 +67,12 @@ matrix: [{gpu: H100, provider: vastai, models: [qwen2:7b, deepseek-r1:70b]}]
 
 
 # ------------------------------------------------------------------ end to end
+# The matrices below benchmark for 1 s without a warmup: these tests check who rents, reuses
+# and releases which session, figures that do not depend on how long a cell measures (each
+# second saved is paid once per cell, about 30 cells in this module).
 
 GROUP_MATRIX = """
-workload: {duration: 2s, max_tokens: 32, warmup_requests: 1, progress_interval: 1s}
+workload: {duration: 1s, max_tokens: 16, warmup_requests: 0, progress_interval: 1s}
 matrix:
   - {gpu: RTX 4090, provider: vastai, models: [qwen2:1.5b, qwen2:7b, deepseek-r1:14b]}
   - {gpu: RTX 3090, provider: vastai, models: [qwen2:1.5b]}
@@ -141,7 +144,7 @@ def test_reuse_cell_rents_one_session_per_cell(tmp_path, standalone_sandbox):  #
 
 
 FAILING_MIDDLE = """
-workload: {duration: 2s, max_tokens: 32, warmup_requests: 1, progress_interval: 1s}
+workload: {duration: 1s, max_tokens: 16, warmup_requests: 0, progress_interval: 1s}
 models:
   nosuchmodel:7b: {vram_gb: 6}
 matrix:
@@ -170,7 +173,9 @@ def test_an_instance_lost_mid_group_ends_only_its_cell_and_the_rest_rent_anew(
         tmp_path, standalone_sandbox):  # noqa: F811
     url = standalone_sandbox
     matrix = tmp_path / "gpubench_reuse.yaml"
-    matrix.write_text(GROUP_MATRIX.replace("duration: 2s", "duration: 4s"))
+    # Long enough to be killed mid-benchmark, with a warmup as a user's run has.
+    matrix.write_text(GROUP_MATRIX.replace("duration: 1s, max_tokens: 16, warmup_requests: 0",
+                                           "duration: 4s, max_tokens: 32, warmup_requests: 1"))
     run = PytestRun(tmp_path, url, "--rootdir", str(tmp_path), "-k", "4090", target=matrix)
     # Kill the instance while the group's second cell measures.
     progress = tmp_path / "reports" / "progress"
@@ -197,7 +202,7 @@ def test_an_instance_lost_mid_group_ends_only_its_cell_and_the_rest_rent_anew(
 
 
 SWEEP_MATRIX = """
-workload: {duration: 2s, max_tokens: 32, warmup_requests: 1, progress_interval: 1s, concurrency: [1, 4]}
+workload: {duration: 1s, max_tokens: 16, warmup_requests: 0, progress_interval: 1s, concurrency: [1, 4]}
 matrix:
   - {gpu: RTX 4090, provider: vastai, models: [qwen2:1.5b]}
 """
@@ -232,7 +237,7 @@ def test_groups_stay_on_one_worker_under_xdist(tmp_path, standalone_sandbox):  #
 
 
 SPLIT_MATRIX = """
-workload: {duration: 2s, max_tokens: 32, warmup_requests: 1, progress_interval: 1s}
+workload: {duration: 1s, max_tokens: 16, warmup_requests: 0, progress_interval: 1s}
 matrix:
   - {gpu: RTX 4090, provider: vastai, models: [qwen2:1.5b, qwen2:7b, deepseek-r1:14b, llama3:8b]}
 """

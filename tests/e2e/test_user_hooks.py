@@ -53,7 +53,9 @@ def test_a_conftest_chooses_offers_adjusts_workloads_and_receives_every_finished
         monkeypatch.delenv(name, raising=False)
     pytester.makefile(".yaml", gpubench_hooks=MATRIX)
     pytester.makeconftest(CONFTEST)
-    result = pytester.runpytest_subprocess("gpubench_hooks.yaml", "--gpubench-sandbox", "-p", "no:cacheprovider",
+    # The sandbox's clock at 0.01, not the flag's 0.02: the hooks' effects do not depend on it.
+    result = pytester.runpytest_subprocess("gpubench_hooks.yaml", "--gpubench-sandbox",
+                                           "--gpubench-time-scale", "0.01", "-p", "no:cacheprovider",
                                            "--gpubench-manifest", str(pytester.path / "m.db"), timeout=300)
     out = result.stdout.str()
     result.assert_outcomes(passed=1, failed=2)
