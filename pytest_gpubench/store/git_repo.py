@@ -25,6 +25,7 @@ from typing import NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from ..errors import StoreProblem, UsageProblem
+from ..plaintext import one_line
 from .redaction import redact, split_userinfo
 
 __all__ = ["AUTHOR", "Clone", "Remote", "ensure_bare_repository", "git_url", "local_path", "run_git"]
@@ -127,8 +128,8 @@ def run_git(*args: str, cwd: Path | None = None, check: bool = True,
 
 
 def _one_line(output: str) -> str:
-    """What git said, on one line and without a password, for a warning."""
-    return redact(" ".join(output.split()))
+    """What git said, on one line (nothing a terminal obeys) and without a password, for a warning."""
+    return redact(" ".join(one_line(output).split()))
 
 
 def ensure_bare_repository(path: Path) -> bool:

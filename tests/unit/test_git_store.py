@@ -523,3 +523,11 @@ def test_the_header_goes_after_the_configuration_the_environment_already_has(mon
     assert Remote.of("https://t@h/r.git").environment() == {
         "GIT_CONFIG_COUNT": "3", "GIT_CONFIG_KEY_2": "http.https://h/.extraHeader",
         "GIT_CONFIG_VALUE_2": _basic_header("t", "")}
+
+
+def test_what_git_said_reaches_a_warning_as_one_plain_line_without_the_password():
+    from pytest_gpubench.store.git_repo import _one_line
+
+    said = _one_line("fatal: \x1b[31munable to access\x1b[0m\n'https://user:s3cret@git.example/r.git/'\x1b]8;;x\x07")
+    assert "\x1b" not in said and "\n" not in said and "s3cret" not in said
+    assert said.startswith("fatal: unable to access 'https://user:")
