@@ -31,7 +31,7 @@ import os
 import tempfile
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -122,6 +122,22 @@ def atomic_write_json(path: Path, data: Any) -> None:
         raise
 
 
+_Fault = TypeVar("_Fault", bound=BaseModel)
+
+
+def _read_faults(path: Path, model: type[_Fault]) -> list[_Fault]:
+    """The armed faults of one kind in ``path`` (``{"faults": [...]}``); an entry that does not
+    validate, or a file that is not that shape, is skipped."""
+    data = _read_json(path) or {}
+    faults = []
+    for entry in data.get("faults", []) if isinstance(data, dict) else []:
+        try:
+            faults.append(model.model_validate(entry))
+        except ValueError:
+            continue
+    return faults
+
+
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -182,14 +198,7 @@ class StateStore:
         return self.state_dir / STREAM_FAULTS_FILE
 
     def read_stream_faults(self) -> list[StreamFault]:
-        data = _read_json(self.stream_faults_path) or {}
-        faults = []
-        for entry in data.get("faults", []):
-            try:
-                faults.append(StreamFault.model_validate(entry))
-            except ValueError:
-                continue
-        return faults
+        return _read_faults(self.stream_faults_path, StreamFault)
 
     def write_stream_faults(self, faults: list[StreamFault]) -> None:
         atomic_write_json(self.stream_faults_path, {"faults": [f.model_dump(mode="json") for f in faults]})
@@ -215,14 +224,7 @@ class StateStore:
         return self.state_dir / PULL_FAULTS_FILE
 
     def read_pull_faults(self) -> list[PullFault]:
-        data = _read_json(self.pull_faults_path) or {}
-        faults = []
-        for entry in data.get("faults", []) if isinstance(data, dict) else []:
-            try:
-                faults.append(PullFault.model_validate(entry))
-            except ValueError:
-                continue
-        return faults
+        return _read_faults(self.pull_faults_path, PullFault)
 
     def write_pull_faults(self, faults: list[PullFault]) -> None:
         atomic_write_json(self.pull_faults_path, {"faults": [f.model_dump(mode="json") for f in faults]})
