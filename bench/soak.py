@@ -9,8 +9,8 @@
 
 It starts a standalone sandbox (``gpubench sandbox``), writes a matrix of ``--cells``
 cells from the sandbox catalog's GPU x provider x model rates (a ``concurrency``
-axis multiplies the rows up to the count; ``--worker-share`` of them, 3% by default,
-in a second matrix file served by container workers, ``runtime: worker``), runs
+axis up to 8, then a Poisson ``rate`` axis, multiplies the rows up to the count;
+``--worker-share`` of them, 3% by default, in a second matrix file served by container workers, ``runtime: worker``), runs
 them with session reuse while a fault thread injects, spread over the run,
 ``round(cells x --fault-share)`` faults (paced by the cells started so far, so that
 a slow machine meets as many per cell) drawn in turn from every kind the sandbox has
@@ -57,9 +57,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -150,8 +152,24 @@ def _matrix_lines(name: str, duration: float, head: list[str]) -> list[str]:
             "offer:", "  min_availability_confidence: {default: 0.5, tensordock: 0.2}", "matrix:"]
 
 
+#: The highest concurrency a soak cell asks for. Past it a row's cells send Poisson arrivals
+#: instead (:data:`RATE_STEP` apart): at concurrency 15-28 a 32B model offloaded from a 24 GB
+#: card took about 4 minutes a cell to answer the requests in flight at its deadline (the
+#: stand-in's batching model is the catalog's), so one reuse group of such cells held the
+#: 1,000-cell soak for an hour after every other group had ended. A rate cell has about
+#: ``rate x duration`` requests in flight at its deadline.
+MAX_SOAK_CONCURRENCY = 8
+RATE_STEP = 0.25
+
+
+def _row_lines(row: dict[str, str], axis: str) -> list[str]:
+    return [f"  - gpu: {row['gpu']}", f"    provider: {row['provider']}", f"    model: \"{row['model']}\"",
+            f"    workload: {{{axis}}}"]
+
+
 def _spread(lines: list[str], rows: list[dict[str, str]], cells: int) -> int:
-    """Add ``cells`` cells over ``rows``, each row with a concurrency axis long enough; how many were added."""
+    """Add ``cells`` cells over ``rows``: each row a concurrency axis up to :data:`MAX_SOAK_CONCURRENCY`,
+    then a rate axis for the rest of its share; how many were added."""
     per_row = math.ceil(cells / len(rows)) if rows else 0
     left = cells
     for row in rows:
@@ -159,9 +177,11 @@ def _spread(lines: list[str], rows: list[dict[str, str]], cells: int) -> int:
         if take <= 0:
             break
         left -= take
-        levels = ", ".join(str(c) for c in range(1, take + 1))
-        lines += [f"  - gpu: {row['gpu']}", f"    provider: {row['provider']}", f"    model: \"{row['model']}\"",
-                  f"    workload: {{concurrency: [{levels}]}}"]
+        by_concurrency = min(take, MAX_SOAK_CONCURRENCY)
+        lines += _row_lines(row, f"concurrency: [{', '.join(str(c) for c in range(1, by_concurrency + 1))}]")
+        if take > by_concurrency:
+            rates = ", ".join(f"{RATE_STEP * k:g}" for k in range(1, take - by_concurrency + 1))
+            lines += _row_lines(row, f"rate: [{rates}]")
     return cells - left
 
 
@@ -305,6 +325,18 @@ class Controller:
         self.memory[-1].stop.set()
         return code
 
+    def interrupt(self, grace: float = 60.0) -> None:
+        """Stop a running incarnation as Ctrl-C would (its own session does not get the soak's
+        Ctrl-C): SIGINT, so that its teardown destroys its sessions, then SIGKILL after ``grace``."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGINT)
+        try:
+            self.process.wait(grace)
+        except subprocess.TimeoutExpired:
+            kill_controller(self.process)
+        self.memory[-1].stop.set()
+
 
 def ended_cells(store: str, run_id: str) -> int:
     try:
@@ -325,23 +357,31 @@ def run_controllers(args: argparse.Namespace, matrices: list[Path], url: str, wo
     controllers = [Controller(i, lambda reports: pytest_command(matrices, url, work, args.time_scale, reports,
                                                                 *options), work) for i in range(count)]
     started = time.monotonic()
-    for one in controllers:
-        one.start()
-    next_kill, victim = args.kill_every, 0
-    while any(one.process is not None and one.process.poll() is None for one in controllers):
-        time.sleep(2)
-        if not args.store:
-            continue
-        done = ended_cells(store, run_id)
-        if done >= next_kill and done < total:
-            one = controllers[victim % count]
-            if one.process is not None and one.process.poll() is None:
-                print(f"  {done} cells ended: SIGKILL controller {one.index} (pid {one.process.pid}), restarted",
-                      flush=True)
-                one.kill()
-                one.start()
-            victim += 1
-            next_kill += args.kill_every
+    try:
+        for one in controllers:
+            one.start()
+        next_kill, victim = args.kill_every, 0
+        while any(one.process is not None and one.process.poll() is None for one in controllers):
+            time.sleep(2)
+            if not args.store:
+                continue
+            done = ended_cells(store, run_id)
+            if done >= next_kill and done < total:
+                one = controllers[victim % count]
+                if one.process is not None and one.process.poll() is None:
+                    print(f"  {done} cells ended: SIGKILL controller {one.index} (pid {one.process.pid}), restarted",
+                          flush=True)
+                    one.kill()
+                    one.start()
+                victim += 1
+                next_kill += args.kill_every
+    except KeyboardInterrupt:
+        # The controllers run in sessions of their own (so that a kill takes their workers
+        # down): the terminal's Ctrl-C reaches only this script. Pass it on before the sandbox goes.
+        print("interrupted: stopping the controllers (Ctrl-C to each, then SIGKILL after 60 s)", flush=True)
+        for one in controllers:
+            one.interrupt()
+        raise
     for one in controllers:
         one.wait()
     return controllers, time.monotonic() - started
