@@ -153,13 +153,16 @@ def _matrix_lines(name: str, duration: float, head: list[str]) -> list[str]:
 
 
 #: The highest concurrency a soak cell asks for. Past it a row's cells send Poisson arrivals
-#: instead (:data:`RATE_STEP` apart): at concurrency 15-28 a 32B model offloaded from a 24 GB
-#: card took about 4 minutes a cell to answer the requests in flight at its deadline (the
-#: stand-in's batching model is the catalog's), so one reuse group of such cells held the
-#: 1,000-cell soak for an hour after every other group had ended. A rate cell has about
-#: ``rate x duration`` requests in flight at its deadline.
+#: instead: at concurrency 15-28 a 32B model offloaded from a 24 GB card took about 4 minutes
+#: a cell to answer the requests in flight at its deadline (the stand-in's batching model is
+#: the catalog's), so one reuse group of such cells held the 1,000-cell soak for an hour after
+#: every other group had ended. A rate cell has about ``rate x duration`` requests in flight then.
 MAX_SOAK_CONCURRENCY = 8
-RATE_STEP = 0.25
+#: Rate cells send ``RATE_FLOOR``, ``RATE_FLOOR + RATE_STEP``, ... arrivals per benchmark
+#: duration. A first run's arrivals are seeded (seed 0: the first comes 1.86 mean gaps in), so
+#: from 2 per duration every rate cell sends at least one request; below it some send none and
+#: fail "no successful request", a failure the soak does not inject.
+RATE_FLOOR, RATE_STEP = 2.0, 0.25
 
 
 def _row_lines(row: dict[str, str], axis: str) -> list[str]:
@@ -167,7 +170,7 @@ def _row_lines(row: dict[str, str], axis: str) -> list[str]:
             f"    workload: {{{axis}}}"]
 
 
-def _spread(lines: list[str], rows: list[dict[str, str]], cells: int) -> int:
+def _spread(lines: list[str], rows: list[dict[str, str]], cells: int, duration: float) -> int:
     """Add ``cells`` cells over ``rows``: each row a concurrency axis up to :data:`MAX_SOAK_CONCURRENCY`,
     then a rate axis for the rest of its share; how many were added."""
     per_row = math.ceil(cells / len(rows)) if rows else 0
@@ -180,7 +183,7 @@ def _spread(lines: list[str], rows: list[dict[str, str]], cells: int) -> int:
         by_concurrency = min(take, MAX_SOAK_CONCURRENCY)
         lines += _row_lines(row, f"concurrency: [{', '.join(str(c) for c in range(1, by_concurrency + 1))}]")
         if take > by_concurrency:
-            rates = ", ".join(f"{RATE_STEP * k:g}" for k in range(1, take - by_concurrency + 1))
+            rates = ", ".join(f"{(RATE_FLOOR + RATE_STEP * k) / duration:g}" for k in range(take - by_concurrency))
             lines += _row_lines(row, f"rate: [{rates}]")
     return cells - left
 
@@ -188,7 +191,7 @@ def _spread(lines: list[str], rows: list[dict[str, str]], cells: int) -> int:
 def write_matrix(path: Path, cells: int, duration: float) -> int:
     """A matrix of exactly ``cells`` cells: each row gets a concurrency axis long enough."""
     lines = _matrix_lines("soak", duration, [])
-    added = _spread(lines, matrix_rows(), cells)
+    added = _spread(lines, matrix_rows(), cells, duration)
     path.write_text("\n".join(lines) + "\n")
     return added
 
@@ -205,7 +208,7 @@ def write_matrices(work: Path, cells: int, duration: float, worker_share: float)
         return [main], added, 0
     (work / "model_presets.yaml").write_text(WORKER_PRESETS)
     lines = _matrix_lines("soak-workers", duration, ["runtime: {name: worker, presets: model_presets.yaml}"])
-    worker_cells = _spread(lines, worker_rows, workers)
+    worker_cells = _spread(lines, worker_rows, workers, duration)
     (work / "gpubench_soak_workers.yaml").write_text("\n".join(lines) + "\n")
     return [main, work / "gpubench_soak_workers.yaml"], added, worker_cells
 
