@@ -24,6 +24,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..aio import tls_context
 from ..errors import ApiError, ApiUnreachable, Stage, StageError
 from ..ids import InvalidId, check_id
 from ..redaction import redact
@@ -152,7 +153,7 @@ class ShopperClient:
         # The token lives in the client's headers only: no message or log line shows them.
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.AsyncClient(
-            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport, verify=tls_context()
         )
 
     async def aclose(self) -> None:

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import httpx
 
+from ..aio import http_client
 from ..errors import RemoteCommandError, Stage, StageError
 from ..matrix.cells import Cell
 from ..remote.ssh import Connection
@@ -293,7 +294,7 @@ class OllamaRuntime:
         """
         wanted = with_tag(model)
         try:
-            async with httpx.AsyncClient(base_url=self.url, timeout=30) as http:
+            async with http_client(self.url, 30) as http:
                 response = await http.get("/api/ps")
             entries = response.json().get("models", [])
         except (httpx.HTTPError, ValueError, AttributeError):
@@ -306,7 +307,7 @@ class OllamaRuntime:
 
     async def _version(self) -> str | None:
         try:
-            async with httpx.AsyncClient(base_url=self.url, timeout=5) as http:
+            async with http_client(self.url, 5) as http:
                 response = await http.get("/api/version")
             if response.status_code == 200:
                 return str(response.json().get("version", "unknown"))
@@ -339,7 +340,7 @@ class OllamaRuntime:
         """Pull ``model`` through the API, reporting progress as it streams."""
         check_model_name(model)
         try:
-            async with httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(timeout, read=timeout)) as http:
+            async with http_client(self.url, httpx.Timeout(timeout, read=timeout)) as http:
                 async with http.stream("POST", "/api/pull", json={"model": model, "stream": True}) as response:
                     if response.status_code != 200:
                         await response.aread()
@@ -367,7 +368,7 @@ class OllamaRuntime:
     async def loaded_models(self) -> list[str]:
         """Names of the models in GPU memory now (``/api/ps``); empty when it cannot say."""
         try:
-            async with httpx.AsyncClient(base_url=self.url, timeout=30) as http:
+            async with http_client(self.url, 30) as http:
                 entries = (await http.get("/api/ps")).json().get("models", [])
         except (httpx.HTTPError, ValueError, RecursionError, AttributeError):
             return []
@@ -378,12 +379,12 @@ class OllamaRuntime:
     async def unload(self, model: str) -> None:
         """Free ``model``'s GPU memory now (``keep_alive: 0``), as ``ollama stop`` does."""
         body = {"model": check_model_name(model), "keep_alive": 0}
-        async with httpx.AsyncClient(base_url=self.url, timeout=60) as http:
+        async with http_client(self.url, 60) as http:
             await http.post("/api/generate", json=body)
 
     async def remove(self, model: str) -> None:
         """Delete ``model`` from the instance's disk, as ``ollama rm`` does."""
-        async with httpx.AsyncClient(base_url=self.url, timeout=60) as http:
+        async with http_client(self.url, 60) as http:
             response = await http.request("DELETE", "/api/delete", json={"model": check_model_name(model)})
         if response.status_code not in (200, 404):
             raise StageError(Stage.MODEL_PULL, f"removing {model} answered {response.status_code}: "
@@ -392,7 +393,7 @@ class OllamaRuntime:
     async def model_info(self, model: str) -> PulledModel:
         """Verify ``model`` is listed by ``/api/tags`` and describe it."""
         wanted = with_tag(model)
-        async with httpx.AsyncClient(base_url=self.url, timeout=30) as http:
+        async with http_client(self.url, 30) as http:
             response = await http.get("/api/tags")
         for entry in response.json().get("models", []):
             if with_tag(entry.get("name", "")) == wanted:
@@ -414,7 +415,7 @@ class OllamaRuntime:
         """
         body = {"model": model, "prompt": "Hello", "stream": False, "options": {"num_predict": 1}}
         try:
-            async with httpx.AsyncClient(base_url=self.url, timeout=timeout) as http:
+            async with http_client(self.url, timeout) as http:
                 response = await http.post("/api/generate", json=body)
         except httpx.HTTPError as exc:
             raise StageError(Stage.MODEL_PULL, f"warm-up of {model} failed: {exc or type(exc).__name__}") from None

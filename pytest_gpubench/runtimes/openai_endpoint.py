@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 import httpx
 
+from ..aio import tls_context
 from ..errors import Stage, StageError
 from ..matrix.cells import Cell
 from ..matrix.endpoint import ENDPOINT_RUNTIME, EndpointSpec
@@ -76,7 +77,7 @@ class OpenAIEndpointRuntime:
         return {"Authorization": f"Bearer {token}"}
 
     def _client(self, stage: Stage, timeout: float) -> httpx.AsyncClient:
-        verify: ssl.SSLContext | bool = True
+        verify = tls_context()
         if self.spec.ca_file:
             verify = ssl.create_default_context(cafile=self.spec.ca_file)
         return httpx.AsyncClient(base_url=self.url, headers=self._headers(stage), timeout=timeout, verify=verify,

@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 
 import httpx
 
+from ..aio import http_client
 from ..errors import Stage, StageError
 from ..matrix.cells import Cell
 from ..remote.ssh import Connection
@@ -367,7 +368,7 @@ class OpenAIServerRuntime:
         if not self.local_port:
             return False
         try:
-            async with httpx.AsyncClient(base_url=self.url, timeout=5) as http:
+            async with http_client(self.url, 5) as http:
                 return (await http.get(self.spec.health_path)).status_code == 200
         except httpx.HTTPError:
             return False
@@ -412,7 +413,7 @@ class OpenAIServerRuntime:
         if not self.local_port:
             return []
         try:
-            async with httpx.AsyncClient(base_url=self.url, timeout=30) as http:
+            async with http_client(self.url, 30) as http:
                 data = (await http.get("/v1/models")).json().get("data", [])
             return [entry for entry in data if isinstance(entry, dict)]
         except (httpx.HTTPError, ValueError, AttributeError):
@@ -460,7 +461,7 @@ class OpenAIServerRuntime:
                 "stream": False}
         started = time.monotonic()
         try:
-            async with httpx.AsyncClient(base_url=self.url, timeout=timeout) as http:
+            async with http_client(self.url, timeout) as http:
                 response = await http.post("/v1/chat/completions", json=body)
         except httpx.HTTPError as exc:
             raise StageError(Stage.MODEL_PULL, f"warm-up of {model} failed: {exc or type(exc).__name__}") from None

@@ -1,10 +1,11 @@
 import asyncio
+import ssl
 import threading
+from types import SimpleNamespace
 
 import pytest
 
-from types import SimpleNamespace
-
+from pytest_gpubench import aio
 from pytest_gpubench.aio import LoopThread
 from pytest_gpubench.errors import BridgeTimeout, GpubenchError, Stage
 from pytest_gpubench.plugin.collect import describe_failure
@@ -113,3 +114,28 @@ def test_a_coroutines_own_timeout_error_is_raised_as_it_is_not_as_the_bridges(lo
     with pytest.raises(TimeoutError, match="the server did not answer") as caught:
         loop_thread.run(gives_up(), timeout=10)
     assert not isinstance(caught.value, BridgeTimeout)
+
+
+def test_every_http_client_shares_one_tls_context_with_httpx_s_default_verification(monkeypatch):
+    # httpx builds a context per client (certifi's bundle loaded each time); the runtimes make
+    # a client per call to the model server, so the context is built once per process.
+    import httpx
+
+    built = []
+
+    def create(*args, **kwargs):
+        built.append((args, kwargs))
+        return real(*args, **kwargs)
+
+    real = httpx.create_ssl_context
+    monkeypatch.setattr(httpx, "create_ssl_context", create)
+    aio.tls_context.cache_clear()
+    try:
+        clients = [aio.http_client("http://127.0.0.1:9", 5) for _ in range(3)]
+        assert len(built) == 1 and built[0] == ((), {})  # the default: verification on, certifi's CAs
+        context = aio.tls_context()
+        assert context.verify_mode is ssl.CERT_REQUIRED and context.check_hostname
+        for client in clients:
+            assert isinstance(client, httpx.AsyncClient) and str(client.base_url) == "http://127.0.0.1:9"
+    finally:
+        aio.tls_context.cache_clear()
