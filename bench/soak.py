@@ -126,8 +126,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ------------------------------------------------------------------- the matrix
 
 
-def matrix_rows() -> list[dict[str, str]]:
-    """Every (GPU, provider, model) the catalog has a rate and an offer for, whose model fits the GPU."""
+def matrix_rows() -> list[dict[str, Any]]:
+    """Every (GPU, provider, model) the catalog has a rate and an offer for, whose model fits the GPU,
+    with the catalog's single-stream tokens/s (``tps``)."""
     catalog = load_catalog()
     providers_of: dict[str, set[str]] = {}
     for offer in catalog.offers:
@@ -140,7 +141,8 @@ def matrix_rows() -> list[dict[str, str]]:
             continue
         for provider in sorted(providers_of.get(rate.gpu, ())):
             if rate.provider in (None, provider):
-                rows.append({"gpu": rate.gpu, "provider": provider, "model": rate.model})
+                rows.append({"gpu": rate.gpu, "provider": provider, "model": rate.model,
+                             "tps": catalog.rate(rate.gpu, provider, rate.model)[0]})
     unique = {(r["gpu"], r["provider"], r["model"]): r for r in rows}
     return sorted(unique.values(), key=lambda r: (r["gpu"], r["provider"], r["model"]))
 
@@ -163,29 +165,48 @@ MAX_SOAK_CONCURRENCY = 8
 #: from 2 per duration every rate cell sends at least one request; below it some send none and
 #: fail "no successful request", a failure the soak does not inject.
 RATE_FLOOR, RATE_STEP = 2.0, 0.25
+#: A row whose model streams under this many tokens/s alone on its GPU (the catalog's: a 32B or
+#: 70B model offloaded from a card too small for it) gets at most :data:`SLOW_ROW_CELLS` cells.
+#: Such a cell at rate 6 took 2.5 minutes to answer what was in flight at its deadline, and its
+#: reuse group runs its cells one after another on one worker: 28 of them held a 1,000-cell
+#: soak for 40 minutes after the other groups had ended.
+SLOW_TPS, SLOW_ROW_CELLS = 20.0, 4
 
 
-def _row_lines(row: dict[str, str], axis: str) -> list[str]:
+def _row_lines(row: dict[str, Any], axis: str) -> list[str]:
     return [f"  - gpu: {row['gpu']}", f"    provider: {row['provider']}", f"    model: \"{row['model']}\"",
             f"    workload: {{{axis}}}"]
 
 
-def _spread(lines: list[str], rows: list[dict[str, str]], cells: int, duration: float) -> int:
-    """Add ``cells`` cells over ``rows``: each row a concurrency axis up to :data:`MAX_SOAK_CONCURRENCY`,
-    then a rate axis for the rest of its share; how many were added."""
-    per_row = math.ceil(cells / len(rows)) if rows else 0
+def _shares(rows: list[dict[str, Any]], cells: int) -> list[int]:
+    """How many of ``cells`` each row gets: a slow row (under :data:`SLOW_TPS`) at most
+    :data:`SLOW_ROW_CELLS`, the others the rest, evenly (the first ones one more)."""
+    slow = [row["tps"] < SLOW_TPS for row in rows]
+    shares = [0] * len(rows)
     left = cells
-    for row in rows:
-        take = min(per_row, left)
+    for index in (i for i, is_slow in enumerate(slow) if is_slow):
+        shares[index] = min(SLOW_ROW_CELLS, left, math.ceil(cells / len(rows)))
+        left -= shares[index]
+    fast = [i for i, is_slow in enumerate(slow) if not is_slow] or list(range(len(rows)))
+    for position, index in enumerate(fast):
+        shares[index] += left // len(fast) + (position < left % len(fast))
+    return shares
+
+
+def _spread(lines: list[str], rows: list[dict[str, Any]], cells: int, duration: float) -> int:
+    """Add ``cells`` cells over ``rows`` (:func:`_shares`): each row a concurrency axis up to
+    :data:`MAX_SOAK_CONCURRENCY`, then a rate axis for the rest of its share; how many were added."""
+    added = 0
+    for row, take in zip(rows, _shares(rows, cells) if rows else [], strict=True):
         if take <= 0:
-            break
-        left -= take
+            continue
+        added += take
         by_concurrency = min(take, MAX_SOAK_CONCURRENCY)
         lines += _row_lines(row, f"concurrency: [{', '.join(str(c) for c in range(1, by_concurrency + 1))}]")
         if take > by_concurrency:
             rates = ", ".join(f"{(RATE_FLOOR + RATE_STEP * k) / duration:g}" for k in range(take - by_concurrency))
             lines += _row_lines(row, f"rate: [{rates}]")
-    return cells - left
+    return added
 
 
 def write_matrix(path: Path, cells: int, duration: float) -> int:
