@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,13 +25,15 @@ pytest_plugins = ["postgres_server"]
 
 HERE = Path(__file__).parent
 
-#: Third-party pytest plugins an environment may autoload that no test here uses, kept out
-#: of the pytest processes the tests start (hundreds: every pytest run on the sandbox, and
-#: its xdist workers). Each costs CPU at every start: on this 2-core machine a pytest
-#: process collecting a matrix took 1.67 s of CPU with hypothesis's, anyio's and
-#: pytest-benchmark's plugins loaded and 0.48 s without them. Blocking one that is not
-#: installed is harmless.
-UNUSED_PLUGINS = ("hypothesispytest", "anyio", "benchmark")
+#: Pytest plugins kept out of the pytest processes the tests start (hundreds: every pytest
+#: run on the sandbox, and its xdist workers), for the CPU they cost in each. Third-party ones an
+#: environment may autoload that no test here uses: on this 2-core machine a pytest process
+#: collecting a matrix took 1.67 s of CPU with hypothesis's, anyio's and pytest-benchmark's
+#: plugins loaded and 0.48 s without them (blocking one that is not installed is harmless).
+#: And pytest's own ``unraisableexception``, whose end of session runs five full garbage
+#: collections to find unraisable exceptions: 0.27 s of CPU in a one-cell sandbox run, in every
+#: process. No test reads those warnings from a child's output; this process keeps the plugin.
+CHILD_BLOCKED_PLUGINS = ("hypothesispytest", "anyio", "benchmark", "unraisableexception")
 #: The tier folders, each its marker (registered in pyproject.toml), in the order they
 #: are collected: the long end-to-end tests first, so that under ``-n auto`` no worker
 #: is left alone with one at the end of the run (the GPU tier's, where it runs, longest).
@@ -96,8 +99,17 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _children_without_unused_plugins():
-    """:data:`UNUSED_PLUGINS` blocked in the pytest processes the tests start, not in this one.
+def _child_processes_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The environment of the processes the tests start (pytest runs, their xdist workers, the
+    sandbox, the ``gpubench`` commands), set for them, not for this one.
+
+    * :data:`CHILD_BLOCKED_PLUGINS` blocked in every pytest process.
+    * Where ``PYTHONDONTWRITEBYTECODE`` is set (some machines, this project's CI among them,
+      set it for every process), bytecode cached under this run's temporary folder instead
+      (``PYTHONPYCACHEPREFIX``): without a cache each of the suite's hundreds of Python
+      processes compiled every module it imported from source, and pytest rewrote the
+      assertions of the plugin's modules anew in each. Profiled over the whole suite, compiling
+      and rewriting took a third of its CPU. Nothing is written beside the sources.
 
     Set here, not when this file is imported: the controller of ``-n`` imports it before it
     starts its workers, which read ``PYTEST_ADDOPTS`` too. Workers without anyio's plugin (which
@@ -105,14 +117,17 @@ def _children_without_unused_plugins():
     httpcore's ``except anyio.EndOfStream``, as when anyio is imported twice (likely: first inside
     a pytester test, whose ``sys.modules`` snapshot then drops it). The workers stay as they were.
     """
-    before = os.environ.get("PYTEST_ADDOPTS")
-    os.environ["PYTEST_ADDOPTS"] = " ".join(
-        [before or "", *(f"-p no:{name}" for name in UNUSED_PLUGINS)]).strip()
-    yield
-    if before is None:
-        os.environ.pop("PYTEST_ADDOPTS", None)
-    else:
-        os.environ["PYTEST_ADDOPTS"] = before
+    with pytest.MonkeyPatch.context() as patch:
+        before = os.environ.get("PYTEST_ADDOPTS")
+        patch.setenv("PYTEST_ADDOPTS", " ".join(
+            [before or "", *(f"-p no:{name}" for name in CHILD_BLOCKED_PLUGINS)]).strip())
+        if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+            base = tmp_path_factory.getbasetemp()
+            # Under xdist each worker has a folder of its own in the run's: share the run's.
+            shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+            patch.delenv("PYTHONDONTWRITEBYTECODE")
+            patch.setenv("PYTHONPYCACHEPREFIX", str(shared / "pycache"))
+        yield
 
 
 @pytest.fixture
