@@ -250,6 +250,13 @@ class FaultInjector(threading.Thread):
         self.interval = 1.0
         self.injected: Counter[str] = Counter()
         self.refused: Counter[str] = Counter()
+        #: Rounds that failed (the sandbox slow to answer under load, say), and the last error:
+        #: the thread goes on, and the report says so.
+        self.errors = 0
+        self.last_error = ""
+        #: Rounds tried and the slowest (seconds): a sandbox slow to answer paces the faults.
+        self.rounds = 0
+        self.slowest = 0.0
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -264,20 +271,31 @@ class FaultInjector(threading.Thread):
                 if not queue:
                     queue = list(FAULT_KINDS)
                     self.rng.shuffle(queue)
-                kind = queue[0]
-                body = self._body(api, kind, offers)
-                if body is None:  # nothing it can act on now: try the next kind, this one later
-                    queue.append(queue.pop(0))
-                    continue
-                queue.pop(0)
+                began = time.monotonic()
                 try:
-                    answered = api.post("/sandbox/faults", json=body).status_code
-                except httpx.HTTPError:
-                    answered = 0
-                if answered < 300 and answered:
-                    self.injected[kind] += 1
-                else:  # the session ended meanwhile (409): counted apart, not as a fault that happened
-                    self.refused[kind] += 1
+                    self._inject_next(api, queue, offers)
+                except (httpx.HTTPError, ValueError, KeyError, OSError) as exc:
+                    self.errors += 1
+                    self.last_error = f"{type(exc).__name__}: {exc}"[:200]
+                self.rounds += 1
+                self.slowest = max(self.slowest, time.monotonic() - began)
+
+    def _inject_next(self, api: httpx.Client, queue: list[str], offers: list[str]) -> None:
+        """Inject the first kind of ``queue`` that has something to act on now (it leaves the queue)."""
+        kind = queue[0]
+        body = self._body(api, kind, offers)
+        if body is None:  # nothing it can act on now: try the next kind, this one later
+            queue.append(queue.pop(0))
+            return
+        queue.pop(0)
+        try:
+            answered = api.post("/sandbox/faults", json=body).status_code
+        except httpx.HTTPError:
+            answered = 0
+        if answered < 300 and answered:
+            self.injected[kind] += 1
+        else:  # the session ended meanwhile (409): counted apart, not as a fault that happened
+            self.refused[kind] += 1
 
     def _body(self, api: httpx.Client, kind: str, offers: list[str]) -> dict[str, Any] | None:
         if kind in OFFER_KINDS:
@@ -515,6 +533,8 @@ def report(args: argparse.Namespace, url: str, store: str, run_id: str, work: Pa
     print(f"faults injected: {sum(injector.injected.values())} "
           f"({', '.join(f'{k} {v}' for k, v in sorted(injector.injected.items()))})"
           + (f"; refused (the session ended first): {sum(injector.refused.values())}" if injector.refused else "")
+          + f"; fault thread: {injector.rounds} rounds, the slowest {injector.slowest:.1f} s"
+          + (f", {injector.errors} failed (last: {injector.last_error})" if injector.errors else "")
           + (f"; offer faults never met (no rental of their offer after them): {sum(never_met.values())}"
              if never_met else ""))
     print(f"statuses: {', '.join(f'{k} {v}' for k, v in sorted(statuses.items()))}")
