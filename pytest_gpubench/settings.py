@@ -93,6 +93,8 @@ class Settings(BaseModel):
     sandbox_ssh: str = "asyncssh"
     sandbox_real_time: bool = False
     time_scale: float = 1.0
+    #: The SQLite manifest when no store is named: ``<reports>/manifest.db`` (or the value of
+    #: ``--gpubench-manifest``, the store's deprecated old name, which sets :attr:`store` too).
     manifest: Path = Path("reports/manifest.db")
     #: ``--gpubench-store``: where the run is kept, a SQLite path or a store URL; the
     #: manifest path when not given (see :attr:`store_location`).
