@@ -3,7 +3,7 @@ come from the plugin's one table, and resolve flag, then ``GPUBENCH_*``, then th
 would read, then the default; ``--manifest`` (and its variable and ini key) is a deprecated alias of
 ``--store`` that still works and says so once (issue 22 item 3).
 
-tests/plugin/test_cli_settings.py checks the same ``Settings`` against a real pytest configuration.
+tests/plugin/test_cli_plugin_settings.py checks the same ``Settings`` against a real pytest configuration.
 """
 
 from __future__ import annotations
