@@ -437,7 +437,7 @@ def run_controllers(args: argparse.Namespace, matrices: list[Path], url: str, wo
 
 def run_cleanup(url: str, store: str) -> str:
     done = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "cleanup", "--api", url,
-                           "--manifest", store], capture_output=True, text=True, cwd=REPO, env=pytest_env())
+                           "--store", store], capture_output=True, text=True, cwd=REPO, env=pytest_env())
     text = (done.stdout + done.stderr).strip()
     return text.splitlines()[-1] if text else f"exit {done.returncode}"
 

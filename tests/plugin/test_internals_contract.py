@@ -313,14 +313,14 @@ def test_n_without_dist_keeps_groups_and_a_chosen_dist_is_left_alone(pytester, a
     pytester.makeconftest(DIST_REPORTER)
     pytester.makefile(".yaml", gpubench_x=MATRIX)
     pytester.makepyfile(test_plain="def test_one():\n    pass\n")
-    monkeypatch.setenv("GPUBENCH_MANIFEST", str(pytester.path / "manifest.db"))
+    monkeypatch.setenv("GPUBENCH_STORE", str(pytester.path / "manifest.db"))
     result = pytester.runpytest_subprocess(*args, "--collect-only", "-q", "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines([f"DIST {dist}"])
 
 
 def test_a_dist_that_spreads_groups_is_said_in_the_header(pytester, monkeypatch):
     pytester.makefile(".yaml", gpubench_x=MATRIX)
-    monkeypatch.setenv("GPUBENCH_MANIFEST", str(pytester.path / "manifest.db"))
+    monkeypatch.setenv("GPUBENCH_STORE", str(pytester.path / "manifest.db"))
     header = pytester.runpytest_subprocess("gpubench_x.yaml", "-n", "2", "--dist", "load", "-k", "nothing",
                                            "--gpubench-sandbox", "-p", "no:cacheprovider")
     header.stdout.fnmatch_lines(["gpubench: --dist load does not keep a reuse group on one worker*"])
