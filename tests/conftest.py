@@ -18,7 +18,15 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpcore  # noqa: F401 - imported before any in-process pytester run: see below
 import pytest
+
+# httpcore is imported above, before any test runs, so that it is in every pytester snapshot.
+# httpx imports it on first use (a transport's __init__) and caches the map from httpcore's
+# exceptions to its own at the first request. When that first use fell inside an in-process
+# pytester run, pytester dropped httpcore from sys.modules afterwards while httpx stayed: the
+# next transport imported a new httpcore whose ConnectError the cached map did not know, and a
+# raw httpcore.ConnectError escaped ShopperClient (test_runners_plugin.py under -n 2).
 
 # A real PostgreSQL server for the store's tests (postgres_server, postgres_url).
 pytest_plugins = ["postgres_server"]
