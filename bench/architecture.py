@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "pytest_gpubench"
 ROOT = PACKAGE.name
 #: The flow, top-down ("" is the top-level modules), as tests/unit/test_import_graph.py has it.
-FLOW = ("", "matrix", "cloud", "remote", "runtimes", "measure", "store", "report", "sandbox", "plugin", "commands")
+FLOW = ("", "matrix", "cloud", "remote", "runtimes", "measure", "store", "report", "sandbox", "run", "plugin", "commands")
 SMALL = 40
 
 

@@ -22,7 +22,7 @@ _WHERE = {
     "Workload": "pytest_gpubench.matrix.workload",
     "load_matrix": "pytest_gpubench.matrix.cells",
     # What ``gpubench.run()`` returns, and its parts.
-    "Bench": "pytest_gpubench.plugin.cell_benchmark",
+    "Bench": "pytest_gpubench.run.cell_benchmark",
     "BenchmarkResult": "pytest_gpubench.measure.results",
     "PerformanceResults": "pytest_gpubench.measure.results",
     "RequestRecord": "pytest_gpubench.measure.results",
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from .measure.metrics import DetailedMetrics
     from .measure.results import BenchmarkResult, PerformanceResults, RequestRecord
     from .measure.thresholds import Slo
-    from .plugin.cell_benchmark import Bench
+    from .run.cell_benchmark import Bench
     from .cloud.provider import Provider
     from .runtimes.base import Runtime
     from .store.base import Store

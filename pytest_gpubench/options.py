@@ -130,7 +130,7 @@ def _percent(text: str) -> float:
 
 
 def _summary_columns(text: str) -> tuple[str, ...]:
-    from .plugin.summary_table import parse_columns  # the column set lives with the table
+    from .report.summary_table import parse_columns  # the column set lives with the table
 
     return parse_columns(text)
 

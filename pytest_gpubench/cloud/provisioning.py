@@ -30,9 +30,9 @@ from .offers import Constraints, next_offer
 from ..store.progress import ProgressWriter
 from .provider import OfferChoice, Provider, SshDetails, consumer_id
 from .shopper_provider import reservation_hours
-from ..plugin.record import CellRecorder
+from ..run.record import CellRecorder
 from .reuse_estimates import disk_gb_for, estimated_cell_seconds, planned_benchmark_seconds, reservation_seconds
-from ..plugin.run_context import RunContext
+from ..run.run_context import RunContext
 from ..settings import MIN_SCALED_TIMEOUT
 from .shopper_client import CreatedSession, Offer, Session
 from .ssh_wait import SshWait, entrypoint_wait, heavy_stage_seconds, ssh_wait_for, stage_timeout

@@ -32,13 +32,13 @@ from ..aio import run as run_async
 from ..errors import Stage
 from ..matrix.cells import Cell
 from .offers import Constraints, unfit
-from ..plugin.record import CellOutcome, CellRecorder
+from ..run.record import CellOutcome, CellRecorder
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from ..remote.sysinfo import SystemInfo
-    from ..plugin.cell_benchmark import GpuSession
+    from ..run.cell_benchmark import GpuSession
     from .provisioning import Provisioning
-    from ..plugin.run_context import RunContext
+    from ..run.run_context import RunContext
 
 #: Failures that say the session itself is unusable: its later cells rent a new one.
 SESSION_STAGES = frozenset({Stage.PROVISION, Stage.SSH_WAIT, Stage.SSH_CONNECT})

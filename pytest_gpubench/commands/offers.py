@@ -18,7 +18,7 @@ from contextlib import ExitStack
 from pydantic import TypeAdapter
 
 from ..errors import CommandProblem
-from ..plugin.hints import close_names
+from ..run.hints import close_names
 from ..matrix.selection import filter_values, gpu_matches, normalize_provider, provider_matches
 from ..settings import DEFAULT_API
 from ..cloud.registry import build_provider

@@ -18,12 +18,12 @@ import pytest
 
 from ..aio import run as run_async
 from ..cloud.budget import exhausted, spend_of
-from .cell_benchmark import BRIDGE_SLACK, Bench, GpuSession, connect, upload_now, watched
-from .cell_microbench import Microbench
+from ..run.cell_benchmark import BRIDGE_SLACK, Bench, GpuSession, connect, upload_now, watched
+from ..run.cell_microbench import Microbench
 from ..errors import BudgetRefused, NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell
 from ..matrix.machines import KEPT_MACHINES
-from .hints import host_key_pinned
+from ..run.hints import host_key_pinned
 from ..runtimes.shared_machine import has_model, keep_apart, leave_as_found
 from ..cloud.offers import Constraints
 from ..cloud.offer_recheck import EVICTION_SECONDS, MIN_RECHECK_WAIT, choose_offer_rechecking
@@ -31,12 +31,12 @@ from .outcome import outcome_of
 from ..cloud.provider import OfferChoice
 from ..cloud.provisioning import Provisioning
 from .claim_hooks import claim_keeping
-from .record import CellRecorder
+from ..run.record import CellRecorder
 from ..remote.ssh import KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL, Connection, KeyFile
 from ..remote.system import detect_system, hardware_of
 from ..measure.results import HardwareInfo
 from . import user_hooks
-from .run_context import RunContext
+from ..run.run_context import RunContext
 from ..runtimes.base import Runtime
 from ..runtimes.entrypoint import adopt_image_server
 from ..cloud.ssh_wait import stage_timeout

@@ -35,7 +35,7 @@ from pytest_gpubench.cloud.provider import consumer_id
 from pytest_gpubench.cloud.shopper_provider import ShopperProvider
 from pytest_gpubench.store.resume import ResumePlan, plan_resume, still_to_run
 from pytest_gpubench.cloud.shopper_client import ShopperClient
-from pytest_gpubench.plugin.shutdown import GracefulTermination, Terminated
+from pytest_gpubench.run.shutdown import GracefulTermination, Terminated
 
 OFFER = RENTABLE_OFFER
 status = session_status

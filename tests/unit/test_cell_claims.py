@@ -10,7 +10,7 @@ from pytest_gpubench.cloud.processes import ProcessIdentity, held_by, holder_ali
 from pytest_gpubench.errors import ClaimLost, Stage, StageError, StoreProblem
 from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.plugin.claims import ClaimHeartbeat, ProcessClaims, Verdict, peek
-from pytest_gpubench.plugin.record import CellOutcome, CellRecorder
+from pytest_gpubench.run.record import CellOutcome, CellRecorder
 from pytest_gpubench.store.opening import open_store
 from pytest_gpubench.store.record_keys import row_id
 
@@ -462,7 +462,7 @@ def test_only_the_last_controller_of_a_shared_run_records_its_end_with_every_con
     not its to record. The last one records it, failed if any controller's cell failed."""
     import time
 
-    from pytest_gpubench.plugin.run_end import others_running, shared_run_status
+    from pytest_gpubench.run.run_end import others_running, shared_run_status
 
     add(store)
     other = store.add_cell("r1", "other-cell", gpu_type="g", provider="p", model="m", matrix_file="f")
