@@ -18,7 +18,7 @@ Each step is a normal open-loop (Poisson) run at its rate, with its own records
 what a step shows, with the figures' registered names (docs/metrics.md), and
 :class:`SweepOutcome` the cell's answer: ``max_rate_meeting_slo`` and the step
 measured there, whose output throughput and $/M tokens are the cell's headline.
-No I/O here: ``run/cell_sweep.py`` runs the steps.
+No I/O here: ``run/cell_benchmark.py`` (``SweepRun``) runs the steps.
 """
 
 from __future__ import annotations
