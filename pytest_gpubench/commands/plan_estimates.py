@@ -56,7 +56,7 @@ DEFAULT_STAGE_SECONDS: Mapping[Stage, float] = {
 }
 #: The pull (and warm-up load) of a model takes ``PULL_SECONDS_PER_GB`` per GB of the
 #: model's VRAM need: the figure session reuse orders groups by
-#: (:mod:`pytest_gpubench.cloud.session_pool`); seed 000 pulled and loaded llama3:70b
+#: (:mod:`pytest_gpubench.run.session_pool`); seed 000 pulled and loaded llama3:70b
 #: (48 GB) in 4 minutes (``OLLAMA_INSTALLED`` 10:03 -> ``MODEL_READY`` 10:07), 5 s/GB.
 DEFAULT_PULL_SECONDS_PER_GB = PULL_SECONDS_PER_GB
 #: Tokens/s assumed for warm-up requests without history: seed 000's llama3:70b

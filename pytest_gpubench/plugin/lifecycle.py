@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from ..aio import run as run_async
-from ..cloud.cleanup import CleanupReport, ReleaseOutcome, clean
+from ..run.cleanup import CleanupReport, ReleaseOutcome, clean
 from ..errors import ApiUnreachable, Stage
 from ..run.live import own_line
 from ..store.opening import open_store, store_exists

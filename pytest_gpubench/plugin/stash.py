@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:  # the key types, named in strings: nothing heavy is imported at load
-    from ..cloud.session_pool import Lease  # noqa: F401
+    from ..run.session_pool import Lease  # noqa: F401
     from ..matrix.cells import Cell  # noqa: F401
     from ..matrix.filters import CellFilters  # noqa: F401
     from ..settings import Settings  # noqa: F401

@@ -38,7 +38,7 @@ from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.cloud.offers import Constraints, next_offer
 from pytest_gpubench.store.progress import read_progress
 from pytest_gpubench.cloud.shopper_provider import ShopperProvider
-from pytest_gpubench.cloud.provisioning import Provisioning, can_fail_over
+from pytest_gpubench.run.provisioning import Provisioning, can_fail_over
 from pytest_gpubench.run.record import CellRecorder
 from pytest_gpubench.run.run_context import RunContext
 from pytest_gpubench.settings import resolve

@@ -257,7 +257,7 @@ def test_cleanup_leaves_a_session_alone_while_its_cell_s_claim_is_live(store):
     import socket
     import time
 
-    from pytest_gpubench.cloud.cleanup import survey
+    from pytest_gpubench.run.cleanup import survey
 
     dead = ProcessIdentity(pid=2 ** 22 + 7, host=socket.gethostname())
     store.start_run("r1", [], [], owner=dead)
@@ -430,7 +430,7 @@ def test_a_session_rented_after_the_claim_was_lost_is_not_recorded_and_stops_the
         recorder.session_created("s-1", "c-1", "o-1", 1.0)
     assert raised.value.stage is Stage.PROVISION
     assert store.cell(ROW).session_id is None  # the attempt that rented it releases it (provisioning)
-    from pytest_gpubench.cloud.provisioning import can_fail_over
+    from pytest_gpubench.run.provisioning import can_fail_over
 
     assert not can_fail_over(raised.value)  # and tries no other offer
 

@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING
 from ..aio import run as run_async
 from ..errors import Stage
 from ..matrix.cells import Cell
-from .offers import Constraints, unfit
-from ..run.record import CellOutcome, CellRecorder
+from ..cloud.offers import Constraints, unfit
+from .record import CellOutcome, CellRecorder
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from ..remote.sysinfo import SystemInfo
-    from ..run.cell_benchmark import GpuSession
+    from .cell_benchmark import GpuSession
     from .provisioning import Provisioning
-    from ..run.run_context import RunContext
+    from .run_context import RunContext
 
 #: Failures that say the session itself is unusable: its later cells rent a new one.
 SESSION_STAGES = frozenset({Stage.PROVISION, Stage.SSH_WAIT, Stage.SSH_CONNECT})
