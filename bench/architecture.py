@@ -117,13 +117,22 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def store_methods() -> list[str]:
-    """The public methods and properties of every ``Protocol`` class named ``Store`` in store/."""
+    """The public methods and properties of every ``Protocol`` class named ``Store`` in store/,
+    with those of the package's protocols it extends (``GpuLeaseBook``): what a new store implements."""
+    classes = {node.name: node for path in sorted(PACKAGE.rglob("*.py"))
+               for node in ast.parse(path.read_text()).body if isinstance(node, ast.ClassDef)}
+
+    def methods(node: ast.ClassDef) -> list[str]:
+        inherited = [name for base in node.bases if isinstance(base, ast.Name) and base.id in classes
+                     for name in methods(classes[base.id])]
+        return inherited + [item.name for item in node.body
+                            if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and not item.name.startswith("_")]
+
     names = []
     for path in sorted((PACKAGE / "store").glob("*.py")):
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.ClassDef) and node.name == "Store":
-                names += [item.name for item in node.body
-                          if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and not item.name.startswith("_")]
+                names += methods(node)
     return names
 
 
