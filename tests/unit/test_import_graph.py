@@ -23,7 +23,6 @@ LAYERING_DEBT = {
     "options -> matrix.fields",
     "options -> measure.compare",
     "options -> report.summary_table",
-    "cloud.reuse_split -> commands.plan_estimates",
     "matrix.cells -> measure.thresholds",
     "remote.checkpoint -> measure.results",
     "remote.system -> measure.results",
