@@ -27,7 +27,7 @@ _WHERE = {
     "PerformanceResults": "pytest_gpubench.measure.results",
     "RequestRecord": "pytest_gpubench.measure.results",
     "DetailedMetrics": "pytest_gpubench.measure.metrics",
-    "Slo": "pytest_gpubench.measure.thresholds",
+    "Slo": "pytest_gpubench.matrix.thresholds",
     # The error tree (errors.py draws it).
     "Stage": "pytest_gpubench.errors",
     "GpubenchError": "pytest_gpubench.errors",
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from .matrix.workload import Workload
     from .measure.metrics import DetailedMetrics
     from .measure.results import BenchmarkResult, PerformanceResults, RequestRecord
-    from .measure.thresholds import Slo
+    from .matrix.thresholds import Slo
     from .run.cell_benchmark import Bench
     from .cloud.provider import Provider
     from .runtimes.base import Runtime

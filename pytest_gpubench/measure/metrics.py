@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from .results import RequestRecord, percentile
-from .thresholds import Slo
+from ..matrix.thresholds import Slo
 
 __all__ = [
     "DetailedMetrics",
