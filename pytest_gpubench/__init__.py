@@ -25,7 +25,7 @@ _WHERE = {
     "Bench": "pytest_gpubench.run.cell_benchmark",
     "BenchmarkResult": "pytest_gpubench.measure.results",
     "PerformanceResults": "pytest_gpubench.measure.results",
-    "RequestRecord": "pytest_gpubench.measure.results",
+    "RequestRecord": "pytest_gpubench.remote.readings",
     "DetailedMetrics": "pytest_gpubench.measure.metrics",
     "Slo": "pytest_gpubench.matrix.thresholds",
     # The error tree (errors.py draws it).
@@ -49,7 +49,8 @@ if TYPE_CHECKING:
     from .matrix.cells import Cell, load_matrix
     from .matrix.workload import Workload
     from .measure.metrics import DetailedMetrics
-    from .measure.results import BenchmarkResult, PerformanceResults, RequestRecord
+    from .measure.results import BenchmarkResult, PerformanceResults
+    from .remote.readings import RequestRecord
     from .matrix.thresholds import Slo
     from .run.cell_benchmark import Bench
     from .cloud.provider import Provider

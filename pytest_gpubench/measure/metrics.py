@@ -21,7 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from .results import RequestRecord, percentile
+from .results import percentile
+from ..remote.readings import RequestRecord
 from ..matrix.thresholds import Slo
 
 __all__ = [

@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict
 
 from ..matrix.sweep import DEFAULT_SPAN, SweepSpec
 from .metrics import detailed_metrics
-from .results import RequestRecord, cost_per_million_tokens
+from .results import cost_per_million_tokens
+from ..remote.readings import RequestRecord
 from ..matrix.thresholds import Slo
 
 __all__ = ["RateSearch", "SweepOutcome", "SweepStep", "step_figures", "sweep_identity"]

@@ -32,7 +32,8 @@ from ..remote.known_hosts import connect_checked
 from ..remote.local import LocalShell
 from ..remote.ssh import Connection, KeyFile
 from ..measure.sanity import commonest_error, keep_raw, result_problems
-from ..measure.results import BenchmarkResult, HardwareInfo, ModelInfo, TestConfig, summarize
+from ..measure.results import BenchmarkResult, ModelInfo, TestConfig, summarize
+from ..remote.readings import HardwareInfo
 from ..measure.saturation import RateSearch, SweepOutcome, SweepStep, step_figures, sweep_identity
 from .run_context import RunContext
 from ..runtimes.base import Runtime

@@ -43,7 +43,8 @@ from ..cloud.gpu_lease import GpuLeaseBook
 from ..cloud.processes import ProcessIdentity
 from ..errors import Stage
 from ..measure.microbench import MicrobenchRun
-from ..measure.results import BenchmarkResult, RequestRecord
+from ..measure.results import BenchmarkResult
+from ..remote.readings import RequestRecord
 from ..remote.sysinfo import SystemInfo
 from .records import (AttemptRecord, Baseline, CellRecord, Claim, MicrobenchRecord, OwnedSession, ResultRecord,
                       RunRecord, SystemRecord)

@@ -23,10 +23,6 @@ LAYERING_DEBT = {
     "options -> matrix.fields",
     "options -> measure.compare",
     "options -> report.summary_table",
-    "remote.checkpoint -> measure.results",
-    "remote.system -> measure.results",
-    "remote.telemetry -> measure.results",
-    "runtimes.vram -> measure.results",
 }
 
 

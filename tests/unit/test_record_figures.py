@@ -9,7 +9,8 @@ from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.measure.metrics import detailed_metrics
 from pytest_gpubench.store.progress import read_progress
 from pytest_gpubench.run.record import CellRecorder, CellOutcome
-from pytest_gpubench.measure.results import BenchmarkResult, RequestRecord, TestConfig, summarize
+from pytest_gpubench.measure.results import BenchmarkResult, TestConfig, summarize
+from pytest_gpubench.remote.readings import RequestRecord
 from pytest_gpubench.report.summary_table import SummaryTable, exact_figures
 
 MATRIX = """
