@@ -51,7 +51,6 @@ from .fields import (  # noqa: F401 - re-exported
     invalid,
     model_name,
     number_text,
-    parse_duration,
     runtime_name,
     text_field,
     whole,

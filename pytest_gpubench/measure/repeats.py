@@ -17,7 +17,7 @@ from typing import Any
 
 from .benchmark import LoadgenPass, BenchmarkPlan, run_benchmark
 from ..errors import BenchmarkInterrupted
-from .figures import output_tokens_per_second
+from ..figures import output_tokens_per_second
 from ..matrix.cells import Cell
 from .metrics import detailed_metrics
 from ..remote.ssh import Connection

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..figures import cost_per_million_tokens
 from ..remote.readings import GPUStats, HardwareInfo, RequestRecord
 
 __all__ = [
@@ -28,7 +29,6 @@ __all__ = [
     "PerformanceResults",
     "TestConfig",
     "cost_analysis",
-    "cost_per_million_tokens",
     "decode_tokens_per_second",
     "percentile",
     "quality",
@@ -210,19 +210,6 @@ def cost_analysis(price_per_hour: float, tokens_per_second: float) -> CostAnalys
         cost_per_hour=price_per_hour,
         estimated_monthly_24x7=price_per_hour * 24 * 30,
     )
-
-
-def cost_per_million_tokens(price_per_hour: float, tokens_per_second: float) -> float | None:
-    """USD per million tokens of a GPU at ``price_per_hour`` producing ``tokens_per_second``:
-    ``price_per_hour / (tokens_per_second * 3600) * 1e6``; ``None`` without throughput.
-
-    The one cost formula: the stored headline figure (:func:`cost_analysis`), the
-    report's fallback for a result stored without one, and the figure registry's
-    ``cost_per_million_tokens`` all call it.
-    """
-    if tokens_per_second <= 0:
-        return None
-    return price_per_hour / (tokens_per_second * 3600.0) * 1e6
 
 
 def percentile(values: Iterable[float], p: float) -> float:

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..matrix.sweep import DEFAULT_SPAN, SweepSpec
 from .metrics import detailed_metrics
-from .results import cost_per_million_tokens
+from ..figures import cost_per_million_tokens
 from ..remote.readings import RequestRecord
 from ..matrix.thresholds import Slo
 

@@ -20,7 +20,8 @@ from pydantic import ValidationError
 
 from ..aio import run as run_async
 from ..measure.benchmark import BenchmarkPlan, LoadgenPass
-from ..measure.compare import compare, figures_of, parse_compare_fail
+from ..figures import parse_compare_fail
+from ..measure.compare import compare, figures_of
 from ..errors import BenchmarkInterrupted, ErrorBudgetExceeded, ResultsInvalid, Stage, StageError, ThresholdMissed
 from ..store.export import upload_result
 from ..measure.fingerprint import Fingerprint, fingerprint, incomparable

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import ClaimLost, Stage, StageError
-from ..measure.figures import FIGURES, FigureSource, figure_values
+from ..figures import FIGURES, FigureSource, figure_values
 from ..store.base import Store
 from ..matrix.cells import Cell
 from ..store.progress import ProgressWriter, cell_progress_path

@@ -6,7 +6,7 @@ that share a GPU type and provider (``Cell.session_group``) therefore share one
 session: the first rents it, the next ones find it in this process's
 :class:`SessionPool` and only pull their model. Between cells the session is
 re-checked (the API must still report it ``running``; Ollama must answer; the disk
-must hold the next model, or earlier models are removed: :mod:`..runtimes.reuse`) and it is released as
+must hold the next model, or earlier models are removed: :mod:`.reuse`) and it is released as
 soon as the group's last cell on this worker is done, or a cell's failure says the
 session itself is gone.
 
