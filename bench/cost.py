@@ -86,7 +86,7 @@ def run_pytest(matrix: Path, url: str, work: Path, reuse: str, args: argparse.Na
                "--gpubench-live", "false", "--gpubench-reuse", reuse, "--gpubench-reports", str(work / "reports"),
                # The lower bound is one session per reuse group: no group split over idle workers.
                "--gpubench-sessions-per-group", "1",
-               "--gpubench-manifest", str(work / "reports" / "manifest.db")]
+               "--gpubench-store", str(work / "reports" / "manifest.db")]
     started = time.monotonic()
     done = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
     wall = time.monotonic() - started

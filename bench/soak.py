@@ -281,12 +281,18 @@ class FaultInjector(threading.Thread):
                 self.slowest = max(self.slowest, time.monotonic() - began)
 
     def _inject_next(self, api: httpx.Client, queue: list[str], offers: list[str]) -> None:
-        """Inject the first kind of ``queue`` that has something to act on now (it leaves the queue)."""
-        kind = queue[0]
-        body = self._body(api, kind, offers)
-        if body is None:  # nothing it can act on now: try the next kind, this one later
+        """Inject the first kind of ``queue`` that has something to act on now (it leaves the
+        queue; the kinds before it go to the queue's end, to be tried again later). One round
+        tries every kind: a round that gave up at the first kind without a target (a worker
+        crash while no worker runs) injected 134 of 200 faults before a 1,000-cell run ended."""
+        for _ in range(len(queue)):
+            kind = queue[0]
+            body = self._body(api, kind, offers)
+            if body is not None:
+                break
             queue.append(queue.pop(0))
-            return
+        else:
+            return  # nothing any kind can act on now
         queue.pop(0)
         try:
             answered = api.post("/sandbox/faults", json=body).status_code
@@ -431,7 +437,7 @@ def run_controllers(args: argparse.Namespace, matrices: list[Path], url: str, wo
 
 def run_cleanup(url: str, store: str) -> str:
     done = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "cleanup", "--api", url,
-                           "--manifest", store], capture_output=True, text=True, cwd=REPO, env=pytest_env())
+                           "--store", store], capture_output=True, text=True, cwd=REPO, env=pytest_env())
     text = (done.stdout + done.stderr).strip()
     return text.splitlines()[-1] if text else f"exit {done.returncode}"
 

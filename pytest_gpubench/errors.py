@@ -20,6 +20,7 @@
     ├── UnknownRun                a run name (an id, or last) the store does not know
     ├── InvalidId                 an id from outside (store row, API answer) that may not be a path or URL part
     ├── StoreProblem              a shared store (a results repository) cannot be reached or written
+    ├── InternalsChanged          an installed pytest or pytest-xdist lacks a private name the plugin needs
     └── StageError                a cell failed at one stage (stage, message, hint)
         ├── NoEligibleOffer       inventory: offers exist or not, none fits -> skipped
         ├── ClaimLost             the cell's claim was taken over: it stops, no failover
@@ -205,6 +206,11 @@ class UnknownRun(GpubenchError):
 class StoreProblem(GpubenchError):
     """A shared store could not be reached or refused a change (a git command of the git
     store that failed, a claim it could not push): what it said, any password hidden."""
+
+
+class InternalsChanged(GpubenchError):
+    """The installed pytest or pytest-xdist no longer has a private name the plugin cannot do
+    without (plugin/internals.py says which, and the versions it was checked with)."""
 
 
 class StageError(GpubenchError):

@@ -55,6 +55,20 @@ class Option:
     metavar: str | None = None
     #: For flags whose value is optional (``--gpubench-compare`` alone means "last").
     const: str | None = None
+    #: A deprecated alias: the ``dest`` of the option that replaces it. Its flag, variable and ini
+    #: key still work (they feed that option, one deprecation line each: ``settings.resolve``).
+    deprecated_for: str | None = None
+
+    @property
+    def command_flag(self) -> str:
+        """The flag of the ``gpubench`` commands that take this option: the same name without
+        the ``--gpubench-`` prefix (``--gpubench-api`` is ``gpubench cleanup --api``)."""
+        return "--" + self.flag.removeprefix("--gpubench-")
+
+    @property
+    def ini_key(self) -> str:
+        """The option's key in the pytest ini file (``gpubench_api``)."""
+        return f"gpubench_{self.dest}"
 
     @property
     def argparse_help(self) -> str:
@@ -208,13 +222,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("time_scale", "--gpubench-time-scale",
            f"multiply every wait and timeout (default 1; {SANDBOX_TIME_SCALE} with the sandbox)",
            type=_positive_float, env="GPUBENCH_TIME_SCALE", metavar="FACTOR"),
-    Option("manifest", "--gpubench-manifest", "SQLite manifest path (default <reports dir>/manifest.db)",
-           env="GPUBENCH_MANIFEST", metavar="PATH"),
     Option("store", "--gpubench-store",
-           "where runs, cells and results are kept: a SQLite file (the default, the manifest), "
-           "postgresql://USER@HOST/DB for many machines sharing one matrix, or git+URL of a results "
-           "repository (docs/scale-out.md)",
+           "where runs, cells and results are kept: a SQLite file (the default: <reports dir>/manifest.db, "
+           "the manifest), postgresql://USER@HOST/DB for many machines sharing one matrix, or git+URL of a "
+           "results repository (docs/scale-out.md)",
            env="GPUBENCH_STORE", metavar="PATH|URL"),
+    Option("manifest", "--gpubench-manifest", "deprecated: the older name of --gpubench-store",
+           env="GPUBENCH_MANIFEST", metavar="PATH|URL", deprecated_for="store"),
     Option("hosts", "--gpubench-hosts",
            "the hosts inventory (hosts.yaml) for `cloud: hosts` and `cloud: local` (overrides the matrix's `hosts:`)",
            env="GPUBENCH_HOSTS", metavar="FILE"),

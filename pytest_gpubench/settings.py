@@ -4,12 +4,17 @@ Every option is declared once in ``options.OPTIONS`` (re-exported here): the CLI
 flag, the ini key, the ``GPUBENCH_*`` environment variable and the help text all
 come from that one entry. Values resolve CLI, then environment, then ini, then default; a bad value
 raises ``UsageProblem`` naming where it came from. This module does not import
-pytest: ``plugin.py`` feeds it.
+pytest: the plugin (``plugin/run_hooks.py``) feeds it pytest's options and ``config.getini``, the
+``gpubench`` commands (``commands/cli_options.py``) their own flags and :func:`pytest_ini`, which
+finds the ini file pytest would read, so both build the same ``Settings`` from the same inputs.
 """
 
 from __future__ import annotations
 
+import sys
+import warnings
 from collections.abc import Callable, Mapping
+from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -88,6 +93,8 @@ class Settings(BaseModel):
     sandbox_ssh: str = "asyncssh"
     sandbox_real_time: bool = False
     time_scale: float = 1.0
+    #: The SQLite manifest when no store is named: ``<reports>/manifest.db`` (or the value of
+    #: ``--gpubench-manifest``, the store's deprecated old name, which sets :attr:`store` too).
     manifest: Path = Path("reports/manifest.db")
     #: ``--gpubench-store``: where the run is kept, a SQLite path or a store URL; the
     #: manifest path when not given (see :attr:`store_location`).
@@ -221,28 +228,71 @@ class Settings(BaseModel):
         return max(scaled, min(stall_timeout, needed))
 
 
+class GpubenchDeprecationWarning(DeprecationWarning):
+    """A deprecated option name was used (``--gpubench-manifest``): it still works, under its new name."""
+
+
+def _pytest_flag(opt: Option) -> str:
+    return opt.flag
+
+
+#: Deprecated options by the dest of the option each feeds (``store``: ``manifest``).
+_ALIASES: dict[str, tuple[Option, ...]] = {}
+for _opt in OPTIONS:
+    if _opt.deprecated_for:
+        _ALIASES[_opt.deprecated_for] = (*_ALIASES.get(_opt.deprecated_for, ()), _opt)
+
+
+def _lookup(names: tuple[Option, ...], cli: Mapping[str, Any], env: Mapping[str, str], ini: Callable[[str], Any],
+            flag: Callable[[Option], str]) -> tuple[Any, str] | None:
+    """The value of the first of ``names`` (an option, then its deprecated aliases) given on the
+    command line, else in the environment, else in the ini file; with where it came from."""
+    for opt in names:
+        if cli.get(opt.dest) not in (None, False, []):
+            return cli[opt.dest], flag(opt)
+    for opt in names:
+        if opt.env and env.get(opt.env, "") != "":
+            return env[opt.env], f"environment variable {opt.env}"
+    for opt in names:
+        if opt.ini:
+            value = ini(opt.ini_key)
+            if value not in (None, "", []):
+                return value, f"ini option {opt.ini_key}"
+    return None
+
+
+def _given(value: Any) -> bool:
+    return value not in (None, False, [], "")
+
+
 def resolve(
     cli: Mapping[str, Any],
     env: Mapping[str, str],
     ini: Callable[[str], Any],
+    *,
+    flag: Callable[[Option], str] = _pytest_flag,
+    warn: Callable[[str], None] | None = None,
 ) -> Settings:
     """Resolve every option: CLI, then environment, then ini, then default.
 
     ``cli`` maps dest -> value as argparse parsed it (None when not given);
-    ``ini`` returns the ini value for a key, or None/"" when unset.
+    ``ini`` returns the ini value for a key, or None/"" when unset. ``flag`` names an
+    option's flag in messages (the ``gpubench`` commands' flags have no ``--gpubench-``
+    prefix). A deprecated alias (``--gpubench-manifest``, ``GPUBENCH_MANIFEST``, ini
+    ``gpubench_manifest``) feeds the option it was renamed to, at its own level: a flag of
+    either name beats the environment. Each alias given is one line to ``warn`` (by
+    default a :class:`GpubenchDeprecationWarning`).
     """
     values: dict[str, Any] = {}
     for opt in OPTIONS:
-        raw, source = cli.get(opt.dest), f"{opt.flag}"
-        if raw in (None, False, []) and opt.env and env.get(opt.env, "") != "":
-            raw, source = env[opt.env], f"environment variable {opt.env}"
-        if raw in (None, False, []) and opt.ini:
-            ini_value = ini(f"gpubench_{opt.dest}")
-            if ini_value not in (None, "", []):
-                raw, source = ini_value, f"ini option gpubench_{opt.dest}"
-        if raw in (None, []):
-            continue
-        values[opt.dest] = _convert(opt, raw, source)
+        found = _lookup((opt, *_ALIASES.get(opt.dest, ())), cli, env, ini, flag)
+        if found is not None:
+            values[opt.dest] = _convert(opt, *found)
+    for note in deprecations(cli, env, ini, flag=flag):
+        if warn is None:
+            warnings.warn(note, GpubenchDeprecationWarning, stacklevel=2)
+        else:
+            warn(note)
     values["gpu"] = tuple(values.get("gpu") or ())
     values["provider"] = tuple(values.get("provider") or ())
     values["model"] = tuple(values.get("model") or ())
@@ -258,6 +308,110 @@ def resolve(
         values["run_id"] = new_run_id()
     _check_run_id(values["run_id"])
     return Settings(**values)
+
+
+def deprecations(
+    cli: Mapping[str, Any],
+    env: Mapping[str, str],
+    ini: Callable[[str], Any],
+    *,
+    flag: Callable[[Option], str] = _pytest_flag,
+) -> list[str]:
+    """One line per deprecated name given (flag, environment variable or ini key), naming its successor."""
+    notes = []
+    for opt in OPTIONS:
+        if not opt.deprecated_for:
+            continue
+        new = OPTIONS_BY_DEST[opt.deprecated_for]
+        if _given(cli.get(opt.dest)):
+            notes.append(f"{flag(opt)} is deprecated: give the same value to {flag(new)}")
+        if opt.env and new.env and _given(env.get(opt.env, "")):
+            notes.append(f"environment variable {opt.env} is deprecated: give the same value to {new.env}")
+        if opt.ini and _given(ini(opt.ini_key)):
+            notes.append(f"ini option {opt.ini_key} is deprecated: give the same value to {new.ini_key}")
+    return notes
+
+
+# ----------------------------------------------------------------------------- the ini file
+
+#: The files pytest reads its ini options from, in the order it looks for them in each folder
+#: (``pytest.toml`` and ``.pytest.toml`` since pytest 9).
+INI_NAMES = ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+
+
+@cache
+def _pytest_major() -> int:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return int(version("pytest").split(".")[0])
+    except (PackageNotFoundError, ValueError):
+        return 9
+
+
+def find_ini(directory: Path) -> tuple[Path | None, dict[str, Any]]:
+    """The ini file pytest run in ``directory`` with no path arguments reads, and its options.
+
+    As pytest's ``locate_config`` does: from ``directory`` up, the first folder holding one
+    of :data:`INI_NAMES` with pytest options in it (``pytest.ini`` always counts, even empty;
+    ``pyproject.toml`` with ``[tool.pytest.ini_options]`` or, pytest 9, ``[tool.pytest]``;
+    ``tox.ini`` with ``[pytest]``; ``setup.cfg`` with ``[tool:pytest]``), the first of the
+    names there. Reads the files with pytest's own parsers (iniconfig, tomllib), without
+    importing pytest. Raises ``UsageProblem`` for a file that does not parse, as pytest does.
+    """
+    names = INI_NAMES if _pytest_major() >= 9 else INI_NAMES[2:]
+    for folder in (directory, *directory.parents):
+        for name in names:
+            path = folder / name
+            if path.is_file():
+                options = _ini_options(path)
+                if options is not None:
+                    return path, options
+    return None, {}
+
+
+def _ini_options(path: Path) -> dict[str, Any] | None:
+    """``path``'s pytest options, or None when it holds none (pytest then looks further)."""
+    if path.suffix in (".ini", ".cfg"):
+        import iniconfig  # pytest's own ini parser (one of its dependencies)
+
+        try:
+            parsed = iniconfig.IniConfig(str(path))
+        except iniconfig.ParseError as exc:
+            raise UsageProblem(str(exc)) from None
+        section = "pytest" if path.suffix == ".ini" else "tool:pytest"
+        if section in parsed:
+            return dict(parsed[section].items())
+        return {} if path.name in ("pytest.ini", ".pytest.ini") else None
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - pytest's own dependency on Python 3.10
+        import tomli as tomllib
+    try:
+        parsed_toml = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageProblem(f"{path}: {exc}") from None
+    if path.name in ("pytest.toml", ".pytest.toml"):
+        return _scalars(parsed_toml.get("pytest", {}))
+    tool = parsed_toml.get("tool", {}).get("pytest", {})
+    native = {key: value for key, value in tool.items() if key != "ini_options"}
+    if native and _pytest_major() >= 9:
+        return _scalars(native)
+    if "ini_options" in tool:
+        return _scalars(tool["ini_options"])
+    return None
+
+
+def _scalars(table: Mapping[str, Any]) -> dict[str, Any]:
+    """TOML values as the ini gives them: text (``true`` is ``"True"``, read back by the converters), lists kept."""
+    return {key: value if isinstance(value, list) else str(value) for key, value in table.items()}
+
+
+def pytest_ini(directory: Path | None = None) -> Callable[[str], Any]:
+    """The ``ini`` argument of :func:`resolve` for a process that is not pytest: the options
+    of the ini file pytest run in ``directory`` (default: the current one) would read."""
+    _, options = find_ini(Path.cwd() if directory is None else directory)
+    return options.get
 
 
 def _convert(opt: Option, raw: Any, source: str) -> Any:

@@ -65,9 +65,11 @@ def run_pytest(tmp_path: Path, *args: str, timeout: float = 600,
     """``pytest ARGS`` in the repository, recording into ``tmp_path/reports``; the environment is
     :func:`pytest_env` (this one without ``GPUBENCH_*`` settings, the sandboxes' token), plus ``extra_env``."""
     env = pytest_env(extra_env)
+    # The reports folder's manifest, unless the test names its own store.
+    given = any(arg.split("=")[0] == "--gpubench-store" for arg in args)
+    store = [] if given else ["--gpubench-store", str(tmp_path / "reports" / "manifest.db")]
     command = [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider",
-               "--gpubench-reports", str(tmp_path / "reports"),
-               "--gpubench-manifest", str(tmp_path / "reports" / "manifest.db")]
+               "--gpubench-reports", str(tmp_path / "reports"), *store]
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -107,7 +109,7 @@ class PytestRun:
         command = [sys.executable, "-c", RESTORE_SIGINT_AND_EXEC, "-m", "pytest", str(target), *cache_args,
                    "--gpubench-api", url,
                    "--gpubench-time-scale", "0.02", "--gpubench-progress-interval", "0.5",
-                   "--gpubench-reports", str(self.reports), "--gpubench-manifest", str(self.manifest), *args]
+                   "--gpubench-reports", str(self.reports), "--gpubench-store", str(self.manifest), *args]
         with open(self.output, "w") as out:
             # A session of its own: a terminal's Ctrl-C reaches the whole group, as killpg does here.
             self.process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,

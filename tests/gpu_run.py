@@ -138,7 +138,7 @@ def run(folder: Path) -> LocalRun:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), user_site]))
     command = [sys.executable, "-m", "pytest", str(matrix), *plugin_args(), "-p", "no:cacheprovider",
                "--rootdir", str(folder), "-rA", "--junitxml", str(folder / "junit.xml"),
-               "--gpubench-reports", str(reports), "--gpubench-manifest", str(reports / "manifest.db")]
+               "--gpubench-reports", str(reports), "--gpubench-store", str(reports / "manifest.db")]
     started_at, start = time.time(), time.monotonic()
     try:
         done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=420)

@@ -29,8 +29,6 @@ from ..errors import ApiError, ApiUnreachable, Stage, StageError
 from ..ids import InvalidId, check_id
 from ..redaction import redact
 
-ACTIVE_STATUSES = frozenset({"pending", "provisioning", "running"})
-
 
 class Offer(BaseModel):
     """One GPU offer from the inventory."""
@@ -88,10 +86,6 @@ class Session(BaseModel):
     #: ``http://host:api_port``, set by the server once the image's ``/health`` answered (entrypoint mode).
     api_endpoint: str = ""
     api_port: int = 0
-
-    @property
-    def is_active(self) -> bool:
-        return self.status in ACTIVE_STATUSES
 
 
 class CreatedSession(BaseModel):

@@ -8,22 +8,22 @@ other clients (curl, the GPU Shopper CLI, CI pipelines) to rent from for free.
 ``gpubench sandbox local [GPU[*COUNT]]`` prints the ``export`` lines that give a shell stand-in
 GPUs and Ollama for ``cloud: local``.
 
-``gpubench cleanup [--manifest PATH] [--api URL] [--reports DIR] [--dry-run]`` releases, through
+``gpubench cleanup [--store PATH|URL] [--api URL] [--reports DIR] [--dry-run]`` releases, through
 the API it is given, the GPU sessions that dead runs of the manifest left running (see ``cleanup.py``).
 
-``gpubench export --format json|csv [--run RUN|last] [--manifest PATH] [-o FILE]``
+``gpubench export --format json|csv [--run RUN|last] [--store PATH|URL] [-o FILE]``
 writes stored results; ``gpubench export --to PATH|URL [--run RUN|last]`` copies the
 store's rows into another store, SQLite <-> PostgreSQL (see ``store/copy.py``);
-``gpubench upload [--run RUN|last] [--manifest PATH] [--api URL]``
+``gpubench upload [--run RUN|last] [--store PATH|URL] [--api URL]``
 POSTs results to GPU Shopper's ``/api/v1/benchmarks``.
 
-``gpubench report [--run RUN|last ...] [--manifest PATH] [--output-dir DIR]`` writes
+``gpubench report [--run RUN|last ...] [--store PATH|URL] [--reports DIR]`` writes
 ``BENCHMARK_REPORT.md`` and ``index.html`` from the manifest (see ``report.py``).
 
-``gpubench browse [--manifest PATH] [--port N] [--host H] [--no-open] [-- DATASETTE_ARGS]``
+``gpubench browse [--store PATH] [--port N] [--host H] [--no-open] [-- DATASETTE_ARGS]``
 serves the manifest read-only in Datasette (the ``[browse]`` extra; see ``browse.py``).
 
-``gpubench import FILE_OR_DIR... [--manifest PATH] [--dry-run] [--gpu/--provider/--price/--location]``
+``gpubench import FILE_OR_DIR... [--store PATH|URL] [--dry-run] [--gpu/--provider/--price/--location]``
 brings result files (seed-000 results, seed-001 checkpoints, GPU Shopper BenchmarkResult
 JSON) into the manifest, each result once (see ``importer.py``).
 
@@ -40,9 +40,16 @@ and leave such a file, or one that is not a manifest, as it is, saying so.
 ``gpubench status [--store LOC] [--run|--phase NAME|last] [--cells] [--json]`` shows per phase
 (run) what is done, claimed (by whom, since when) and left (see ``status.py``).
 
-Every command's ``--manifest PATH`` is also ``--store PATH|URL`` (default
-``$GPUBENCH_STORE``, then ``$GPUBENCH_MANIFEST``, then ``reports/manifest.db``): a SQLite
-file, ``postgresql://...`` or ``git+URL`` (docs/stores.md); ``browse`` serves SQLite only.
+Every command's ``--store PATH|URL`` (default ``$GPUBENCH_STORE``, then ini ``gpubench_store``,
+then ``<reports dir>/manifest.db``) is a SQLite file, ``postgresql://...`` or ``git+URL``
+(docs/stores.md); ``browse`` serves SQLite only. ``--manifest``, ``$GPUBENCH_MANIFEST`` and ini
+``gpubench_manifest`` are its deprecated older names: they still work, with a warning line.
+
+The options a command shares with the plugin (``--store``, ``--api``, ``--reports``, ``--sandbox``,
+the filters, ...) come from the plugin's option table without the ``--gpubench-`` prefix, and
+resolve as in a run: the flag, then the ``GPUBENCH_*`` variable, then the ini file pytest would
+read here (pytest.ini, pyproject.toml, tox.ini, setup.cfg), then the default
+(``cli_options.py``).
 
 Exit status: 0 done, 1 the work failed (an upload did not go through), 2 a usage
 problem (bad arguments, no manifest, unknown run). Problems are one line on
@@ -53,23 +60,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from pathlib import Path
 
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandProblem, UnknownRun
-from ..settings import DEFAULT_API
+from .cli_options import add_options, command_settings, pytest_flags, warn_deprecated
 
 
 
-def default_manifest() -> Path | str:
-    """``GPUBENCH_STORE`` (a path or a URL), else ``GPUBENCH_MANIFEST``, else
-    ``<GPUBENCH_REPORTS or reports>/manifest.db``, as the plugin does."""
-    if os.environ.get("GPUBENCH_STORE"):
-        return _location(os.environ["GPUBENCH_STORE"])
-    if os.environ.get("GPUBENCH_MANIFEST"):
-        return Path(os.environ["GPUBENCH_MANIFEST"])
-    return Path(os.environ.get("GPUBENCH_REPORTS") or "reports") / "manifest.db"
+def _store_of(args: argparse.Namespace) -> Path | str:
+    """The command's store: ``--store`` (or its old name ``--manifest``), else ``GPUBENCH_STORE``,
+    else ini ``gpubench_store``, else ``<reports dir>/manifest.db``, resolved as the plugin does."""
+    return _location(command_settings(args).store_location)
 
 
 def _location(given: str) -> Path | str:
@@ -83,22 +85,22 @@ def _location(given: str) -> Path | str:
         raise CommandProblem(exc.message) from None
 
 
-def _open_store(path: str | None, *, create: bool = False, read_only: bool = False):
-    """The manifest's store (``--manifest``, else :func:`default_manifest`); a missing one is a
+def _open_store(location: Path | str, *, create: bool = False, read_only: bool = False):
+    """The store at ``location`` (:func:`_store_of`, or ``export --to``'s); a missing one is a
     ``CommandProblem`` unless ``create``, and so is a file that is not a manifest. ``read_only``
     (the commands that only read): the file is left as it is, and one that is not a manifest, or
     needs ``gpubench migrate``, is refused saying so."""
     from ..errors import ManifestTooNew, MigrationNeeded, NotAManifest, UsageProblem
     from ..store.opening import open_store, redact, store_exists
 
-    where = _location(path) if path else default_manifest()
+    where = _location(str(location))
     try:
         exists = store_exists(where)
     except UsageProblem as exc:  # a URL: say what is supported (or unreachable), not that it is missing
         raise CommandProblem(" ".join(filter(None, [exc.message, exc.hint and f"({exc.hint})"]))) from None
     if not create and not exists:
         raise CommandProblem(f"no manifest at {redact(where)} (run pytest with the plugin first, or pass "
-                             "--manifest PATH or --store URL)")
+                             "--store PATH|URL)")
     try:
         if not read_only and exists and isinstance(where, Path):
             # A writer (upload, cleanup, import, export --to) migrates an older manifest, but never
@@ -131,7 +133,7 @@ def _export(args: argparse.Namespace) -> int:
 
     if args.to:
         return _export_to(args)
-    with _open_store(args.manifest, read_only=True) as store:
+    with _open_store(_store_of(args), read_only=True) as store:
         run_id = _resolve_run(store, args.run)
         if args.output in (None, "-"):
             count = export_results(store, run_id, args.format, sys.stdout)
@@ -154,7 +156,7 @@ def _export_to(args: argparse.Namespace) -> int:
     """``gpubench export --to LOCATION``: the store's rows (or one run's) into another store."""
     from ..store.copy import copy_store
 
-    with _open_store(args.manifest, read_only=True) as source:
+    with _open_store(_store_of(args), read_only=True) as source:
         run_id = _resolve_run(source, args.run)
         with _open_store(args.to, create=True) as target:
             if target.location == source.location:
@@ -188,9 +190,9 @@ async def _upload_async(store, run_id: str | None, api: str, token: str | None):
 def _upload(args: argparse.Namespace) -> int:
     from ..redaction import redact
 
-    api = args.api or os.environ.get("GPUBENCH_API_BASE") or DEFAULT_API
-    token = os.environ.get("GPUBENCH_API_TOKEN") or None
-    with _open_store(args.manifest) as store:
+    settings = command_settings(args)
+    api, token = settings.api, settings.api_token
+    with _open_store(_location(settings.store_location)) as store:
         run_id = _resolve_run(store, args.run)
         if run_id is not None:
             # Naming a run asks for its results to be uploaded, whether or not the
@@ -235,13 +237,13 @@ async def _cleanup_async(store, api: str, token: str | None, dry_run: bool, prog
 
 
 def _cleanup(args: argparse.Namespace) -> int:
-    token = os.environ.get("GPUBENCH_API_TOKEN") or None
-    # The token goes to the API the user names, never to one a store row names (a shared store's
-    # rows are anyone's to write): runs recorded against another API are listed, left alone.
-    api = args.api or os.environ.get("GPUBENCH_API_BASE") or DEFAULT_API
-    reports = Path(args.reports or os.environ.get("GPUBENCH_REPORTS") or "reports")
-    with _open_store(args.manifest) as store:
-        report = asyncio.run(_cleanup_async(store, api, token, args.dry_run, reports / "progress"))
+    settings = command_settings(args)
+    # The token goes to the API the user configured (--api, GPUBENCH_API_BASE, ini), never to one a
+    # store row names (a shared store's rows are anyone's to write): runs recorded against another
+    # API are listed, left alone.
+    with _open_store(_location(settings.store_location)) as store:
+        report = asyncio.run(_cleanup_async(store, settings.api, settings.api_token, args.dry_run,
+                                            settings.progress_dir))
     for line in report.lines():
         print(line)
     print(f"gpubench cleanup: {report.summary()}")
@@ -254,7 +256,7 @@ def _browse(args: argparse.Namespace) -> int:
     extra = list(args.datasette_args)
     if extra and extra[0] != "--":
         raise CommandProblem(f"unexpected argument {extra[0]!r}: give Datasette's own options after --")
-    where = _location(args.manifest) if args.manifest else default_manifest()
+    where = _store_of(args)
     if not isinstance(where, Path):
         from ..store.opening import redact
 
@@ -270,12 +272,12 @@ def _import(args: argparse.Namespace) -> int:
     if args.price is not None and args.price < 0:
         raise CommandProblem(f"--price must not be negative, got {args.price}")
     expand_paths(args.paths)  # a path that is not there: before the manifest is created
-    where = _location(args.manifest) if args.manifest else default_manifest()
+    where = _store_of(args)
     assumed = Assumed(gpu=args.gpu, provider=args.provider, price_per_hour=args.price, location=args.location)
     # A dry run never creates the manifest; a real import does, like a first pytest run.
     store = None
     if store_exists(where) or not args.dry_run:
-        store = _open_store(str(where), create=True)
+        store = _open_store(where, create=True)
     options = [f"--{name}={value}" for name, value in (("gpu", args.gpu), ("provider", args.provider),
                                                         ("price", args.price), ("location", args.location))
                if value is not None]
@@ -295,8 +297,13 @@ def _report(args: argparse.Namespace) -> int:
     from ..report.gather import build_report
     from ..report.write import write_reports
 
-    directory = Path(args.output_dir or os.environ.get("GPUBENCH_REPORTS") or "reports")
-    with _open_store(args.manifest, read_only=True) as store:
+    if args.output_dir:  # the older name of --reports: given, it wins, as --reports would
+        print("gpubench report: warning: --output-dir is deprecated: give the same value to --reports",
+              file=sys.stderr)
+        args.reports = args.reports or args.output_dir
+    settings = command_settings(args)
+    directory = settings.reports
+    with _open_store(_location(settings.store_location), read_only=True) as store:
         if not store.run_ids():
             raise CommandProblem(f"the manifest {store.location} has no runs yet: nothing to report")
         runs = list(dict.fromkeys(_resolve_run(store, run) for run in args.run or []))
@@ -317,13 +324,13 @@ def _migrate(args: argparse.Namespace) -> int:
     from ..store.schema import missing_schema
     from ..store.opening import open_store, store_kind
 
-    where = _location(args.manifest) if args.manifest else default_manifest()
+    where = _store_of(args)
     if store_kind(where) != "sqlite":  # a server store migrates its own schema whenever it is opened
-        with _open_store(str(where)) as store:
+        with _open_store(where) as store:
             print(f"gpubench migrate: {store.location} is up to date")
         return EXIT_OK
     if not Path(where).is_file():
-        raise CommandProblem(f"no manifest at {where} (pass --manifest PATH or --store PATH)")
+        raise CommandProblem(f"no manifest at {where} (pass --store PATH)")
     try:
         with open_store(where, read_only=True, busy_timeout=5, retry_seconds=10):
             print(f"gpubench migrate: {where} is up to date (schema version {SCHEMA_VERSION}); nothing changed")
@@ -332,7 +339,7 @@ def _migrate(args: argparse.Namespace) -> int:
         pass
     except (NotAManifest, ManifestTooNew) as exc:  # only a manifest that needs it is migrated
         raise CommandProblem(str(exc)) from None
-    with _open_store(str(where)) as store:  # opening for writing migrates (schema.create_schema), in one transaction
+    with _open_store(where) as store:  # opening for writing migrates (schema.create_schema), in one transaction
         left = missing_schema(store.manifest.db)
     if left:
         raise CommandProblem(f"{where} could not be brought up to date: {'; '.join(left)}", EXIT_FAILED)
@@ -340,23 +347,14 @@ def _migrate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _split_options(args: argparse.Namespace) -> list[str]:
-    """The plan's --sessions-per-group / --split-cost, as the run's pytest options."""
-    options = []
-    if args.sessions_per_group is not None:
-        options += ["--gpubench-sessions-per-group", args.sessions_per_group]
-    if args.split_cost is not None:
-        options += ["--gpubench-split-cost", args.split_cost]
-    return options
-
-
 def _plan(args: argparse.Namespace) -> int:
+    """The plan's options go to pytest's collection as the plugin's own flags (``--split-cost`` as
+    ``--gpubench-split-cost``): the plugin resolves them, with the environment and the ini file."""
     from .plan import make_plan
     from .plan_render import render
 
-    plan = make_plan(args.paths, keyword=args.keyword, gpus=args.gpu, providers=args.provider, models=args.model,
-                     api=args.api, sandbox=args.sandbox, workers=args.workers,
-                     manifest=_location(args.manifest) if args.manifest else None, options=_split_options(args))
+    warn_deprecated(args)
+    plan = make_plan(args.paths, keyword=args.keyword, workers=args.workers, options=pytest_flags(args))
     print(plan.model_dump_json(indent=2) if args.json else "\n".join(render(plan)))
     return EXIT_OK
 
@@ -364,8 +362,7 @@ def _plan(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from .status import show_status
 
-    with _open_store(args.store or args.manifest or os.environ.get("GPUBENCH_STORE") or None,
-                     read_only=True) as store:
+    with _open_store(_store_of(args), read_only=True) as store:
         return show_status(store, _resolve_run(store, args.run), cells=args.cells, as_json=args.json,
                            out=sys.stdout)
 
@@ -373,7 +370,12 @@ def _status(args: argparse.Namespace) -> int:
 def _offers(args: argparse.Namespace) -> int:
     from .offers import list_offers
 
-    print(list_offers(args.gpu or [], args.provider or [], api=args.api, sandbox=args.sandbox, as_json_text=args.json))
+    if args.api and args.sandbox:
+        raise CommandProblem("give --api URL or --sandbox, not both", 2)
+    settings = command_settings(args)
+    # The sandbox of GPUBENCH_SANDBOX or the ini, unless --api names another API.
+    sandbox = settings.sandbox and not args.api
+    print(list_offers(settings, sandbox=sandbox, as_json_text=args.json))
     return EXIT_OK
 
 
@@ -391,15 +393,13 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.add_parser("sandbox", help="serve the emulated GPU Shopper cloud (see `gpubench sandbox --help`)",
                         add_help=False)
-    manifest_help = ("the store: a SQLite manifest file or postgresql://USER@HOST/DB (default $GPUBENCH_STORE, "
-                     "$GPUBENCH_MANIFEST or reports/manifest.db)")
 
     export = commands.add_parser("export", help="write stored results as JSON or CSV",
                                  description="Write stored results: JSON (a list of GPU Shopper BenchmarkResult "
                                              "objects) or CSV (one flattened row per result).")
     export.add_argument("--format", choices=("json", "csv"), default="json", help="output format (default json)")
     export.add_argument("--run", metavar="RUN|last", help="only this run (default: every run)")
-    export.add_argument("--manifest", "--store", dest="manifest", metavar="PATH|URL", help=manifest_help)
+    add_options(export, "store")
     export.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     export.add_argument("--to", metavar="PATH|URL",
                         help="copy the stored rows (every table; --run: one run's) into this store instead, "
@@ -412,8 +412,8 @@ def _parser() -> argparse.ArgumentParser:
                                              "not gone through; with --run, uploads that run's results not yet "
                                              "uploaded. Token: $GPUBENCH_API_TOKEN.")
     upload.add_argument("--run", metavar="RUN|last", help="upload this run's results (default: retry pending ones)")
-    upload.add_argument("--manifest", "--store", dest="manifest", metavar="PATH|URL", help=manifest_help)
-    upload.add_argument("--api", metavar="URL", help=f"API base URL (default $GPUBENCH_API_BASE or {DEFAULT_API})")
+    add_options(upload, "store")
+    add_options(upload, "api")
     upload.set_defaults(handler=_upload)
 
     cleanup = commands.add_parser(
@@ -423,13 +423,9 @@ def _parser() -> argparse.ArgumentParser:
                     "process is gone (killed, crashed, timed out): done, then DELETE if still active. "
                     "Runs still going on, and sessions it does not own, are never touched. Every "
                     "release is recorded in the manifest. Token: $GPUBENCH_API_TOKEN.")
-    cleanup.add_argument("--manifest", "--store", dest="manifest", metavar="PATH|URL", help=manifest_help)
-    cleanup.add_argument("--api", metavar="URL",
-                         help=f"the API to release through (default $GPUBENCH_API_BASE or {DEFAULT_API}); "
-                              "runs recorded against another API are listed and left alone")
-    cleanup.add_argument("--reports", metavar="DIR",
-                         help="the reports folder whose progress files get a line per release "
-                              "(default $GPUBENCH_REPORTS or reports)")
+    add_options(cleanup, "store", "api", "reports", notes={
+        "api": "the API to release through; runs recorded against another API are listed and left alone",
+        "reports": "its progress files get a line per release"})
     cleanup.add_argument("--dry-run", action="store_true", help="say what would be released; change nothing")
     cleanup.set_defaults(handler=_cleanup)
 
@@ -441,9 +437,9 @@ def _parser() -> argparse.ArgumentParser:
                     "successful result is shown. See docs/report.md.")
     report.add_argument("--run", action="append", metavar="RUN|last",
                         help="only this run; repeat for several (default: every run)")
-    report.add_argument("--manifest", "--store", dest="manifest", metavar="PATH|URL", help=manifest_help)
-    report.add_argument("--output-dir", metavar="DIR",
-                        help="where to write the two files (default $GPUBENCH_REPORTS or reports)")
+    add_options(report, "store")
+    add_options(report, "reports", notes={"reports": "the two files are written there"})
+    report.add_argument("--output-dir", metavar="DIR", help="deprecated: the older name of --reports")
     report.set_defaults(handler=_report)
 
     migrate = commands.add_parser(
@@ -453,7 +449,7 @@ def _parser() -> argparse.ArgumentParser:
                     "filled in and the tables and columns added since are created, in one transaction (a "
                     "pytest run does the same when it opens the file). A file that is not a manifest is "
                     "refused, unchanged. Keep a copy if older versions must still read it.")
-    migrate.add_argument("--manifest", "--store", dest="manifest", metavar="PATH|URL", help=manifest_help)
+    add_options(migrate, "store")
     migrate.set_defaults(handler=_migrate)
 
     browse = commands.add_parser(
@@ -462,7 +458,7 @@ def _parser() -> argparse.ArgumentParser:
                     "facets and canned queries (leaderboard, failures by stage, spend per run). Safe while a "
                     "run writes to it. Datasette's own options go after --, e.g. -- --setting "
                     "sql_time_limit_ms 5000.")
-    browse.add_argument("--manifest", "--store", dest="manifest", metavar="PATH|URL", help=manifest_help)
+    add_options(browse, "store")
     browse.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this "
                         "machine only)")
     browse.add_argument("--port", type=int, default=8001, metavar="N", help="port (default 8001; 0 picks a free one)")
@@ -480,8 +476,7 @@ def _parser() -> argparse.ArgumentParser:
                     "result already in the manifest (same id, or same content) is skipped. --gpu, --provider, "
                     "--price and --location fill in what a file does not say. See docs/import.md.")
     importing.add_argument("paths", nargs="+", metavar="FILE_OR_DIR", help="JSON files, or directories of them")
-    importing.add_argument("--manifest", "--store", dest="manifest", metavar="PATH|URL",
-                           help=manifest_help + "; created if missing")
+    add_options(importing, "store", notes={"store": "created if missing"})
     importing.add_argument("--dry-run", action="store_true", help="read and check everything; write nothing")
     importing.add_argument("--gpu", metavar="NAME", help="GPU of results whose file names none, e.g. 'RTX 4090'")
     importing.add_argument("--provider", metavar="NAME", help="provider of results whose file names none, e.g. vastai")
@@ -497,25 +492,13 @@ def _parser() -> argparse.ArgumentParser:
                     "groups pay setup once), totals and wall time. Cells without an eligible offer are flagged "
                     "with the reason. Only GET /health and GET /api/v1/inventory are called. See docs/plan.md.")
     plan.add_argument("paths", nargs="+", metavar="PATH", help="matrix files or directories, as for pytest")
-    plan.add_argument("--gpu", action="append", metavar="GPU", help="only cells on this GPU; repeatable")
-    plan.add_argument("--provider", action="append", metavar="NAME", help="only cells on this provider; repeatable")
-    plan.add_argument("--model", action="append", metavar="MODEL", help="only cells of this model; repeatable")
     plan.add_argument("-k", dest="keyword", metavar="EXPR", help="pytest's -k expression")
-    plan.add_argument("--api", metavar="URL",
-                      help=f"API base URL (default --gpubench-api's: $GPUBENCH_API_BASE, ini, or {DEFAULT_API})")
-    plan.add_argument("--sandbox", action="store_true",
-                      help="start the sandbox cloud for the listing (and stop it after); plan as for "
-                           "pytest --gpubench-sandbox")
-    plan.add_argument("--manifest", "--store", dest="manifest", metavar="PATH|URL",
-                      help="manifest whose finished cells give the stage times (default the run's: "
-                           "$GPUBENCH_MANIFEST or reports/manifest.db)")
     plan.add_argument("-n", dest="workers", type=_workers, metavar="N",
                       help="also estimate the wall time with pytest -n N, reuse groups split over more "
                            "sessions as such a run would split them")
-    plan.add_argument("--sessions-per-group", metavar="N|auto",
-                      help="as the run's --gpubench-sessions-per-group (default: its setting, else auto)")
-    plan.add_argument("--split-cost", metavar="PERCENT",
-                      help="as the run's --gpubench-split-cost (default: its setting, else 20)")
+    add_options(plan, "gpu", "provider", "model", "api", "sandbox", "store", "sessions_per_group", "split_cost",
+                notes={"sandbox": "here: started for the listing, stopped after",
+                       "store": "here: its finished cells give the stage times"})
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.set_defaults(handler=_plan)
 
@@ -525,17 +508,15 @@ def _parser() -> argparse.ArgumentParser:
                     "cheapest first per GPU: price per hour, VRAM, availability confidence (offers at or below "
                     "0.5 are not rented unless the matrix lowers the bar), location and offer id. --gpu and "
                     "--provider match as pytest's filters do (RTX4090 is 'RTX 4090').")
-    offers.add_argument("--gpu", action="append", metavar="GPU", help="only this GPU; repeatable")
-    offers.add_argument("--provider", action="append", metavar="NAME", help="only this provider; repeatable")
-    offers.add_argument("--api", metavar="URL", help=f"API base URL (default $GPUBENCH_API_BASE or {DEFAULT_API})")
-    offers.add_argument("--sandbox", action="store_true",
-                        help="list the sandbox cloud's offers (started for the listing, stopped after)")
+    add_options(offers, "gpu", "provider", "api", "sandbox",
+                notes={"gpu": "here: list only its offers", "provider": "here: list only its offers",
+                       "sandbox": "here: list its offers (started for the listing, stopped after)"})
     offers.add_argument("--json", action="store_true", help="print the offers as JSON")
     offers.set_defaults(handler=_offers)
 
     from .status import add_parser as add_status_parser
 
-    add_status_parser(commands, _status, manifest_help)
+    add_options(add_status_parser(commands, _status), "store")
     return parser
 
 

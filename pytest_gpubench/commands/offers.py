@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Iterable, Sequence
 from contextlib import ExitStack
 
@@ -20,7 +19,6 @@ from pydantic import TypeAdapter
 from ..errors import CommandProblem
 from ..run.hints import close_names
 from ..matrix.selection import filter_values, gpu_matches, normalize_provider, provider_matches
-from ..settings import DEFAULT_API
 from ..cloud.registry import build_provider
 from ..cloud.shopper_client import Offer
 from ..matrix.cells import DEFAULT_CLOUD
@@ -93,20 +91,19 @@ def as_json(offers: Sequence[Offer]) -> str:
     return json.dumps(TypeAdapter(list[Offer]).dump_python(list(offers), mode="json"), indent=2)
 
 
-def list_offers(gpus: Sequence[str] = (), providers: Sequence[str] = (), api: str | None = None,
-                sandbox: bool = False, as_json_text: bool = False) -> str:
-    """The command's output; raises :class:`CommandProblem`."""
+def list_offers(settings: Settings, *, sandbox: bool = False, as_json_text: bool = False) -> str:
+    """The command's output: the offers at ``settings.api`` (with ``settings.api_token``), or of a
+    sandbox started for the listing (``sandbox``, its catalog ``settings.sandbox_catalog``), that
+    ``settings.gpu`` and ``settings.provider`` select. Raises :class:`CommandProblem`."""
     from ..errors import ApiUnreachable, StageError
 
-    if api and sandbox:
-        raise CommandProblem("give --api URL or --sandbox, not both", 2)
-    url = api or os.environ.get("GPUBENCH_API_BASE") or DEFAULT_API
-    token = os.environ.get("GPUBENCH_API_TOKEN") or None
+    gpus, providers = settings.gpu, settings.provider
+    url, token = settings.api, settings.api_token
     with ExitStack() as stack:
         if sandbox:
             from ..sandbox import SandboxThread
 
-            catalog = os.environ.get("GPUBENCH_SANDBOX_CATALOG") or None
+            catalog = settings.sandbox_catalog
             try:
                 started = stack.enter_context(SandboxThread(catalog=catalog))
             except Exception as exc:  # noqa: BLE001 - a bad catalog file: one line

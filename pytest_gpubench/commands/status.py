@@ -148,20 +148,19 @@ def show_status(store: Store, run_id: str | None, *, cells: bool, as_json: bool,
     return EXIT_OK
 
 
-def add_parser(commands: argparse._SubParsersAction, handler: Callable[[argparse.Namespace], int],
-               manifest_help: str) -> None:
-    """Register ``gpubench status`` (its handler opens the store: commands/cli.py)."""
+def add_parser(commands: argparse._SubParsersAction,
+               handler: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+    """Register ``gpubench status`` (its handler opens the store: commands/cli.py, which gives it
+    ``--store`` from the option table)."""
     status = commands.add_parser(
         "status", help="per phase (run): what is done, claimed (by whom, since when) and left",
         description="For each run (a phase of a runners file is a run named after it): cells done (success, "
                     "partial), failed, skipped, claimed (running: the holder, since when, and its lease; a "
                     "lease run out is stale: another controller takes the cell over) and left (pending). "
                     "Works on any store (--store). See docs/runners.md.")
-    status.add_argument("--store", metavar="PATH|URL",
-                        help="the store (default $GPUBENCH_STORE, else the manifest)")
-    status.add_argument("--manifest", metavar="PATH", help=manifest_help)
     status.add_argument("--run", "--phase", dest="run", metavar="NAME|last",
                         help="only this run or phase (default: every run, most recent first)")
     status.add_argument("--cells", action="store_true", help="list every cell with its state")
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     status.set_defaults(handler=handler)
+    return status

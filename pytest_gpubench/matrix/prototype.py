@@ -1,4 +1,5 @@
-"""Many frozen pydantic instances from values validated already, without validating again.
+"""Many frozen pydantic instances from values validated already, without validating again:
+the one adapter to pydantic's private names.
 
 A 10,000-cell matrix builds 10,000 :class:`~pytest_gpubench.matrix.cells.Cell` objects at
 collection, all from parts the file's models checked; pydantic's validation (or
@@ -6,6 +7,18 @@ collection, all from parts the file's models checked; pydantic's validation (or
 spends on the items. A :class:`Prototype` checks the field names once, for a
 family of instances that share most of their values (a matrix row's cells), and
 then builds each instance from a copy of one dictionary.
+
+pydantic has no public way to build an instance from values as they are and a shared
+fields-set: ``model_construct`` loops over the fields (about 4x slower per cell) and
+``model_copy(update=...)`` copies the fields-set (a kilobyte per cell, kept for the run).
+So :func:`written` writes the instance's slots as ``model_construct`` itself does;
+:data:`PRIVATE_NAMES` lists every pydantic private name this module touches, which
+``tests/unit/test_private_names.py`` keeps out of every other module and
+``tests/plugin/test_internals_contract.py`` checks against the installed pydantic.
+Checked with the sources of pydantic 2.6.0, 2.13.0 and main (Aug 2026), whose
+``BaseModel.__slots__`` and ``model_construct`` are the same there; pyproject.toml bounds
+pydantic to ``>=2.6,<3``. On a pydantic whose ``BaseModel`` lacks one of those slots,
+:func:`constructed` (``model_construct``: slower, the same instances) is used instead.
 """
 
 from __future__ import annotations
@@ -17,6 +30,41 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 
 M = TypeVar("M", bound=BaseModel)
+
+#: Every private name of pydantic this module touches: the instance slots :func:`written`
+#: writes, and the model's private-attribute table :class:`Prototype` reads (to refuse a model
+#: that has private attributes, which :func:`written` would leave unset).
+PRIVATE_NAMES = ("__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__", "__private_attributes__")
+#: Whether this pydantic's ``BaseModel`` has the slots :func:`written` writes.
+WRITES_SLOTS = set(PRIVATE_NAMES[:3]) <= set(getattr(BaseModel, "__slots__", ()))
+
+
+def written(model: type[M], values: dict[str, Any], fields_set: set[str], _set: Any = object.__setattr__) -> M:
+    """An instance of ``model`` whose ``__dict__`` is ``values`` (taken, not copied) and whose
+    ``model_fields_set`` is ``fields_set`` (shared, not copied), nothing validated.
+
+    What ``model_construct`` builds for a model without private or extra attributes, minus
+    its loop over the fields: it writes the same slots (``__pydantic_fields_set__``,
+    ``__pydantic_extra__``, ``__pydantic_private__``) the same way. Checked with pydantic
+    2.6 to 2.13.
+    """
+    instance = model.__new__(model)
+    _set(instance, "__dict__", values)
+    _set(instance, "__pydantic_fields_set__", fields_set)
+    _set(instance, "__pydantic_extra__", None)
+    _set(instance, "__pydantic_private__", None)
+    return instance
+
+
+def constructed(model: type[M], values: dict[str, Any], fields_set: set[str]) -> M:
+    """:func:`written`'s instance through pydantic's public ``model_construct``: about four
+    times slower, and the cached values given in ``values`` are dropped (computed again
+    when read). For a pydantic whose ``BaseModel`` lacks the slots :func:`written` writes."""
+    return model.model_construct(fields_set, **values)
+
+
+#: How :meth:`Prototype.new` builds an instance: chosen once, as the installed pydantic allows.
+unvalidated = written if WRITES_SLOTS else constructed
 
 
 class Prototype(Generic[M]):
@@ -62,9 +110,4 @@ class Prototype(Generic[M]):
             raise TypeError(f"{self._model.__name__}: expected {sorted(self._varying)}, got {sorted(varying)}")
         values = self._values.copy()
         values.update(varying)
-        instance = self._model.__new__(self._model)
-        object.__setattr__(instance, "__dict__", values)
-        object.__setattr__(instance, "__pydantic_fields_set__", self._fields_set)
-        object.__setattr__(instance, "__pydantic_extra__", None)
-        object.__setattr__(instance, "__pydantic_private__", None)
-        return instance
+        return unvalidated(self._model, values, self._fields_set)

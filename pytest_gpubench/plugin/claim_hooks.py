@@ -11,11 +11,10 @@ pytest process, or each xdist worker: xdist's worker loop calls
 * ``pytest_runtest_teardown`` (wrapper) gives back the claim of an item that never
   started its cell (skipped by a mark before any fixture).
 
-Private pytest API used: ``item.session._setupstate.teardown_exact(nextitem)``. pytest
-tears an item down for the next one (``nextitem``), keeping what they share; an item
-answered without running still has the previous item's kept fixtures on the stack,
-and what the next item does not share must go (``SetupState.setup`` asserts it). Under
-xdist, a put-aside item's reports are sent under its own index (:func:`_xdist_reports_as`).
+Two things have no public pytest or xdist way, and go through :mod:`.internals`: an item
+answered without running still has the previous item's kept fixtures on the stack, and
+what the next item does not share must go (:func:`~.internals.teardown_for`); under xdist, a
+put-aside item's reports are sent under its own index (:func:`~.internals.report_as`).
 ``tests/e2e/test_claims_controllers.py`` runs a put-aside item between items of other
 files and of a class to keep that honest.
 """
@@ -36,6 +35,7 @@ from .claims import (CLAIMED_BY, CLAIMED_STATUS, ROW_KEY, ProcessClaims, Verdict
                      claimed_properties, release_for_takeover, report_claimed, report_failed)
 from ..run.live import own_line
 from ..run.record import progress_path
+from .internals import report_as, teardown_for
 from .stash import CELL_KEY, RECORD_KEY, RECORDER_KEY, RESUME_KEY, run_context
 
 #: ``item.stash``: the claim an item won before it ran, and the seconds deciding it took.
@@ -100,14 +100,14 @@ class ClaimHooks:
         else:
             holder, since, status = admission.claimed_text()
             report_claimed(item, claimed_message(holder, since, status), claimed_properties(key, holder, status))
-        item.session._setupstate.teardown_exact(nextitem)  # private API: see the module docstring
+        teardown_for(item, nextitem)
         return True
 
     def _unrun(self, item: pytest.Item, nextitem: pytest.Item | None, message: str) -> bool:
         """Answer ``item`` failed with ``message`` without running it."""
         item.stash[CLAIMED_KEY] = False
         report_failed(item, message)
-        item.session._setupstate.teardown_exact(nextitem)  # private API: see the module docstring
+        teardown_for(item, nextitem)
         return True
 
     @pytest.hookimpl(wrapper=True)
@@ -122,7 +122,7 @@ class ClaimHooks:
             item = claims.next_ready(self.deadline)
             if item is None:
                 break
-            _xdist_reports_as(self.config, session, item)
+            report_as(self.config, session, item)
             item.config.hook.pytest_runtest_protocol(item=item, nextitem=None)
         return result
 
@@ -177,15 +177,6 @@ class ClaimHooks:
             writer.close()
         self._warn(f"gpubench: {item.stash[RECORD_KEY]}: taken over from {old_holder} "
                    f"(its claim expired); released sessions: {released}")
-
-
-def _xdist_reports_as(config: pytest.Config, session: pytest.Session, item: pytest.Item) -> None:
-    """On an xdist worker: send ``item``'s reports under its own index. xdist's worker
-    (``xdist.remote.WorkerInteractor``, private) tags each report with the index of the item
-    its loop ran last, and asserts the two match; a put-aside item runs after its loop."""
-    for plugin in config.pluginmanager.get_plugins():
-        if type(plugin).__name__ == "WorkerInteractor" and hasattr(plugin, "item_index"):
-            plugin.item_index = session.items.index(item)
 
 
 def claim_keeping(item: pytest.Item) -> dict[str, Any]:

@@ -129,11 +129,6 @@ def claimed_properties(record_key: str, holder: str | None, status: str) -> list
             (CLAIMED_BY, holder or ""), (CLAIMED_STATUS, status)]
 
 
-def is_claimed_report(report: Any) -> bool:
-    """Whether ``report`` is of a cell another controller holds or ran."""
-    return any(name == CLAIMED_BY for name, _ in getattr(report, "user_properties", ()) or ())
-
-
 def report_claimed(item: pytest.Item, message: str, properties: list[tuple[str, Any]]) -> None:
     """Report ``item`` as claimed elsewhere, never run here: a skipped setup (JUnit writes a
     skipped testcase with ``message``) and a passed teardown carrying ``properties``."""

@@ -18,6 +18,7 @@ from ..matrix.filters import CellFilters, split_by_filters
 from ..run.hints import UnknownGpuWarning, check_gpu_names
 from ..matrix.cells import Cell, load_cells
 from ..cloud.registry import check_clouds
+from .internals import fixture_closure
 from .phases import PHASE_KEY
 from .stash import CELL_FILTERS_KEY, CELL_KEY, RECORD_KEY, RECORDER_KEY
 from ..store.record_keys import matrix_key
@@ -62,7 +63,7 @@ def matrix_items(matrix_file: pytest.File) -> Iterator[pytest.Item]:
         # Every cell runs the same function: its fixture closure is computed once per file.
         item = BenchFunction.from_parent(matrix_file, name=name, callobj=run_matrix_cell,
                                          fixtureinfo=fixtureinfo)
-        fixtureinfo = item._fixtureinfo
+        fixtureinfo = fixture_closure(item)
         item.stash[CELL_KEY] = cell
         item.stash[RECORD_KEY] = key
         item.extra_keyword_matches.update(cell.keywords)

@@ -18,7 +18,7 @@ from ..matrix.filters import CellFilters, split_by_filters
 from ..matrix.cells import Cell
 from .matrix_scan import real_run
 from .reuse_order import arrange_reuse_groups
-from ..settings import OPTIONS, Settings, resolve
+from ..settings import OPTIONS, GpubenchDeprecationWarning, Settings, resolve
 from ..store.record_keys import distinct_keys, marked_test_key
 from .stash import CELL_FILTERS_KEY, CELL_KEY, RECORD_KEY, RESUME_KEY, SANDBOX_KEY, SETTINGS_KEY, run_context
 
@@ -133,8 +133,13 @@ def _settings(config: pytest.Config) -> Settings:
         except ValueError:
             return None
 
+    def warn(note: str) -> None:
+        # Once, from the controller (or the only process): an xdist worker resolves the same options.
+        if getattr(config, "workerinput", None) is None:
+            config.issue_config_time_warning(GpubenchDeprecationWarning(note), stacklevel=2)
+
     try:
-        return resolve(cli, os.environ, ini)
+        return resolve(cli, os.environ, ini, warn=warn)
     except UsageProblem as exc:
         raise pytest.UsageError(str(exc)) from None
 

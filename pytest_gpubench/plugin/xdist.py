@@ -3,7 +3,7 @@
 The controller owns the run id and the sandbox; workers learn both through
 ``workerinput`` so the whole run shares one id and one emulated cloud. Workers
 report the reuse groups they decided (:class:`GroupsChannel`) to the controller's
-scheduler (:mod:`.xdist_scheduler`, the one adapter to xdist's internals). When a
+scheduler (:mod:`.internals`, the one adapter to pytest's and xdist's internals). When a
 worker dies, the controller releases the sessions it left behind.
 """
 
@@ -74,7 +74,7 @@ class XdistHooks:
     @pytest.hookimpl(tryfirst=True)
     def pytest_xdist_make_scheduler(self, config: Any, log: Any) -> Any:
         if config.getvalue("dist") == "loadgroup":
-            from .xdist_scheduler import CellGroupScheduling
+            from .internals import CellGroupScheduling
 
             return CellGroupScheduling(config, log, groups_of=self.groups.groups_of)
         return None

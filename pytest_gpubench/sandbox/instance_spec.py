@@ -51,11 +51,6 @@ class GpuSpec(_Value):
     sm_clock_max_mhz: int | None = None
     mem_clock_max_mhz: int | None = None
 
-    @property
-    def total_memory_bytes(self) -> int:
-        """Memory of all cards together, in bytes."""
-        return self.memory_mib * MIB * self.count
-
 
 class GpuTools(_Value):
     """How the instance's driver answers system detection (the ``gpu_driver`` fault).

@@ -144,10 +144,6 @@ def empty(*size, dtype=float32, device="cpu"):
     return Tensor(_shape(size), dtype, device)
 
 
-def empty_like(tensor):
-    return Tensor(tensor.shape, tensor.dtype, tensor.device)
-
-
 def randn(*size, device="cpu", dtype=float32):
     return Tensor(_shape(size), dtype, device)
 

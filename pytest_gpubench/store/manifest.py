@@ -328,10 +328,6 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
 
         return self._write(record)
 
-    def successful_cells(self, run_id: str) -> list[str]:
-        """The cell ids of ``run_id`` that ended ``success``, in the order they were added."""
-        return [row["cell_id"] for row in self.cells(run_id) if row["status"] == "success"]
-
     def restart_cell(self, row_id: str, *, ended_before: str | None = None) -> bool:
         """Make a cell that already ran ``pending`` again, with nothing of its earlier outcome.
 

@@ -113,7 +113,7 @@ def test_a_bad_matrix_stops_collection_with_one_line_and_rents_nothing(pytester,
     bad_api.answers[("GET", "/api/v1/sessions")] = (200, "application/json", b'{"sessions": [], "count": 0}')
     pytester.makefile(".yaml", gpubench_good=ROW, gpubench_bad="workload: {duration: 2d}\n" + ROW)
     pytester.makeini("[pytest]\n")
-    monkeypatch.setenv("GPUBENCH_MANIFEST", str(pytester.path / "reports" / "manifest.db"))
+    monkeypatch.setenv("GPUBENCH_STORE", str(pytester.path / "reports" / "manifest.db"))
     monkeypatch.setenv("GPUBENCH_API_BASE", bad_api.url)
     result = pytester.runpytest("-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["*gpubench_bad.yaml: workload.duration: must be a number of seconds*got '2d'*"])

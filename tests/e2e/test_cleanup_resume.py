@@ -137,7 +137,7 @@ def test_cleanup_releases_only_what_dead_runs_of_this_manifest_own(tmp_path, san
     ours = {recorded, unrecorded, finished}
     reports = ["--reports", str(tmp_path)]  # the cells' progress files are under tmp_path/progress
 
-    assert gpubench(["cleanup", "--manifest", str(path), "--api", url, "--dry-run", *reports]) == 0
+    assert gpubench(["cleanup", "--store", str(path), "--api", url, "--dry-run", *reports]) == 0
     out = capsys.readouterr().out
     for session_id in ours:
         assert f"would release session {session_id}" in out
@@ -146,7 +146,7 @@ def test_cleanup_releases_only_what_dead_runs_of_this_manifest_own(tmp_path, san
     assert "dry run: nothing was changed" in out
     assert all(status(api, s) == "running" for s in [*ours, live, foreign, unknown_run])
 
-    assert gpubench(["cleanup", "--manifest", str(path), "--api", url, *reports]) == 0
+    assert gpubench(["cleanup", "--store", str(path), "--api", url, *reports]) == 0
     out = capsys.readouterr().out
     for session_id in ours:
         assert f"released session {session_id}" in out and "running -> stopped" in out
@@ -163,7 +163,7 @@ def test_cleanup_releases_only_what_dead_runs_of_this_manifest_own(tmp_path, san
     assert (d["session_status"], d["status"]) == ("stopped", "success")  # a finished cell keeps its outcome
     assert "STATUS: CLEANUP" in Path(a["progress_file"]).read_text()
 
-    assert gpubench(["cleanup", "--manifest", str(path), "--api", url, *reports]) == 0
+    assert gpubench(["cleanup", "--store", str(path), "--api", url, *reports]) == 0
     out = capsys.readouterr().out
     assert "released" not in out and "would release" not in out
     for session_id in (live, foreign, unknown_run):
@@ -180,7 +180,7 @@ def test_cleanup_leaves_other_hosts_and_apis_alone_and_closes_dead_sandbox_runs(
         add_cell(manifest, "remote", "c1", tmp_path, "11111111-1111-4111-8111-111111111111")
         add_cell(manifest, "other-api", "c2", tmp_path, "22222222-2222-4222-8222-222222222222")
         row = add_cell(manifest, "own-sandbox", "c3", tmp_path, "33333333-3333-4333-8333-333333333333")
-    assert gpubench(["cleanup", "--manifest", str(path), "--api", sandbox.url]) == 0
+    assert gpubench(["cleanup", "--store", str(path), "--api", sandbox.url]) == 0
     out = capsys.readouterr().out
     assert "left alone session 11111111" in out and "may still be running there" in out
     assert "left alone session 22222222" in out and "gpubench cleanup --api http://127.0.0.1:9" in out
@@ -191,7 +191,7 @@ def test_cleanup_leaves_other_hosts_and_apis_alone_and_closes_dead_sandbox_runs(
         assert [s["run_id"] for s in manifest.unreleased_sessions()] == ["remote", "other-api"]
     # Without --api, $GPUBENCH_API_BASE is the API: a run recorded against another is never visited.
     monkeypatch.setenv("GPUBENCH_API_BASE", sandbox.url)
-    assert gpubench(["cleanup", "--manifest", str(path)]) == 0
+    assert gpubench(["cleanup", "--store", str(path)]) == 0
     out = capsys.readouterr().out
     assert "left alone session 22222222" in out and "gpubench cleanup --api http://127.0.0.1:9" in out
 
@@ -303,10 +303,10 @@ def test_resume_with_an_unknown_run_is_a_usage_error(pytester, tmp_path, monkeyp
         add_run(manifest, "20260101T000000Z-aaaaaa", dead_process(), None)
     pytester.makefile(".yaml", gpubench_demo="matrix:\n  - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}\n")
     # In a subprocess: an in-process run would unload modules it imported, under later tests' feet.
-    result = pytester.runpytest_subprocess("--gpubench-manifest", str(manifest_path), "--gpubench-resume", "nope")
+    result = pytester.runpytest_subprocess("--gpubench-store", str(manifest_path), "--gpubench-resume", "nope")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--gpubench-resume: no run 'nope' in the manifest*20260101T000000Z-aaaaaa*"])
-    both = pytester.runpytest_subprocess("--gpubench-manifest", str(manifest_path), "--gpubench-resume", "last",
+    both = pytester.runpytest_subprocess("--gpubench-store", str(manifest_path), "--gpubench-resume", "last",
                                          "--gpubench-run-id", "x")
     assert both.ret == pytest.ExitCode.USAGE_ERROR
     both.stderr.fnmatch_lines(["*--gpubench-resume and --gpubench-run-id both name the run*"])
@@ -328,7 +328,7 @@ def cleanup_command(*args: str) -> tuple[int, str]:
 
 def cleanup_finds_nothing(run: PytestRun) -> None:
     """``gpubench cleanup`` afterwards: nothing of the run was left to release."""
-    status, printed = cleanup_command("cleanup", "--manifest", str(run.manifest), "--api", run.url)
+    status, printed = cleanup_command("cleanup", "--store", str(run.manifest), "--api", run.url)
     assert status == 0, printed
     assert "nothing to clean up" in printed, printed
     assert active_sessions(run.url) == []
@@ -446,7 +446,7 @@ def test_timeout_thread_method_leftover_is_released_at_the_next_start(tmp_path, 
     (row,) = run.rows()
     assert row["session_id"] == left["id"] and row["status"] == "running" and row["released_by"] is None
 
-    status, printed = cleanup_command("cleanup", "--manifest", str(run.manifest), "--api", sandbox_url, "--dry-run")
+    status, printed = cleanup_command("cleanup", "--store", str(run.manifest), "--api", sandbox_url, "--dry-run")
     assert status == 0 and f"would release session {left['id']}" in printed, printed
     assert [s["id"] for s in active_sessions(sandbox_url)] == [left["id"]]  # a dry run changes nothing
 
@@ -571,7 +571,7 @@ def test_cleanup_ends_a_dead_runs_gpu_leases_on_hosts_without_asking_any_api(tmp
     with SqliteStore.open(path) as store:
         dead = store.claim_gpus("127.0.0.1:2201", [0], 1, holder=f"dead/{consumer_id('dead', 'c1')}", ttl=600)
         alive = store.claim_gpus("127.0.0.1:2202", [0], 1, holder=f"alive/{consumer_id('alive', 'c2')}", ttl=600)
-    assert gpubench(["cleanup", "--manifest", str(path)]) == 0  # no API reached, none needed
+    assert gpubench(["cleanup", "--store", str(path)]) == 0  # no API reached, none needed
     out = capsys.readouterr().out
     assert "GPU lease ended session hosts-lab1-1-abc123" in out and "left alone session hosts-lab2" in out
     with SqliteStore.open(path) as store:

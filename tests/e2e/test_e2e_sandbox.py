@@ -200,7 +200,7 @@ def test_instance_lost_mid_benchmark_records_partial(tmp_path, standalone_sandbo
     command = [sys.executable, "-m", "pytest", str(QUICK), "-p", "no:cacheprovider", "-k", "4090 and 1.5b",
                "--gpubench-api", url, "--gpubench-time-scale", "0.02", "--gpubench-duration", "60",
                "--gpubench-progress-interval", "0.5", "--gpubench-reports", str(tmp_path / "reports"),
-               "--gpubench-manifest", str(tmp_path / "reports" / "manifest.db")]
+               "--gpubench-store", str(tmp_path / "reports" / "manifest.db")]
     run = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         def measuring():

@@ -179,10 +179,10 @@ def test_one_refused_result_does_not_stop_the_others(manifest_path):
 
 def test_cli_export_to_a_file_and_stdout(manifest_path, tmp_path, capsys):
     target = tmp_path / "out" / "results.csv"
-    assert main(["export", "--format", "csv", "--manifest", str(manifest_path), "-o", str(target)]) == 0
+    assert main(["export", "--format", "csv", "--store", str(manifest_path), "-o", str(target)]) == 0
     assert len(list(csv.DictReader(target.open()))) == 3
     assert "exported 3 results of all runs" in capsys.readouterr().err
-    assert main(["export", "--manifest", str(manifest_path), "--run", "last"]) == 0
+    assert main(["export", "--store", str(manifest_path), "--run", "last"]) == 0
     captured = capsys.readouterr()
     assert [r["results"]["avg_tokens_per_second"] for r in json.loads(captured.out)] == [180.1]
     assert "of run run-2" in captured.err
@@ -190,20 +190,20 @@ def test_cli_export_to_a_file_and_stdout(manifest_path, tmp_path, capsys):
 
 def test_cli_finds_the_manifest_like_the_plugin(manifest_path, monkeypatch, capsys):
     monkeypatch.chdir(manifest_path.parent.parent)  # reports/manifest.db
-    monkeypatch.delenv("GPUBENCH_MANIFEST", raising=False)
+    monkeypatch.delenv("GPUBENCH_STORE", raising=False)
     monkeypatch.delenv("GPUBENCH_REPORTS", raising=False)
     assert main(["export", "--run", "run-1"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 2
-    monkeypatch.setenv("GPUBENCH_MANIFEST", str(manifest_path.parent / "elsewhere.db"))
+    monkeypatch.setenv("GPUBENCH_STORE", str(manifest_path.parent / "elsewhere.db"))
     assert main(["export"]) == 2
     assert "no manifest at" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, message", [
-    (["export", "--manifest", "{missing}"], "no manifest at {missing}"),
-    (["upload", "--manifest", "{missing}"], "no manifest at {missing}"),
-    (["export", "--manifest", "{manifest}", "--run", "run-9"], "no run 'run-9' in the manifest"),
-    (["upload", "--manifest", "{manifest}", "--run", "run-9"], "most recent first: run-2, run-1"),
+    (["export", "--store", "{missing}"], "no manifest at {missing}"),
+    (["upload", "--store", "{missing}"], "no manifest at {missing}"),
+    (["export", "--store", "{manifest}", "--run", "run-9"], "no run 'run-9' in the manifest"),
+    (["upload", "--store", "{manifest}", "--run", "run-9"], "most recent first: run-2, run-1"),
 ])
 def test_cli_usage_problems_are_one_line_and_exit_2(manifest_path, tmp_path, capsys, args, message):
     names = {"missing": str(tmp_path / "nope.db"), "manifest": str(manifest_path)}
@@ -214,7 +214,7 @@ def test_cli_usage_problems_are_one_line_and_exit_2(manifest_path, tmp_path, cap
 
 
 def test_cli_missing_manifest_in_a_real_process(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "upload", "--manifest",
+    done = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "upload", "--store",
                            str(tmp_path / "none.db")], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 2
     assert done.stderr.startswith("gpubench upload: error: no manifest at") and "Traceback" not in done.stderr
@@ -222,10 +222,10 @@ def test_cli_missing_manifest_in_a_real_process(tmp_path):
 
 def test_cli_upload_unreachable_then_through(manifest_path, monkeypatch, capsys):
     down = f"http://127.0.0.1:{closed_port()}"
-    assert main(["upload", "--manifest", str(manifest_path)]) == 0  # nothing asked for yet
+    assert main(["upload", "--store", str(manifest_path)]) == 0  # nothing asked for yet
     assert "nothing to upload" in capsys.readouterr().err
 
-    assert main(["upload", "--manifest", str(manifest_path), "--run", "run-1", "--api", down]) == 1
+    assert main(["upload", "--store", str(manifest_path), "--run", "run-1", "--api", down]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"gpubench upload: error: no GPU Shopper API answers at {down}")
     assert "stay pending" in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
@@ -235,10 +235,10 @@ def test_cli_upload_unreachable_then_through(manifest_path, monkeypatch, capsys)
     with SandboxThread(time_scale=0.01) as sandbox:
         monkeypatch.setenv("GPUBENCH_API_BASE", sandbox.url)
         monkeypatch.setenv("GPUBENCH_API_TOKEN", sandbox.token)
-        assert main(["upload", "--manifest", str(manifest_path)]) == 0  # retries what run-1 asked for
+        assert main(["upload", "--store", str(manifest_path)]) == 0  # retries what run-1 asked for
         err = capsys.readouterr().err
         assert f"uploaded 2 of 2 results to {sandbox.url}" in err
-        assert main(["upload", "--manifest", str(manifest_path), "--run", "last"]) == 0
+        assert main(["upload", "--store", str(manifest_path), "--run", "last"]) == 0
         assert "uploaded 1 of 1 result to" in capsys.readouterr().err
         listed = httpx.get(f"{sandbox.url}/api/v1/benchmarks", headers=SANDBOX_AUTH, timeout=10).json()
     assert listed["count"] == 3
@@ -253,7 +253,7 @@ def test_cli_upload_reports_refused_results_and_exits_1(manifest_path, monkeypat
         bad = m.benchmarks("run-2")[0]["id"]
         m.db["benchmarks"].update(bad, {"result_json": json.dumps({"price_per_hour": "cheap"})})
     with SandboxThread(time_scale=0.01) as sandbox:
-        assert main(["upload", "--manifest", str(manifest_path), "--api", sandbox.url]) == 1
+        assert main(["upload", "--store", str(manifest_path), "--api", sandbox.url]) == 1
     err = capsys.readouterr().err
     assert f"failed {bad}: API answered 400" in err
     assert "uploaded 0 of 1 result" in err and "1 failed and stay pending" in err

@@ -364,7 +364,7 @@ def start_pytest(tmp_path: Path, url: str, *args: str) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "pytest", str(QUICK), "-p", "no:cacheprovider", "-k", "4090 and 1.5b",
                "--gpubench-api", url, "--gpubench-time-scale", "0.02", "--gpubench-progress-interval", "0.5",
                "--gpubench-reports", str(tmp_path / "reports"),
-               "--gpubench-manifest", str(tmp_path / "reports" / "manifest.db"), *args]
+               "--gpubench-store", str(tmp_path / "reports" / "manifest.db"), *args]
     return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -555,7 +555,7 @@ def test_instance_killed_during_the_install_is_named_as_the_cause(tmp_path, stan
         [sys.executable, "-m", "pytest", str(QUICK), "-p", "no:cacheprovider", "-k", "3090",
          "--gpubench-api", url, "--gpubench-time-scale", "0.02", "--gpubench-ollama-install", "sleep 300",
          "--gpubench-reports", str(tmp_path / "reports"),
-         "--gpubench-manifest", str(tmp_path / "reports" / "manifest.db")],
+         "--gpubench-store", str(tmp_path / "reports" / "manifest.db")],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda: any("SYSTEM_INFO" in p.read_text() for p in (tmp_path / "reports").rglob("*.log")),

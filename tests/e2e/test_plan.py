@@ -337,7 +337,7 @@ def gpubench(*args: str, env: dict | None = None, timeout: float = 180) -> subpr
 
 
 def test_command_prints_the_table_and_json(sandbox, api, tmp_path):
-    common = ["plan", str(QUICK), "--api", sandbox.url, "--manifest", str(tmp_path / "none.db"), "-n", "2"]
+    common = ["plan", str(QUICK), "--api", sandbox.url, "--store", str(tmp_path / "none.db"), "-n", "2"]
     done = gpubench(*common)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -361,7 +361,7 @@ def test_command_flags_cells_without_offers(sandbox, tmp_path):
         matrix:
           - {gpu: RTX 3090, providers: [vastai, tensordock], model: qwen2:7b}
         """)
-    done = gpubench("plan", str(path), "--api", sandbox.url, "--manifest", str(tmp_path / "none.db"))
+    done = gpubench("plan", str(path), "--api", sandbox.url, "--store", str(tmp_path / "none.db"))
     assert done.returncode == 0, done.stderr
     row = next(line for line in done.stdout.splitlines() if line.startswith("RTX_3090-tensordock-qwen2:7b"))
     assert row.split()[-2:] == ["NO", "OFFER"]

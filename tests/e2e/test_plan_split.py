@@ -142,7 +142,7 @@ def test_command_takes_the_split_options(sandbox, tmp_path):
     path = write(tmp_path, FOUR)
     env = pytest_env()
     base = [sys.executable, "-m", "pytest_gpubench.commands.cli", "plan", str(path), "--api", sandbox.url,
-            "--manifest", str(tmp_path / "none.db"), "-n", "4"]
+            "--store", str(tmp_path / "none.db"), "-n", "4"]
     done = subprocess.run([*base, "--sessions-per-group", "2"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=180)
     assert done.returncode == 0, done.stderr

@@ -28,5 +28,5 @@ def test_a_sandbox_run_records_into_postgresql(tmp_path, postgres_url):
         assert store.run(run_id).status is not None
     assert not (tmp_path / "reports" / "manifest.db").exists()  # the store is PostgreSQL, not the file
     assert f"store {postgres_url}" in done.stdout
-    assert main(["report", "--store", postgres_url, "--output-dir", str(tmp_path / "out")]) == 0
+    assert main(["report", "--store", postgres_url, "--reports", str(tmp_path / "out")]) == 0
     assert "RTX 4090" in (tmp_path / "out" / "BENCHMARK_REPORT.md").read_text()

@@ -468,23 +468,23 @@ def test_write_reports_makes_the_directory(tmp_path, manifest_path):
 
 def test_command_writes_both_files_and_says_where(tmp_path, manifest_path, capsys):
     out = tmp_path / "site"
-    assert main(["report", "--manifest", str(manifest_path), "--output-dir", str(out)]) == 0
+    assert main(["report", "--store", str(manifest_path), "--reports", str(out)]) == 0
     printed = capsys.readouterr().out.strip()
     assert printed == (f"gpubench report: 5 results from 2 of 3 runs, 5 failed or partial cells; "
                        f"wrote {out / 'BENCHMARK_REPORT.md'} and {out / 'index.html'}")
     assert "| 1 | RTX 4090 | qwen2:7b | vastai | 200.0 |" in (out / "BENCHMARK_REPORT.md").read_text()
 
-    assert main(["report", "--manifest", str(manifest_path), "--output-dir", str(out), "--run", "last"]) == 0
+    assert main(["report", "--store", str(manifest_path), "--reports", str(out), "--run", "last"]) == 0
     latest = rendered((out / "BENCHMARK_REPORT.md").read_text())
     assert "1 result from 1 of 1 run" in latest and "RTX 3090 (partial)" in latest and "run-a" not in latest
-    assert main(["report", "--manifest", str(manifest_path), "--output-dir", str(out),
+    assert main(["report", "--store", str(manifest_path), "--reports", str(out),
                  "--run", "run-a", "--run", "run-b", "--run", "run-a"]) == 0
     both = (out / "BENCHMARK_REPORT.md").read_text()
     assert "from 2 of 2 runs" in both and "run-c" not in both
 
 
 def test_command_defaults_to_the_reports_dir(tmp_path, manifest_path, monkeypatch, capsys):
-    monkeypatch.delenv("GPUBENCH_MANIFEST", raising=False)
+    monkeypatch.delenv("GPUBENCH_STORE", raising=False)
     monkeypatch.setenv("GPUBENCH_REPORTS", str(manifest_path.parent))
     assert main(["report"]) == 0
     assert (manifest_path.parent / "BENCHMARK_REPORT.md").is_file()
@@ -497,7 +497,7 @@ def test_command_defaults_to_the_reports_dir(tmp_path, manifest_path, monkeypatc
 
 @pytest.mark.parametrize("case", ["no manifest", "unknown run", "no runs", "unwritable"])
 def test_command_errors_are_one_line(tmp_path, manifest_path, capsys, case):
-    args = ["report", "--manifest", str(manifest_path), "--output-dir", str(tmp_path / "out")]
+    args = ["report", "--store", str(manifest_path), "--reports", str(tmp_path / "out")]
     expected_status, expected = 2, ""
     if case == "no manifest":
         args[2] = str(tmp_path / "missing.db")
@@ -521,8 +521,8 @@ def test_command_errors_are_one_line(tmp_path, manifest_path, capsys, case):
 
 def test_console_command_runs_without_traceback(tmp_path, manifest_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUBENCH_")}
-    done = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "report", "--manifest", str(manifest_path),
-                           "--output-dir", str(tmp_path / "o"), "--run", "nope"],
+    done = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "report", "--store", str(manifest_path),
+                           "--reports", str(tmp_path / "o"), "--run", "nope"],
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr and done.stderr.count("\n") == 1
 
@@ -636,8 +636,8 @@ def test_report_of_a_real_sandbox_run_matches_its_summary(tmp_path, sandbox, api
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
     printed_spend = float(re.search(r"; spent \$([0-9.]+)", done.stdout).group(1))
 
-    made = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "report", "--manifest",
-                           str(reports / "manifest.db"), "--output-dir", str(reports)],
+    made = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "report", "--store",
+                           str(reports / "manifest.db"), "--reports", str(reports)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
     assert made.stdout.startswith("gpubench report: 1 result from 1 of 1 run, 1 failed or partial cell; wrote ")

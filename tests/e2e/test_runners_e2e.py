@@ -13,7 +13,7 @@ from e2e_helpers import QUICK, REPO, manifest_rows, run_pytest
 
 def status(tmp_path, *args: str) -> str:
     done = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "status",
-                           "--manifest", str(tmp_path / "reports" / "manifest.db"), *args],
+                           "--store", str(tmp_path / "reports" / "manifest.db"), *args],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout

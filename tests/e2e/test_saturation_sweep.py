@@ -62,8 +62,8 @@ def test_a_sweep_finds_the_highest_rate_meeting_the_slo_and_the_report_shows_it(
     assert text.count("PROGRESS: stage=sweep") == len(sweep["steps"])
     assert "STATUS: SWEEP_COMPLETE max_rate_meeting_slo=" in text
 
-    assert main(["report", "--manifest", str(tmp_path / "reports" / "manifest.db"),
-                 "--output-dir", str(tmp_path / "out")]) == 0
+    assert main(["report", "--store", str(tmp_path / "reports" / "manifest.db"),
+                 "--reports", str(tmp_path / "out")]) == 0
     report = (tmp_path / "out" / "BENCHMARK_REPORT.md").read_text()
     assert "## Saturation" in report and f"| RTX 4090 / vastai | qwen2:7b | {answer:g} |" in report
     assert "### RTX 4090 / vastai / qwen2:7b: sweep steps" in report

@@ -100,7 +100,7 @@ def test_cleanup_writes_progress_lines_only_under_the_configured_folder(tmp_path
         b = running_cell(manifest, "dead", "cell-b", rent(api, consumer_id("dead", "cell-b")), str(staged))
         c = running_cell(manifest, "dead", "cell-c", rent(api, consumer_id("dead", "cell-c")), str(bashrc))
 
-    assert gpubench(["cleanup", "--manifest", str(path), "--api", sandbox.url, "--reports", str(reports)]) == 0
+    assert gpubench(["cleanup", "--store", str(path), "--api", sandbox.url, "--reports", str(reports)]) == 0
     out = capsys.readouterr().out
     assert out.count("released session") == 3 and "marked failed: cell dead/cell-a" in out
     assert bashrc.read_text() == "export PATH=$PATH\n"
@@ -113,9 +113,11 @@ def test_cleanup_writes_progress_lines_only_under_the_configured_folder(tmp_path
     assert stages == {a: "inventory", b: "provision", c: "inventory"}
 
 
+@pytest.mark.parametrize("configured_in", ["environment", "ini"])
 def test_cleanup_sends_the_token_only_to_the_configured_api(tmp_path, sandbox, api, elsewhere, capsys,
-                                                            monkeypatch):
+                                                            monkeypatch, configured_in):
     # Item 2: a row's runs.api got GET /health, GET /api/v1/sessions, POST .../done with the token.
+    # Issue 22 item 6: an API set only in the ini file pytest reads is the configured one for cleanup too.
     other, seen = elsewhere
     path = tmp_path / "manifest.db"
     ours = rent(api, consumer_id("ours", "c1"))
@@ -126,8 +128,14 @@ def test_cleanup_sends_the_token_only_to_the_configured_api(tmp_path, sandbox, a
                            api=other.replace("http://", "http://mallory:pw@"))
         running_cell(manifest, "theirs", "c2", "22222222-2222-4222-8222-222222222222", "")
     monkeypatch.setenv("GPUBENCH_API_TOKEN", TOKEN)
-    monkeypatch.setenv("GPUBENCH_API_BASE", sandbox.url)
-    assert gpubench(["cleanup", "--manifest", str(path), "--reports", str(tmp_path)]) == 0
+    if configured_in == "environment":
+        monkeypatch.setenv("GPUBENCH_API_BASE", sandbox.url)
+    else:
+        monkeypatch.delenv("GPUBENCH_API_BASE", raising=False)
+        (tmp_path / "project").mkdir()
+        (tmp_path / "project" / "pytest.ini").write_text(f"[pytest]\ngpubench_api = {sandbox.url}\n")
+        monkeypatch.chdir(tmp_path / "project")
+    assert gpubench(["cleanup", "--store", str(path), "--reports", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert seen == []
     assert f"released session {ours}" in out and session_status(api, ours) == "stopped"
@@ -151,7 +159,7 @@ def test_the_api_url_is_stored_and_shown_without_its_password(tmp_path, sandbox,
         db.execute("UPDATE runs SET api = 'http://bob:pw2@127.0.0.1:9' WHERE run_id = 'r1'")
     with Manifest(path) as manifest:
         running_cell(manifest, "r1", "c1", "33333333-3333-4333-8333-333333333333", "")
-    assert gpubench(["cleanup", "--manifest", str(path), "--api", sandbox.url, "--dry-run"]) == 0
+    assert gpubench(["cleanup", "--store", str(path), "--api", sandbox.url, "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "pw2" not in out and "gpubench cleanup --api http://bob:***@127.0.0.1:9" in out
 
@@ -164,7 +172,7 @@ def test_a_session_id_from_the_store_is_never_sent_to_the_api(tmp_path, elsewher
         manifest.start_run("r1", argv=[], matrix_files=[], owner=dead_process(), api=configured)
         running_cell(manifest, "r1", "c1", "../../admin/users", "")
     monkeypatch.setenv("GPUBENCH_API_TOKEN", TOKEN)
-    assert gpubench(["cleanup", "--manifest", str(path), "--api", configured]) == 0
+    assert gpubench(["cleanup", "--store", str(path), "--api", configured]) == 0
     out = capsys.readouterr().out
     assert [path for _, path, _ in seen if "admin" in path or "sessions/" in path] == []
     assert "left alone session '../../admin/users' (run r1, cell c1) (its session id is not a valid id" in out

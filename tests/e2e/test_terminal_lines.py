@@ -41,7 +41,7 @@ def output(tmp_path_factory: pytest.TempPathFactory) -> str:
         # The sandbox's clock at 0.01, not the flag's 0.02: where the lines land does not depend on it.
         [sys.executable, "-m", "pytest", "gpubench_lines.yaml", "--gpubench-sandbox", "--gpubench-time-scale", "0.01",
          "-p", "no:cacheprovider",
-         "--gpubench-reports", str(where / "reports"), "--gpubench-manifest", str(where / "reports" / "m.db")],
+         "--gpubench-reports", str(where / "reports"), "--gpubench-store", str(where / "reports" / "m.db")],
         cwd=where, env=env, capture_output=True, text=True, timeout=600)
     assert "1 failed, 1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout

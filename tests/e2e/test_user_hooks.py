@@ -49,14 +49,14 @@ def pytest_gpubench_cell_finished(finished, config):
 
 
 def test_a_conftest_chooses_offers_adjusts_workloads_and_receives_every_finished_cell(pytester, monkeypatch):
-    for name in ("GPUBENCH_API_BASE", "GPUBENCH_MANIFEST", "GPUBENCH_SANDBOX", "GPUBENCH_RUN_ID"):
+    for name in ("GPUBENCH_API_BASE", "GPUBENCH_STORE", "GPUBENCH_SANDBOX", "GPUBENCH_RUN_ID"):
         monkeypatch.delenv(name, raising=False)
     pytester.makefile(".yaml", gpubench_hooks=MATRIX)
     pytester.makeconftest(CONFTEST)
     # The sandbox's clock at 0.01, not the flag's 0.02: the hooks' effects do not depend on it.
     result = pytester.runpytest_subprocess("gpubench_hooks.yaml", "--gpubench-sandbox",
                                            "--gpubench-time-scale", "0.01", "-p", "no:cacheprovider",
-                                           "--gpubench-manifest", str(pytester.path / "m.db"), timeout=300)
+                                           "--gpubench-store", str(pytester.path / "m.db"), timeout=300)
     out = result.stdout.str()
     result.assert_outcomes(passed=1, failed=2)
     assert "During handling" not in out

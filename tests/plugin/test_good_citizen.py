@@ -306,7 +306,7 @@ def test_xdist_workers_that_alone_find_marked_cells_share_one_run(project, monke
             assert gpubench_cell.gpu == "RTX 4090"
     """)
     manifest = project.path / "runs" / "manifest.db"
-    monkeypatch.setenv("GPUBENCH_MANIFEST", str(manifest))  # not an option: that would load the plugin at once
+    monkeypatch.setenv("GPUBENCH_STORE", str(manifest))  # not an option: that would load the plugin at once
     result = project.runpytest_subprocess("test_mine.py", "-n", "2", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=4)
     with sqlite3.connect(manifest) as db:

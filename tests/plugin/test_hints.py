@@ -112,7 +112,7 @@ def project(pytester, monkeypatch, closed_port):
     pytester.makefile(".yaml", gpubench_demo=MATRIX)
     pytester.makeini("[pytest]\n")
     monkeypatch.setenv("GPUBENCH_API_BASE", f"http://127.0.0.1:{closed_port}")
-    monkeypatch.setenv("GPUBENCH_MANIFEST", str(pytester.path / "reports" / "manifest.db"))
+    monkeypatch.setenv("GPUBENCH_STORE", str(pytester.path / "reports" / "manifest.db"))
     return pytester
 
 

@@ -1200,7 +1200,7 @@ def collecting(pytester, monkeypatch, **files: str):
     """Write the matrix ``files`` (``gpubench_x="..."``) and an ini; ``pytest --collect-only -q ARGS`` on them."""
     pytester.makefile(".yaml", **files)
     pytester.makeini("[pytest]\n")
-    monkeypatch.setenv("GPUBENCH_MANIFEST", str(pytester.path / "reports" / "manifest.db"))
+    monkeypatch.setenv("GPUBENCH_STORE", str(pytester.path / "reports" / "manifest.db"))
     return lambda *args: pytester.runpytest("--collect-only", "-q", *args)
 
 

@@ -13,7 +13,7 @@ matrix:
 def test_microbench_cells_are_collected_and_selected_like_any_cell(pytester, monkeypatch):
     pytester.makefile(".yaml", gpubench_micro=MATRIX)
     pytester.makeini("[pytest]\n")
-    monkeypatch.setenv("GPUBENCH_MANIFEST", str(pytester.path / "reports" / "manifest.db"))
+    monkeypatch.setenv("GPUBENCH_STORE", str(pytester.path / "reports" / "manifest.db"))
     result = pytester.runpytest("--collect-only", "-q")
     collected = {line for line in result.stdout.lines if line.startswith("gpubench_micro.yaml::")}
     assert collected == {f"gpubench_micro.yaml::RTX_4090-{provider}-{model}"
@@ -27,7 +27,7 @@ def test_microbench_cells_are_collected_and_selected_like_any_cell(pytester, mon
 def test_an_unknown_kind_stops_collection_with_the_allowed_values(pytester, monkeypatch):
     pytester.makefile(".yaml", gpubench_micro=MATRIX.replace("memory_bandwidth", "bandwidth"))
     pytester.makeini("[pytest]\n")
-    monkeypatch.setenv("GPUBENCH_MANIFEST", str(pytester.path / "reports" / "manifest.db"))
+    monkeypatch.setenv("GPUBENCH_STORE", str(pytester.path / "reports" / "manifest.db"))
     result = pytester.runpytest("--collect-only", "-q")
     result.stdout.fnmatch_lines(["*gpubench_micro.yaml: matrix[[]0[]].microbench.kinds*unknown kind 'bandwidth'*"
                                  "allowed: memory_bandwidth, matmul*"])

@@ -24,7 +24,7 @@ def project(pytester, closed_port, monkeypatch):
     pytester.makefile(".yaml", other="not: [a, matrix")  # not matched: left alone
     pytester.makeini("[pytest]\n")
     monkeypatch.setenv("GPUBENCH_API_BASE", f"http://127.0.0.1:{closed_port}")
-    monkeypatch.setenv("GPUBENCH_MANIFEST", str(pytester.path / "reports" / "manifest.db"))
+    monkeypatch.setenv("GPUBENCH_STORE", str(pytester.path / "reports" / "manifest.db"))
     return pytester
 
 

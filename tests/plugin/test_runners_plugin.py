@@ -31,7 +31,7 @@ def project(pytester, monkeypatch):
     pytester.makefile(".yaml", gpubench_endpoints=MATRIX)
     pytester.makefile(".yaml", runners=RUNNERS)
     pytester.makeini("[pytest]\n")
-    monkeypatch.setenv("GPUBENCH_MANIFEST", str(pytester.path / "reports" / "manifest.db"))
+    monkeypatch.setenv("GPUBENCH_STORE", str(pytester.path / "reports" / "manifest.db"))
     for name in ("GPUBENCH_RUNNERS", "GPUBENCH_PHASE", "GPUBENCH_RUNNER", "GPUBENCH_RUN_ID"):
         monkeypatch.delenv(name, raising=False)
     return pytester

@@ -219,17 +219,17 @@ def _one_line(err: str) -> str:
 def test_without_datasette_the_command_says_how_to_install_it(manifest_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "datasette", None)  # import datasette now raises ImportError
     monkeypatch.setitem(sys.modules, "datasette.cli", None)
-    assert main(["browse", "--manifest", str(manifest_path), "--no-open"]) == 2
+    assert main(["browse", "--store", str(manifest_path), "--no-open"]) == 2
     line = _one_line(capsys.readouterr().err)
     assert line.startswith("gpubench browse: error: ") and "pip install 'pytest-gpubench[browse]'" in line
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--manifest", "{missing}"], "no manifest at {missing}"),
-    (["--manifest", "{foreign}"], "is not a pytest-gpubench manifest"),
-    (["--manifest", "{junk}"], "is not a pytest-gpubench manifest (file is not a database)"),
-    (["--manifest", "{manifest}", "extra.db"], "unexpected argument 'extra.db'"),
-    (["--manifest", "{manifest}", "--port", "70000"], "--port must be 0-65535"),
+    (["--store", "{missing}"], "no manifest at {missing}"),
+    (["--store", "{foreign}"], "is not a pytest-gpubench manifest"),
+    (["--store", "{junk}"], "is not a pytest-gpubench manifest (file is not a database)"),
+    (["--store", "{manifest}", "extra.db"], "unexpected argument 'extra.db'"),
+    (["--store", "{manifest}", "--port", "70000"], "--port must be 0-65535"),
 ])
 def test_usage_problems_are_one_line_and_exit_2(datasette, manifest_path, tmp_path, capsys, args, message):
     foreign = tmp_path / "foreign.db"
@@ -247,14 +247,14 @@ def test_a_port_in_use_is_one_line(datasette, manifest_path, capsys):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        assert main(["browse", "--manifest", str(manifest_path), "--no-open", "--port", str(port)]) == 2
+        assert main(["browse", "--store", str(manifest_path), "--no-open", "--port", str(port)]) == 2
     assert f"cannot listen on 127.0.0.1:{port}" in _one_line(capsys.readouterr().err)
 
 
 def test_datasette_options_pass_through(datasette, manifest_path, capsys):
     """Everything after -- goes to `datasette serve`: here --get, which answers one request and exits."""
     with pytest.raises(SystemExit) as exited:
-        main(["browse", "--manifest", str(manifest_path), "--no-open", "--port", "0",
+        main(["browse", "--store", str(manifest_path), "--no-open", "--port", "0",
               "--", "--get", "/manifest/failures_by_stage.json?_shape=array"])
     assert exited.value.code == 0
     out = capsys.readouterr().out
@@ -263,7 +263,7 @@ def test_datasette_options_pass_through(datasette, manifest_path, capsys):
 
 
 def test_a_bad_datasette_option_is_one_line(datasette, manifest_path, capsys):
-    assert main(["browse", "--manifest", str(manifest_path), "--no-open", "--port", "0", "--", "--bogus"]) == 2
+    assert main(["browse", "--store", str(manifest_path), "--no-open", "--port", "0", "--", "--bogus"]) == 2
     line = _one_line(capsys.readouterr().err)
     assert line.startswith("gpubench browse: error: Datasette: ") and "--bogus" in line
 
@@ -278,7 +278,7 @@ def test_datasette_serves_the_described_manifest_while_a_run_writes(datasette, m
     scratch.mkdir()
     with open(out, "w") as stdout, open(log, "w") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest_gpubench.commands.cli", "browse", "--manifest", str(manifest_path),
+            [sys.executable, "-m", "pytest_gpubench.commands.cli", "browse", "--store", str(manifest_path),
              "--no-open", "--port", "0"],
             cwd=REPO, stdout=stdout, stderr=stderr, text=True, env={**os.environ, "TMPDIR": str(scratch)})
     try:

@@ -252,16 +252,16 @@ def test_a_result_without_an_id_gets_a_stable_id_from_its_content():
 
 
 def test_the_same_file_twice_adds_nothing(tmp_path, capsys):
-    status, out, _ = cli(capsys, "--manifest", str(tmp_path / "m.db"), str(SHOPPER_LIST_FILE),
+    status, out, _ = cli(capsys, "--store", str(tmp_path / "m.db"), str(SHOPPER_LIST_FILE),
                          str(SHOPPER_LIST_FILE))
     assert status == 0
     [run_id] = {row["run_id"] for row in cells(tmp_path / "m.db")}
     assert len(cells(tmp_path / "m.db")) == 2
     assert f"skipped 2 duplicates (already in run {run_id})" in out.splitlines()[1]
-    status, out, _ = cli(capsys, "--manifest", str(tmp_path / "m.db"), str(DATA))
+    status, out, _ = cli(capsys, "--store", str(tmp_path / "m.db"), str(DATA))
     assert status == 0 and len(cells(tmp_path / "m.db")) == 6
     assert "imported 4 results from 5 files" in out and f"skipped 2 duplicates (already in run {run_id})" in out
-    status, out, _ = cli(capsys, "--manifest", str(tmp_path / "m.db"), str(DATA))
+    status, out, _ = cli(capsys, "--store", str(tmp_path / "m.db"), str(DATA))
     assert status == 0 and len(cells(tmp_path / "m.db")) == 6 and len(benchmarks(tmp_path / "m.db")) == 6
     assert "imported 0 results from 5 files" in out and "skipped 6 duplicates (already in runs " in out
     with Manifest(tmp_path / "m.db") as m:
@@ -295,14 +295,14 @@ def measured_manifest(path: Path) -> str:
 
 def test_export_then_import_round_trip(tmp_path, capsys):
     benchmark_id = measured_manifest(tmp_path / "m.db")
-    assert main(["export", "--manifest", str(tmp_path / "m.db"), "-o", str(tmp_path / "out.json")]) == 0
+    assert main(["export", "--store", str(tmp_path / "m.db"), "-o", str(tmp_path / "out.json")]) == 0
     capsys.readouterr()
     # Back into the same manifest: already there.
-    status, out, _ = cli(capsys, "--manifest", str(tmp_path / "m.db"), str(tmp_path / "out.json"))
+    status, out, _ = cli(capsys, "--store", str(tmp_path / "m.db"), str(tmp_path / "out.json"))
     assert status == 0 and "skipped 1 duplicate (already in run run-1)" in out
     assert len(cells(tmp_path / "m.db")) == 1
     # Into another manifest: the same result, the same id and figures.
-    status, _, _ = cli(capsys, "--manifest", str(tmp_path / "other.db"), str(tmp_path / "out.json"))
+    status, _, _ = cli(capsys, "--store", str(tmp_path / "other.db"), str(tmp_path / "out.json"))
     assert status == 0
     [original], [copy] = benchmarks(tmp_path / "m.db"), benchmarks(tmp_path / "other.db")
     assert copy["id"] == benchmark_id
@@ -374,7 +374,7 @@ BAD = [
 def test_a_bad_file_is_one_line_naming_the_file_the_field_and_what_is_allowed(tmp_path, capsys, name, content,
                                                                                   message):
     bad = write(tmp_path / name, content)
-    status, out, err = cli(capsys, "--manifest", str(tmp_path / "m.db"), str(bad), str(SEED_RESULT_FILE))
+    status, out, err = cli(capsys, "--store", str(tmp_path / "m.db"), str(bad), str(SEED_RESULT_FILE))
     assert status == 1
     [line] = err.splitlines()
     assert line.startswith(f"{bad}: ") and message in line, line
@@ -431,14 +431,14 @@ def test_gpu_info_with_one_line_per_gpu_counts_them():
 
 
 def test_dry_run_writes_nothing(tmp_path, capsys):
-    status, out, _ = cli(capsys, "--dry-run", "--manifest", str(tmp_path / "m.db"), str(DATA))
+    status, out, _ = cli(capsys, "--dry-run", "--store", str(tmp_path / "m.db"), str(DATA))
     assert status == 0 and not (tmp_path / "m.db").exists()
     assert "would import 6 results from 5 files" in out and "nothing was written (dry run)" in out
     assert f"{SEED_CHECKPOINT_FILE}: seed-001 checkpoint: would import 1 result (1 as partial)" in out
     # With a manifest: duplicates are found, and the file does not change.
     run_import(tmp_path / "m.db", SHOPPER_LIST_FILE)
     before = benchmarks(tmp_path / "m.db"), cells(tmp_path / "m.db")
-    status, out, _ = cli(capsys, "--dry-run", "--manifest", str(tmp_path / "m.db"), str(DATA), str(DATA))
+    status, out, _ = cli(capsys, "--dry-run", "--store", str(tmp_path / "m.db"), str(DATA), str(DATA))
     assert status == 0 and "would import 4 results from 10 files" in out and "would skip 8 duplicates" in out
     assert (benchmarks(tmp_path / "m.db"), cells(tmp_path / "m.db")) == before
 
@@ -451,7 +451,7 @@ def test_a_directory_imports_its_json_files_in_order(tmp_path, capsys):
     (folder / "notes.txt").write_text("not a result")
     (folder / "sub").mkdir()
     shutil.copy(SEED_CHECKPOINT_FILE, folder / "sub" / "c.json")  # not recursive
-    status, out, _ = cli(capsys, "--manifest", str(tmp_path / "m.db"), str(folder))
+    status, out, _ = cli(capsys, "--store", str(tmp_path / "m.db"), str(folder))
     assert status == 0
     assert [line.split(":")[0] for line in out.splitlines()[:2]] == [str(folder / "a.json"), str(folder / "b.json")]
     assert [r["model"] for r in cells(tmp_path / "m.db")] == ["llama3:70b", "qwen2:7b"]
@@ -465,7 +465,7 @@ def test_a_directory_imports_its_json_files_in_order(tmp_path, capsys):
 def test_usage_problems_exit_2_before_anything_is_written(tmp_path, capsys, args, message):
     (tmp_path / "empty").mkdir()
     args = [a.replace("EMPTY_DIR", str(tmp_path / "empty")).replace("SAMPLE", str(SEED_RESULT_FILE)) for a in args]
-    status, out, err = cli(capsys, "--manifest", str(tmp_path / "m.db"), *args)
+    status, out, err = cli(capsys, "--store", str(tmp_path / "m.db"), *args)
     assert status == 2 and err.startswith("gpubench import: error: ") and message in err
     assert len(err.splitlines()) == 1 and not out
     assert not (tmp_path / "m.db").exists()
@@ -479,7 +479,7 @@ def test_no_path_is_a_usage_error(capsys):
 
 def test_the_command_as_a_process(tmp_path):
     bad = write(tmp_path / "bad.json", {"model": "x:1b", "total_tokens": "lots", "timestamp": "2026-01-01T00:00:00Z"})
-    done = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "import", "--manifest", str(tmp_path / "m.db"),
+    done = subprocess.run([sys.executable, "-m", "pytest_gpubench.commands.cli", "import", "--store", str(tmp_path / "m.db"),
                            "--provider", "vastai", "--price", "2.5", str(DATA), str(bad)],
                           capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 1, done.stderr

@@ -346,7 +346,7 @@ def test_export_to_copies_sqlite_to_postgresql_and_back_twice_without_duplicates
 def test_export_to_one_run_copies_that_run_only(postgres_url, tmp_path):
     with SqliteStore.open(tmp_path / "manifest.db") as sqlite:
         _filled(sqlite)
-    assert main(["export", "--manifest", str(tmp_path / "manifest.db"), "--run", "run-2", "--to", postgres_url]) == 0
+    assert main(["export", "--store", str(tmp_path / "manifest.db"), "--run", "run-2", "--to", postgres_url]) == 0
     with open_store(postgres_url) as postgres:
         assert postgres.run_ids() == ["run-2"]
         assert {cell.run_id for cell in postgres.cells()} == {"run-2"}
@@ -359,7 +359,7 @@ def test_report_cleanup_and_resume_read_a_postgresql_store(postgres_url, tmp_pat
 
     with open_store(postgres_url) as store:
         _filled(store, runs=(RUN,))
-    assert main(["report", "--store", postgres_url, "--output-dir", str(tmp_path / "out")]) == 0
+    assert main(["report", "--store", postgres_url, "--reports", str(tmp_path / "out")]) == 0
     report = (tmp_path / "out" / "BENCHMARK_REPORT.md").read_text()
     assert "RTX 4090" in report
     monkeypatch.setenv("GPUBENCH_STORE", postgres_url)

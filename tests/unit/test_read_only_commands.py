@@ -17,7 +17,7 @@ from pytest_gpubench.store.manifest import Manifest
 OLD_SQL = Path(__file__).parents[1] / "data" / "manifest_schema_v0.sql"
 
 READERS = {
-    "report": ["report", "--output-dir", "{out}"],
+    "report": ["report", "--reports", "{out}"],
     "export": ["export", "--format", "json"],
     "export-csv-to-file": ["export", "--format", "csv", "-o", "{out}/results.csv"],
     "export-to": ["export", "--to", "{out}/copy.db"],
@@ -52,7 +52,7 @@ def _state(path: Path) -> tuple[bytes, int, list[str]]:
 
 
 def _run(reader: str, path: Path, out: Path) -> int:
-    return main([*(arg.format(out=out) for arg in READERS[reader]), "--store" if reader == "status" else "--manifest",
+    return main([*(arg.format(out=out) for arg in READERS[reader]), "--store",
                  str(path)])
 
 
@@ -106,7 +106,7 @@ def test_gpubench_migrate_brings_an_old_manifest_up_to_date_and_refuses_other_fi
     old = _file(tmp_path, "old")
     assert main(["migrate", "--store", str(old)]) == 0
     assert capsys.readouterr().out.strip() == f"gpubench migrate: {old} brought up to date (schema version 1)"
-    assert main(["report", "--manifest", str(old), "--output-dir", str(tmp_path / "out")]) == 0
+    assert main(["report", "--store", str(old), "--reports", str(tmp_path / "out")]) == 0
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     other = _file(foreign, "foreign")
@@ -120,7 +120,7 @@ def test_gpubench_migrate_brings_an_old_manifest_up_to_date_and_refuses_other_fi
 
 
 @pytest.mark.parametrize("command", [["upload", "--run", "last"], ["cleanup", "--dry-run"], ["import", "{json}"],
-                                     ["export", "--manifest", "{good}", "--to"]])
+                                     ["export", "--store", "{good}", "--to"]])
 def test_a_writer_never_turns_another_programs_sqlite_file_into_a_manifest(tmp_path, capsys, command):
     """The commands that write migrate an older manifest, but refuse a file that is no manifest."""
     path = _file(tmp_path, "foreign")
@@ -130,7 +130,7 @@ def test_a_writer_never_turns_another_programs_sqlite_file_into_a_manifest(tmp_p
     (tmp_path / "r.json").write_text("[]")
     before = _state(path)
     args = [arg.format(json=tmp_path / "r.json", good=good) for arg in command]
-    assert main([*args, str(path)] if args[-1] == "--to" else [*args, "--manifest", str(path)]) == 2
+    assert main([*args, str(path)] if args[-1] == "--to" else [*args, "--store", str(path)]) == 2
     err = capsys.readouterr().err
     assert f"{path} is not a pytest-gpubench manifest" in err and len(err.splitlines()) == 1, err
     assert _state(path) == before

@@ -29,7 +29,7 @@ def test_the_commands_and_resume_resolve_a_run_name_alike(tmp_path, capsys, want
             expected = resolve_run(store, wanted)
         except UnknownRun as exc:
             expected = exc.message
-    status = main(["export", "--manifest", str(path), "--run", wanted])
+    status = main(["export", "--store", str(path), "--run", wanted])
     err = capsys.readouterr().err
     try:
         resumed = plan_resume(path, wanted).run_id

@@ -88,7 +88,7 @@ def test_the_command_shows_every_run_or_one_and_json(store, location, capsys):
     assert main(["status", "--store", location]) == 0
     out = capsys.readouterr().out
     assert out.index("nightly: ") < out.index("older: 1 done (1 success, 0 partial)")  # most recent first
-    assert main(["status", "--manifest", location, "--phase", "last", "--cells"]) == 0
+    assert main(["status", "--store", location, "--phase", "last", "--cells"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("nightly: ") and "older" not in out and "  left     h-pending" in out
     assert main(["status", "--store", location, "--run", "nightly", "--json"]) == 0
@@ -102,5 +102,5 @@ def test_the_command_shows_every_run_or_one_and_json(store, location, capsys):
 def test_an_unknown_run_or_a_missing_store_is_a_usage_problem(store, location, tmp_path, capsys):
     assert main(["status", "--store", location, "--run", "weekly"]) == 2
     assert "no run 'weekly'" in capsys.readouterr().err
-    assert main(["status", "--manifest", str(tmp_path / "none.db")]) == 2
+    assert main(["status", "--store", str(tmp_path / "none.db")]) == 2
     assert "no manifest at" in capsys.readouterr().err

@@ -36,7 +36,7 @@ def test_a_url_is_refused_with_what_is_supported_and_nothing_is_created(tmp_path
 def test_the_cli_says_a_url_is_not_supported_rather_than_missing(tmp_path, capsys):
     from pytest_gpubench.commands.cli import main
 
-    assert main(["report", "--manifest", "mysql://bench@db/gpubench", "--output-dir", str(tmp_path)]) != 0
+    assert main(["report", "--store", "mysql://bench@db/gpubench", "--reports", str(tmp_path)]) != 0
     assert "not a store this version knows" in capsys.readouterr().err
 
 
