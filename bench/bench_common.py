@@ -108,7 +108,7 @@ def executions(progress_files: Iterable[Path], rows: list[Any]) -> tuple[Counter
             Counter({by_file.get(stem, stem): n for stem, n in ended.items()}))
 
 
-#: The progress file's last ``STATUS`` of a cell whose outcome was written (plugin/record.py ``finish``;
+#: The progress file's last ``STATUS`` of a cell whose outcome was written (run/record.py ``finish``;
 #: a ``FAILED`` with ``reason=claim_lost`` is no outcome and is not counted).
 FINAL_LINES = frozenset({"COMPLETED", "FAILED", "SKIPPED", "PARTIAL"})
 

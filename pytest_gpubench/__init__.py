@@ -22,12 +22,12 @@ _WHERE = {
     "Workload": "pytest_gpubench.matrix.workload",
     "load_matrix": "pytest_gpubench.matrix.cells",
     # What ``gpubench.run()`` returns, and its parts.
-    "Bench": "pytest_gpubench.plugin.cell_benchmark",
+    "Bench": "pytest_gpubench.run.cell_benchmark",
     "BenchmarkResult": "pytest_gpubench.measure.results",
     "PerformanceResults": "pytest_gpubench.measure.results",
-    "RequestRecord": "pytest_gpubench.measure.results",
+    "RequestRecord": "pytest_gpubench.remote.readings",
     "DetailedMetrics": "pytest_gpubench.measure.metrics",
-    "Slo": "pytest_gpubench.measure.thresholds",
+    "Slo": "pytest_gpubench.matrix.thresholds",
     # The error tree (errors.py draws it).
     "Stage": "pytest_gpubench.errors",
     "GpubenchError": "pytest_gpubench.errors",
@@ -49,9 +49,10 @@ if TYPE_CHECKING:
     from .matrix.cells import Cell, load_matrix
     from .matrix.workload import Workload
     from .measure.metrics import DetailedMetrics
-    from .measure.results import BenchmarkResult, PerformanceResults, RequestRecord
-    from .measure.thresholds import Slo
-    from .plugin.cell_benchmark import Bench
+    from .measure.results import BenchmarkResult, PerformanceResults
+    from .remote.readings import RequestRecord
+    from .matrix.thresholds import Slo
+    from .run.cell_benchmark import Bench
     from .cloud.provider import Provider
     from .runtimes.base import Runtime
     from .store.base import Store

@@ -15,6 +15,7 @@ else may want them. A project whose own conftest.py wants the short forms calls
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,12 @@ DEFAULT_SPLIT_COST = 0.20
 MAX_DURATION_S = 24 * 3600.0
 DURATION_ALLOWED = ("a number of seconds or a duration such as '90s', '5m', '1h30m' "
                     "(more than 0, at most 24h)")
+#: No GPU offer costs more (an 8 x H200 node is ~$30/h): a larger cap is a typo, not a budget.
+#: ``--gpubench-max-price`` and the matrix's prices (``matrix/fields.py``) share it.
+MAX_PRICE_PER_HOUR = 100.0
+_DURATION_RE = re.compile(
+    r"(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s)?"
+)
 #: ``--gpubench-host-keys``: a host key in no known_hosts file is pinned on first use, or refused.
 HOST_KEY_POLICIES = ("pin", "strict")
 #: The filters' bare flags, which a project opts in to with :func:`add_short_filters`.
@@ -70,6 +77,34 @@ class Option:
         return self.help.replace("%", "%%")
 
 
+def parse_duration(value: Any) -> float:
+    """Seconds from a number or a string such as ``"90s"``, ``"5m"``, ``"1h30m"``, ``"300"``.
+
+    One grammar for the flags and the matrix: ``matrix/fields.py`` parses a matrix's
+    durations with it (options.py is a top-level module; the matrix reads it, not
+    the other way round)."""
+    if isinstance(value, str):
+        text = re.sub(r"\s+", "", value.lower())
+        try:
+            return float(text)
+        except ValueError:
+            found = _DURATION_RE.fullmatch(text)
+            if not text or not found:
+                raise ValueError(f"not a duration: {value!r}") from None
+            h, m, s = (float(found[k] or 0) for k in "hms")
+            return h * 3600 + m * 60 + s
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+        raise ValueError(f"not a duration: {value!r}")
+    return float(value)
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value) or value <= 0:
@@ -78,8 +113,6 @@ def _positive_float(text: str) -> float:
 
 
 def _price_cap(text: str) -> float:
-    from .matrix.fields import MAX_PRICE_PER_HOUR  # the matrix's own bound on offer.max_price
-
     value = _positive_float(text)
     if value > MAX_PRICE_PER_HOUR:
         raise ValueError(f"must be at most {MAX_PRICE_PER_HOUR:g} dollars per hour")
@@ -88,8 +121,6 @@ def _price_cap(text: str) -> float:
 
 def _duration(text: str) -> float:
     """What the matrix takes for a duration: ``300``, ``90s``, ``5m``, ``1h30m``."""
-    from .matrix.fields import parse_duration  # the matrix's own parser, one grammar for both
-
     try:
         value = parse_duration(text)
     except ValueError:
@@ -144,13 +175,13 @@ def _percent(text: str) -> float:
 
 
 def _summary_columns(text: str) -> tuple[str, ...]:
-    from .plugin.summary_table import parse_columns  # the column set lives with the table
+    from .figures import parse_columns  # the column set lives with the figure registry
 
     return parse_columns(text)
 
 
 def _compare_rules(text: str) -> str:
-    from .measure.compare import parse_compare_fail  # the rule grammar lives with the comparison
+    from .figures import parse_compare_fail  # the rule grammar lives with the figure registry
 
     parse_compare_fail(text)
     return text

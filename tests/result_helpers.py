@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-from pytest_gpubench.measure.results import (
-    BenchmarkResult,
-    GPUStats,
-    HardwareInfo,
-    ModelInfo,
-    PerformanceResults,
-    TestConfig,
-)
+from pytest_gpubench.measure.results import BenchmarkResult, ModelInfo, PerformanceResults, TestConfig
+from pytest_gpubench.remote.readings import GPUStats, HardwareInfo
 
 
 def make_result(tps: float, gpu: str = "NVIDIA GeForce RTX 4090", model: str = "qwen2:7b") -> BenchmarkResult:

@@ -14,12 +14,9 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from .gpu_lease import GpuLease
+from .gpu_lease import GpuLease, GpuLeaseBook
 
-if TYPE_CHECKING:
-    from ..store.base import Store
 
 #: How often a waiting cell asks again for free GPUs (seconds, real time; at most this).
 WAIT_POLL_SECONDS = 1.0
@@ -39,7 +36,7 @@ class Held:
 class GpuLeaseKeeper:
     """Leases GPUs through a store for one process's cells; ``ttl`` in seconds."""
 
-    store: Callable[[], Store]
+    store: Callable[[], GpuLeaseBook]
     ttl: float
     holder_prefix: str = ""
     run_id: str | None = None

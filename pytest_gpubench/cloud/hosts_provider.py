@@ -33,7 +33,6 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..errors import ApiError, InventoryError, NoEligibleOffer, Stage, StageError
 from ..matrix.launch import LaunchSpec
@@ -42,14 +41,13 @@ from ..matrix.microbench import MICROBENCH_MODEL
 from ..matrix.selection import gpu_matches
 from ..gpuinfo import gpu_type_of, parse_gpu_query_csv
 from ..settings import Settings
+from .gpu_lease import GpuLeaseBook
 from .gpu_leasing import WAIT_POLL_SECONDS, GpuLeaseKeeper
 from .hosts_inventory import Host, HostsInventory, load_inventory
 from .offers import Constraints
 from .provider import HOLDING_STATUSES, OfferChoice, Released, SshDetails
 from .shopper_client import CreatedSession, Offer, Session
 
-if TYPE_CHECKING:
-    from ..store.base import Store
 
 #: Runtimes that start a server of their own per cell, on a free port with files of its own
 #: (``runtimes/shared_machine.py``): their cells lease only the GPUs they run on. Any other
@@ -110,7 +108,7 @@ class MachineProvider:
     where = ""
     cloud = ""
 
-    def __init__(self, settings: Settings, store: Callable[[], Store] | None = None) -> None:
+    def __init__(self, settings: Settings, store: Callable[[], GpuLeaseBook] | None = None) -> None:
         self.settings = settings
         self._store = store
         self._keeper: GpuLeaseKeeper | None = None
@@ -353,7 +351,7 @@ class LocalProvider(MachineProvider):
     where = "local"
     cloud = LOCAL_CLOUD
 
-    def __init__(self, settings: Settings, store: Callable[[], Store] | None = None) -> None:
+    def __init__(self, settings: Settings, store: Callable[[], GpuLeaseBook] | None = None) -> None:
         super().__init__(settings, store)
         self._gpus: list[tuple[int, str]] | None = None
 

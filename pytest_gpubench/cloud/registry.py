@@ -21,11 +21,12 @@ from ..matrix.machines import HOSTS_CLOUD, KEPT_MACHINES, LOCAL_CLOUD
 from ..settings import Settings
 
 if TYPE_CHECKING:
-    from ..store.base import Store
+    from .gpu_lease import GpuLeaseBook
     from .provider import Provider
 
-    #: Opens (or returns) the run's store, when a provider first needs it.
-    StoreOpener = Callable[[], Store]
+    #: Opens (or returns) the run's store (a ``Store``, which is a ``GpuLeaseBook``), when a
+    #: provider first needs it.
+    StoreOpener = Callable[[], GpuLeaseBook]
 
 
 class ProviderFactory(Protocol):

@@ -7,13 +7,25 @@ HTTP or manifest code: ``pytest --collect-only`` of a large matrix stays light.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
+from ..errors import Stage
 from ..matrix.cells import Cell
 
 #: Seconds of a typical model pull and load on top of a cell's benchmark, per GB of
 #: the model's VRAM need (seed 000: a 7B model pulls in about a minute).
 PULL_SECONDS_PER_GB = 8.0
+#: Typical seconds per setup stage on a real cloud (``gpubench plan``'s defaults, and what
+#: :mod:`.reuse_split` weighs a session's setup at). Seed 000's example run
+#: (progress file in its "Output File Example") times most of them:
+#: ``INVENTORY_QUERY`` 10:00:05 -> ``PROVISIONING`` 10:00:06 -> ``SSH_READY`` 10:02:30
+#: -> ``OLLAMA_INSTALLED`` 10:03:00 (connect and install together: 30 s).
+DEFAULT_STAGE_SECONDS: Mapping[Stage, float] = {
+    Stage.PROVISION: 5.0,  # the create call: 1 s in seed 000, rounded up for API retries
+    Stage.SSH_WAIT: 144.0,  # seed 000: 2 min 24 s from create to SSH ready
+    Stage.SSH_CONNECT: 5.0,  # connect, check, nvidia-smi: the 5 s seed 000's 30 s leaves to it
+    Stage.OLLAMA_INSTALL: 25.0,  # seed 000: the rest of those 30 s
+}
 #: A session's disk holds the image and system (GPU Shopper's disk estimate: 10 GB
 #: Docker image + 5 GB OS) besides the models.
 SYSTEM_DISK_GB = 15

@@ -8,9 +8,9 @@ session (``RTX_4090-vastai/1``, ``RTX_4090-vastai/2``): every extra session pays
 the setup again (provision, SSH, Ollama) and the pulls of its models, in exchange
 for running at the same time as the others.
 
-The rule, applied to the estimates of :mod:`.session_pool` (a model's pull per GB,
+The rule, applied to the estimates of :mod:`.reuse_estimates` (a model's pull per GB,
 the benchmark's duration x runs) and the default setup time of
-:mod:`.plan_estimates` (both on the run's clock):
+``gpubench plan`` (:data:`~.reuse_estimates.DEFAULT_STAGE_SECONDS`; both on the run's clock):
 
 * Only under ``--dist loadgroup`` with more than one worker, and only while the
   work units (sub-groups and cells alone) are fewer than the workers: no unit ever
@@ -42,8 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..matrix.cells import Cell
-from ..commands.plan_estimates import DEFAULT_STAGE_SECONDS
-from .reuse_estimates import PULL_SECONDS_PER_GB, planned_benchmark_seconds
+from .reuse_estimates import DEFAULT_STAGE_SECONDS, PULL_SECONDS_PER_GB, planned_benchmark_seconds
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
     from ..settings import Settings

@@ -213,7 +213,7 @@ def _upload(args: argparse.Namespace) -> int:
 
 
 async def _cleanup_async(store, api: str, token: str | None, dry_run: bool, progress_dir: Path):
-    from ..cloud.cleanup import CleanupReport, clean
+    from ..run.cleanup import CleanupReport, clean
     from ..cloud.registry import build_provider
     from ..errors import ApiUnreachable
     from ..matrix.cells import DEFAULT_CLOUD

@@ -40,15 +40,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from ..gpuinfo import parse_gpu_query_csv
-from ..measure.results import (
-    BenchmarkResult,
-    HardwareInfo,
-    ModelInfo,
-    PerformanceResults,
-    RequestRecord,
-    TestConfig,
-    summarize,
-)
+from ..measure.results import BenchmarkResult, ModelInfo, PerformanceResults, TestConfig, summarize
+from ..remote.readings import HardwareInfo, RequestRecord
 from ..matrix.selection import split_tag
 from ..matrix.yaml_errors import describe
 from ..errors import ImportProblem, dotted

@@ -17,7 +17,7 @@ from contextlib import ExitStack
 from pydantic import TypeAdapter
 
 from ..errors import CommandProblem
-from ..plugin.hints import close_names
+from ..run.hints import close_names
 from ..matrix.selection import filter_values, gpu_matches, normalize_provider, provider_matches
 from ..cloud.registry import build_provider
 from ..cloud.shopper_client import Offer

@@ -357,7 +357,7 @@ def make_plan(paths: list[str], *, keyword: str | None = None, gpus: list[str] |
     """
     from ..errors import ApiUnreachable, GpubenchError, StageError
     from ..plugin.plan_collect import CollectionProblem
-    from ..plugin.sandbox_process import SandboxProcess
+    from ..sandbox.process import SandboxProcess
 
     try:
         collected = collect_cells(paths, keyword=keyword, gpus=gpus, providers=providers, models=models,

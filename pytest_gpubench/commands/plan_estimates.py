@@ -42,21 +42,11 @@ from typing import Any
 from ..errors import Stage
 from ..matrix.cells import Cell, model_ref, normalize_gpu, normalize_provider
 from ..store.progress import ProgressLine, read_progress
-from ..cloud.reuse_estimates import PULL_SECONDS_PER_GB
+from ..cloud.reuse_estimates import DEFAULT_STAGE_SECONDS, PULL_SECONDS_PER_GB
 
-#: Typical seconds per setup stage on a real cloud. Seed 000's example run
-#: (progress file in its "Output File Example") times most of them:
-#: ``INVENTORY_QUERY`` 10:00:05 -> ``PROVISIONING`` 10:00:06 -> ``SSH_READY`` 10:02:30
-#: -> ``OLLAMA_INSTALLED`` 10:03:00 (connect and install together: 30 s).
-DEFAULT_STAGE_SECONDS: Mapping[Stage, float] = {
-    Stage.PROVISION: 5.0,  # the create call: 1 s in seed 000, rounded up for API retries
-    Stage.SSH_WAIT: 144.0,  # seed 000: 2 min 24 s from create to SSH ready
-    Stage.SSH_CONNECT: 5.0,  # connect, check, nvidia-smi: the 5 s seed 000's 30 s leaves to it
-    Stage.OLLAMA_INSTALL: 25.0,  # seed 000: the rest of those 30 s
-}
 #: The pull (and warm-up load) of a model takes ``PULL_SECONDS_PER_GB`` per GB of the
 #: model's VRAM need: the figure session reuse orders groups by
-#: (:mod:`pytest_gpubench.cloud.session_pool`); seed 000 pulled and loaded llama3:70b
+#: (:mod:`pytest_gpubench.run.session_pool`); seed 000 pulled and loaded llama3:70b
 #: (48 GB) in 4 minutes (``OLLAMA_INSTALLED`` 10:03 -> ``MODEL_READY`` 10:07), 5 s/GB.
 DEFAULT_PULL_SECONDS_PER_GB = PULL_SECONDS_PER_GB
 #: Tokens/s assumed for warm-up requests without history: seed 000's llama3:70b

@@ -51,7 +51,6 @@ from .fields import (  # noqa: F401 - re-exported
     invalid,
     model_name,
     number_text,
-    parse_duration,
     runtime_name,
     text_field,
     whole,
@@ -101,7 +100,7 @@ from .endpoint import (ENDPOINT_CLOUD, ENDPOINT_KEYS, ENDPOINT_PROVIDER, ENDPOIN
                        EndpointSpec, EndpointUrl, EnvName)
 from .sweep import SWEEP, SweepSpec, sweep_problem
 from .microbench import MICROBENCH_MODEL, MicrobenchSpec
-from ..measure.thresholds import Slo, Thresholds, merged
+from .thresholds import Slo, Thresholds, merged
 from .yaml_errors import at_line, describe, node_line, parse_yaml, read_text, translate
 
 DEFAULT_MIN_AVAILABILITY_CONFIDENCE = 0.5

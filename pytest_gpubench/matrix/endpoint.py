@@ -15,7 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
-from .fields import MAX_PRICE_PER_HOUR, _number, invalid
+from ..options import MAX_PRICE_PER_HOUR
+from .fields import _number, invalid
 from .yaml_errors import describe
 
 #: The runtime name of a running endpoint, and the ``cloud:`` and ``provider`` its cells go through.

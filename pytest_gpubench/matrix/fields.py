@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
+from ..options import MAX_PRICE_PER_HOUR, parse_duration
 from .machines import KEPT_MACHINES
 from .selection import normalize_provider, number_text
 from .yaml_errors import describe
@@ -31,8 +32,6 @@ RUNTIME_NAMES: tuple[str, ...] = ("ollama", "vllm", "sglang", "tgi", "llamacpp",
 DEFAULT_RUNTIME = RUNTIME_NAMES[0]
 
 MAX_DURATION_S = 24 * 3600.0
-#: No GPU offer costs more (an 8 x H200 node is ~$30/h): a larger cap is a typo, not a budget.
-MAX_PRICE_PER_HOUR = 100.0
 MAX_CONCURRENCY = 1024
 MAX_RATE = 1000.0
 MAX_RUNS = 100
@@ -42,9 +41,6 @@ _GPU_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}")
 _SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _MODEL_RE = re.compile(rf"{_SEGMENT}(?:/{_SEGMENT})*(?::{_SEGMENT})?")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-_DURATION_RE = re.compile(
-    r"(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s)?"
-)
 
 
 class StrictModel(BaseModel):
@@ -85,23 +81,6 @@ def _finite(value: float) -> bool:
         return math.isfinite(value)
     except OverflowError:  # an int too large for a float
         return False
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds from a number or a string such as ``"90s"``, ``"5m"``, ``"1h30m"``, ``"300"``."""
-    if isinstance(value, str):
-        text = re.sub(r"\s+", "", value.lower())
-        try:
-            return float(text)
-        except ValueError:
-            found = _DURATION_RE.fullmatch(text)
-            if not text or not found:
-                raise ValueError(f"not a duration: {value!r}") from None
-            h, m, s = (float(found[k] or 0) for k in "hms")
-            return h * 3600 + m * 60 + s
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
-        raise ValueError(f"not a duration: {value!r}")
-    return float(value)
 
 
 def _seconds(value: Any) -> float:

@@ -5,7 +5,7 @@ items are built, so a filter that keeps 10% of a big matrix builds 10% of its
 items) and for Python tests parametrized by the ``gpubench`` marker (at
 ``pytest_collection_modifyitems``). The run's filters are a :class:`CellFilters` on
 ``config.stash[CELL_FILTERS_KEY]``; what they keep out is deselected, so pytest's
-counts read as with ``-k``. When they keep nothing, ``hints.filter_hint_lines``
+counts read as with ``-k``. When they keep nothing, ``plugin.matrix_scan.filter_hint_lines``
 says which values exist.
 """
 

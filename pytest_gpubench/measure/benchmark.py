@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from ..remote.checkpoint import recover
 from ..errors import BenchmarkInterrupted, InstanceLost, Stage, StageError
 from ..remote.ssh import Connection, quote
-from .results import RequestRecord
+from ..remote.readings import RequestRecord
 from ..cloud.watch import SessionWatch
 
 LOADGEN_SOURCE = resources.files("pytest_gpubench.remote").joinpath("loadgen.py").read_text()

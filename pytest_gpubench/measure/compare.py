@@ -5,7 +5,8 @@ baseline is the same cell in an earlier run of the manifest
 (:meth:`~pytest_gpubench.store.base.Store.baseline`), and rules such as
 ``tps:10%,ttft:20%`` bound how much worse a figure may get.
 
-Metrics (``METRICS``):
+Metrics (``METRICS``; the rule grammar, :func:`~pytest_gpubench.figures.parse_compare_fail`,
+is in ``figures.py`` with the other names a person gives figures):
 
 ========== ============================ ==========================================
 rule name  figure                       a regression is
@@ -30,102 +31,25 @@ unknown and breaks no rule.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from ..figures import METRICS, Metric, Rule
 from .results import BenchmarkResult
 
 __all__ = [
-    "METRICS",
     "Comparison",
-    "Metric",
     "MetricChange",
-    "Rule",
     "Violation",
     "compare",
     "figures_of",
-    "parse_compare_fail",
 ]
 
 
 class _Value(BaseModel):
     model_config = ConfigDict(frozen=True)
-
-
-class Metric(_Value):
-    """One comparable figure: where it is found and which direction is better."""
-
-    name: str  # the rule name: tps, ttft, cost, error_rate
-    column: str  # the manifest / benchmarks column
-    fallback: str = ""  # the column read where ``column`` is missing (older rows)
-    label: str  # how a line names it
-    higher_is_better: bool
-    in_points: bool = False  # regressions in percentage points rather than percent
-
-
-METRICS: dict[str, Metric] = {
-    m.name: m
-    for m in (
-        Metric(name="tps", column="p50_tokens_per_second", fallback="decode_tokens_per_second", label="tps",
-               higher_is_better=True),
-        Metric(name="ttft", column="ttft_p50_ms", label="ttft p50", higher_is_better=False),
-        Metric(name="cost", column="cost_per_million_tokens", label="cost/Mtok", higher_is_better=False),
-        Metric(name="error_rate", column="error_rate", label="errors", higher_is_better=False,
-               in_points=True),
-    )
-}
-_ALIASES = {
-    "tokens_per_second": "tps",
-    "ttft_p50": "ttft",
-    "ttft_p50_ms": "ttft",
-    "cost_per_million_tokens": "cost",
-    "errors": "error_rate",
-}
-_RULE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(%?)\s*$")
-
-
-class Rule(_Value):
-    """A bound: ``metric`` may get worse by at most ``percent`` (points for error_rate)."""
-
-    metric: str
-    percent: float
-
-    def __str__(self) -> str:
-        return f"{self.metric}:{self.percent:g}%"
-
-
-def parse_compare_fail(text: str | Iterable[str]) -> list[Rule]:
-    """Parse ``tps:10%,ttft:20%`` (comma-separated, or several such strings) into rules.
-
-    The ``%`` sign is optional; a metric named twice keeps its strictest bound.
-    Anything else is a ``ValueError`` that says what is allowed.
-    """
-    parts = [text] if isinstance(text, str) else list(text)
-    allowed = ", ".join(METRICS)
-    rules: dict[str, Rule] = {}
-    for part in parts:
-        for item in str(part).split(","):
-            if not item.strip():
-                continue
-            match = _RULE.match(item)
-            if match is None:
-                raise ValueError(
-                    f"expected METRIC:PERCENT such as tps:10% (metrics: {allowed}), got {item.strip()!r}"
-                )
-            name = match.group(1).lower()
-            name = _ALIASES.get(name, name)
-            if name not in METRICS:
-                raise ValueError(f"unknown metric {match.group(1)!r} in {item.strip()!r} (allowed: {allowed})")
-            bound = float(match.group(2))
-            if name in rules and rules[name].percent <= bound:
-                continue
-            rules[name] = Rule(metric=name, percent=bound)
-    if not rules:
-        raise ValueError(f"expected at least one METRIC:PERCENT such as tps:10% (metrics: {allowed})")
-    return list(rules.values())
 
 
 class MetricChange(_Value):

@@ -21,8 +21,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from .results import RequestRecord, percentile
-from .thresholds import Slo
+from .results import percentile
+from ..remote.readings import RequestRecord
+from ..matrix.thresholds import Slo
 
 __all__ = [
     "DetailedMetrics",

@@ -17,11 +17,12 @@ from typing import Any
 
 from .benchmark import LoadgenPass, BenchmarkPlan, run_benchmark
 from ..errors import BenchmarkInterrupted
-from .figures import output_tokens_per_second
+from ..figures import output_tokens_per_second
 from ..matrix.cells import Cell
 from .metrics import detailed_metrics
 from ..remote.ssh import Connection
-from .results import RequestRecord, summarize
+from .results import summarize
+from ..remote.readings import RequestRecord
 from ..runtimes.base import Runtime
 from .stats import RunStatistics, until_cv_reached
 from ..remote.telemetry import GpuSample, sample_gpus

@@ -4,11 +4,11 @@ The models mirror the GPU Shopper server's Go structs (``internal/benchmark/mode
 field for field, so a :class:`BenchmarkResult` can be POSTed to
 ``/api/v1/benchmarks`` as it is and the manifest stores the same fields.
 
-Two things live here:
-
-* :class:`RequestRecord`, one request as the instance-side load generator reports it;
-* :func:`summarize`, which turns those records into :class:`PerformanceResults`, and
-  :func:`cost_analysis`.
+What the instance reports and these models hold (a request of the load generator,
+the machine, GPU telemetry) is in :mod:`pytest_gpubench.remote.readings`, which
+``remote/`` and ``runtimes/`` read without importing ``measure/``. Here:
+:func:`summarize`, which turns request records into :class:`PerformanceResults`, and
+:func:`cost_analysis`.
 """
 
 from __future__ import annotations
@@ -19,17 +19,16 @@ from datetime import datetime, timezone
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..figures import cost_per_million_tokens
+from ..remote.readings import GPUStats, HardwareInfo, RequestRecord
+
 __all__ = [
     "BenchmarkResult",
     "CostAnalysis",
-    "GPUStats",
-    "HardwareInfo",
     "ModelInfo",
     "PerformanceResults",
-    "RequestRecord",
     "TestConfig",
     "cost_analysis",
-    "cost_per_million_tokens",
     "decode_tokens_per_second",
     "percentile",
     "quality",
@@ -44,72 +43,6 @@ class _Value(BaseModel):
 
 
 # --------------------------------------------------------------------------- requests
-
-
-class RequestRecord(_Value):
-    """One request of the load generator, as it emits it (one JSON object per request).
-
-    ``latency_ms`` runs from sending the request to the final chunk; ``output_tokens``
-    counts the text chunks the client received, ``eval_count`` / ``eval_duration_ns`` /
-    ``prompt_tokens`` are the server's own counters when it reports them.
-    ``tokens_per_second`` is the client-measured decode rate, see
-    :func:`decode_tokens_per_second`.
-    """
-
-    index: int
-    warmup: bool = False
-    prompt_index: int
-    started_at: float
-    ttft_ms: float | None = None
-    latency_ms: float
-    output_tokens: int
-    eval_count: int | None = None
-    eval_duration_ns: int | None = None
-    prompt_tokens: int | None = None
-    tokens_per_second: float | None = None
-    error: str | None = None
-    # Added for issue 3's metrics; None when the generator or server did not say.
-    scheduled_at: float | None = None  # seconds after the run's start the request was due
-    send_lag_ms: float | None = None  # actual send time minus scheduled: a saturated client shows here
-    itl_mean_ms: float | None = None  # mean gap between consecutive tokens (first token excluded)
-    itl_max_ms: float | None = None
-    tpot_ms: float | None = None  # (last token - first token) / (output_tokens - 1)
-    server_tokens_per_second: float | None = None  # eval_count / eval_duration
-    prompt_eval_duration_ns: int | None = None
-    load_duration_ns: int | None = None
-    total_duration_ns: int | None = None
-    done_reason: str | None = None
-    matched: bool | None = None  # quality check: None when the prompt expects nothing
-    # Reasoning models (issue 9); None when the generator did not say. ``output_tokens``
-    # and ``ttft_ms`` count every generated token, reasoning included.
-    ttfat_ms: float | None = None  # time to the first answer token; None without an answer
-    thinking_tokens: int | None = None  # token chunks of reasoning ("thinking")
-    # Still streaming when the run's time ran out, and cut there (``cut_at_deadline``,
-    # the sandbox's clock): neither a success nor an error.
-    incomplete: bool = False
-
-    @property
-    def ok(self) -> bool:
-        """True when the request completed without an error."""
-        return self.error is None and not self.incomplete
-
-    @property
-    def streamed(self) -> bool:
-        """True when what it received is a measurement: it completed, or the deadline cut it.
-
-        A cut request's TTFT, token gaps and decode rate are as real as a finished
-        one's; its end-to-end latency is not a request's latency.
-        """
-        return self.error is None
-
-    @property
-    def counted_tokens(self) -> int:
-        """Output tokens of this request: the server's ``eval_count`` when present.
-
-        The server counts real tokens; the client counts chunks, which only equal
-        tokens for runtimes that stream one token per chunk.
-        """
-        return self.eval_count if self.eval_count is not None else self.output_tokens
 
 
 def decode_tokens_per_second(
@@ -130,19 +63,6 @@ def decode_tokens_per_second(
 
 
 # --------------------------------------------------------------------- result models
-
-
-class HardwareInfo(_Value):
-    """The machine the benchmark ran on (Go ``HardwareInfo``)."""
-
-    gpu_name: str = ""
-    gpu_memory_mib: int = 0
-    gpu_count: int = 0
-    driver_version: str = ""
-    cuda_version: str = ""
-    cpu_model: str = ""
-    cpu_cores: int = 0
-    ram_gib: int = 0
 
 
 class ModelInfo(_Value):
@@ -206,19 +126,6 @@ class PerformanceResults(_Value):
     match_rate: float = 0.0
     prompts_with_expected: int = 0
     prompts_matching: int = 0
-
-
-class GPUStats(_Value):
-    """GPU telemetry over the run (Go ``GPUStats``); the Go side keeps memory as ints."""
-
-    avg_utilization_pct: float = 0.0
-    max_utilization_pct: float = 0.0
-    avg_memory_used_mib: int = 0
-    max_memory_used_mib: int = 0
-    avg_temperature_c: float = 0.0
-    max_temperature_c: float = 0.0
-    avg_power_draw_w: float = 0.0
-    max_power_draw_w: float = 0.0
 
 
 class CostAnalysis(_Value):
@@ -303,19 +210,6 @@ def cost_analysis(price_per_hour: float, tokens_per_second: float) -> CostAnalys
         cost_per_hour=price_per_hour,
         estimated_monthly_24x7=price_per_hour * 24 * 30,
     )
-
-
-def cost_per_million_tokens(price_per_hour: float, tokens_per_second: float) -> float | None:
-    """USD per million tokens of a GPU at ``price_per_hour`` producing ``tokens_per_second``:
-    ``price_per_hour / (tokens_per_second * 3600) * 1e6``; ``None`` without throughput.
-
-    The one cost formula: the stored headline figure (:func:`cost_analysis`), the
-    report's fallback for a result stored without one, and the figure registry's
-    ``cost_per_million_tokens`` all call it.
-    """
-    if tokens_per_second <= 0:
-        return None
-    return price_per_hour / (tokens_per_second * 3600.0) * 1e6
 
 
 def percentile(values: Iterable[float], p: float) -> float:

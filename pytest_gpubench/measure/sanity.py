@@ -16,7 +16,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .results import BenchmarkResult, RequestRecord
+from .results import BenchmarkResult
+from ..remote.readings import RequestRecord
 
 #: Sections whose numbers are counts, rates, times or readings: never negative.
 NON_NEGATIVE_SECTIONS = ("results", "gpu_stats")

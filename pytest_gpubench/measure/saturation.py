@@ -18,7 +18,7 @@ Each step is a normal open-loop (Poisson) run at its rate, with its own records
 what a step shows, with the figures' registered names (docs/metrics.md), and
 :class:`SweepOutcome` the cell's answer: ``max_rate_meeting_slo`` and the step
 measured there, whose output throughput and $/M tokens are the cell's headline.
-No I/O here: ``plugin/cell_sweep.py`` runs the steps.
+No I/O here: ``run/cell_benchmark.py`` (``SweepRun``) runs the steps.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ from pydantic import BaseModel, ConfigDict
 
 from ..matrix.sweep import DEFAULT_SPAN, SweepSpec
 from .metrics import detailed_metrics
-from .results import RequestRecord, cost_per_million_tokens
-from .thresholds import Slo
+from ..figures import cost_per_million_tokens
+from ..remote.readings import RequestRecord
+from ..matrix.thresholds import Slo
 
 __all__ = ["RateSearch", "SweepOutcome", "SweepStep", "step_figures", "sweep_identity"]
 

@@ -1,100 +1,23 @@
-"""SLOs and thresholds: what a cell's benchmark must meet, and checking it.
+"""Checking a benchmark against its thresholds.
 
-A matrix sets ``slo:`` (the per-request bounds a request must meet to count
-towards goodput) and ``thresholds:`` (the bounds the whole benchmark must meet for
-its test to pass) in the file and in rows; a row's keys replace the file's one by
-one. :func:`check_thresholds` compares measured figures with a cell's
-:class:`Thresholds` and returns a :class:`Violation` per bound missed, each of
+:func:`check_thresholds` compares measured figures with a cell's
+:class:`~pytest_gpubench.matrix.thresholds.Thresholds` (the matrix's ``thresholds:``,
+``matrix/thresholds.py``) and returns a :class:`Violation` per bound missed, each of
 which reads as one sentence (``min_tps: measured 38.2 tok/s, below the threshold
-of 40 tok/s``). No pytest here: the plugin turns violations into failures.
-
-``max_error_rate`` has a default, :data:`DEFAULT_MAX_ERROR_RATE`: a run in which most
-requests failed is no measurement, whatever its throughput says (one cell logged
-68,658 errors and read as a success at 34.8 tok/s). Missing that default bound marks
-the cell ``partial`` (seed 001's status for a run with errors: what was measured is
-kept); a bound the matrix sets fails the cell like any threshold; ``null`` removes it.
+of 40 tok/s``). No pytest here: the plugin turns violations into failures. The
+default ``max_error_rate`` missed marks the cell ``partial`` (``Violation.default``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict
 
-from ..matrix.fields import StrictModel, fraction, invalid, number_text, positive
-from ..matrix.yaml_errors import describe
-
-#: ``thresholds.max_error_rate`` when the matrix sets none: more than half the measured requests
-#: failed, and the run is no measurement (the cell ends ``partial``).
-DEFAULT_MAX_ERROR_RATE = 0.5
-
-TTFT_PERCENTILES: tuple[int, ...] = (50, 90, 95, 99)
-"""The TTFT percentiles ``thresholds.ttft_percentile`` may name."""
-
-Milliseconds = Annotated[float | None, positive("a number of milliseconds")]
-TokensPerSecond = Annotated[float | None, positive("a number of tokens per second")]
-
-
-def _rate(value: Any) -> float | None:
-    if value is None:
-        return None
-    return fraction(value, "must be a fraction from 0 to 1 or a percentage such as '1%' "
-                           "(or null for none)")
-
-
-Rate = Annotated[float | None, BeforeValidator(_rate)]
-
-
-class Slo(StrictModel):
-    """``slo:``: a request meets the SLO (and counts towards goodput) within every bound set."""
-
-    ttft_ms: Milliseconds = None
-    tpot_ms: Milliseconds = None
-    e2e_ms: Milliseconds = None
-
-    @property
-    def is_set(self) -> bool:
-        return any(v is not None for v in (self.ttft_ms, self.tpot_ms, self.e2e_ms))
-
-
-class Thresholds(StrictModel):
-    """``thresholds:``: the bounds a cell's benchmark must meet for its test to pass."""
-
-    min_tps: TokensPerSecond = None
-    max_ttft_ms: Milliseconds = None
-    ttft_percentile: int = 95
-    max_error_rate: Rate = DEFAULT_MAX_ERROR_RATE
-    min_match_rate: Rate = None
-
-    @field_validator("ttft_percentile", mode="before")
-    @classmethod
-    def _percentile(cls, value: Any) -> int:
-        if isinstance(value, bool) or value not in TTFT_PERCENTILES:
-            shown = ", ".join(map(str, TTFT_PERCENTILES))
-            raise invalid(f"must be one of {shown} (the TTFT percentile max_ttft_ms bounds); "
-                          f"got {describe(value)}")
-        return int(value)
-
-    @property
-    def is_set(self) -> bool:
-        """Whether the matrix set a bound (the default ``max_error_rate`` is not one it set)."""
-        return any(v is not None for v in (self.min_tps, self.max_ttft_ms, self.min_match_rate)) or (
-            self.error_rate_set and self.max_error_rate is not None)
-
-    @property
-    def error_rate_set(self) -> bool:
-        """Whether ``max_error_rate`` came from the matrix (a value or null), not the default."""
-        return "max_error_rate" in self.model_fields_set
-
-
-def merged(base: StrictModel, row: StrictModel | None) -> Any:
-    """``base`` with the keys ``row`` sets (null included) replacing its own."""
-    if row is None:
-        return base
-    return base.model_copy(update={key: getattr(row, key) for key in row.model_fields_set})
-
+from ..matrix.fields import number_text
+from ..matrix.thresholds import Thresholds
 
 # ---------------------------------------------------------------------------- checking
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .results import RequestRecord
+from ..remote.readings import RequestRecord
 
 #: Ollama's default context window when the request sets no num_ctx.
 DEFAULT_NUM_CTX = 2048

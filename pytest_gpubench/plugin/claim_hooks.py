@@ -33,9 +33,9 @@ from ..store.progress import ProgressWriter
 from ..store.record_keys import row_id
 from .claims import (CLAIMED_BY, CLAIMED_STATUS, ROW_KEY, ProcessClaims, Verdict, claimed_message,
                      claimed_properties, release_for_takeover, report_claimed, report_failed)
+from ..run.live import own_line
+from ..run.record import progress_path
 from .internals import report_as, teardown_for
-from .live import own_line
-from .record import progress_path
 from .stash import CELL_KEY, RECORD_KEY, RECORDER_KEY, RESUME_KEY, run_context
 
 #: ``item.stash``: the claim an item won before it ran, and the seconds deciding it took.

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..cloud.cleanup import Action, Leftover, ReleaseOutcome, record, release
+from ..run.cleanup import Action, Leftover, ReleaseOutcome, record, release
 from ..cloud.provider import consumer_id
 from ..store.claim_rule import abandoned
 from ..store.records import CellRecord, Claim

@@ -18,33 +18,33 @@ import pytest
 
 from ..aio import run as run_async
 from ..cloud.budget import exhausted, spend_of
-from .cell_benchmark import BRIDGE_SLACK, Bench, GpuSession, connect, upload_now, watched
-from .cell_microbench import Microbench
+from ..run.cell_benchmark import BRIDGE_SLACK, Bench, GpuSession, connect, upload_now, watched
+from ..run.cell_microbench import Microbench
 from ..errors import BudgetRefused, NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell
 from ..matrix.machines import KEPT_MACHINES
-from .hints import host_key_pinned
+from ..run.hints import host_key_pinned
 from ..runtimes.shared_machine import has_model, keep_apart, leave_as_found
 from ..cloud.offers import Constraints
 from ..cloud.offer_recheck import EVICTION_SECONDS, MIN_RECHECK_WAIT, choose_offer_rechecking
 from .outcome import outcome_of
 from ..cloud.provider import OfferChoice
-from ..cloud.provisioning import Provisioning
+from ..run.provisioning import Provisioning
 from .claim_hooks import claim_keeping
-from .record import CellRecorder
+from ..run.record import CellRecorder
 from ..remote.ssh import KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL, Connection, KeyFile
 from ..remote.system import detect_system, hardware_of
-from ..measure.results import HardwareInfo
+from ..remote.readings import HardwareInfo
 from . import user_hooks
-from .run_context import RunContext
+from ..run.run_context import RunContext
 from ..runtimes.base import Runtime
 from ..runtimes.entrypoint import adopt_image_server
 from ..cloud.ssh_wait import stage_timeout
 from ..runtimes.registry import runtime_for
-from ..runtimes.reuse import make_room, note_model, take_over_server
+from ..run.reuse import make_room, note_model, take_over_server
 from ..store.sandbox_label import junit_property, progress_labels
 from ..store.record_keys import matrix_key
-from ..cloud.session_pool import Lease, SessionPool
+from ..run.session_pool import Lease, SessionPool
 from .stash import (
     CELL_KEY,
     LEASE_KEY,
@@ -176,12 +176,12 @@ def gpu_session(
 
     A provisioning failure (the create refused, the session ``failed``, SSH never
     up) fails over to the next eligible offer, up to ``--gpubench-max-attempts``
-    offers (:mod:`pytest_gpubench.cloud.provisioning`). A ``--gpubench-budget`` that has
+    offers (:mod:`pytest_gpubench.run.provisioning`). A ``--gpubench-budget`` that has
     no room for the session skips the cell. Every attempt's session is released
     in teardown whatever happened, also when creation itself broke off after the
     server made the session (found by consumer_id); a session rented for the
     cell's reuse group is kept instead when the next cell here belongs to the
-    group and the session is still well (:mod:`pytest_gpubench.cloud.session_pool`).
+    group and the session is still well (:mod:`pytest_gpubench.run.session_pool`).
     """
     recorder, cell, node = gpubench_recorder, gpubench_cell, request.node
     lease: Lease | None = node.stash.get(LEASE_KEY, None)

@@ -274,7 +274,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if (gate is None or not gate.active or exitstatus != pytest.ExitCode.NO_TESTS_COLLECTED
             or hasattr(config, "workerinput")):
         return
-    from .hints import filter_hint_lines
+    from .matrix_scan import filter_hint_lines
 
     for line in filter_hint_lines(config):
         terminalreporter.write_line(f"gpubench: {line}", yellow=True)

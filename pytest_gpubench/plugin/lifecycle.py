@@ -21,16 +21,16 @@ from typing import Any
 import pytest
 
 from ..aio import run as run_async
-from ..cloud.cleanup import CleanupReport, ReleaseOutcome, clean
+from ..run.cleanup import CleanupReport, ReleaseOutcome, clean
 from ..errors import ApiUnreachable, Stage
-from .live import own_line
+from ..run.live import own_line
 from ..store.opening import open_store, store_exists
 from ..store.redaction import redact
 from .matrix_scan import runs_matrix_files
 from .outcome import run_status
 from ..cloud.processes import ProcessIdentity, xdist_worker_pids
-from .run_end import others_running, shared_run_status
-from .shutdown import GracefulTermination
+from ..run.run_end import others_running, shared_run_status
+from ..run.shutdown import GracefulTermination
 from .stash import CELL_KEY, RESUME_KEY, SETTINGS_KEY, run_context
 
 class RunLifecycle:

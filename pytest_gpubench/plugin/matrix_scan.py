@@ -10,10 +10,11 @@ import fnmatch
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from .stash import MATRIX_ARGS_KEY
+from .stash import MATRIX_ARGS_KEY, SETTINGS_KEY
 
 #: Directories never searched for matrix files, whatever ``norecursedirs`` says.
 _NEVER = {".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv", "venv", ".tox", ".nox",
@@ -86,3 +87,24 @@ def only_shows_options(config: pytest.Config) -> bool:
     """``--help``, ``--version``, ``--markers``: pytest configures, then prints; nothing is collected."""
     option = config.option
     return any(getattr(option, name, False) for name in ("help", "version", "markers"))
+
+
+def filter_hint_lines(config: pytest.Config) -> list[str]:
+    """What to tell a user whose ``--gpubench-gpu/provider/model`` selected no cell: the
+    values the command line's matrix files do hold (and the close names). Empty when
+    no filter was given."""
+    from ..errors import MatrixError
+    from ..matrix.cells import load_cells
+    from ..run.hints import no_match_message
+
+    settings = config.stash[SETTINGS_KEY]
+    if not (settings.gpu or settings.provider or settings.model):
+        return []
+    cells: list[Any] = []
+    for path in matrix_files(config):
+        try:
+            cells += load_cells(path)
+        except MatrixError:
+            continue  # reported at collection already
+    message = no_match_message(cells, settings.gpu, settings.provider, settings.model)
+    return (message or "").splitlines()

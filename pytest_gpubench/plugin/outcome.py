@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ..errors import BenchmarkInterrupted, ErrorBudgetExceeded, GpubenchError, Stage, StageError
-from .record import CellOutcome
+from ..run.record import CellOutcome
 from .stash import RECORDER_KEY, REPORTS_KEY
 
 

@@ -1,7 +1,7 @@
 """Collection-time side of session reuse: run order and xdist groups.
 
 Kept out of ``plugin.py`` so the hooks stay thin; the rules themselves (which cells
-share, which group is longest) are in :mod:`pytest_gpubench.cloud.session_pool`.
+share, which group is longest) are in :mod:`pytest_gpubench.run.session_pool`.
 """
 
 from __future__ import annotations

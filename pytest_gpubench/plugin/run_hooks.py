@@ -66,7 +66,7 @@ def start(config: pytest.Config, gate: Any) -> None:
         if settings.resume:
             settings = _resumed(config, settings)
         if settings.sandbox and not shows_only:
-            from .sandbox_process import SandboxProcess
+            from ..sandbox.process import SandboxProcess
 
             sandbox = SandboxProcess.start(settings)
             config.stash[SANDBOX_KEY] = sandbox

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:  # the key types, named in strings: nothing heavy is imported at load
-    from ..cloud.session_pool import Lease  # noqa: F401
+    from ..run.session_pool import Lease  # noqa: F401
     from ..matrix.cells import Cell  # noqa: F401
     from ..matrix.filters import CellFilters  # noqa: F401
     from ..settings import Settings  # noqa: F401
     from ..store.resume import ResumePlan  # noqa: F401
-    from .record import CellRecorder  # noqa: F401
-    from .run_context import RunContext
-    from .sandbox_process import SandboxProcess  # noqa: F401
+    from ..run.record import CellRecorder  # noqa: F401
+    from ..run.run_context import RunContext
+    from ..sandbox.process import SandboxProcess  # noqa: F401
 
 SETTINGS_KEY = pytest.StashKey["Settings"]()
 RUN_CONTEXT_KEY = pytest.StashKey["RunContext"]()
@@ -51,7 +51,7 @@ def run_context(config: pytest.Config) -> RunContext:
     context = config.stash.get(RUN_CONTEXT_KEY, None)
     if context is None:
         from ..cloud.processes import ProcessIdentity
-        from .run_context import RunContext
+        from ..run.run_context import RunContext
 
         workerinput = getattr(config, "workerinput", {})
         # A worker's run is owned by its controller: that is the process cleanup checks.

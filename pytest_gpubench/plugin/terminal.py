@@ -13,12 +13,12 @@ import pytest
 
 from ..cloud.budget import skipped_by_budget, spend_of, summary_line
 from ..errors import ApiUnreachable
-from .live import LiveProgress, own_line
+from ..run.live import LiveProgress, own_line
 from .matrix_scan import matrix_files, runs_matrix_files
 from ..store.redaction import redact
 from ..store.sandbox_label import summary_title
 from .stash import SANDBOX_KEY, SETTINGS_KEY, run_context
-from .summary_table import SummaryTable, exact_figures
+from ..report.summary_table import SummaryTable, exact_figures
 
 
 class TerminalHooks:

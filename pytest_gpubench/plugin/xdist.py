@@ -90,7 +90,7 @@ class XdistHooks:
         settings = node.config.stash[SETTINGS_KEY]
         node.workerinput["gpubench_run_id"] = settings.run_id
         node.workerinput["gpubench_api"] = settings.api
-        if settings.sandbox and settings.api_token:  # drawn by this process for its sandbox (sandbox_process.py)
+        if settings.sandbox and settings.api_token:  # drawn by this process for its sandbox (sandbox/process.py)
             node.workerinput["gpubench_api_token"] = settings.api_token
         # The controller owns the run: cleanup elsewhere checks that it is alive.
         node.workerinput["gpubench_owner"] = ProcessIdentity.current().model_dump()

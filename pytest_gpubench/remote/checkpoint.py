@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import Stage, StageError
 from .ssh import Connection, quote
-from ..measure.results import RequestRecord
+from .readings import RequestRecord
 from ..cloud.watch import SessionWatch
 
 #: Statuses the load generator writes last.

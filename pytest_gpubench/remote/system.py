@@ -15,7 +15,7 @@ from importlib import resources
 
 from ..errors import Stage, StageError
 from ..gpuinfo import gpu_name_matches, parse_gpu_query_csv
-from ..measure.results import HardwareInfo
+from .readings import HardwareInfo
 from .ssh import Connection
 from .sysinfo import (
     CSV_FIELDS,

@@ -6,7 +6,7 @@ until the caller sets a stop event; then the remote command is terminated (a
 signal, then closing the channel: its next write fails and it exits, as under
 OpenSSH's sshd). It never raises for bad lines, an ``nvidia-smi`` that fails, or a
 lost connection: it returns the samples it got. :func:`summarize_gpu` turns the
-samples into the result's :class:`~pytest_gpubench.measure.results.GPUStats`.
+samples into the result's :class:`~pytest_gpubench.remote.readings.GPUStats`.
 
 nvidia-smi stamps each line with the instance's local time and no zone
 (``2026/11/22 03:00:01.123``). The zone is inferred from the first line: the
@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..gpuinfo import parse_gpu_query_csv
 from ..plaintext import one_line
-from ..measure.results import GPUStats
+from .readings import GPUStats
 
 __all__ = [
     "QUERY_FIELDS",

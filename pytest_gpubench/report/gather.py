@@ -26,8 +26,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import Stage
-from ..measure.figures import FigureSource, figure_values
-from ..measure.results import cost_per_million_tokens
+from ..figures import FigureSource, figure_values
+from ..figures import cost_per_million_tokens
 from ..matrix.fields import DEFAULT_RUNTIME
 from ..matrix.selection import gpus_label
 from ..store.base import Store

@@ -9,7 +9,7 @@ memory ``nvidia-smi`` reports on the instance is the truth to compare with.
 from __future__ import annotations
 
 from ..cloud.offers import VRAM_ROUNDING_GB
-from ..measure.results import HardwareInfo
+from ..remote.readings import HardwareInfo
 
 
 def vram_shortfall(model: str, need_gb: float, hardware: HardwareInfo | None, gpus: int | None = None) -> str | None:

@@ -36,14 +36,15 @@ holds each one to them):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from ..cloud.gpu_lease import GpuLease
+from ..cloud.gpu_lease import GpuLeaseBook
 from ..cloud.processes import ProcessIdentity
 from ..errors import Stage
 from ..measure.microbench import MicrobenchRun
-from ..measure.results import BenchmarkResult, RequestRecord
+from ..measure.results import BenchmarkResult
+from ..remote.readings import RequestRecord
 from ..remote.sysinfo import SystemInfo
 from .records import (AttemptRecord, Baseline, CellRecord, Claim, MicrobenchRecord, OwnedSession, ResultRecord,
                       RunRecord, SystemRecord)
@@ -56,7 +57,7 @@ Admission = Callable[[list[AttemptRecord]], "str | None"]
 
 
 @runtime_checkable
-class Store(Protocol):
+class Store(GpuLeaseBook, Protocol):
     """Runs, cells and their statuses, attempts and sessions owned, results and requests,
     baselines and claims. Safe to share between the threads of one process; several
     processes (xdist workers) may each open their own on the same store."""
@@ -248,17 +249,5 @@ class Store(Protocol):
         """
 
     # ---------------------------------------------------------------- GPU leases
-
-    def claim_gpus(self, machine: str, gpus: Sequence[int], count: int, *, holder: str, ttl: float,
-                   run_id: str | None = None, now: float | None = None) -> GpuLease | None:
-        """Lease ``count`` of ``gpus`` (nvidia-smi indices) of ``machine`` for ``ttl`` seconds,
-        the lowest free ones; None when fewer are free. ``now``: seconds since the epoch (tests)."""
-
-    def renew_gpu_lease(self, lease_id: str, ttl: float, *, now: float | None = None) -> bool:
-        """Hold the lease ``ttl`` seconds from now; False when it was released or had expired."""
-
-    def release_gpu_lease(self, lease_id: str, *, now: float | None = None) -> None:
-        """End the lease (idempotent); an expired one keeps its expiry as its end."""
-
-    def gpu_leases(self, machine: str | None = None, *, active_at: float | None = None) -> list[GpuLease]:
-        """Leases (of ``machine``, or all) oldest first; with ``active_at``, those held then."""
+    # claim_gpus, renew_gpu_lease, release_gpu_lease, gpu_leases: :class:`GpuLeaseBook`'s, which
+    # Store extends (cloud/gpu_lease.py: the hosts and local providers lease through them).

@@ -10,11 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..cloud.cleanup import ABANDONED
 from .records import Claim
 from .sqlite import utc_now
 
-__all__ = ["REOPENED", "abandoned", "claimable", "decide_claim"]
+__all__ = ["ABANDONED", "REOPENED", "abandoned", "claimable", "decide_claim"]
+
+#: The failure reason of a cell cleanup closed because its holder's process was gone (not its
+#: run's own failure): the claim rule lets the next claimant take it over.
+ABANDONED = "abandoned"
 
 #: What an abandoned cell's row says of its end, cleared when it is taken over (it runs again).
 REOPENED = ("completed_at", "failure_stage", "failure_reason", "error_message", "cost_usd")
@@ -22,7 +25,7 @@ REOPENED = ("completed_at", "failure_stage", "failure_reason", "error_message", 
 
 def abandoned(status: str | None, failure_reason: str | None) -> bool:
     """Whether a cell so ended was abandoned: cleanup found its holder's process gone, released
-    its session and marked it ``failed`` as ``abandoned`` (``cloud/cleanup.py``). Its run never
+    its session and marked it ``failed`` as ``abandoned`` (``run/cleanup.py``). Its run never
     failed it: like a running cell whose lease ran out, the next claimant takes it over."""
     return status == "failed" and failure_reason == ABANDONED
 

@@ -23,7 +23,7 @@ from typing import IO, Any, NamedTuple
 from pydantic import BaseModel
 
 from ..errors import ApiError, GpubenchError
-from ..measure.figures import FIGURES, FigureSource, figure_values
+from ..figures import FIGURES, FigureSource, figure_values
 from .base import Store
 from .records import ResultRecord
 from ..measure.results import BenchmarkResult

@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import Stage, StoreProblem
-from ..measure.results import BenchmarkResult, RequestRecord
+from ..measure.results import BenchmarkResult
+from ..remote.readings import RequestRecord
 from .claim_rule import REOPENED, abandoned
 from .git_layout import ClaimFile, Layout, RepoCell, ResultFile, run_dir
 from .git_repo import Clone, Remote, ensure_bare_repository, git_url, local_path, run_git

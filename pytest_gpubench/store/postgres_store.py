@@ -33,7 +33,8 @@ from ..cloud.gpu_lease import GpuLease
 from ..cloud.processes import ProcessIdentity
 from ..errors import Stage, StoreUnreachable, UsageProblem
 from ..measure.microbench import MicrobenchRun
-from ..measure.results import BenchmarkResult, RequestRecord
+from ..measure.results import BenchmarkResult
+from ..remote.readings import RequestRecord
 from ..remote.sysinfo import SystemInfo
 from .attempts import AttemptsMixin, ended
 from .base import Admission

@@ -9,6 +9,7 @@ manifest's columns under the same names, so a report or a cleanup reads
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -21,7 +22,7 @@ from ..remote.sysinfo import SystemInfo
 
 __all__ = [
     "AttemptRecord", "Baseline", "CellRecord", "Claim", "MicrobenchRecord", "OwnedSession", "ResultRecord",
-    "RunRecord", "SystemRecord",
+    "RunInfo", "RunRecord", "SystemRecord",
 ]
 
 
@@ -56,6 +57,59 @@ class RunRecord(_Record):
     @classmethod
     def _redacted(cls, value: str | None) -> str | None:
         return redact(value) if value else value
+
+
+#: The API's longest reservation: a run with no recorded owner that started longer
+#: ago than this cannot hold a session any more, whatever became of its process.
+MAX_RESERVATION = timedelta(hours=12)
+
+
+class RunInfo(BaseModel):
+    """What the store says about one run (a :class:`RunRecord`), and whether it may still be
+    going on: what cleanup and resume ask before they touch a run's sessions."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    started_at: str | None = None
+    finished_at: str | None = None
+    owner: ProcessIdentity | None = None
+    api: str | None = None
+    sandbox: bool = False
+
+    @classmethod
+    def of(cls, run: RunRecord) -> RunInfo:
+        """The run as the store recorded it."""
+        return cls.model_validate(run, from_attributes=True)
+
+    def still_running(self, me: ProcessIdentity | None = None) -> str | None:
+        """Why this run may still be going on in another process, or None when it is over."""
+        if self.finished_at:
+            return None
+        if self.owner is not None:
+            if me is not None and (self.owner.pid, self.owner.host) == (me.pid, me.host):
+                return None  # this process: what it asks to release, it no longer uses
+            alive = self.owner.alive()
+            if alive is None:
+                return f"run {self.run_id} was started on host {self.owner.host} and may still be running there"
+            if alive:
+                return f"run {self.run_id} is still running (pid {self.owner.pid})"
+            return None
+        started = _parse_time(self.started_at)
+        if started is not None and datetime.now(timezone.utc) - started < MAX_RESERVATION:
+            return (f"run {self.run_id} recorded no process to check (an older version made it) "
+                    f"and started less than {MAX_RESERVATION.total_seconds() / 3600:.0f} h ago")
+        return None
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    try:
+        parsed = datetime.fromisoformat(text) if text else None
+    except ValueError:
+        return None
+    if parsed is not None and parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed
 
 
 class CellRecord(_Record):

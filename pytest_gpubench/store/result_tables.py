@@ -11,10 +11,11 @@ from typing import Any
 
 from sqlite_utils.db import NotFoundError
 
-from ..measure.figures import output_tokens_per_second
+from ..figures import output_tokens_per_second
 from .schema import BENCHMARK_RUN_COLUMNS, GPU_SAMPLE_COLUMNS, UPLOAD_COLUMNS, UPLOAD_STATUSES
 from .sqlite import SECRET_MARKERS, ManifestStore, plain, refuse_secrets, utc_now
-from ..measure.results import BenchmarkResult, RequestRecord
+from ..measure.results import BenchmarkResult
+from ..remote.readings import RequestRecord
 
 _BASELINE_STATUSES = ("success", "partial")
 

@@ -19,12 +19,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from ..cloud.cleanup import RunInfo
 from ..ids import ID_RULE, is_id, shown_id
 from ..settings import MAX_RUN_ID
 from ..errors import UnknownRun, UsageProblem
 from .run_choice import SHOWN_RUNS, resolve_run
 from .opening import open_store, store_exists
+from .records import RunInfo
 from .redaction import redact
 from ..cloud.processes import ProcessIdentity
 

@@ -23,7 +23,8 @@ from pydantic import BaseModel
 from ..errors import MigrationNeeded, NotAManifest
 from .migrate import SCHEMA_VERSION, fill_in, rename_columns, schema_version, set_version
 from .systems import create_systems_table
-from ..measure.results import PerformanceResults, RequestRecord
+from ..measure.results import PerformanceResults
+from ..remote.readings import RequestRecord
 
 CELL_STATUSES = ("pending", "running", "success", "partial", "failed", "skipped")
 FINAL_STATUSES = ("success", "partial", "failed", "skipped")

@@ -18,7 +18,8 @@ from ..cloud.gpu_lease import GpuLease
 from ..cloud.processes import ProcessIdentity
 from ..errors import Stage
 from ..measure.microbench import MicrobenchRun
-from ..measure.results import BenchmarkResult, RequestRecord
+from ..measure.results import BenchmarkResult
+from ..remote.readings import RequestRecord
 from .base import Admission
 from .manifest import Manifest
 from ..remote.sysinfo import SystemInfo

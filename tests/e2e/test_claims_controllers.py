@@ -12,7 +12,7 @@ import pytest
 
 from e2e_helpers import run_pytest
 from pytest_gpubench.plugin.claims import ENDED
-from pytest_gpubench.plugin.record import progress_path
+from pytest_gpubench.run.record import progress_path
 from pytest_gpubench.store.opening import open_store
 from pytest_gpubench.store.record_keys import row_id
 

@@ -1,4 +1,4 @@
-"""Cleanup on a run several controllers share (cloud/cleanup.py with plugin/claims.py).
+"""Cleanup on a run several controllers share (run/cleanup.py with plugin/claims.py).
 
 The run's recorded owner is only one of its controllers, and it is dead here: cleanup
 must still leave alone every session a live controller holds (its cell running under a
@@ -19,7 +19,7 @@ from polling import wait_for
 
 import pytest
 
-from pytest_gpubench.cloud.cleanup import ReleaseOutcome, clean, close_cells
+from pytest_gpubench.run.cleanup import ReleaseOutcome, clean, close_cells
 from pytest_gpubench.cloud.processes import ProcessIdentity
 from pytest_gpubench.cloud.provider import consumer_id
 from pytest_gpubench.cloud.shopper_client import ShopperClient

@@ -24,7 +24,7 @@ import sqlite_utils
 from e2e_helpers import RENTABLE_OFFER, SANDBOX_TOKEN, PytestRun, active_sessions, rent, session_status
 from polling import wait_for
 
-from pytest_gpubench.cloud.cleanup import ReleaseOutcome, owning_run, release, stage_reached
+from pytest_gpubench.run.cleanup import ReleaseOutcome, owning_run, release, stage_reached
 from pytest_gpubench.commands.cli import main as gpubench
 from pytest_gpubench.errors import Stage, UsageProblem
 from pytest_gpubench.settings import Settings
@@ -35,7 +35,7 @@ from pytest_gpubench.cloud.provider import consumer_id
 from pytest_gpubench.cloud.shopper_provider import ShopperProvider
 from pytest_gpubench.store.resume import ResumePlan, plan_resume, still_to_run
 from pytest_gpubench.cloud.shopper_client import ShopperClient
-from pytest_gpubench.plugin.shutdown import GracefulTermination, Terminated
+from pytest_gpubench.run.shutdown import GracefulTermination, Terminated
 
 OFFER = RENTABLE_OFFER
 status = session_status
@@ -207,7 +207,7 @@ async def _release_all(url: str, leftovers):
 def test_release_copes_with_stopped_missing_and_failed_sessions(sandbox, api):
     import asyncio
 
-    from pytest_gpubench.cloud.cleanup import Leftover
+    from pytest_gpubench.run.cleanup import Leftover
 
     stopped = rent(api, "gpubench-x-stopped-a1")
     api.post(f"/api/v1/sessions/{stopped}/done")

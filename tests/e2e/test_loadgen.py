@@ -24,7 +24,8 @@ from pytest_gpubench.measure.benchmark import (
     loadgen_input,
 )
 from pytest_gpubench.matrix.cells import SEED_PROMPTS
-from pytest_gpubench.measure.results import RequestRecord, summarize
+from pytest_gpubench.measure.results import summarize
+from pytest_gpubench.remote.readings import RequestRecord
 from pytest_gpubench.sandbox.standin_state import StateStore, StreamFault
 
 PARALLEL = 4

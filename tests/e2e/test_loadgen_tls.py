@@ -12,7 +12,7 @@ import pytest
 from tls_helpers import https_server, make_loopback_certs
 
 from pytest_gpubench.measure.benchmark import LOADGEN_SOURCE, BenchmarkPlan
-from pytest_gpubench.measure.results import RequestRecord
+from pytest_gpubench.remote.readings import RequestRecord
 
 TOKEN = "tls-s3cret-token"
 TOKENS = 5

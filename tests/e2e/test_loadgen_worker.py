@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pytest_gpubench.measure.benchmark import LOADGEN_SOURCE, BenchmarkPlan
-from pytest_gpubench.measure.results import RequestRecord
+from pytest_gpubench.remote.readings import RequestRecord
 
 TTFT_MS, TPS = 40.0, 200.0
 STANDIN = [sys.executable, "-m", "pytest_gpubench.sandbox.worker_standin"]

@@ -16,7 +16,7 @@ import pytest
 
 from e2e_helpers import PytestRun, active_sessions
 from polling import wait_for
-from pytest_gpubench.plugin.record import progress_path
+from pytest_gpubench.run.record import progress_path
 from pytest_gpubench.store.opening import open_store
 
 MATRIX = """

@@ -9,7 +9,7 @@ import pytest
 import sqlite_utils
 from e2e_helpers import assert_every_session_released, run_pytest
 
-from pytest_gpubench.measure.results import cost_per_million_tokens
+from pytest_gpubench.figures import cost_per_million_tokens
 from pytest_gpubench.report.gather import build_report
 from pytest_gpubench.report.markdown import render_markdown
 from pytest_gpubench.store.manifest import Manifest

@@ -19,9 +19,9 @@ from pytest_gpubench.errors import Stage
 from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.commands.plan import make_plan, makespan
 from pytest_gpubench.errors import CommandProblem
+from pytest_gpubench.cloud.reuse_estimates import DEFAULT_STAGE_SECONDS
 from pytest_gpubench.commands.plan_estimates import (
     DEFAULT_PULL_SECONDS_PER_GB,
-    DEFAULT_STAGE_SECONDS,
     DEFAULT_TOKENS_PER_SECOND,
     stage_seconds,
 )

@@ -20,15 +20,15 @@ from polling import wait_for
 from e2e_helpers import SANDBOX_TOKEN
 
 from pytest_gpubench.aio import run as run_async
-from pytest_gpubench.cloud.cleanup import Leftover, ReleaseOutcome, record, release
+from pytest_gpubench.run.cleanup import Leftover, ReleaseOutcome, record, release
 from pytest_gpubench.cloud.offers import Constraints
 from pytest_gpubench.cloud.provider import OfferChoice, Provider, consumer_id
-from pytest_gpubench.cloud.provisioning import Attempt, Provisioning
+from pytest_gpubench.run.provisioning import Attempt, Provisioning
 from pytest_gpubench.cloud.registry import LEASING_MACHINES, PROVIDERS, RENTING_NOTHING, build_provider, check_clouds
 from pytest_gpubench.errors import ApiError, MatrixError, NoEligibleOffer, Stage, StageError
 from pytest_gpubench.matrix.cells import expand, parse_matrix
-from pytest_gpubench.plugin.record import CellRecorder
-from pytest_gpubench.plugin.run_context import RunContext
+from pytest_gpubench.run.record import CellRecorder
+from pytest_gpubench.run.run_context import RunContext
 from pytest_gpubench.remote.ssh import HostKeyPins
 from pytest_gpubench.sandbox.catalog import load_catalog
 from pytest_gpubench.settings import Settings, resolve
@@ -283,7 +283,7 @@ def test_the_registry_is_the_only_place_a_provider_is_built():
 def test_the_plugin_reaches_a_session_by_the_providers_ssh_details(provider, tmp_path):
     """``gpu_ssh`` and a benchmark's reconnect log in with ``Provider.ssh_details``, not with
     what one provider's ``Session`` happens to carry: here its host is one nothing answers on."""
-    from pytest_gpubench.plugin.cell_benchmark import GpuSession, connect
+    from pytest_gpubench.run.cell_benchmark import GpuSession, connect
     from pytest_gpubench.remote.ssh import KeyFile
 
     created, session = running(provider, "details")
@@ -468,7 +468,7 @@ def test_a_dead_runs_lease_runs_out_and_a_waiting_cell_gets_its_gpus(machines):
 def test_the_plugin_reaches_a_machine_by_the_providers_ssh_details(machines, tmp_path, monkeypatch):
     """``gpu_ssh`` logs in with ``ssh_details`` alone: a host over SSH, its key checked or pinned
     (here pinned: no known_hosts knows it), this machine through a local shell; the GPU is probed."""
-    from pytest_gpubench.plugin.cell_benchmark import GpuSession, connect
+    from pytest_gpubench.run.cell_benchmark import GpuSession, connect
     from pytest_gpubench.remote.ssh import KeyFile
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # this machine's persistent home goes there, not in ~

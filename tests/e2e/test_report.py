@@ -24,7 +24,8 @@ from pytest_gpubench.report.write import write_reports
 from pytest_gpubench.report.charts import Bar, Point, bar_chart, nice_ticks, scatter_chart
 from pytest_gpubench.report.html import render_html
 from pytest_gpubench.report.markdown import render_markdown
-from pytest_gpubench.measure.results import BenchmarkResult, HardwareInfo, ModelInfo, PerformanceResults, TestConfig
+from pytest_gpubench.measure.results import BenchmarkResult, ModelInfo, PerformanceResults, TestConfig
+from pytest_gpubench.remote.readings import HardwareInfo
 
 REPO = Path(__file__).resolve().parents[2]
 DURATION = 200.0

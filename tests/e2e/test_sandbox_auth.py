@@ -25,7 +25,7 @@ from e2e_helpers import SANDBOX_AUTH, SANDBOX_TOKEN
 
 from pytest_gpubench.cloud.shopper_client import ShopperClient
 from pytest_gpubench.errors import ApiUnreachable
-from pytest_gpubench.plugin.sandbox_process import SandboxProcess
+from pytest_gpubench.sandbox.process import SandboxProcess
 from pytest_gpubench.sandbox.api import make_app
 from pytest_gpubench.sandbox.auth import TOKEN_ENV, authorized, bearer, token_from_line
 from pytest_gpubench.settings import Settings

@@ -14,7 +14,7 @@ from pytest_gpubench.measure.benchmark import LOADGEN_SOURCE, BenchmarkPlan
 from pytest_gpubench.errors import MatrixError
 from pytest_gpubench.matrix.cells import SEED_PROMPTS, load_cells
 from pytest_gpubench.measure.metrics import detailed_metrics
-from pytest_gpubench.measure.results import RequestRecord
+from pytest_gpubench.remote.readings import RequestRecord
 from pytest_gpubench.sandbox.catalog import load_catalog
 from pytest_gpubench.sandbox.ollama_text import plan_output
 from pytest_gpubench.measure.validity import judge

@@ -7,7 +7,7 @@ import warnings
 import pytest
 from e2e_helpers import DEMO_MATRIX as MATRIX
 
-from pytest_gpubench.plugin.hints import (
+from pytest_gpubench.run.hints import (
     KNOWN_GPUS,
     UnknownGpuWarning,
     check_gpu_names,

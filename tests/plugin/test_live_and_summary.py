@@ -1,6 +1,6 @@
-from pytest_gpubench.plugin.live import LiveProgress
+from pytest_gpubench.run.live import LiveProgress
 from pytest_gpubench.store.progress import ProgressWriter
-from pytest_gpubench.plugin.summary_table import SummaryTable
+from pytest_gpubench.report.summary_table import SummaryTable
 
 
 def test_live_progress_prints_only_new_complete_lines(tmp_path):
@@ -82,7 +82,7 @@ def test_own_line_ends_the_line_pytest_left_open(pytester):
     the letters (and "[100%]", without -s) go on a line with no path; what follows must
     not stick to it."""
     pytester.makeconftest('''
-        from pytest_gpubench.plugin.live import own_line
+        from pytest_gpubench.run.live import own_line
 
         def pytest_runtest_setup(item):
             item.config.pluginmanager.get_plugin("terminalreporter").write_line("mid-run line")

@@ -38,10 +38,10 @@ from pytest_gpubench.matrix.cells import (
     model_ref,
     model_vram_gb,
     normalize_gpu,
-    parse_duration,
     provider_matches,
     select_cells,
 )
+from pytest_gpubench.options import parse_duration
 
 MATRIX_DIR = Path(__file__).resolve().parents[2] / "matrix"
 SEED = MATRIX_DIR / "gpubench_seed.yaml"

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from pytest_gpubench.errors import UsageProblem
-from pytest_gpubench.measure.figures import FIGURES, FigureSource, figure_values
+from pytest_gpubench.figures import FIGURES, FigureSource, figure_values
 from pytest_gpubench.settings import resolve
-from pytest_gpubench.plugin.summary_table import ALLOWED_COLUMNS, DEFAULT_COLUMNS, SummaryTable, parse_columns
+from pytest_gpubench.figures import ALLOWED_COLUMNS, parse_columns
+from pytest_gpubench.report.summary_table import DEFAULT_COLUMNS, SummaryTable
 
 ROW = {"gpubench_cell": "c4-cell", "gpubench_status": "success", "gpubench_output_tokens_per_second": 650.5,
        "gpubench_decode_tokens_per_second": 178.9, "gpubench_ttft_p99_ms": 812.4, "gpubench_goodput_share": 0.925,

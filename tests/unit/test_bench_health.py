@@ -1,4 +1,4 @@
-"""The health check before a benchmark run (plugin/cell_benchmark.py ``Bench._ensure_healthy``).
+"""The health check before a benchmark run (run/cell_benchmark.py ``Bench._ensure_healthy``).
 
 Issue 21 (soak): an instance killed between the warm-up and the benchmark made the
 health check's restart fail with "ending the ollama serve started earlier: SSH
@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from pytest_gpubench.errors import InstanceLost, Stage, StageError
-from pytest_gpubench.plugin.cell_benchmark import Bench
+from pytest_gpubench.run.cell_benchmark import Bench
 from pytest_gpubench.settings import Settings
 
 

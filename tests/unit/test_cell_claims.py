@@ -10,7 +10,7 @@ from pytest_gpubench.cloud.processes import ProcessIdentity, held_by, holder_ali
 from pytest_gpubench.errors import ClaimLost, Stage, StageError, StoreProblem
 from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.plugin.claims import ClaimHeartbeat, ProcessClaims, Verdict, peek
-from pytest_gpubench.plugin.record import CellOutcome, CellRecorder
+from pytest_gpubench.run.record import CellOutcome, CellRecorder
 from pytest_gpubench.store.opening import open_store
 from pytest_gpubench.store.record_keys import row_id
 
@@ -257,7 +257,7 @@ def test_cleanup_leaves_a_session_alone_while_its_cell_s_claim_is_live(store):
     import socket
     import time
 
-    from pytest_gpubench.cloud.cleanup import survey
+    from pytest_gpubench.run.cleanup import survey
 
     dead = ProcessIdentity(pid=2 ** 22 + 7, host=socket.gethostname())
     store.start_run("r1", [], [], owner=dead)
@@ -430,7 +430,7 @@ def test_a_session_rented_after_the_claim_was_lost_is_not_recorded_and_stops_the
         recorder.session_created("s-1", "c-1", "o-1", 1.0)
     assert raised.value.stage is Stage.PROVISION
     assert store.cell(ROW).session_id is None  # the attempt that rented it releases it (provisioning)
-    from pytest_gpubench.cloud.provisioning import can_fail_over
+    from pytest_gpubench.run.provisioning import can_fail_over
 
     assert not can_fail_over(raised.value)  # and tries no other offer
 
@@ -462,7 +462,7 @@ def test_only_the_last_controller_of_a_shared_run_records_its_end_with_every_con
     not its to record. The last one records it, failed if any controller's cell failed."""
     import time
 
-    from pytest_gpubench.plugin.run_end import others_running, shared_run_status
+    from pytest_gpubench.run.run_end import others_running, shared_run_status
 
     add(store)
     other = store.add_cell("r1", "other-cell", gpu_type="g", provider="p", model="m", matrix_file="f")

@@ -1,11 +1,11 @@
-"""Cleanup's rules on what a store row says (cloud/cleanup.py), without any API: issue 21 item 2's
+"""Cleanup's rules on what a store row says (run/cleanup.py), without any API: issue 21 item 2's
 "the same API" and the lines that show a row's URL."""
 
 from __future__ import annotations
 
 import pytest
 
-from pytest_gpubench.cloud.cleanup import same_api, shown_url
+from pytest_gpubench.run.cleanup import same_api, shown_url
 
 
 @pytest.mark.parametrize(("a", "b"), [

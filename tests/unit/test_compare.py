@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_gpubench.measure.compare import METRICS, Rule, compare, figures_of, parse_compare_fail
+from pytest_gpubench.figures import METRICS, Rule, parse_compare_fail
+from pytest_gpubench.measure.compare import compare, figures_of
 from pytest_gpubench.measure.results import BenchmarkResult, PerformanceResults
 
 BASE = {"run_id": "20261122T0300Z-abc", "decode_tokens_per_second": 195.3, "ttft_p50_ms": 42.0,

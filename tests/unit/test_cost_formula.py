@@ -12,14 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpubench.measure.results import PerformanceResults, cost_per_million_tokens
+from pytest_gpubench.measure.results import PerformanceResults
+from pytest_gpubench.figures import cost_per_million_tokens
 from pytest_gpubench.report.gather import build_report
 from pytest_gpubench.store.sqlite_store import SqliteStore
 from result_helpers import make_result
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pytest_gpubench"
 #: The one home of the formula.
-HOME = PACKAGE / "measure" / "results.py"
+HOME = PACKAGE / "figures.py"
 
 
 def _formulas(tree: ast.AST) -> list[int]:
@@ -38,7 +39,7 @@ def _formulas(tree: ast.AST) -> list[int]:
 def test_the_cost_formula_is_written_once():
     written = {f"{path.relative_to(PACKAGE)}:{line}"
                for path in PACKAGE.rglob("*.py") for line in _formulas(ast.parse(path.read_text()))}
-    assert len(written) == 1 and next(iter(written)).startswith("measure/results.py:"), written
+    assert len(written) == 1 and next(iter(written)).startswith(f"{HOME.relative_to(PACKAGE)}:"), written
     # The scan sees the usual spellings of a copy.
     assert _formulas(ast.parse("cost = price / (tps * 3600) * 1e6")) == [1]
     assert _formulas(ast.parse("cost = 1e6 * price / (3600.0 * tps)")) == [1]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pytest_gpubench.ids import InvalidId, check_id, is_id, path_under
-from pytest_gpubench.plugin.record import progress_path
+from pytest_gpubench.run.record import progress_path
 from pytest_gpubench.remote.ssh import KeyFile
 from pytest_gpubench.store.git_layout import run_dir
 from pytest_gpubench.store.progress import ProgressWriter, existing_progress_file

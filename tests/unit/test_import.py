@@ -28,14 +28,13 @@ from pytest_gpubench.commands.importer import Assumed, import_files, load_json
 from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.measure.results import (
     BenchmarkResult,
-    HardwareInfo,
     ModelInfo,
     PerformanceResults,
-    RequestRecord,
     TestConfig,
     cost_analysis,
     summarize,
 )
+from pytest_gpubench.remote.readings import HardwareInfo, RequestRecord
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "import"

@@ -121,7 +121,7 @@ def test_this_machine_as_a_provider_keeps_its_home_between_cells_an_endpoint_doe
     from types import SimpleNamespace
 
     from pytest_gpubench.cloud.provider import SshDetails
-    from pytest_gpubench.plugin.cell_benchmark import connect
+    from pytest_gpubench.run.cell_benchmark import connect
 
     monkeypatch.setenv("HOME", str(tmp_path))
 

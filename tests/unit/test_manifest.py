@@ -11,7 +11,8 @@ import pytest
 
 from pytest_gpubench.errors import Stage
 from pytest_gpubench.store.manifest import Manifest
-from pytest_gpubench.measure.results import BenchmarkResult, HardwareInfo, ModelInfo, RequestRecord, summarize
+from pytest_gpubench.measure.results import BenchmarkResult, ModelInfo, summarize
+from pytest_gpubench.remote.readings import HardwareInfo, RequestRecord
 
 SEED_001_COLUMNS = [
     "id", "run_id", "created_at", "gpu_type", "provider", "model", "session_id",

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from pytest_gpubench.store.sqlite_store import SqliteStore
-from pytest_gpubench.measure.compare import compare, figures_of, parse_compare_fail
+from pytest_gpubench.figures import parse_compare_fail
+from pytest_gpubench.measure.compare import compare, figures_of
 from pytest_gpubench.errors import UsageProblem
 from pytest_gpubench.store.export import export_results
 from pytest_gpubench.store.manifest import Manifest

@@ -14,7 +14,8 @@ from pytest_gpubench.measure.metrics import (
     request_tpot_ms,
     token_counts_disagree,
 )
-from pytest_gpubench.measure.results import RequestRecord, quality, summarize
+from pytest_gpubench.measure.results import quality, summarize
+from pytest_gpubench.remote.readings import RequestRecord
 
 
 def record(index: int = 0, **fields) -> RequestRecord:

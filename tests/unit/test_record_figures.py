@@ -8,9 +8,10 @@ from pytest_gpubench.store.opening import open_store
 from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.measure.metrics import detailed_metrics
 from pytest_gpubench.store.progress import read_progress
-from pytest_gpubench.plugin.record import CellRecorder, CellOutcome
-from pytest_gpubench.measure.results import BenchmarkResult, RequestRecord, TestConfig, summarize
-from pytest_gpubench.plugin.summary_table import SummaryTable, exact_figures
+from pytest_gpubench.run.record import CellRecorder, CellOutcome
+from pytest_gpubench.measure.results import BenchmarkResult, TestConfig, summarize
+from pytest_gpubench.remote.readings import RequestRecord
+from pytest_gpubench.report.summary_table import SummaryTable, exact_figures
 
 MATRIX = """
 workload: {duration: 4s, concurrency: 4}
@@ -107,7 +108,7 @@ def test_progress_lines_name_the_load_generators_rate(tmp_path):
     """The load generator's running ``tps`` (tokens so far / time so far) is output throughput."""
     from types import SimpleNamespace
 
-    from pytest_gpubench.plugin.cell_benchmark import Bench
+    from pytest_gpubench.run.cell_benchmark import Bench
     from pytest_gpubench.store.progress import ProgressWriter
 
     writer = ProgressWriter(tmp_path / "cell.log")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_gpubench.measure.results import BenchmarkResult, HardwareInfo, ModelInfo, PerformanceResults, TestConfig
+from pytest_gpubench.measure.results import BenchmarkResult, ModelInfo, PerformanceResults, TestConfig
+from pytest_gpubench.remote.readings import HardwareInfo
 from pytest_gpubench.report.gather import build_report
 from pytest_gpubench.report.html import render_html
 from pytest_gpubench.report.markdown import render_markdown

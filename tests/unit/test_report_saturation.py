@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpubench.measure.figures import FigureSource, figure_values
+from pytest_gpubench.figures import FigureSource, figure_values
 from pytest_gpubench.measure.results import BenchmarkResult, PerformanceResults, TestConfig
 from pytest_gpubench.report.gather import build_report
 from pytest_gpubench.report.html import render_html

@@ -12,17 +12,15 @@ import pytest
 from pytest_gpubench.measure.results import (
     BenchmarkResult,
     CostAnalysis,
-    GPUStats,
-    HardwareInfo,
     ModelInfo,
     PerformanceResults,
-    RequestRecord,
     TestConfig,
     cost_analysis,
     decode_tokens_per_second,
     percentile,
     summarize,
 )
+from pytest_gpubench.remote.readings import GPUStats, HardwareInfo, RequestRecord
 
 
 def record(index: int, **fields) -> RequestRecord:

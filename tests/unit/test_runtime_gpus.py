@@ -11,7 +11,7 @@ import pytest
 from pytest_gpubench.errors import Stage, StageError
 from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.measure.fingerprint import fingerprint
-from pytest_gpubench.measure.results import HardwareInfo
+from pytest_gpubench.remote.readings import HardwareInfo
 from pytest_gpubench.runtimes.gpus import GpuPlacement
 from pytest_gpubench.runtimes.ollama import OllamaRuntime
 from pytest_gpubench.runtimes.registry import runtime_for

@@ -11,7 +11,7 @@ from pytest_gpubench.matrix.overrides import apply_overrides
 from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.matrix.cells import expand, load_matrix
 from pytest_gpubench.store.progress import read_progress
-from pytest_gpubench.plugin.record import CellRecorder
+from pytest_gpubench.run.record import CellRecorder
 from pytest_gpubench.report.gather import build_report
 from pytest_gpubench.report.html import render_html
 from pytest_gpubench.report.markdown import render_markdown

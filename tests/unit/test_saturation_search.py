@@ -9,7 +9,7 @@ import pytest
 
 from pytest_gpubench.matrix.sweep import SweepSpec
 from pytest_gpubench.measure.saturation import RateSearch, SweepOutcome, SweepStep
-from pytest_gpubench.measure.thresholds import Slo
+from pytest_gpubench.matrix.thresholds import Slo
 
 
 def run(search: RateSearch, goodput) -> list[float]:

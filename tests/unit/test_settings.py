@@ -84,7 +84,7 @@ DURATION_FLAGS = ("duration", "progress_interval", "stall_timeout", "telemetry_i
 @pytest.mark.parametrize(("text", "seconds"), [("5m", 300.0), ("2s", 2.0), ("1h30m", 5400.0), ("90", 90.0),
                                                ("0.5", 0.5), ("1m 30s", 90.0)])
 def test_duration_flags_take_what_the_matrix_takes(dest, text, seconds):
-    from pytest_gpubench.matrix.fields import parse_duration
+    from pytest_gpubench.options import parse_duration
 
     assert getattr(resolve({dest: text}, {}, lambda _: None), dest) == seconds == parse_duration(text)
 

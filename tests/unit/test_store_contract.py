@@ -16,7 +16,7 @@ import pytest
 
 from pytest_gpubench.cloud.processes import ProcessIdentity
 from pytest_gpubench.errors import Stage, UnknownRun
-from pytest_gpubench.measure.results import RequestRecord
+from pytest_gpubench.remote.readings import RequestRecord
 from pytest_gpubench.store.base import Store
 from pytest_gpubench.store.run_choice import LAST, SHOWN_RUNS, resolve_run
 from pytest_gpubench.store.records import AttemptRecord, CellRecord, ResultRecord

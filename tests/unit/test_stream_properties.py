@@ -16,7 +16,7 @@ from hypothesis import example, given, settings, strategies as st
 
 from parser_properties import PARSER_SETTINGS, within
 from pytest_gpubench.measure.benchmark import LoadgenPass, _consume
-from pytest_gpubench.measure.results import RequestRecord
+from pytest_gpubench.remote.readings import RequestRecord
 from pytest_gpubench.remote import loadgen
 
 

@@ -20,7 +20,7 @@ import pytest
 from standin_helpers import write_instance
 
 from pytest_gpubench.remote.ssh import Connection
-from pytest_gpubench.measure.results import GPUStats
+from pytest_gpubench.remote.readings import GPUStats
 from pytest_gpubench.sandbox import shims, sshd
 from pytest_gpubench.remote.telemetry import (
     GpuSample,

@@ -13,14 +13,8 @@ from pydantic import ValidationError
 
 from pytest_gpubench.matrix.cells import load_cells
 from pytest_gpubench.errors import Stage
-from pytest_gpubench.measure.thresholds import (
-    DEFAULT_MAX_ERROR_RATE,
-    Slo,
-    Thresholds,
-    Violation,
-    check_thresholds,
-    describe_violations,
-)
+from pytest_gpubench.matrix.thresholds import DEFAULT_MAX_ERROR_RATE, Slo, Thresholds
+from pytest_gpubench.measure.thresholds import Violation, check_thresholds, describe_violations
 
 GOOD = {"tps": 50.0, "ttft_ms_by_percentile": {50: 200.0, 90: 400.0, 95: 500.0, 99: 900.0},
         "error_rate": 0.0, "match_rate": 1.0}

@@ -1,4 +1,4 @@
-from pytest_gpubench.measure.results import RequestRecord
+from pytest_gpubench.remote.readings import RequestRecord
 from pytest_gpubench.measure.validity import context_truncated, judge, token_count_mismatch
 
 PROMPTS = ["Write a Python function to implement binary search on a sorted list."]  # 70 chars: ~17 tokens

@@ -23,19 +23,19 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from ..aio import run as run_async
-from .budget import admission, expected_session_seconds
+from ..cloud.budget import admission, expected_session_seconds
 from ..errors import ApiError, AttemptsFailed, BudgetRefused, ClaimLost, NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell
-from .offers import Constraints, next_offer
+from ..cloud.offers import Constraints, next_offer
 from ..store.progress import ProgressWriter
-from .provider import OfferChoice, Provider, SshDetails, consumer_id
-from .shopper_provider import reservation_hours
-from ..plugin.record import CellRecorder
-from .reuse_estimates import disk_gb_for, estimated_cell_seconds, planned_benchmark_seconds, reservation_seconds
-from ..plugin.run_context import RunContext
+from ..cloud.provider import OfferChoice, Provider, SshDetails, consumer_id
+from ..cloud.shopper_provider import reservation_hours
+from .record import CellRecorder
+from ..cloud.reuse_estimates import disk_gb_for, estimated_cell_seconds, planned_benchmark_seconds, reservation_seconds
+from .run_context import RunContext
 from ..settings import MIN_SCALED_TIMEOUT
-from .shopper_client import CreatedSession, Offer, Session
-from .ssh_wait import SshWait, entrypoint_wait, heavy_stage_seconds, ssh_wait_for, stage_timeout
+from ..cloud.shopper_client import CreatedSession, Offer, Session
+from ..cloud.ssh_wait import SshWait, entrypoint_wait, heavy_stage_seconds, ssh_wait_for, stage_timeout
 
 T = TypeVar("T")
 #: Seconds of slack on top of a stage timeout for the bridge into the loop.

@@ -9,11 +9,11 @@ pytest-timeout's ``thread`` method, a power cut) is released here:
 * at the start of the next run that uses the same manifest;
 * by ``gpubench cleanup``.
 
-Sessions are listed and released through the run's :class:`~.provider.Provider`;
-what the run recorded is read and written through the
-:class:`~pytest_gpubench.store.base.Store` protocol and its typed records. That
-protocol is named for type checkers only: at run time ``cloud/`` imports nothing
-of ``store/``'s database side, whichever store is behind it.
+Sessions are listed and released through the run's
+:class:`~pytest_gpubench.cloud.provider.Provider`; what the run recorded is read and
+written through the :class:`~pytest_gpubench.store.base.Store` protocol and its typed
+records (:class:`~pytest_gpubench.store.records.RunInfo`: whether a run may still be
+going on), whichever store is behind it.
 
 **Ownership.** Only sessions this manifest owns are touched: a session id recorded
 in it, or a session whose ``consumer_id`` was made by
@@ -33,7 +33,7 @@ the next cell of a reuse group, and one only the API knows. A cell is marked fai
 only while it still runs under the holder cleanup found it with (``if_held_by``): one a
 live controller took over meanwhile is its. A cell whose holder cleanup found gone
 (``check_liveness``: the start of a run, ``gpubench cleanup``) is marked ``failed`` as
-:data:`ABANDONED`: its run never failed it, and the next controller of its run that
+:data:`~pytest_gpubench.store.claim_rule.ABANDONED`: its run never failed it, and the next controller of its run that
 reaches it takes it over and runs it (``store/claim_rule.py``), as it would a running
 cell whose lease ran out.
 
@@ -58,7 +58,6 @@ import re
 import time
 import urllib.parse
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta, timezone
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,23 +67,18 @@ from pydantic import BaseModel, ConfigDict
 from ..errors import ApiError, Stage, StageError
 from ..ids import is_id, shown_id
 from ..redaction import redact
-from .hosts_provider import on_leased_machine
-from .owned import OwnedSession
-from .processes import ProcessIdentity, held_by, holder_alive
+from ..cloud.hosts_provider import on_leased_machine
+from ..cloud.owned import OwnedSession
+from ..cloud.processes import ProcessIdentity, held_by, holder_alive
+from ..store.claim_rule import ABANDONED
 from ..store.progress import ProgressWriter, existing_progress_file, read_progress
-from .provider import CONSUMER_PREFIX, Provider, Released, consumer_id
-from .shopper_client import Session
+from ..store.records import RunInfo
+from ..cloud.provider import CONSUMER_PREFIX, Provider, Released, consumer_id
+from ..cloud.shopper_client import Session
 
 if TYPE_CHECKING:
     from ..store.base import Store
-    from ..store.records import RunRecord
 
-#: The failure reason of a cell cleanup closed because its holder's process was gone (not its
-#: run's own failure): the claim rule lets the next claimant take it over.
-ABANDONED = "abandoned"
-#: The API's longest reservation: a run with no recorded owner that started longer
-#: ago than this cannot hold a session any more, whatever became of its process.
-MAX_RESERVATION = timedelta(hours=12)
 #: The stage a cell is in once its progress file shows this STATUS line.
 _STAGE_AFTER = {
     "STARTING": Stage.INVENTORY,
@@ -161,54 +155,6 @@ def stage_reached(progress_file: str | Path | None) -> Stage:
         if line.kind == "STATUS" and line.label in _STAGE_AFTER and "by" not in line.fields:
             stage = _STAGE_AFTER[line.label]
     return stage
-
-
-class RunInfo(BaseModel):
-    """What the store says about one run (a :class:`~pytest_gpubench.store.records.RunRecord`),
-    and whether it may still be going on."""
-
-    model_config = ConfigDict(frozen=True)
-
-    run_id: str
-    started_at: str | None = None
-    finished_at: str | None = None
-    owner: ProcessIdentity | None = None
-    api: str | None = None
-    sandbox: bool = False
-
-    @classmethod
-    def of(cls, run: RunRecord) -> RunInfo:
-        """The run as the store recorded it."""
-        return cls.model_validate(run, from_attributes=True)
-
-    def still_running(self, me: ProcessIdentity | None = None) -> str | None:
-        """Why this run may still be going on in another process, or None when it is over."""
-        if self.finished_at:
-            return None
-        if self.owner is not None:
-            if me is not None and (self.owner.pid, self.owner.host) == (me.pid, me.host):
-                return None  # this process: what it asks to release, it no longer uses
-            alive = self.owner.alive()
-            if alive is None:
-                return f"run {self.run_id} was started on host {self.owner.host} and may still be running there"
-            if alive:
-                return f"run {self.run_id} is still running (pid {self.owner.pid})"
-            return None
-        started = _parse_time(self.started_at)
-        if started is not None and datetime.now(timezone.utc) - started < MAX_RESERVATION:
-            return (f"run {self.run_id} recorded no process to check (an older version made it) "
-                    f"and started less than {MAX_RESERVATION.total_seconds() / 3600:.0f} h ago")
-        return None
-
-
-def _parse_time(text: str | None) -> datetime | None:
-    try:
-        parsed = datetime.fromisoformat(text) if text else None
-    except ValueError:
-        return None
-    if parsed is not None and parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed
 
 
 class Leftover(OwnedSession):

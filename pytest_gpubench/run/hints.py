@@ -212,25 +212,3 @@ def _listed(values: Sequence[str]) -> str:
 
 def _or(values: Sequence[str]) -> str:
     return " or ".join(values)
-
-
-def filter_hint_lines(config: Any) -> list[str]:
-    """What to tell a user whose ``--gpubench-gpu/provider/model`` selected no cell: the
-    values the command line's matrix files do hold (and the close names). Empty when
-    no filter was given."""
-    from ..errors import MatrixError
-    from ..matrix.cells import load_cells
-    from .matrix_scan import matrix_files
-    from .stash import SETTINGS_KEY
-
-    settings = config.stash[SETTINGS_KEY]
-    if not (settings.gpu or settings.provider or settings.model):
-        return []
-    cells: list[Any] = []
-    for path in matrix_files(config):
-        try:
-            cells += load_cells(path)
-        except MatrixError:
-            continue  # reported at collection already
-    message = no_match_message(cells, settings.gpu, settings.provider, settings.model)
-    return (message or "").splitlines()

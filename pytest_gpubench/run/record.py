@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import ClaimLost, Stage, StageError
-from ..measure.figures import FIGURES, FigureSource, figure_values
+from ..figures import FIGURES, FigureSource, figure_values
 from ..store.base import Store
 from ..matrix.cells import Cell
 from ..store.progress import ProgressWriter, cell_progress_path
-from ..measure.results import BenchmarkResult, HardwareInfo, RequestRecord
+from ..measure.results import BenchmarkResult
+from ..remote.readings import HardwareInfo, RequestRecord
 from ..remote.sysinfo import SystemInfo
 from ..runtimes.base import PulledModel
 

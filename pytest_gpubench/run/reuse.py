@@ -1,19 +1,19 @@
 """A runtime on a reused session: the next cell's model gets the GPU and the disk.
 
 Cells of one reuse group run one after another on one session
-(:mod:`pytest_gpubench.cloud.session_pool`); what the runtime of each must do
+(:mod:`pytest_gpubench.run.session_pool`); what the runtime of each must do
 about the models earlier cells left there is here, in terms of the
-:class:`~.base.Runtime` protocol.
+:class:`~pytest_gpubench.runtimes.base.Runtime` protocol.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..cloud.session_pool import Lease
+from .session_pool import Lease
 from ..matrix.cells import Cell
 from ..remote.system import free_disk_bytes
-from .base import Runtime
+from ..runtimes.base import Runtime
 
 GB = 1_000_000_000
 

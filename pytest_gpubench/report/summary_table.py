@@ -2,9 +2,10 @@
 finished cell, from the JUnit properties its teardown report carries.
 
 Its columns are chosen with ``--gpubench-columns`` (as pytest-benchmark's
-``--benchmark-columns``): comma-separated names from :data:`ALLOWED_COLUMNS`, the
-figures of :mod:`.figures` plus the cell's ``status`` and ``cost_usd``. The cell id
-is always the first column.
+``--benchmark-columns``): comma-separated names from
+:data:`~pytest_gpubench.figures.ALLOWED_COLUMNS`, the figures of
+:mod:`pytest_gpubench.figures` plus the cell's ``status`` and ``cost_usd``
+(``figures.parse_columns`` reads the option). The cell id is always the first column.
 """
 
 from __future__ import annotations
@@ -12,42 +13,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..measure.figures import FIGURES, FigureSource, figure_values
+from ..figures import CELL_COLUMNS, FIGURES, FigureSource, figure_values
 from ..store.record_keys import key_of
 
-#: Columns that are not a result figure: how the cell ended, what it cost.
-CELL_COLUMNS: dict[str, tuple[str, str]] = {
-    "status": ("status", "how the cell ended (with the failure stage)"),
-    "cost_usd": ("cost $", "what the cell cost: price x the time it held a session, USD"),
-}
-ALLOWED_COLUMNS: tuple[str, ...] = (*CELL_COLUMNS, *FIGURES)
 DEFAULT_COLUMNS: tuple[str, ...] = (
     "status", "output_tokens_per_second", "decode_tokens_per_second", "ttft_p50_ms", "cost_per_million_tokens",
     "cost_usd",
 )
 #: Figures marked ``!`` when the cell's figures do not describe the GPU (validity flags).
 _MARKED = ("output_tokens_per_second", "decode_tokens_per_second")
-
-
-def parse_columns(text: str | Iterable[str]) -> tuple[str, ...]:
-    """``"status,output_tokens_per_second"`` -> the column names, in order, once each.
-
-    Names are case-insensitive; ``cell`` is accepted and ignored (it always comes
-    first). An unknown name, or none at all, is a ``ValueError`` naming the allowed ones.
-    """
-    items = [text] if isinstance(text, str) else list(text)
-    names: list[str] = []
-    for item in items:
-        names += [name.strip().lower() for name in str(item).split(",") if name.strip()]
-    unknown = [name for name in names if name not in ALLOWED_COLUMNS and name != "cell"]
-    allowed = ", ".join(ALLOWED_COLUMNS)
-    if unknown:
-        raise ValueError(f"unknown column{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}; "
-                         f"allowed: {allowed}")
-    chosen = tuple(dict.fromkeys(name for name in names if name != "cell"))
-    if not chosen:
-        raise ValueError(f"expected at least one column name; allowed: {allowed}")
-    return chosen
 
 
 class SummaryTable:

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from ..errors import UsageProblem
-from ..sandbox.auth import TOKEN_ENV, bearer, new_token
+from .auth import TOKEN_ENV, bearer, new_token
 from ..settings import Settings
 
 URL_PREFIX = "GPUBENCH_SANDBOX_URL="

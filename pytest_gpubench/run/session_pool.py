@@ -6,7 +6,7 @@ that share a GPU type and provider (``Cell.session_group``) therefore share one
 session: the first rents it, the next ones find it in this process's
 :class:`SessionPool` and only pull their model. Between cells the session is
 re-checked (the API must still report it ``running``; Ollama must answer; the disk
-must hold the next model, or earlier models are removed: :mod:`..runtimes.reuse`) and it is released as
+must hold the next model, or earlier models are removed: :mod:`.reuse`) and it is released as
 soon as the group's last cell on this worker is done, or a cell's failure says the
 session itself is gone.
 
@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING
 from ..aio import run as run_async
 from ..errors import Stage
 from ..matrix.cells import Cell
-from .offers import Constraints, unfit
-from ..plugin.record import CellOutcome, CellRecorder
+from ..cloud.offers import Constraints, unfit
+from .record import CellOutcome, CellRecorder
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only
     from ..remote.sysinfo import SystemInfo
-    from ..plugin.cell_benchmark import GpuSession
+    from .cell_benchmark import GpuSession
     from .provisioning import Provisioning
-    from ..plugin.run_context import RunContext
+    from .run_context import RunContext
 
 #: Failures that say the session itself is unusable: its later cells rent a new one.
 SESSION_STAGES = frozenset({Stage.PROVISION, Stage.SSH_WAIT, Stage.SSH_CONNECT})

@@ -1,10 +1,18 @@
 """The one registry of the figures a cell's result shows: name, definition, unit, source.
 
 Every output that lists a result's figures reads this table: the JUnit properties
-(``gpubench_<name>``, :mod:`.record`), the CSV export (a column ``<name>`` each,
-:mod:`.export`) and the terminal summary's columns (``--gpubench-columns``,
-:mod:`.summary_table`). Adding a figure is one :class:`Figure` entry here (and its
+(``gpubench_<name>``, ``run/record.py``), the CSV export (a column ``<name>`` each,
+``store/export.py``) and the terminal summary's columns (``--gpubench-columns``,
+``report/summary_table.py``). Adding a figure is one :class:`Figure` entry here (and its
 definition in docs/metrics.md, which ``tests/plugin/test_summary_columns.py`` checks).
+
+The names a person gives figures on the command line are read here too, so that the
+option table (``options.py``, a top-level module like this one) checks them without
+importing a folder: the summary's columns (:func:`parse_columns`) and the rules of
+``--gpubench-compare-fail`` (:func:`parse_compare_fail`, over :data:`METRICS`; the
+comparison itself is ``measure/compare.py``). The one cost formula,
+:func:`cost_per_million_tokens`, is here as well: the stored headline figure, the
+report's fallback and the registry's ``cost_per_million_tokens`` all call it.
 
 A figure is read from the stored result: the GPU Shopper ``BenchmarkResult`` as a
 JSON mapping, and the ``details`` mapping (``details_json``: ``metrics`` is
@@ -17,13 +25,31 @@ A figure that was not measured is ``None``, never 0.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .results import cost_per_million_tokens
+from pydantic import BaseModel, ConfigDict
 
-__all__ = ["FIGURES", "Figure", "FigureSource", "figure_values", "output_tokens_per_second"]
+__all__ = [
+    "ALLOWED_COLUMNS", "CELL_COLUMNS", "FIGURES", "METRICS", "Figure", "FigureSource", "Metric", "Rule",
+    "cost_per_million_tokens", "figure_values", "output_tokens_per_second", "parse_columns", "parse_compare_fail",
+]
+
+
+def cost_per_million_tokens(price_per_hour: float, tokens_per_second: float) -> float | None:
+    """USD per million tokens of a GPU at ``price_per_hour`` producing ``tokens_per_second``:
+    ``price_per_hour / (tokens_per_second * 3600) * 1e6``; ``None`` without throughput.
+
+    The one cost formula: the stored headline figure
+    (:func:`~pytest_gpubench.measure.results.cost_analysis`), the
+    report's fallback for a result stored without one, and the figure registry's
+    ``cost_per_million_tokens`` all call it.
+    """
+    if tokens_per_second <= 0:
+        return None
+    return price_per_hour / (tokens_per_second * 3600.0) * 1e6
 
 
 @dataclass(frozen=True)
@@ -224,3 +250,114 @@ FIGURES: dict[str, Figure] = {f.name: f for f in (
 def figure_values(source: FigureSource) -> dict[str, Any]:
     """Every registered figure of ``source``, by name (``None`` where not measured)."""
     return {name: figure.value(source) for name, figure in FIGURES.items()}
+
+
+# ------------------------------------------------ summary columns (``--gpubench-columns``)
+
+#: Columns that are not a result figure: how the cell ended, what it cost.
+CELL_COLUMNS: dict[str, tuple[str, str]] = {
+    "status": ("status", "how the cell ended (with the failure stage)"),
+    "cost_usd": ("cost $", "what the cell cost: price x the time it held a session, USD"),
+}
+ALLOWED_COLUMNS: tuple[str, ...] = (*CELL_COLUMNS, *FIGURES)
+
+
+def parse_columns(text: str | Iterable[str]) -> tuple[str, ...]:
+    """``"status,output_tokens_per_second"`` -> the column names, in order, once each.
+
+    Names are case-insensitive; ``cell`` is accepted and ignored (it always comes
+    first). An unknown name, or none at all, is a ``ValueError`` naming the allowed ones.
+    """
+    items = [text] if isinstance(text, str) else list(text)
+    names: list[str] = []
+    for item in items:
+        names += [name.strip().lower() for name in str(item).split(",") if name.strip()]
+    unknown = [name for name in names if name not in ALLOWED_COLUMNS and name != "cell"]
+    allowed = ", ".join(ALLOWED_COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown column{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}; "
+                         f"allowed: {allowed}")
+    chosen = tuple(dict.fromkeys(name for name in names if name != "cell"))
+    if not chosen:
+        raise ValueError(f"expected at least one column name; allowed: {allowed}")
+    return chosen
+
+
+# ------------------------------------------ compare rules (``--gpubench-compare-fail``)
+
+
+class _Value(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Metric(_Value):
+    """One comparable figure: where it is found and which direction is better."""
+
+    name: str  # the rule name: tps, ttft, cost, error_rate
+    column: str  # the manifest / benchmarks column
+    fallback: str = ""  # the column read where ``column`` is missing (older rows)
+    label: str  # how a line names it
+    higher_is_better: bool
+    in_points: bool = False  # regressions in percentage points rather than percent
+
+
+METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        Metric(name="tps", column="p50_tokens_per_second", fallback="decode_tokens_per_second", label="tps",
+               higher_is_better=True),
+        Metric(name="ttft", column="ttft_p50_ms", label="ttft p50", higher_is_better=False),
+        Metric(name="cost", column="cost_per_million_tokens", label="cost/Mtok", higher_is_better=False),
+        Metric(name="error_rate", column="error_rate", label="errors", higher_is_better=False,
+               in_points=True),
+    )
+}
+_ALIASES = {
+    "tokens_per_second": "tps",
+    "ttft_p50": "ttft",
+    "ttft_p50_ms": "ttft",
+    "cost_per_million_tokens": "cost",
+    "errors": "error_rate",
+}
+_RULE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(%?)\s*$")
+
+
+class Rule(_Value):
+    """A bound: ``metric`` may get worse by at most ``percent`` (points for error_rate)."""
+
+    metric: str
+    percent: float
+
+    def __str__(self) -> str:
+        return f"{self.metric}:{self.percent:g}%"
+
+
+def parse_compare_fail(text: str | Iterable[str]) -> list[Rule]:
+    """Parse ``tps:10%,ttft:20%`` (comma-separated, or several such strings) into rules.
+
+    The ``%`` sign is optional; a metric named twice keeps its strictest bound.
+    Anything else is a ``ValueError`` that says what is allowed.
+    """
+    parts = [text] if isinstance(text, str) else list(text)
+    allowed = ", ".join(METRICS)
+    rules: dict[str, Rule] = {}
+    for part in parts:
+        for item in str(part).split(","):
+            if not item.strip():
+                continue
+            match = _RULE.match(item)
+            if match is None:
+                raise ValueError(
+                    f"expected METRIC:PERCENT such as tps:10% (metrics: {allowed}), got {item.strip()!r}"
+                )
+            name = match.group(1).lower()
+            name = _ALIASES.get(name, name)
+            if name not in METRICS:
+                raise ValueError(f"unknown metric {match.group(1)!r} in {item.strip()!r} (allowed: {allowed})")
+            bound = float(match.group(2))
+            if name in rules and rules[name].percent <= bound:
+                continue
+            rules[name] = Rule(metric=name, percent=bound)
+    if not rules:
+        raise ValueError(f"expected at least one METRIC:PERCENT such as tps:10% (metrics: {allowed})")
+    return list(rules.values())
