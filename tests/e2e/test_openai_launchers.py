@@ -90,7 +90,7 @@ def test_launcher_serves_the_catalog_model_and_stops_on_sigterm(api: httpx.Clien
     session, key = new_session(api)
     truth = instance_document(api, session)["models"][MODEL]
     port = free_port()
-    log = f"/tmp/{program}.log"
+    log = f"$TMPDIR/{program}.log"  # the instance's own: not a file other runs on this machine share
 
     async def scenario() -> None:
         connection = await connect(session, key)
@@ -136,12 +136,15 @@ def test_launcher_serves_the_catalog_model_and_stops_on_sigterm(api: httpx.Clien
             assert usage["completion_tokens"] == len(arrivals) > 1
             assert usage["prompt_tokens"] == count_prompt_tokens(PROMPT)
             assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
-            # The catalog's truths: noise only ever adds delay, so lower bounds are tight
-            # and upper bounds generous.
+            # The catalog's truths: noise only ever adds delay to a token, so lower bounds are
+            # tight and upper bounds generous. Tokens leave on an absolute schedule (a late one
+            # does not push back the rest), so a first token delayed by a loaded machine shortens
+            # the span to the last one: the lower bound is on the last token's arrival itself.
             ttft, decode = arrivals[0], arrivals[-1] - arrivals[0]
             expected_decode = (len(arrivals) - 1) / truth["tokens_per_second"]
             assert truth["ttft_ms"] / 1000 * 0.9 <= ttft <= truth["ttft_ms"] / 1000 + 2.0
-            assert expected_decode * 0.9 <= decode <= expected_decode * 2 + 1.0
+            assert (truth["ttft_ms"] / 1000 + expected_decode) * 0.9 <= arrivals[-1]
+            assert decode <= expected_decode * 2 + 1.0
 
             # The server is the child of the sh that reports its exit status.
             await run(connection, f"pkill -TERM -P {pid}")
