@@ -93,12 +93,13 @@ def parse_duration(value: Any) -> float:
                 raise ValueError(f"not a duration: {value!r}") from None
             h, m, s = (float(found[k] or 0) for k in "hms")
             return h * 3600 + m * 60 + s
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not is_finite(value):
         raise ValueError(f"not a duration: {value!r}")
     return float(value)
 
 
-def _finite(value: float) -> bool:
+def is_finite(value: float) -> bool:
+    """Whether ``value`` is a finite number (an int too large for a float is not)."""
     try:
         return math.isfinite(value)
     except OverflowError:  # an int too large for a float

@@ -9,7 +9,6 @@ field path and the line.
 from __future__ import annotations
 
 import difflib
-import math
 import re
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
@@ -19,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
-from ..options import MAX_PRICE_PER_HOUR, parse_duration
+from ..options import MAX_PRICE_PER_HOUR, is_finite, parse_duration
 from .machines import KEPT_MACHINES
 from .selection import normalize_provider, number_text
 from .yaml_errors import describe
@@ -71,16 +70,9 @@ def invalid(message: str) -> PydanticCustomError:
 
 
 def _number(value: Any, allowed: str) -> Fraction:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not is_finite(value):
         raise invalid(f"{allowed}; got {describe(value)}")
     return Fraction(value)
-
-
-def _finite(value: float) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        return False
 
 
 def _seconds(value: Any) -> float:
@@ -92,7 +84,7 @@ def _seconds(value: Any) -> float:
         seconds = parse_duration(value)
     except ValueError:
         raise invalid(f"{allowed}; got {describe(value)}") from None
-    if not (_finite(seconds) and 0 < seconds <= MAX_DURATION_S):
+    if not (is_finite(seconds) and 0 < seconds <= MAX_DURATION_S):
         raise invalid(f"{allowed}; got {describe(value)}")
     return seconds
 
@@ -249,7 +241,7 @@ def _rate(value: Any) -> tuple[float, ...] | str | None:
                "a non-empty list of them such as [0.5, 1, 2.5], or `sweep` for a saturation sweep")
 
     def check(item: Any) -> float | None:
-        ok = isinstance(item, (int, float)) and not isinstance(item, bool) and _finite(item)
+        ok = isinstance(item, (int, float)) and not isinstance(item, bool) and is_finite(item)
         return float(item) if ok and 0 < item <= MAX_RATE else None
 
     return _axis(value, allowed, check)
@@ -271,7 +263,7 @@ def fraction(value: Any, allowed: str, *, above_zero: bool = False) -> float:
             number = float(value.strip()[:-1]) / 100
         except ValueError:
             number = None
-    if isinstance(number, bool) or not isinstance(number, (int, float)) or not _finite(number) \
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not is_finite(number) \
             or not (0 < number <= 1 if above_zero else 0 <= number <= 1):
         raise invalid(f"{allowed}; got {describe(value)}")
     return float(number)
