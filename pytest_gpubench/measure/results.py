@@ -17,10 +17,10 @@ import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from ..figures import cost_per_million_tokens
-from ..remote.readings import GPUStats, HardwareInfo, RequestRecord
+from ..remote.readings import GPUStats, HardwareInfo, RequestRecord, ValueModel
 
 __all__ = [
     "BenchmarkResult",
@@ -34,12 +34,6 @@ __all__ = [
     "quality",
     "summarize",
 ]
-
-
-class _Value(BaseModel):
-    """Base of the value models: immutable, and tolerant of fields a newer peer adds."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
 
 
 # --------------------------------------------------------------------------- requests
@@ -65,7 +59,7 @@ def decode_tokens_per_second(
 # --------------------------------------------------------------------- result models
 
 
-class ModelInfo(_Value):
+class ModelInfo(ValueModel):
     """The model under test (Go ``ModelInfo``)."""
 
     name: str = ""
@@ -77,7 +71,7 @@ class ModelInfo(_Value):
     runtime_version: str = ""
 
 
-class TestConfig(_Value):
+class TestConfig(ValueModel):
     """How the load was generated (Go ``TestConfig``)."""
 
     # Not a test class, whatever its name says: keeps pytest from trying to collect
@@ -91,7 +85,7 @@ class TestConfig(_Value):
     warmup_requests: int = 0
 
 
-class PerformanceResults(_Value):
+class PerformanceResults(ValueModel):
     """The measured figures (Go ``PerformanceResults``); built by :func:`summarize`."""
 
     total_requests: int = 0
@@ -128,7 +122,7 @@ class PerformanceResults(_Value):
     prompts_matching: int = 0
 
 
-class CostAnalysis(_Value):
+class CostAnalysis(ValueModel):
     """Cost efficiency (Go ``CostAnalysis``); see :func:`cost_analysis` for the ``None`` cases."""
 
     tokens_per_dollar: float | None = None
@@ -137,7 +131,7 @@ class CostAnalysis(_Value):
     estimated_monthly_24x7: float = 0.0
 
 
-class BenchmarkResult(_Value):
+class BenchmarkResult(ValueModel):
     """One benchmark, in the shape ``POST /api/v1/benchmarks`` stores (Go ``BenchmarkResult``).
 
     ``id`` is empty until the manifest or the server assigns one. ``timestamp`` is

@@ -13,16 +13,17 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["GPUStats", "HardwareInfo", "RequestRecord"]
+__all__ = ["GPUStats", "HardwareInfo", "RequestRecord", "ValueModel"]
 
 
-class _Value(BaseModel):
-    """Base of the value models: immutable, and tolerant of fields a newer peer adds."""
+class ValueModel(BaseModel):
+    """Base of the result's value models (these and measure/results.py's): immutable, and
+    tolerant of fields a newer peer adds."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
 
-class RequestRecord(_Value):
+class RequestRecord(ValueModel):
     """One request of the load generator, as it emits it (one JSON object per request).
 
     ``latency_ms`` runs from sending the request to the final chunk; ``output_tokens``
@@ -88,7 +89,7 @@ class RequestRecord(_Value):
         return self.eval_count if self.eval_count is not None else self.output_tokens
 
 
-class HardwareInfo(_Value):
+class HardwareInfo(ValueModel):
     """The machine the benchmark ran on (Go ``HardwareInfo``)."""
 
     gpu_name: str = ""
@@ -101,7 +102,7 @@ class HardwareInfo(_Value):
     ram_gib: int = 0
 
 
-class GPUStats(_Value):
+class GPUStats(ValueModel):
     """GPU telemetry over the run (Go ``GPUStats``); the Go side keeps memory as ints."""
 
     avg_utilization_pct: float = 0.0
