@@ -332,6 +332,11 @@ OPTIONS: tuple[Option, ...] = (
            type=_summary_columns, env="GPUBENCH_COLUMNS", metavar="NAMES"),
 )
 OPTIONS_BY_DEST = {opt.dest: opt for opt in OPTIONS}
+#: The deprecated old names of each option, by the dest they feed (``store``: ``manifest``).
+ALIASES_OF: dict[str, tuple[Option, ...]] = {
+    dest: tuple(alias for alias in OPTIONS if alias.deprecated_for == dest)
+    for dest in {opt.deprecated_for for opt in OPTIONS if opt.deprecated_for}
+}
 
 
 def new_run_id() -> str:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .errors import Stage, UsageProblem
 from .ids import ID_RULE, is_id, shown_id
 from .options import (  # noqa: F401 - re-exported: the table's users import it from here
+    ALIASES_OF,
     DEFAULT_API,
     DEFAULT_SPLIT_COST,
     OPTIONS,
@@ -236,13 +237,6 @@ def _pytest_flag(opt: Option) -> str:
     return opt.flag
 
 
-#: Deprecated options by the dest of the option each feeds (``store``: ``manifest``).
-_ALIASES: dict[str, tuple[Option, ...]] = {}
-for _opt in OPTIONS:
-    if _opt.deprecated_for:
-        _ALIASES[_opt.deprecated_for] = (*_ALIASES.get(_opt.deprecated_for, ()), _opt)
-
-
 def _lookup(names: tuple[Option, ...], cli: Mapping[str, Any], env: Mapping[str, str], ini: Callable[[str], Any],
             flag: Callable[[Option], str]) -> tuple[Any, str] | None:
     """The value of the first of ``names`` (an option, then its deprecated aliases) given on the
@@ -285,7 +279,7 @@ def resolve(
     """
     values: dict[str, Any] = {}
     for opt in OPTIONS:
-        found = _lookup((opt, *_ALIASES.get(opt.dest, ())), cli, env, ini, flag)
+        found = _lookup((opt, *ALIASES_OF.get(opt.dest, ())), cli, env, ini, flag)
         if found is not None:
             values[opt.dest] = _convert(opt, *found)
     for note in deprecations(cli, env, ini, flag=flag):

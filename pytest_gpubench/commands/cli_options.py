@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CommandProblem, UsageProblem
-from ..options import OPTIONS, OPTIONS_BY_DEST, Option
+from ..options import ALIASES_OF, OPTIONS_BY_DEST, Option
 from ..settings import Settings, deprecations, pytest_ini, resolve
 
 #: Where a parser keeps the dests its command took from the table (``set_defaults``).
@@ -37,7 +37,7 @@ def add_options(parser: argparse.ArgumentParser, *dests: str, notes: Mapping[str
     taken = list(parser.get_default(SHARED) or ())
     for dest in dests:
         opt = OPTIONS_BY_DEST[dest]
-        aliases = [alias for alias in OPTIONS if alias.deprecated_for == dest]
+        aliases = ALIASES_OF.get(dest, ())
         _add(parser, opt, notes.get(dest))
         for alias in aliases:
             _add(parser, alias, None)
