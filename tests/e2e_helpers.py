@@ -152,6 +152,26 @@ class PytestRun:
         return row
 
 
+def processes_marked(marker: str) -> list[str]:
+    """Command lines of live processes whose environment holds ``marker``: something only one test's
+    processes carry (a sandbox session id, in its instance's path; ``NAME=tmp_path``, a whole entry),
+    so that processes of tests running beside it in other workers never count as its leftovers."""
+    # A NAME=value marker is a whole entry (another test's tmp_path may start with this one's);
+    # anything else is found inside an entry.
+    needle, whole = marker.encode(), "=" in marker
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ, cmdline = (entry / "environ").read_bytes(), (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        if (b"\0" + needle + b"\0" in b"\0" + environ) if whole else (needle in environ):
+            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace").strip())
+    return found
+
+
 def sandbox_sessions(url: str) -> list[dict]:
     """Every session the sandbox at ``url`` knows, whatever its state."""
     return httpx.get(f"{url}/sandbox/state", headers=SANDBOX_AUTH).json()["sessions"]

@@ -195,15 +195,37 @@ class MachineProvider:
                      ssh_timeout_minutes: int | None = None, disk_gb: int | None = None,
                      launch: LaunchSpec | None = None, runtime: str = "", model: str = "") -> CreatedSession:
         machine = self._machine_of(offer)
+        pending = self._pending_on(machine, offer, consumer, hours, runtime)
+        placed = None
+        if not await self._claim(pending):
+            # Taken since it was offered (another worker chose it at the same moment): an idle machine
+            # of the same shape and no dearer serves the cell now, rather than it queueing on this one.
+            for other in self._interchangeable(machine, offer):
+                moved = self._pending_on(other, self._offer(other, offer.gpu_count, offer.provider),
+                                         consumer, hours, runtime)
+                if await self._claim(moved):
+                    pending, placed = moved, self._offer(other, offer.gpu_count, offer.provider)
+                    break
+        self._sessions[pending.session.id] = pending
+        return CreatedSession(session=pending.session, ssh_private_key="", placed=placed)
+
+    def _pending_on(self, machine: Machine, offer: Offer, consumer: str, hours: int, runtime: str) -> _Pending:
         count = leased(machine, offer.gpu_count, runtime)
         session = Session(id=f"{self.cloud}-{machine.name}-{next(self._numbers)}-{uuid.uuid4().hex[:6]}",
                           consumer_id=consumer, provider=offer.provider, gpu_type=machine.gpu, gpu_count=count,
                           status="pending", ssh_host=machine.location, ssh_port=machine.port,
-                          price_per_hour=offer.price_per_hour, reservation_hours=hours, created_at=datetime.now(timezone.utc), offer_id=offer.id)
-        pending = self._sessions[session.id] = _Pending(session, machine, count,
-                                                        whole_machine=runtime not in SERVER_PER_CELL)
-        await self._claim(pending)
-        return CreatedSession(session=session, ssh_private_key="")
+                          price_per_hour=offer.price_per_hour, reservation_hours=hours,
+                          created_at=datetime.now(timezone.utc), offer_id=offer.id)
+        return _Pending(session, machine, count, whole_machine=runtime not in SERVER_PER_CELL)
+
+    def _interchangeable(self, machine: Machine, offer: Offer) -> list[Machine]:
+        """Other known machines a cell offered ``machine`` may run on instead: the same GPU type and
+        count, no dearer, picked by the same ``provider:``; cheapest first."""
+        wanted = Constraints(gpu=machine.gpu, provider=offer.provider, vram_gb=0.0, gpu_count=offer.gpu_count)
+        same = [m for m in self._known.values()
+                if m.name != machine.name and m.gpu == machine.gpu and m.gpus == machine.gpus
+                and m.price_per_hour <= machine.price_per_hour and self.machine_matches(m, wanted)]
+        return sorted(same, key=lambda m: (m.price_per_hour, m.name))
 
     def _machine_of(self, offer: Offer) -> Machine:
         name = str(offer.machine_id or offer.id.partition("/")[0])

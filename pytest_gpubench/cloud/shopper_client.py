@@ -96,6 +96,9 @@ class CreatedSession(BaseModel):
     session: Session
     ssh_private_key: str = Field(repr=False)
     retries_attempted: int = 0
+    #: The offer the provider placed the session on when not the one asked for (a leased machine
+    #: taken since it was offered, another of the same shape idle); ``None``: the one asked for.
+    placed: Offer | None = Field(default=None, exclude=True)
 
 
 class SessionRequest(BaseModel):

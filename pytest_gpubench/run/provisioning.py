@@ -215,6 +215,11 @@ class Provisioning:
                                                runtime=self.cell.lease_runtime, model=self.cell.model),
                                timeout, Stage.PROVISION, "creating the session")
         session = created.session
+        if created.placed is not None:  # the provider placed the session on another offer (hosts_provider)
+            offer = attempt.offer = created.placed
+            recorder.store.update_attempt(recorder.row_id, attempt.number, offer_id=offer.id,
+                                          location=offer.location, machine_id=offer.machine_id,
+                                          price_per_hour=offer.price_per_hour)
         attempt.session_id = session.id
         recorder.session_created(session.id, attempt.consumer_id, offer.id, offer.price_per_hour)
         recorder.store.update_attempt(recorder.row_id, attempt.number, session_id=session.id)

@@ -112,6 +112,11 @@ def test_three_cells_on_two_hosts_with_two_workers_never_share_a_gpu(tmp_path, t
     logs = list((tmp_path / "reports" / "progress").rglob("*.log"))
     assert len(logs) == 3 and not any("status=waiting_for_gpu" in log.read_text() for log in logs)
     assert {str(row["ssh_port"]) for row in rows} <= ports
+    # Each attempt names the machine its cell ran on, also when the one first chosen was taken meanwhile.
+    port_of = {name: str(m.ssh_port) for name, m in two_hosts.hosts.machines.items()}
+    attempts = list(sqlite_utils.Database(tmp_path / "reports" / "manifest.db")["attempts"].rows)
+    ran_on = {row["id"]: str(row["ssh_port"]) for row in rows}
+    assert len(attempts) == 3 and all(port_of[a["machine_id"]] == ran_on[a["manifest_id"]] for a in attempts)
     # Their keys were in no known_hosts file: pinned on first use, and said so.
     pinned = known_hosts.read_text().splitlines()
     assert {line.split()[0] for line in pinned} == {host_pattern("127.0.0.1", int(port)) for port in ports}

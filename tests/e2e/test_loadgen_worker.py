@@ -15,11 +15,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from e2e_helpers import processes_marked
 
 from pytest_gpubench.measure.benchmark import LOADGEN_SOURCE, BenchmarkPlan
 from pytest_gpubench.remote.readings import RequestRecord
 
 TTFT_MS, TPS = 40.0, 200.0
+#: Set to the test's tmp_path in the load generator's environment, which its workers inherit.
+RUN_MARKER = "GPUBENCH_TEST_RUN"
 STANDIN = [sys.executable, "-m", "pytest_gpubench.sandbox.worker_standin"]
 
 #: A worker that obeys the contract until ``BREAK`` tells it how to break (after two deltas).
@@ -64,6 +67,7 @@ def run_loadgen(tmp_path: Path, command: list[str], env: dict[str, str] | None =
     environ = {**os.environ, "GPUBENCH_WORKER_TTFT_MS": str(TTFT_MS), "GPUBENCH_WORKER_TPS": str(TPS),
                "MODEL_NAME": "qwen2:7b", **(env or {})}
     environ.pop("GPUBENCH_SANDBOX_INSTANCE", None)
+    environ[RUN_MARKER] = str(tmp_path)  # its workers inherit it: leftovers() finds this test's alone
     done = subprocess.run([sys.executable, "-", json.dumps(config)], input=LOADGEN_SOURCE, text=True,
                           capture_output=True, timeout=120, env=environ)
     assert done.returncode in (0, 1), done.stderr
@@ -80,9 +84,9 @@ def measured(events: list[dict]) -> list[RequestRecord]:
     return [RequestRecord.model_validate(e) for e in events if e["event"] == "request" and not e["warmup"]]
 
 
-def leftovers(marker: str) -> list[str]:
-    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in ps.splitlines() if marker in line and "ps -eo" not in line]
+def leftovers(tmp_path: Path, program: str) -> list[str]:
+    """``program``'s processes that this test's load generator started, still alive."""
+    return [line for line in processes_marked(f"{RUN_MARKER}={tmp_path}") if program in line]
 
 
 def test_session_workers_give_the_models_ttft_and_decode_rate_and_end_with_the_run(tmp_path):
@@ -102,7 +106,7 @@ def test_session_workers_give_the_models_ttft_and_decode_rate_and_end_with_the_r
     # Whichever container says a status first is the one shown: both start at once.
     assert sorted(status for status, _ in statuses) == ["loading", "ready"]
     assert {container for _, container in statuses} <= {0, 1}
-    assert leftovers("pytest_gpubench.sandbox.worker_standin") == []
+    assert leftovers(tmp_path, "pytest_gpubench.sandbox.worker_standin") == []
 
 
 def test_one_off_workers_start_a_container_per_request_with_the_start_kept_apart(tmp_path):
@@ -136,7 +140,7 @@ def test_a_worker_breaking_the_contract_is_a_clear_request_error(tmp_path, mode,
     broke_mid_stream = mode in ("crash", "late-stderr", "no-finish", "stall")
     assert all(r.output_tokens == (2 if broke_mid_stream else 3) for r in records)  # what arrived is kept
     assert events[-1]["status"] == "completed"  # the run goes on; each request failed on its own
-    assert leftovers(str(tmp_path / "worker.py")) == []
+    assert leftovers(tmp_path, str(tmp_path / "worker.py")) == []
 
 
 def test_a_worker_that_never_starts_fails_the_run_with_its_reason(tmp_path):
@@ -145,3 +149,17 @@ def test_a_worker_that_never_starts_fails_the_run_with_its_reason(tmp_path):
     assert finish["event"] == "finish" and finish["status"] == "failed"
     assert finish["message"] == ("RuntimeError: the worker did not start: exited with status 125; its stderr ends: "
                                  "docker: Error response from daemon: pull access denied")
+
+
+def test_leftovers_are_the_tests_own_processes_found_while_they_live(tmp_path):
+    """What the leftover checks above rely on: a process carrying the marker is found until it ends,
+    and one of another test's (another tmp_path) never is."""
+    mine = subprocess.Popen(["sleep", "60"], env={**os.environ, RUN_MARKER: str(tmp_path)})
+    theirs = subprocess.Popen(["sleep", "60"], env={**os.environ, RUN_MARKER: str(tmp_path / "other")})
+    try:
+        assert leftovers(tmp_path, "sleep") == ["sleep 60"]
+    finally:
+        for process in (mine, theirs):
+            process.kill()
+            process.wait()
+    assert leftovers(tmp_path, "sleep") == []

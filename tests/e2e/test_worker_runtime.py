@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import sqlite_utils
-from e2e_helpers import assert_every_session_released, assert_fails_at_install_without, manifest_rows, run_pytest
+from e2e_helpers import (assert_every_session_released, assert_fails_at_install_without, manifest_rows,
+                         processes_marked, run_pytest)
 from sandbox_session import connect, new_session
 
 from pytest_gpubench.aio import LoopThread
@@ -68,9 +68,11 @@ def test_failed(gpubench):
 '''
 
 
-def worker_processes() -> list[str]:
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in ps.splitlines() if "sandbox.worker_standin" in line or "sandbox.docker_standin" in line]
+def worker_processes(rows: list[dict]) -> list[str]:
+    """The ``docker`` stand-in's processes still alive on the sessions of ``rows`` (other tests' are not)."""
+    assert rows and all(row["session_id"] for row in rows), rows
+    alive = [line for row in rows if row["session_id"] for line in processes_marked(row["session_id"])]
+    return [line for line in alive if "sandbox.worker_standin" in line or "sandbox.docker_standin" in line]
 
 
 def write_matrix(tmp_path: Path, text: str = WORKER_MATRIX) -> Path:
@@ -104,7 +106,7 @@ def test_a_worker_cell_passes_through_the_plugin_and_leaves_no_container(tmp_pat
     # The containers' own status, once a run (either container may say it first).
     assert re.search(r'STATUS: WORKER container=[01] status=loading message="Loading qwen2:1.5b on GPU 0 '
                      r'\(command: python /app/worker.py\)"', progress), progress
-    assert worker_processes() == []
+    assert worker_processes([row]) == []
     assert_every_session_released(url)
 
 
@@ -137,7 +139,7 @@ def test_each_worker_fault_fails_its_cell_with_a_clear_error(tmp_path, standalon
         assert (row["status"], row["failure_stage"]) == ("failed", "results"), row
         assert "no successful request" in row["error_message"], row["error_message"]
         assert f"the requests failed with: {error} (" in row["error_message"], row["error_message"]
-    assert worker_processes() == []
+    assert worker_processes(list(manifest_rows(tmp_path))) == []
     assert_every_session_released(url)
 
 

@@ -151,3 +151,42 @@ def test_on_a_mixed_machine_a_server_per_machine_runtime_holds_every_gpu_and_use
         own, other_status, held = asyncio.run(cells())
     assert own == (1,) and held.gpu_indices == (0, 1, 2)
     assert other_status == "pending"  # waits for the machine: never a second cell on one Ollama
+
+
+TWINS = """
+hosts:
+  lab1: {address: 10.0.0.1, agent: true, gpu: RTX 4090, gpus: 1, price_per_hour: 0.4}
+  lab2: {address: 10.0.0.2, agent: true, gpu: RTX 4090, gpus: 1, price_per_hour: 0.4}
+  dear: {address: 10.0.0.3, agent: true, gpu: RTX 4090, gpus: 1, price_per_hour: 0.9}
+"""
+
+
+def test_a_machine_taken_since_it_was_offered_gives_way_to_an_idle_twin_not_a_dearer_one(tmp_path):
+    """Two workers choosing at the same moment both see lab1 idle; the second to lease it goes to lab2
+    (same shape, same price) instead of waiting, and says so; with lab2 busy too it waits, never on
+    the dearer machine."""
+    from pytest_gpubench.store.sqlite_store import SqliteStore
+
+    (tmp_path / "hosts.yaml").write_text(TWINS)
+    store = SqliteStore.open(tmp_path / "manifest.db")
+    hosts = HostsProvider(Settings(hosts=str(tmp_path / "hosts.yaml"), run_id="twins"), store=lambda: store)
+
+    async def scenario():
+        wanted = Constraints(gpu="RTX 4090", provider="hosts", vram_gb=8, runtime="vllm")
+        offer = (await hosts.choose_offer(wanted)).offer
+        first = await hosts.create(offer, "twins/first", 1, runtime="vllm")
+        second = await hosts.create(offer, "twins/second", 1, runtime="vllm")  # chose lab1 before first leased it
+        third = await hosts.create(offer, "twins/third", 1, runtime="vllm")
+        return offer, first, second, third
+
+    try:
+        offer, first, second, third = asyncio.run(scenario())
+    finally:
+        store.close()
+    assert offer.machine_id == "lab1"
+    assert (first.session.status, first.placed) == ("running", None)
+    assert second.session.status == "running"
+    assert second.placed is not None and (second.placed.machine_id, second.placed.price_per_hour) == ("lab2", 0.4)
+    assert second.session.offer_id == "lab2" and second.session.id.startswith("hosts-lab2-")
+    # Both twins busy: the cell queues on the machine it was offered, not on the dearer one.
+    assert (third.session.status, third.placed) == ("pending", None) and third.session.id.startswith("hosts-lab1-")
