@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from import_graph import FLOW, PYTEST_SIDE, ROOT, against_the_flow, cycles, folder_graph_text, graph, imports_of
+from import_graph import (FLOW, PYTEST_SIDE, ROOT, against_the_flow, cycles, folder, folder_graph_text, graph,
+                          imports_of)
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 
@@ -55,6 +56,13 @@ def test_every_kind_of_import_counts(tmp_path: Path):
     inside, tops = imports_of(package / "low" / "mod.py", modules, package)
     assert inside == {f"{ROOT}.high.a", f"{ROOT}.high.b", f"{ROOT}.high.c", f"{ROOT}.high"}
     assert "typing" in tops
+
+
+def test_a_folder_s_init_is_in_that_folder():
+    assert folder(f"{ROOT}.sandbox") == "sandbox"  # ``from ..sandbox import X`` imports sandbox/
+    assert folder(f"{ROOT}.sandbox.catalog") == "sandbox"
+    assert folder(f"{ROOT}.errors") == ""
+    assert against_the_flow({f"{ROOT}.matrix.x": {f"{ROOT}.sandbox"}}) == ["matrix.x -> sandbox"]
 
 
 def test_the_flow_check_finds_an_upward_import():
