@@ -52,7 +52,7 @@ def _catalog_gpu_names() -> set[str]:
     would cost a large matrix's collection a third of a second for a list of names."""
     import yaml
 
-    from ..sandbox.catalog_path import DEFAULT_CATALOG
+    from ..sandbox import DEFAULT_CATALOG
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     data = yaml.load(DEFAULT_CATALOG.read_text(encoding="utf-8"), Loader=loader) or {}

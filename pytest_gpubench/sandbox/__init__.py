@@ -22,7 +22,12 @@ run on an instance and must not pay for aiohttp and asyncssh.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+#: The shipped sandbox catalog. Defined here, not in ``catalog.py``, so that reading its GPU
+#: names (``run/hints.py``) imports neither the sandbox nor pydantic's models of the catalog.
+DEFAULT_CATALOG = Path(__file__).with_name("catalog.yaml")
 
 __all__ = ["Sandbox", "SandboxSummary", "SandboxThread", "serve", "main", "load_catalog", "CatalogError", "URL_PREFIX"]
 

@@ -27,7 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import UsageProblem
-from .catalog_path import DEFAULT_CATALOG  # noqa: F401 - re-exported
+from . import DEFAULT_CATALOG  # noqa: F401 - re-exported
 
 TENSORDOCK_CONFIDENCE = 0.3
 
