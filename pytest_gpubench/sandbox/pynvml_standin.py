@@ -5,7 +5,7 @@ hands its module to :func:`install`. Unless the instance's driver has NVML (the
 ``gpu_driver`` fault with ``driver: nvml``), the import fails as it does where
 ``nvidia-ml-py`` is not installed, so the sandbox never reaches a real NVML library of
 the machine it runs on. With NVML, the functions system detection calls answer from
-the catalog entry and the live readings ``nvidia-smi`` shows (:mod:`.gpu_readings`),
+the catalog entry and the live readings ``nvidia-smi`` shows (:mod:`.nvidia_smi_standin`),
 in nvidia-ml-py's units: bytes, MHz, milliwatts, the CUDA version as ``1000 * major +
 10 * minor``.
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .gpu_readings import GpuReading, read_gpus
 from .instance_spec import MIB, InstanceSpec, load_instance_spec
+from .nvidia_smi_standin import GpuReading, read_gpus
 
 # nvmlClockType_t (nvml.h): graphics, SM, memory, video.
 NVML_CLOCK_GRAPHICS, NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_CLOCK_VIDEO = 0, 1, 2, 3

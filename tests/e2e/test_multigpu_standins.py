@@ -1,6 +1,6 @@
 """The sandbox's stand-ins on a multi-GPU instance: the launchers' tensor-parallel flags against the GPUs
 ``CUDA_VISIBLE_DEVICES`` leaves them, the model's memory per GPU in nvidia-smi, and the faster decode
-of tensor parallelism (sandbox/openai_launchers.py, sandbox/gpu_readings.py)."""
+of tensor parallelism (sandbox/openai_launchers.py, sandbox/nvidia_smi_standin.py)."""
 
 from __future__ import annotations
 
