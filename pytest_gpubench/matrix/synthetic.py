@@ -13,7 +13,7 @@ as GuideLLM (``prompt_tokens``, ``prompt_tokens_stdev/min/max``, ``output_tokens
 
 Token counts here need no tokenizer: a prompt of ``T`` tokens is ``round(T / 1.3)``
 words, by the rule the sandbox's Ollama stand-in counts with (English prose
-averages about 1.3 tokens per word; ``sandbox/ollama_text.py``). Under that rule
+averages about 1.3 tokens per word; ``sandbox/ollama_common.py``). Under that rule
 the count is exact to within one token; a real tokenizer counts the same text
 within roughly 20% of it (vocabularies differ), and the server's own prompt token
 count is recorded beside every request. The same seed gives the same prompts,

@@ -8,7 +8,7 @@ big the disk is, and where to keep their shared state.
 ``time_scale`` shrinks emulated *waits* (pull time, model load time) so that a
 sandbox run takes seconds. It never touches token rate or time to first token: those
 are the truths a benchmark measures, so they stay real. ``batch_ceiling_factor``
-says how they change when requests run in parallel (:mod:`.ollama_schedule`).
+says how they change when requests run in parallel (:mod:`.ollama_engine`).
 """
 
 from __future__ import annotations

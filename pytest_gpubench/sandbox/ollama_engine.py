@@ -1,4 +1,4 @@
-"""The emulated inference engine behind the Ollama stand-in: models, memory, timing.
+"""The emulated inference engine behind the Ollama stand-in: models, memory, timing, pulls.
 
 It decides what the server's handlers only format:
 
@@ -11,10 +11,45 @@ It decides what the server's handlers only format:
 - timing: the first token ``ttft`` after the request gets its slot, then one token
   per ``1 / tokens_per_second``, scheduled on absolute times so sleep overhead
   never accumulates into drift; both stretched by the batch's slowdown when
-  several requests generate at once (:func:`.ollama_schedule.batch_slowdown`:
+  several requests generate at once (:func:`batch_slowdown`:
   per-stream rate falls, aggregate throughput saturates at the model's ceiling).
 
 Everything runs on one asyncio loop: no threads, one timer per token.
+
+**Timing primitives** (fair slots, batching and token schedules).
+A ``Generation`` delivers each token on an absolute schedule (first token ``ttft``
+after the request could start: it arrived, its model was loaded and it had a
+slot; then one per interval), so sleep overhead never accumulates into drift, and
+it reports counters that match what was streamed.
+``LagStats`` records how late tokens actually left, the stand-in's own health
+figure. ``FifoSlots`` is the per-model parallelism limit, first in, first out.
+
+Batching (:func:`batch_slowdown`): the generations a model runs at once share
+each decode step. A step that serves ``b`` sequences takes ``t_w + b * t_s``
+(the weights are read once per step, each sequence adds its own KV-cache reads
+and sampling), so with ``r1`` the single-stream rate and ``C = 1 / t_s`` the
+aggregate ceiling::
+
+    r(b) = r1 / (1 + (b - 1) / F)        F = C / r1, the batch ceiling factor
+    b * r(b) -> C as b grows
+
+A token's interval is stretched by the factor for the batch size at the moment
+it is scheduled, and a request's prefill (TTFT) by the factor when it starts:
+its prompt is processed in steps shared with the others' decoding.
+
+**``/api/pull``**: the progress stream of a model download.
+The emulated registry is the instance file's model catalog. A download takes
+``size / pull_mb_per_s`` seconds, shrunk by the time scale, and reports progress
+the way Ollama does: ``pulling manifest``, then one ``pulling <digest12>`` status
+per layer with ``digest``, ``total`` and a rising ``completed``, then
+``verifying sha256 digest``, ``writing manifest`` and ``success``.
+
+Every layer's bytes land on the instance's emulated disk as they arrive (see
+:mod:`.disk`). Like Ollama, the pull does not check for room first: it stops when
+the disk is full, with ``write <models>/blobs/sha256-<hex>-partial: no space left
+on device``, and adds nothing to the model list; what it wrote stays on the disk
+and the next pull of that model resumes from there. A ``pull_error`` fault armed by
+the sandbox fails the pull as a registry dropping the download does.
 """
 
 from __future__ import annotations
@@ -26,18 +61,213 @@ import os
 import random
 import re
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
-from .disk import DiskUsage, Downloads, default_models_dir, disk_usage
-from .instance_spec import (BASELINE_MIB, BASELINE_RAM_MIB, MIB, InstanceSpec, ModelSpec, normalize_model_name,
-                            visible_gpus)
-from .ollama_common import DEFAULT_KEEP_ALIVE_S, FOREVER, human_bytes_binary, parse_keep_alive
-from .ollama_schedule import FifoSlots, Generation, Job, LagStats, batch_slowdown
-from .ollama_text import plan_output
+from .disk import DiskUsage, Downloads, default_models_dir, disk_usage, no_space_error
+from .instance_spec import (
+    BASELINE_MIB,
+    BASELINE_RAM_MIB,
+    MIB,
+    InstanceSpec,
+    ModelSpec,
+    normalize_model_name,
+    visible_gpus,
+)
+from .ollama_common import DEFAULT_KEEP_ALIVE_S, FOREVER, OutputPlan, human_bytes_binary, parse_keep_alive, plan_output
 from .standin_state import LoadedModel, PulledModel, PullFault, RuntimeState, StateStore, StreamFault
+
+# ------------------------------------------------------------ timing primitives
+
+WAKE_LEARNING_RATE = 0.05  # weight of the newest sleep in LagStats.wake_latency_s
+STALL_POLL_SECONDS = 0.05  # how often a stalled stream looks whether its client left
+
+
+def batch_slowdown(batch: int, ceiling_factor: float | None) -> float:
+    """How much longer each step takes for one of ``batch`` sequences decoding
+    together than for a sequence alone: ``1 + (batch - 1) / ceiling_factor``.
+
+    ``ceiling_factor`` is the aggregate ceiling over the single-stream rate (the
+    catalog's ``batch_ceiling``); None or 0: parallel sequences cost nothing.
+    """
+    if not ceiling_factor or batch <= 1:
+        return 1.0
+    return 1.0 + (batch - 1) / ceiling_factor
+
+
+class FifoSlots:
+    """A counting semaphore that serves waiters strictly in arrival order."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.free = size
+        self.waiters: deque[asyncio.Future[float]] = deque()
+
+    @property
+    def held(self) -> int:
+        """Slots taken: the generations running now."""
+        return self.size - self.free
+
+    async def acquire(self) -> float | None:
+        """Take a slot; returns the loop time it was handed over after a wait, or
+        ``None`` when one was free at once."""
+        if self.free > 0 and not self.waiters:
+            self.free -= 1
+            return None
+        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self.waiters.append(future)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release()  # the slot arrived just as we were cancelled
+            else:
+                self.waiters.remove(future)
+            raise
+
+    def release(self) -> None:
+        while self.waiters:
+            future = self.waiters.popleft()
+            if not future.done():
+                future.set_result(future.get_loop().time())
+                return
+        self.free += 1
+
+
+@dataclass(frozen=True)
+class Job:
+    """One generation request, as the engine needs it."""
+
+    model: str
+    prompt: str
+    prompt_eval_count: int
+    num_predict: int | None
+    keep_alive: float
+    arrived: float  # loop time when the request reached the handler
+    think: bool = False  # the model reasons before it answers (see ollama_common.plan_output)
+
+
+@dataclass
+class LagStats:
+    """How late tokens left against their schedule: the stand-in's own health.
+
+    It also learns how late this event loop wakes from a sleep (``wake_latency_s``,
+    a moving average), so that :class:`Generation` can ask to be woken that much
+    earlier and its tokens leave on time on average instead of always late.
+    """
+
+    tokens: int = 0
+    late_over_5ms: int = 0
+    max_lag_s: float = 0.0
+    wake_latency_s: float = 0.0
+
+    def record(self, lag: float) -> None:
+        self.tokens += 1
+        if lag > 0.005:
+            self.late_over_5ms += 1
+        if lag > self.max_lag_s:
+            self.max_lag_s = lag
+
+    def learn_wake(self, late: float) -> None:
+        """Fold one sleep's lateness into the average; a stall (over 2 ms, another
+        task's work rather than the wake-up itself) is capped so it cannot make
+        later tokens leave early."""
+        self.wake_latency_s += WAKE_LEARNING_RATE * (min(max(late, 0.0), 0.002) - self.wake_latency_s)
+
+    def summary(self) -> str:
+        return (
+            f"{self.tokens} tokens streamed, {self.late_over_5ms} more than 5 ms late, "
+            f"max lag {self.max_lag_s * 1e3:.1f} ms, typical wake-up {self.wake_latency_s * 1e3:.2f} ms"
+        )
+
+
+class Generation:
+    """The tokens of one request, delivered on their scheduled times."""
+
+    def __init__(
+        self,
+        job: Job,
+        plan: OutputPlan,
+        start: float,
+        ttft: float,
+        intervals: list[float],
+        load: float,
+        lag: LagStats | None = None,
+        fault: StreamFault | None = None,
+        slowdown: Callable[[], float] | None = None,
+    ):
+        self.lag = lag or LagStats()
+        self.fault = fault
+        self.job = job
+        self.plan = plan
+        self.start = start
+        self.intervals = intervals  # each token's interval for a sequence decoding alone
+        #: The batch's slowdown now (see :func:`batch_slowdown`), asked as each token
+        #: is scheduled, so a stream slows when others join and speeds up when they leave.
+        self.slowdown = slowdown or (lambda: 1.0)
+        self.ttft = ttft * self.slowdown()
+        self.used: list[float] = []  # the intervals actually scheduled
+        self.load_duration = load
+        self.emitted = 0
+
+    async def tokens(self, client_gone: Callable[[], bool] | None = None) -> AsyncIterator[str]:
+        """Yield each token at ``start + ttft + sum(previous intervals)``, then wait
+        until the end-of-sequence step so that ``eval_duration`` is honest.
+
+        A stream fault cuts in after its ``after_tokens``: ``empty`` ends the answer
+        there; ``stall`` goes silent until ``client_gone()`` (then nothing more is
+        sent) or its ``stall_seconds`` pass (then the rest follows, that much later).
+        """
+        loop = asyncio.get_running_loop()
+        due = self.start + self.ttft
+        fault = self.fault
+        for index, (token, interval) in enumerate(zip(self.plan.tokens, self.intervals, strict=True)):
+            if fault is not None and index == fault.after_tokens:
+                if fault.kind == "empty":
+                    break
+                stalled = loop.time()
+                while loop.time() - stalled < fault.stall_seconds:
+                    if client_gone is not None and client_gone():
+                        return
+                    await asyncio.sleep(STALL_POLL_SECONDS)
+                due += loop.time() - stalled
+            wake = due - self.lag.wake_latency_s
+            delay = wake - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+                self.lag.learn_wake(loop.time() - wake)
+            self.lag.record(loop.time() - due)
+            self.emitted += 1
+            yield token
+            interval *= self.slowdown()
+            self.used.append(interval)
+            due += interval
+        delay = due - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    @property
+    def done_reason(self) -> str:
+        return self.plan.done_reason
+
+    def stats(self, now: float) -> dict[str, int]:
+        """The final chunk's counters, in nanoseconds, matching what was streamed."""
+        eval_duration = sum(self.used[: self.emitted])
+        return {
+            "total_duration": int((now - self.job.arrived) * 1e9),
+            "load_duration": int(self.load_duration * 1e9),
+            "prompt_eval_count": self.job.prompt_eval_count,
+            "prompt_eval_duration": int(self.ttft * 1e9),
+            "eval_count": self.emitted,
+            "eval_duration": int(eval_duration * 1e9),
+        }
+
+
+# ------------------------------------------------------------ the engine
 
 log = logging.getLogger("ollama_standin")
 
@@ -453,3 +683,103 @@ class Engine:
                 idle_since=self.idle_since,
             )
         )
+
+
+# Ollama's own wording when the registry has no such model or tag.
+# ------------------------------------------------------------ /api/pull
+
+MANIFEST_NOT_FOUND = "pull model manifest: file does not exist"
+# Small layers that follow the weights: template, license, parameters.
+_SMALL_LAYERS = (("template", 1_482), ("license", 11_344), ("params", 110))
+# Progress at least this often, and at least this many updates per layer.
+MAX_UPDATE_INTERVAL_S = 0.2
+MIN_UPDATES = 8
+
+
+class PullError(Exception):
+    """A pull that failed; the message is what Ollama would say."""
+
+
+@dataclass(frozen=True)
+class Layer:
+    digest: str
+    size: int
+
+    @property
+    def status(self) -> str:
+        return f"pulling {self.digest.split(':', 1)[-1][:12]}"
+
+
+def model_layers(model: ModelSpec) -> list[Layer]:
+    """The blobs of a model: the weights first, then the small layers."""
+
+    def digest(kind: str) -> str:
+        return "sha256:" + hashlib.sha256(f"{model.digest}/{kind}".encode()).hexdigest()
+
+    small = [Layer(digest(kind), size) for kind, size in _SMALL_LAYERS]
+    weights = Layer(digest("model"), max(1, model.size_bytes - sum(layer.size for layer in small)))
+    return [weights, *small]
+
+
+def _write(engine: Engine, layer: Layer, completed: int) -> int:
+    """Put ``layer`` on disk up to ``completed`` bytes; returns how far it got before the disk filled."""
+    before = engine.downloads.get(layer.digest)
+    reached = min(completed, before + engine.disk_usage().available)
+    engine.downloads.set(layer.digest, reached)
+    return max(before, reached)
+
+
+async def pull_progress(engine: Engine, name: str) -> AsyncIterator[dict[str, Any]]:
+    """Yield the progress objects of pulling ``name``; raise ``PullError`` on failure."""
+    yield {"status": "pulling manifest"}
+    found = engine.spec.find_model(name)
+    if found is None:
+        raise PullError(MANIFEST_NOT_FOUND)
+    key, model = found
+    already = engine.find_pulled(key) is not None
+    # A registry that drops the download (the sandbox's pull_error): a model on disk
+    # still has its manifest fetched, so it fails there; else the weights start first.
+    fault = engine.next_pull_fault()
+    if fault is not None and already:
+        raise PullError(fault.message)
+    loop = asyncio.get_running_loop()
+    bytes_per_s = engine.spec.ollama.pull_mb_per_s * 1e6
+    layers = model_layers(model)
+    for layer in layers:
+        base = {"status": layer.status, "digest": layer.digest, "total": layer.size}
+        if already:
+            yield {**base, "completed": layer.size}
+            continue
+        resumed = engine.downloads.get(layer.digest)
+        duration = engine.spec.scaled((layer.size - resumed) / bytes_per_s)
+        if fault is not None:
+            yield base
+            raise PullError(fault.message)
+        if duration > 0:
+            # Like Ollama, the first report of a layer has no "completed" yet.
+            yield base
+            interval = min(MAX_UPDATE_INTERVAL_S, duration / MIN_UPDATES)
+            start = loop.time()
+            end = start + duration
+            due = start
+            while True:
+                due += interval
+                await asyncio.sleep(max(0.0, min(due, end) - loop.time()))
+                now = loop.time()
+                if now >= end:
+                    break
+                wanted = resumed + int((layer.size - resumed) * (now - start) / duration)
+                reached = _write(engine, layer, wanted)
+                yield {**base, "completed": reached}
+                if reached < wanted:
+                    raise PullError(no_space_error(engine.settings.models_dir, layer.digest))
+        if _write(engine, layer, layer.size) < layer.size:
+            yield {**base, "completed": engine.downloads.get(layer.digest)}
+            raise PullError(no_space_error(engine.settings.models_dir, layer.digest))
+        yield {**base, "completed": layer.size}
+    yield {"status": "verifying sha256 digest"}
+    yield {"status": "writing manifest"}
+    engine.record_pull(normalize_model_name(key), model)
+    # The blobs now count as the model's size.
+    engine.downloads.drop(layer.digest for layer in layers)
+    yield {"status": "success"}

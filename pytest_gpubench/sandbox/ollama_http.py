@@ -15,9 +15,8 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from .ollama_engine import Engine, EngineError
-from .ollama_schedule import Generation, Job
-from .ollama_text import Thought
+from .ollama_common import Thought
+from .ollama_engine import Engine, EngineError, Generation, Job
 from .served import record_served
 
 ENGINE = web.AppKey("engine", Engine)

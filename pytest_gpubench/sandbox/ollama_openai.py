@@ -24,10 +24,9 @@ from typing import Any
 
 from aiohttp import web
 
-from .ollama_engine import EngineError
+from .ollama_common import Thought, count_prompt_tokens
+from .ollama_engine import EngineError, Generation, Job
 from .ollama_http import ENGINE, BadRequest, dumps, json_response, read_json, resolve_think, serve_generation
-from .ollama_schedule import Generation, Job
-from .ollama_text import Thought, count_prompt_tokens
 
 SSE = "text/event-stream"
 

@@ -21,8 +21,16 @@ from aiohttp import web
 
 from .instance_spec import InstanceSpec, ModelSpec
 from .lifeline import watch_owner
-from .ollama_common import LISTEN_BACKLOG, OllamaHost, bind_host, parse_keep_alive, rfc3339
-from .ollama_engine import Engine, EngineError, EngineSettings, log
+from .ollama_common import (
+    LISTEN_BACKLOG,
+    OllamaHost,
+    Thought,
+    bind_host,
+    count_prompt_tokens,
+    parse_keep_alive,
+    rfc3339,
+)
+from .ollama_engine import Engine, EngineError, EngineSettings, Generation, Job, PullError, log, pull_progress
 from .ollama_http import (
     ENGINE,
     BadRequest,
@@ -35,9 +43,6 @@ from .ollama_http import (
     serve_generation,
 )
 from .ollama_openai import add_openai_routes
-from .ollama_pull import PullError, pull_progress
-from .ollama_schedule import Generation, Job
-from .ollama_text import Thought, count_prompt_tokens
 from .standin_state import RuntimeState, StateStore
 
 NDJSON = "application/x-ndjson"

@@ -37,8 +37,8 @@ import aiohttp
 from aiohttp import web
 
 from . import df_standin, nvidia_smi_standin, ollama_standin, shims
-from .ollama_cli import VERSION_TIMEOUT_S, VersionQuery
 from .ollama_common import OllamaHost
+from .ollama_standin import VERSION_TIMEOUT_S, VersionQuery
 from .standin_answer import Answer
 
 log = logging.getLogger("pytest_gpubench.sandbox")
@@ -75,7 +75,7 @@ def private_directory(path: Path) -> bool:
 
 
 async def server_version(host: OllamaHost) -> str | None:
-    """What ``GET /api/version`` names, as :func:`.ollama_cli.fetch_server_version` reads it."""
+    """What ``GET /api/version`` names, as :func:`.ollama_standin.fetch_server_version` reads it."""
     timeout = aiohttp.ClientTimeout(sock_connect=VERSION_TIMEOUT_S, sock_read=VERSION_TIMEOUT_S)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session:

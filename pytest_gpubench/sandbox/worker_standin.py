@@ -16,7 +16,7 @@ and exits, after a ``worker`` ``cleaning_up`` event; the default is a session wo
 that answers until its stdin ends. Timing is the Ollama stand-in engine's single
 stream: the model's load time (time-scaled) before ``ready``, its TTFT before the
 first delta, then one delta per ``1 / tokens_per_second`` on absolute times, the
-answer's tokens from :func:`.ollama_text.plan_output`. Each container is one
+answer's tokens from :func:`.ollama_common.plan_output`. Each container is one
 stream: containers on one GPU do not slow each other here (the stand-in has no
 shared batch between processes).
 
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from .instance_spec import load_instance_spec
-from .ollama_text import plan_output
+from .ollama_common import plan_output
 from .served import record_served
 
 FAULTS_FILE = "worker_faults.json"

@@ -10,7 +10,7 @@ import sqlite_utils
 from e2e_helpers import SANDBOX_AUTH, run_pytest
 
 from pytest_gpubench.sandbox.catalog import load_catalog
-from pytest_gpubench.sandbox.ollama_schedule import batch_slowdown
+from pytest_gpubench.sandbox.ollama_engine import batch_slowdown
 
 MATRIX = """
 workload:

@@ -19,12 +19,12 @@ import pytest
 import yaml
 from standin_helpers import RATE, TTFT_MS, Server, write_instance
 
-from pytest_gpubench.measure.benchmark import LOADGEN_SOURCE, BenchmarkPlan
 from pytest_gpubench.matrix.cells import SEED_PROMPTS
+from pytest_gpubench.measure.benchmark import LOADGEN_SOURCE, BenchmarkPlan
 from pytest_gpubench.remote.readings import RequestRecord
 from pytest_gpubench.sandbox.catalog import DEFAULT_CATALOG, load_catalog
 from pytest_gpubench.sandbox.instances import instance_document
-from pytest_gpubench.sandbox.ollama_schedule import batch_slowdown
+from pytest_gpubench.sandbox.ollama_engine import batch_slowdown
 
 FACTOR = 2.0
 PARALLEL = 4

@@ -21,8 +21,7 @@ import httpx
 import pytest
 from standin_helpers import CATALOG, RATE, REPO, TTFT_MS, Server, free_port, standin_env, write_instance  # noqa: E402,F401
 
-from pytest_gpubench.sandbox.ollama_common import parse_keep_alive, parse_ollama_host
-from pytest_gpubench.sandbox.ollama_text import count_prompt_tokens, plan_output
+from pytest_gpubench.sandbox.ollama_common import count_prompt_tokens, parse_keep_alive, parse_ollama_host, plan_output
 
 
 @pytest.fixture(scope="module")

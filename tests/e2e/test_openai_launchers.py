@@ -26,7 +26,7 @@ from standin_helpers import standin_env, write_instance
 from pytest_gpubench.errors import Stage
 from pytest_gpubench.remote.ssh import Connection
 from pytest_gpubench.sandbox.instances import free_port
-from pytest_gpubench.sandbox.ollama_text import count_prompt_tokens
+from pytest_gpubench.sandbox.ollama_common import count_prompt_tokens
 
 MODEL = "qwen2:7b"
 PROMPT = "Explain what a GPU does in one paragraph."

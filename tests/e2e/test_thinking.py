@@ -10,14 +10,14 @@ import sys
 import pytest
 from standin_helpers import THINKING_MODEL, THINKING_RATE, THINKING_TTFT_MS, Server, write_instance
 
-from pytest_gpubench.measure.benchmark import LOADGEN_SOURCE, BenchmarkPlan
 from pytest_gpubench.errors import MatrixError
 from pytest_gpubench.matrix.cells import SEED_PROMPTS, load_cells
+from pytest_gpubench.measure.benchmark import LOADGEN_SOURCE, BenchmarkPlan
 from pytest_gpubench.measure.metrics import detailed_metrics
+from pytest_gpubench.measure.validity import judge
 from pytest_gpubench.remote.readings import RequestRecord
 from pytest_gpubench.sandbox.catalog import load_catalog
-from pytest_gpubench.sandbox.ollama_text import plan_output
-from pytest_gpubench.measure.validity import judge
+from pytest_gpubench.sandbox.ollama_common import plan_output
 
 MAX_TOKENS = 256
 

@@ -15,8 +15,7 @@ import pytest
 from standin_helpers import write_instance
 
 from pytest_gpubench.sandbox.instance_spec import InstanceSpec
-from pytest_gpubench.sandbox.ollama_engine import Engine, EngineSettings
-from pytest_gpubench.sandbox.ollama_schedule import FifoSlots, Job, LagStats
+from pytest_gpubench.sandbox.ollama_engine import Engine, EngineSettings, FifoSlots, Job, LagStats
 from pytest_gpubench.sandbox.ollama_server import run_with_fine_timers
 from pytest_gpubench.sandbox.standin_state import StateStore
 
