@@ -8,7 +8,7 @@ dry-run matrices for free; the project's end-to-end tests run on it. Its parts:
 - ``cloud.py``, ``sessions.py``, ``billing.py``, ``faults.py``: server-side state;
 - ``instances.py``, ``sshd.py``, ``shims.py``: the emulated machines;
 - ``ollama_standin.py``, ``nvidia_smi_standin.py``, ``df_standin.py``: the programs
-  on them (``disk.py``: the emulated disk that ``df`` and Ollama's pulls share);
+  on them (``df_standin.py`` holds the emulated disk that ``df`` and Ollama's pulls share);
 - ``standin_service.py``: each instance's answering service. The ``bin/`` wrappers
   ask it over a Unix socket with the real ``curl``, and it answers one-shot calls
   (``nvidia-smi --query-gpu``, ``-q``; ``ollama --version``; ``df``; ``curl`` of

@@ -45,7 +45,7 @@ per layer with ``digest``, ``total`` and a rising ``completed``, then
 ``verifying sha256 digest``, ``writing manifest`` and ``success``.
 
 Every layer's bytes land on the instance's emulated disk as they arrive (see
-:mod:`.disk`). Like Ollama, the pull does not check for room first: it stops when
+:mod:`.df_standin`). Like Ollama, the pull does not check for room first: it stops when
 the disk is full, with ``write <models>/blobs/sha256-<hex>-partial: no space left
 on device``, and adds nothing to the model list; what it wrote stays on the disk
 and the next pull of that model resumes from there. A ``pull_error`` fault armed by
@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .disk import DiskUsage, Downloads, default_models_dir, disk_usage, no_space_error
+from .df_standin import DiskUsage, Downloads, default_models_dir, disk_usage, no_space_error
 from .instance_spec import (
     BASELINE_MIB,
     BASELINE_RAM_MIB,

@@ -23,8 +23,7 @@ from standin_helpers import CATALOG, Server, write_instance
 
 from pytest_gpubench.remote.sysinfo import DISK_PROBE, parse_host_probe
 from pytest_gpubench.sandbox.catalog import load_catalog
-from pytest_gpubench.sandbox.df_standin import human_size
-from pytest_gpubench.sandbox.disk import default_models_dir, no_space_error
+from pytest_gpubench.sandbox.df_standin import default_models_dir, human_size, no_space_error
 from pytest_gpubench.sandbox.instance_spec import GIB, InstanceSpec
 from pytest_gpubench.sandbox.instances import instance_document
 
