@@ -5,7 +5,7 @@ dry-run matrices for free; the project's end-to-end tests run on it. Its parts:
 
 - ``catalog.py`` / ``catalog.yaml``: offers, GPUs, models, rates, timings;
 - ``api.py``: the REST API (and the sandbox-only ``/sandbox/`` calls);
-- ``cloud.py``, ``sessions.py``, ``billing.py``, ``faults.py``: server-side state;
+- ``cloud.py`` (inventory, sessions, billing), ``faults.py``: server-side state;
 - ``instances.py``, ``sshd.py``, ``shims.py``: the emulated machines;
 - ``ollama_standin.py``, ``nvidia_smi_standin.py``, ``df_standin.py``: the programs
   on them (``df_standin.py`` holds the emulated disk that ``df`` and Ollama's pulls share);

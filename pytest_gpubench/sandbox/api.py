@@ -50,11 +50,9 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .auth import authorized
-from .billing import month_bounds
 from .catalog import CatalogError, format_time, load_catalog, offer_json
-from .cloud import EmulatedCloud
+from .cloud import ApiFailure, EmulatedCloud, OfferFilter, month_bounds
 from .faults import OFFER_FAULTS, SESSION_FAULTS, FaultRequest
-from .inventory import OfferFilter
 from .schemas import (
     CREATE_SESSION_FIELDS,
     EXTEND_SESSION_FIELDS,
@@ -64,7 +62,6 @@ from .schemas import (
     cost_analysis,
     parse_benchmark,
 )
-from .sessions import ApiFailure
 
 log = logging.getLogger("pytest_gpubench.sandbox")
 CLOUD = web.AppKey("cloud", EmulatedCloud)

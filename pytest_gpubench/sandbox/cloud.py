@@ -16,6 +16,38 @@ Behaviour follows the server's provisioner and lifecycle manager:
   lifecycle tick does the same on its own.
 - lifecycle tick: hourly billing, expiry of ``running`` sessions past
   ``expires_at``, the 12-hour hard cap, failed -> stopped.
+
+**Costs**: the sandbox's clock and its cost ledger, billed by the clock hour like the server.
+The real cost tracker does two things:
+
+- every hour (a ticker started with the server) it records ``price_per_hour`` for
+  each session that is ``running`` at that moment, keyed by the clock hour;
+- when a session *fails*, it records ``price_per_hour`` for every clock hour the
+  session touched (at least one).
+
+So a session stopped normally within its first hour costs 0 in ``/costs``, while a
+failed one costs at least an hour. :class:`Ledger` keeps one record per
+(session, clock hour), as the server's ``ON CONFLICT`` upsert does.
+
+:class:`Clock` is wall-clock time plus an offset, so tests can jump forward
+(``POST /sandbox/clock``) to see hourly billing, expiry and the 12-hour cap.
+
+**Sessions**: records of the emulated API and the JSON the server answers for them.
+The record holds what the server stores (``models.Session``); :meth:`SessionRecord.response`
+is the server's ``SessionResponse``: no ``offer_id``, no ``stopped_at``, no
+``idle_threshold_minutes``, and every ``omitempty`` field left out when empty, so a
+new session shows ``ssh_port: 22`` and ``ssh_user: "root"`` but no ``ssh_host``.
+:meth:`SessionRecord.state` adds what only the sandbox shows (``/sandbox/state``).
+
+**Inventory**: the catalog's offers as the server lists and looks them up.
+Like the server's inventory service:
+
+- listings hold only ``available`` offers, filtered exactly (``gpu_type`` must equal
+  the offer's, "A100" does not match "A100 80GB"), sorted by availability
+  confidence (highest first), then price (lowest first);
+- a lookup by id searches the provider cache, rented offers included;
+- an offer whose create failed is evicted from the cache until the provider's
+  cache TTL (time-scaled) has passed: it vanishes from listings and lookups.
 """
 
 from __future__ import annotations
@@ -25,23 +57,342 @@ import itertools
 import logging
 import random
 import shutil
+import time
 import uuid
-from datetime import timedelta
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import asyncssh
 
 from . import docker_standin, entrypoint, sshd
-from .billing import Clock, Ledger
-from .catalog import Catalog, OfferSpec
+from .catalog import Catalog, OfferSpec, availability_confidence, format_time, offer_json, offer_vram_gb
 from .faults import DRIVER_TOOLS, PULL_ERROR_MESSAGE, WORKER_FAULTS, FaultBook, FaultRequest
-from .instances import SSH_SERVERS, Instance, UnsupportedFault, free_port, instance_document
 from .instance_spec import InstanceSpec
-from .inventory import Inventory
+from .instances import SSH_SERVERS, Instance, UnsupportedFault, free_port, instance_document
 from .schemas import RETRY_SCOPES, WORKLOAD_TYPES
-from .sessions import ApiFailure, SessionRecord, SessionTerminal
+from .served import served_fields
 from .standin_state import PullFault, StreamFault
+
+# ------------------------------------------------------------ costs
+
+HOUR = 3600.0
+
+
+class Clock:
+    """UTC wall-clock time that can be advanced (never moved back)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def timestamp(self) -> float:
+        return time.time() + self.offset
+
+    def now(self) -> datetime:
+        return datetime.fromtimestamp(self.timestamp(), tz=timezone.utc)
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("the sandbox clock only moves forward")
+        self.offset += seconds
+
+
+class Billable(Protocol):
+    """What the ledger reads from a session record."""
+
+    id: str
+    consumer_id: str
+    provider: str
+    gpu_type: str
+    price_per_hour: float
+
+
+@dataclass(frozen=True)
+class CostRecord:
+    session_id: str
+    consumer_id: str
+    provider: str
+    gpu_type: str
+    hour: datetime
+    amount: float
+
+
+class Ledger:
+    """Cost records, one per (session, clock hour)."""
+
+    def __init__(self, started: datetime) -> None:
+        self._records: dict[tuple[str, datetime], CostRecord] = {}
+        self.next_tick = started + timedelta(seconds=HOUR)
+
+    def record(self, record: CostRecord) -> None:
+        self._records[(record.session_id, record.hour)] = record
+
+    def hourly_ticks(self, now: datetime, running: Iterable[Billable]) -> int:
+        """Fire every hourly tick due by ``now``; returns how many fired.
+
+        ``running`` yields session records (``id``, ``consumer_id``, ``provider``,
+        ``gpu_type``, ``price_per_hour``) running at the time of the call.
+        """
+        sessions = list(running)
+        fired = 0
+        while now >= self.next_tick:
+            hour = floor_hour(self.next_tick)
+            for session in sessions:
+                self.record(_record_for(session, hour))
+            self.next_tick += timedelta(seconds=HOUR)
+            fired += 1
+        return fired
+
+    def final_cost(self, session: Billable, created_at: datetime, ended_at: datetime) -> None:
+        """Bill every clock hour a failed session touched (the server's RecordFinalCost)."""
+        if session.price_per_hour <= 0 or ended_at <= created_at:
+            return
+        hour = floor_hour(created_at)
+        while hour <= ended_at:
+            self.record(_record_for(session, hour))
+            hour += timedelta(seconds=HOUR)
+
+    def session_cost(self, session_id: str) -> float:
+        return round(sum(r.amount for r in self._records.values() if r.session_id == session_id), 10)
+
+    def summary(self, consumer_id: str, start: datetime, end: datetime) -> dict[str, object]:
+        """The server's cost summary over ``[start, end)`` of clock hours."""
+        chosen = [
+            r
+            for r in self._records.values()
+            if start <= r.hour < end and (not consumer_id or r.consumer_id == consumer_id)
+        ]
+        body: dict[str, object] = {
+            "total_cost": round(sum(r.amount for r in chosen), 10),
+            "session_count": len({r.session_id for r in chosen}),
+            "hours_used": float(len(chosen)),
+            "period_start": start,
+            "period_end": end,
+        }
+        if consumer_id:
+            body = {"consumer_id": consumer_id, **body}
+        return body
+
+
+def floor_hour(moment: datetime) -> datetime:
+    return moment.replace(minute=0, second=0, microsecond=0)
+
+
+def month_bounds(now: datetime) -> tuple[datetime, datetime]:
+    """The current calendar month, the server's default cost period."""
+    start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
+    return start, end
+
+
+def _record_for(session: Billable, hour: datetime) -> CostRecord:
+    return CostRecord(
+        session_id=session.id,
+        consumer_id=session.consumer_id,
+        provider=session.provider,
+        gpu_type=session.gpu_type,
+        hour=hour,
+        amount=session.price_per_hour,
+    )
+
+
+# ------------------------------------------------------------ sessions
+
+ACTIVE = frozenset({"pending", "provisioning", "running"})
+TERMINAL = frozenset({"stopped", "failed"})
+
+
+class ApiFailure(Exception):
+    """An error answer: HTTP ``status`` and the JSON body (``request_id`` is added later)."""
+
+    def __init__(self, status: int, error: str, **extra: Any) -> None:
+        super().__init__(error)
+        self.status = status
+        self.body: dict[str, Any] = {"error": error, **extra}
+
+
+class SessionTerminal(ApiFailure):
+    """``done``/``extend`` on a session that is over (the server's 409)."""
+
+    def __init__(self, session_id: str, status: str) -> None:
+        super().__init__(409, f"session {session_id} is in terminal state: {status}")
+
+
+@dataclass
+class SessionRecord:
+    """One session, as the server stores it, plus the sandbox's handles."""
+
+    id: str
+    consumer_id: str
+    offer_id: str
+    provider: str
+    gpu_type: str
+    gpu_count: int
+    workload_type: str
+    reservation_hours: int
+    price_per_hour: float
+    created_at: datetime
+    expires_at: datetime
+    status: str = "pending"
+    error: str = ""
+    provider_instance_id: str = ""
+    ssh_host: str = ""
+    ssh_port: int = 0
+    ssh_user: str = ""
+    idle_threshold_minutes: int = 0
+    storage_policy: str = "destroy"
+    template_hash_id: str = ""
+    disk_gb: int = 0
+    auto_retry: bool = False
+    retry_count: int = 0
+    failed_offers: str = ""
+    stopped_at: datetime | None = None
+    #: Entrypoint mode (``launch_mode: entrypoint``): the image serves ``model_id`` on ``api_port``.
+    launch_mode: str = ""
+    docker_image: str = ""
+    model_id: str = ""
+    exposed_ports: list[int] = field(default_factory=list)
+    api_port: int = 0
+    api_endpoint: str = ""
+    # -- sandbox only ----------------------------------------------------------
+    instance: Instance | None = None
+    ollama_port: int = 0
+    boot_task: asyncio.Task[Any] | None = None
+    failed_at: float | None = None  # loop time of the failure, for failed -> stopped
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    def response(self) -> dict[str, Any]:
+        """The server's ``SessionResponse`` for this session."""
+        body: dict[str, Any] = {
+            "id": self.id,
+            "consumer_id": self.consumer_id,
+            "provider": self.provider,
+            "gpu_type": self.gpu_type,
+            "gpu_count": self.gpu_count,
+            "status": self.status,
+        }
+        optional = {
+            "error": self.error,
+            "ssh_host": self.ssh_host,
+            "ssh_port": self.ssh_port,
+            "ssh_user": self.ssh_user,
+            "launch_mode": self.launch_mode,
+            "api_endpoint": self.api_endpoint,
+            "api_port": self.api_port,
+            "model_id": self.model_id,
+            "template_hash_id": self.template_hash_id,
+            "disk_gb": self.disk_gb,
+        }
+        body.update({k: v for k, v in optional.items() if v})
+        body.update(
+            {
+                "workload_type": self.workload_type,
+                "reservation_hours": self.reservation_hours,
+                "price_per_hour": self.price_per_hour,
+                "created_at": format_time(self.created_at),
+                "expires_at": format_time(self.expires_at),
+            }
+        )
+        retry = {"auto_retry": self.auto_retry, "retry_count": self.retry_count, "failed_offers": self.failed_offers}
+        body.update({k: v for k, v in retry.items() if v})
+        return body
+
+    def state(self, cost: float) -> dict[str, Any]:
+        """Everything the sandbox knows about the session (``/sandbox/state``)."""
+        body = self.response()
+        body.update(
+            {
+                "offer_id": self.offer_id,
+                "provider_instance_id": self.provider_instance_id,
+                "idle_threshold_minutes": self.idle_threshold_minutes,
+                "storage_policy": self.storage_policy,
+                "stopped_at": format_time(self.stopped_at) if self.stopped_at else None,
+                "ollama_host": f"127.0.0.1:{self.ollama_port}" if self.ollama_port else None,
+                "docker_image": self.docker_image or None,
+                "exposed_ports": self.exposed_ports or None,
+                "instance_dir": str(self.instance.root) if self.instance and not self.instance.stopped else None,
+                "total_cost": cost,
+                **served_fields(self.instance.served_requests if self.instance else {}),
+            }
+        )
+        return body
+
+
+# ------------------------------------------------------------ inventory
+
+@dataclass
+class OfferFilter:
+    """Inventory query, as the server parses it (zero means "no constraint")."""
+
+    provider: str = ""
+    gpu_type: str = ""
+    location: str = ""
+    min_vram: int = 0
+    max_price: float = 0.0
+    min_gpu_count: int = 0
+    min_reliability: float = 0.0
+    min_availability_confidence: float = 0.0
+    min_cuda: float = 0.0
+
+
+class Inventory:
+    """Offers of one sandbox, with the server's cache eviction."""
+
+    def __init__(self, catalog: Catalog, time_scale: float) -> None:
+        self.catalog = catalog
+        self.time_scale = time_scale
+        self._evicted: dict[str, float] = {}
+
+    def _cached(self, offer: OfferSpec) -> bool:
+        until = self._evicted.get(offer.id)
+        return until is None or asyncio.get_running_loop().time() >= until
+
+    def list_offers(self, query: OfferFilter, now: datetime) -> list[dict[str, Any]]:
+        """Available offers matching ``query`` in the server's JSON and order."""
+        if query.provider and query.provider not in self.catalog.providers:
+            raise ApiFailure(400, f"provider not found: {query.provider}")
+        chosen = [o for o in self.catalog.offers if o.available and self._cached(o) and self._matches(o, query)]
+        chosen.sort(key=lambda o: (-availability_confidence(o), o.price_per_hour))
+        return [offer_json(self.catalog, o, now) for o in chosen]
+
+    def _matches(self, offer: OfferSpec, q: OfferFilter) -> bool:
+        checks = (
+            not q.provider or offer.provider == q.provider,
+            not q.gpu_type or offer.gpu_type == q.gpu_type,
+            not q.min_vram or offer_vram_gb(self.catalog, offer) >= q.min_vram,
+            not q.max_price or offer.price_per_hour <= q.max_price,
+            not q.location or q.location in offer.location,
+            not q.min_reliability or offer.reliability >= q.min_reliability,
+            not q.min_gpu_count or offer.gpu_count >= q.min_gpu_count,
+            not q.min_availability_confidence or availability_confidence(offer) >= q.min_availability_confidence,
+            not q.min_cuda or offer.cuda_version >= q.min_cuda,
+        )
+        return all(checks)
+
+    def get_offer(self, offer_id: str) -> OfferSpec:
+        """An offer still in the server's cache (rented ones included); else 404."""
+        offer = self.catalog.offer(offer_id)
+        if offer is None or not self._cached(offer):
+            raise ApiFailure(404, f"offer not found: {offer_id}")
+        return offer
+
+    def evict(self, offer: OfferSpec) -> None:
+        """Drop a failed offer from the cache until its provider's TTL passes."""
+        ttl = self.catalog.providers[offer.provider].cache_ttl_seconds * self.time_scale
+        self._evicted[offer.id] = asyncio.get_running_loop().time() + ttl
+
+
+# ------------------------------------------------------------ the emulated cloud
 
 log = logging.getLogger("pytest_gpubench.sandbox")
 
