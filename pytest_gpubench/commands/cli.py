@@ -4,7 +4,7 @@
 other clients (curl, the GPU Shopper CLI, CI pipelines) to rent from for free.
 
 ``gpubench sandbox hosts [NAME[=GPU[*COUNT]]...]`` starts sandbox machines for ``cloud: hosts``
-(real SSH on loopback, no API) and prints ``GPUBENCH_HOSTS=<hosts.yaml>`` (``sandbox/hosts.py``);
+(real SSH on loopback, no API) and prints ``GPUBENCH_HOSTS=<hosts.yaml>`` (``sandbox/server.py``);
 ``gpubench sandbox local [GPU[*COUNT]]`` prints the ``export`` lines that give a shell stand-in
 GPUs and Ollama for ``cloud: local``.
 
@@ -523,11 +523,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:2] == ["sandbox", "hosts"]:  # machines for `cloud: hosts`, no GPU Shopper API
-        from ..sandbox.hosts import main as hosts_main
+        from ..sandbox.server import hosts_main
 
         return hosts_main(args[2:])
     if args[:2] == ["sandbox", "local"]:  # stand-in GPUs and Ollama for `cloud: local`
-        from ..sandbox.hosts import local_main
+        from ..sandbox.server import local_main
 
         return local_main(args[2:])
     if args[:1] == ["sandbox"]:

@@ -18,7 +18,7 @@ from pytest_gpubench.aio import run as run_async
 from pytest_gpubench.errors import HostKeyChanged
 from pytest_gpubench.remote.known_hosts import connect_checked, host_pattern
 from pytest_gpubench.remote.ssh import Stage
-from pytest_gpubench.sandbox.hosts import HostPlan, SandboxHostsThread, local_machine
+from pytest_gpubench.sandbox.server import HostPlan, SandboxHostsThread, local_machine
 
 MATRIX = """\
     cloud: {cloud}

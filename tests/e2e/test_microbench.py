@@ -16,7 +16,7 @@ from e2e_helpers import SANDBOX_AUTH, assert_every_session_released, manifest_ro
 from pytest_gpubench.report.gather import build_report
 from pytest_gpubench.report.markdown import render_markdown
 from pytest_gpubench.sandbox.catalog import load_catalog
-from pytest_gpubench.sandbox.hosts import HostPlan, SandboxHostsThread
+from pytest_gpubench.sandbox.server import HostPlan, SandboxHostsThread
 from pytest_gpubench.store.sqlite_store import SqliteStore
 
 SETTINGS = "runs: 3, warmup: 1, memory_mib: 64, matmul_size: 1024"

@@ -357,7 +357,7 @@ def test_a_provider_that_rents_nothing_offers_the_declared_endpoint_and_lets_go(
 def machines(request: pytest.FixtureRequest, tmp_path, monkeypatch) -> Iterator[tuple[Provider, object]]:
     """Each provider of machines, on a sandbox machine with two RTX 4090s (``hosts``: one over SSH;
     ``local``: this machine, given the stand-in nvidia-smi), leasing through a fresh store."""
-    from pytest_gpubench.sandbox.hosts import HostPlan, SandboxHostsThread, local_machine
+    from pytest_gpubench.sandbox.server import HostPlan, SandboxHostsThread, local_machine
     from pytest_gpubench.store.sqlite_store import SqliteStore
 
     store = SqliteStore.open(tmp_path / "manifest.db")
