@@ -14,7 +14,9 @@ dry-run matrices for free; the project's end-to-end tests run on it. Its parts:
   (``nvidia-smi --query-gpu``, ``-q``; ``ollama --version``; ``df``; ``curl`` of
   the install URL) with the modules' own ``one_shot`` code as ``sh`` to replay, so
   no Python starts; loops, ``ollama serve`` and declined calls run the module;
-- ``server.py``: :class:`Sandbox`, :class:`SandboxThread`, :func:`serve`, :func:`main`.
+- ``server.py``: :class:`Sandbox`, :class:`SandboxThread`, :func:`serve`, :func:`main`;
+  and the machines of the ``hosts`` and ``local`` providers (:class:`SandboxHostsThread`,
+  ``gpubench sandbox hosts``).
 
 Exports are resolved lazily: the stand-in modules import this package whenever they
 run on an instance and must not pay for aiohttp and asyncssh.
