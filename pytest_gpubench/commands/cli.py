@@ -295,7 +295,7 @@ def _import(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from ..report.gather import build_report
-    from ..report.write import write_reports
+    from ..report.gather import write_reports
 
     if args.output_dir:  # the older name of --reports: given, it wins, as --reports would
         print("gpubench report: warning: --output-dir is deprecated: give the same value to --reports",

@@ -3,7 +3,7 @@
 :func:`build_report` reads runs, cells, results and provisioning attempts of the
 manifest and gathers what ``gpubench report`` shows (docs/report.md): the results
 to rank, the leaderboards, a table per model, provider head-to-heads, failures by
-stage and the money spent, as a :class:`~.model.Report`; :func:`.write.write_reports`
+stage and the money spent, as a :class:`~.model.Report`; :func:`write_reports`
 renders it as ``BENCHMARK_REPORT.md`` (:mod:`.markdown`) and ``index.html``
 (:mod:`.html`).
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from ..errors import Stage
@@ -32,12 +33,14 @@ from ..matrix.fields import DEFAULT_RUNTIME
 from ..matrix.selection import gpus_label
 from ..store.base import Store
 from ..store.records import CellRecord, ResultRecord
+from .hardware import machines
+from .html import render_html
+from .markdown import render_markdown
 from .microbench import microbench_rows
 from .model import BestValue, FailureGroup, Matchup, ModelTable, ProviderWins, Report, ResultRow
-from .hardware import machines
 from .spend import run_spend
 
-__all__ = ["build_report"]
+__all__ = ["build_report", "write_reports"]
 
 #: Cell statuses whose result is ranked; ``partial`` ones are shown marked.
 RANKED_STATUSES = ("success", "partial")
@@ -229,3 +232,17 @@ def _grouped(cells: Iterable[CellRecord]) -> list[FailureGroup]:
                                                        -len(item[1]), item[0]))
     return [FailureGroup(stage=stage, message=message, count=len(names), cells=sorted(set(names)))
             for (stage, message), names in ordered]
+
+
+# ------------------------------------------------------- the report's files
+
+MARKDOWN_NAME, HTML_NAME = "BENCHMARK_REPORT.md", "index.html"
+
+
+def write_reports(report: Report, directory: Path) -> tuple[Path, Path]:
+    """Write ``BENCHMARK_REPORT.md`` and ``index.html`` into ``directory`` (made if missing)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    markdown, html = directory / MARKDOWN_NAME, directory / HTML_NAME
+    markdown.write_text(render_markdown(report), encoding="utf-8")
+    html.write_text(render_html(report), encoding="utf-8")
+    return markdown, html
