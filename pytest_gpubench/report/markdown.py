@@ -14,8 +14,7 @@ from . import tables as fmt
 from .hardware_table import HARDWARE_INTRO, NO_HARDWARE, hardware_table
 from .microbench import MICROBENCH_INTRO, microbench_table, peak_sources
 from .model import Report
-from .saturation import SATURATION_INTRO, saturated, saturation_table, steps_table
-from .sweep import percentile_table, sweep_table, sweeps
+from .sweep import SATURATION_INTRO, percentile_table, saturated, saturation_table, steps_table, sweep_table, sweeps
 
 __all__ = ["cell", "render_markdown"]
 
