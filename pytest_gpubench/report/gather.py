@@ -27,18 +27,18 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Stage
+from ..cloud.budget import spend_of
 from ..figures import FigureSource, figure_values
 from ..figures import cost_per_million_tokens
 from ..matrix.fields import DEFAULT_RUNTIME
 from ..matrix.selection import gpus_label
 from ..store.base import Store
-from ..store.records import CellRecord, ResultRecord
+from ..store.records import CellRecord, ResultRecord, RunRecord
 from .hardware import machines
 from .html import render_html
 from .markdown import render_markdown
 from .microbench import microbench_rows
-from .model import BestValue, FailureGroup, Matchup, ModelTable, ProviderWins, Report, ResultRow
-from .spend import run_spend
+from .model import BestValue, FailureGroup, Matchup, ModelTable, ProviderWins, Report, ResultRow, RunSpend
 
 __all__ = ["build_report", "write_reports"]
 
@@ -232,6 +232,41 @@ def _grouped(cells: Iterable[CellRecord]) -> list[FailureGroup]:
                                                        -len(item[1]), item[0]))
     return [FailureGroup(stage=stage, message=message, count=len(names), cells=sorted(set(names)))
             for (stage, message), names in ordered]
+
+
+# ---------------------------------------------------------------------- spend
+
+
+def run_spend(store: Store, run_id: str, now: datetime) -> RunSpend:
+    """Run ``run_id``'s cells and spend; an unfinished run's open sessions count up to ``now``.
+
+    Money is read from the manifest's ``attempts`` table: every rented session is one
+    row there (the renting attempt of a shared session carries its whole bill), so the
+    sum counts each session once, as the spend cap (``cloud/budget.py``) does. The cells'
+    own ``cost_usd`` (each one's share of its session) is kept beside it; a
+    run without attempt rows (imported, or older) has only that.
+    """
+    run = store.run(run_id) or RunRecord(run_id=run_id)
+    cells = store.cells(run_id)
+    attempts = store.attempts(run_id)
+    finished = run.finished_at or ""
+    as_of = datetime.fromisoformat(finished) if finished else now
+    cells_cost = sum(cell.cost_usd or 0.0 for cell in cells)
+    if attempts:
+        spent, source = spend_of(attempts, as_of).spent, "attempts"
+        sessions = {a.session_id for a in attempts if a.session_id}
+        still_open = sum(1 for a in attempts if a.session_id and not a.ended_at)
+    else:  # a run from before attempts were kept, or an imported one: the cells' own figures
+        spent, source = cells_cost, "cells"
+        sessions = {cell.session_id for cell in cells if cell.session_id}
+        still_open = 0
+    return RunSpend(
+        run_id=run_id, started_at=run.started_at or min((c.created_at or "" for c in cells), default=""),
+        finished_at=finished, status=run.status or "",
+        cells=len(cells), statuses=dict(sorted(Counter(cell.status for cell in cells).items())),
+        sessions=len(sessions), spent_usd=spent, cells_cost_usd=cells_cost, spent_from=source,
+        open_sessions=still_open, as_of=as_of.isoformat(timespec="seconds"),
+    )
 
 
 # ------------------------------------------------------- the report's files

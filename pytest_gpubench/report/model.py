@@ -13,7 +13,6 @@ from pydantic import BaseModel, ConfigDict
 from ..matrix.fields import DEFAULT_RUNTIME
 from ..store.sandbox_label import report_note, report_title
 from .hardware import MachineRow
-from .spend import RunSpend
 
 __all__ = ["BestValue", "FailureGroup", "Matchup", "MicrobenchRow", "ModelTable", "ProviderWins", "Report", "ResultRow",
            "RunSpend"]
@@ -159,6 +158,29 @@ class MicrobenchRow(_Frozen):
     #: The best output tok/s of the same GPU in this report, and the model and provider that reached it.
     best_llm_tokens_per_second: float | None = None
     best_llm: str = ""
+
+
+class RunSpend(BaseModel):
+    """One run's cells and money."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    started_at: str
+    finished_at: str
+    status: str
+    cells: int
+    statuses: dict[str, int]
+    sessions: int
+    #: Billed session time (price x lifetime), each session once; see :func:`.gather.run_spend`.
+    spent_usd: float
+    #: The cells' ``cost_usd`` summed: their shares of the sessions they ran on.
+    cells_cost_usd: float
+    #: ``attempts`` or ``cells`` (a run without attempt rows, such as an imported one).
+    spent_from: str
+    #: Sessions with no recorded end: their cost is counted up to ``as_of``.
+    open_sessions: int
+    as_of: str
 
 
 class Report(_Frozen):
