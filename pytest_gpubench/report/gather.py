@@ -34,11 +34,11 @@ from ..matrix.fields import DEFAULT_RUNTIME
 from ..matrix.selection import gpus_label
 from ..store.base import Store
 from ..store.records import CellRecord, ResultRecord, RunRecord
-from .hardware import machines
 from .html import render_html
 from .markdown import render_markdown
 from .microbench import microbench_rows
-from .model import BestValue, FailureGroup, Matchup, ModelTable, ProviderWins, Report, ResultRow, RunSpend
+from .model import (BestValue, FailureGroup, MachineRow, Matchup, ModelTable, ProviderWins, Report, ResultRow,
+                    RunSpend)
 
 __all__ = ["build_report", "write_reports"]
 
@@ -232,6 +232,29 @@ def _grouped(cells: Iterable[CellRecord]) -> list[FailureGroup]:
                                                        -len(item[1]), item[0]))
     return [FailureGroup(stage=stage, message=message, count=len(names), cells=sorted(set(names)))
             for (stage, message), names in ordered]
+
+
+# ------------------------------------------------------------------- hardware
+
+
+def machines(store: Store, run_ids: Sequence[str]) -> list[MachineRow]:
+    """The machines of ``run_ids``, by GPU type and provider; the latest session's figures for each.
+
+    System detection records each session's machine once (the store's ``systems``);
+    here they become one row per machine: sessions of the same GPU type, provider and
+    machine (the offer's machine id, a host's name) whose GPUs, driver, CPU and OS agree fold into one row
+    (``sessions`` counts them, the disk figures are the latest session's), and a different machine under the
+    same GPU type and provider gets a row of its own (docs/report.md, its Hardware section).
+    """
+    records = sorted((record for run_id in run_ids for record in store.systems(run_id)),
+                     key=lambda record: record.recorded_at or "")
+    found: dict[tuple[object, ...], MachineRow] = {}
+    for record in records:
+        row = MachineRow.of(record)
+        earlier = found.get(row.identity)
+        found[row.identity] = row if earlier is None else row.model_copy(update={"sessions": earlier.sessions + 1})
+    return sorted(found.values(), key=lambda row: (row.gpu_type, row.provider, row.machine, row.gpu_count,
+                                                   row.gpu_name))
 
 
 # ---------------------------------------------------------------------- spend

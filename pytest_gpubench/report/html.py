@@ -11,7 +11,7 @@ from __future__ import annotations
 from html import escape
 
 from . import tables as fmt
-from .hardware_table import HARDWARE_INTRO, NO_HARDWARE, hardware_table
+from .tables import HARDWARE_INTRO, NO_HARDWARE, hardware_table
 from .model import Report, ResultRow
 from .charts import Bar, Point, bar_chart, line_chart, provider_color, scatter_chart
 from .microbench import MICROBENCH_INTRO, microbench_table, peak_sources
