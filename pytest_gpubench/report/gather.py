@@ -30,15 +30,16 @@ from ..errors import Stage
 from ..cloud.budget import spend_of
 from ..figures import FigureSource, figure_values
 from ..figures import cost_per_million_tokens
+from ..matrix import microbench as microbench_spec
 from ..matrix.fields import DEFAULT_RUNTIME
 from ..matrix.selection import gpus_label
+from ..measure.gpu_peaks import peaks_for, percent_of_peak
 from ..store.base import Store
 from ..store.records import CellRecord, ResultRecord, RunRecord
 from .html import render_html
 from .markdown import render_markdown
-from .microbench import microbench_rows
-from .model import (BestValue, FailureGroup, MachineRow, Matchup, ModelTable, ProviderWins, Report, ResultRow,
-                    RunSpend)
+from .model import (BestValue, FailureGroup, MachineRow, Matchup, MicrobenchRow, ModelTable, ProviderWins, Report,
+                    ResultRow, RunSpend)
 
 __all__ = ["build_report", "write_reports"]
 
@@ -255,6 +256,44 @@ def machines(store: Store, run_ids: Sequence[str]) -> list[MachineRow]:
         found[row.identity] = row if earlier is None else row.model_copy(update={"sessions": earlier.sessions + 1})
     return sorted(found.values(), key=lambda row: (row.gpu_type, row.provider, row.machine, row.gpu_count,
                                                    row.gpu_name))
+
+
+# -------------------------------------------------------- GPU microbenchmarks
+
+
+def microbench_rows(store: Store, run_ids: Sequence[str], results: list[ResultRow]) -> list[MicrobenchRow]:
+    """The latest figure (``run_ids`` most recent first) of each GPU, provider and figure, with its
+    datasheet peak (:mod:`..measure.gpu_peaks`) and the GPU's best output tok/s among ``results``
+    (docs/hardware.md, "GPU microbenchmarks")."""
+    best: dict[str, ResultRow] = {}
+    for row in results:
+        held = best.get(row.gpu)
+        if row.output_tokens_per_second is not None and (
+                held is None or row.output_tokens_per_second > (held.output_tokens_per_second or 0.0)):
+            best[row.gpu] = row
+    chosen: dict[tuple[str, str, str], MicrobenchRow] = {}
+    for run_id in run_ids:
+        for record in store.microbench(run_id):
+            key = (record.gpu_type or "", record.provider or "", record.label)
+            if key in chosen:
+                continue  # a more recent run measured it
+            peaks = peaks_for(record.gpu_type or "")
+            peak = peaks.peak(record.kind, record.precision) if peaks else None
+            top = best.get(record.gpu_type or "")
+            chosen[key] = MicrobenchRow(
+                run_id=run_id, gpu=record.gpu_type or "", provider=record.provider or "", label=record.label,
+                unit=record.unit or "", value=record.value, ci_low=record.ci_low, ci_high=record.ci_high,
+                runs=record.n, skipped=record.skipped or "", peak=peak,
+                percent_of_peak=percent_of_peak(record.value, peak),
+                best_llm_tokens_per_second=top.output_tokens_per_second if top else None,
+                best_llm=f"{top.model} on {top.provider}" if top else "")
+    return sorted(chosen.values(), key=lambda r: (r.gpu, r.provider, _order(r.label)))
+
+
+def _order(label: str) -> int:
+    """Memory first, then the matmul precisions in :data:`~pytest_gpubench.matrix.microbench.PRECISIONS`' order."""
+    order = ("memory_bandwidth", *(f"matmul_{precision}" for precision in microbench_spec.PRECISIONS))
+    return order.index(label) if label in order else len(order)
 
 
 # ---------------------------------------------------------------------- spend

@@ -11,10 +11,9 @@ from __future__ import annotations
 from html import escape
 
 from . import tables as fmt
-from .tables import HARDWARE_INTRO, NO_HARDWARE, hardware_table
+from .tables import HARDWARE_INTRO, MICROBENCH_INTRO, NO_HARDWARE, hardware_table, microbench_table, peak_sources
 from .model import Report, ResultRow
 from .charts import Bar, Point, bar_chart, line_chart, provider_color, scatter_chart
-from .microbench import MICROBENCH_INTRO, microbench_table, peak_sources
 from .sweep import (SATURATION_INTRO, percentile_table, saturated, saturation_table, step_points, steps_table,
                     sweep_table, sweeps)
 

@@ -140,7 +140,7 @@ class FailureGroup(_Frozen):
 
 
 class MicrobenchRow(_Frozen):
-    """One GPU microbenchmark figure of a GPU and provider (report/microbench.py gathers them)."""
+    """One GPU microbenchmark figure of a GPU and provider (``gather.microbench_rows`` gathers them)."""
 
     run_id: str
     gpu: str

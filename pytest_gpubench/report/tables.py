@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from ..cloud.budget import usd
+from ..measure.gpu_peaks import peaks_for
 from .model import FailureGroup, MachineRow, ModelTable, Report, ResultRow
 
 __all__ = [
-    "FIGURES", "HARDWARE_INTRO", "MARKS", "NO_HARDWARE", "Figure", "Table", "cost_leaderboard", "facts", "failure_table",
-    "gpu_label", "hardware_table", "has_loads", "head_to_head_table", "headlines", "invalid_notes", "model_table",
-    "money", "ms", "per_million", "picks", "price", "spend_notes", "spend_table", "tokens_leaderboard", "tps",
-    "tps_marked", "when", "where",
+    "FIGURES", "HARDWARE_INTRO", "MARKS", "MICROBENCH_INTRO", "NO_HARDWARE", "Figure", "Table", "cost_leaderboard",
+    "facts", "failure_table", "gpu_label", "hardware_table", "has_loads", "head_to_head_table", "headlines",
+    "invalid_notes", "microbench_table", "model_table", "money", "ms", "peak_sources", "per_million", "picks", "price",
+    "spend_notes", "spend_table", "tokens_leaderboard", "tps", "tps_marked", "when", "where",
 ]
 
 #: What each column is (docs/report.md, docs/metrics.md): shown under the tables.
@@ -340,3 +341,43 @@ def hardware_table(rows: list[MachineRow]) -> Table:
     return Table(("GPU", "Provider", "GPUs", "GPU memory (GiB)", "Compute cap.", "Max SM MHz", "Max memory MHz",
                   "Power limit (W)", "Driver", "CUDA", "CPU", "RAM (GiB)", "OS", "Kernel", "Disk free / total (GiB)",
                   "Source", "Sessions"), body)
+
+
+# -------------------------------------------------------- GPU microbenchmarks
+
+MICROBENCH_INTRO = ("What each GPU itself measured with torch (microbench cells): device-to-device copy bandwidth "
+                    "and dense matmul throughput per precision, the mean of the timed runs with its 95% confidence "
+                    "interval, as a % of the datasheet peak (sources below), beside the best output tok/s the same "
+                    "GPU reached in this report (docs/metrics.md).")
+
+
+def _with_unit(value: float | None, unit: str) -> str:
+    return "-" if value is None else f"{value:,.1f} {unit}"
+
+
+def microbench_table(report: Report) -> Table:
+    """One row per figure: measured (± CI), peak, % of peak, runs, and the GPU's best LLM figure."""
+    body = []
+    for row in report.microbench:
+        if row.value is None:
+            measured = Figure(f"skipped: {row.skipped}", None)
+        else:
+            half = (row.ci_high - row.ci_low) / 2 if row.ci_high is not None and row.ci_low is not None else None
+            spread = f" ± {half:,.1f}" if half else ""
+            measured = Figure(f"{row.value:,.1f}{spread} {row.unit}", row.value)
+        percent = Figure("-" if row.percent_of_peak is None else f"{row.percent_of_peak:.0f}%", row.percent_of_peak)
+        llm = Figure(tps(row.best_llm_tokens_per_second) + (f" ({row.best_llm})" if row.best_llm else ""),
+                     row.best_llm_tokens_per_second)
+        body.append((row.gpu, row.provider, row.label, measured, Figure(_with_unit(row.peak, row.unit), row.peak),
+                     percent, Figure(str(row.runs), float(row.runs)), llm))
+    return Table(header=("GPU", "Provider", "Figure", "Measured (95% CI)", "Datasheet peak", "% of peak", "Runs",
+                         "Best output tok/s on this GPU"), rows=body)
+
+
+def peak_sources(report: Report) -> list[tuple[str, str]]:
+    """``(GPU, source and note)`` of every peak the table used."""
+    sources = []
+    for gpu in sorted({row.gpu for row in report.microbench}):
+        peaks = peaks_for(gpu)
+        sources.append((gpu, f"{peaks.source} ({peaks.note})" if peaks else "no datasheet peak known"))
+    return sources

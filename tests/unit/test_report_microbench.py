@@ -1,4 +1,4 @@
-"""The report's GPU microbenchmarks (report/microbench.py): each figure as a % of its GPU's
+"""The report's GPU microbenchmarks (report/gather.py's microbench_rows, report/tables.py's microbench_table): each figure as a % of its GPU's
 datasheet peak, the latest run's figure per GPU, provider and figure, the GPU's best LLM
 figure beside it, skipped figures with their reason, and the peaks' sources; none without
 microbench cells. Also: the sandbox catalog's achievable figures sit below every peak."""
@@ -15,7 +15,7 @@ from pytest_gpubench.measure.results import BenchmarkResult, PerformanceResults,
 from pytest_gpubench.report.gather import build_report
 from pytest_gpubench.report.html import render_html
 from pytest_gpubench.report.markdown import render_markdown
-from pytest_gpubench.report.microbench import microbench_table
+from pytest_gpubench.report.tables import microbench_table
 from pytest_gpubench.sandbox.catalog import load_catalog
 from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.store.sqlite_store import SqliteStore
