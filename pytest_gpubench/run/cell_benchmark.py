@@ -32,7 +32,7 @@ from .record import CellRecorder, progress_path
 from ..remote.known_hosts import connect_checked
 from ..remote.local import LocalShell
 from ..remote.ssh import Connection, KeyFile
-from ..measure.sanity import commonest_error, keep_raw, result_problems
+from ..measure.validity import commonest_error, keep_raw, result_problems
 from ..measure.results import BenchmarkResult, ModelInfo, TestConfig, summarize
 from ..remote.readings import HardwareInfo
 from ..measure.saturation import RateSearch, SweepOutcome, SweepStep, step_figures, sweep_identity

@@ -32,7 +32,7 @@ from pytest_gpubench.measure.benchmark import LOADGEN_SOURCE, BenchmarkPlan, run
 from pytest_gpubench.errors import BenchmarkInterrupted, Stage, StageError
 from pytest_gpubench.matrix.cells import SEED_PROMPTS
 from pytest_gpubench.remote.ssh import Connection
-from pytest_gpubench.measure.sanity import result_problems
+from pytest_gpubench.measure.validity import result_problems
 from pytest_gpubench.measure.results import BenchmarkResult, summarize
 from pytest_gpubench.remote.readings import GPUStats, HardwareInfo, RequestRecord
 from pytest_gpubench.runtimes.ollama import SERVE_PID, OllamaRuntime
