@@ -24,7 +24,7 @@ from ..figures import parse_compare_fail
 from ..measure.compare import compare, figures_of
 from ..errors import BenchmarkInterrupted, ErrorBudgetExceeded, ResultsInvalid, Stage, StageError, ThresholdMissed
 from ..store.export import upload_result
-from ..measure.fingerprint import Fingerprint, fingerprint, incomparable
+from ..measure.compare import Fingerprint, fingerprint, incomparable
 from ..matrix.cells import DEFAULT_CLOUD, Cell
 from ..measure.repeats import Measurement, details_of, enough_runs, measure_once
 from ..cloud.provider import OfferChoice, SshDetails

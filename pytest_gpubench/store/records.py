@@ -252,7 +252,7 @@ class Baseline(_Record):
 
     def figures(self) -> dict[str, Any]:
         """The cell's figures as :func:`~pytest_gpubench.measure.compare.compare` and
-        :func:`~pytest_gpubench.measure.fingerprint.incomparable` read them: the cell's
+        :func:`~pytest_gpubench.measure.compare.incomparable` read them: the cell's
         columns, its result's under ``benchmark``."""
         found = self.cell.model_dump()
         found["benchmark"] = None

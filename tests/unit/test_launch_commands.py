@@ -8,7 +8,7 @@ import pytest
 
 from pytest_gpubench.errors import MatrixError, Stage, StageError
 from pytest_gpubench.matrix.cells import expand, parse_matrix
-from pytest_gpubench.measure.fingerprint import fingerprint, incomparable
+from pytest_gpubench.measure.compare import fingerprint, incomparable
 from pytest_gpubench.runtimes.llamacpp import LlamacppRuntime
 from pytest_gpubench.runtimes.ollama import OllamaRuntime
 from pytest_gpubench.runtimes.sglang import SglangRuntime

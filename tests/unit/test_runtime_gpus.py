@@ -10,7 +10,7 @@ import pytest
 
 from pytest_gpubench.errors import Stage, StageError
 from pytest_gpubench.matrix.cells import expand, parse_matrix
-from pytest_gpubench.measure.fingerprint import fingerprint
+from pytest_gpubench.measure.compare import fingerprint
 from pytest_gpubench.remote.readings import HardwareInfo
 from pytest_gpubench.runtimes.gpus import GpuPlacement
 from pytest_gpubench.runtimes.ollama import OllamaRuntime
