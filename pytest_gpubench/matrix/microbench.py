@@ -58,7 +58,7 @@ class MicrobenchSpec(StrictModel):
     """``microbench:`` as written in a row: which kinds, and how each is measured."""
 
     kinds: Annotated[tuple[str, ...], _names(KINDS, "kinds")] = KINDS
-    #: Timed runs of each figure (after the warm-up), summarised by ``measure/stats.py``.
+    #: Timed runs of each figure (after the warm-up), summarised by ``measure/results.py``.
     runs: Annotated[int, whole(2, 100)] = 5
     #: Untimed runs first (clocks up, kernels chosen).
     warmup: Annotated[int, whole(0, 100)] = 2

@@ -2,7 +2,7 @@
 
 ``remote/microbench.py`` returns the events ``remote/microbench_script.py`` printed; here
 each ``figure`` event (one value per timed run) becomes a :class:`MicrobenchFigure` with
-the runs' :class:`~.stats.RunStatistics` (mean, sample std, CV, Tukey outliers, bootstrap
+the runs' :class:`~.results.RunStatistics` (mean, sample std, CV, Tukey outliers, bootstrap
 CI), and each ``skipped`` event a figure without statistics but with its reason. The
 figure a report shows is the mean of the runs; its % of peak uses :mod:`.gpu_peaks`.
 """
@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from .gpu_peaks import peaks_for, percent_of_peak
-from .stats import RunStatistics
+from .results import RunStatistics
 
 __all__ = ["MicrobenchFigure", "MicrobenchRun", "figures_from_events"]
 

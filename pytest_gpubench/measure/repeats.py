@@ -21,10 +21,9 @@ from ..figures import output_tokens_per_second
 from ..matrix.cells import Cell
 from .metrics import detailed_metrics
 from ..remote.ssh import Connection
-from .results import summarize
+from .results import RunStatistics, summarize, until_cv_reached
 from ..remote.readings import RequestRecord
 from ..runtimes.base import Runtime
-from .stats import RunStatistics, until_cv_reached
 from ..remote.telemetry import GpuSample, sample_gpus
 from .validity import judge
 from ..cloud.watch import SessionWatch
