@@ -1,8 +1,8 @@
 """A microbenchmark cell on its connected session: stages ``ollama_install`` (torch) and ``benchmark``.
 
 The cell went offer -> session -> ``gpu_ssh`` like any other; :class:`Microbench` then
-makes torch importable there (``remote/microbench.ensure_torch``: the instance's, or a
-venv it installs), runs the microbenchmark script (``remote/microbench.run_microbench``)
+makes torch importable there (``measure/microbench.ensure_torch``: the instance's, or a
+venv it installs), runs the microbenchmark script (``measure/microbench.run_microbench``)
 with ``nvidia-smi`` sampled beside it (``remote/telemetry.sample_gpus``, the cell's
 ``telemetry_interval``), and hands its figures (``measure/microbench.py``) and the samples
 of its GPU to the cell's recorder, which stores them with the cell's outcome. No pytest
@@ -19,7 +19,7 @@ from ..cloud.ssh_wait import stage_timeout
 from ..errors import Stage, StageError
 from ..matrix.cells import Cell
 from ..measure.microbench import MicrobenchRun, figures_from_events
-from ..remote.microbench import ensure_torch, run_microbench
+from ..measure.microbench import ensure_torch, run_microbench
 from ..remote.ssh import Connection
 from ..remote.telemetry import GpuSample, sample_gpus
 from ..runtimes.gpus import GpuPlacement
