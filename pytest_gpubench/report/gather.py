@@ -33,7 +33,7 @@ from ..figures import cost_per_million_tokens
 from ..matrix import microbench as microbench_spec
 from ..matrix.fields import DEFAULT_RUNTIME
 from ..matrix.selection import gpus_label
-from ..measure.gpu_peaks import peaks_for, percent_of_peak
+from ..measure.microbench import peaks_for, percent_of_peak
 from ..store.base import Store
 from ..store.records import CellRecord, ResultRecord, RunRecord
 from .html import render_html
@@ -263,7 +263,7 @@ def machines(store: Store, run_ids: Sequence[str]) -> list[MachineRow]:
 
 def microbench_rows(store: Store, run_ids: Sequence[str], results: list[ResultRow]) -> list[MicrobenchRow]:
     """The latest figure (``run_ids`` most recent first) of each GPU, provider and figure, with its
-    datasheet peak (:mod:`..measure.gpu_peaks`) and the GPU's best output tok/s among ``results``
+    datasheet peak (:mod:`..measure.microbench`) and the GPU's best output tok/s among ``results``
     (docs/hardware.md, "GPU microbenchmarks")."""
     best: dict[str, ResultRow] = {}
     for row in results:

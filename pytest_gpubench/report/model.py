@@ -153,7 +153,7 @@ class MicrobenchRow(_Frozen):
     ci_high: float | None = None
     runs: int = 0
     skipped: str = ""
-    #: The datasheet peak (measure/gpu_peaks.py) and the figure as a % of it; None when unknown.
+    #: The datasheet peak (measure/microbench.py) and the figure as a % of it; None when unknown.
     peak: float | None = None
     percent_of_peak: float | None = None
     #: The best output tok/s of the same GPU in this report, and the model and provider that reached it.

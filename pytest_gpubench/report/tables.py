@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from ..cloud.budget import usd
-from ..measure.gpu_peaks import peaks_for
+from ..measure.microbench import peaks_for
 from .model import FailureGroup, MachineRow, ModelTable, Report, ResultRow
 
 __all__ = [

@@ -27,7 +27,7 @@ from pytest_gpubench.measure.gpucheck import (
     outside_bounds,
     peak_shares,
 )
-from pytest_gpubench.measure.gpu_peaks import peaks_for, peaks_for_product
+from pytest_gpubench.measure.microbench import peaks_for, peaks_for_product
 from pytest_gpubench.remote.local import LocalShell
 from pytest_gpubench.remote.sysinfo import GpuFacts
 from pytest_gpubench.remote.system import facts_by_source
@@ -98,7 +98,7 @@ def test_the_microbenchmarks_are_a_plausible_share_of_the_datasheet(local_run: L
     assert all(figures[label].value for label in ("memory_bandwidth", "matmul_fp16", "matmul_bf16")), figures
     peaks = peaks_for_product(local_run.product)
     if peaks is None:
-        pytest.skip(f"no datasheet figures for {local_run.product!r} in measure/gpu_peaks.py: measured only")
+        pytest.skip(f"no datasheet figures for {local_run.product!r} in measure/microbench.py: measured only")
     shares = peak_shares(figures.values(), peaks)
     for share in shares:
         print(share.line())

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpubench.measure.gpu_peaks import peaks_for
+from pytest_gpubench.measure.microbench import peaks_for
 from pytest_gpubench.measure.microbench import figures_from_events
 from pytest_gpubench.measure.results import BenchmarkResult, PerformanceResults, TestConfig
 from pytest_gpubench.report.gather import build_report
