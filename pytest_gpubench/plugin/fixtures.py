@@ -33,7 +33,7 @@ from ..run.provisioning import Provisioning
 from .claim_hooks import claim_keeping
 from ..run.record import CellRecorder
 from ..remote.ssh import KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL, Connection, KeyFile
-from ..remote.system import detect_system, hardware_of
+from ..remote.sysinfo import detect_system, hardware_of
 from ..remote.readings import HardwareInfo
 from . import user_hooks
 from ..run.run_context import RunContext

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from .session_pool import Lease
 from ..matrix.cells import Cell
-from ..remote.system import free_disk_bytes
+from ..remote.sysinfo import free_disk_bytes
 from ..runtimes.base import Runtime
 
 GB = 1_000_000_000

@@ -30,7 +30,7 @@ from pytest_gpubench.measure.gpucheck import (
 from pytest_gpubench.measure.microbench import peaks_for, peaks_for_product
 from pytest_gpubench.remote.local import LocalShell
 from pytest_gpubench.remote.sysinfo import GpuFacts
-from pytest_gpubench.remote.system import facts_by_source
+from pytest_gpubench.remote.sysinfo import facts_by_source
 from pytest_gpubench.store.sqlite_store import SqliteStore
 
 
