@@ -29,7 +29,7 @@ from ..matrix.cells import DEFAULT_CLOUD, Cell
 from ..measure.repeats import Measurement, details_of, enough_runs, measure_once
 from ..cloud.provider import OfferChoice, SshDetails
 from .record import CellRecorder, progress_path
-from ..remote.known_hosts import connect_checked
+from ..remote.ssh import connect_checked
 from ..remote.local import LocalShell
 from ..remote.ssh import Connection, KeyFile
 from ..measure.validity import commonest_error, keep_raw, result_problems
