@@ -12,7 +12,8 @@ The load generator still runs on the instance over SSH and targets the port ther
 from __future__ import annotations
 
 from ..errors import Stage, StageError
-from ..matrix.launch import IMAGE_RUNTIMES, LaunchSpec
+from ..matrix.launch import LaunchSpec
+from ..runtime_facts import facts_of
 from .base import Runtime
 
 
@@ -26,7 +27,7 @@ def adopt_image_server(runtime: Runtime, launch: LaunchSpec | None) -> bool:
     """
     if launch is None or not launch.entrypoint:
         return False
-    if runtime.name not in IMAGE_RUNTIMES or launch.api_port is None:
+    if facts_of(runtime.name).image is None or launch.api_port is None:
         raise StageError(Stage.OLLAMA_INSTALL, f"runtime {runtime.name!r} cannot use a server its image started",
                          hint="use runtime vllm or tgi with `launch: {mode: entrypoint}`, or `mode: ssh`")
     runtime.remote_port = launch.api_port  # type: ignore[attr-defined]  # the image runtimes' server port

@@ -25,6 +25,7 @@ from ..aio import http_client
 from ..errors import RemoteCommandError, Stage, StageError
 from ..matrix.cells import Cell
 from ..remote.ssh import Connection
+from ..runtime_facts import RuntimeFacts, SandboxImitation
 from ..settings import DEFAULT_OLLAMA_INSTALL
 from .base import Endpoint, PulledModel, ServingApi
 from .gpus import GpuPlacement
@@ -475,3 +476,11 @@ def _error_text(response: httpx.Response) -> str:
         body = None
     return _one_line(body.get("error", response.text) if isinstance(body, dict) else response.text, 500)
 
+
+
+#: One ``ollama serve`` per machine, on its ``OLLAMA_HOST`` (a cell on a machine the run does not own
+#: leases every GPU of it); it spreads a model over the GPUs it sees with ``OLLAMA_SCHED_SPREAD``, no
+#: tensor-parallel flag; the sandbox has an Ollama stand-in of its own (``sandbox/ollama_standin.py``).
+RUNTIME = RuntimeFacts(name="ollama", runtime=OllamaRuntime, server_per_cell=False, launch=("ollama", "serve"),
+                       health_path="/api/version", version_command="ollama --version",
+                       sandbox=SandboxImitation(program="ollama", stand_in="ollama_standin", kind="own"))

@@ -36,6 +36,7 @@ import httpx
 
 from ..aio import http_client
 from ..errors import Stage, StageError
+from ..runtime_facts import ImageServer, RuntimeFacts, SandboxImitation
 from ..matrix.cells import Cell
 from ..remote.ssh import Connection
 from .base import Endpoint, PulledModel, ServingApi
@@ -495,3 +496,13 @@ class OpenAIServerRuntime:
         """Forget ``model``: its weights stay in the instance's cache."""
         await self.unload(model)
         self.prepared.pop(model, None)
+
+
+def declare(runtime: type[OpenAIServerRuntime], *, image: ImageServer | None = None,
+            sandbox: SandboxImitation | None = None) -> RuntimeFacts:
+    """The declaration (``RUNTIME``) of an OpenAI-API server runtime: its launch facts are its
+    :class:`LaunchSpec`'s, and it starts a server of its own per cell (a free port, files of its own)."""
+    spec = runtime.spec
+    return RuntimeFacts(name=runtime.name, runtime=runtime, server_per_cell=True, launch=spec.argv,
+                        health_path=spec.health_path, version_command=spec.version_command,
+                        tensor_parallel_flag=spec.tensor_parallel_flag, image=image, sandbox=sandbox)
