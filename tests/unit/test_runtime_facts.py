@@ -4,7 +4,10 @@ when a name is not built in."""
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
+import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +18,8 @@ from pytest_gpubench.matrix.fields import runtime_name
 from pytest_gpubench.matrix.launch import LaunchSpec, launch_problem, resolved
 from pytest_gpubench.runtime_facts import BUILT_IN, ImageServer, RuntimeFacts, facts_of
 
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "pytest_gpubench"
 ROW = "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:1.5b'}\n"
 
 
@@ -91,3 +96,47 @@ def test_a_registered_runtime_is_read_from_its_entry_point_and_a_bad_one_says_wh
         parse_matrix(f"runtime: tyo\n{ROW}", "m.yaml")
     with pytest.raises(runtime_facts.UnknownRuntime, match="unknown runtime 'nonesuch'; known runtimes: ollama"):
         facts_of("nonesuch")
+
+
+def test_no_module_but_the_registry_lists_runtime_names():
+    """A second list of runtime names (``RUNTIME_NAMES``, ``SERVER_PER_CELL``, ``IMAGE_RUNTIMES`` once) would
+    be a file a new runtime must touch: no literal outside ``runtime_facts.py`` holds two of them, but for
+    tables of something else that shares their words."""
+    others = {  # what shares the words, and why it is no list of runtimes
+        "cloud/ssh_wait.py": "GPU Shopper's heavy-image patterns",
+        "remote/loadgen.py": "the load generator's API protocols",
+        "sandbox/entrypoint.py": "image patterns and the stand-in launcher each image runs",
+        "sandbox/faults.py": "the instance's programs a fault may omit",
+        "sandbox/launcher_programs.py": "the stand-in launchers' own programs",
+    }
+    listing = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        where = path.relative_to(PACKAGE).as_posix()
+        if where == "runtime_facts.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
+                items = node.keys if isinstance(node, ast.Dict) else node.elts
+                words = {item.value for item in items if isinstance(item, ast.Constant)} & set(BUILT_IN)
+                if len(words) >= 2:
+                    listing.add(where)
+    assert listing == set(others)
+
+
+def test_the_add_a_runtime_recipe_names_the_files_a_built_in_runtime_touches():
+    """docs/architecture.md's "Add a runtime" (bench/architecture.py counts it): the runtime's module, its
+    line in the registry and its docs; the toy runtime outside the package touches none of the package's."""
+    spec = importlib.util.spec_from_file_location("architecture_figures", REPO / "bench" / "architecture.py")
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    files = figures.recipes()["Add a runtime"]
+    assert files == ["docs/runtimes.md", "pytest_gpubench/runtime_facts.py", "pytest_gpubench/runtimes/trtllm.py"]
+    assert all((REPO / name).exists() for name in files if "trtllm" not in name)
+    # Each built-in runtime is exactly such a module and such a line.
+    for name, where in BUILT_IN.items():
+        module = where.partition(":")[0]
+        assert (REPO / (module.replace(".", "/") + ".py")).exists() and module.startswith("pytest_gpubench.runtimes.")
+    toy = REPO / "tests" / "data" / "toy_runtime"
+    assert sorted(p.name for p in toy.iterdir() if p.name != "__pycache__") == ["toy_runtime-0.dist-info",
+                                                                                "toy_runtime.py"]
+    assert "toy = toy_runtime:RUNTIME" in (toy / "toy_runtime-0.dist-info" / "entry_points.txt").read_text()
