@@ -15,7 +15,7 @@ the provision timeout. :attr:`SshDetails.gpu_indices` are the leased GPUs. Two c
 share one server: the OpenAI-API servers start one per cell on a free port, with files of
 its own (``RuntimeFacts.server_per_cell``, in the runtime's declaration), and lease only the cell's GPUs; any other runtime (Ollama
 serves one server per machine, on its ``OLLAMA_HOST``) leases every GPU of the machine,
-while its server sees only the cell's ``gpus`` of them (``runtimes/gpus.py``).
+while its server sees only the cell's ``gpus`` of them (``runtimes/base.py``).
 :meth:`release` ends the lease; the machine stays as it was (the cell's teardown stops
 servers it started, ``plugin/fixtures.py``).
 """
@@ -54,7 +54,7 @@ from .shopper_client import CreatedSession, Offer, Session
 def own_gpus_only(runtime: str) -> bool:
     """Whether a cell on ``runtime`` leases only the GPUs it runs on: a runtime that starts a server of its
     own per cell, on a free port with files of its own (its declaration's ``server_per_cell``,
-    ``runtimes/shared_machine.py``), or a microbenchmark (``microbench``: one process on its one GPU).
+    ``runtimes/registry.py``), or a microbenchmark (``microbench``: one process on its one GPU).
     Any other (Ollama: one server per machine on its OLLAMA_HOST; container workers) leases every GPU of
     the machine, so no two cells share, or disturb, one server."""
     return runtime == MICROBENCH_MODEL or server_per_cell(runtime)

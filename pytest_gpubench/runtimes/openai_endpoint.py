@@ -29,8 +29,7 @@ from ..matrix.cells import Cell
 from ..matrix.endpoint import ENDPOINT_RUNTIME, EndpointSpec
 from ..remote.ssh import Connection
 from ..runtime_facts import RuntimeFacts
-from .base import Endpoint, PulledModel, ServingApi
-from .gpus import GpuPlacement
+from .base import Endpoint, GpuPlacement, PulledModel, ServingApi
 
 #: However long the stage may take, a server that is supposed to be up gets this long to answer.
 READY_SECONDS = 30.0

@@ -46,9 +46,7 @@ from ..matrix.worker_presets import WorkerPreset, load_presets
 from ..remote.loadgen import parse_worker_line
 from ..remote.ssh import Connection
 from ..runtime_facts import RuntimeFacts, SandboxImitation
-from .base import Endpoint, PulledModel, ServingApi
-from .gpus import GpuPlacement
-from .restart import restart_once
+from .base import Endpoint, GpuPlacement, PulledModel, ServingApi, restart_once
 from .openai_server import check_arguments
 
 #: Every container gpubench starts carries it, so :meth:`WorkerRuntime.stop` finds what a run left.

@@ -162,7 +162,7 @@ def launcher_wrapper(program: str, stand_in: str | None = None) -> str:
     server or answers ``--version``, nothing the answering service would save). A runtime
     imitated by another program's stand-in (``stand_in``) runs it ``--as`` its own name, so
     its server's command line names ``program`` as a real one's would (pid files are checked
-    against it, ``runtimes/server_pid.py``)."""
+    against it, ``runtimes/openai_server.py``)."""
     if stand_in is None or stand_in == program:
         return module_wrapper(LAUNCHERS_MODULE, program)
     return module_wrapper(LAUNCHERS_MODULE, "--as", program, stand_in)
