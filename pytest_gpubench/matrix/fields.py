@@ -19,16 +19,15 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationInfo, mod
 from pydantic_core import PydanticCustomError
 
 from ..options import MAX_PRICE_PER_HOUR, is_finite, parse_duration
+from ..runtime_facts import DEFAULT_RUNTIME, is_runtime, runtime_names
 from .machines import KEPT_MACHINES
 from .selection import normalize_provider, number_text
 from .yaml_errors import describe
 
 KNOWN_PROVIDERS: tuple[str, ...] = ("vastai", "tensordock", "bluelobster")
 """Providers a matrix may name (GPU Shopper's provider names)."""
-RUNTIME_NAMES: tuple[str, ...] = ("ollama", "vllm", "sglang", "tgi", "llamacpp", "openai", "worker")
-"""Runtimes a matrix may name, the first the default: the names ``runtimes/registry.py`` implements
-(``tests/e2e/test_runtime_contract.py`` keeps the two lists equal; the matrix cannot import the runtimes)."""
-DEFAULT_RUNTIME = RUNTIME_NAMES[0]
+# The runtimes a matrix may name, and DEFAULT_RUNTIME (imported above, for the matrix's modules), are
+# runtime_facts.py's registry: built in or registered by an entry point, each declared in its own module.
 
 MAX_DURATION_S = 24 * 3600.0
 MAX_CONCURRENCY = 1024
@@ -187,12 +186,13 @@ def hosts_file(value: Any, base_dir: Path) -> str:
 
 
 def runtime_name(value: Any) -> str:
-    """A runtime the plugin implements (:data:`RUNTIME_NAMES`), as written or in another case."""
+    """A runtime built in or registered (``runtime_facts.py``), as written or in another case; the
+    installed distributions' entry points are read only for a name not built in."""
     raw = text_field("a runtime name", f"'{DEFAULT_RUNTIME}'")(value)
     name = raw.strip().lower()
-    if name not in RUNTIME_NAMES:
-        raise invalid(f"unknown runtime {raw!r}{did_you_mean(name, RUNTIME_NAMES)}; "
-                      f"known runtimes: {', '.join(RUNTIME_NAMES)}")
+    if not is_runtime(name):
+        names = runtime_names()
+        raise invalid(f"unknown runtime {raw!r}{did_you_mean(name, names)}; known runtimes: {', '.join(names)}")
     return name
 
 

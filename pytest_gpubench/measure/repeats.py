@@ -152,7 +152,7 @@ def details_of(cell: Cell, measurement: Measurement, runtime: Runtime, *,
         "runtime": {"name": runtime.name, "version": runtime.version, "num_parallel": runtime.num_parallel,
                     "started_here": runtime.started_here,
                     **({"launch_args": list(cell.runtime_args)} if cell.runtime_args else {}),
-                    # The GPUs the server spanned: count, tensor-parallel size, CUDA_VISIBLE_DEVICES (runtimes/gpus.py).
+                    # The GPUs the server spanned: count, tensor-parallel size, CUDA_VISIBLE_DEVICES (runtimes/base.py).
                     **({"gpus": runtime.placement.describe(runtime.tensor_parallel)}
                        if runtime.placement.count > 1 or runtime.placement.indices else {}),
                     # How GPU Shopper launched the instance: mode, image, the image's API port.

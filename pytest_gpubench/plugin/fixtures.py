@@ -24,7 +24,6 @@ from ..errors import BudgetRefused, NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell
 from ..matrix.machines import KEPT_MACHINES
 from ..run.hints import host_key_pinned
-from ..runtimes.shared_machine import has_model, keep_apart, leave_as_found
 from ..cloud.offers import Constraints
 from ..cloud.offer_recheck import EVICTION_SECONDS, MIN_RECHECK_WAIT, choose_offer_rechecking
 from .outcome import outcome_of
@@ -37,10 +36,10 @@ from ..remote.sysinfo import detect_system, hardware_of
 from ..remote.readings import HardwareInfo
 from . import user_hooks
 from ..run.run_context import RunContext
-from ..runtimes.base import Runtime
-from ..runtimes.entrypoint import adopt_image_server
+from ..runtimes.base import Runtime, vram_shortfall
+from ..runtimes.openai_server import adopt_image_server
 from ..cloud.ssh_wait import stage_timeout
-from ..runtimes.registry import runtime_for
+from ..runtimes.registry import has_model, keep_apart, leave_as_found, runtime_for
 from ..run.reuse import make_room, note_model, take_over_server
 from ..store.sandbox_label import junit_property, progress_labels
 from ..store.record_keys import matrix_key
@@ -54,7 +53,6 @@ from .stash import (
     REUSE_GROUPS_KEY,
     run_context,
 )
-from ..runtimes.vram import vram_shortfall
 
 
 @pytest.fixture(scope="session")
@@ -295,7 +293,7 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
 
     On a machine the run does not own (``cloud: hosts``, ``local``), teardown leaves it as
     found: a server started here is stopped, a pulled model removed when the inventory says
-    ``keep_models: false`` (``runtimes/shared_machine.py``).
+    ``keep_models: false`` (``runtimes/registry.py``).
     """
     settings, recorder, cell = gpubench_run.settings, gpubench_recorder, gpubench_cell
     if cell.microbench is not None:

@@ -140,7 +140,7 @@ def _result_row(cell: CellRecord, benchmarks: dict[str, ResultRecord]) -> Result
 
 
 def _gpus(details: dict[str, Any]) -> int:
-    """GPUs the cell's server spanned (``details.runtime.gpus``, runtimes/gpus.py); 1 when not recorded."""
+    """GPUs the cell's server spanned (``details.runtime.gpus``, runtimes/base.py); 1 when not recorded."""
     count = ((details.get("runtime") or {}).get("gpus") or {}).get("count")
     return count if isinstance(count, int) and count > 1 else 1
 

@@ -22,7 +22,7 @@ from ..measure.microbench import MicrobenchRun, figures_from_events
 from ..measure.microbench import ensure_torch, run_microbench
 from ..remote.ssh import Connection
 from ..remote.telemetry import GpuSample, sample_gpus
-from ..runtimes.gpus import GpuPlacement
+from ..runtimes.base import GpuPlacement
 from .cell_benchmark import BRIDGE_SLACK, GpuSession, watched
 from .record import CellRecorder
 from .run_context import RunContext

@@ -25,13 +25,10 @@ from ..aio import http_client
 from ..errors import RemoteCommandError, Stage, StageError
 from ..matrix.cells import Cell
 from ..remote.ssh import Connection
+from ..runtime_facts import RuntimeFacts, SandboxImitation
 from ..settings import DEFAULT_OLLAMA_INSTALL
-from .base import Endpoint, PulledModel, ServingApi
-from .gpus import GpuPlacement
-from .openai_server import LOOPBACK, reach_address
-from .restart import restart_once
-from .server_pid import identify, record, stale_in
-from .server_pid import stop as stop_script
+from .base import Endpoint, GpuPlacement, PulledModel, ServingApi, restart_once
+from .openai_server import LOOPBACK, identify, reach_address, record, stale_in, stop_script
 
 #: Ollama model references: name[:tag], optionally namespaced. Nothing a shell
 #: or a URL would treat specially.
@@ -42,7 +39,7 @@ DOWNLOADERS = ("curl", "wget")
 SERVE_LOG = "$HOME/.gpubench/ollama-serve.log"
 #: The pid of the ``ollama serve`` this runtime started, so that a hung one can be ended.
 SERVE_PID = "$HOME/.gpubench/ollama-serve.pid"
-#: What the command line of an ``ollama serve`` matches (``server_pid.py``): a word naming ollama, then
+#: What the command line of an ``ollama serve`` matches (``openai_server.py``, "pid files"): a word naming ollama, then
 #: ``serve`` (the sandbox's stand-in runs as ``python -m ...ollama_standin serve``).
 SERVE_PATTERN = '*ollama*" serve "*'
 
@@ -229,7 +226,7 @@ class OllamaRuntime:
         """Kill the ``ollama serve`` this runtime (or an earlier one on the session) started.
 
         One found running (no pid file of ours) is left alone: it cannot be told from another process;
-        so is a process a stale pid file names (``server_pid.py``), whose file is dropped and reported.
+        so is a process a stale pid file names (``openai_server.py``, "pid files"), whose file is dropped and reported.
         """
         result = await self.conn.run(stop_script(SERVE_PID, SERVE_PATTERN, grace_steps=0), stage=stage,
                                      what="ending the ollama serve started earlier", timeout=timeout)
@@ -475,3 +472,11 @@ def _error_text(response: httpx.Response) -> str:
         body = None
     return _one_line(body.get("error", response.text) if isinstance(body, dict) else response.text, 500)
 
+
+
+#: One ``ollama serve`` per machine, on its ``OLLAMA_HOST`` (a cell on a machine the run does not own
+#: leases every GPU of it); it spreads a model over the GPUs it sees with ``OLLAMA_SCHED_SPREAD``, no
+#: tensor-parallel flag; the sandbox has an Ollama stand-in of its own (``sandbox/ollama_standin.py``).
+RUNTIME = RuntimeFacts(name="ollama", runtime=OllamaRuntime, server_per_cell=False, launch=("ollama", "serve"),
+                       health_path="/api/version", version_command="ollama --version",
+                       sandbox=SandboxImitation(program="ollama", stand_in="ollama_standin", kind="own"))

@@ -28,8 +28,8 @@ from ..errors import Stage, StageError
 from ..matrix.cells import Cell
 from ..matrix.endpoint import ENDPOINT_RUNTIME, EndpointSpec
 from ..remote.ssh import Connection
-from .base import Endpoint, PulledModel, ServingApi
-from .gpus import GpuPlacement
+from ..runtime_facts import RuntimeFacts
+from .base import Endpoint, GpuPlacement, PulledModel, ServingApi
 
 #: However long the stage may take, a server that is supposed to be up gets this long to answer.
 READY_SECONDS = 30.0
@@ -245,3 +245,8 @@ def _error_text(response: httpx.Response) -> str:
 def _http_reason(exc: httpx.HTTPError) -> str:
     reason = str(exc) or type(exc).__name__
     return reason if type(exc).__name__ in reason else f"{type(exc).__name__}: {reason}"
+
+
+#: A server already running elsewhere: nothing launched, rented or imitated on an instance (its tests run a
+#: stand-in endpoint of their own); its version is vLLM's ``/version`` when the server has one.
+RUNTIME = RuntimeFacts(name=ENDPOINT_RUNTIME, runtime=OpenAIEndpointRuntime, health_path="/v1/models")

@@ -45,9 +45,8 @@ from ..matrix.cells import Cell
 from ..matrix.worker_presets import WorkerPreset, load_presets
 from ..remote.loadgen import parse_worker_line
 from ..remote.ssh import Connection
-from .base import Endpoint, PulledModel, ServingApi
-from .gpus import GpuPlacement
-from .restart import restart_once
+from ..runtime_facts import RuntimeFacts, SandboxImitation
+from .base import Endpoint, GpuPlacement, PulledModel, ServingApi, restart_once
 from .openai_server import check_arguments
 
 #: Every container gpubench starts carries it, so :meth:`WorkerRuntime.stop` finds what a run left.
@@ -308,3 +307,9 @@ def check_finished(events: list[tuple[float, dict[str, Any]]], exit_status: int 
         raise StageError(Stage.MODEL_PULL, f"the worker finished with status {finish.get('status')}: "
                                            f"{finish.get('message') or 'no message'}")
     return events
+
+
+#: One container per request slot, started by the load generator (no server, no health path); a cell on a
+#: machine the run does not own leases every GPU of it; the sandbox's ``docker`` stand-in runs its workers.
+RUNTIME = RuntimeFacts(name="worker", runtime=WorkerRuntime, server_per_cell=False, version_command="docker --version",
+                       sandbox=SandboxImitation(program="docker", stand_in="docker_standin", kind="own"))

@@ -39,7 +39,7 @@ from pytest_gpubench.runtimes.ollama import SERVE_PID, OllamaRuntime
 from pytest_gpubench.sandbox.standin_state import StateStore, StreamFault
 from pytest_gpubench.settings import Settings
 from pytest_gpubench.cloud.shopper_client import ShopperClient
-from pytest_gpubench.runtimes.vram import vram_shortfall
+from pytest_gpubench.runtimes.base import vram_shortfall
 from pytest_gpubench.cloud.watch import SessionWatch
 from pytest_gpubench.errors import InstanceLost
 

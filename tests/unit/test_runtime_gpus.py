@@ -1,6 +1,6 @@
 """A multi-GPU cell's server: the tensor-parallel flag each runtime's launcher takes, CUDA_VISIBLE_DEVICES
 for the GPUs a provider leased, Ollama's spread, Docker's devices, and what the result records
-(runtimes/gpus.py)."""
+(runtimes/base.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ from pytest_gpubench.errors import Stage, StageError
 from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.measure.compare import fingerprint
 from pytest_gpubench.remote.readings import HardwareInfo
-from pytest_gpubench.runtimes.gpus import GpuPlacement
+from pytest_gpubench.runtimes.base import GpuPlacement, vram_shortfall
 from pytest_gpubench.runtimes.ollama import OllamaRuntime
 from pytest_gpubench.runtimes.registry import runtime_for
-from pytest_gpubench.runtimes.vram import vram_shortfall
 
 
 def cell_on(runtime: str, gpus: int):
