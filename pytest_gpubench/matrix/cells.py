@@ -92,12 +92,10 @@ from .selection import (  # noqa: F401 - re-exported: the matrix module is where
     split_tag,
 )
 from .launch import LaunchSpec, launch_problem, resolved
-from .fields import hosts_file
-from .machines import KEPT_MACHINES
+from .fields import (ENDPOINT_CLOUD, ENDPOINT_KEYS, ENDPOINT_PROVIDER, ENDPOINT_RUNTIME, KEPT_MACHINES, EndpointPrice,
+                     EndpointSpec, EndpointUrl, EnvName, hosts_file)
+from .fields import ca_file as endpoint_ca_file
 from .prototype import Prototype
-from . import endpoint as endpoint_fields
-from .endpoint import (ENDPOINT_CLOUD, ENDPOINT_KEYS, ENDPOINT_PROVIDER, ENDPOINT_RUNTIME, EndpointPrice,
-                       EndpointSpec, EndpointUrl, EnvName)
 from .sweep import SWEEP, SweepSpec, sweep_problem
 from .microbench import MICROBENCH_MODEL, MicrobenchSpec
 from .thresholds import Slo, Thresholds, merged
@@ -193,7 +191,7 @@ class RuntimeSpec(_Strict):
     host: str | None = None
     #: How GPU Shopper launches the instance (``mode: entrypoint``: its image serves the model; see launch.py).
     launch: LaunchSpec | None = None
-    # A running endpoint (``name: openai``, matrix/endpoint.py): nothing is rented or started.
+    # A running endpoint (``name: openai``, matrix/fields.py): nothing is rented or started.
     endpoint: EndpointUrl | None = None
     api: Literal["chat", "completions"] | None = None
     api_key_env: EnvName | None = None
@@ -254,7 +252,7 @@ class RuntimeSpec(_Strict):
     @field_validator("ca_file", mode="before")
     @classmethod
     def _ca_file(cls, value: Any, info: ValidationInfo) -> Any:
-        return endpoint_fields.ca_file(value, Path((info.context or {}).get("base_dir") or "."))
+        return endpoint_ca_file(value, Path((info.context or {}).get("base_dir") or "."))
 
     @model_validator(mode="after")
     def _endpoint_goes_with_openai(self) -> RuntimeSpec:
@@ -346,7 +344,7 @@ class MatrixSpec(_Strict):
     cloud: str = DEFAULT_CLOUD
     #: GPUs of one machine each cell spans unless its row says otherwise.
     gpus: GpuCount = 1
-    #: The hosts inventory for ``cloud: hosts`` / ``local`` (matrix/machines.py), relative to this file.
+    #: The hosts inventory for ``cloud: hosts`` / ``local`` (matrix/fields.py), relative to this file.
     hosts: str | None = None
 
     @field_validator("hosts", mode="before")
@@ -457,7 +455,7 @@ class Cell(BaseModel):
     runtime_host: str | None = None
     #: ``runtime.launch`` with the server's defaults filled; None: a plain SSH launch.
     launch: LaunchSpec | None = None
-    #: The running server a ``runtime: openai`` cell benchmarks (matrix/endpoint.py); None otherwise.
+    #: The running server a ``runtime: openai`` cell benchmarks (matrix/fields.py); None otherwise.
     endpoint: EndpointSpec | None = None
     #: ``runtime: worker``'s presets file (resolved path), where the cell's model is a key.
     runtime_presets: str | None = None

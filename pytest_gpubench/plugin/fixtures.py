@@ -22,7 +22,7 @@ from ..run.cell_benchmark import BRIDGE_SLACK, Bench, GpuSession, connect, uploa
 from ..run.cell_microbench import Microbench
 from ..errors import BudgetRefused, NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell
-from ..matrix.machines import KEPT_MACHINES
+from ..matrix.fields import KEPT_MACHINES
 from ..run.hints import host_key_pinned
 from ..runtimes.shared_machine import has_model, keep_apart, leave_as_found
 from ..cloud.offers import Constraints

@@ -23,7 +23,7 @@ from sandbox_session import connect, new_session
 from pytest_gpubench.aio import LoopThread
 from pytest_gpubench.errors import Stage, StageError
 from pytest_gpubench.matrix.cells import SEED_PROMPTS, Cell, expand, parse_matrix
-from pytest_gpubench.matrix.endpoint import ENDPOINT_RUNTIME
+from pytest_gpubench.matrix.fields import ENDPOINT_RUNTIME
 from pytest_gpubench.matrix.fields import DEFAULT_RUNTIME, RUNTIME_NAMES
 from pytest_gpubench.measure.benchmark import BenchmarkPlan
 from pytest_gpubench.measure.repeats import measure_once
