@@ -10,7 +10,7 @@ allowed, on one line.
 
 The filters (:func:`gpu_matches`, :func:`provider_matches`, :func:`model_matches`,
 :func:`cell_selected`) are what ``--gpubench-gpu``, ``--gpubench-provider`` and
-``--gpubench-model`` use (through :func:`pytest_gpubench.matrix.filters.split_by_filters`).
+``--gpubench-model`` use (through :func:`pytest_gpubench.matrix.selection.split_by_filters`).
 The reference for users is ``docs/matrix.md``.
 """
 

@@ -14,7 +14,7 @@ import pytest
 
 from ..errors import GpubenchError, MatrixError, StageError
 from ..plaintext import one_line
-from ..matrix.filters import CellFilters, split_by_filters
+from ..matrix.selection import CellFilters, split_by_filters
 from ..run.hints import UnknownGpuWarning, check_gpu_names
 from ..matrix.cells import Cell, load_cells
 from ..cloud.registry import check_clouds

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ..errors import UsageProblem
-from ..matrix.filters import CellFilters, split_by_filters
+from ..matrix.selection import CellFilters, split_by_filters
 from ..matrix.cells import Cell
 from .matrix_scan import real_run
 from .reuse_order import arrange_reuse_groups
