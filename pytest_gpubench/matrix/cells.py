@@ -96,7 +96,7 @@ from .fields import (ENDPOINT_CLOUD, ENDPOINT_KEYS, ENDPOINT_PROVIDER, ENDPOINT_
                      EndpointSpec, EndpointUrl, EnvName, hosts_file)
 from .fields import ca_file as endpoint_ca_file
 from .prototype import Prototype
-from .sweep import SWEEP, SweepSpec, sweep_problem
+from .workload import SWEEP, SweepSpec, sweep_problem
 from .microbench import MICROBENCH_MODEL, MicrobenchSpec
 from .thresholds import Slo, Thresholds, merged
 from .yaml_errors import at_line, describe, node_line, parse_yaml, read_text, translate
@@ -495,7 +495,7 @@ class Cell(BaseModel):
 
     @property
     def sweep(self) -> SweepSpec | None:
-        """A ``rate: sweep`` cell's sweep settings (``matrix/sweep.py``); None for a cell at one load."""
+        """A ``rate: sweep`` cell's sweep settings (``matrix/workload.py``); None for a cell at one load."""
         return self.workload.sweep_spec
 
     @property

@@ -237,7 +237,7 @@ def _concurrency(value: Any) -> tuple[int, ...]:
 
 
 def _rate(value: Any) -> tuple[float, ...] | str | None:
-    if value is None or value == "sweep":  # `rate: sweep`: a saturation sweep (matrix/sweep.py)
+    if value is None or value == "sweep":  # `rate: sweep`: a saturation sweep (matrix/workload.py)
         return value
     allowed = (f"must be a number of requests per second, more than 0 and at most {MAX_RATE:g}, "
                "a non-empty list of them such as [0.5, 1, 2.5], or `sweep` for a saturation sweep")

@@ -1,4 +1,4 @@
-"""``rate: sweep`` in a matrix (matrix/sweep.py): its cell, its settings, and the errors that
+"""``rate: sweep`` in a matrix (matrix/workload.py): its cell, its settings, and the errors that
 name the file, the field and what is allowed."""
 
 from __future__ import annotations
