@@ -11,7 +11,8 @@ allowed, on one line.
 The filters (:func:`gpu_matches`, :func:`provider_matches`, :func:`model_matches`,
 :func:`cell_selected`) are what ``--gpubench-gpu``, ``--gpubench-provider`` and
 ``--gpubench-model`` use (through :func:`pytest_gpubench.matrix.selection.split_by_filters`).
-The reference for users is ``docs/matrix.md``.
+A row's ``microbench:`` (:class:`MicrobenchSpec`, a cell that runs no model) is defined
+first, as the row's schema names it. The reference for users is ``docs/matrix.md``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
                       field_validator, model_validator)
 
 from ..errors import MatrixError
@@ -97,9 +98,81 @@ from .fields import (ENDPOINT_CLOUD, ENDPOINT_KEYS, ENDPOINT_PROVIDER, ENDPOINT_
 from .fields import ca_file as endpoint_ca_file
 from .prototype import Prototype
 from .workload import SWEEP, SweepSpec, sweep_problem
-from .microbench import MICROBENCH_MODEL, MicrobenchSpec
 from .thresholds import Slo, Thresholds, merged
 from .yaml_errors import at_line, describe, node_line, parse_yaml, read_text, translate
+
+
+# --------------------------------------------------------------------------------------------------
+# ``microbench:``: a row's GPU microbenchmarks, a cell that runs no model.
+#
+# A row may say ``microbench: [memory_bandwidth, matmul]`` (with or without ``models:``):
+# one more cell per GPU x provider, ``RTX_4090-vastai-microbench``, that measures the
+# GPU itself with torch on the instance (docs/hardware.md, "GPU microbenchmarks"). The
+# mapping form sets the optional settings:
+#
+# .. code-block:: yaml
+#
+#     microbench: {kinds: [memory_bandwidth, matmul], runs: 5, warmup: 2,
+#                  memory_mib: 1024, matmul_size: 8192, precisions: [fp16, bf16]}
+
+
+#: What a microbenchmark cell can measure.
+KINDS = ("memory_bandwidth", "matmul")
+#: The matmul precisions, in the order reports show them.
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+#: The model name and id part of a microbenchmark cell.
+MICROBENCH_MODEL = "microbench"
+
+
+def _names(allowed: tuple[str, ...], what: str):
+    def check(value: Any) -> tuple[str, ...]:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)) or not value:
+            raise invalid(f"must be a list of {what} from {', '.join(allowed)}; got {describe(value)}")
+        names = []
+        for item in value:
+            if not isinstance(item, str) or item.strip().lower() not in allowed:
+                hint = did_you_mean(item, allowed) if isinstance(item, str) else ""
+                raise invalid(f"unknown {what[:-1]} {describe(item)}{hint}; allowed: {', '.join(allowed)}")
+            if item.strip().lower() not in names:
+                names.append(item.strip().lower())
+        return tuple(name for name in allowed if name in names)  # the canonical order
+
+    return BeforeValidator(check)
+
+
+def _matmul_size(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 256 <= value <= 32768 or value % 16:
+        raise invalid(f"must be the side of the square matrices, a multiple of 16 from 256 to 32768 "
+                      f"(such as 8192); got {describe(value)}")
+    return value
+
+
+class MicrobenchSpec(StrictModel):
+    """``microbench:`` as written in a row: which kinds, and how each is measured."""
+
+    kinds: Annotated[tuple[str, ...], _names(KINDS, "kinds")] = KINDS
+    #: Timed runs of each figure (after the warm-up), summarised by ``measure/stats.py``.
+    runs: Annotated[int, whole(2, 100)] = 5
+    #: Untimed runs first (clocks up, kernels chosen).
+    warmup: Annotated[int, whole(0, 100)] = 2
+    #: The device-to-device copy's buffer, MiB (big enough to defeat the L2 cache).
+    memory_mib: Annotated[int, whole(16, 65536)] = 1024
+    #: The square matmul's side.
+    matmul_size: Annotated[int, BeforeValidator(_matmul_size)] = 8192
+    precisions: Annotated[tuple[str, ...], _names(PRECISIONS, "precisions")] = PRECISIONS
+
+    @model_validator(mode="before")
+    @classmethod
+    def _list_alone(cls, value: Any) -> Any:
+        if isinstance(value, (str, list, tuple)):
+            return {"kinds": value}
+        if not isinstance(value, (Mapping, MicrobenchSpec)):
+            raise invalid(f"must be a list of kinds such as [{', '.join(KINDS)}], or a mapping such as "
+                          f"{{kinds: [matmul], runs: 5}}; got {describe(value)}")
+        return value
+
 
 DEFAULT_MIN_AVAILABILITY_CONFIDENCE = 0.5
 """Seed 000's bar; TensorDock offers always report 0.3, so give it its own bar."""
@@ -297,7 +370,7 @@ class RowSpec(_Strict):
     thresholds: Thresholds | None = None
     reuse: Reuse | None = None
     runtime: RuntimeSpec | None = None
-    #: GPU microbenchmarks (matrix/microbench.py): one more cell per provider, which runs no model.
+    #: GPU microbenchmarks (matrix/cells.py): one more cell per provider, which runs no model.
     microbench: MicrobenchSpec | None = None
     #: GPUs of one machine the row's cells span (``gpus: 2``); None: the file's ``gpus``.
     gpus: GpuCount | None = None

@@ -20,7 +20,7 @@ import re
 from pydantic import BaseModel, ConfigDict
 
 from ..gpuinfo import gpu_type_of
-from ..matrix.microbench import PRECISIONS  # noqa: F401 - the order reports show them in
+from ..matrix.cells import PRECISIONS  # noqa: F401 - the order reports show them in
 from ..matrix.selection import compact_gpu
 
 __all__ = ["PEAKS", "PRECISIONS", "GpuPeaks", "peaks_for", "peaks_for_product", "percent_of_peak"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..matrix import microbench as microbench_spec
+from ..matrix import cells as microbench_spec
 from ..measure.gpu_peaks import peaks_for, percent_of_peak
 from ..store.base import Store
 from .model import MicrobenchRow, Report, ResultRow
@@ -53,7 +53,7 @@ def microbench_rows(store: Store, run_ids: Sequence[str], results: list[ResultRo
 
 
 def _order(label: str) -> int:
-    """Memory first, then the matmul precisions in :data:`~pytest_gpubench.matrix.microbench.PRECISIONS`' order."""
+    """Memory first, then the matmul precisions in :data:`~pytest_gpubench.matrix.cells.PRECISIONS`' order."""
     order = ("memory_bandwidth", *(f"matmul_{precision}" for precision in microbench_spec.PRECISIONS))
     return order.index(label) if label in order else len(order)
 
