@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from ..matrix.overrides import apply_overrides
+from ..matrix.cells import apply_overrides
 from ..errors import CollectionProblem
 from ..matrix.cells import Cell
 from ..settings import Settings

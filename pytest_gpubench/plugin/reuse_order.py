@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..matrix.overrides import apply_overrides
+from ..matrix.cells import apply_overrides
 from ..cloud.reuse_estimates import order_for_reuse
 from ..cloud.reuse_split import SplitPolicy, split_groups
 from .stash import CELL_KEY, GROUP_KEY, RECORD_KEY, REUSE_GROUPS_KEY, SETTINGS_KEY

@@ -9,7 +9,7 @@ import pytest
 
 from pytest_gpubench.errors import MatrixError
 from pytest_gpubench.matrix.cells import load_cells
-from pytest_gpubench.matrix.overrides import apply_overrides
+from pytest_gpubench.matrix.cells import apply_overrides
 from pytest_gpubench.settings import Settings
 
 ROW = """
