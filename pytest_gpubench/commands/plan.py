@@ -32,7 +32,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import CommandProblem, NoEligibleOffer, Stage, StageError
-from ..redaction import redact
+from ..errors import redact
 from ..matrix.cells import Cell
 from ..cloud.offers import Constraints, unfit
 from ..plugin.plan_collect import collect_cells

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ..errors import GpubenchError, MatrixError, StageError
-from ..plaintext import one_line
+from ..errors import one_line
 from ..matrix.selection import CellFilters, split_by_filters
 from ..run.hints import UnknownGpuWarning, check_gpu_names
 from ..matrix.cells import Cell, load_cells

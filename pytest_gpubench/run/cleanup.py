@@ -66,7 +66,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..errors import ApiError, Stage, StageError
 from ..ids import is_id, shown_id
-from ..redaction import redact
+from ..errors import redact
 from ..cloud.hosts_provider import on_leased_machine
 from ..cloud.owned import OwnedSession
 from ..cloud.processes import ProcessIdentity, held_by, holder_alive
