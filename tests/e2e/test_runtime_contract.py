@@ -214,10 +214,10 @@ def test_stop_then_the_health_check_restarts_the_server_once(runtime, run):
 
 
 def test_the_next_cell_on_a_session_takes_over_the_server_an_earlier_one_started(instance, run):
-    """Session reuse (run/reuse.py): the lease remembers a server a cell's runtime started,
+    """Session reuse (run/session_pool.py): the lease remembers a server a cell's runtime started,
     and the next cell's runtime takes it over: no install, and it can still restart it."""
     from pytest_gpubench.run.session_pool import Lease
-    from pytest_gpubench.run.reuse import note_model, take_over_server
+    from pytest_gpubench.run.session_pool import note_model, take_over_server
 
     first = runtime_for(cell_for(instance[0]), instance[1])
     serve(run, first)
