@@ -29,7 +29,7 @@ from ..store.redaction import redact
 from .matrix_scan import runs_matrix_files
 from .outcome import run_status
 from ..cloud.processes import ProcessIdentity, xdist_worker_pids
-from ..run.run_end import others_running, shared_run_status
+from ..run.cleanup import others_running, shared_run_status
 from ..run.shutdown import GracefulTermination
 from .stash import CELL_KEY, RESUME_KEY, SETTINGS_KEY, run_context
 
