@@ -645,7 +645,7 @@ def others_running(store: Store, run_id: str, me: str) -> str | None:
 
 def shared_run_status(store: Store, run_id: str, mine: str) -> str:
     """The run's end status when this controller is its last: ``mine`` (its own
-    :func:`.outcome.run_status`), unless it is ``passed`` and either a cell of the run ended
+    ``plugin.fixtures.run_status``), unless it is ``passed`` and either a cell of the run ended
     failed under any controller, or an earlier controller already recorded a worse end."""
     if mine != "passed":
         return mine
