@@ -6,7 +6,7 @@ so that paths, ``-k``, ``--gpu`` / ``--provider`` / ``--model``, ini options,
 ``GPUBENCH_*`` settings, Python tests on matrix cells and matrix errors behave as
 in a run. The reader takes each item's cell (with the run's overrides applied, as
 the ``gpubench_cell`` fixture does) and manifest key, in run order: after
-:func:`~pytest_gpubench.plugin.reuse_order.arrange_reuse_groups` has put each reuse
+:func:`~pytest_gpubench.plugin.run_hooks.arrange_reuse_groups` has put each reuse
 group together, longest first. Collection touches no network (a sandbox is not
 started under ``--collect-only`` either).
 """
