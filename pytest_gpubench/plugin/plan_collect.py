@@ -47,9 +47,9 @@ class _Reader:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if SETTINGS_KEY not in session.config.stash:  # no cell anywhere: the plugin's run half never loaded
-            from .hooks import GATE_KEY
-
-            session.config.stash[GATE_KEY].activate()
+            # The gate by its registered name: importing hooks.py (which imports collection lazily)
+            # from here would make an import cycle.
+            session.config.pluginmanager.get_plugin("gpubench-gate").activate()
         settings = session.config.stash[SETTINGS_KEY]
         cells = [(item.stash[RECORD_KEY], apply_overrides(item.stash[CELL_KEY], settings))
                  for item in session.items if CELL_KEY in item.stash]
