@@ -33,7 +33,7 @@ from ..cloud.offers import Constraints, put_first
 from ..cloud.offer_recheck import EVICTION_SECONDS, MIN_RECHECK_WAIT, choose_offer_rechecking
 from ..cloud.provider import OfferChoice
 from ..run.provisioning import Provisioning
-from .claim_hooks import claim_keeping
+from .claims import claim_keeping
 from ..run.record import CellOutcome, CellRecorder
 from ..remote.ssh import KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL, Connection, KeyFile
 from ..remote.system import detect_system, hardware_of

@@ -87,7 +87,7 @@ def start(config: pytest.Config, gate: Any) -> None:
         return
     # Before the terminal hooks: theirs run first, so the API is checked before start-up cleanup.
     config.pluginmanager.register(RunLifecycle(config), "gpubench-lifecycle")
-    from .claim_hooks import ClaimHooks
+    from .claims import ClaimHooks
 
     config.pluginmanager.register(ClaimHooks(config), "gpubench-claims")
     if workerinput is None:
