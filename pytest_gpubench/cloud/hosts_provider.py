@@ -36,8 +36,8 @@ from pathlib import Path
 
 from ..errors import ApiError, InventoryError, NoEligibleOffer, Stage, StageError
 from ..matrix.launch import LaunchSpec
-from ..matrix.machines import HOSTS_CLOUD, KEPT_MACHINES, LOCAL_CLOUD
-from ..matrix.microbench import MICROBENCH_MODEL
+from ..matrix.fields import HOSTS_CLOUD, KEPT_MACHINES, LOCAL_CLOUD
+from ..matrix.cells import MICROBENCH_MODEL
 from ..matrix.selection import gpu_matches
 from ..gpuinfo import gpu_type_of, parse_gpu_query_csv
 from ..runtime_facts import server_per_cell

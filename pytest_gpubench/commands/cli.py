@@ -188,7 +188,7 @@ async def _upload_async(store, run_id: str | None, api: str, token: str | None):
 
 
 def _upload(args: argparse.Namespace) -> int:
-    from ..redaction import redact
+    from ..errors import redact
 
     settings = command_settings(args)
     api, token = settings.api, settings.api_token

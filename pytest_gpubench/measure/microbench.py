@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..errors import RemoteCommandError, Stage, StageError
 from ..gpuinfo import gpu_type_of
-from ..matrix.microbench import PRECISIONS  # noqa: F401 - the order reports show them in
+from ..matrix.cells import PRECISIONS  # noqa: F401 - the order reports show them in
 from ..matrix.selection import compact_gpu
 from .results import RunStatistics
 

@@ -30,7 +30,7 @@ from ..errors import Stage
 from ..cloud.budget import spend_of
 from ..figures import FigureSource, figure_values
 from ..figures import cost_per_million_tokens
-from ..matrix import microbench as microbench_spec
+from ..matrix import cells as microbench_spec
 from ..matrix.fields import DEFAULT_RUNTIME
 from ..matrix.selection import gpus_label
 from ..measure.microbench import peaks_for, percent_of_peak
@@ -291,7 +291,7 @@ def microbench_rows(store: Store, run_ids: Sequence[str], results: list[ResultRo
 
 
 def _order(label: str) -> int:
-    """Memory first, then the matmul precisions in :data:`~pytest_gpubench.matrix.microbench.PRECISIONS`' order."""
+    """Memory first, then the matmul precisions in :data:`~pytest_gpubench.matrix.cells.PRECISIONS`' order."""
     order = ("memory_bandwidth", *(f"matmul_{precision}" for precision in microbench_spec.PRECISIONS))
     return order.index(label) if label in order else len(order)
 

@@ -31,7 +31,7 @@ from ..measure.benchmark import BenchmarkPlan
 from ..measure.repeats import measure_once
 from ..remote.ssh import Connection
 from ..runtimes.base import Runtime, ServingApi
-from .reuse import note_model, take_over_server
+from .session_pool import note_model, take_over_server
 from .session_pool import Lease
 
 #: A catalog model the sandbox pulls in a moment on its clock.

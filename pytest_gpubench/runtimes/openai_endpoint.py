@@ -1,7 +1,7 @@
 """A running OpenAI-compatible server (``runtime: openai``): checked and measured, never started.
 
 :class:`OpenAIEndpointRuntime` implements :class:`~.base.Runtime` for a server that is
-already up at the cell's ``endpoint:`` URL (``matrix/endpoint.py``). Nothing is
+already up at the cell's ``endpoint:`` URL (``matrix/fields.py``). Nothing is
 installed, started, pulled, unloaded or stopped: it is not ours. "Serving" is its
 readiness (``/v1/models``, else ``/health``), with the bearer token from the
 environment variable the matrix names; its version is vLLM's ``/version`` when the
@@ -26,7 +26,7 @@ import httpx
 from ..aio import tls_context
 from ..errors import Stage, StageError
 from ..matrix.cells import Cell
-from ..matrix.endpoint import ENDPOINT_RUNTIME, EndpointSpec
+from ..matrix.fields import ENDPOINT_RUNTIME, EndpointSpec
 from ..remote.ssh import Connection
 from ..runtime_facts import RuntimeFacts
 from .base import Endpoint, GpuPlacement, PulledModel, ServingApi

@@ -50,7 +50,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..errors import Stage
 from ..ids import InvalidId, path_under
-from ..plaintext import one_line as _one_line
+from ..errors import one_line as _one_line
 from .record_keys import file_name
 
 __all__ = ["ProgressLine", "ProgressWriter", "REDACTED", "cell_progress_path", "existing_progress_file",

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ..cloud.owned import OwnedSession
 from ..cloud.processes import ProcessIdentity
 from ..measure.results import PerformanceResults
-from ..redaction import redact
+from ..errors import redact
 from ..remote.sysinfo import SystemInfo
 
 __all__ = [

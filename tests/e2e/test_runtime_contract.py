@@ -22,7 +22,7 @@ from sandbox_session import connect, new_session
 from pytest_gpubench.aio import LoopThread
 from pytest_gpubench.errors import Stage, StageError
 from pytest_gpubench.matrix.cells import Cell
-from pytest_gpubench.matrix.endpoint import ENDPOINT_RUNTIME
+from pytest_gpubench.matrix.fields import ENDPOINT_RUNTIME
 from pytest_gpubench.remote.ssh import Connection
 from pytest_gpubench.run import runtime_contract as contract
 from pytest_gpubench.run.runtime_contract import RuntimeUnderTest, contract_cell

@@ -14,7 +14,7 @@ from pytest_gpubench.cloud.shopper_provider import ShopperProvider
 from pytest_gpubench.cloud.ssh_wait import entrypoint_wait, heavy_stage_seconds, stage_timeout
 from pytest_gpubench.errors import MatrixError, Stage, StageError
 from pytest_gpubench.matrix.cells import expand, parse_matrix
-from pytest_gpubench.matrix.overrides import apply_overrides
+from pytest_gpubench.matrix.cells import apply_overrides
 from pytest_gpubench.runtimes.openai_server import adopt_image_server
 from pytest_gpubench.runtimes.ollama import OllamaRuntime
 from pytest_gpubench.runtimes.vllm import VllmRuntime

@@ -98,7 +98,7 @@ def test_every_sandbox_gpu_has_peaks_and_achieves_less_than_them() -> None:
 
 
 def test_figures_follow_the_matrix_precisions_order_a_new_precision_included(store, monkeypatch) -> None:
-    from pytest_gpubench.matrix import microbench as spec
+    from pytest_gpubench.matrix import cells as spec
 
     # int8 before fp16, and a precision the report never heard of: the order is the matrix's, not a copy.
     monkeypatch.setattr(spec, "PRECISIONS", ("fp4", "int8", "fp16"))
