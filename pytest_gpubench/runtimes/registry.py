@@ -26,7 +26,7 @@ def runtime_for(cell: Cell, conn: Connection, gpu_indices: Iterable[int] = ()) -
     try:
         facts = facts_of(cell.runtime)
     except UnknownRuntime as exc:  # a matrix cannot name one; a Cell built by hand can
-        raise StageError(Stage.OLLAMA_INSTALL, str(exc)) from None
+        raise StageError(Stage.RUNTIME_SETUP, str(exc)) from None
     return facts.runtime.for_cell(conn, cell, GpuPlacement.of(cell.gpus, gpu_indices))
 
 
