@@ -58,7 +58,7 @@ class Stage(str, Enum):
     PROVISION = "provision"
     SSH_WAIT = "ssh_wait"
     SSH_CONNECT = "ssh_connect"
-    OLLAMA_INSTALL = "ollama_install"
+    RUNTIME_SETUP = "runtime_setup"
     MODEL_PULL = "model_pull"
     BENCHMARK = "benchmark"
     RESULTS = "results"

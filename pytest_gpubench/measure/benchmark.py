@@ -72,11 +72,11 @@ class BenchmarkPlan:
     #: ``protocol: worker``: the argv of one container (``docker run ... IMAGE``), run on the instance.
     worker_command: list[str] | None = None
 
-    def config(self, ollama_url: str) -> dict[str, Any]:
+    def config(self, server_url: str) -> dict[str, Any]:
         return {
             "rate": self.rate,
             "seed": self.seed,
-            "ollama_url": ollama_url,
+            "server_url": server_url,
             "model": self.model,
             "duration": self.duration,
             "max_tokens": self.max_tokens,
@@ -139,8 +139,8 @@ async def run_benchmark(
     conn: Connection,
     plan: BenchmarkPlan,
     *,
-    remote_ollama_url: str,
-    local_ollama_url: str,
+    remote_server_url: str,
+    local_server_url: str,
     timeout: float,
     on_event: Callable[[dict[str, Any]], None] | None = None,
     watch: SessionWatch | None = None,
@@ -161,7 +161,7 @@ async def run_benchmark(
                        timeout=30, check=False)
     ).ok
     if has_python:
-        lines = conn.stream_lines(LOADGEN_COMMAND, stdin=loadgen_input(plan.config(remote_ollama_url)))
+        lines = conn.stream_lines(LOADGEN_COMMAND, stdin=loadgen_input(plan.config(remote_server_url)))
     elif plan.worker_command:
         raise StageError(Stage.BENCHMARK, "runtime worker needs python3 on the instance: the load generator "
                                           "runs there, next to the containers it starts")
@@ -169,7 +169,7 @@ async def run_benchmark(
         outcome.where = "local"
         # Here the stream is local and cannot be lost, so no checkpoint: a relative
         # path would otherwise land in this machine's home directory.
-        lines = _local_lines({**plan.config(local_ollama_url), "checkpoint_path": None})
+        lines = _local_lines({**plan.config(local_server_url), "checkpoint_path": None})
     gone = False
     try:
         streaming = asyncio.wait_for(_consume(lines, outcome, on_event), timeout)

@@ -107,8 +107,8 @@ async def measure_once(runtime: Runtime, plan: BenchmarkPlan, *, timeout: float,
         plan = replace(plan, worker_command=list(endpoint.worker_command))
     sampler = asyncio.ensure_future(sample_gpus(runtime.conn, telemetry_interval, stop))
     try:
-        outcome = await run_benchmark(runtime.conn, plan, remote_ollama_url=endpoint.remote_url,
-                                      local_ollama_url=endpoint.local_url, timeout=timeout, on_event=on_event,
+        outcome = await run_benchmark(runtime.conn, plan, remote_server_url=endpoint.remote_url,
+                                      local_server_url=endpoint.local_url, timeout=timeout, on_event=on_event,
                                       watch=watch, reconnect=reconnect)
     except BenchmarkInterrupted as exc:
         stop.set()

@@ -2,7 +2,7 @@
 
 ``gpubench_cell`` -> ``gpubench_recorder`` -> ``gpu_offer`` (inventory) ->
 ``gpu_session`` (provision, ssh_wait) -> ``gpu_ssh`` (ssh_connect, nvidia-smi)
--> ``gpu_runtime`` (ollama_install, model_pull) -> ``gpubench`` (benchmark,
+-> ``gpu_runtime`` (runtime_setup, model_pull) -> ``gpubench`` (benchmark,
 results). Each acquires one thing and releases it in teardown, whatever
 happened; ``pytest --fixtures`` documents them.
 """
@@ -283,7 +283,7 @@ def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_c
 @pytest.fixture
 def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_cell: Cell,
                 gpubench_recorder: CellRecorder, gpu_session: GpuSession, gpu_ssh: Connection) -> Runtime:
-    """Stages ``ollama_install`` and ``model_pull``: the cell's runtime serving its model, warm.
+    """Stages ``runtime_setup`` and ``model_pull``: the cell's runtime serving its model, warm.
 
     The runtime is the one the cell's ``runtime:`` names (default ``ollama``), built
     by :func:`~pytest_gpubench.runtimes.registry.runtime_for`.
@@ -299,8 +299,8 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
     """
     settings, recorder, cell = gpubench_run.settings, gpubench_recorder, gpubench_cell
     if cell.microbench is not None:
-        recorder.enter(Stage.OLLAMA_INSTALL)
-        raise StageError(Stage.OLLAMA_INSTALL, f"{cell.cell_id} is a microbenchmark cell: it has no model to "
+        recorder.enter(Stage.RUNTIME_SETUP)
+        raise StageError(Stage.RUNTIME_SETUP, f"{cell.cell_id} is a microbenchmark cell: it has no model to "
                                                "serve; use the gpubench_microbench fixture (docs/hardware.md)")
     # Keepalives on the run's clock: a link that went silent is noticed in seconds in the sandbox too.
     gpu_ssh.set_keepalive(settings.scaled(KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL))
@@ -311,14 +311,14 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
             raise StageError(Stage.MODEL_PULL, shortfall)
         recorder.skip_reason = shortfall
         pytest.skip(f"[model_pull] {shortfall}")
-    recorder.enter(Stage.OLLAMA_INSTALL)
+    recorder.enter(Stage.RUNTIME_SETUP)
     runtime = runtime_for(cell, gpu_ssh, gpu_indices=gpu_session.ssh.gpu_indices)
     if hasattr(runtime, "on_status"):  # a server it starts: a stale pid file of one is reported here
         runtime.on_status = recorder.progress.status
     lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
     known = take_over_server(lease, runtime)  # an earlier cell of the group started it
     known = adopt_image_server(runtime, cell.launch) or known  # the session's image serves the model
-    timeout = stage_timeout(settings, Stage.OLLAMA_INSTALL, gpu_session.image)  # longer for a heavy image
+    timeout = stage_timeout(settings, Stage.RUNTIME_SETUP, gpu_session.image)  # longer for a heavy image
     kept_machine, pulled_here = cell.cloud in KEPT_MACHINES, {"model": False}
 
     def leave_machine() -> None:
@@ -337,7 +337,7 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
 
     # Watched like the pull: an instance killed mid-install is named as the cause,
     # not the broken SSH channel it leaves behind.
-    installed, version = run_async(watched(gpubench_run, gpu_session, Stage.OLLAMA_INSTALL,
+    installed, version = run_async(watched(gpubench_run, gpu_session, Stage.RUNTIME_SETUP,
                                             lambda _: install_and_serve()), 3 * timeout + BRIDGE_SLACK)
     recorder.progress.status("OLLAMA_INSTALLED", version=version, installed_now=installed)
 
@@ -422,6 +422,6 @@ def gpubench_microbench(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_
     """A microbenchmark cell (``microbench:``) on its checked SSH connection: call ``.run()``.
 
     No runtime and no model: ``run()`` makes torch importable on the instance (stage
-    ``ollama_install``) and measures the GPU (stage ``benchmark``), docs/hardware.md.
+    ``runtime_setup``) and measures the GPU (stage ``benchmark``), docs/hardware.md.
     """
     return Microbench(gpubench_run, gpubench_cell, gpubench_recorder, gpu_session, gpu_ssh)

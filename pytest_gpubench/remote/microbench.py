@@ -1,6 +1,6 @@
 """GPU microbenchmarks on the instance: torch made importable, then the script run there.
 
-:func:`ensure_torch` (stage ``ollama_install``, installing the cell's "runtime") finds a
+:func:`ensure_torch` (stage ``runtime_setup``, installing the cell's "runtime") finds a
 Python that imports torch: the instance's ``python3``, else a venv under
 ``~/.gpubench/torch-venv`` made earlier, else it makes that venv and ``pip install``\\ s
 torch into it (``PIP_INDEX_URL``, ``PIP_FIND_LINKS`` and the like in the instance's
@@ -55,14 +55,14 @@ class TorchPython:
 
 async def ensure_torch(conn: Connection, timeout: float) -> TorchPython:
     """A Python on the instance that imports torch, installing it into a venv when needed;
-    a failure or the timeout is a stage ``ollama_install`` error naming what went wrong."""
-    done = await conn.run(_ENSURE, stage=Stage.OLLAMA_INSTALL, what="installing torch for the microbenchmarks",
+    a failure or the timeout is a stage ``runtime_setup`` error naming what went wrong."""
+    done = await conn.run(_ENSURE, stage=Stage.RUNTIME_SETUP, what="installing torch for the microbenchmarks",
                           timeout=timeout, check=False)
     for line in done.stdout.splitlines():
         marker, _, python = line.strip().partition(" ")
         if marker in (_FOUND, _INSTALLED) and python:
             return TorchPython(python=python, installed=marker == _INSTALLED)
-    raise RemoteCommandError(Stage.OLLAMA_INSTALL, "installing torch for the microbenchmarks (python3 -m venv "
+    raise RemoteCommandError(Stage.RUNTIME_SETUP, "installing torch for the microbenchmarks (python3 -m venv "
                              f"~/{TORCH_VENV} && pip install torch)", done.exit_status, done.stderr or done.stdout)
 
 

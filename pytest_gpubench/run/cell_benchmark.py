@@ -219,10 +219,10 @@ class Bench:
         """Seed 001's health check before each run: a server that stopped answering is
         restarted once (and the model loaded again) before the cell fails. Whether it was restarted."""
         settings, recorder, runtime = self._run.settings, self.recorder, self.runtime
-        timeout = settings.stage_timeout(Stage.OLLAMA_INSTALL)
+        timeout = settings.stage_timeout(Stage.RUNTIME_SETUP)
 
         def restarting(reason: str) -> None:
-            recorder.progress.status("OLLAMA_RESTART", reason=reason)
+            recorder.progress.status("RUNTIME_RESTART", reason=reason)
 
         # A restart is a start command, then a wait for /api/version, then maybe the serve log.
         # Watched: a server that stopped answering because its instance died is the instance's
@@ -234,7 +234,7 @@ class Bench:
             load = run_async(watched(self._run, self.session, Stage.BENCHMARK,
                                      lambda _: runtime.warm_up(self.cell.model, load_timeout, cold_start=False)),
                              load_timeout + BRIDGE_SLACK)
-            recorder.progress.status("OLLAMA_RESTARTED", version=runtime.version, load_s=round(load, 2))
+            recorder.progress.status("RUNTIME_RESTARTED", version=runtime.version, load_s=round(load, 2))
             return True
         return False
 

@@ -1,4 +1,4 @@
-"""A microbenchmark cell on its connected session: stages ``ollama_install`` (torch) and ``benchmark``.
+"""A microbenchmark cell on its connected session: stages ``runtime_setup`` (torch) and ``benchmark``.
 
 The cell went offer -> session -> ``gpu_ssh`` like any other; :class:`Microbench` then
 makes torch importable there (``remote/microbench.ensure_torch``: the instance's, or a
@@ -50,9 +50,9 @@ class Microbench:
     def run(self) -> MicrobenchRun:
         """Torch, then the figures; a cell where no figure could be measured fails at ``benchmark``."""
         settings, recorder = self._run.settings, self.recorder
-        recorder.enter(Stage.OLLAMA_INSTALL)
-        timeout = stage_timeout(settings, Stage.OLLAMA_INSTALL, self.session.image)
-        torch = run_async(watched(self._run, self.session, Stage.OLLAMA_INSTALL,
+        recorder.enter(Stage.RUNTIME_SETUP)
+        timeout = stage_timeout(settings, Stage.RUNTIME_SETUP, self.session.image)
+        torch = run_async(watched(self._run, self.session, Stage.RUNTIME_SETUP,
                                   lambda _: ensure_torch(self.conn, timeout)), timeout + BRIDGE_SLACK)
         recorder.progress.status("TORCH_READY", python=torch.python, installed_now=torch.installed)
 

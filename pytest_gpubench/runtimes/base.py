@@ -2,7 +2,7 @@
 
 A cell's fixtures drive a runtime through one instance over SSH, in this order::
 
-    ensure_installed -> locate -> ensure_serving        stage ollama_install
+    ensure_installed -> locate -> ensure_serving        stage runtime_setup
     pull -> model_info -> warm_up                       stage model_pull
     ensure_healthy, endpoint (the load generator's)     stage benchmark
     residency, loaded_models, unload, remove, stop      results, and the next cell on a reused session
@@ -98,7 +98,7 @@ class Runtime(Protocol):
     tensor_parallel: int | None
 
     async def ensure_installed(self, timeout: float) -> bool:
-        """Install the server unless it is there already (stage ``ollama_install``); True if it installed."""
+        """Install the server unless it is there already (stage ``runtime_setup``); True if it installed."""
         ...
 
     async def locate(self, timeout: float) -> None:
@@ -154,7 +154,7 @@ class Runtime(Protocol):
         """Delete the prepared ``model`` from the instance's disk."""
         ...
 
-    async def stop(self, timeout: float, stage: Stage = Stage.OLLAMA_INSTALL) -> None:
+    async def stop(self, timeout: float, stage: Stage = Stage.RUNTIME_SETUP) -> None:
         """End the server this runtime (or an earlier cell's on the session) started; one found
         running is left alone."""
         ...

@@ -27,7 +27,7 @@ def adopt_image_server(runtime: Runtime, launch: LaunchSpec | None) -> bool:
     if launch is None or not launch.entrypoint:
         return False
     if runtime.name not in IMAGE_RUNTIMES or launch.api_port is None:
-        raise StageError(Stage.OLLAMA_INSTALL, f"runtime {runtime.name!r} cannot use a server its image started",
+        raise StageError(Stage.RUNTIME_SETUP, f"runtime {runtime.name!r} cannot use a server its image started",
                          hint="use runtime vllm or tgi with `launch: {mode: entrypoint}`, or `mode: ssh`")
     runtime.remote_port = launch.api_port  # type: ignore[attr-defined]  # the image runtimes' server port
     runtime.image_served = True  # type: ignore[attr-defined]  # never replaced by a server of ours

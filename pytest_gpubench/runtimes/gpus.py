@@ -37,9 +37,9 @@ class GpuPlacement:
         worker) leases the whole machine so no other cell shares its server, but spans only the cell's GPUs."""
         given = tuple(indices)
         if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in given) or len(set(given)) < len(given):
-            raise StageError(Stage.OLLAMA_INSTALL, f"GPU indices {list(given)} are not distinct whole numbers >= 0")
+            raise StageError(Stage.RUNTIME_SETUP, f"GPU indices {list(given)} are not distinct whole numbers >= 0")
         if given and len(given) < count:
-            raise StageError(Stage.OLLAMA_INSTALL, f"the cell spans {count} GPUs but was given {len(given)}: "
+            raise StageError(Stage.RUNTIME_SETUP, f"the cell spans {count} GPUs but was given {len(given)}: "
                                                    f"{list(given)}")
         count = max(1, int(count))
         return cls(count=count, indices=given[:count])

@@ -136,7 +136,7 @@ class OllamaRuntime:
 
     async def installed_version(self, timeout: float) -> str | None:
         result = await self.conn.run(
-            "ollama --version", stage=Stage.OLLAMA_INSTALL, what="ollama --version",
+            "ollama --version", stage=Stage.RUNTIME_SETUP, what="ollama --version",
             timeout=timeout, check=False,
         )
         if not result.ok:
@@ -156,7 +156,7 @@ class OllamaRuntime:
             return False
         try:
             await self.conn.run(
-                install_command, stage=Stage.OLLAMA_INSTALL, what="the Ollama install command",
+                install_command, stage=Stage.RUNTIME_SETUP, what="the Ollama install command",
                 timeout=max(1.0, deadline - time.monotonic()),
             )
         except RemoteCommandError:
@@ -166,7 +166,7 @@ class OllamaRuntime:
             # `curl ... | sh` without curl "succeeds": sh reads an empty script.
             await self._explain_missing_downloader(install_command)
             raise StageError(
-                Stage.OLLAMA_INSTALL,
+                Stage.RUNTIME_SETUP,
                 "the install command succeeded but `ollama --version` still fails",
                 hint="check the command given by runtime.ollama_install or --gpubench-ollama-install",
             )
@@ -177,12 +177,12 @@ class OllamaRuntime:
         for tool in DOWNLOADERS:
             if not re.search(rf"(?:^|[\s|;&(]){tool}(?:\s|$)", install_command):
                 continue
-            found = await self.conn.run(f"command -v {tool}", stage=Stage.OLLAMA_INSTALL,
+            found = await self.conn.run(f"command -v {tool}", stage=Stage.RUNTIME_SETUP,
                                         what=f"looking for {tool}", timeout=30, check=False)
             if not found.ok:
                 then = DEFAULT_OLLAMA_INSTALL if tool == "curl" else "<your install command>"
                 raise StageError(
-                    Stage.OLLAMA_INSTALL,
+                    Stage.RUNTIME_SETUP,
                     f"{tool} is not installed on the instance, and the Ollama install command uses it "
                     "to download the installer",
                     hint=f"use an image with {tool} or with Ollama preinstalled, or set runtime.ollama_install "
@@ -194,7 +194,7 @@ class OllamaRuntime:
         """Read the port of the instance's OLLAMA_HOST and forward a local port to it, on the address
         a server started here listens on (:attr:`bind_host`; the instance's loopback by default)."""
         result = await self.conn.run(
-            'printf "%s" "${OLLAMA_HOST:-}"', stage=Stage.OLLAMA_INSTALL,
+            'printf "%s" "${OLLAMA_HOST:-}"', stage=Stage.RUNTIME_SETUP,
             what="reading OLLAMA_HOST", timeout=timeout,
         )
         _, self.remote_port = parse_ollama_host(result.stdout.strip())
@@ -213,19 +213,19 @@ class OllamaRuntime:
             # Started by gpubench and known to no cell now: a run that died before its teardown left it
             # (on a shared machine the lease says nobody else holds it). Ours to end, not to adopt and
             # leave running: restarted with this cell's settings, and stopped at the end like any we start.
-            await self.stop(timeout, Stage.OLLAMA_INSTALL)
+            await self.stop(timeout, Stage.RUNTIME_SETUP)
             version = None
         if version is not None and self.started_here and self.num_parallel not in (None, self.wanted_parallel):
             # A server an earlier cell started on this session (session reuse) with another
             # OLLAMA_NUM_PARALLEL: this cell's concurrency needs its own setting.
-            await self.stop(timeout, Stage.OLLAMA_INSTALL)
+            await self.stop(timeout, Stage.RUNTIME_SETUP)
             version = None
         if version is None:
-            version = await self._serve(self.wanted_parallel, timeout, Stage.OLLAMA_INSTALL)
+            version = await self._serve(self.wanted_parallel, timeout, Stage.RUNTIME_SETUP)
         self.version = version
         return version
 
-    async def stop(self, timeout: float, stage: Stage = Stage.OLLAMA_INSTALL) -> None:
+    async def stop(self, timeout: float, stage: Stage = Stage.RUNTIME_SETUP) -> None:
         """Kill the ``ollama serve`` this runtime (or an earlier one on the session) started.
 
         One found running (no pid file of ours) is left alone: it cannot be told from another process;
@@ -247,7 +247,7 @@ class OllamaRuntime:
         """Whether the process in gpubench's pid file is the ``ollama serve`` gpubench started there
         (its start time and command line: a pid the system gave to another process since is not taken
         for it, and its file is dropped)."""
-        result = await self.conn.run(identify(SERVE_PID, SERVE_PATTERN), stage=Stage.OLLAMA_INSTALL,
+        result = await self.conn.run(identify(SERVE_PID, SERVE_PATTERN), stage=Stage.RUNTIME_SETUP,
                                      what="looking for an ollama serve gpubench left", timeout=30, check=False)
         self._report_stale(result.stdout)
         return result.ok and result.stdout.startswith("ours ")
@@ -315,7 +315,7 @@ class OllamaRuntime:
             return None
         return None
 
-    async def _wait_version(self, timeout: float, stage: Stage = Stage.OLLAMA_INSTALL) -> str:
+    async def _wait_version(self, timeout: float, stage: Stage = Stage.RUNTIME_SETUP) -> str:
         deadline = time.monotonic() + timeout
         delay = 0.05
         while time.monotonic() < deadline:

@@ -56,7 +56,7 @@ class OpenAIEndpointRuntime:
     @classmethod
     def for_cell(cls, conn: Connection, cell: Cell, placement: GpuPlacement = GpuPlacement()) -> OpenAIEndpointRuntime:
         if cell.endpoint is None:  # the matrix cannot say `openai` without an endpoint; a hand-made Cell can
-            raise StageError(Stage.OLLAMA_INSTALL, "runtime openai needs the cell's `endpoint: URL`")
+            raise StageError(Stage.RUNTIME_SETUP, "runtime openai needs the cell's `endpoint: URL`")
         return cls(conn, cell.endpoint)
 
     # -- talking to it --------------------------------------------------------------
@@ -139,14 +139,14 @@ class OpenAIEndpointRuntime:
 
     async def ensure_serving(self, timeout: float, num_parallel: int = 1) -> str:
         """The server must answer (with the token); returns its version, ``unknown`` if it does not say."""
-        await self._ready(Stage.OLLAMA_INSTALL, time.monotonic() + min(timeout, READY_SECONDS))
+        await self._ready(Stage.RUNTIME_SETUP, time.monotonic() + min(timeout, READY_SECONDS))
         if not self.version:
             self.version = await self._version()
         return self.version
 
     async def _version(self) -> str:
         try:
-            async with self._client(Stage.OLLAMA_INSTALL, 10) as http:
+            async with self._client(Stage.RUNTIME_SETUP, 10) as http:
                 response = await http.get("/version")  # vLLM's; SGLang and TGI answer elsewhere or not at all
             version = response.json().get("version") if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError, AttributeError):
@@ -225,7 +225,7 @@ class OpenAIEndpointRuntime:
     async def remove(self, model: str) -> None:
         """Not ours: left as it is."""
 
-    async def stop(self, timeout: float, stage: Stage = Stage.OLLAMA_INSTALL) -> None:
+    async def stop(self, timeout: float, stage: Stage = Stage.RUNTIME_SETUP) -> None:
         """Not ours: left running."""
 
 

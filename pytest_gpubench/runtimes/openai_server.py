@@ -76,7 +76,7 @@ def check_arguments(args: Sequence[str], program: str = "server") -> tuple[str, 
     """The launch arguments, each a printable single line (they are quoted for the shell)."""
     for arg in args:
         if not isinstance(arg, str) or not ARGUMENT.fullmatch(arg):
-            raise StageError(Stage.OLLAMA_INSTALL, f"refusing {program} argument {arg!r}: not one printable line")
+            raise StageError(Stage.RUNTIME_SETUP, f"refusing {program} argument {arg!r}: not one printable line")
     return tuple(args)
 
 
@@ -226,7 +226,7 @@ class OpenAIServerRuntime:
 
     async def installed_version(self, timeout: float) -> str | None:
         """The version the launcher reports; None when it is not there."""
-        result = await self.conn.run(self.spec.version_command, stage=Stage.OLLAMA_INSTALL,
+        result = await self.conn.run(self.spec.version_command, stage=Stage.RUNTIME_SETUP,
                                      what=self.spec.version_command, timeout=timeout, check=False)
         if not result.ok:
             return None
@@ -237,7 +237,7 @@ class OpenAIServerRuntime:
         """The server is not installed by the plugin: a missing one is a clear error; its version is kept."""
         version = await self.installed_version(timeout)
         if version is None:
-            raise StageError(Stage.OLLAMA_INSTALL, f"{self.name} is not installed on the instance "
+            raise StageError(Stage.RUNTIME_SETUP, f"{self.name} is not installed on the instance "
                                                    f"(`{self.spec.version_command}` failed)",
                              hint=self.spec.install_hint)
         self.version = version
@@ -256,7 +256,7 @@ class OpenAIServerRuntime:
         self.local_port = await self.conn.forward(reach_address(self.host), self.remote_port)
 
     async def _recorded_port(self) -> int:
-        result = await self.conn.run(f'cat "{self.spec.files("port")}" 2>/dev/null', stage=Stage.OLLAMA_INSTALL,
+        result = await self.conn.run(f'cat "{self.spec.files("port")}" 2>/dev/null', stage=Stage.RUNTIME_SETUP,
                                      what=f"reading the {self.name} server's port", timeout=30, check=False)
         text = result.stdout.strip()
         return int(text) if text.isdigit() else 0
@@ -267,7 +267,7 @@ class OpenAIServerRuntime:
         candidates = random.sample(PICKED_PORTS, 8)
         script = (f"for p in {' '.join(map(str, candidates))}; do "
                   '(exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; exit 0; }; done; exit 1')
-        result = await self.conn.run(f"bash -c {shlex.quote(script)}", stage=Stage.OLLAMA_INSTALL,
+        result = await self.conn.run(f"bash -c {shlex.quote(script)}", stage=Stage.RUNTIME_SETUP,
                                      what="finding a free port", timeout=min(30.0, max(timeout, 5.0)), check=False)
         text = result.stdout.strip()
         return int(text) if result.ok and text.isdigit() else candidates[0]
@@ -287,16 +287,16 @@ class OpenAIServerRuntime:
                 await self._move_port(timeout)
                 healthy = False
             elif self.model and self.model not in (served := await self.loaded_models()):
-                raise StageError(Stage.OLLAMA_INSTALL, f"a server found running on port {self.remote_port} "
+                raise StageError(Stage.RUNTIME_SETUP, f"a server found running on port {self.remote_port} "
                                                        f"serves {', '.join(served) or 'no model'}, not {self.model}",
                                  hint="stop it, or give runtime.port another port")
         if healthy and self.started_here and self.num_parallel not in (None, self.wanted_parallel):
-            await self.stop(timeout, Stage.OLLAMA_INSTALL)
+            await self.stop(timeout, Stage.RUNTIME_SETUP)
             healthy = False
         if not healthy:
             if not self.started_here:  # an earlier gpubench server would share the GPU: ended first
-                await self.stop(timeout, Stage.OLLAMA_INSTALL)
-            await self._serve(self.model, self.wanted_parallel, timeout, Stage.OLLAMA_INSTALL)
+                await self.stop(timeout, Stage.RUNTIME_SETUP)
+            await self._serve(self.model, self.wanted_parallel, timeout, Stage.RUNTIME_SETUP)
         if not self.version:
             self.version = await self.installed_version(timeout) or "unknown"
         return self.version
@@ -384,7 +384,7 @@ class OpenAIServerRuntime:
             serve=lambda: self._serve(self.model, self.num_parallel or self.wanted_parallel, timeout, stage))
         return True
 
-    async def stop(self, timeout: float, stage: Stage = Stage.OLLAMA_INSTALL) -> None:
+    async def stop(self, timeout: float, stage: Stage = Stage.RUNTIME_SETUP) -> None:
         """SIGTERM the server this runtime (or an earlier one on the session) started, SIGKILL
         after :data:`TERM_GRACE_SECONDS`; one found running (no pid file of ours) is left alone, and
         so is a process a stale pid file names (not the server started: its start time or command

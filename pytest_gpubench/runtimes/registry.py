@@ -41,6 +41,6 @@ def runtime_for(cell: Cell, conn: Connection, gpu_indices: Iterable[int] = ()) -
     (``gpu_indices``: the machine's GPUs the provider leased to the cell; empty: all of them)."""
     factory = RUNTIMES.get(cell.runtime)
     if factory is None:  # a matrix cannot name one; a Cell built by hand can
-        raise StageError(Stage.OLLAMA_INSTALL, f"unknown runtime {cell.runtime!r}; "
+        raise StageError(Stage.RUNTIME_SETUP, f"unknown runtime {cell.runtime!r}; "
                                                f"known runtimes: {', '.join(RUNTIMES)}")
     return factory(conn, cell, GpuPlacement.of(cell.gpus, gpu_indices))

@@ -470,7 +470,7 @@ def test_every_kind_of_bad_answer_fails_its_cell_clearly_and_loses_nothing(tmp_p
     expected = {
         "RTX_4090-vastai-qwen2:1.5b": ("success", None, ""),
         "RTX_4090-vastai-qwen2:7b": ("failed", "ssh_wait", "answered 200 with invalid JSON"),
-        "RTX_3090-vastai-qwen2:7b": ("failed", "ollama_install", "curl is not installed on the instance"),
+        "RTX_3090-vastai-qwen2:7b": ("failed", "runtime_setup", "curl is not installed on the instance"),
         "A100_80GB-vastai-qwen2:7b": ("failed", "provision", "API answered 500 to POST /api/v1/sessions"),
         "RTX_3090-tensordock-qwen2:7b": ("failed", "inventory", "unexpected offers entry: 0.id"),
     }

@@ -113,7 +113,7 @@ def test_a_cell_naming_no_registered_runtime_fails_at_install():
     cell = cell_for(DEFAULT_RUNTIME).model_copy(update={"runtime": "nonesuch"})
     with pytest.raises(StageError) as info:
         runtime_for(cell, conn=None)
-    assert info.value.stage is Stage.OLLAMA_INSTALL
+    assert info.value.stage is Stage.RUNTIME_SETUP
     assert str(info.value) == f"unknown runtime 'nonesuch'; known runtimes: {', '.join(RUNTIMES)}"
 
 

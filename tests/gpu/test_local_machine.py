@@ -51,7 +51,7 @@ def test_a_local_microbench_cell_runs_end_to_end_on_this_gpu(local_run: LocalRun
     assert local_run.returncode == 0, local_run.output[-6000:]
     cell = only_cell(store)
     assert (cell.status, cell.provider, cell.model) == ("success", "local", "microbench"), cell.error_message
-    assert {"ssh_connect", "ollama_install", "benchmark"} <= set(cell.stage_seconds)
+    assert {"ssh_connect", "runtime_setup", "benchmark"} <= set(cell.stage_seconds)
     print("stages (s):", {stage: round(seconds, 2) for stage, seconds in cell.stage_seconds.items()})
 
 

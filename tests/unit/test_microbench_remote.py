@@ -41,7 +41,7 @@ def test_a_failing_pip_install_is_an_install_stage_error_with_pips_words(tmp_pat
             run(ensure_torch(shell, timeout=120))
     finally:
         run(shell.close())
-    assert caught.value.stage is Stage.OLLAMA_INSTALL and caught.value.exit_status == 6
+    assert caught.value.stage is Stage.RUNTIME_SETUP and caught.value.exit_status == 6
     assert "pip install torch" in str(caught.value) and "torch" in caught.value.stderr_tail
 
 

@@ -99,7 +99,7 @@ def test_docker_gets_the_devices_as_one_quoted_csv_field() -> None:
 def test_a_placement_that_cannot_hold_the_cell_is_refused(count: int, indices: tuple[int, ...], problem: str) -> None:
     with pytest.raises(StageError) as info:
         GpuPlacement.of(count, indices)
-    assert info.value.stage is Stage.OLLAMA_INSTALL and problem in str(info.value)
+    assert info.value.stage is Stage.RUNTIME_SETUP and problem in str(info.value)
 
 
 def test_the_result_records_the_gpus_and_the_fingerprint_stands_alone() -> None:
