@@ -39,6 +39,13 @@ The stage becomes the manifest's ``failure_stage``, the progress file's ``ERROR:
 line and the first line of the test's failure report (``[stage] message``); an
 error without a stage of its own is reported at the stage the cell was in.
 
+Stage names: seed 000's, except where a seed name tells only the Ollama half of the truth
+(``ollama_install`` is the stage that installs and starts *any* runtime: ``runtime_setup``).
+:data:`SEED_STAGE_NAMES` is the one table of those differences: the progress file (seed 000's
+format) still writes the seed's token (:func:`seed_stage_name`), and everything that reads a stored
+or written stage name (store rows, progress files, imports, reports, resume) goes through
+:func:`current_stage_name`, so manifests and progress files written before the rename read as today's.
+
 Text from outside made safe to show comes last, used by the messages above and by every
 layer: :func:`one_line` (no escape sequence, no line break) and :func:`redact` (a URL's
 credentials hidden).
@@ -55,7 +62,7 @@ from typing import Any
 
 
 class Stage(str, Enum):
-    """The stage names of seed 000, in the order a cell passes through them."""
+    """The stages a cell passes through, in order: seed 000's, one renamed (:data:`SEED_STAGE_NAMES`)."""
 
     INVENTORY = "inventory"
     PROVISION = "provision"
@@ -69,6 +76,25 @@ class Stage(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+#: The stages whose seed-000 name differs from today's: the seed's (and pytest-gpubench's before issue 22)
+#: name. The progress file writes it (seed tooling parses ``ERROR: stage=ollama_install``); readers map it back.
+SEED_STAGE_NAMES: dict[Stage, str] = {Stage.RUNTIME_SETUP: "ollama_install"}
+_CURRENT_NAME = {seed: stage.value for stage, seed in SEED_STAGE_NAMES.items()}
+
+
+def current_stage_name(name: str) -> str:
+    """Today's name of a stage name read from a store row, a progress file or an import: a seed or
+    older name becomes today's (``ollama_install`` -> ``runtime_setup``); any other text is returned
+    as it is (a reader keeps what it does not know, such as ``stage_seconds``' ``claim``)."""
+    return _CURRENT_NAME.get(name, name)
+
+
+def seed_stage_name(stage: Stage | str) -> str:
+    """The name seed 000's progress-file format gives ``stage`` (``runtime_setup`` -> ``ollama_install``)."""
+    stage = Stage(current_stage_name(str(stage)))
+    return SEED_STAGE_NAMES.get(stage, stage.value)
 
 
 class GpubenchError(Exception):
@@ -221,9 +247,9 @@ class StageError(GpubenchError):
     :func:`one_line`, the progress files' rule, so no escape sequence or line break
     from there reaches the terminal, the manifest or JUnit."""
 
-    def __init__(self, stage: Stage, message: str, *, hint: str = "") -> None:
+    def __init__(self, stage: Stage | str, message: str, *, hint: str = "") -> None:
         super().__init__(one_line(message), hint=one_line(hint))
-        self.stage = Stage(stage)
+        self.stage = Stage(current_stage_name(str(stage)))
 
 
 class ClaimLost(StageError):

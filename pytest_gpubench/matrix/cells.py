@@ -538,7 +538,6 @@ class Cell(BaseModel):
     matrix_name: str
     source: str
     row: int
-    concurrency: int = 1
     rate: float | None = None
     slo: Slo = Slo()
     thresholds: Thresholds = Thresholds()
@@ -561,6 +560,13 @@ class Cell(BaseModel):
         return cell_id(self.gpu, self.provider, self.model, self.concurrency, self.rate,
                        self.sweep is not None, self.gpus) + seam_suffix(
             self.runtime, self.cloud, entrypoint=self.launch is not None and self.launch.entrypoint)
+
+    @property
+    def concurrency(self) -> int:
+        """The cell's concurrency (requests in flight; 1 for a rate cell): its load point, stored once,
+        in ``workload.concurrency`` (``(8,)`` for a ``-c8`` cell). A user's hook cannot change it
+        (matrix/adjust.py)."""
+        return self.workload.concurrency[0]
 
     @property
     def lease_runtime(self) -> str:
@@ -801,7 +807,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
             row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu), microbench=None,
             gpus=gpus,
         )
-        row_cells = Prototype(Cell, row_shared, varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "concurrency", "rate",
+        row_cells = Prototype(Cell, row_shared, varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "rate",
                     "cell_id", "keywords", "reuse_group"))
         for _, provider in row.provider_entries() or [("provider", ENDPOINT_PROVIDER)]:
             offer = OfferConstraints(
@@ -831,7 +837,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 for concurrency, rate, suffix, point_workload in point_parts:
                     cell = row_cells.new(
                         provider=provider, model=model, model_ref=ref, workload=point_workload, offer=offer,
-                        vram_gb=vram, concurrency=concurrency, rate=rate, cell_id=base_id + suffix + seams,
+                        vram_gb=vram, rate=rate, cell_id=base_id + suffix + seams,
                         keywords=keywords, reuse_group=group)
                     key = (gpu_key, gpus, provider, ref_key, concurrency, SWEEP if sweeping else rate, runtime, seams)
                     id_key = cell.cell_id.lower()

@@ -130,7 +130,7 @@ def details_of(cell: Cell, measurement: Measurement, runtime: Runtime, *,
     single = measurement.outcomes[0].finish if len(measurement.outcomes) == 1 else None
     metrics = detailed_metrics(measurement.records, measurement.duration_seconds or cell.workload.duration,
                                slo=slo if slo.is_set else None, loadgen=single or None,
-                               configured_concurrency=None if cell.rate is not None or cell.sweep is not None
+                               concurrency=None if cell.rate is not None or cell.sweep is not None
                                else cell.concurrency)
     stats = measurement.statistics()
     prompts = [p if isinstance(p, str) else p.get("prompt", "") for p in cell.workload.prompt_payload()]

@@ -341,7 +341,8 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
     # not the broken SSH channel it leaves behind.
     installed, version = run_async(watched(gpubench_run, gpu_session, Stage.RUNTIME_SETUP,
                                             lambda _: install_and_serve()), 3 * timeout + BRIDGE_SLACK)
-    recorder.progress.status("OLLAMA_INSTALLED", version=version, installed_now=installed)
+    # The seed-000 label (seed tooling reads it) for every runtime; runtime= says which one started.
+    recorder.progress.status("OLLAMA_INSTALLED", version=version, installed_now=installed, runtime=runtime.name)
 
     recorder.enter(Stage.MODEL_PULL)
     timeout = settings.stage_timeout(Stage.MODEL_PULL)
