@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell, gpu_matches, gpus_label
-from ..matrix.endpoint import EndpointSpec
+from ..matrix.fields import EndpointSpec
 from .shopper_client import Offer
 
 #: Vast.ai reports vram_gb as MiB / 1024 rounded down (an RTX 4090 shows 23),

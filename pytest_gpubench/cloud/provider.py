@@ -77,7 +77,7 @@ class SshDetails(BaseModel):
     key_file: str = ""
     #: Authenticate with the running ssh-agent (``SSH_AUTH_SOCK``) instead of ``private_key``.
     agent: bool = False
-    #: known_hosts files the host key is checked against, in order (``remote/known_hosts.py``);
+    #: known_hosts files the host key is checked against, in order (``remote/ssh.py``);
     #: empty: a rented instance, whose key is pinned per session on first use.
     known_hosts: tuple[str, ...] = ()
     #: Where a host key found in none of ``known_hosts`` is pinned on first use ("": nowhere).

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from ..errors import MatrixError
 from ..matrix.cells import DEFAULT_CLOUD, Cell
-from ..matrix.endpoint import ENDPOINT_CLOUD
-from ..matrix.machines import HOSTS_CLOUD, KEPT_MACHINES, LOCAL_CLOUD
+from ..matrix.fields import ENDPOINT_CLOUD
+from ..matrix.fields import HOSTS_CLOUD, KEPT_MACHINES, LOCAL_CLOUD
 from ..settings import Settings
 
 if TYPE_CHECKING:
