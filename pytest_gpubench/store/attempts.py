@@ -97,19 +97,25 @@ class AttemptsMixin(ManifestStore):
 
     @staticmethod
     def _check_attempt_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
-        fixed = {"manifest_id", "attempt", "run_id", "started_at", "ended_at"}
-        unknown = [k for k in fields if k not in ATTEMPT_COLUMNS or k in fixed]
-        if unknown:
-            raise ValueError(f"not updatable attempts columns: {', '.join(sorted(unknown))}")
-        row = {key: plain(value) for key, value in fields.items()}
-        if "status" in row and row["status"] not in ATTEMPT_STATUSES:
-            raise ValueError(f"attempt status must be one of {', '.join(ATTEMPT_STATUSES)}, got {row['status']!r}")
-        if row.get("stage") is not None:
-            row["stage"] = Stage(row["stage"]).value
-        if row.get("machine_id") is not None:
-            row["machine_id"] = str(row["machine_id"])
-        refuse_secrets(row)
-        return row
+        return check_attempt_fields(fields)
+
+
+def check_attempt_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """An attempt's columns to write, checked: an unknown or fixed column, or an unknown status, is a
+    ``ValueError``; nothing that looks like a secret."""
+    fixed = {"manifest_id", "attempt", "run_id", "started_at", "ended_at"}
+    unknown = [k for k in fields if k not in ATTEMPT_COLUMNS or k in fixed]
+    if unknown:
+        raise ValueError(f"not updatable attempts columns: {', '.join(sorted(unknown))}")
+    row = {key: plain(value) for key, value in fields.items()}
+    if "status" in row and row["status"] not in ATTEMPT_STATUSES:
+        raise ValueError(f"attempt status must be one of {', '.join(ATTEMPT_STATUSES)}, got {row['status']!r}")
+    if row.get("stage") is not None:
+        row["stage"] = Stage(row["stage"]).value
+    if row.get("machine_id") is not None:
+        row["machine_id"] = str(row["machine_id"])
+    refuse_secrets(row)
+    return row
 
 
 def ended(row: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, Any]:

@@ -123,8 +123,9 @@ def _complete(row: Mapping[str, Any], columns: Mapping[str, type]) -> dict[str, 
 def _tables(store: Store) -> _Tables:
     from .sqlite_store import SqliteStore
 
-    if isinstance(store, SqliteStore):
-        return _SqliteTables(store)
+    local = getattr(store, "local", store)  # a git store's rows are its local manifest's
+    if isinstance(local, SqliteStore):
+        return _SqliteTables(local)
     from .postgres_store import PostgresStore
 
     if isinstance(store, PostgresStore):

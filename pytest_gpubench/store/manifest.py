@@ -52,7 +52,7 @@ from ..cloud.processes import ProcessIdentity
 __all__ = ["CELL_STATUSES", "FINAL_STATUSES", "UPLOAD_STATUSES", "Manifest"]
 
 # "not_found": the API has no such session (any more); recorded by cleanup.
-_GONE_SESSION_STATUSES = ("stopped", "failed", "not_found")
+GONE_SESSION_STATUSES = _GONE_SESSION_STATUSES = ("stopped", "failed", "not_found")
 
 
 class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLeasesMixin, ManifestStore):
@@ -68,18 +68,7 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
 
     @staticmethod
     def _check_cell_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
-        unknown = [k for k in fields if k not in MANIFEST_COLUMNS or k in FIXED_COLUMNS]
-        if unknown:
-            raise ValueError(f"not updatable manifest columns: {', '.join(sorted(unknown))}")
-        row = {key: plain(value) for key, value in fields.items()}
-        if "status" in row and row["status"] not in CELL_STATUSES:
-            raise ValueError(
-                f"manifest status must be one of {', '.join(CELL_STATUSES)}, got {row['status']!r}"
-            )
-        if row.get("failure_stage") is not None:
-            row["failure_stage"] = Stage(row["failure_stage"]).value
-        refuse_secrets(row)
-        return row
+        return check_cell_fields(fields)
 
     def _update(self, row_id: str, row: dict[str, Any], if_held_by: str | None = None,
                 current: Mapping[str, Any] | None = None) -> bool:
@@ -361,6 +350,23 @@ ATTEMPT_FIELDS = (
     "session_started_at", "consumer_id", "worker", "lease_expires_at", "ttft_p50_ms", "cost_per_million_tokens",
     "host_key_fingerprint", "attempts", "released_by", "session_released_at",
 )
+
+
+def check_cell_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A cell's columns to write, checked: an unknown or fixed column, or an unknown status, is a
+    ``ValueError``; a failure stage is its value; nothing that looks like a secret."""
+    unknown = [k for k in fields if k not in MANIFEST_COLUMNS or k in FIXED_COLUMNS]
+    if unknown:
+        raise ValueError(f"not updatable manifest columns: {', '.join(sorted(unknown))}")
+    row = {key: plain(value) for key, value in fields.items()}
+    if "status" in row and row["status"] not in CELL_STATUSES:
+        raise ValueError(
+            f"manifest status must be one of {', '.join(CELL_STATUSES)}, got {row['status']!r}"
+        )
+    if row.get("failure_stage") is not None:
+        row["failure_stage"] = Stage(row["failure_stage"]).value
+    refuse_secrets(row)
+    return row
 
 
 def run_row(run_id: str, argv: list[str], matrix_files: list[str], *, owner: ProcessIdentity | None,

@@ -31,27 +31,21 @@ from typing import Any
 
 from ..cloud.gpu_lease import GpuLease
 from ..cloud.processes import ProcessIdentity
-from ..errors import Stage, StoreUnreachable, UsageProblem
-from ..measure.microbench import MicrobenchRun
+from ..errors import StoreUnreachable, UsageProblem
 from ..measure.results import BenchmarkResult
 from ..remote.readings import RequestRecord
-from ..remote.sysinfo import SystemInfo
 from .attempts import AttemptsMixin, ended
-from .base import Admission
+from .base import Admission, CellChange, Store, T
 from .claim_rule import claimable, decide_claim
 from .gpu_leases import _lease, lease_rows
-from .manifest import (_GONE_SESSION_STATUSES, Manifest, cell_row, end_released_attempt, finished_row,
-                       held_or_unguarded, merge_sessions, priced, released_fields, restarted_row, run_row, taken_over)
-from .microbench_table import _row as microbench_row
+from .manifest import cell_row, run_row, taken_over
 from .postgres_schema import TABLE_BY_NAME, migrate, quote
 from .redaction import redact
-from .records import (AttemptRecord, Baseline, CellRecord, Claim, MicrobenchRecord, OwnedSession, ResultRecord,
-                      RunRecord, SystemRecord)
-from .result_tables import baseline_where, benchmark_rows, details_row, repeat_rows, sample_rows, upload_row
-from .row_records import attempt_record, cell_record, microbench_record, present, result_record, run_record
+from .records import Baseline, Claim
+from .result_tables import baseline_where, benchmark_rows
+from .row_records import attempt_record, cell_record
 from .schema import UPLOAD_COLUMNS
 from .sqlite import refuse_secrets, utc_now
-from .systems import system_record, system_row
 
 __all__ = ["PostgresStore", "StoreUnreachable"]
 
@@ -120,7 +114,7 @@ def _plain(value: Any, kind: type) -> Any:
     return float(value)
 
 
-class PostgresStore:
+class PostgresStore(Store):
     """The store in the PostgreSQL database at ``url`` (see the module's docstring)."""
 
     def __init__(self, url: str, *, pool_size: int = 4) -> None:
@@ -157,11 +151,24 @@ class PostgresStore:
     def close(self) -> None:
         self._pool.close()
 
-    def __enter__(self) -> PostgresStore:
-        return self
+    # ----------------------------------------------------------- table rows
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def rows(self, table: str, **equal: Any) -> list[dict[str, Any]]:
+        where, params = _where(table, equal)
+        return self._select(f"SELECT * FROM {quote(table)} WHERE {where} ORDER BY rowid", params)
+
+    def update_rows(self, table: str, key: Mapping[str, Any], values: Mapping[str, Any]) -> int:
+        refuse_secrets(values)
+        with self._transaction() as cursor:
+            return self._update(cursor, table, key, values)
+
+    def replace_rows(self, table: str, rows: Sequence[Mapping[str, Any]], *,
+                     replacing: Mapping[str, Any] | None = None) -> None:
+        with self._transaction() as cursor:
+            if replacing is not None:
+                where, params = _where(table, replacing)
+                cursor.execute(f"DELETE FROM {quote(table)} WHERE {where}", params)
+            self._insert(cursor, table, rows)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -176,10 +183,6 @@ class PostgresStore:
             cursor.execute(sql, params)
             return [_without_rowid(row) for row in cursor.fetchall()]
 
-    def _rows(self, table: str, run_id: str | None, order: str = "created_at, rowid") -> list[dict[str, Any]]:
-        where, params = ("WHERE run_id = %s", [run_id]) if run_id is not None else ("", [])
-        return self._select(f"SELECT * FROM {quote(table)} {where} ORDER BY {order}", params)
-
     @staticmethod
     def _insert(cursor: Any, table: str, rows: Sequence[Mapping[str, Any]], conflict: str = "") -> None:
         if not rows:
@@ -192,14 +195,15 @@ class PostgresStore:
 
     @staticmethod
     def _update(cursor: Any, table: str, key: Mapping[str, Any], row: Mapping[str, Any]) -> int:
-        """Update the row whose columns equal ``key``; how many rows changed."""
+        """Update the rows whose columns equal ``key``; how many matched."""
+        where, params = _where(table, key)
         if not row:
-            return 1
+            cursor.execute(f"SELECT COUNT(*) AS found FROM {quote(table)} WHERE {where}", params)
+            return int(cursor.fetchone()["found"])
         kinds = TABLE_BY_NAME[table].columns
         sets = ", ".join(f"{quote(name)} = %s" for name in row)
-        where = " AND ".join(f"{quote(name)} = %s" for name in key)
         cursor.execute(f"UPDATE {quote(table)} SET {sets} WHERE {where}",
-                       [*(_plain(value, kinds[name]) for name, value in row.items()), *key.values()])
+                       [*(_plain(value, kinds[name]) for name, value in row.items()), *params])
         return cursor.rowcount
 
     @staticmethod
@@ -210,30 +214,12 @@ class PostgresStore:
             raise KeyError(f"no manifest row {row_id!r}")
         return _without_rowid(found)
 
-    def _update_cell(self, cursor: Any, row_id: str, row: dict[str, Any], if_held_by: str | None = None,
-                     current: Mapping[str, Any] | None = None) -> bool:
-        """Inside a transaction: apply ``row`` (the row locked, so the check and the write are one
-        step) unless ``if_held_by`` no longer holds the cell; ``running`` stamps ``started_at`` once."""
-        current = self._locked_cell(cursor, row_id) if current is None else current
-        if not held_or_unguarded(current, if_held_by):
-            return False
-        if row.get("status") == "running" and not current["started_at"]:
-            row.setdefault("started_at", utc_now())
-        self._update(cursor, "benchmark_manifest", {"id": row_id}, row)
-        return True
-
     @staticmethod
     def _server_now(cursor: Any) -> float:
         """The database server's clock (seconds since the epoch): one clock for every controller's
         leases, however far the machines' own clocks drift apart."""
         cursor.execute("SELECT extract(epoch FROM clock_timestamp())::float8 AS now")
         return float(cursor.fetchone()["now"])
-
-    def _update_row(self, table: str, key: Mapping[str, Any], row: Mapping[str, Any], what: str) -> None:
-        refuse_secrets(row)
-        with self._transaction() as cursor:
-            if not self._update(cursor, table, key, row):
-                raise KeyError(f"no {what}")
 
     @staticmethod
     def _advisory_lock(cursor: Any, name: str) -> None:
@@ -255,14 +241,6 @@ class PostgresStore:
             if update:
                 self._update(cursor, "runs", {"run_id": run_id}, update)
 
-    def finish_run(self, run_id: str, status: str) -> None:
-        self._update_row("runs", {"run_id": run_id}, {"finished_at": utc_now(), "status": status},
-                         f"runs row {run_id!r}")
-
-    def run(self, run_id: str) -> RunRecord | None:
-        rows = self._select("SELECT * FROM runs WHERE run_id = %s", [run_id])
-        return run_record(rows[0]) if rows else None
-
     def run_ids(self) -> list[str]:
         rows = self._select("""
             SELECT run_id FROM (
@@ -282,6 +260,14 @@ class PostgresStore:
         with self._transaction() as cursor:
             self._insert(cursor, "benchmark_manifest", [row], "ON CONFLICT (id) DO NOTHING")
         return row["id"]
+
+    def change_cell(self, row_id: str, change: CellChange[T], *, now: float | None = None) -> T:
+        with self._transaction() as cursor:
+            at = self._server_now(cursor) if now is None else now
+            answer, update = change(self._locked_cell(cursor, row_id), at)
+            if update:
+                self._update(cursor, "benchmark_manifest", {"id": row_id}, update)
+            return answer
 
     def claim_cell(self, row_id: str, worker: str, *, lease_seconds: float | None = None,
                    now: float | None = None) -> Claim:
@@ -321,49 +307,6 @@ class PostgresStore:
             raise KeyError(f"no manifest row {row_id!r}")
         return found
 
-    def renew_cell_lease(self, row_id: str, worker: str, lease_seconds: float, *,
-                         now: float | None = None) -> bool:
-        with self._transaction() as cursor:
-            at = self._server_now(cursor) if now is None else now
-            cursor.execute("UPDATE benchmark_manifest SET lease_expires_at = %s "
-                           "WHERE id = %s AND status = 'running' AND worker = %s",
-                           [at + lease_seconds, row_id, worker])
-            if cursor.rowcount:
-                return True
-            cursor.execute("SELECT 1 FROM benchmark_manifest WHERE id = %s", [row_id])
-            if cursor.fetchone() is None:
-                raise KeyError(f"no manifest row {row_id!r}")
-            return False
-
-    def update_cell(self, row_id: str, *, if_held_by: str | None = None, **fields: Any) -> bool:
-        row = Manifest._check_cell_fields(fields)
-        with self._transaction() as cursor:
-            return self._update_cell(cursor, row_id, row, if_held_by)
-
-    def finish_cell(self, row_id: str, *, status: str, failure_stage: Stage | str | None = None,
-                    failure_reason: str | None = None, error_message: str | None = None,
-                    if_held_by: str | None = None, **fields: Any) -> bool:
-        row = finished_row(status=status, failure_stage=failure_stage, failure_reason=failure_reason,
-                           error_message=error_message, **fields)
-        with self._transaction() as cursor:
-            current = self._locked_cell(cursor, row_id)
-            return self._update_cell(cursor, row_id, priced(row, current), if_held_by, current)
-
-    def restart_cell(self, row_id: str, *, ended_before: str | None = None) -> bool:
-        with self._transaction() as cursor:
-            row = restarted_row(self._locked_cell(cursor, row_id), ended_before)
-            if row is None:
-                return False
-            self._update(cursor, "benchmark_manifest", {"id": row_id}, row)
-            return True
-
-    def cell(self, row_id: str) -> CellRecord | None:
-        rows = self._select("SELECT * FROM benchmark_manifest WHERE id = %s", [row_id])
-        return cell_record(rows[0]) if rows else None
-
-    def cells(self, run_id: str | None = None) -> list[CellRecord]:
-        return [cell_record(row) for row in self._rows("benchmark_manifest", run_id)]
-
     # ---------------------------------------------------- attempts and sessions
 
     def start_attempt(self, row_id: str, attempt: int, *, admit: Admission | None = None,
@@ -389,13 +332,6 @@ class PostgresStore:
             self._update(cursor, "benchmark_manifest", {"id": row_id}, {"attempts": counted_as or attempt})
         return None
 
-    def update_attempt(self, row_id: str, attempt: int, **fields: Any) -> None:
-        row = AttemptsMixin._check_attempt_fields(fields)
-        if "session_id" in row and "session_started_at" not in row:
-            row["session_started_at"] = utc_now()
-        self._update_row("attempts", {"manifest_id": row_id, "attempt": attempt}, row,
-                         f"attempts row {(row_id, attempt)!r}")
-
     def end_attempt(self, row_id: str, attempt: int, **fields: Any) -> None:
         row = AttemptsMixin._check_attempt_fields(fields)
         with self._transaction() as cursor:
@@ -408,64 +344,6 @@ class PostgresStore:
                 return
             values = ended(row, current)
             self._update(cursor, "attempts", {"manifest_id": row_id, "attempt": attempt}, values)
-
-    def attempts(self, run_id: str | None = None, *, row_id: str | None = None) -> list[AttemptRecord]:
-        where, params = "", []
-        if row_id is not None:
-            where, params = "WHERE manifest_id = %s", [row_id]
-        elif run_id is not None:
-            where, params = "WHERE run_id = %s", [run_id]
-        rows = self._select(f"SELECT * FROM attempts {where} ORDER BY started_at, manifest_id, attempt", params)
-        return [attempt_record(row) for row in rows]
-
-    def record_session(self, row_id: str, *, session_id: str, consumer_id: str, offer_id: str,
-                       price_per_hour: float, if_held_by: str | None = None, **fields: Any) -> bool:
-        row = Manifest._check_cell_fields({
-            "session_id": session_id, "consumer_id": consumer_id, "offer_id": offer_id,
-            "price_per_hour": price_per_hour, "session_started_at": utc_now(), **fields})
-        with self._transaction() as cursor:
-            return self._update_cell(cursor, row_id, row, if_held_by)
-
-    def unreleased_sessions(self, run_id: str | None = None) -> list[OwnedSession]:
-        gone = ", ".join(["%s"] * len(_GONE_SESSION_STATUSES))
-
-        def still_open(table: str) -> str:
-            return f"({table}.session_status IS NULL OR {table}.session_status NOT IN ({gone}))"
-
-        run_filter = " AND m.run_id = %s" if run_id is not None else ""
-        params: list[Any] = [*_GONE_SESSION_STATUSES, *([run_id] if run_id is not None else [])]
-        rows = self._select(f"""
-            SELECT m.session_id, m.consumer_id, m.run_id, m.id AS row_id, m.cell_id, m.status AS cell_status,
-                   m.worker, m.progress_file, m.session_status, NULL::BIGINT AS attempt, m.created_at AS at
-            FROM benchmark_manifest m
-            WHERE m.session_id IS NOT NULL AND {still_open("m")} {run_filter}
-            UNION ALL
-            SELECT a.session_id, a.consumer_id, a.run_id, m.id, m.cell_id, m.status, m.worker,
-                   m.progress_file, a.session_status, a.attempt, a.started_at
-            FROM attempts a JOIN benchmark_manifest m ON m.id = a.manifest_id
-            WHERE a.session_id IS NOT NULL AND a.ended_at IS NULL AND {still_open("a")} {run_filter}""",
-            params + params)
-        return [OwnedSession.model_validate(found) for found in merge_sessions(rows)]
-
-    def record_release(self, row_id: str, session_id: str, *, session_status: str, released_by: str,
-                       attempt: int | None = None) -> None:
-        fields = released_fields(session_status, released_by)
-        with self._transaction() as cursor:
-            current = self._locked_cell(cursor, row_id)
-            if current["session_id"] in (None, session_id):
-                self._update(cursor, "benchmark_manifest", {"id": row_id}, {**fields, "session_id": session_id})
-        end_released_attempt(self, row_id, attempt, session_status)
-
-    def end_shared_session(self, session_id: str, *, session_status: str, released_by: str) -> int:
-        fields = released_fields(session_status, released_by)
-        gone = ", ".join(["%s"] * len(_GONE_SESSION_STATUSES))
-        with self._transaction() as cursor:
-            cursor.execute(
-                f"UPDATE benchmark_manifest SET session_status = %s, released_by = %s, session_released_at = %s "
-                f"WHERE session_id = %s AND (session_status IS NULL OR session_status NOT IN ({gone}))",
-                [fields["session_status"], fields["released_by"], fields["session_released_at"], session_id,
-                 *_GONE_SESSION_STATUSES])
-            return cursor.rowcount
 
     # -------------------------------------------------- results and requests
 
@@ -489,91 +367,7 @@ class PostgresStore:
             self._update(cursor, "benchmark_manifest", {"id": row_id}, rows.summary(cell))
         return benchmark_id
 
-    def set_result_details(self, result_id: str, details: Mapping[str, Any]) -> None:
-        self._update_row("benchmarks", {"id": result_id}, details_row(details),
-                         f"benchmark {result_id!r}")
-
-    def _result_or_raise(self, cursor: Any, result_id: str) -> None:
-        cursor.execute("SELECT 1 FROM benchmarks WHERE id = %s", [result_id])
-        if cursor.fetchone() is None:
-            raise KeyError(f"no benchmark {result_id!r}")
-
-    def add_repeats(self, result_id: str, runs: Iterable[Any]) -> int:
-        rows = repeat_rows(result_id, runs)
-        with self._transaction() as cursor:
-            self._result_or_raise(cursor, result_id)
-            cursor.execute("DELETE FROM benchmark_runs WHERE benchmark_id = %s", [result_id])
-            self._insert(cursor, "benchmark_runs", rows)
-        return len(rows)
-
-    def add_gpu_samples(self, row_id: str, result_id: str | None, samples: Iterable[Any]) -> int:
-        rows = sample_rows(row_id, result_id, samples)
-        with self._transaction() as cursor:
-            cursor.execute("SELECT 1 FROM benchmark_manifest WHERE id = %s", [row_id])
-            if cursor.fetchone() is None:
-                raise KeyError(f"no manifest row {row_id!r}")
-            self._insert(cursor, "gpu_samples", rows)
-        return len(rows)
-
-    def add_microbench(self, row_id: str, run: MicrobenchRun) -> int:
-        created = utc_now()
-        with self._transaction() as cursor:
-            cell = self._locked_cell(cursor, row_id)
-            rows = [microbench_row(cell, created, run, figure) for figure in run.figures]
-            cursor.execute("DELETE FROM microbench_figures WHERE manifest_id = %s", [row_id])
-            self._insert(cursor, "microbench_figures", rows)
-        return len(rows)
-
-    def microbench(self, run_id: str | None = None) -> list[MicrobenchRecord]:
-        return [microbench_record(row) for row in self._rows("microbench_figures", run_id)]
-
-    def result(self, result_id: str) -> ResultRecord | None:
-        rows = self._select("SELECT * FROM benchmarks WHERE id = %s", [result_id])
-        return result_record(rows[0]) if rows else None
-
-    def results(self, run_id: str | None = None) -> list[ResultRecord]:
-        return [result_record(row) for row in self._rows("benchmarks", run_id)]
-
-    def known_result(self, identity: str) -> ResultRecord | None:
-        rows = self._select("SELECT * FROM benchmarks WHERE id = %s OR remote_id = %s ORDER BY id <> %s LIMIT 1",
-                            [identity, identity, identity])
-        return result_record(rows[0]) if rows else None
-
-    def requests(self, result_id: str) -> list[RequestRecord]:
-        rows = self._select('SELECT * FROM requests WHERE benchmark_id = %s ORDER BY "index", rowid', [result_id])
-        return [RequestRecord.model_validate(present(row)) for row in rows]
-
-    def request_uploads(self, run_id: str | None = None) -> int:
-        where, params = ("AND run_id = %s", [run_id]) if run_id is not None else ("", [])
-        with self._transaction() as cursor:
-            cursor.execute(f"UPDATE benchmarks SET upload_status = 'pending' WHERE upload_status IS NULL {where}",
-                           params)
-            return cursor.rowcount
-
-    def pending_uploads(self, run_id: str | None = None) -> list[ResultRecord]:
-        where, params = ("AND run_id = %s", [run_id]) if run_id is not None else ("", [])
-        rows = self._select(f"SELECT * FROM benchmarks WHERE upload_status IN ('pending', 'failed') {where} "
-                            "ORDER BY created_at, rowid", params)
-        return [result_record(row) for row in rows]
-
-    def mark_upload(self, result_id: str, *, status: str, remote_id: str | None = None,
-                    error: str | None = None) -> None:
-        row = upload_row(status=status, remote_id=remote_id, error=error)
-        with self._transaction() as cursor:
-            if not self._update(cursor, "benchmarks", {"id": result_id}, row):
-                raise KeyError(f"no benchmark {result_id!r}")
-
     # ------------------------------------------------------------------ systems
-
-    def record_system(self, row_id: str, session_id: str, system: SystemInfo, machine: str = "") -> None:
-        recorded = utc_now()
-        with self._transaction() as cursor:
-            row = system_row(self._locked_cell(cursor, row_id), session_id, system, recorded, machine)
-            cursor.execute("DELETE FROM systems WHERE run_id = %s AND session_id = %s", [row["run_id"], session_id])
-            self._insert(cursor, "systems", [row])
-
-    def systems(self, run_id: str | None = None) -> list[SystemRecord]:
-        return [system_record(row) for row in self._rows("systems", run_id, "recorded_at, rowid")]
 
     # ---------------------------------------------------------------- baselines
 
@@ -625,14 +419,12 @@ class PostgresStore:
             cursor.execute("UPDATE gpu_leases SET released_at = LEAST(%s, expires_at) "
                            "WHERE lease_id = %s AND released_at IS NULL", [moment, lease_id])
 
-    def gpu_leases(self, machine: str | None = None, *, active_at: float | None = None) -> list[GpuLease]:
-        where, params = ("WHERE machine = %s", [machine]) if machine is not None else ("", [])
-        rows = self._select(f"SELECT * FROM gpu_leases {where} ORDER BY acquired_at, lease_id, gpu_index", params)
-        grouped: dict[str, list[dict[str, Any]]] = {}
-        for row in rows:
-            grouped.setdefault(row["lease_id"], []).append(row)
-        leases = [_lease(group) for group in grouped.values()]
-        return [lease for lease in leases if active_at is None or lease.active(active_at)]
+def _where(table: str, equal: Mapping[str, Any]) -> tuple[str, list[Any]]:
+    """A WHERE clause (``TRUE``: every row) and its parameters: each column equal, None as NULL."""
+    kinds = TABLE_BY_NAME[table].columns
+    clauses = [f"{quote(name)} IS NULL" if value is None else f"{quote(name)} = %s" for name, value in equal.items()]
+    return " AND ".join(clauses) or "TRUE", [_plain(value, kinds[name]) for name, value in equal.items()
+                                             if value is not None]
 
 
 def _without_rowid(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -89,6 +89,23 @@ def test_it_is_a_store(store):
     assert store.location
 
 
+def test_a_store_writes_only_the_methods_without_a_body_and_inherits_the_rest(store):
+    """What ``bench/architecture.py`` counts is what each store defines itself: none leans on a
+    bodiless protocol method (it would answer None), and the count stays small (issue 22)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("architecture", Path(__file__).parents[2] / "bench" / "architecture.py")
+    architecture = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(architecture)
+    required = architecture.store_methods()
+    assert 10 <= len(required) <= 20, required
+    kind = type(store)
+    assert Store in kind.__mro__  # it subclasses the protocol, so it inherits the shared rules
+    for name in required:
+        owner = next(klass for klass in kind.__mro__ if name in vars(klass))
+        assert owner is not Store and not getattr(owner, "_is_protocol", False), f"{kind.__name__}.{name}"
+
+
 # ---------------------------------------------------------------------- runs
 
 
