@@ -56,14 +56,14 @@ from ..measure.microbench import MicrobenchRun
 from ..measure.results import BenchmarkResult
 from ..remote.readings import RequestRecord
 from ..remote.sysinfo import SystemInfo
-from .attempts import check_attempt_fields
+from .manifest import check_attempt_fields
 from .claim_rule import decide_claim
-from .gpu_leases import _lease as lease_of_rows
+from .manifest import _lease as lease_of_rows
 from .manifest import (GONE_SESSION_STATUSES, check_cell_fields, end_released_attempt, finished_row,
                        held_or_unguarded, merge_sessions, priced, released_fields, restarted_row)
-from .microbench_table import _row as microbench_row
+from .manifest import _row as microbench_row
 from .records import AttemptRecord, Baseline, CellRecord, Claim, MicrobenchRecord, ResultRecord, RunRecord, SystemRecord
-from .result_tables import details_row, repeat_rows, sample_rows, upload_row
+from .manifest import details_row, repeat_rows, sample_rows, upload_row
 from .row_records import attempt_record, cell_record, microbench_record, present, result_record, run_record
 from .sqlite import utc_now
 from .systems import system_record, system_row

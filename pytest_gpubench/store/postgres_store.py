@@ -34,15 +34,15 @@ from ..cloud.processes import ProcessIdentity
 from ..errors import StoreUnreachable, UsageProblem
 from ..measure.results import BenchmarkResult
 from ..remote.readings import RequestRecord
-from .attempts import AttemptsMixin, ended
+from .manifest import check_attempt_fields, ended
 from .base import Admission, CellChange, Store, T
 from .claim_rule import claimable, decide_claim
-from .gpu_leases import _lease, lease_rows
+from .manifest import _lease, lease_rows
 from .manifest import cell_row, run_row, taken_over
 from .postgres_schema import TABLE_BY_NAME, migrate, quote
 from .redaction import redact
 from .records import Baseline, Claim
-from .result_tables import baseline_where, benchmark_rows
+from .manifest import baseline_where, benchmark_rows
 from .row_records import attempt_record, cell_record
 from .schema import UPLOAD_COLUMNS
 from .sqlite import refuse_secrets, utc_now
@@ -311,7 +311,7 @@ class PostgresStore(Store):
 
     def start_attempt(self, row_id: str, attempt: int, *, admit: Admission | None = None,
                       counted_as: int | None = None, **fields: Any) -> str | None:
-        row = AttemptsMixin._check_attempt_fields({"status": "provisioning", **fields})
+        row = check_attempt_fields({"status": "provisioning", **fields})
         with self._transaction() as cursor:
             cursor.execute("SELECT run_id FROM benchmark_manifest WHERE id = %s", [row_id])
             cell = cursor.fetchone()
@@ -333,7 +333,7 @@ class PostgresStore(Store):
         return None
 
     def end_attempt(self, row_id: str, attempt: int, **fields: Any) -> None:
-        row = AttemptsMixin._check_attempt_fields(fields)
+        row = check_attempt_fields(fields)
         with self._transaction() as cursor:
             cursor.execute("SELECT * FROM attempts WHERE manifest_id = %s AND attempt = %s FOR UPDATE",
                            [row_id, attempt])

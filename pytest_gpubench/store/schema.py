@@ -208,7 +208,7 @@ ATTEMPT_COLUMNS: dict[str, type] = {
     "worker": str,
 }
 
-#: ``gpu_leases`` (store/gpu_leases.py): one row per leased GPU of a shared machine (hosts, local).
+#: ``gpu_leases`` (store/manifest.py): one row per leased GPU of a shared machine (hosts, local).
 GPU_LEASES_TABLE = "gpu_leases"
 GPU_LEASE_COLUMNS: dict[str, type] = {
     "lease_id": str,
@@ -231,7 +231,7 @@ def create_gpu_leases_table(db: sqlite_utils.Database) -> None:
                                             if_not_exists=True)
 
 
-# The figures of microbenchmark cells (store/microbench_table.py), one row per figure.
+# The figures of microbenchmark cells (store/manifest.py), one row per figure.
 MICROBENCH_COLUMNS: dict[str, type] = {
     "manifest_id": str,
     "run_id": str,
