@@ -30,7 +30,7 @@ from ..aio import run as run_async
 from ..errors import ApiUnreachable
 from ..settings import SEED_TOTAL_TIMEOUT
 from ..store.progress import ProgressWriter
-from ..store.record_keys import row_id
+from ..store.records import row_id
 from .claims import (CLAIMED_BY, CLAIMED_STATUS, ROW_KEY, ProcessClaims, Verdict, claimed_message,
                      claimed_properties, release_for_takeover, report_claimed, report_failed)
 from ..run.live import own_line

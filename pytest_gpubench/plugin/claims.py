@@ -46,7 +46,7 @@ import pytest
 
 from ..run.cleanup import Action, Leftover, ReleaseOutcome, record, release
 from ..cloud.provider import consumer_id
-from ..store.claim_rule import abandoned
+from ..store.base import abandoned
 from ..store.records import CellRecord, Claim
 
 if TYPE_CHECKING:

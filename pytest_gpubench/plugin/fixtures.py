@@ -42,8 +42,8 @@ from ..runtimes.entrypoint import adopt_image_server
 from ..cloud.ssh_wait import stage_timeout
 from ..runtimes.registry import runtime_for
 from ..run.reuse import make_room, note_model, take_over_server
-from ..store.sandbox_label import junit_property, progress_labels
-from ..store.record_keys import matrix_key
+from ..store.records import junit_property, progress_labels
+from ..store.records import matrix_key
 from ..run.session_pool import Lease, SessionPool
 from .stash import (
     CELL_KEY,

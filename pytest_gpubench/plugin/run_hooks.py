@@ -19,7 +19,7 @@ from ..matrix.cells import Cell
 from .matrix_scan import real_run
 from .reuse_order import arrange_reuse_groups
 from ..settings import OPTIONS, GpubenchDeprecationWarning, Settings, resolve
-from ..store.record_keys import distinct_keys, marked_test_key
+from ..store.records import distinct_keys, marked_test_key
 from .stash import CELL_FILTERS_KEY, CELL_KEY, RECORD_KEY, RESUME_KEY, SANDBOX_KEY, SETTINGS_KEY, run_context
 
 # The fixtures, the lifecycle, the terminal and xdist hooks and resume import what a

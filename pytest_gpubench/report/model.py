@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from ..matrix.fields import DEFAULT_RUNTIME
-from ..store.sandbox_label import report_note, report_title
+from ..store.records import report_note, report_title
 from .hardware import MachineRow
 from .spend import RunSpend
 

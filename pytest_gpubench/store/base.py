@@ -5,7 +5,7 @@ counts them): the connection, runs, the one atomic change of a cell (:meth:`Stor
 attempts, results, the baseline query, GPU leases and three plain table operations over
 :mod:`.schema`'s tables (:meth:`Store.rows`, :meth:`Store.update_rows`,
 :meth:`Store.replace_rows`). Every other method is implemented here once, over those, with the
-rules every store shares (:mod:`.claim_rule`, :mod:`.manifest`'s row rules): a store subclasses
+rules every store shares (:mod:`.base`, :mod:`.manifest`'s row rules): a store subclasses
 ``Store`` and inherits them, and overrides one only to do it faster or atomically in its own
 terms (PostgreSQL's claim waits on a locked row; the git store's claims reach its repository).
 
@@ -56,19 +56,45 @@ from ..measure.microbench import MicrobenchRun
 from ..measure.results import BenchmarkResult
 from ..remote.readings import RequestRecord
 from ..remote.sysinfo import SystemInfo
-from .manifest import check_attempt_fields
-from .claim_rule import decide_claim
+from .manifest import (
+    GONE_SESSION_STATUSES,
+    check_attempt_fields,
+    check_cell_fields,
+    details_row,
+    end_released_attempt,
+    finished_row,
+    held_or_unguarded,
+    merge_sessions,
+    priced,
+    released_fields,
+    repeat_rows,
+    restarted_row,
+    sample_rows,
+    upload_row,
+)
 from .manifest import _lease as lease_of_rows
-from .manifest import (GONE_SESSION_STATUSES, check_cell_fields, end_released_attempt, finished_row,
-                       held_or_unguarded, merge_sessions, priced, released_fields, restarted_row)
 from .manifest import _row as microbench_row
-from .records import AttemptRecord, Baseline, CellRecord, Claim, MicrobenchRecord, ResultRecord, RunRecord, SystemRecord
-from .manifest import details_row, repeat_rows, sample_rows, upload_row
-from .row_records import attempt_record, cell_record, microbench_record, present, result_record, run_record
+from .records import (
+    AttemptRecord,
+    Baseline,
+    CellRecord,
+    Claim,
+    MicrobenchRecord,
+    ResultRecord,
+    RunRecord,
+    SystemRecord,
+    attempt_record,
+    cell_record,
+    microbench_record,
+    present,
+    result_record,
+    run_record,
+    system_record,
+    system_row,
+)
 from .sqlite import utc_now
-from .systems import system_record, system_row
 
-__all__ = ["Admission", "CellChange", "Store"]
+__all__ = ["ABANDONED", "Admission", "CellChange", "REOPENED", "Store", "abandoned", "claimable", "decide_claim"]
 
 T = TypeVar("T")
 
@@ -176,7 +202,7 @@ class Store(GpuLeaseBook, Protocol):
 
         Atomic: of two workers claiming one cell exactly one wins; the holder
         claiming again wins again (and renews its lease). A finished cell cannot be
-        claimed, except one cleanup marked ``abandoned`` (``store/claim_rule.py``). With
+        claimed, except one cleanup marked ``abandoned`` (``store/base.py``). With
         ``lease_seconds`` the claim holds until ``now + lease_seconds`` unless renewed
         (:meth:`renew_cell_lease`); a running cell whose lease has expired, or an abandoned
         one, is taken over. ``now``: seconds since the epoch (tests).
@@ -447,3 +473,61 @@ class Store(GpuLeaseBook, Protocol):
         if not found:
             raise KeyError(f"no manifest row {row_id!r}")
         return found[0]
+
+
+# -------------------- from claim_rule.py: Who wins a claim on a cell, given the cell as stored: the rule every store applies.
+
+
+#: The failure reason of a cell cleanup closed because its holder's process was gone (not its
+#: run's own failure): the claim rule lets the next claimant take it over.
+ABANDONED = "abandoned"
+
+#: What an abandoned cell's row says of its end, cleared when it is taken over (it runs again).
+REOPENED = ("completed_at", "failure_stage", "failure_reason", "error_message", "cost_usd")
+
+
+def abandoned(status: str | None, failure_reason: str | None) -> bool:
+    """Whether a cell so ended was abandoned: cleanup found its holder's process gone, released
+    its session and marked it ``failed`` as ``abandoned`` (``run/cleanup.py``). Its run never
+    failed it: like a running cell whose lease ran out, the next claimant takes it over."""
+    return status == "failed" and failure_reason == ABANDONED
+
+
+def _expired(current: Mapping[str, Any], worker: str, at: float) -> bool:
+    expires = current.get("lease_expires_at")
+    return (current["status"] == "running" and current["worker"] != worker and expires is not None
+            and expires <= at)
+
+
+def _taken_over(current: Mapping[str, Any], worker: str, at: float) -> bool:
+    """Whether ``worker``'s claim at ``at`` takes the cell from a holder gone (an expired lease, or abandoned)."""
+    return _expired(current, worker, at) or abandoned(current["status"], current.get("failure_reason"))
+
+
+def claimable(current: Mapping[str, Any], worker: str, at: float) -> bool:
+    """Whether ``worker`` would win the cell ``current`` at ``at`` (seconds since the epoch)."""
+    status = current["status"]
+    return status == "pending" or (status == "running" and current["worker"] == worker) or _taken_over(
+        current, worker, at)
+
+
+def decide_claim(row_id: str, current: Mapping[str, Any], worker: str, at: float,
+                 lease: float | None) -> tuple[Claim, dict[str, Any] | None]:
+    """The claim ``worker`` makes on ``current`` at ``at``, and the cell's columns to write (None: nothing).
+
+    A pending cell, the claimant's own, a running one whose lease expired before ``at``,
+    or an abandoned one (taken over: it runs again, without its recorded end) is won
+    (``lease``: the new expiry); any other is held by its worker, or ended.
+    """
+    status, holder = current["status"], current["worker"]
+    if not claimable(current, worker, at):
+        return Claim(row_id=row_id, holder=holder, won=False, status=status, since=current["started_at"],
+                     lease_expires_at=current.get("lease_expires_at")), None
+    taken = _taken_over(current, worker, at)
+    started = (current["started_at"] if status == "running" and holder == worker else None) or utc_now()
+    claim = Claim(row_id=row_id, holder=worker, won=True, since=started, lease_expires_at=lease,
+                  taken_over_from=holder if taken else None)
+    columns: dict[str, Any] = {"status": "running", "worker": worker, "started_at": started, "lease_expires_at": lease}
+    if status != "running" and taken:
+        columns.update(dict.fromkeys(REOPENED))
+    return claim, columns

@@ -6,7 +6,7 @@ data/runs/claims/<run>/<cell>.json   who runs the cell: holder, since, lease_exp
 data/runs/<run>/<cell>.json          the cell's outcome and its BenchmarkResult JSON
 ```
 
-``<run>`` and ``<cell>`` are :func:`~.record_keys.file_name` of the run id and the
+``<run>`` and ``<cell>`` are :func:`~.records.file_name` of the run id and the
 record key. The JSON files also carry the cell's identity (run, key, GPU, provider,
 model), so a machine that never collected a cell still shows it whole. This module
 knows files only; git is :mod:`.git_repo`'s, and what a claim means :mod:`.git_store`'s.
@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from ..ids import InvalidId, shown_id
-from .record_keys import file_name
+from .records import file_name
 
 __all__ = ["CLAIMS", "ClaimFile", "Layout", "RepoCell", "ResultFile", "run_dir"]
 

@@ -44,12 +44,12 @@ from ..cloud.processes import ProcessIdentity
 from ..errors import Stage, StoreProblem
 from ..measure.results import BenchmarkResult
 from ..remote.readings import RequestRecord
-from .claim_rule import REOPENED, abandoned
+from .base import REOPENED, abandoned
 from .git_layout import ClaimFile, Layout, RepoCell, ResultFile, run_dir
 from .git_repo import Clone, Remote, ensure_bare_repository, git_url, local_path, run_git
 from .manifest import FINAL_STATUSES, Manifest, ended_since
 from .redaction import redact
-from .record_keys import file_name
+from .records import file_name
 from .records import Baseline, CellRecord, Claim
 from .sqlite import utc_now
 from .base import Admission, CellChange, Store

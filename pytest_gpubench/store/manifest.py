@@ -49,13 +49,13 @@ from ..measure.microbench import MicrobenchRun
 from ..measure.results import BenchmarkResult
 from ..remote.readings import RequestRecord
 from ..remote.sysinfo import SystemInfo
-from . import record_keys
+from .records import row_id as row_id_of
 from .redaction import redact
 from .schema import (ATTEMPT_COLUMNS, ATTEMPT_STATUSES, BENCHMARK_RUN_COLUMNS, CELL_STATUSES, FINAL_STATUSES,
                      FIXED_COLUMNS, GPU_LEASES_TABLE, GPU_SAMPLE_COLUMNS, MANIFEST_COLUMNS, UPLOAD_COLUMNS,
                      UPLOAD_STATUSES)
 from .sqlite import SECRET_MARKERS, ManifestStore, plain, refuse_secrets, utc_now
-from .systems import system_row
+from .records import system_row
 
 __all__ = ["CELL_STATUSES", "FINAL_STATUSES", "Manifest", "UPLOAD_STATUSES"]
 
@@ -1059,7 +1059,7 @@ def cell_row(run_id: str, cell_id: str, *, gpu_type: str, provider: str, model: 
     if not run_id or not cell_id:
         raise ValueError("run_id and cell_id must not be empty")
     row = {
-        "id": record_keys.row_id(run_id, cell_id),
+        "id": row_id_of(run_id, cell_id),
         "run_id": run_id,
         "created_at": utc_now(),
         "cell_id": cell_id,

@@ -2,7 +2,7 @@
 
 Every table has the columns of :mod:`.schema` (``str`` -> ``TEXT``, ``int`` -> ``BIGINT``,
 ``float`` -> ``DOUBLE PRECISION``), the same primary keys and NOT NULLs, so a row reads
-into a record with the same code (:mod:`.row_records`) and ``gpubench export`` copies
+into a record with the same code (:mod:`.records`) and ``gpubench export`` copies
 column for column. One column more, ``rowid`` (``BIGSERIAL``), stands for SQLite's
 implicit one: the order rows were written in, which "in the order added" means.
 
@@ -31,7 +31,7 @@ from .schema import (
     REQUEST_COLUMNS,
     RUN_COLUMNS,
 )
-from .systems import SYSTEM_COLUMNS
+from .records import SYSTEM_COLUMNS
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "TABLES", "Migration", "Table", "migrate", "quote", "schema_version"]
 

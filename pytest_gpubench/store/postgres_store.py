@@ -1,7 +1,7 @@
 """The PostgreSQL store: the :class:`~.base.Store` protocol on one database many machines share.
 
 The tables and columns are the SQLite manifest's (:mod:`.postgres_schema`), timestamps
-the same ISO text, so records come from rows with the same code (:mod:`.row_records`)
+the same ISO text, so records come from rows with the same code (:mod:`.records`)
 and ``gpubench export`` copies column for column. Every write is one short transaction
 from a small ``psycopg_pool`` pool (threads of a process share the store). What must be
 atomic across machines is:
@@ -36,14 +36,14 @@ from ..measure.results import BenchmarkResult
 from ..remote.readings import RequestRecord
 from .manifest import check_attempt_fields, ended
 from .base import Admission, CellChange, Store, T
-from .claim_rule import claimable, decide_claim
+from .base import claimable, decide_claim
 from .manifest import _lease, lease_rows
 from .manifest import cell_row, run_row, taken_over
 from .postgres_schema import TABLE_BY_NAME, migrate, quote
 from .redaction import redact
 from .records import Baseline, Claim
 from .manifest import baseline_where, benchmark_rows
-from .row_records import attempt_record, cell_record
+from .records import attempt_record, cell_record
 from .schema import UPLOAD_COLUMNS
 from .sqlite import refuse_secrets, utc_now
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from ..errors import MigrationNeeded, NotAManifest
 from .migrate import SCHEMA_VERSION, fill_in, rename_columns, schema_version, set_version
-from .systems import create_systems_table
+from .records import create_systems_table
 from ..measure.results import PerformanceResults
 from ..remote.readings import RequestRecord
 

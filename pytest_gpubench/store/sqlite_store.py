@@ -21,7 +21,7 @@ from ..remote.readings import RequestRecord
 from .base import Admission, CellChange, Store, T
 from .manifest import Manifest
 from .records import Baseline
-from .row_records import attempt_record, cell_record, result_record
+from .records import attempt_record, cell_record, result_record
 from .sqlite import refuse_secrets
 
 __all__ = ["SqliteStore"]
