@@ -50,7 +50,7 @@ def start(config: pytest.Config, gate: Any) -> None:
 
             config.pluginmanager.register(WorkerGroups(Path(workerinput[GROUPS_INPUT])), "gpubench-xdist-groups")
         if workerinput.get("gpubench_resume"):
-            from ..store.resume import ResumePlan
+            from ..store.opening import ResumePlan
 
             config.stash[RESUME_KEY] = ResumePlan.model_validate(workerinput["gpubench_resume"])
     if settings.runners or settings.phase or settings.runner:  # a phase of a runners file (phases.py)
@@ -103,8 +103,8 @@ def start(config: pytest.Config, gate: Any) -> None:
 
 def _resumed(config: pytest.Config, settings: Settings) -> Settings:
     """``--gpubench-resume``: record into that run; remember the cells it already finished."""
-    from ..store.resume import plan_resume
-    from ..store.run_choice import LAST
+    from ..store.opening import plan_resume
+    from ..store.opening import LAST
 
     try:
         plan = plan_resume(settings.store_location, settings.resume or LAST)
@@ -178,7 +178,7 @@ def arrange_items(config: pytest.Config, items: list[pytest.Item]) -> None:
     _disambiguate_record_keys(items)
     plan = config.stash.get(RESUME_KEY, None)
     if plan is not None:  # --gpubench-resume: cells that already succeeded do not run again
-        from ..store.resume import still_to_run
+        from ..store.opening import still_to_run
 
         runs = still_to_run([item.stash.get(RECORD_KEY, None) for item in items], plan)
         if not all(runs):

@@ -15,7 +15,7 @@ from ..cloud.budget import skipped_by_budget, spend_of, summary_line
 from ..errors import ApiUnreachable
 from ..run.live import LiveProgress, own_line
 from .matrix_scan import matrix_files, runs_matrix_files
-from ..store.redaction import redact
+from ..redaction import redact
 from ..store.records import summary_title
 from .stash import SANDBOX_KEY, SETTINGS_KEY, run_context
 from ..report.summary_table import SummaryTable, exact_figures

@@ -413,7 +413,8 @@ class Store(GpuLeaseBook, Protocol):
 
     def request_uploads(self, run_id: str | None = None) -> int:
         """Ask for the upload of results never asked for; how many."""
-        return sum(self.update_rows("benchmarks", {"id": row["id"], "upload_status": None}, {"upload_status": "pending"})
+        return sum(self.update_rows("benchmarks", {"id": row["id"], "upload_status": None},
+                                    {"upload_status": "pending"})
                    for row in self.rows("benchmarks", upload_status=None, **_of_run(run_id)))
 
     def pending_uploads(self, run_id: str | None = None) -> list[ResultRecord]:
@@ -475,7 +476,12 @@ class Store(GpuLeaseBook, Protocol):
         return found[0]
 
 
-# -------------------- from claim_rule.py: Who wins a claim on a cell, given the cell as stored: the rule every store applies.
+# --------------------------------------------------------------------------------------------------
+# Who wins a claim on a cell, given the cell as stored: the rule every store applies.
+#
+# Each store reads the cell inside its own atomic write (SQLite's ``BEGIN IMMEDIATE``,
+# PostgreSQL's ``SELECT ... FOR UPDATE SKIP LOCKED``) and applies the answer; the rule
+# itself is here once, so the stores cannot drift apart.
 
 
 #: The failure reason of a cell cleanup closed because its holder's process was gone (not its

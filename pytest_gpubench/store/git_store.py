@@ -3,7 +3,7 @@
 For teams without a database: ``--gpubench-store git+file:///srv/results.git`` (or
 ``git+ssh://``, ``git+https://``). Everything is kept in a local SQLite manifest
 (a :class:`~.sqlite_store.SqliteStore` this store holds and hands the rest to); what several machines
-must agree on lives in the repository (:mod:`.git_layout`): the TODO line of a cell
+must agree on lives in the repository (:mod:`.git_repo`): the TODO line of a cell
 not yet done, the claim file of a running one, the result file of a finished one.
 
 Each store has a private clone (:mod:`.git_repo`). A change to the shared part is one
@@ -43,16 +43,25 @@ from ..cloud.gpu_lease import GpuLease
 from ..cloud.processes import ProcessIdentity
 from ..errors import Stage, StoreProblem
 from ..measure.results import BenchmarkResult
+from ..redaction import redact
 from ..remote.readings import RequestRecord
-from .base import REOPENED, abandoned
-from .git_layout import ClaimFile, Layout, RepoCell, ResultFile, run_dir
-from .git_repo import Clone, Remote, ensure_bare_repository, git_url, local_path, run_git
+from .base import REOPENED, Admission, CellChange, Store, abandoned
+from .git_repo import (
+    ClaimFile,
+    Clone,
+    Layout,
+    Remote,
+    RepoCell,
+    ResultFile,
+    ensure_bare_repository,
+    git_url,
+    local_path,
+    run_dir,
+    run_git,
+)
 from .manifest import FINAL_STATUSES, Manifest, ended_since
-from .redaction import redact
-from .records import file_name
-from .records import Baseline, CellRecord, Claim
+from .records import Baseline, CellRecord, Claim, file_name
 from .sqlite import utc_now
-from .base import Admission, CellChange, Store
 from .sqlite_store import SqliteStore
 
 __all__ = ["GitStore", "GitStoreWarning", "default_cache_dir"]

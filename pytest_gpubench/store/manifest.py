@@ -47,15 +47,25 @@ from ..errors import Stage
 from ..figures import output_tokens_per_second
 from ..measure.microbench import MicrobenchRun
 from ..measure.results import BenchmarkResult
+from ..redaction import redact
 from ..remote.readings import RequestRecord
 from ..remote.sysinfo import SystemInfo
 from .records import row_id as row_id_of
-from .redaction import redact
-from .schema import (ATTEMPT_COLUMNS, ATTEMPT_STATUSES, BENCHMARK_RUN_COLUMNS, CELL_STATUSES, FINAL_STATUSES,
-                     FIXED_COLUMNS, GPU_LEASES_TABLE, GPU_SAMPLE_COLUMNS, MANIFEST_COLUMNS, UPLOAD_COLUMNS,
-                     UPLOAD_STATUSES)
-from .sqlite import SECRET_MARKERS, ManifestStore, plain, refuse_secrets, utc_now
 from .records import system_row
+from .schema import (
+    ATTEMPT_COLUMNS,
+    ATTEMPT_STATUSES,
+    BENCHMARK_RUN_COLUMNS,
+    CELL_STATUSES,
+    FINAL_STATUSES,
+    FIXED_COLUMNS,
+    GPU_LEASES_TABLE,
+    GPU_SAMPLE_COLUMNS,
+    MANIFEST_COLUMNS,
+    UPLOAD_COLUMNS,
+    UPLOAD_STATUSES,
+)
+from .sqlite import SECRET_MARKERS, ManifestStore, plain, refuse_secrets, utc_now
 
 __all__ = ["CELL_STATUSES", "FINAL_STATUSES", "Manifest", "UPLOAD_STATUSES"]
 

@@ -330,7 +330,13 @@ class MicrobenchRecord(_Record):
     torch_version: str | None = None
 
 
-# -------------------- from row_records.py: Stored rows as the store's records: one conversion every store shares.
+# --------------------------------------------------------------------------------------------------
+# Stored rows as the store's records: one conversion every store shares.
+#
+# The SQLite and PostgreSQL stores keep the same tables and columns
+# (:mod:`.schema`), so a row read from either becomes its :mod:`.records` record here:
+# NULLs dropped (a record's default stands for what was never written), JSON text parsed,
+# the row id's column renamed.
 
 
 _PERFORMANCE_FIELDS = tuple(PerformanceResults.model_fields)
@@ -396,7 +402,12 @@ def microbench_record(row: Mapping[str, Any]) -> MicrobenchRecord:
                             **{k: v for k, v in row.items() if k not in ("manifest_id", "values_json")})
 
 
-# -------------------- from systems.py: The manifest's ``systems`` table: what system detection found, one row per session of a run.
+# --------------------------------------------------------------------------------------------------
+# The manifest's ``systems`` table: what system detection found, one row per session of a run.
+#
+# A reused session is recorded once (by the cell that connected first); recording the
+# same session again replaces its row. The ``SystemInfo`` is kept whole as JSON, with the
+# columns a person browsing the file wants beside it (source, GPU, count).
 
 SYSTEM_COLUMNS: dict[str, type] = {
     "run_id": str,
@@ -440,7 +451,21 @@ def system_record(row: Mapping[str, Any]) -> SystemRecord:
                         system=SystemInfo.model_validate_json(row["system_json"]))
 
 
-# -------------------- from record_keys.py: Record keys: the one place that says what a cell is called in the store.
+# --------------------------------------------------------------------------------------------------
+# Record keys: the one place that says what a cell is called in the store.
+#
+# A *record key* names a cell within a run; the store's *row id* is ``{run_id}/{key}``.
+# Everything that keeps or finds a cell (collection, the recorder, resume, the importer,
+# progress files) builds its key here, so the policy has one owner:
+#
+# - a matrix cell is its test id: ``RTX_4090-vastai-qwen2:7b`` (see ``matrix.selection.cell_id``);
+# - a cell of a Python test marked ``@pytest.mark.gpubench`` adds the test's name:
+#   ``RTX_4090-vastai-qwen2:7b@test_fast``, so two tests over one cell keep two rows;
+# - a key that two matrix files of one run both produce adds the file's stem:
+#   ``RTX_4090-vastai-qwen2:7b@gpubench_quick``; a unique key stays plain;
+# - an imported result whose key is taken in its import adds a count: ``...@2``, ``...@3``;
+# - a progress file is named after its key with every character other than letters,
+#   digits, ``-``, ``_`` and ``.`` replaced by ``_``.
 
 #: Joins a cell id to what tells two records of it apart (a test, a matrix file, a count).
 SEPARATOR = "@"
@@ -491,7 +516,17 @@ def file_name(key: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
 
 
-# -------------------- from sandbox_label.py: How a sandbox run says so wherever its figures appear.
+# --------------------------------------------------------------------------------------------------
+# How a sandbox run says so wherever its figures appear.
+#
+# A ``--gpubench-sandbox`` run measures the emulated cloud: its token rates and TTFT
+# are the sandbox catalog's, its benchmarks run on the sandbox's clock (300 s take
+# 6 s at time scale 0.02, see ``Settings.benchmark_seconds``) and nothing is billed.
+# Its figures must never pass for a GPU's: the terminal summary's header, every
+# cell's JUnit properties (``gpubench_sandbox``), the first STATUS line of each
+# progress file, the manifest's ``runs.sandbox`` column and the report's title and
+# note all say so. Only the run's own sandbox counts: the plugin cannot know that
+# another API (``--gpubench-api``) is a standalone sandbox.
 
 #: The JUnit property every cell carries: "true" for a sandbox run, else "false".
 SANDBOX_PROPERTY = "gpubench_sandbox"

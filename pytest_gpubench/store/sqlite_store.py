@@ -20,8 +20,7 @@ from ..measure.results import BenchmarkResult
 from ..remote.readings import RequestRecord
 from .base import Admission, CellChange, Store, T
 from .manifest import Manifest
-from .records import Baseline
-from .records import attempt_record, cell_record, result_record
+from .records import Baseline, attempt_record, cell_record, result_record
 from .sqlite import refuse_secrets
 
 __all__ = ["SqliteStore"]

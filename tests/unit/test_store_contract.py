@@ -13,16 +13,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from result_helpers import make_result
 
 from pytest_gpubench.cloud.processes import ProcessIdentity
 from pytest_gpubench.errors import Stage, UnknownRun
 from pytest_gpubench.remote.readings import RequestRecord
 from pytest_gpubench.store.base import Store
-from pytest_gpubench.store.run_choice import LAST, SHOWN_RUNS, resolve_run
+from pytest_gpubench.store.opening import LAST, SHOWN_RUNS, resolve_run
 from pytest_gpubench.store.records import AttemptRecord, CellRecord, ResultRecord
 from pytest_gpubench.store.schema import ATTEMPT_COLUMNS, BENCHMARK_COLUMNS, MANIFEST_COLUMNS, RUN_COLUMNS
 from pytest_gpubench.store.sqlite_store import SqliteStore
-from result_helpers import make_result
 
 RUN = "run-1"
 CELL = "rtx4090-vastai-qwen2_7b"
@@ -94,7 +94,8 @@ def test_a_store_writes_only_the_methods_without_a_body_and_inherits_the_rest(st
     bodiless protocol method (it would answer None), and the count stays small (issue 22)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("architecture", Path(__file__).parents[2] / "bench" / "architecture.py")
+    script = Path(__file__).parents[2] / "bench" / "architecture.py"
+    spec = importlib.util.spec_from_file_location("architecture", script)
     architecture = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(architecture)
     required = architecture.store_methods()
