@@ -204,7 +204,7 @@ def _group_by_file(items: list[pytest.Item]) -> None:
 
 def _disambiguate_record_keys(items: list[pytest.Item]) -> None:
     """Two matrix files may hold the same cell: their manifest rows must not merge
-    (:func:`~..store.record_keys.distinct_keys`)."""
+    (:func:`~..store.records.distinct_keys`)."""
     keyed = [item for item in items if RECORD_KEY in item.stash]
     keys = distinct_keys([item.stash[RECORD_KEY] for item in keyed],
                          [item.stash[CELL_KEY].source for item in keyed])

@@ -5,8 +5,8 @@ counts them): the connection, runs, the one atomic change of a cell (:meth:`Stor
 attempts, results, the baseline query, GPU leases and three plain table operations over
 :mod:`.schema`'s tables (:meth:`Store.rows`, :meth:`Store.update_rows`,
 :meth:`Store.replace_rows`). Every other method is implemented here once, over those, with the
-rules every store shares (:mod:`.base`, :mod:`.manifest`'s row rules): a store subclasses
-``Store`` and inherits them, and overrides one only to do it faster or atomically in its own
+rules every store shares (the claim rule at the end of this module, :mod:`.manifest`'s row
+rules): a store subclasses ``Store`` and inherits them, and overrides one only to do it faster or atomically in its own
 terms (PostgreSQL's claim waits on a locked row; the git store's claims reach its repository).
 
 Everything above ``store/`` (the report, cleanup, the spend cap, export, plan
@@ -202,7 +202,7 @@ class Store(GpuLeaseBook, Protocol):
 
         Atomic: of two workers claiming one cell exactly one wins; the holder
         claiming again wins again (and renews its lease). A finished cell cannot be
-        claimed, except one cleanup marked ``abandoned`` (``store/base.py``). With
+        claimed, except one cleanup marked ``abandoned`` (:func:`abandoned`). With
         ``lease_seconds`` the claim holds until ``now + lease_seconds`` unless renewed
         (:meth:`renew_cell_lease`); a running cell whose lease has expired, or an abandoned
         one, is taken over. ``now``: seconds since the epoch (tests).

@@ -186,7 +186,7 @@ async def upload_pending(store: Store, client: ShopperClient, run_id: str | None
 # Store to store: every table (or one run's rows) copied as it is, SQLite <-> PostgreSQL.
 #
 # ``gpubench export --to LOCATION`` comes here. Both stores keep the same tables and
-# columns (:mod:`.postgres_schema` makes PostgreSQL's from :mod:`.schema`), so a row is
+# columns (:mod:`.postgres_store` makes PostgreSQL's from :mod:`.schema`), so a row is
 # copied column for column, in the order it was written. Copying is idempotent: a row
 # with a primary key replaces the target's row of that key, and the rows of the tables
 # without one (``requests``, ``gpu_samples``) replace the target's rows of the same cells,

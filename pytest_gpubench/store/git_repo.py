@@ -250,7 +250,7 @@ class Clone:
 # data/runs/<run>/<cell>.json          the cell's outcome and its BenchmarkResult JSON
 # ```
 #
-# ``<run>`` and ``<cell>`` are :func:`~.record_keys.file_name` of the run id and the
+# ``<run>`` and ``<cell>`` are :func:`~.records.file_name` of the run id and the
 # record key. The JSON files also carry the cell's identity (run, key, GPU, provider,
 # model), so a machine that never collected a cell still shows it whole. This module
 # knows files only; git is :mod:`.git_repo`'s, and what a claim means :mod:`.git_store`'s.

@@ -455,7 +455,7 @@ def _without_rowid(row: Mapping[str, Any]) -> dict[str, Any]:
 #
 # Every table has the columns of :mod:`.schema` (``str`` -> ``TEXT``, ``int`` -> ``BIGINT``,
 # ``float`` -> ``DOUBLE PRECISION``), the same primary keys and NOT NULLs, so a row reads
-# into a record with the same code (:mod:`.row_records`) and ``gpubench export`` copies
+# into a record with the same code (:mod:`.records`) and ``gpubench export`` copies
 # column for column. One column more, ``rowid`` (``BIGSERIAL``), stands for SQLite's
 # implicit one: the order rows were written in, which "in the order added" means.
 #
