@@ -16,7 +16,6 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..cloud.owned import OwnedSession
@@ -26,7 +25,7 @@ from ..redaction import redact
 from ..remote.sysinfo import SystemInfo
 
 __all__ = ["AttemptRecord", "Baseline", "CellRecord", "Claim", "MicrobenchRecord", "OwnedSession", "ResultRecord",
-           "RunInfo", "RunRecord", "SystemRecord", "attempt_record", "cell_record", "create_systems_table",
+           "RunInfo", "RunRecord", "SystemRecord", "attempt_record", "cell_record",
            "distinct_keys", "file_name", "junit_property", "key_of", "marked_test_key", "matrix_key",
            "microbench_record", "numbered_key", "present", "progress_labels", "report_note", "report_title",
            "result_record", "row_id", "run_record", "summary_title", "system_record", "system_row"]
@@ -422,12 +421,6 @@ SYSTEM_COLUMNS: dict[str, type] = {
     "recorded_at": str,
     "system_json": str,
 }
-
-
-def create_systems_table(db: sqlite_utils.Database) -> None:
-    """Create the table when missing (a file from before it gains it when opened)."""
-    db["systems"].create(SYSTEM_COLUMNS, pk=("run_id", "session_id"),
-                         not_null={"run_id", "session_id", "manifest_id", "system_json"}, if_not_exists=True)
 
 
 def system_row(cell: Mapping[str, Any], session_id: str, system: SystemInfo, recorded_at: str,

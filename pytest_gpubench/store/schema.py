@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from ..errors import ManifestTooNew, MigrationNeeded, NotAManifest
 from ..measure.results import PerformanceResults
 from ..remote.readings import RequestRecord
-from .records import create_systems_table
+from .records import SYSTEM_COLUMNS
 
 CELL_STATUSES = ("pending", "running", "success", "partial", "failed", "skipped")
 FINAL_STATUSES = ("success", "partial", "failed", "skipped")
@@ -477,3 +477,9 @@ def fill_in(db: sqlite_utils.Database, version: int) -> None:
             "UPDATE benchmark_manifest SET output_tokens_per_second = ("
             "  SELECT b.output_tokens_per_second FROM benchmarks b WHERE b.id = benchmark_manifest.benchmark_id) "
             "WHERE output_tokens_per_second IS NULL AND benchmark_id IS NOT NULL")
+
+
+def create_systems_table(db: sqlite_utils.Database) -> None:
+    """Create the table when missing (a file from before it gains it when opened)."""
+    db["systems"].create(SYSTEM_COLUMNS, pk=("run_id", "session_id"),
+                         not_null={"run_id", "session_id", "manifest_id", "system_json"}, if_not_exists=True)
