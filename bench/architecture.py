@@ -11,7 +11,9 @@ Prints, from the source alone (nothing is imported or run):
   ``FLOW``) and module cycles, counting every import: at module level, inside a function
   and under ``if TYPE_CHECKING:`` (``tests/import_graph.py``, the implementation
   ``tests/unit/test_import_graph.py`` checks with);
-* the methods a new store implements (the ``Store`` protocol's public methods and properties);
+* the methods a new store implements: the ``Store`` protocol's public methods and properties
+  without a body of their own (a docstring or ``...`` only); those with one are shared rules a
+  store inherits;
 * the files each "add a ..." recipe of docs/architecture.md names, once it has them.
 """
 
@@ -31,22 +33,32 @@ SMALL = 40
 
 
 def store_methods() -> list[str]:
-    """The public methods and properties of every ``Protocol`` class named ``Store`` in store/,
-    with those of the package's protocols it extends (``GpuLeaseBook``): what a new store implements."""
+    """The public methods and properties of every ``Protocol`` class named ``Store`` in store/, with
+    those of the package's protocols it extends (``GpuLeaseBook``), that have no body of their own
+    (only a docstring or ``...``): what a new store implements. One defined again lower down (a
+    default ``Store`` gives a method of ``GpuLeaseBook``) counts as that definition says."""
     classes = {node.name: node for path in sorted(PACKAGE.rglob("*.py"))
                for node in ast.parse(path.read_text()).body if isinstance(node, ast.ClassDef)}
 
-    def methods(node: ast.ClassDef) -> list[str]:
-        inherited = [name for base in node.bases if isinstance(base, ast.Name) and base.id in classes
-                     for name in methods(classes[base.id])]
-        return inherited + [item.name for item in node.body
-                            if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and not item.name.startswith("_")]
+    def abstract(item: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+        body = [stmt for stmt in item.body
+                if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant))]
+        return all(isinstance(stmt, ast.Pass) for stmt in body)
+
+    def methods(node: ast.ClassDef) -> dict[str, bool]:
+        found: dict[str, bool] = {}
+        for base in node.bases:
+            if isinstance(base, ast.Name) and base.id in classes:
+                found.update(methods(classes[base.id]))
+        found.update({item.name: abstract(item) for item in node.body
+                      if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and not item.name.startswith("_")})
+        return found
 
     names = []
     for path in sorted((PACKAGE / "store").glob("*.py")):
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.ClassDef) and node.name == "Store":
-                names += methods(node)
+                names += [name for name, implemented_by_store in methods(node).items() if implemented_by_store]
     return names
 
 

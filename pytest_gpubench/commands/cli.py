@@ -13,7 +13,7 @@ the API it is given, the GPU sessions that dead runs of the manifest left runnin
 
 ``gpubench export --format json|csv [--run RUN|last] [--store PATH|URL] [-o FILE]``
 writes stored results; ``gpubench export --to PATH|URL [--run RUN|last]`` copies the
-store's rows into another store, SQLite <-> PostgreSQL (see ``store/copy.py``);
+store's rows into another store, SQLite <-> PostgreSQL (see ``store/export.py``);
 ``gpubench upload [--run RUN|last] [--store PATH|URL] [--api URL]``
 POSTs results to GPU Shopper's ``/api/v1/benchmarks``.
 
@@ -118,7 +118,7 @@ def _open_store(location: Path | str, *, create: bool = False, read_only: bool =
 
 def _resolve_run(store, run: str | None) -> str | None:
     """``None`` (all runs), ``last`` (the latest), or a run id the store knows."""
-    from ..store.run_choice import resolve_run
+    from ..store.opening import resolve_run
 
     if run is None:
         return None
@@ -154,7 +154,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def _export_to(args: argparse.Namespace) -> int:
     """``gpubench export --to LOCATION``: the store's rows (or one run's) into another store."""
-    from ..store.copy import copy_store
+    from ..store.export import copy_store
 
     with _open_store(_store_of(args), read_only=True) as source:
         run_id = _resolve_run(source, args.run)
@@ -320,7 +320,7 @@ def _migrate(args: argparse.Namespace) -> int:
     """``gpubench migrate``: bring a manifest an older pytest-gpubench wrote up to date, in place (what
     every run's first write does anyway); a file that is not a manifest is refused, unchanged."""
     from ..errors import ManifestTooNew, MigrationNeeded, NotAManifest
-    from ..store.migrate import SCHEMA_VERSION
+    from ..store.schema import SCHEMA_VERSION
     from ..store.schema import missing_schema
     from ..store.opening import open_store, store_kind
 

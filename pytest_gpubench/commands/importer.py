@@ -40,7 +40,7 @@ from ..store.base import Store
 from ..store.sqlite import refuse_secrets
 from ..measure.results import BenchmarkResult
 from ..matrix.selection import cell_id
-from ..store.record_keys import matrix_key, numbered_key, row_id
+from ..store.records import matrix_key, numbered_key, row_id
 from ..settings import new_run_id
 
 __all__ = ["Assumed", "FileOutcome", "ImportReport", "expand_paths", "import_files",

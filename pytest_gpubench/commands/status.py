@@ -16,7 +16,7 @@ from typing import IO, TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from ..store.record_keys import key_of
+from ..store.records import key_of
 
 if TYPE_CHECKING:
     from ..store.base import Store

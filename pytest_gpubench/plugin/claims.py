@@ -46,13 +46,13 @@ import pytest
 
 from ..run.cleanup import Action, Leftover, ReleaseOutcome, record, release
 from ..cloud.provider import consumer_id
-from ..store.claim_rule import abandoned
+from ..store.base import abandoned
 from ..store.records import CellRecord, Claim
 from ..aio import run as run_async
 from ..errors import ApiUnreachable
 from ..settings import SEED_TOTAL_TIMEOUT
 from ..store.progress import ProgressWriter
-from ..store.record_keys import row_id as row_id_of  # `row_id` is the claims' name for a row's id
+from ..store.records import row_id as row_id_of  # `row_id` is the claims' name for a row's id
 from ..run.live import own_line
 from ..run.record import progress_path
 from .internals import report_as, teardown_for

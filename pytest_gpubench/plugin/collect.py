@@ -27,7 +27,7 @@ from .internals import fixture_closure
 from .phases import PHASE_KEY
 from ..settings import Settings
 from .stash import CELL_FILTERS_KEY, CELL_KEY, RECORD_KEY, RECORDER_KEY, SETTINGS_KEY
-from ..store.record_keys import matrix_key
+from ..store.records import matrix_key
 
 
 def run_matrix_cell(request: pytest.FixtureRequest) -> None:

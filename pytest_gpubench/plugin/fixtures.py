@@ -44,8 +44,8 @@ from ..runtimes.openai_server import adopt_image_server
 from ..cloud.ssh_wait import stage_timeout
 from ..runtimes.registry import has_model, keep_apart, leave_as_found, runtime_for
 from ..run.session_pool import make_room, note_model, take_over_server
-from ..store.sandbox_label import junit_property, progress_labels
-from ..store.record_keys import matrix_key
+from ..store.records import junit_property, progress_labels
+from ..store.records import matrix_key
 from ..run.session_pool import Lease, SessionPool
 from .stash import (
     CELL_KEY,

@@ -25,7 +25,7 @@ from ..run.cleanup import CleanupReport, ReleaseOutcome, clean
 from ..errors import ApiUnreachable, Stage
 from ..run.live import own_line
 from ..store.opening import open_store, store_exists
-from ..store.redaction import redact
+from ..errors import redact
 from .matrix_scan import runs_matrix_files
 from .fixtures import run_status
 from ..cloud.processes import ProcessIdentity, xdist_worker_pids

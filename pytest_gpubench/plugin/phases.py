@@ -23,7 +23,7 @@ from ..errors import MatrixError
 from ..matrix.cells import Cell, load_cells
 from ..matrix.runners import RunnerPlan, load_runners, plan_runner
 from ..settings import Settings
-from ..store.record_keys import distinct_keys, matrix_key, row_id
+from ..store.records import distinct_keys, matrix_key, row_id
 from .matrix_scan import matrix_files, real_run
 from .stash import run_context
 

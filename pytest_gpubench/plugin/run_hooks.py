@@ -21,7 +21,7 @@ from ..cloud.reuse_estimates import order_for_reuse
 from ..cloud.reuse_split import SplitPolicy, split_groups
 from .matrix_scan import real_run
 from ..settings import OPTIONS, GpubenchDeprecationWarning, Settings, resolve
-from ..store.record_keys import distinct_keys, marked_test_key
+from ..store.records import distinct_keys, marked_test_key
 from .stash import (CELL_FILTERS_KEY, CELL_KEY, GROUP_KEY, RECORD_KEY, RESUME_KEY, REUSE_GROUPS_KEY, SANDBOX_KEY,
                     SETTINGS_KEY, run_context)
 
@@ -53,7 +53,7 @@ def start(config: pytest.Config, gate: Any) -> None:
 
             config.pluginmanager.register(WorkerGroups(Path(workerinput[GROUPS_INPUT])), "gpubench-xdist-groups")
         if workerinput.get("gpubench_resume"):
-            from ..store.resume import ResumePlan
+            from ..store.opening import ResumePlan
 
             config.stash[RESUME_KEY] = ResumePlan.model_validate(workerinput["gpubench_resume"])
     if settings.runners or settings.phase or settings.runner:  # a phase of a runners file (phases.py)
@@ -106,8 +106,8 @@ def start(config: pytest.Config, gate: Any) -> None:
 
 def _resumed(config: pytest.Config, settings: Settings) -> Settings:
     """``--gpubench-resume``: record into that run; remember the cells it already finished."""
-    from ..store.resume import plan_resume
-    from ..store.run_choice import LAST
+    from ..store.opening import plan_resume
+    from ..store.opening import LAST
 
     try:
         plan = plan_resume(settings.store_location, settings.resume or LAST)
@@ -181,7 +181,7 @@ def arrange_items(config: pytest.Config, items: list[pytest.Item]) -> None:
     _disambiguate_record_keys(items)
     plan = config.stash.get(RESUME_KEY, None)
     if plan is not None:  # --gpubench-resume: cells that already succeeded do not run again
-        from ..store.resume import still_to_run
+        from ..store.opening import still_to_run
 
         runs = still_to_run([item.stash.get(RECORD_KEY, None) for item in items], plan)
         if not all(runs):
@@ -207,7 +207,7 @@ def _group_by_file(items: list[pytest.Item]) -> None:
 
 def _disambiguate_record_keys(items: list[pytest.Item]) -> None:
     """Two matrix files may hold the same cell: their manifest rows must not merge
-    (:func:`~..store.record_keys.distinct_keys`)."""
+    (:func:`~..store.records.distinct_keys`)."""
     keyed = [item for item in items if RECORD_KEY in item.stash]
     keys = distinct_keys([item.stash[RECORD_KEY] for item in keyed],
                          [item.stash[CELL_KEY].source for item in keyed])

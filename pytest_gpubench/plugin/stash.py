@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # the key types, named in strings: nothing heavy is imported 
     from ..matrix.cells import Cell  # noqa: F401
     from ..matrix.selection import CellFilters  # noqa: F401
     from ..settings import Settings  # noqa: F401
-    from ..store.resume import ResumePlan  # noqa: F401
+    from ..store.opening import ResumePlan  # noqa: F401
     from ..run.record import CellRecorder  # noqa: F401
     from ..run.run_context import RunContext
     from ..sandbox.process import SandboxProcess  # noqa: F401

@@ -15,8 +15,8 @@ from ..cloud.budget import skipped_by_budget, spend_of, summary_line
 from ..errors import ApiUnreachable
 from ..run.live import LiveProgress, own_line
 from .matrix_scan import matrix_files, runs_matrix_files
-from ..store.redaction import redact
-from ..store.sandbox_label import summary_title
+from ..errors import redact
+from ..store.records import summary_title
 from .stash import SANDBOX_KEY, SETTINGS_KEY, run_context
 from ..report.summary_table import SummaryTable, exact_figures
 

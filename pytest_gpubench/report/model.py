@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 from ..matrix.fields import DEFAULT_RUNTIME
 from ..remote.sysinfo import SystemInfo
 from ..store.records import SystemRecord
-from ..store.sandbox_label import report_note, report_title
+from ..store.records import report_note, report_title
 
 __all__ = ["BestValue", "FailureGroup", "MachineRow", "Matchup", "MicrobenchRow", "ModelTable", "ProviderWins", "Report", "ResultRow",
            "RunSpend"]

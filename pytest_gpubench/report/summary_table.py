@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..figures import CELL_COLUMNS, FIGURES, FigureSource, figure_values
-from ..store.record_keys import key_of
+from ..store.records import key_of
 
 DEFAULT_COLUMNS: tuple[str, ...] = (
     "status", "output_tokens_per_second", "decode_tokens_per_second", "ttft_p50_ms", "cost_per_million_tokens",

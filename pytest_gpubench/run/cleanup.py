@@ -33,8 +33,8 @@ the next cell of a reuse group, and one only the API knows. A cell is marked fai
 only while it still runs under the holder cleanup found it with (``if_held_by``): one a
 live controller took over meanwhile is its. A cell whose holder cleanup found gone
 (``check_liveness``: the start of a run, ``gpubench cleanup``) is marked ``failed`` as
-:data:`~pytest_gpubench.store.claim_rule.ABANDONED`: its run never failed it, and the next controller of its run that
-reaches it takes it over and runs it (``store/claim_rule.py``), as it would a running
+:data:`~pytest_gpubench.store.base.ABANDONED`: its run never failed it, and the next controller of its run that
+reaches it takes it over and runs it (``store/base.py``), as it would a running
 cell whose lease ran out.
 
 **Release.** The provider's one release path (:meth:`.Provider.release`, the
@@ -73,7 +73,7 @@ from ..errors import redact
 from ..cloud.hosts_provider import on_leased_machine
 from ..cloud.owned import OwnedSession
 from ..cloud.processes import ProcessIdentity, held_by, holder_alive
-from ..store.claim_rule import ABANDONED
+from ..store.base import ABANDONED
 from ..store.progress import ProgressWriter, existing_progress_file, read_progress
 from ..store.records import RunInfo
 from ..cloud.provider import CONSUMER_PREFIX, Provider, Released, consumer_id

@@ -119,7 +119,7 @@ class CellRecorder:
               lease_seconds: float | None = None, heartbeat: ClaimKeeper | None = None,
               claim_seconds: float = 0.0) -> CellRecorder:
         """Claim the cell for ``worker`` and record it as running; ``labels`` go on its progress
-        file's first line (a sandbox run says so there: :func:`.sandbox_label.progress_labels`).
+        file's first line (a sandbox run says so there: :func:`..store.records.progress_labels`).
 
         The claim holds ``lease_seconds`` unless ``heartbeat`` renews it (:mod:`.claims`); the time
         spent claiming (``claim_seconds`` before this, this claim, the renewals) counts as the

@@ -2,8 +2,8 @@
 
 For teams without a database: ``--gpubench-store git+file:///srv/results.git`` (or
 ``git+ssh://``, ``git+https://``). Everything is kept in a local SQLite manifest
-(this class *is* a :class:`~.sqlite_store.SqliteStore` over it); what several machines
-must agree on lives in the repository (:mod:`.git_layout`): the TODO line of a cell
+(a :class:`~.sqlite_store.SqliteStore` this store holds and hands the rest to); what several machines
+must agree on lives in the repository (:mod:`.git_repo`): the TODO line of a cell
 not yet done, the claim file of a running one, the result file of a finished one.
 
 Each store has a private clone (:mod:`.git_repo`). A change to the shared part is one
@@ -35,20 +35,32 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..cloud.gpu_lease import GpuLease
+from ..cloud.processes import ProcessIdentity
 from ..errors import Stage, StoreProblem
 from ..measure.results import BenchmarkResult
+from ..errors import redact
 from ..remote.readings import RequestRecord
-from .claim_rule import REOPENED, abandoned
-from .git_layout import ClaimFile, Layout, RepoCell, ResultFile, run_dir
-from .git_repo import Clone, Remote, ensure_bare_repository, git_url, local_path, run_git
+from .base import REOPENED, Admission, CellChange, Store, abandoned
+from .git_repo import (
+    ClaimFile,
+    Clone,
+    Layout,
+    Remote,
+    RepoCell,
+    ResultFile,
+    ensure_bare_repository,
+    git_url,
+    local_path,
+    run_dir,
+    run_git,
+)
 from .manifest import FINAL_STATUSES, Manifest, ended_since
-from .redaction import redact
-from .record_keys import file_name
-from .records import CellRecord, Claim
+from .records import Baseline, CellRecord, Claim, file_name
 from .sqlite import utc_now
 from .sqlite_store import SqliteStore
 
@@ -77,13 +89,15 @@ def default_cache_dir() -> Path:
     return Path(base) / "gpubench" / "git"
 
 
-class GitStore(SqliteStore):
+class GitStore(Store):
     """A results repository as the shared record, with a local SQLite manifest for the rest."""
 
     def __init__(self, manifest: Manifest, clone: Clone, location: str, *, push_tries: int = 8,
                  claim_tries: int = 60, refresh_seconds: float = 0.0, unpushed: Path | None = None,
                  host: str | None = None) -> None:
-        super().__init__(manifest, owns=True)
+        #: The local manifest as a store: what the repository does not decide is kept there.
+        self.local = SqliteStore(manifest, owns=True)
+        self.manifest = manifest
         self.clone = clone
         #: This machine's name in claim files: a worker is ``gw0`` on one host, another ``gw0`` elsewhere.
         self.host = host or socket.gethostname()
@@ -164,7 +178,7 @@ class GitStore(SqliteStore):
                     f"manifest {self.manifest.path} and the next git store of this machine on the same manifest "
                     f"pushes them ({self.unpushed})"), stacklevel=2)
             shutil.rmtree(self.clone.directory.parent, ignore_errors=True)
-        super().close()
+        self.local.close()
 
     def _adopt_unpushed(self, clones: Path) -> None:
         """Take over what stores closed earlier on this machine could not push (on the same manifest)."""
@@ -223,7 +237,7 @@ class GitStore(SqliteStore):
     def _replay(self) -> None:
         """Write the pending changes into the freshly synced work tree, from the local manifest."""
         for row_id, action in self._pending.items():
-            local = super().cell(row_id)
+            local = self.local.cell(row_id)
             if local is None:
                 continue
             run, key = _names(local.row_id, local.run_id)
@@ -295,10 +309,51 @@ class GitStore(SqliteStore):
         return worker if worker is None or self._here(host) else f"{worker}@{host}"
 
     def _known(self, row_id: str) -> CellRecord:
-        local = super().cell(row_id)
+        local = self.local.cell(row_id)
         if local is None:
             raise KeyError(row_id)
         return local
+
+    # ------------------------------------------- the local manifest's, as they are
+
+    def rows(self, table: str, **equal: Any) -> list[dict[str, Any]]:
+        return self.local.rows(table, **equal)
+
+    def update_rows(self, table: str, key: Mapping[str, Any], values: Mapping[str, Any]) -> int:
+        return self.local.update_rows(table, key, values)
+
+    def replace_rows(self, table: str, rows: Sequence[Mapping[str, Any]], *,
+                     replacing: Mapping[str, Any] | None = None) -> None:
+        self.local.replace_rows(table, rows, replacing=replacing)
+
+    def start_run(self, run_id: str, argv: list[str], matrix_files: list[str], *,
+                  owner: ProcessIdentity | None = None, api: str | None = None,
+                  sandbox: bool | None = None) -> None:
+        self.local.start_run(run_id, argv, matrix_files, owner=owner, api=api, sandbox=sandbox)
+
+    def change_cell(self, row_id: str, change: CellChange[T], *, now: float | None = None) -> T:
+        return self.local.change_cell(row_id, change, now=now)
+
+    def start_attempt(self, row_id: str, attempt: int, *, admit: Admission | None = None,
+                      counted_as: int | None = None, **fields: Any) -> str | None:
+        return self.local.start_attempt(row_id, attempt, admit=admit, counted_as=counted_as, **fields)
+
+    def end_attempt(self, row_id: str, attempt: int, **fields: Any) -> None:
+        self.local.end_attempt(row_id, attempt, **fields)
+
+    def baseline(self, record_key: str, run_id: str | None = "last",
+                 exclude_run: str | None = None) -> Baseline | None:
+        return self.local.baseline(record_key, run_id, exclude_run)
+
+    def claim_gpus(self, machine: str, gpus: Sequence[int], count: int, *, holder: str, ttl: float,
+                   run_id: str | None = None, now: float | None = None) -> GpuLease | None:
+        return self.local.claim_gpus(machine, gpus, count, holder=holder, ttl=ttl, run_id=run_id, now=now)
+
+    def renew_gpu_lease(self, lease_id: str, ttl: float, *, now: float | None = None) -> bool:
+        return self.local.renew_gpu_lease(lease_id, ttl, now=now)
+
+    def release_gpu_lease(self, lease_id: str, *, now: float | None = None) -> None:
+        self.local.release_gpu_lease(lease_id, now=now)
 
     # ---------------------------------------------------------------------- runs
 
@@ -306,7 +361,7 @@ class GitStore(SqliteStore):
         """This machine's runs, most recent first, then the runs only the repository has (by name)."""
         with self._lock:
             self._refresh()
-            local = super().run_ids()
+            local = self.local.run_ids()
             known = {run_dir(found) for found in local}
             return local + [run for run in self.layout.runs() if run not in known]
 
@@ -314,7 +369,7 @@ class GitStore(SqliteStore):
 
     def add_cell(self, run_id: str, cell_id: str, *, gpu_type: str, provider: str, model: str,
                  matrix_file: str) -> str:
-        row_id = super().add_cell(run_id, cell_id, gpu_type=gpu_type, provider=provider, model=model,
+        row_id = self.local.add_cell(run_id, cell_id, gpu_type=gpu_type, provider=provider, model=model,
                                   matrix_file=matrix_file)
         with self._lock:
             self._pending.setdefault(row_id, "todo")
@@ -384,16 +439,16 @@ class GitStore(SqliteStore):
             raise StoreProblem(f"git store {self._location}: could not push the lease of {row_id} after "
                              f"{self._push_tries} tries ({self.clone.last_push_error or 'the remote kept moving'})")
         if renewed:
-            super().renew_cell_lease(row_id, worker, lease_seconds, now=now)
+            self.local.renew_cell_lease(row_id, worker, lease_seconds, now=now)
         return renewed
 
     def update_cell(self, row_id: str, *, if_held_by: str | None = None, **fields: Any) -> bool:
         return self._guarded_local(row_id, if_held_by,
-                                   lambda: super(GitStore, self).update_cell(row_id, if_held_by=if_held_by, **fields))
+                                   lambda: self.local.update_cell(row_id, if_held_by=if_held_by, **fields))
 
     def record_session(self, row_id: str, *, session_id: str, consumer_id: str, offer_id: str,
                        price_per_hour: float, if_held_by: str | None = None, **fields: Any) -> bool:
-        return self._guarded_local(row_id, if_held_by, lambda: super(GitStore, self).record_session(
+        return self._guarded_local(row_id, if_held_by, lambda: self.local.record_session(
             row_id, session_id=session_id, consumer_id=consumer_id, offer_id=offer_id,
             price_per_hour=price_per_hour, if_held_by=if_held_by, **fields))
 
@@ -401,7 +456,7 @@ class GitStore(SqliteStore):
                     failure_reason: str | None = None, error_message: str | None = None,
                     if_held_by: str | None = None, **fields: Any) -> bool:
         def write() -> bool:
-            return super(GitStore, self).finish_cell(
+            return self.local.finish_cell(
                 row_id, status=status, failure_stage=failure_stage, failure_reason=failure_reason,
                 error_message=error_message, if_held_by=if_held_by, **fields)
 
@@ -445,7 +500,7 @@ class GitStore(SqliteStore):
             if done is not None and ended_since({"completed_at": done.cell.get("completed_at")}, ended_before):
                 return False
             if not restarted_here:
-                here = super(GitStore, self).restart_cell(row_id, ended_before=ended_before)
+                here = self.local.restart_cell(row_id, ended_before=ended_before)
                 if not here and done is None:
                     return False
                 restarted_here = True
@@ -460,7 +515,7 @@ class GitStore(SqliteStore):
 
     def add_result(self, row_id: str, result: BenchmarkResult, requests: Iterable[RequestRecord] = (),
                    *, unpriced: bool = False) -> str:
-        result_id = super().add_result(row_id, result, requests, unpriced=unpriced)
+        result_id = self.local.add_result(row_id, result, requests, unpriced=unpriced)
         with self._lock:
             # A finished cell's file gets the new result with the next push; an unfinished one's at its finish.
             if self._pending.get(row_id) != "restart":
@@ -471,7 +526,7 @@ class GitStore(SqliteStore):
     def cell(self, row_id: str) -> CellRecord | None:
         with self._lock:  # another thread's transaction must not reset the work tree under the read
             self._refresh()
-            local = super().cell(row_id)
+            local = self.local.cell(row_id)
             run_id = local.run_id if local is not None else row_id.partition("/")[0]
             run, key = _names(row_id, run_id)
             return _overlay(local, self.layout.cell(run, key), run_id, self._holder)
@@ -482,9 +537,9 @@ class GitStore(SqliteStore):
             return self._cells(run_id)
 
     def _cells(self, run_id: str | None) -> list[CellRecord]:
-        local = super().cells(run_id)
+        local = self.local.cells(run_id)
         runs = [run_dir(run_id)] if run_id is not None else self.layout.runs()
-        known_runs = {run_dir(found): found for found in super().run_ids()}
+        known_runs = {run_dir(found): found for found in self.local.run_ids()}
         repo = {(found.run, found.key): found for run in runs for found in self.layout.cells(run)}
         answer = []
         for cell in local:

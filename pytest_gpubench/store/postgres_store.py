@@ -1,7 +1,7 @@
 """The PostgreSQL store: the :class:`~.base.Store` protocol on one database many machines share.
 
-The tables and columns are the SQLite manifest's (:mod:`.postgres_schema`), timestamps
-the same ISO text, so records come from rows with the same code (:mod:`.row_records`)
+The tables and columns are the SQLite manifest's (:mod:`.postgres_store`), timestamps
+the same ISO text, so records come from rows with the same code (:mod:`.records`)
 and ``gpubench export`` copies column for column. Every write is one short transaction
 from a small ``psycopg_pool`` pool (threads of a process share the store). What must be
 atomic across machines is:
@@ -23,37 +23,49 @@ never printed: :attr:`location` is the URL with it hidden.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..cloud.gpu_lease import GpuLease
 from ..cloud.processes import ProcessIdentity
-from ..errors import Stage, StoreUnreachable, UsageProblem
-from ..measure.microbench import MicrobenchRun
+from ..errors import ManifestTooNew, StoreUnreachable, UsageProblem
 from ..measure.results import BenchmarkResult
+from ..errors import redact
 from ..remote.readings import RequestRecord
-from ..remote.sysinfo import SystemInfo
-from .attempts import AttemptsMixin, ended
-from .base import Admission
-from .claim_rule import claimable, decide_claim
-from .gpu_leases import _lease, lease_rows
-from .manifest import (_GONE_SESSION_STATUSES, Manifest, cell_row, end_released_attempt, finished_row,
-                       held_or_unguarded, merge_sessions, priced, released_fields, restarted_row, run_row, taken_over)
-from .microbench_table import _row as microbench_row
-from .postgres_schema import TABLE_BY_NAME, migrate, quote
-from .redaction import redact
-from .records import (AttemptRecord, Baseline, CellRecord, Claim, MicrobenchRecord, OwnedSession, ResultRecord,
-                      RunRecord, SystemRecord)
-from .result_tables import baseline_where, benchmark_rows, details_row, repeat_rows, sample_rows, upload_row
-from .row_records import attempt_record, cell_record, microbench_record, present, result_record, run_record
-from .schema import UPLOAD_COLUMNS
+from .base import Admission, CellChange, Store, T, claimable, decide_claim
+from .manifest import (
+    _lease,
+    baseline_where,
+    benchmark_rows,
+    cell_row,
+    check_attempt_fields,
+    ended,
+    lease_rows,
+    run_row,
+    taken_over,
+)
+from .records import SYSTEM_COLUMNS, Baseline, Claim, attempt_record, cell_record
+from .schema import (
+    ATTEMPT_COLUMNS,
+    BENCHMARK_COLUMNS,
+    BENCHMARK_RUN_COLUMNS,
+    GPU_LEASE_COLUMNS,
+    GPU_LEASES_TABLE,
+    GPU_SAMPLE_COLUMNS,
+    MANIFEST_COLUMNS,
+    MICROBENCH_COLUMNS,
+    REQUEST_COLUMNS,
+    RUN_COLUMNS,
+    UPLOAD_COLUMNS,
+)
 from .sqlite import refuse_secrets, utc_now
-from .systems import system_record, system_row
 
-__all__ = ["PostgresStore", "StoreUnreachable"]
+__all__ = ["MIGRATIONS", "Migration", "PostgresStore", "SCHEMA_VERSION", "StoreUnreachable", "TABLES", "Table",
+           "migrate", "quote", "schema_version"]
 
 _INSTALL = "pip install 'pytest-gpubench[postgresql]'"
 #: How long a claimant waits for another's claim transaction (milliseconds long) to name its holder.
@@ -120,7 +132,7 @@ def _plain(value: Any, kind: type) -> Any:
     return float(value)
 
 
-class PostgresStore:
+class PostgresStore(Store):
     """The store in the PostgreSQL database at ``url`` (see the module's docstring)."""
 
     def __init__(self, url: str, *, pool_size: int = 4) -> None:
@@ -157,11 +169,24 @@ class PostgresStore:
     def close(self) -> None:
         self._pool.close()
 
-    def __enter__(self) -> PostgresStore:
-        return self
+    # ----------------------------------------------------------- table rows
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def rows(self, table: str, **equal: Any) -> list[dict[str, Any]]:
+        where, params = _where(table, equal)
+        return self._select(f"SELECT * FROM {quote(table)} WHERE {where} ORDER BY rowid", params)
+
+    def update_rows(self, table: str, key: Mapping[str, Any], values: Mapping[str, Any]) -> int:
+        refuse_secrets(values)
+        with self._transaction() as cursor:
+            return self._update(cursor, table, key, values)
+
+    def replace_rows(self, table: str, rows: Sequence[Mapping[str, Any]], *,
+                     replacing: Mapping[str, Any] | None = None) -> None:
+        with self._transaction() as cursor:
+            if replacing is not None:
+                where, params = _where(table, replacing)
+                cursor.execute(f"DELETE FROM {quote(table)} WHERE {where}", params)
+            self._insert(cursor, table, rows)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -176,10 +201,6 @@ class PostgresStore:
             cursor.execute(sql, params)
             return [_without_rowid(row) for row in cursor.fetchall()]
 
-    def _rows(self, table: str, run_id: str | None, order: str = "created_at, rowid") -> list[dict[str, Any]]:
-        where, params = ("WHERE run_id = %s", [run_id]) if run_id is not None else ("", [])
-        return self._select(f"SELECT * FROM {quote(table)} {where} ORDER BY {order}", params)
-
     @staticmethod
     def _insert(cursor: Any, table: str, rows: Sequence[Mapping[str, Any]], conflict: str = "") -> None:
         if not rows:
@@ -192,14 +213,15 @@ class PostgresStore:
 
     @staticmethod
     def _update(cursor: Any, table: str, key: Mapping[str, Any], row: Mapping[str, Any]) -> int:
-        """Update the row whose columns equal ``key``; how many rows changed."""
+        """Update the rows whose columns equal ``key``; how many matched."""
+        where, params = _where(table, key)
         if not row:
-            return 1
+            cursor.execute(f"SELECT COUNT(*) AS found FROM {quote(table)} WHERE {where}", params)
+            return int(cursor.fetchone()["found"])
         kinds = TABLE_BY_NAME[table].columns
         sets = ", ".join(f"{quote(name)} = %s" for name in row)
-        where = " AND ".join(f"{quote(name)} = %s" for name in key)
         cursor.execute(f"UPDATE {quote(table)} SET {sets} WHERE {where}",
-                       [*(_plain(value, kinds[name]) for name, value in row.items()), *key.values()])
+                       [*(_plain(value, kinds[name]) for name, value in row.items()), *params])
         return cursor.rowcount
 
     @staticmethod
@@ -210,30 +232,12 @@ class PostgresStore:
             raise KeyError(f"no manifest row {row_id!r}")
         return _without_rowid(found)
 
-    def _update_cell(self, cursor: Any, row_id: str, row: dict[str, Any], if_held_by: str | None = None,
-                     current: Mapping[str, Any] | None = None) -> bool:
-        """Inside a transaction: apply ``row`` (the row locked, so the check and the write are one
-        step) unless ``if_held_by`` no longer holds the cell; ``running`` stamps ``started_at`` once."""
-        current = self._locked_cell(cursor, row_id) if current is None else current
-        if not held_or_unguarded(current, if_held_by):
-            return False
-        if row.get("status") == "running" and not current["started_at"]:
-            row.setdefault("started_at", utc_now())
-        self._update(cursor, "benchmark_manifest", {"id": row_id}, row)
-        return True
-
     @staticmethod
     def _server_now(cursor: Any) -> float:
         """The database server's clock (seconds since the epoch): one clock for every controller's
         leases, however far the machines' own clocks drift apart."""
         cursor.execute("SELECT extract(epoch FROM clock_timestamp())::float8 AS now")
         return float(cursor.fetchone()["now"])
-
-    def _update_row(self, table: str, key: Mapping[str, Any], row: Mapping[str, Any], what: str) -> None:
-        refuse_secrets(row)
-        with self._transaction() as cursor:
-            if not self._update(cursor, table, key, row):
-                raise KeyError(f"no {what}")
 
     @staticmethod
     def _advisory_lock(cursor: Any, name: str) -> None:
@@ -255,14 +259,6 @@ class PostgresStore:
             if update:
                 self._update(cursor, "runs", {"run_id": run_id}, update)
 
-    def finish_run(self, run_id: str, status: str) -> None:
-        self._update_row("runs", {"run_id": run_id}, {"finished_at": utc_now(), "status": status},
-                         f"runs row {run_id!r}")
-
-    def run(self, run_id: str) -> RunRecord | None:
-        rows = self._select("SELECT * FROM runs WHERE run_id = %s", [run_id])
-        return run_record(rows[0]) if rows else None
-
     def run_ids(self) -> list[str]:
         rows = self._select("""
             SELECT run_id FROM (
@@ -282,6 +278,14 @@ class PostgresStore:
         with self._transaction() as cursor:
             self._insert(cursor, "benchmark_manifest", [row], "ON CONFLICT (id) DO NOTHING")
         return row["id"]
+
+    def change_cell(self, row_id: str, change: CellChange[T], *, now: float | None = None) -> T:
+        with self._transaction() as cursor:
+            at = self._server_now(cursor) if now is None else now
+            answer, update = change(self._locked_cell(cursor, row_id), at)
+            if update:
+                self._update(cursor, "benchmark_manifest", {"id": row_id}, update)
+            return answer
 
     def claim_cell(self, row_id: str, worker: str, *, lease_seconds: float | None = None,
                    now: float | None = None) -> Claim:
@@ -321,54 +325,11 @@ class PostgresStore:
             raise KeyError(f"no manifest row {row_id!r}")
         return found
 
-    def renew_cell_lease(self, row_id: str, worker: str, lease_seconds: float, *,
-                         now: float | None = None) -> bool:
-        with self._transaction() as cursor:
-            at = self._server_now(cursor) if now is None else now
-            cursor.execute("UPDATE benchmark_manifest SET lease_expires_at = %s "
-                           "WHERE id = %s AND status = 'running' AND worker = %s",
-                           [at + lease_seconds, row_id, worker])
-            if cursor.rowcount:
-                return True
-            cursor.execute("SELECT 1 FROM benchmark_manifest WHERE id = %s", [row_id])
-            if cursor.fetchone() is None:
-                raise KeyError(f"no manifest row {row_id!r}")
-            return False
-
-    def update_cell(self, row_id: str, *, if_held_by: str | None = None, **fields: Any) -> bool:
-        row = Manifest._check_cell_fields(fields)
-        with self._transaction() as cursor:
-            return self._update_cell(cursor, row_id, row, if_held_by)
-
-    def finish_cell(self, row_id: str, *, status: str, failure_stage: Stage | str | None = None,
-                    failure_reason: str | None = None, error_message: str | None = None,
-                    if_held_by: str | None = None, **fields: Any) -> bool:
-        row = finished_row(status=status, failure_stage=failure_stage, failure_reason=failure_reason,
-                           error_message=error_message, **fields)
-        with self._transaction() as cursor:
-            current = self._locked_cell(cursor, row_id)
-            return self._update_cell(cursor, row_id, priced(row, current), if_held_by, current)
-
-    def restart_cell(self, row_id: str, *, ended_before: str | None = None) -> bool:
-        with self._transaction() as cursor:
-            row = restarted_row(self._locked_cell(cursor, row_id), ended_before)
-            if row is None:
-                return False
-            self._update(cursor, "benchmark_manifest", {"id": row_id}, row)
-            return True
-
-    def cell(self, row_id: str) -> CellRecord | None:
-        rows = self._select("SELECT * FROM benchmark_manifest WHERE id = %s", [row_id])
-        return cell_record(rows[0]) if rows else None
-
-    def cells(self, run_id: str | None = None) -> list[CellRecord]:
-        return [cell_record(row) for row in self._rows("benchmark_manifest", run_id)]
-
     # ---------------------------------------------------- attempts and sessions
 
     def start_attempt(self, row_id: str, attempt: int, *, admit: Admission | None = None,
                       counted_as: int | None = None, **fields: Any) -> str | None:
-        row = AttemptsMixin._check_attempt_fields({"status": "provisioning", **fields})
+        row = check_attempt_fields({"status": "provisioning", **fields})
         with self._transaction() as cursor:
             cursor.execute("SELECT run_id FROM benchmark_manifest WHERE id = %s", [row_id])
             cell = cursor.fetchone()
@@ -389,15 +350,8 @@ class PostgresStore:
             self._update(cursor, "benchmark_manifest", {"id": row_id}, {"attempts": counted_as or attempt})
         return None
 
-    def update_attempt(self, row_id: str, attempt: int, **fields: Any) -> None:
-        row = AttemptsMixin._check_attempt_fields(fields)
-        if "session_id" in row and "session_started_at" not in row:
-            row["session_started_at"] = utc_now()
-        self._update_row("attempts", {"manifest_id": row_id, "attempt": attempt}, row,
-                         f"attempts row {(row_id, attempt)!r}")
-
     def end_attempt(self, row_id: str, attempt: int, **fields: Any) -> None:
-        row = AttemptsMixin._check_attempt_fields(fields)
+        row = check_attempt_fields(fields)
         with self._transaction() as cursor:
             cursor.execute("SELECT * FROM attempts WHERE manifest_id = %s AND attempt = %s FOR UPDATE",
                            [row_id, attempt])
@@ -408,64 +362,6 @@ class PostgresStore:
                 return
             values = ended(row, current)
             self._update(cursor, "attempts", {"manifest_id": row_id, "attempt": attempt}, values)
-
-    def attempts(self, run_id: str | None = None, *, row_id: str | None = None) -> list[AttemptRecord]:
-        where, params = "", []
-        if row_id is not None:
-            where, params = "WHERE manifest_id = %s", [row_id]
-        elif run_id is not None:
-            where, params = "WHERE run_id = %s", [run_id]
-        rows = self._select(f"SELECT * FROM attempts {where} ORDER BY started_at, manifest_id, attempt", params)
-        return [attempt_record(row) for row in rows]
-
-    def record_session(self, row_id: str, *, session_id: str, consumer_id: str, offer_id: str,
-                       price_per_hour: float, if_held_by: str | None = None, **fields: Any) -> bool:
-        row = Manifest._check_cell_fields({
-            "session_id": session_id, "consumer_id": consumer_id, "offer_id": offer_id,
-            "price_per_hour": price_per_hour, "session_started_at": utc_now(), **fields})
-        with self._transaction() as cursor:
-            return self._update_cell(cursor, row_id, row, if_held_by)
-
-    def unreleased_sessions(self, run_id: str | None = None) -> list[OwnedSession]:
-        gone = ", ".join(["%s"] * len(_GONE_SESSION_STATUSES))
-
-        def still_open(table: str) -> str:
-            return f"({table}.session_status IS NULL OR {table}.session_status NOT IN ({gone}))"
-
-        run_filter = " AND m.run_id = %s" if run_id is not None else ""
-        params: list[Any] = [*_GONE_SESSION_STATUSES, *([run_id] if run_id is not None else [])]
-        rows = self._select(f"""
-            SELECT m.session_id, m.consumer_id, m.run_id, m.id AS row_id, m.cell_id, m.status AS cell_status,
-                   m.worker, m.progress_file, m.session_status, NULL::BIGINT AS attempt, m.created_at AS at
-            FROM benchmark_manifest m
-            WHERE m.session_id IS NOT NULL AND {still_open("m")} {run_filter}
-            UNION ALL
-            SELECT a.session_id, a.consumer_id, a.run_id, m.id, m.cell_id, m.status, m.worker,
-                   m.progress_file, a.session_status, a.attempt, a.started_at
-            FROM attempts a JOIN benchmark_manifest m ON m.id = a.manifest_id
-            WHERE a.session_id IS NOT NULL AND a.ended_at IS NULL AND {still_open("a")} {run_filter}""",
-            params + params)
-        return [OwnedSession.model_validate(found) for found in merge_sessions(rows)]
-
-    def record_release(self, row_id: str, session_id: str, *, session_status: str, released_by: str,
-                       attempt: int | None = None) -> None:
-        fields = released_fields(session_status, released_by)
-        with self._transaction() as cursor:
-            current = self._locked_cell(cursor, row_id)
-            if current["session_id"] in (None, session_id):
-                self._update(cursor, "benchmark_manifest", {"id": row_id}, {**fields, "session_id": session_id})
-        end_released_attempt(self, row_id, attempt, session_status)
-
-    def end_shared_session(self, session_id: str, *, session_status: str, released_by: str) -> int:
-        fields = released_fields(session_status, released_by)
-        gone = ", ".join(["%s"] * len(_GONE_SESSION_STATUSES))
-        with self._transaction() as cursor:
-            cursor.execute(
-                f"UPDATE benchmark_manifest SET session_status = %s, released_by = %s, session_released_at = %s "
-                f"WHERE session_id = %s AND (session_status IS NULL OR session_status NOT IN ({gone}))",
-                [fields["session_status"], fields["released_by"], fields["session_released_at"], session_id,
-                 *_GONE_SESSION_STATUSES])
-            return cursor.rowcount
 
     # -------------------------------------------------- results and requests
 
@@ -489,91 +385,7 @@ class PostgresStore:
             self._update(cursor, "benchmark_manifest", {"id": row_id}, rows.summary(cell))
         return benchmark_id
 
-    def set_result_details(self, result_id: str, details: Mapping[str, Any]) -> None:
-        self._update_row("benchmarks", {"id": result_id}, details_row(details),
-                         f"benchmark {result_id!r}")
-
-    def _result_or_raise(self, cursor: Any, result_id: str) -> None:
-        cursor.execute("SELECT 1 FROM benchmarks WHERE id = %s", [result_id])
-        if cursor.fetchone() is None:
-            raise KeyError(f"no benchmark {result_id!r}")
-
-    def add_repeats(self, result_id: str, runs: Iterable[Any]) -> int:
-        rows = repeat_rows(result_id, runs)
-        with self._transaction() as cursor:
-            self._result_or_raise(cursor, result_id)
-            cursor.execute("DELETE FROM benchmark_runs WHERE benchmark_id = %s", [result_id])
-            self._insert(cursor, "benchmark_runs", rows)
-        return len(rows)
-
-    def add_gpu_samples(self, row_id: str, result_id: str | None, samples: Iterable[Any]) -> int:
-        rows = sample_rows(row_id, result_id, samples)
-        with self._transaction() as cursor:
-            cursor.execute("SELECT 1 FROM benchmark_manifest WHERE id = %s", [row_id])
-            if cursor.fetchone() is None:
-                raise KeyError(f"no manifest row {row_id!r}")
-            self._insert(cursor, "gpu_samples", rows)
-        return len(rows)
-
-    def add_microbench(self, row_id: str, run: MicrobenchRun) -> int:
-        created = utc_now()
-        with self._transaction() as cursor:
-            cell = self._locked_cell(cursor, row_id)
-            rows = [microbench_row(cell, created, run, figure) for figure in run.figures]
-            cursor.execute("DELETE FROM microbench_figures WHERE manifest_id = %s", [row_id])
-            self._insert(cursor, "microbench_figures", rows)
-        return len(rows)
-
-    def microbench(self, run_id: str | None = None) -> list[MicrobenchRecord]:
-        return [microbench_record(row) for row in self._rows("microbench_figures", run_id)]
-
-    def result(self, result_id: str) -> ResultRecord | None:
-        rows = self._select("SELECT * FROM benchmarks WHERE id = %s", [result_id])
-        return result_record(rows[0]) if rows else None
-
-    def results(self, run_id: str | None = None) -> list[ResultRecord]:
-        return [result_record(row) for row in self._rows("benchmarks", run_id)]
-
-    def known_result(self, identity: str) -> ResultRecord | None:
-        rows = self._select("SELECT * FROM benchmarks WHERE id = %s OR remote_id = %s ORDER BY id <> %s LIMIT 1",
-                            [identity, identity, identity])
-        return result_record(rows[0]) if rows else None
-
-    def requests(self, result_id: str) -> list[RequestRecord]:
-        rows = self._select('SELECT * FROM requests WHERE benchmark_id = %s ORDER BY "index", rowid', [result_id])
-        return [RequestRecord.model_validate(present(row)) for row in rows]
-
-    def request_uploads(self, run_id: str | None = None) -> int:
-        where, params = ("AND run_id = %s", [run_id]) if run_id is not None else ("", [])
-        with self._transaction() as cursor:
-            cursor.execute(f"UPDATE benchmarks SET upload_status = 'pending' WHERE upload_status IS NULL {where}",
-                           params)
-            return cursor.rowcount
-
-    def pending_uploads(self, run_id: str | None = None) -> list[ResultRecord]:
-        where, params = ("AND run_id = %s", [run_id]) if run_id is not None else ("", [])
-        rows = self._select(f"SELECT * FROM benchmarks WHERE upload_status IN ('pending', 'failed') {where} "
-                            "ORDER BY created_at, rowid", params)
-        return [result_record(row) for row in rows]
-
-    def mark_upload(self, result_id: str, *, status: str, remote_id: str | None = None,
-                    error: str | None = None) -> None:
-        row = upload_row(status=status, remote_id=remote_id, error=error)
-        with self._transaction() as cursor:
-            if not self._update(cursor, "benchmarks", {"id": result_id}, row):
-                raise KeyError(f"no benchmark {result_id!r}")
-
     # ------------------------------------------------------------------ systems
-
-    def record_system(self, row_id: str, session_id: str, system: SystemInfo, machine: str = "") -> None:
-        recorded = utc_now()
-        with self._transaction() as cursor:
-            row = system_row(self._locked_cell(cursor, row_id), session_id, system, recorded, machine)
-            cursor.execute("DELETE FROM systems WHERE run_id = %s AND session_id = %s", [row["run_id"], session_id])
-            self._insert(cursor, "systems", [row])
-
-    def systems(self, run_id: str | None = None) -> list[SystemRecord]:
-        return [system_record(row) for row in self._rows("systems", run_id, "recorded_at, rowid")]
 
     # ---------------------------------------------------------------- baselines
 
@@ -625,16 +437,150 @@ class PostgresStore:
             cursor.execute("UPDATE gpu_leases SET released_at = LEAST(%s, expires_at) "
                            "WHERE lease_id = %s AND released_at IS NULL", [moment, lease_id])
 
-    def gpu_leases(self, machine: str | None = None, *, active_at: float | None = None) -> list[GpuLease]:
-        where, params = ("WHERE machine = %s", [machine]) if machine is not None else ("", [])
-        rows = self._select(f"SELECT * FROM gpu_leases {where} ORDER BY acquired_at, lease_id, gpu_index", params)
-        grouped: dict[str, list[dict[str, Any]]] = {}
-        for row in rows:
-            grouped.setdefault(row["lease_id"], []).append(row)
-        leases = [_lease(group) for group in grouped.values()]
-        return [lease for lease in leases if active_at is None or lease.active(active_at)]
+def _where(table: str, equal: Mapping[str, Any]) -> tuple[str, list[Any]]:
+    """A WHERE clause (``TRUE``: every row) and its parameters: each column equal, None as NULL."""
+    kinds = TABLE_BY_NAME[table].columns
+    clauses = [f"{quote(name)} IS NULL" if value is None else f"{quote(name)} = %s" for name, value in equal.items()]
+    return " AND ".join(clauses) or "TRUE", [_plain(value, kinds[name]) for name, value in equal.items()
+                                             if value is not None]
 
 
 def _without_rowid(row: Mapping[str, Any]) -> dict[str, Any]:
     """A row as SQLite's would read: without the ``rowid`` column that stands for SQLite's implicit one."""
     return {key: value for key, value in row.items() if key != "rowid"}
+
+
+# --------------------------------------------------------------------------------------------------
+# The PostgreSQL store's tables, made from the SQLite manifest's columns, and its migrations.
+#
+# Every table has the columns of :mod:`.schema` (``str`` -> ``TEXT``, ``int`` -> ``BIGINT``,
+# ``float`` -> ``DOUBLE PRECISION``), the same primary keys and NOT NULLs, so a row reads
+# into a record with the same code (:mod:`.records`) and ``gpubench export`` copies
+# column for column. One column more, ``rowid`` (``BIGSERIAL``), stands for SQLite's
+# implicit one: the order rows were written in, which "in the order added" means.
+#
+# Migrations are versioned in ``gpubench_schema_migrations(version, applied_at,
+# description)``; :func:`migrate` applies the missing ones in one transaction under a
+# transaction-scoped advisory lock, so N controllers connecting at once migrate once and
+# the others find it done. A database a newer pytest-gpubench migrated is refused.
+
+
+MIGRATIONS_TABLE = "gpubench_schema_migrations"
+#: The advisory lock migrations are applied under (any constant; "gpubench" in ASCII).
+_MIGRATION_LOCK = 0x6770_7562_656E_6368
+
+_SQL_TYPES = {str: "TEXT", int: "BIGINT", float: "DOUBLE PRECISION"}
+
+
+class Table(NamedTuple):
+    """One table: its columns (name -> Python type), primary key, NOT NULL columns, indexed columns."""
+
+    name: str
+    columns: Mapping[str, type]
+    key: tuple[str, ...]
+    not_null: frozenset[str]
+    indexed: tuple[str, ...] = ()
+
+
+#: The tables, parents before children (the order ``gpubench export`` copies in).
+TABLES: tuple[Table, ...] = (
+    Table("runs", RUN_COLUMNS, ("run_id",), frozenset({"run_id"})),
+    Table("benchmark_manifest", MANIFEST_COLUMNS, ("id",),
+          frozenset({"id", "run_id", "created_at", "gpu_type", "provider", "model", "status"}),
+          ("run_id", "status", "session_id", "cell_id")),
+    Table("benchmarks", BENCHMARK_COLUMNS, ("id",), frozenset({"id", "manifest_id"}),
+          ("run_id", "manifest_id", "upload_status")),
+    Table("requests", REQUEST_COLUMNS, (), frozenset({"benchmark_id"}), ("benchmark_id",)),
+    Table("gpu_samples", GPU_SAMPLE_COLUMNS, (), frozenset({"manifest_id", "t", "gpu"}),
+          ("benchmark_id", "manifest_id")),
+    Table("benchmark_runs", BENCHMARK_RUN_COLUMNS, ("benchmark_id", "run_index"),
+          frozenset({"benchmark_id", "run_index"})),
+    Table("attempts", ATTEMPT_COLUMNS, ("manifest_id", "attempt"),
+          frozenset({"manifest_id", "attempt", "run_id", "status", "started_at"}), ("run_id", "session_id")),
+    Table("systems", SYSTEM_COLUMNS, ("run_id", "session_id"),
+          frozenset({"run_id", "session_id", "manifest_id", "system_json"})),
+    Table("microbench_figures", MICROBENCH_COLUMNS, ("manifest_id", "label"),
+          frozenset({"manifest_id", "label", "kind"}), ("run_id",)),
+    Table(GPU_LEASES_TABLE, GPU_LEASE_COLUMNS, ("lease_id", "gpu_index"),
+          frozenset({"lease_id", "machine", "gpu_index", "holder", "acquired_at", "expires_at"}), ("machine",)),
+)
+TABLE_BY_NAME = {table.name: table for table in TABLES}
+
+
+def quote(name: str) -> str:
+    """``name`` as a PostgreSQL identifier (``requests`` has a column named ``index``)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def create_table_sql(table: Table) -> list[str]:
+    """The statements that create ``table`` and its indexes."""
+    columns = [f"{quote(name)} {_SQL_TYPES[kind]}" + (" NOT NULL" if name in table.not_null else "")
+               for name, kind in table.columns.items()]
+    columns.append("rowid BIGSERIAL")  # SQLite's implicit rowid: the order rows were written in
+    if table.key:
+        columns.append(f"PRIMARY KEY ({', '.join(quote(name) for name in table.key)})")
+    statements = [f"CREATE TABLE IF NOT EXISTS {quote(table.name)} ({', '.join(columns)})"]
+    statements += [f"CREATE INDEX IF NOT EXISTS {quote(f'idx_{table.name}_{column}')} "
+                   f"ON {quote(table.name)} ({quote(column)})" for column in table.indexed]
+    return statements
+
+
+def _version_1(cursor: Any) -> None:
+    for table in TABLES:
+        for statement in create_table_sql(table):
+            cursor.execute(statement)
+
+
+class Migration(NamedTuple):
+    """One step of the schema: its version, what it does, and the function that does it (given a cursor)."""
+
+    version: int
+    description: str
+    apply: Callable[[Any], None]
+
+
+#: Every migration, in order; the last one's version is :data:`SCHEMA_VERSION`.
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "the SQLite manifest's schema version 1: runs, cells, attempts, results, requests, "
+                 "repeats, GPU samples, systems, microbenchmark figures, GPU leases", _version_1),
+)
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+
+def schema_version(cursor: Any) -> int:
+    """The newest version applied (0: none; the migrations table must exist)."""
+    cursor.execute(f"SELECT COALESCE(MAX(version), 0) FROM {MIGRATIONS_TABLE}")
+    return int(_first(cursor.fetchone()))
+
+
+def migrate(connection: Any, location: str, migrations: tuple[Migration, ...] = MIGRATIONS) -> int:
+    """Apply the migrations ``connection``'s database lacks, once, whoever else connects; the version.
+
+    One transaction, under a transaction-scoped advisory lock: a second controller
+    connecting meanwhile waits for the lock, then finds every migration applied. A
+    database migrated beyond the newest of ``migrations`` raises :class:`ManifestTooNew`.
+    """
+    newest = migrations[-1].version
+    with connection.transaction(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_MIGRATION_LOCK])
+        cursor.execute(f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} (version BIGINT PRIMARY KEY, "
+                       "applied_at TEXT NOT NULL, description TEXT NOT NULL)")
+        current = schema_version(cursor)
+        if current > newest:
+            raise ManifestTooNew(
+                f"the store {location} has schema version {current}, newer than this pytest-gpubench "
+                f"understands ({newest})",
+                hint="upgrade pytest-gpubench, or use another database")
+        for migration in migrations:
+            if migration.version > current:
+                migration.apply(cursor)
+                cursor.execute(f"INSERT INTO {MIGRATIONS_TABLE} (version, applied_at, description) "
+                               "VALUES (%s, %s, %s)",
+                               [migration.version, datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+                                migration.description])
+        return max(current, newest)
+
+
+def _first(row: Any) -> Any:
+    """The first value of a row, whichever row factory made it."""
+    return next(iter(row.values())) if isinstance(row, Mapping) else row[0]

@@ -58,7 +58,7 @@ from pydantic import BaseModel, ConfigDict
 from ..errors import Stage, current_stage_name, seed_stage_name
 from ..ids import InvalidId, path_under
 from ..errors import one_line as _one_line
-from .record_keys import file_name
+from .records import file_name
 
 __all__ = ["ProgressLine", "ProgressWriter", "REDACTED", "cell_progress_path", "existing_progress_file",
            "format_value", "read_progress"]
@@ -139,7 +139,7 @@ def _utc_now() -> datetime:
 def cell_progress_path(folder: str | Path, run_id: str, record_key: str) -> Path:
     """``<folder>/<run>/<cell>.log``: the run id must be an id (:mod:`pytest_gpubench.ids`;
     :class:`~pytest_gpubench.ids.InvalidId` otherwise), the record key becomes a file name
-    (:func:`~.record_keys.file_name`, which ``.log`` ends): the path never leaves ``folder``."""
+    (:func:`~.records.file_name`, which ``.log`` ends): the path never leaves ``folder``."""
     return path_under(folder, run_id, what="run id") / f"{file_name(record_key)}.log"
 
 

@@ -9,7 +9,11 @@ manifest's columns under the same names, so a report or a cleanup reads
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+from collections.abc import Container, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -21,10 +25,11 @@ from ..measure.results import PerformanceResults
 from ..errors import redact
 from ..remote.sysinfo import SystemInfo
 
-__all__ = [
-    "AttemptRecord", "Baseline", "CellRecord", "Claim", "MicrobenchRecord", "OwnedSession", "ResultRecord",
-    "RunInfo", "RunRecord", "SystemRecord",
-]
+__all__ = ["AttemptRecord", "Baseline", "CellRecord", "Claim", "MicrobenchRecord", "OwnedSession", "ResultRecord",
+           "RunInfo", "RunRecord", "SystemRecord", "attempt_record", "cell_record",
+           "distinct_keys", "file_name", "junit_property", "key_of", "marked_test_key", "matrix_key",
+           "microbench_record", "numbered_key", "present", "progress_labels", "report_note", "report_title",
+           "result_record", "row_id", "run_record", "summary_title", "system_record", "system_row"]
 
 
 class _Record(BaseModel):
@@ -340,3 +345,245 @@ class MicrobenchRecord(_Record):
     device: str | None = None
     capability: str | None = None
     torch_version: str | None = None
+
+
+# --------------------------------------------------------------------------------------------------
+# Stored rows as the store's records: one conversion every store shares.
+#
+# The SQLite and PostgreSQL stores keep the same tables and columns
+# (:mod:`.schema`), so a row read from either becomes its :mod:`.records` record here:
+# NULLs dropped (a record's default stands for what was never written), JSON text parsed,
+# the row id's column renamed.
+
+
+_PERFORMANCE_FIELDS = tuple(PerformanceResults.model_fields)
+
+
+def present(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The row without its NULLs: a record's defaults stand for what was never written."""
+    return {key: value for key, value in row.items() if value is not None}
+
+
+def _json(text: str | None, default: Any) -> Any:
+    """Stored JSON text, or ``default`` when there is none or it does not parse to its kind."""
+    if not text:
+        return default
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return default
+    return value if isinstance(value, type(default)) else default
+
+
+def run_record(row: Mapping[str, Any]) -> RunRecord:
+    """A ``runs`` row as a :class:`RunRecord` (its owner from ``pid``, ``host``, ``pid_start``)."""
+    owner = None
+    if row.get("pid"):
+        owner = ProcessIdentity(pid=row["pid"], host=row.get("host") or "", start=row.get("pid_start"))
+    values = {key: value for key, value in present(row).items() if key not in ("pid", "pid_start")}
+    return RunRecord.model_validate({
+        **values, "argv": _json(row.get("argv"), []), "matrix_files": _json(row.get("matrix_files"), []),
+        "owner": owner, "sandbox": bool(row.get("sandbox")),
+    })
+
+
+def cell_record(row: Mapping[str, Any]) -> CellRecord:
+    """A ``benchmark_manifest`` row as a :class:`CellRecord`."""
+    values = present(row)
+    values["row_id"] = values.pop("id")
+    values["stage_seconds"] = _json(row.get("stage_seconds"), {})
+    return CellRecord.model_validate(values)
+
+
+def attempt_record(row: Mapping[str, Any]) -> AttemptRecord:
+    """An ``attempts`` row as an :class:`AttemptRecord`."""
+    values = present(row)
+    values["row_id"] = values.pop("manifest_id")
+    return AttemptRecord.model_validate(values)
+
+
+def result_record(row: Mapping[str, Any]) -> ResultRecord:
+    """A ``benchmarks`` row as a :class:`ResultRecord` (its figures gathered, JSON parsed)."""
+    values = {key: value for key, value in present(row).items() if key not in _PERFORMANCE_FIELDS}
+    values["row_id"] = values.pop("manifest_id")
+    values["figures"] = PerformanceResults.model_validate(
+        {key: row[key] for key in _PERFORMANCE_FIELDS if row.get(key) is not None})
+    values["result"] = _json(values.pop("result_json", None), {}) or None
+    values["details"] = _json(values.pop("details_json", None), {})
+    return ResultRecord.model_validate(values)
+
+
+def microbench_record(row: Mapping[str, Any]) -> MicrobenchRecord:
+    """A ``microbench_figures`` row as a :class:`MicrobenchRecord`."""
+    return MicrobenchRecord(row_id=row["manifest_id"], values=tuple(json.loads(row["values_json"] or "[]")),
+                            **{k: v for k, v in row.items() if k not in ("manifest_id", "values_json")})
+
+
+# --------------------------------------------------------------------------------------------------
+# The manifest's ``systems`` table: what system detection found, one row per session of a run.
+#
+# A reused session is recorded once (by the cell that connected first); recording the
+# same session again replaces its row. The ``SystemInfo`` is kept whole as JSON, with the
+# columns a person browsing the file wants beside it (source, GPU, count).
+
+SYSTEM_COLUMNS: dict[str, type] = {
+    "run_id": str,
+    "session_id": str,
+    "manifest_id": str,  # the cell that detected it
+    "gpu_type": str,
+    "provider": str,
+    "machine": str,  # the offer's machine (a host's name): which of the provider's machines ran
+    "source": str,  # nvml, nvidia-smi-xml, nvidia-smi-csv
+    "gpu_name": str,
+    "gpu_count": int,
+    "recorded_at": str,
+    "system_json": str,
+}
+
+
+def system_row(cell: Mapping[str, Any], session_id: str, system: SystemInfo, recorded_at: str,
+               machine: str = "") -> dict[str, Any]:
+    """The row of ``system``, detected by the manifest row ``cell`` on ``session_id`` on ``machine``."""
+    first = system.first
+    return {
+        "run_id": cell["run_id"], "session_id": session_id, "manifest_id": cell["id"],
+        "gpu_type": cell["gpu_type"], "provider": cell["provider"], "machine": machine, "source": system.source,
+        "gpu_name": first.name if first else "", "gpu_count": len(system.gpus),
+        "recorded_at": recorded_at, "system_json": system.model_dump_json(),
+    }
+
+
+def system_record(row: Mapping[str, Any]) -> SystemRecord:
+    """A stored row as the record the store answers with."""
+    return SystemRecord(run_id=row["run_id"], session_id=row["session_id"], row_id=row["manifest_id"],
+                        gpu_type=row.get("gpu_type") or "", provider=row.get("provider") or "",
+                        machine=row.get("machine") or "",
+                        recorded_at=row.get("recorded_at"),
+                        system=SystemInfo.model_validate_json(row["system_json"]))
+
+
+# --------------------------------------------------------------------------------------------------
+# Record keys: the one place that says what a cell is called in the store.
+#
+# A *record key* names a cell within a run; the store's *row id* is ``{run_id}/{key}``.
+# Everything that keeps or finds a cell (collection, the recorder, resume, the importer,
+# progress files) builds its key here, so the policy has one owner:
+#
+# - a matrix cell is its test id: ``RTX_4090-vastai-qwen2:7b`` (see ``matrix.selection.cell_id``);
+# - a cell of a Python test marked ``@pytest.mark.gpubench`` adds the test's name:
+#   ``RTX_4090-vastai-qwen2:7b@test_fast``, so two tests over one cell keep two rows;
+# - a key that two matrix files of one run both produce adds the file's stem:
+#   ``RTX_4090-vastai-qwen2:7b@gpubench_quick``; a unique key stays plain;
+# - an imported result whose key is taken in its import adds a count: ``...@2``, ``...@3``;
+# - a progress file is named after its key with every character other than letters,
+#   digits, ``-``, ``_`` and ``.`` replaced by ``_``.
+
+#: Joins a cell id to what tells two records of it apart (a test, a matrix file, a count).
+SEPARATOR = "@"
+
+
+def matrix_key(cell_id: str) -> str:
+    """The key of a matrix file's cell: its test id."""
+    return cell_id
+
+
+def marked_test_key(cell_id: str, test_name: str) -> str:
+    """The key of a cell of a marked Python test: ``{cell_id}@{test_name}``."""
+    return f"{cell_id}{SEPARATOR}{test_name}"
+
+
+def distinct_keys(keys: Sequence[str], sources: Sequence[str]) -> list[str]:
+    """``keys`` with each repeated one suffixed by its source file's stem (``@gpubench_quick``).
+
+    Two matrix files of one run may hold the same cell; their rows must not merge.
+    ``sources[i]`` is the file ``keys[i]`` came from.
+    """
+    counts = Counter(keys)
+    return [f"{key}{SEPARATOR}{Path(source).stem}" if counts[key] > 1 else key
+            for key, source in zip(keys, sources, strict=True)]
+
+
+def numbered_key(key: str, taken: Container[str]) -> str:
+    """``key``, or ``key@2``, ``key@3``... : the first one not in ``taken``."""
+    candidate, n = key, 1
+    while candidate in taken:
+        n += 1
+        candidate = f"{key}{SEPARATOR}{n}"
+    return candidate
+
+
+def row_id(run_id: str, key: str) -> str:
+    """The store's id of a cell record: ``{run_id}/{key}``."""
+    return f"{run_id}/{key}"
+
+
+def key_of(row_id_: str, run_id: str) -> str:
+    """The record key of ``row_id_``, a row id of ``run_id`` (the inverse of :func:`row_id`)."""
+    return row_id_.removeprefix(f"{run_id}/")
+
+
+def file_name(key: str) -> str:
+    """``key`` as a file name: anything but letters, digits, ``-_.`` becomes ``_``."""
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
+
+
+# --------------------------------------------------------------------------------------------------
+# How a sandbox run says so wherever its figures appear.
+#
+# A ``--gpubench-sandbox`` run measures the emulated cloud: its token rates and TTFT
+# are the sandbox catalog's, its benchmarks run on the sandbox's clock (300 s take
+# 6 s at time scale 0.02, see ``Settings.benchmark_seconds``) and nothing is billed.
+# Its figures must never pass for a GPU's: the terminal summary's header, every
+# cell's JUnit properties (``gpubench_sandbox``), the first STATUS line of each
+# progress file, the manifest's ``runs.sandbox`` column and the report's title and
+# note all say so. Only the run's own sandbox counts: the plugin cannot know that
+# another API (``--gpubench-api``) is a standalone sandbox.
+
+#: The JUnit property every cell carries: "true" for a sandbox run, else "false".
+SANDBOX_PROPERTY = "gpubench_sandbox"
+
+
+def _clock(settings: Any) -> str:
+    scale = settings.benchmark_scale
+    return f"benchmarks on its clock x{scale:g}" if scale != 1.0 else "benchmarks in real time"
+
+
+def summary_title(settings: Any) -> str:
+    """The terminal summary's header: ``gpubench summary`` and, in the sandbox, what that means."""
+    if not settings.sandbox:
+        return "gpubench summary"
+    return f"gpubench summary: SANDBOX figures (emulated GPUs, {_clock(settings)})"
+
+
+def junit_property(settings: Any) -> tuple[str, str]:
+    """``("gpubench_sandbox", "true" | "false")``."""
+    return SANDBOX_PROPERTY, "true" if settings.sandbox else "false"
+
+
+def progress_labels(settings: Any) -> dict[str, Any]:
+    """Fields of a progress file's first STATUS line: ``sandbox=true time_scale=0.02``
+    in a sandbox run (benchmark_scale 1 with ``--gpubench-sandbox-real-time``); none else."""
+    if not settings.sandbox:
+        return {}
+    return {"sandbox": "true", "time_scale": settings.benchmark_scale}
+
+
+def report_note(sandbox_runs: Sequence[str], runs: Sequence[str]) -> str:
+    """The report's note on sandbox figures ("" when no run used the sandbox)."""
+    if not sandbox_runs:
+        return ""
+    which = ("Every run in this report" if len(sandbox_runs) == len(runs)
+             else f"Run{'s' * (len(sandbox_runs) > 1)} {', '.join(sandbox_runs)}")
+    return (f"Sandbox figures: {which} used pytest-gpubench's emulated cloud (--gpubench-sandbox), "
+            "not rented GPUs. Token rates and TTFT are its catalog's figures for each GPU and model, "
+            "measured over benchmarks on its clock (shortened unless --gpubench-sandbox-real-time); "
+            "prices and costs are emulated.")
+
+
+def report_title(sandbox_runs: Sequence[str], runs: Sequence[str]) -> str:
+    """``GPU Benchmark Report``, marked when its figures come from the sandbox."""
+    if not sandbox_runs:
+        return "GPU Benchmark Report"
+    if len(sandbox_runs) == len(runs):
+        return "GPU Benchmark Report (sandbox)"
+    return "GPU Benchmark Report (includes sandbox runs)"

@@ -14,7 +14,7 @@ from e2e_helpers import run_pytest
 from pytest_gpubench.plugin.claims import ENDED
 from pytest_gpubench.run.record import progress_path
 from pytest_gpubench.store.opening import open_store
-from pytest_gpubench.store.record_keys import row_id
+from pytest_gpubench.store.records import row_id
 
 MATRIX = """
 workload: {duration: 1s, max_tokens: 16, warmup_requests: 0}

@@ -33,7 +33,7 @@ from pytest_gpubench.cloud.processes import ProcessIdentity, pid_alive, start_to
 from pytest_gpubench.store.progress import ProgressWriter
 from pytest_gpubench.cloud.provider import consumer_id
 from pytest_gpubench.cloud.shopper_provider import ShopperProvider
-from pytest_gpubench.store.resume import ResumePlan, plan_resume, still_to_run
+from pytest_gpubench.store.opening import ResumePlan, plan_resume, still_to_run
 from pytest_gpubench.cloud.shopper_client import ShopperClient
 from pytest_gpubench.run.shutdown import GracefulTermination, Terminated
 

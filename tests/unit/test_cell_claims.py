@@ -12,7 +12,7 @@ from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.plugin.claims import ClaimHeartbeat, ProcessClaims, Verdict, peek
 from pytest_gpubench.run.record import CellOutcome, CellRecorder
 from pytest_gpubench.store.opening import open_store
-from pytest_gpubench.store.record_keys import row_id
+from pytest_gpubench.store.records import row_id
 
 (CELL,) = expand(parse_matrix("matrix: [{gpu: RTX 4090, provider: vastai, model: qwen2:7b}]", "gpubench_c.yaml"))
 ROW = row_id("r1", CELL.cell_id)

@@ -13,7 +13,7 @@ import pytest
 from pytest_gpubench.ids import InvalidId, check_id, is_id, path_under
 from pytest_gpubench.run.record import progress_path
 from pytest_gpubench.remote.ssh import KeyFile
-from pytest_gpubench.store.git_layout import run_dir
+from pytest_gpubench.store.git_repo import run_dir
 from pytest_gpubench.store.progress import ProgressWriter, existing_progress_file
 
 ESCAPES = [".", "..", "...", ".hidden", "../../x", "a/b", "a\\b", "vastai/1", "", "x\n", "é", "a b", "x" * 256]
@@ -84,7 +84,7 @@ def test_a_shared_store_s_run_id_that_is_no_id_is_not_resumed(tmp_path):
     # Item 14 through a store: --gpubench-resume takes the run id from the store ("last").
     from pytest_gpubench.errors import UsageProblem
     from pytest_gpubench.store.manifest import Manifest
-    from pytest_gpubench.store.resume import plan_resume
+    from pytest_gpubench.store.opening import plan_resume
 
     path = tmp_path / "m.db"
     with Manifest(path) as manifest:

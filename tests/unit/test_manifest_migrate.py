@@ -17,10 +17,10 @@ from pytest_gpubench.errors import UsageProblem
 from pytest_gpubench.store.export import export_results
 from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.errors import ManifestTooNew
-from pytest_gpubench.store.migrate import SCHEMA_VERSION
+from pytest_gpubench.store.schema import SCHEMA_VERSION
 from pytest_gpubench.report.gather import build_report
 from pytest_gpubench.measure.results import BenchmarkResult
-from pytest_gpubench.store.resume import plan_resume
+from pytest_gpubench.store.opening import plan_resume
 
 OLD_SQL = Path(__file__).parents[1] / "data" / "manifest_schema_v0.sql"
 RUN, CELL = "20261120T100000Z-old", "RTX_4090-vastai-qwen2:7b-c4"

@@ -18,9 +18,9 @@ import pytest
 
 from pytest_gpubench.commands.cli import main
 from pytest_gpubench.errors import ManifestTooNew, StoreUnreachable, UsageProblem
-from pytest_gpubench.store.copy import copy_store
+from pytest_gpubench.store.export import copy_store
 from pytest_gpubench.store.opening import open_store, store_exists
-from pytest_gpubench.store.postgres_schema import MIGRATIONS, SCHEMA_VERSION, Migration, migrate
+from pytest_gpubench.store.postgres_store import MIGRATIONS, SCHEMA_VERSION, Migration, migrate
 from pytest_gpubench.store.sqlite_store import SqliteStore
 from result_helpers import make_result
 
@@ -355,7 +355,7 @@ def test_export_to_one_run_copies_that_run_only(postgres_url, tmp_path):
 
 def test_report_cleanup_and_resume_read_a_postgresql_store(postgres_url, tmp_path, monkeypatch, capsys,
                                                             closed_port):
-    from pytest_gpubench.store.resume import plan_resume
+    from pytest_gpubench.store.opening import plan_resume
 
     with open_store(postgres_url) as store:
         _filled(store, runs=(RUN,))
@@ -389,7 +389,7 @@ def test_plan_estimates_read_a_postgresql_store(postgres_url, tmp_path):
 
 
 def test_resume_on_a_database_without_the_schema_hides_the_password(postgres_url):
-    from pytest_gpubench.store.resume import plan_resume
+    from pytest_gpubench.store.opening import plan_resume
 
     with_password = postgres_url.replace("://gpubench@", "://gpubench:s3cret-pw@")
     with pytest.raises(UsageProblem, match=r"no manifest at postgresql://gpubench:\*\*\*@") as caught:

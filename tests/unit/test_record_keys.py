@@ -1,10 +1,10 @@
-"""The record-key policy (store/record_keys.py): what each kind of cell is called in the store."""
+"""The record-key policy (store/records.py): what each kind of cell is called in the store."""
 
 from __future__ import annotations
 
 import pytest
 
-from pytest_gpubench.store.record_keys import (
+from pytest_gpubench.store.records import (
     distinct_keys,
     file_name,
     marked_test_key,

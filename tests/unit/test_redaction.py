@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from pytest_gpubench.errors import redact
 from pytest_gpubench.store.manifest import run_row
-from pytest_gpubench.store.redaction import redact
 
 
 @pytest.mark.parametrize(("location", "shown"), [

@@ -1,4 +1,4 @@
-"""One "last run" resolution (store/run_choice.py): the gpubench commands' ``--run`` and
+"""One "last run" resolution (store/opening.py): the gpubench commands' ``--run`` and
 ``--gpubench-resume`` name runs alike and word an unknown one alike."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 
 from pytest_gpubench.commands.cli import main
 from pytest_gpubench.errors import UnknownRun, UsageProblem
-from pytest_gpubench.store.resume import FLAG, plan_resume
-from pytest_gpubench.store.run_choice import resolve_run
+from pytest_gpubench.store.opening import FLAG, plan_resume
+from pytest_gpubench.store.opening import resolve_run
 from pytest_gpubench.store.sqlite_store import SqliteStore
 
 

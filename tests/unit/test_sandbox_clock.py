@@ -15,7 +15,7 @@ from pytest_gpubench.run.record import CellRecorder
 from pytest_gpubench.report.gather import build_report
 from pytest_gpubench.report.html import render_html
 from pytest_gpubench.report.markdown import render_markdown
-from pytest_gpubench.store.sandbox_label import junit_property, progress_labels, summary_title
+from pytest_gpubench.store.records import junit_property, progress_labels, summary_title
 from pytest_gpubench.settings import resolve
 
 SEED = Path(__file__).resolve().parents[2] / "matrix" / "gpubench_seed.yaml"

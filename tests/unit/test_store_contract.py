@@ -13,16 +13,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from result_helpers import make_result
 
 from pytest_gpubench.cloud.processes import ProcessIdentity
 from pytest_gpubench.errors import Stage, UnknownRun
 from pytest_gpubench.remote.readings import RequestRecord
 from pytest_gpubench.store.base import Store
-from pytest_gpubench.store.run_choice import LAST, SHOWN_RUNS, resolve_run
+from pytest_gpubench.store.opening import LAST, SHOWN_RUNS, resolve_run
 from pytest_gpubench.store.records import AttemptRecord, CellRecord, ResultRecord
 from pytest_gpubench.store.schema import ATTEMPT_COLUMNS, BENCHMARK_COLUMNS, MANIFEST_COLUMNS, RUN_COLUMNS
 from pytest_gpubench.store.sqlite_store import SqliteStore
-from result_helpers import make_result
 
 RUN = "run-1"
 CELL = "rtx4090-vastai-qwen2_7b"
@@ -87,6 +87,24 @@ def requests() -> list[RequestRecord]:
 def test_it_is_a_store(store):
     assert isinstance(store, Store)
     assert store.location
+
+
+def test_a_store_writes_only_the_methods_without_a_body_and_inherits_the_rest(store):
+    """What ``bench/architecture.py`` counts is what each store defines itself: none leans on a
+    bodiless protocol method (it would answer None), and the count stays small (issue 22)."""
+    import importlib.util
+
+    script = Path(__file__).parents[2] / "bench" / "architecture.py"
+    spec = importlib.util.spec_from_file_location("architecture", script)
+    architecture = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(architecture)
+    required = architecture.store_methods()
+    assert 10 <= len(required) <= 20, required
+    kind = type(store)
+    assert Store in kind.__mro__  # it subclasses the protocol, so it inherits the shared rules
+    for name in required:
+        owner = next(klass for klass in kind.__mro__ if name in vars(klass))
+        assert owner is not Store and not getattr(owner, "_is_protocol", False), f"{kind.__name__}.{name}"
 
 
 # ---------------------------------------------------------------------- runs
