@@ -20,7 +20,7 @@ from ..errors import CommandProblem
 from ..run.hints import close_names
 from ..matrix.selection import filter_values, gpu_matches, normalize_provider, provider_matches
 from ..cloud.registry import build_provider
-from ..cloud.shopper_client import Offer
+from ..cloud.provider import Offer
 from ..matrix.cells import DEFAULT_CLOUD
 from ..settings import Settings
 

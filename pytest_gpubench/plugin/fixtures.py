@@ -25,10 +25,9 @@ from ..matrix.cells import Cell
 from ..matrix.machines import KEPT_MACHINES
 from ..run.hints import host_key_pinned
 from ..runtimes.shared_machine import has_model, keep_apart, leave_as_found
-from ..cloud.offers import Constraints
+from ..cloud.provider import Constraints, OfferChoice
 from ..cloud.offer_recheck import EVICTION_SECONDS, MIN_RECHECK_WAIT, choose_offer_rechecking
 from .outcome import outcome_of
-from ..cloud.provider import OfferChoice
 from ..run.provisioning import Provisioning
 from .claim_hooks import claim_keeping
 from ..run.record import CellRecorder

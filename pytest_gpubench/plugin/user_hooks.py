@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ..cloud.offers import put_first
-from ..cloud.shopper_provider import OfferChoice
+from ..cloud.provider import OfferChoice
 from ..errors import MatrixError
 from ..matrix.adjust import with_workload
 from ..matrix.cells import Cell

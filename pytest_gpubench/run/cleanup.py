@@ -17,7 +17,7 @@ going on), whichever store is behind it.
 
 **Ownership.** Only sessions this manifest owns are touched: a session id recorded
 in it, or a session whose ``consumer_id`` was made by
-:func:`~pytest_gpubench.cloud.shopper_provider.consumer_id` for one of its runs
+:func:`~pytest_gpubench.cloud.provider.consumer_id` for one of its runs
 (``gpubench-<run id>-...``). Anything else on the API is someone else's.
 
 **Liveness.** A run still going on in another process keeps its sessions: a run
@@ -73,8 +73,7 @@ from ..cloud.processes import ProcessIdentity, held_by, holder_alive
 from ..store.claim_rule import ABANDONED
 from ..store.progress import ProgressWriter, existing_progress_file, read_progress
 from ..store.records import RunInfo
-from ..cloud.provider import CONSUMER_PREFIX, Provider, Released, consumer_id
-from ..cloud.shopper_client import Session
+from ..cloud.provider import CONSUMER_PREFIX, Provider, Released, Session, consumer_id
 
 if TYPE_CHECKING:
     from ..store.base import Store

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 from ..aio import run as run_async
 from ..errors import Stage
 from ..matrix.cells import Cell
-from ..cloud.offers import Constraints, unfit
+from ..cloud.offers import unfit
+from ..cloud.provider import Constraints
 from .record import CellOutcome, CellRecorder
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only

@@ -21,8 +21,7 @@ from e2e_helpers import SANDBOX_TOKEN
 
 from pytest_gpubench.aio import run as run_async
 from pytest_gpubench.run.cleanup import Leftover, ReleaseOutcome, record, release
-from pytest_gpubench.cloud.offers import Constraints
-from pytest_gpubench.cloud.provider import OfferChoice, Provider, consumer_id
+from pytest_gpubench.cloud.provider import Constraints, OfferChoice, Provider, consumer_id
 from pytest_gpubench.run.provisioning import Attempt, Provisioning
 from pytest_gpubench.cloud.registry import LEASING_MACHINES, PROVIDERS, RENTING_NOTHING, build_provider, check_clouds
 from pytest_gpubench.errors import ApiError, MatrixError, NoEligibleOffer, Stage, StageError
