@@ -101,6 +101,10 @@ def _version_1(cursor: Any) -> None:
             cursor.execute(statement)
 
 
+def _version_2(cursor: Any) -> None:
+    cursor.execute(f"ALTER TABLE runs ADD COLUMN IF NOT EXISTS {quote('clouds')} TEXT")
+
+
 class Migration(NamedTuple):
     """One step of the schema: its version, what it does, and the function that does it (given a cursor)."""
 
@@ -113,6 +117,7 @@ class Migration(NamedTuple):
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "the SQLite manifest's schema version 1: runs, cells, attempts, results, requests, "
                  "repeats, GPU samples, systems, microbenchmark figures, GPU leases", _version_1),
+    Migration(2, "runs.clouds: the clouds a run rented through and their settings (not secret)", _version_2),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

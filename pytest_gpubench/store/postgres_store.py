@@ -41,7 +41,8 @@ from .base import Admission
 from .claim_rule import claimable, decide_claim
 from .gpu_leases import _lease, lease_rows
 from .manifest import (_GONE_SESSION_STATUSES, Manifest, cell_row, end_released_attempt, finished_row,
-                       held_or_unguarded, merge_sessions, priced, released_fields, restarted_row, run_row, taken_over)
+                       held_or_unguarded, merge_sessions, more_clouds, priced, released_fields, restarted_row, run_row,
+                       taken_over)
 from .microbench_table import _row as microbench_row
 from .postgres_schema import TABLE_BY_NAME, migrate, quote
 from .redaction import redact
@@ -244,14 +245,15 @@ class PostgresStore:
 
     def start_run(self, run_id: str, argv: list[str], matrix_files: list[str], *,
                   owner: ProcessIdentity | None = None, api: str | None = None,
-                  sandbox: bool | None = None) -> None:
-        row = run_row(run_id, argv, matrix_files, owner=owner, api=api, sandbox=sandbox)
+                  sandbox: bool | None = None, clouds: Mapping[str, Mapping[str, str]] | None = None) -> None:
+        row = run_row(run_id, argv, matrix_files, owner=owner, api=api, sandbox=sandbox, clouds=clouds)
         with self._transaction() as cursor:
             self._insert(cursor, "runs", [row], "ON CONFLICT (run_id) DO NOTHING")
-            if cursor.rowcount or owner is None:
+            if cursor.rowcount or (owner is None and not clouds):
                 return
             cursor.execute("SELECT * FROM runs WHERE run_id = %s FOR UPDATE", [run_id])
-            update = taken_over(cursor.fetchone(), row, owner)
+            current = cursor.fetchone()
+            update = (taken_over(current, row, owner) if owner is not None else {}) | more_clouds(current, clouds)
             if update:
                 self._update(cursor, "runs", {"run_id": run_id}, update)
 

@@ -71,8 +71,8 @@ class SqliteStore:
 
     def start_run(self, run_id: str, argv: list[str], matrix_files: list[str], *,
                   owner: ProcessIdentity | None = None, api: str | None = None,
-                  sandbox: bool | None = None) -> None:
-        self.manifest.start_run(run_id, argv, matrix_files, owner=owner, api=api, sandbox=sandbox)
+                  sandbox: bool | None = None, clouds: Mapping[str, Mapping[str, str]] | None = None) -> None:
+        self.manifest.start_run(run_id, argv, matrix_files, owner=owner, api=api, sandbox=sandbox, clouds=clouds)
 
     def finish_run(self, run_id: str, status: str) -> None:
         self.manifest.finish_run(run_id, status)
