@@ -6,7 +6,7 @@ the session watch and the session pool (a session's state), and cleanup (the
 sessions a run owns, release). :class:`~pytest_gpubench.cloud.shopper_provider.ShopperProvider`
 (GPU Shopper) implements it; :mod:`.registry` maps a matrix's ``cloud:`` name to
 an implementation, and ``tests/e2e/test_provider_contract.py`` is the suite every
-implementation passes.
+implementation passes (its checks for any provider are :mod:`pytest_gpubench.run.provider_contract`).
 
 The vocabulary a provider speaks (``Offer``, ``Session``, ``CreatedSession``,
 ``Constraints``, ``OfferChoice``, ``SshDetails``, ``Released``) lives here, in the
