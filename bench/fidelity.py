@@ -162,7 +162,7 @@ def summarize_requests(phase: Phase, records: list[dict[str, Any]]) -> None:
 
 def run_loadgen(url: str, protocol: str, concurrency: int, duration: float, workdir: Path) -> Phase:
     config = {
-        "ollama_url": url, "protocol": protocol, "model": MODEL, "duration": duration, "max_tokens": MAX_TOKENS,
+        "server_url": url, "protocol": protocol, "model": MODEL, "duration": duration, "max_tokens": MAX_TOKENS,
         "prompts": list(SEED_PROMPTS), "warmup_requests": 1, "progress_interval": 60, "checkpoint_every": 10,
         "checkpoint_path": str(workdir / f"checkpoint-{concurrency}.json"), "concurrency": concurrency,
     }

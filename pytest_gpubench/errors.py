@@ -38,6 +38,17 @@
 The stage becomes the manifest's ``failure_stage``, the progress file's ``ERROR:``
 line and the first line of the test's failure report (``[stage] message``); an
 error without a stage of its own is reported at the stage the cell was in.
+
+Stage names: seed 000's, except where a seed name tells only the Ollama half of the truth
+(``ollama_install`` is the stage that installs and starts *any* runtime: ``runtime_setup``).
+:data:`SEED_STAGE_NAMES` is the one table of those differences: the progress file (seed 000's
+format) still writes the seed's token (:func:`seed_stage_name`), and everything that reads a stored
+or written stage name (store rows, progress files, imports, reports, resume) goes through
+:func:`current_stage_name`, so manifests and progress files written before the rename read as today's.
+
+Text from outside made safe to show comes last, used by the messages above and by every
+layer: :func:`one_line` (no escape sequence, no line break) and :func:`redact` (a URL's
+credentials hidden).
 """
 
 from __future__ import annotations
@@ -48,17 +59,16 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from .plaintext import one_line
 
 
 class Stage(str, Enum):
-    """The stage names of seed 000, in the order a cell passes through them."""
+    """The stages a cell passes through, in order: seed 000's, one renamed (:data:`SEED_STAGE_NAMES`)."""
 
     INVENTORY = "inventory"
     PROVISION = "provision"
     SSH_WAIT = "ssh_wait"
     SSH_CONNECT = "ssh_connect"
-    OLLAMA_INSTALL = "ollama_install"
+    RUNTIME_SETUP = "runtime_setup"
     MODEL_PULL = "model_pull"
     BENCHMARK = "benchmark"
     RESULTS = "results"
@@ -66,6 +76,25 @@ class Stage(str, Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+#: The stages whose seed-000 name differs from today's: the seed's (and pytest-gpubench's before issue 22)
+#: name. The progress file writes it (seed tooling parses ``ERROR: stage=ollama_install``); readers map it back.
+SEED_STAGE_NAMES: dict[Stage, str] = {Stage.RUNTIME_SETUP: "ollama_install"}
+_CURRENT_NAME = {seed: stage.value for stage, seed in SEED_STAGE_NAMES.items()}
+
+
+def current_stage_name(name: str) -> str:
+    """Today's name of a stage name read from a store row, a progress file or an import: a seed or
+    older name becomes today's (``ollama_install`` -> ``runtime_setup``); any other text is returned
+    as it is (a reader keeps what it does not know, such as ``stage_seconds``' ``claim``)."""
+    return _CURRENT_NAME.get(name, name)
+
+
+def seed_stage_name(stage: Stage | str) -> str:
+    """The name seed 000's progress-file format gives ``stage`` (``runtime_setup`` -> ``ollama_install``)."""
+    stage = Stage(current_stage_name(str(stage)))
+    return SEED_STAGE_NAMES.get(stage, stage.value)
 
 
 class GpubenchError(Exception):
@@ -128,8 +157,6 @@ class ApiUnreachable(GpubenchError):
     """Nothing answers at the GPU Shopper API URL: no cell can run."""
 
     def __init__(self, url: str, reason: str) -> None:
-        from .redaction import redact
-
         self.url = redact(url)  # a URL's user:password@ is never shown
         super().__init__(
             f"no GPU Shopper API answers at {self.url} ({reason})",
@@ -217,12 +244,12 @@ class StageError(GpubenchError):
     """A cell failed at ``stage``; the message is one paragraph for a person.
 
     Its message and hint often quote the instance (stderr, a server's answer): they go through
-    :func:`~.plaintext.one_line`, the progress files' rule, so no escape sequence or line break
+    :func:`one_line`, the progress files' rule, so no escape sequence or line break
     from there reaches the terminal, the manifest or JUnit."""
 
-    def __init__(self, stage: Stage, message: str, *, hint: str = "") -> None:
+    def __init__(self, stage: Stage | str, message: str, *, hint: str = "") -> None:
         super().__init__(one_line(message), hint=one_line(hint))
-        self.stage = Stage(stage)
+        self.stage = Stage(current_stage_name(str(stage)))
 
 
 class ClaimLost(StageError):
@@ -340,3 +367,92 @@ class ResultsInvalid(StageError):
         super().__init__(Stage.RESULTS, f"{message}; kept raw in {kept}",
                          hint="nothing from this cell was stored as a measurement")
         self.kept = kept
+
+
+# --------------------------------------------------------------------------------------------------
+# Text from outside (instance output, API answers) made safe to show: one line, nothing a terminal obeys.
+#
+# Remote stderr, a model's error text or a store row may carry terminal escape sequences (colours,
+# cursor moves, a title change, an OSC 8 link) and line breaks. :func:`one_line` is the one rule for
+# everything such text reaches: progress files (one record per line), failure messages in the
+# terminal and JUnit, warnings. Standard library only.
+
+
+#: Escape sequences as a whole, so no ``[31m`` is left behind: CSI (``ESC [`` or the 8-bit ``\x9b``,
+#: parameters, final byte), OSC/DCS/SOS/PM/APC strings (to BEL or ST, or the end of the text),
+#: and two-character escapes.
+_ESCAPES = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]?"
+    r"|\x9b[0-?]*[ -/]*[@-~]?"
+    r"|[\x1b][\]PX^_][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+    r"|[\x90\x9d\x9e\x9f\x98][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+    r"|\x1b[ -/]*[0-~]?"
+)
+#: Everything ``str.splitlines()`` would break on, the other C0 and C1 control characters, and the
+#: bidirectional overrides that make a terminal show text in another order than it is.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]+")
+
+
+def one_line(text: str) -> str:
+    """``text`` with escape sequences removed and every run of control characters made one space."""
+    return _CONTROL.sub(" ", _ESCAPES.sub("", text))
+
+
+# --------------------------------------------------------------------------------------------------
+# URLs fit to print: the one place a URL's credentials are hidden.
+#
+# In the top-level error module so that every layer can use it: the stores (which name themselves by it),
+# the API client and its errors (an API URL may carry ``user:password@``), the commands.
+#
+# What is hidden, in every URL found in the text (``scheme://`` up to a space or a quote):
+#
+# * a password: ``user:secret@host`` shows as ``user:***@host``, whatever the password holds
+#   (``/``, ``@``, ``:``, ``%40``...): the userinfo runs to the *last* ``@`` of the URL, which
+#   libpq and git read as a password the standard parser would take for a path;
+# * a lone user name where it is usually a token (``git+https://ghp_TOKEN@github.com/o/r.git``):
+#   ``***@host``; a PostgreSQL or ssh user name is a name, not a secret, and stays;
+# * the values of the query parameters ``password``, ``sslpassword`` and ``token`` (any case).
+#
+# Text that holds no URL (a path, ``git@github.com:o/r``) comes back unchanged.
+
+
+#: A URL inside a message: from its scheme to the first space or quote.
+_URL = re.compile(r"""[A-Za-z][A-Za-z0-9+.-]*://[^\s'"<>]*""")
+_SECRET_PARAMETER = re.compile(r"([?&;](?:password|sslpassword|token)=)[^&#;]*", re.IGNORECASE)
+#: Schemes whose user name alone is an account name, not a credential.
+_USER_IS_A_NAME = frozenset({"postgresql", "postgres", "ssh", "git+ssh"})
+
+
+def split_userinfo(url: str) -> tuple[str, str | None, str]:
+    """``(scheme://, userinfo or None, the rest)`` of ``url``: the userinfo is everything before the
+    URL's last ``@`` when the user name (before its first ``:``) holds no ``/``, ``?`` or ``#``, so a
+    password with ``/`` or ``@`` in it stays whole; ``('', None, url)`` when ``url`` is not one."""
+    # Not urllib.parse.urlsplit: its netloc ends at the first "/", which cuts a password in two
+    # (and it raises on a stray "["), where libpq and git read up to the last "@".
+    scheme = re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", url)
+    if scheme is None:
+        return "", None, url
+    head, rest = scheme[0], url[scheme.end():]
+    userinfo, at, host = rest.rpartition("@")
+    if not at or re.search(r"[/?#]", userinfo.partition(":")[0]):
+        return head, None, rest
+    return head, userinfo, host
+
+
+def _redact_url(url: str) -> str:
+    head, userinfo, rest = split_userinfo(url)
+    rest = _SECRET_PARAMETER.sub(r"\1***", rest)
+    if userinfo is None:
+        return head + rest
+    user, colon, _ = userinfo.partition(":")
+    if colon:
+        shown = f"{user}:***"
+    else:
+        shown = user if head[:-3].lower() in _USER_IS_A_NAME else "***"
+    return f"{head}{shown}@{rest}"
+
+
+def redact(location: str | Path) -> str:
+    """``location`` (a store location, or a message naming URLs) fit to print: every URL's
+    credentials replaced by ``***`` (see the module's docstring for which parts)."""
+    return _URL.sub(lambda found: _redact_url(found[0]), str(location))

@@ -41,7 +41,7 @@ SEED_STAGE_TIMEOUTS: dict[Stage, float] = {
     Stage.PROVISION: 600,
     Stage.SSH_WAIT: 600,
     Stage.SSH_CONNECT: 600,
-    Stage.OLLAMA_INSTALL: 300,
+    Stage.RUNTIME_SETUP: 300,
     Stage.MODEL_PULL: 900,
     Stage.BENCHMARK: 600,
     Stage.RESULTS: 120,

@@ -213,7 +213,7 @@ def assert_every_session_released(url: str, create_refused: int = 0) -> None:
 
 def assert_fails_at_install_without(tmp_path: Path, url: str, tool: str, matrix_text: str, message: str) -> None:
     """A one-cell matrix (``model: 'qwen2:1.5b'}`` in its row) run on the cheapest RTX 4090 offer,
-    whose instances lack ``tool``: the cell fails at ``ollama_install`` with ``message``, and every
+    whose instances lack ``tool``: the cell fails at ``runtime_setup`` with ``message``, and every
     session is released."""
     httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH,
                json={"fault": "missing_tools", "offer_id": "vastai-18430205", "tools": [tool]}).raise_for_status()
@@ -223,6 +223,6 @@ def assert_fails_at_install_without(tmp_path: Path, url: str, tool: str, matrix_
                       "--rootdir", str(tmp_path), "-rs")
     assert done.returncode == 1, done.stdout[-3000:]
     (row,) = manifest_rows(tmp_path)
-    assert (row["status"], row["failure_stage"]) == ("failed", "ollama_install"), row
+    assert (row["status"], row["failure_stage"]) == ("failed", "runtime_setup"), row
     assert message in row["error_message"]
     assert_every_session_released(url)

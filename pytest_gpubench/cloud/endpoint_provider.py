@@ -1,6 +1,6 @@
 """The ``endpoint`` provider: a server that is already up, in the place of a rental.
 
-A ``runtime: openai`` cell (``matrix/endpoint.py``) rents nothing, yet goes through
+A ``runtime: openai`` cell (``matrix/fields.py``) rents nothing, yet goes through
 the same stages, records and reports as a rented one. This provider makes that so:
 one synthetic offer per cell (the GPU the matrix declares, the declared
 ``price_per_hour``, provider ``endpoint``), a session that is ``running`` the moment it
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 
 from ..errors import ApiError, NoEligibleOffer, Stage
-from ..matrix.endpoint import ENDPOINT_PROVIDER
+from ..matrix.fields import ENDPOINT_PROVIDER
 from ..matrix.launch import LaunchSpec
 from .provider import HOLDING_STATUSES, Constraints, CreatedSession, Offer, OfferChoice, Released, Session, SshDetails
 

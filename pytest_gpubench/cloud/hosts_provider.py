@@ -13,9 +13,9 @@ and the session is ``running`` once it holds them: :meth:`wait_running` waits, w
 progress, while every matching GPU is busy (another cell, worker or run holds it), up to
 the provision timeout. :attr:`SshDetails.gpu_indices` are the leased GPUs. Two cells never
 share one server: the OpenAI-API servers start one per cell on a free port, with files of
-its own (:data:`SERVER_PER_CELL`), and lease only the cell's GPUs; any other runtime (Ollama
+its own (``RuntimeFacts.server_per_cell``, in the runtime's declaration), and lease only the cell's GPUs; any other runtime (Ollama
 serves one server per machine, on its ``OLLAMA_HOST``) leases every GPU of the machine,
-while its server sees only the cell's ``gpus`` of them (``runtimes/gpus.py``).
+while its server sees only the cell's ``gpus`` of them (``runtimes/base.py``).
 :meth:`release` ends the lease; the machine stays as it was (the cell's teardown stops
 servers it started, ``plugin/fixtures.py``).
 """
@@ -36,10 +36,11 @@ from pathlib import Path
 
 from ..errors import ApiError, InventoryError, NoEligibleOffer, Stage, StageError
 from ..matrix.launch import LaunchSpec
-from ..matrix.machines import HOSTS_CLOUD, KEPT_MACHINES, LOCAL_CLOUD
-from ..matrix.microbench import MICROBENCH_MODEL
+from ..matrix.fields import HOSTS_CLOUD, KEPT_MACHINES, LOCAL_CLOUD
+from ..matrix.cells import MICROBENCH_MODEL
 from ..matrix.selection import gpu_matches
 from ..gpuinfo import gpu_type_of, parse_gpu_query_csv
+from ..runtime_facts import server_per_cell
 from ..settings import Settings
 from .gpu_lease import GpuLeaseBook
 from .gpu_leasing import WAIT_POLL_SECONDS, GpuLeaseKeeper
@@ -47,12 +48,14 @@ from .hosts_inventory import Host, HostsInventory, load_inventory
 from .provider import HOLDING_STATUSES, Constraints, CreatedSession, Offer, OfferChoice, Released, Session, SshDetails
 
 
-#: Runtimes that start a server of their own per cell, on a free port with files of its own
-#: (``runtimes/shared_machine.py``): their cells lease only the GPUs they run on. Any other
-#: (Ollama: one server per machine on its OLLAMA_HOST; container workers) leases every GPU of
-#: the machine, so no two cells share, or disturb, one server. A microbenchmark (``microbench``) is
-#: one process on its one GPU.
-SERVER_PER_CELL = frozenset({"vllm", "sglang", "tgi", "llamacpp", MICROBENCH_MODEL})
+
+def own_gpus_only(runtime: str) -> bool:
+    """Whether a cell on ``runtime`` leases only the GPUs it runs on: a runtime that starts a server of its
+    own per cell, on a free port with files of its own (its declaration's ``server_per_cell``,
+    ``runtimes/registry.py``), or a microbenchmark (``microbench``: one process on its one GPU).
+    Any other (Ollama: one server per machine on its OLLAMA_HOST; container workers) leases every GPU of
+    the machine, so no two cells share, or disturb, one server."""
+    return runtime == MICROBENCH_MODEL or server_per_cell(runtime)
 #: How these providers' session ids start (``hosts-lab1-3-ab12cd``): cleanup knows them by it.
 MACHINE_SESSION_PREFIXES = tuple(f"{cloud}-" for cloud in sorted(KEPT_MACHINES))
 
@@ -68,8 +71,8 @@ USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
 def leased(machine: Machine, gpus: int, runtime: str) -> int:
     """How many of ``machine``'s GPUs a cell of ``gpus`` GPUs on ``runtime`` leases: its ``gpus`` for a
-    runtime with a server per cell (:data:`SERVER_PER_CELL`), else all of them."""
-    return gpus if runtime in SERVER_PER_CELL else machine.gpus
+    runtime with a server per cell (:func:`own_gpus_only`), else all of them."""
+    return gpus if own_gpus_only(runtime) else machine.gpus
 
 
 class Machine:
@@ -214,7 +217,7 @@ class MachineProvider:
                           status="pending", ssh_host=machine.location, ssh_port=machine.port,
                           price_per_hour=offer.price_per_hour, reservation_hours=hours,
                           created_at=datetime.now(timezone.utc), offer_id=offer.id)
-        return _Pending(session, machine, count, whole_machine=runtime not in SERVER_PER_CELL)
+        return _Pending(session, machine, count, whole_machine=not own_gpus_only(runtime))
 
     def _interchangeable(self, machine: Machine, offer: Offer) -> list[Machine]:
         """Other known machines a cell offered ``machine`` may run on instead: the same GPU type and

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import Stage
 from ..matrix.cells import Cell
-from ..matrix.endpoint import EndpointSpec
+from ..matrix.fields import EndpointSpec
 from ..matrix.launch import LaunchSpec
 
 #: Every consumer id a run of this plugin makes starts so (see :func:`consumer_id`).
@@ -179,7 +179,7 @@ class SshDetails(BaseModel):
     key_file: str = ""
     #: Authenticate with the running ssh-agent (``SSH_AUTH_SOCK``) instead of ``private_key``.
     agent: bool = False
-    #: known_hosts files the host key is checked against, in order (``remote/known_hosts.py``);
+    #: known_hosts files the host key is checked against, in order (``remote/ssh.py``);
     #: empty: a rented instance, whose key is pinned per session on first use.
     known_hosts: tuple[str, ...] = ()
     #: Where a host key found in none of ``known_hosts`` is pinned on first use ("": nowhere).

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import MatrixError
 from ..matrix.cells import DEFAULT_CLOUD, Cell
-from ..matrix.endpoint import ENDPOINT_CLOUD
-from ..matrix.machines import HOSTS_CLOUD, KEPT_MACHINES, LOCAL_CLOUD
-from ..redaction import redact
+from ..matrix.fields import ENDPOINT_CLOUD
+from ..matrix.fields import HOSTS_CLOUD, KEPT_MACHINES, LOCAL_CLOUD
+from ..errors import redact
 from ..settings import Settings
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ DEFAULT_STAGE_SECONDS: Mapping[Stage, float] = {
     Stage.PROVISION: 5.0,  # the create call: 1 s in seed 000, rounded up for API retries
     Stage.SSH_WAIT: 144.0,  # seed 000: 2 min 24 s from create to SSH ready
     Stage.SSH_CONNECT: 5.0,  # connect, check, nvidia-smi: the 5 s seed 000's 30 s leaves to it
-    Stage.OLLAMA_INSTALL: 25.0,  # seed 000: the rest of those 30 s
+    Stage.RUNTIME_SETUP: 25.0,  # seed 000: the rest of those 30 s
 }
 #: A session's disk holds the image and system (GPU Shopper's disk estimate: 10 GB
 #: Docker image + 5 GB OS) besides the models.

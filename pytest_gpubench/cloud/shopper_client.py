@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..aio import tls_context
 from ..errors import ApiError, ApiUnreachable, Stage, StageError
 from ..ids import InvalidId, check_id
-from ..redaction import redact
+from ..errors import redact
 from .provider import CreatedSession, Offer, Session
 
 
@@ -73,7 +73,7 @@ class ShopperClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        #: The URL as messages show it: ``user:***@`` (see :func:`~pytest_gpubench.redaction.redact`).
+        #: The URL as messages show it: ``user:***@`` (see :func:`~pytest_gpubench.errors.redact`).
         self.where = redact(self.base_url)
         self.timeout = timeout
         # The token lives in the client's headers only: no message or log line shows them.

@@ -14,7 +14,8 @@ from .provider import (CONSUMER_PREFIX, HOLDING_STATUSES, Constraints, CreatedSe
                        Released, Session, SshDetails)
 from ..settings import Settings
 from .shopper_client import SessionRequest, ShopperClient
-from ..matrix.launch import IMAGE_RUNTIMES, LaunchSpec, exposed_ports
+from ..matrix.launch import LaunchSpec, exposed_ports
+from ..runtime_facts import facts_of
 
 #: How long a session may stay ``stopping`` after done/DELETE (the server answers
 #: those once it is stopped, within seconds).
@@ -33,7 +34,10 @@ def launch_fields(launch: LaunchSpec | None, runtime: str, model: str) -> dict[s
     """
     if launch is None or not launch.entrypoint:
         return {}  # the server's default, ssh
-    return {"launch_mode": "entrypoint", "workload_type": IMAGE_RUNTIMES[runtime], "docker_image": launch.image,
+    server = facts_of(runtime).image  # the runtime's declaration: which workload GPU Shopper starts it as
+    if server is None:  # the matrix refuses it first (launch.launch_problem)
+        raise ValueError(f"runtime {runtime!r} cannot be started from an image")
+    return {"launch_mode": "entrypoint", "workload_type": server.workload_type, "docker_image": launch.image,
             "model_id": model, "exposed_ports": exposed_ports(launch)}
 
 

@@ -14,7 +14,7 @@ instead of SSH, for a flat 10 minutes (``provisioner.DefaultAPIVerifyTimeout``, 
 heavy-image table), then fails the session "API verification timeout"
 (:func:`entrypoint_wait`).
 
-A heavy image also raises the ``provision`` and ``ollama_install`` budgets to its
+A heavy image also raises the ``provision`` and ``runtime_setup`` budgets to its
 minutes from the same table (:func:`heavy_stage_seconds`, seed 001 BUG-005): pulling a
 15 GB vLLM image and starting its server takes longer than Ollama's.
 
@@ -100,12 +100,12 @@ def entrypoint_wait(image: str) -> SshWait:
 
 
 def heavy_stage_seconds(image: str | None) -> dict[Stage, float]:
-    """The ``provision`` and ``ollama_install`` budgets (seconds, before time scaling) of a session
+    """The ``provision`` and ``runtime_setup`` budgets (seconds, before time scaling) of a session
     with ``image``: the seed's, or the heavy-image table's minutes when longer; empty for a light image."""
     minutes = heavy_image_minutes(image)
     if minutes is None:
         return {}
-    return {stage: max(SEED_STAGE_TIMEOUTS[stage], minutes * 60.0) for stage in (Stage.PROVISION, Stage.OLLAMA_INSTALL)}
+    return {stage: max(SEED_STAGE_TIMEOUTS[stage], minutes * 60.0) for stage in (Stage.PROVISION, Stage.RUNTIME_SETUP)}
 
 
 def ssh_wait_for(template: str | None, image: str | None) -> SshWait:

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..errors import CommandProblem, Stage
+from ..errors import SEED_STAGE_NAMES, CommandProblem, Stage
 from ..store.data_dictionary import TABLES, schema_of
 
 INSTALL_HINT = "pip install 'pytest-gpubench[browse]'"
@@ -58,7 +58,14 @@ def read_schema(path: Path) -> dict[str, list[str]]:
 def _stage_order(column: str) -> str:
     """An SQL expression ranking ``column`` by the order of the stages (enum values, not user input)."""
     whens = " ".join(f"WHEN '{stage.value}' THEN {rank}" for rank, stage in enumerate(Stage, start=1))
-    return f"CASE {column} {whens} ELSE {len(Stage) + 1} END"
+    return f"CASE {_stage_today(column)} {whens} ELSE {len(Stage) + 1} END"
+
+
+def _stage_today(column: str) -> str:
+    """An SQL expression for ``column``'s stage name by today's name: a row an older version wrote with
+    the seed's name (``ollama_install``) groups with today's (errors.SEED_STAGE_NAMES; no user input)."""
+    whens = " ".join(f"WHEN '{seed}' THEN '{stage.value}'" for stage, seed in SEED_STAGE_NAMES.items())
+    return f"CASE {column} {whens} ELSE {column} END"
 
 
 #: name -> (the tables it reads, its Datasette canned query).
@@ -92,7 +99,7 @@ _QUERIES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
             "order) and the reason, with the latest message of each group."
         ),
         "sql": (
-            "SELECT failure_stage, status, failure_reason, count(*) AS cells,\n"
+            f"SELECT {_stage_today('failure_stage')} AS failure_stage, status, failure_reason, count(*) AS cells,\n"
             "  group_concat(DISTINCT gpu_type) AS gpu_types,\n"
             "  group_concat(DISTINCT provider) AS providers,\n"
             "  group_concat(DISTINCT model) AS models,\n"
@@ -100,7 +107,7 @@ _QUERIES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
             "  error_message AS latest_message  -- SQLite: a bare column comes from the max() row\n"
             "FROM benchmark_manifest\n"
             "WHERE status IN ('failed', 'partial', 'skipped')\n"
-            "GROUP BY failure_stage, status, failure_reason\n"
+            "GROUP BY 1, status, failure_reason\n"
             f"ORDER BY {_stage_order('failure_stage')}, cells DESC"
         ),
     }),

@@ -188,7 +188,7 @@ async def _upload_async(store, run_id: str | None, api: str, token: str | None):
 
 
 def _upload(args: argparse.Namespace) -> int:
-    from ..redaction import redact
+    from ..errors import redact
 
     settings = command_settings(args)
     api, token = settings.api, settings.api_token
@@ -305,7 +305,7 @@ def _import(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     from ..report.gather import build_report
-    from ..report.write import write_reports
+    from ..report.gather import write_reports
 
     if args.output_dir:  # the older name of --reports: given, it wins, as --reports would
         print("gpubench report: warning: --output-dir is deprecated: give the same value to --reports",

@@ -1,6 +1,6 @@
 """``gpubench plan``: what a run would rent, for how long and for how much, before paying.
 
-For the cells pytest would run (:mod:`.plan_collect`), in run order, the plan
+For the cells pytest would run (:func:`..plugin.collect.collect_cells`), in run order, the plan
 asks the live inventory which offer each cell would take, with the fixtures' own
 constraints and rule (``Constraints.for_cell`` and the cell's ``cloud:`` provider's
 :meth:`~pytest_gpubench.cloud.provider.Provider.choose_offer`, built by
@@ -32,11 +32,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import CommandProblem, NoEligibleOffer, Stage, StageError
-from ..redaction import redact
+from ..errors import redact
 from ..matrix.cells import Cell
 from ..cloud.offers import unfit
 from ..cloud.provider import Constraints, Offer, OfferChoice, Provider
-from ..plugin.plan_collect import collect_cells
+from ..plugin.collect import collect_cells
 from .plan_estimates import SETUP_STAGES, StageHistory
 from ..cloud.registry import build_provider
 from ..cloud.reuse_estimates import order_for_reuse, planned_benchmark_seconds
@@ -355,7 +355,7 @@ def make_plan(paths: list[str], *, keyword: str | None = None, gpus: list[str] |
     Raises :class:`CommandProblem`.
     """
     from ..errors import ApiUnreachable, GpubenchError, StageError
-    from ..plugin.plan_collect import CollectionProblem
+    from ..plugin.collect import CollectionProblem
     from ..sandbox.process import SandboxProcess
 
     try:

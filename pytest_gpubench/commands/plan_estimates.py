@@ -13,7 +13,7 @@ Two sources, the first that has something to say wins:
   provision      ``INVENTORY_QUERY`` -> first ``PROVISIONING`` (the create call)
   ssh_wait       first ``PROVISIONING`` -> ``SSH_READY`` (boot; failed attempts included)
   ssh_connect    ``SSH_READY`` -> ``SYSTEM_INFO``
-  ollama_install ``SYSTEM_INFO`` -> ``OLLAMA_INSTALLED`` (cells that rented their session)
+  runtime_setup  ``SYSTEM_INFO`` -> ``OLLAMA_INSTALLED`` (cells that rented their session)
   model_pull     ``OLLAMA_INSTALLED`` -> ``MODEL_READY`` (pull and warm-up load)
   ============== =========================================
 
@@ -53,13 +53,13 @@ DEFAULT_PULL_SECONDS_PER_GB = PULL_SECONDS_PER_GB
 #: figure (41.6), slow on purpose, so small models' warm-ups are not underestimated.
 DEFAULT_TOKENS_PER_SECOND = 41.6
 #: The stages a session pays once, in order; the pull is per cell.
-SETUP_STAGES: tuple[Stage, ...] = (Stage.PROVISION, Stage.SSH_WAIT, Stage.SSH_CONNECT, Stage.OLLAMA_INSTALL)
+SETUP_STAGES: tuple[Stage, ...] = (Stage.PROVISION, Stage.SSH_WAIT, Stage.SSH_CONNECT, Stage.RUNTIME_SETUP)
 #: Progress-file labels that bound each stage (from, to).
 STAGE_BOUNDS: Mapping[Stage, tuple[str, str]] = {
     Stage.PROVISION: ("INVENTORY_QUERY", "PROVISIONING"),
     Stage.SSH_WAIT: ("PROVISIONING", "SSH_READY"),
     Stage.SSH_CONNECT: ("SSH_READY", "SYSTEM_INFO"),
-    Stage.OLLAMA_INSTALL: ("SYSTEM_INFO", "OLLAMA_INSTALLED"),
+    Stage.RUNTIME_SETUP: ("SYSTEM_INFO", "OLLAMA_INSTALLED"),
     Stage.MODEL_PULL: ("OLLAMA_INSTALLED", "MODEL_READY"),
 }
 _FINISHED = ("success", "partial", "failed")

@@ -10,8 +10,11 @@ allowed, on one line.
 
 The filters (:func:`gpu_matches`, :func:`provider_matches`, :func:`model_matches`,
 :func:`cell_selected`) are what ``--gpubench-gpu``, ``--gpubench-provider`` and
-``--gpubench-model`` use (through :func:`pytest_gpubench.matrix.filters.split_by_filters`).
-The reference for users is ``docs/matrix.md``.
+``--gpubench-model`` use (through :func:`pytest_gpubench.matrix.selection.split_by_filters`).
+A row's ``microbench:`` (:class:`MicrobenchSpec`, a cell that runs no model) is defined
+first, as the row's schema names it; the command line's overrides of a cell
+(``--gpubench-duration`` and friends: :func:`apply_overrides`) come last. The reference for
+users is ``docs/matrix.md``.
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo,
                       field_validator, model_validator)
 
 from ..errors import MatrixError
+from ..settings import MIN_SANDBOX_INTERVAL, Settings
 from .fields import (  # noqa: F401 - re-exported
     DEFAULT_RUNTIME,
     KNOWN_PROVIDERS,
@@ -92,16 +96,86 @@ from .selection import (  # noqa: F401 - re-exported: the matrix module is where
     split_tag,
 )
 from .launch import LaunchSpec, launch_problem, resolved
-from .fields import hosts_file
-from .machines import KEPT_MACHINES
+from .fields import (ENDPOINT_CLOUD, ENDPOINT_KEYS, ENDPOINT_PROVIDER, ENDPOINT_RUNTIME, KEPT_MACHINES, EndpointPrice,
+                     EndpointSpec, EndpointUrl, EnvName, hosts_file)
+from .fields import ca_file as endpoint_ca_file
 from .prototype import Prototype
-from . import endpoint as endpoint_fields
-from .endpoint import (ENDPOINT_CLOUD, ENDPOINT_KEYS, ENDPOINT_PROVIDER, ENDPOINT_RUNTIME, EndpointPrice,
-                       EndpointSpec, EndpointUrl, EnvName)
-from .sweep import SWEEP, SweepSpec, sweep_problem
-from .microbench import MICROBENCH_MODEL, MicrobenchSpec
+from .workload import SWEEP, SweepSpec, sweep_problem
 from .thresholds import Slo, Thresholds, merged
 from .yaml_errors import at_line, describe, node_line, parse_yaml, read_text, translate
+
+
+# --------------------------------------------------------------------------------------------------
+# ``microbench:``: a row's GPU microbenchmarks, a cell that runs no model.
+#
+# A row may say ``microbench: [memory_bandwidth, matmul]`` (with or without ``models:``):
+# one more cell per GPU x provider, ``RTX_4090-vastai-microbench``, that measures the
+# GPU itself with torch on the instance (docs/hardware.md, "GPU microbenchmarks"). The
+# mapping form sets the optional settings:
+#
+# .. code-block:: yaml
+#
+#     microbench: {kinds: [memory_bandwidth, matmul], runs: 5, warmup: 2,
+#                  memory_mib: 1024, matmul_size: 8192, precisions: [fp16, bf16]}
+
+
+#: What a microbenchmark cell can measure.
+KINDS = ("memory_bandwidth", "matmul")
+#: The matmul precisions, in the order reports show them.
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
+#: The model name and id part of a microbenchmark cell.
+MICROBENCH_MODEL = "microbench"
+
+
+def _names(allowed: tuple[str, ...], what: str):
+    def check(value: Any) -> tuple[str, ...]:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)) or not value:
+            raise invalid(f"must be a list of {what} from {', '.join(allowed)}; got {describe(value)}")
+        names = []
+        for item in value:
+            if not isinstance(item, str) or item.strip().lower() not in allowed:
+                hint = did_you_mean(item, allowed) if isinstance(item, str) else ""
+                raise invalid(f"unknown {what[:-1]} {describe(item)}{hint}; allowed: {', '.join(allowed)}")
+            if item.strip().lower() not in names:
+                names.append(item.strip().lower())
+        return tuple(name for name in allowed if name in names)  # the canonical order
+
+    return BeforeValidator(check)
+
+
+def _matmul_size(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 256 <= value <= 32768 or value % 16:
+        raise invalid(f"must be the side of the square matrices, a multiple of 16 from 256 to 32768 "
+                      f"(such as 8192); got {describe(value)}")
+    return value
+
+
+class MicrobenchSpec(StrictModel):
+    """``microbench:`` as written in a row: which kinds, and how each is measured."""
+
+    kinds: Annotated[tuple[str, ...], _names(KINDS, "kinds")] = KINDS
+    #: Timed runs of each figure (after the warm-up), summarised by ``measure/results.py``.
+    runs: Annotated[int, whole(2, 100)] = 5
+    #: Untimed runs first (clocks up, kernels chosen).
+    warmup: Annotated[int, whole(0, 100)] = 2
+    #: The device-to-device copy's buffer, MiB (big enough to defeat the L2 cache).
+    memory_mib: Annotated[int, whole(16, 65536)] = 1024
+    #: The square matmul's side.
+    matmul_size: Annotated[int, BeforeValidator(_matmul_size)] = 8192
+    precisions: Annotated[tuple[str, ...], _names(PRECISIONS, "precisions")] = PRECISIONS
+
+    @model_validator(mode="before")
+    @classmethod
+    def _list_alone(cls, value: Any) -> Any:
+        if isinstance(value, (str, list, tuple)):
+            return {"kinds": value}
+        if not isinstance(value, (Mapping, MicrobenchSpec)):
+            raise invalid(f"must be a list of kinds such as [{', '.join(KINDS)}], or a mapping such as "
+                          f"{{kinds: [matmul], runs: 5}}; got {describe(value)}")
+        return value
+
 
 DEFAULT_MIN_AVAILABILITY_CONFIDENCE = 0.5
 """Seed 000's bar; TensorDock offers always report 0.3, so give it its own bar."""
@@ -193,7 +267,7 @@ class RuntimeSpec(_Strict):
     host: str | None = None
     #: How GPU Shopper launches the instance (``mode: entrypoint``: its image serves the model; see launch.py).
     launch: LaunchSpec | None = None
-    # A running endpoint (``name: openai``, matrix/endpoint.py): nothing is rented or started.
+    # A running endpoint (``name: openai``, matrix/fields.py): nothing is rented or started.
     endpoint: EndpointUrl | None = None
     api: Literal["chat", "completions"] | None = None
     api_key_env: EnvName | None = None
@@ -254,7 +328,7 @@ class RuntimeSpec(_Strict):
     @field_validator("ca_file", mode="before")
     @classmethod
     def _ca_file(cls, value: Any, info: ValidationInfo) -> Any:
-        return endpoint_fields.ca_file(value, Path((info.context or {}).get("base_dir") or "."))
+        return endpoint_ca_file(value, Path((info.context or {}).get("base_dir") or "."))
 
     @model_validator(mode="after")
     def _endpoint_goes_with_openai(self) -> RuntimeSpec:
@@ -299,7 +373,7 @@ class RowSpec(_Strict):
     thresholds: Thresholds | None = None
     reuse: Reuse | None = None
     runtime: RuntimeSpec | None = None
-    #: GPU microbenchmarks (matrix/microbench.py): one more cell per provider, which runs no model.
+    #: GPU microbenchmarks (matrix/cells.py): one more cell per provider, which runs no model.
     microbench: MicrobenchSpec | None = None
     #: GPUs of one machine the row's cells span (``gpus: 2``); None: the file's ``gpus``.
     gpus: GpuCount | None = None
@@ -346,7 +420,7 @@ class MatrixSpec(_Strict):
     cloud: str = DEFAULT_CLOUD
     #: GPUs of one machine each cell spans unless its row says otherwise.
     gpus: GpuCount = 1
-    #: The hosts inventory for ``cloud: hosts`` / ``local`` (matrix/machines.py), relative to this file.
+    #: The hosts inventory for ``cloud: hosts`` / ``local`` (matrix/fields.py), relative to this file.
     hosts: str | None = None
 
     @field_validator("hosts", mode="before")
@@ -457,14 +531,13 @@ class Cell(BaseModel):
     runtime_host: str | None = None
     #: ``runtime.launch`` with the server's defaults filled; None: a plain SSH launch.
     launch: LaunchSpec | None = None
-    #: The running server a ``runtime: openai`` cell benchmarks (matrix/endpoint.py); None otherwise.
+    #: The running server a ``runtime: openai`` cell benchmarks (matrix/fields.py); None otherwise.
     endpoint: EndpointSpec | None = None
     #: ``runtime: worker``'s presets file (resolved path), where the cell's model is a key.
     runtime_presets: str | None = None
     matrix_name: str
     source: str
     row: int
-    concurrency: int = 1
     rate: float | None = None
     slo: Slo = Slo()
     thresholds: Thresholds = Thresholds()
@@ -489,6 +562,13 @@ class Cell(BaseModel):
             self.runtime, self.cloud, entrypoint=self.launch is not None and self.launch.entrypoint)
 
     @property
+    def concurrency(self) -> int:
+        """The cell's concurrency (requests in flight; 1 for a rate cell): its load point, stored once,
+        in ``workload.concurrency`` (``(8,)`` for a ``-c8`` cell). A user's hook cannot change it
+        (matrix/adjust.py)."""
+        return self.workload.concurrency[0]
+
+    @property
     def lease_runtime(self) -> str:
         """What a machine provider (``hosts``, ``local``) leases GPUs for: the cell's runtime, or
         ``microbench`` for a microbenchmark cell, a process on its own GPU
@@ -497,7 +577,7 @@ class Cell(BaseModel):
 
     @property
     def sweep(self) -> SweepSpec | None:
-        """A ``rate: sweep`` cell's sweep settings (``matrix/sweep.py``); None for a cell at one load."""
+        """A ``rate: sweep`` cell's sweep settings (``matrix/workload.py``); None for a cell at one load."""
         return self.workload.sweep_spec
 
     @property
@@ -727,7 +807,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
             row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu), microbench=None,
             gpus=gpus,
         )
-        row_cells = Prototype(Cell, row_shared, varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "concurrency", "rate",
+        row_cells = Prototype(Cell, row_shared, varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "rate",
                     "cell_id", "keywords", "reuse_group"))
         for _, provider in row.provider_entries() or [("provider", ENDPOINT_PROVIDER)]:
             offer = OfferConstraints(
@@ -757,7 +837,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 for concurrency, rate, suffix, point_workload in point_parts:
                     cell = row_cells.new(
                         provider=provider, model=model, model_ref=ref, workload=point_workload, offer=offer,
-                        vram_gb=vram, concurrency=concurrency, rate=rate, cell_id=base_id + suffix + seams,
+                        vram_gb=vram, rate=rate, cell_id=base_id + suffix + seams,
                         keywords=keywords, reuse_group=group)
                     key = (gpu_key, gpus, provider, ref_key, concurrency, SWEEP if sweeping else rate, runtime, seams)
                     id_key = cell.cell_id.lower()
@@ -830,3 +910,50 @@ def _load_text(concurrency: int, rate: float | None, sweep: bool = False) -> str
 
 def _row_line(matrix: Matrix, row: int) -> int | None:
     return matrix.row_lines[row] if row < len(matrix.row_lines) else None
+
+
+# --------------------------------------------------------------------------------------------------
+# The command line over the matrix: ``--gpubench-duration`` and friends applied to a cell.
+#
+# Light (the matrix and the settings only): collection applies it to every cell
+# before ordering the run.
+
+
+def apply_overrides(cell: Cell, settings: Settings) -> Cell:
+    """Apply ``--gpubench-duration`` and friends on top of what the matrix says."""
+    workload: dict[str, object] = {}
+    if settings.duration is not None:
+        workload["duration"] = settings.duration
+    if settings.progress_interval is not None:
+        workload["progress_interval"] = settings.progress_interval
+    if settings.telemetry_interval is not None:
+        workload["telemetry_interval"] = settings.telemetry_interval
+    if settings.stall_timeout is not None:
+        workload["stall_timeout"] = settings.stall_timeout
+    if settings.benchmark_scale != 1.0:
+        # The run's own sandbox: the benchmark runs on the sandbox's clock, as its
+        # setup does (the stall timeout is scaled where it is used). No warm-up
+        # requests: the runtime's one-token warm-up has loaded the model, and an
+        # emulated GPU has nothing else to warm, while a full-length warm-up at a slow
+        # model's real rate (256 tokens at 3.6 tokens/s: 71 s) would outlast the run.
+        current = cell.workload.model_copy(update=workload)
+        workload.update(
+            duration=settings.benchmark_seconds(current.duration),
+            progress_interval=settings.benchmark_seconds(current.progress_interval, MIN_SANDBOX_INTERVAL),
+            telemetry_interval=settings.benchmark_seconds(current.telemetry_interval, MIN_SANDBOX_INTERVAL),
+            warmup_requests=0,
+        )
+        sweep = current.sweep
+        if sweep is not None and sweep.duration is not None:  # each step of a saturation sweep, likewise
+            workload["sweep"] = sweep.model_copy(update={"duration": settings.benchmark_seconds(sweep.duration)})
+    update: dict[str, object] = {}
+    if workload:
+        update["workload"] = cell.workload.model_copy(update=workload)
+    if settings.max_price is not None:
+        cap = settings.max_price if cell.offer.max_price is None else min(settings.max_price, cell.offer.max_price)
+        update["offer"] = cell.offer.model_copy(update={"max_price": cap})
+    if settings.ollama_install:
+        update["ollama_install"] = settings.ollama_install
+    if settings.reuse is not None and cell.launch is None:  # an entrypoint session serves its one cell
+        update["reuse"] = settings.reuse
+    return cell.model_copy(update=update) if update else cell

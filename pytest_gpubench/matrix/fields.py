@@ -3,13 +3,16 @@
 Every value a user can write in a matrix file is checked here, and a bad one
 raises an error whose message names what would be accepted (``must be a number
 of seconds or a string such as '90s'...``); ``yaml_errors`` adds the file, the
-field path and the line.
+field path and the line. The clouds whose machines a run finds and leaves as found
+(``KEPT_MACHINES``) are named here too: a provider's field rules depend on them; so are
+the fields of a running endpoint (``runtime: {name: openai, endpoint: URL}``).
 """
 
 from __future__ import annotations
 
 import difflib
 import re
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from pathlib import Path
@@ -19,16 +22,14 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationInfo, mod
 from pydantic_core import PydanticCustomError
 
 from ..options import MAX_PRICE_PER_HOUR, is_finite, parse_duration
-from .machines import KEPT_MACHINES
+from ..runtime_facts import DEFAULT_RUNTIME, is_runtime, runtime_names
 from .selection import normalize_provider, number_text
 from .yaml_errors import describe
 
 KNOWN_PROVIDERS: tuple[str, ...] = ("vastai", "tensordock", "bluelobster")
 """Providers a matrix may name (GPU Shopper's provider names)."""
-RUNTIME_NAMES: tuple[str, ...] = ("ollama", "vllm", "sglang", "tgi", "llamacpp", "openai", "worker")
-"""Runtimes a matrix may name, the first the default: the names ``runtimes/registry.py`` implements
-(``tests/e2e/test_runtime_contract.py`` keeps the two lists equal; the matrix cannot import the runtimes)."""
-DEFAULT_RUNTIME = RUNTIME_NAMES[0]
+# The runtimes a matrix may name, and DEFAULT_RUNTIME (imported above, for the matrix's modules), are
+# runtime_facts.py's registry: built in or registered by an entry point, each declared in its own module.
 
 MAX_DURATION_S = 24 * 3600.0
 MAX_CONCURRENCY = 1024
@@ -163,7 +164,7 @@ def _gpu(value: Any) -> str:
 
 
 #: The built-in clouds whose ``provider:`` is one of GPU Shopper's marketplaces (:data:`KNOWN_PROVIDERS`):
-#: ``matrix.cells.DEFAULT_CLOUD`` and ``matrix.endpoint.ENDPOINT_CLOUD`` (a test holds them equal).
+#: ``matrix.cells.DEFAULT_CLOUD`` and ``matrix.fields.ENDPOINT_CLOUD`` (a test holds them equal).
 #: Under ``hosts``/``local`` it names machines; under a third-party cloud, whatever that cloud calls
 #: a provider.
 MARKETPLACE_CLOUDS = frozenset({"shopper", "endpoint"})
@@ -202,12 +203,13 @@ def hosts_file(value: Any, base_dir: Path) -> str:
 
 
 def runtime_name(value: Any) -> str:
-    """A runtime the plugin implements (:data:`RUNTIME_NAMES`), as written or in another case."""
+    """A runtime built in or registered (``runtime_facts.py``), as written or in another case; the
+    installed distributions' entry points are read only for a name not built in."""
     raw = text_field("a runtime name", f"'{DEFAULT_RUNTIME}'")(value)
     name = raw.strip().lower()
-    if name not in RUNTIME_NAMES:
-        raise invalid(f"unknown runtime {raw!r}{did_you_mean(name, RUNTIME_NAMES)}; "
-                      f"known runtimes: {', '.join(RUNTIME_NAMES)}")
+    if not is_runtime(name):
+        names = runtime_names()
+        raise invalid(f"unknown runtime {raw!r}{did_you_mean(name, names)}; known runtimes: {', '.join(names)}")
     return name
 
 
@@ -250,7 +252,7 @@ def _concurrency(value: Any) -> tuple[int, ...]:
 
 
 def _rate(value: Any) -> tuple[float, ...] | str | None:
-    if value is None or value == "sweep":  # `rate: sweep`: a saturation sweep (matrix/sweep.py)
+    if value is None or value == "sweep":  # `rate: sweep`: a saturation sweep (matrix/workload.py)
         return value
     allowed = (f"must be a number of requests per second, more than 0 and at most {MAX_RATE:g}, "
                "a non-empty list of them such as [0.5, 1, 2.5], or `sweep` for a saturation sweep")
@@ -400,3 +402,114 @@ Price = Annotated[float, BeforeValidator(_price)]
 Concurrency = Annotated[tuple[int, ...], BeforeValidator(_concurrency)]
 Rate = Annotated[tuple[float, ...] | Literal["sweep"] | None, BeforeValidator(_rate)]
 RunsField = Annotated[Runs, BeforeValidator(_runs)]
+
+
+# --------------------------------------------------------------------------------------------------
+# The clouds of machines a run does not rent but finds and leaves as it found them.
+#
+# ``cloud: hosts`` benchmarks on the machines of an inventory (``hosts.yaml``, named by the
+# matrix's top-level ``hosts:`` or ``--gpubench-hosts``); ``cloud: local`` on this machine.
+# Their providers (``cloud/hosts_provider.py``) lease GPUs instead of renting sessions, so a
+# cell's session is its own (``reuse: cell``): nothing is paid per session, and each cell
+# holds only its own GPUs, which lets workers spread cells over hosts.
+
+
+HOSTS_CLOUD = "hosts"
+LOCAL_CLOUD = "local"
+#: Clouds whose machines stay after a run: servers a cell started are stopped in its teardown.
+KEPT_MACHINES = frozenset({HOSTS_CLOUD, LOCAL_CLOUD})
+
+
+# --------------------------------------------------------------------------------------------------
+# ``runtime: {name: openai, endpoint: URL, ...}``: a server that is already up, benchmarked as it is.
+#
+# Nothing is rented or started for such a cell: the ``endpoint`` provider
+# (``cloud/endpoint_provider.py``) stands in for the rental, and
+# ``runtimes/openai_endpoint.py`` for the runtime. These fields only check what the
+# matrix says of the endpoint, so a bad URL stops collection with the field and line.
+
+
+#: The runtime name of a running endpoint, and the ``cloud:`` and ``provider`` its cells go through.
+ENDPOINT_RUNTIME = "openai"
+ENDPOINT_CLOUD = "endpoint"
+ENDPOINT_PROVIDER = "endpoint"
+#: The keys of ``runtime:`` that describe a running endpoint (only with ``name: openai``).
+ENDPOINT_KEYS = ("endpoint", "api", "api_key_env", "price_per_hour", "ca_file")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+class EndpointSpec(BaseModel):
+    """A running OpenAI-compatible server: where it is, which API to measure, how to authenticate."""
+
+    model_config = ConfigDict(frozen=True)
+
+    #: Its base URL, ``http(s)://host[:port][/prefix]`` (a trailing ``/v1`` is allowed), no credentials.
+    url: str
+    #: ``chat`` (``/v1/chat/completions``) or ``completions`` (``/v1/completions``).
+    api: Literal["chat", "completions"] = "chat"
+    #: The environment variable holding its bearer token; the token itself is never written anywhere.
+    api_key_env: str | None = None
+    #: What an hour of it costs, for $/M tokens (0: free or unknown).
+    price_per_hour: float = 0.0
+    #: A CA file an https:// server's certificate is verified against (else the system's trust store).
+    ca_file: str | None = None
+
+    @property
+    def protocol(self) -> str:
+        """The load generator's protocol for :attr:`api`."""
+        return f"openai-{self.api}"
+
+
+def endpoint_url(value: Any) -> str:
+    """An absolute ``http://`` or ``https://`` URL with a host and no credentials, query or fragment."""
+    example = "such as 'http://127.0.0.1:8000' or 'https://llm.example.com/v1'"
+    if not isinstance(value, str) or not value.strip():
+        raise invalid(f"must be the server's URL, {example}; got {describe(value)}")
+    text = value.strip()
+    parsed = urllib.parse.urlsplit(text)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise invalid(f"must be an absolute http:// or https:// URL, {example}; got {text!r}")
+    if parsed.username is not None or parsed.password is not None or "@" in parsed.netloc:
+        # Never echo it: the part before '@' is a secret.
+        raise invalid("must not carry credentials (user:password@): put the token in an environment "
+                      "variable and name it with `api_key_env`")
+    if parsed.query or parsed.fragment:
+        raise invalid(f"must be the server's base URL without '?' or '#', {example}; got {text!r}")
+    try:
+        parsed.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+    except ValueError:
+        raise invalid(f"has an invalid port; got {text!r}") from None
+    if not parsed.hostname or any(ch.isspace() for ch in text):
+        raise invalid(f"needs a host name without spaces, {example}; got {text!r}")
+    return text.rstrip("/")
+
+
+def api_key_env(value: Any) -> str:
+    """The name of an environment variable (never its value)."""
+    if not isinstance(value, str) or not _ENV_NAME.fullmatch(value):
+        raise invalid("must be the name of an environment variable holding the token, such as "
+                      f"'OPENAI_API_KEY' (letters, digits, '_'); got {describe(value)}")
+    return value
+
+
+def endpoint_price(value: Any) -> float:
+    allowed = f"must be a price in dollars per hour from 0 to {MAX_PRICE_PER_HOUR:g}"
+    if not 0 <= _number(value, allowed) <= MAX_PRICE_PER_HOUR:
+        raise invalid(f"{allowed}; got {describe(value)}")
+    return float(value)
+
+
+def ca_file(value: Any, base_dir: Path) -> str:
+    """An existing CA file; a relative path is relative to the matrix file's folder."""
+    if not isinstance(value, str) or not value.strip():
+        raise invalid(f"must be the path of a PEM file of CA certificates; got {describe(value)}")
+    path = Path(value.strip()).expanduser()
+    path = path if path.is_absolute() else base_dir / path
+    if not path.is_file():
+        raise invalid(f"no such file: {str(path)!r}")
+    return str(path.resolve())
+
+
+EndpointUrl = Annotated[str, BeforeValidator(endpoint_url)]
+EnvName = Annotated[str, BeforeValidator(api_key_env)]
+EndpointPrice = Annotated[float, BeforeValidator(endpoint_price)]

@@ -24,19 +24,12 @@ from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
 
+from ..runtime_facts import facts_of, image_runtimes, is_runtime
 from .fields import StrictModel, describe, invalid, is_image_reference
 
-#: Runtimes GPU Shopper can start from an image, and the ``workload_type`` that tells it which
-#: (``pkg/models/session.go``: ``llm_vllm``, ``llm_tgi``; ``buildWorkloadConfig`` in
-#: ``internal/service/provisioner/service.go`` maps them to the provider's vLLM and TGI configs).
-IMAGE_RUNTIMES: dict[str, str] = {"vllm": "llm_vllm", "tgi": "llm_tgi"}
-#: The server's default image per runtime (``internal/provider/vastai/types.go``: ``ImageVLLM``, ``ImageTGI``).
-DEFAULT_IMAGES: dict[str, str] = {
-    "vllm": "vllm/vllm-openai:latest",
-    "tgi": "ghcr.io/huggingface/text-generation-inference:latest",
-}
-#: The server's default API port per runtime (``GetPortForWorkload``: ``DefaultVLLMPort``, ``DefaultTGIPort``).
-DEFAULT_API_PORTS: dict[str, int] = {"vllm": 8000, "tgi": 80}
+# Which runtimes GPU Shopper can start from an image, the ``workload_type`` that tells it which
+# (``pkg/models/session.go``: ``llm_vllm``, ``llm_tgi``) and the server's default image and API port
+# for it are each runtime's declaration (``RuntimeFacts.image``, runtime_facts.py).
 MAX_EXPOSED_PORTS = 16
 
 def _port(value: Any, what: str = "must be") -> int:
@@ -109,8 +102,8 @@ def launch_problem(launch: LaunchSpec, runtime: str, template: str | None) -> st
     """Why ``launch`` cannot be used with ``runtime`` and an offer ``template``; None when it can."""
     if not launch.entrypoint:
         return None
-    if runtime not in IMAGE_RUNTIMES:
-        known = ", ".join(IMAGE_RUNTIMES)
+    if not is_runtime(runtime) or facts_of(runtime).image is None:
+        known = ", ".join(image_runtimes())
         return (f"`mode: entrypoint` needs a runtime GPU Shopper starts from an image ({known}); "
                 f"runtime {runtime!r} is started by the plugin over SSH: use `mode: ssh` or another runtime")
     if template:
@@ -127,9 +120,11 @@ def resolved(launch: LaunchSpec | None, runtime: str) -> LaunchSpec | None:
     ``model_id``), as the requests name the served model and another could not be measured."""
     if launch is None or not launch.entrypoint:
         return None
+    server = facts_of(runtime).image
+    assert server is not None, f"runtime {runtime!r} has no image: launch_problem refuses it first"
     return launch.model_copy(update={
-        "image": launch.image or DEFAULT_IMAGES[runtime],
-        "api_port": launch.api_port or DEFAULT_API_PORTS[runtime],
+        "image": launch.image or server.image,
+        "api_port": launch.api_port or server.api_port,
     })
 
 

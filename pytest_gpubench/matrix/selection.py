@@ -1,8 +1,9 @@
 """Cell names and selection: GPU/provider/model matching, test ids, VRAM needs.
 
-What ``--gpubench-gpu``, ``--gpubench-provider`` and ``--gpubench-model`` use (:func:`cell_selected`), how a
-cell's test id is formed (:func:`cell_id`, with its load point), and how much GPU memory a model needs
-(seed 000's table, else inferred from the parameter count in its tag).
+What ``--gpubench-gpu``, ``--gpubench-provider`` and ``--gpubench-model`` use (:func:`cell_selected`;
+the run's :class:`CellFilters` and :func:`split_by_filters`), how a cell's test id is formed
+(:func:`cell_id`, with its load point), and how much GPU memory a model needs (seed 000's table, else
+inferred from the parameter count in its tag).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 from types import MappingProxyType
@@ -230,3 +232,46 @@ def number_text(value: float) -> str:
     """``2.0`` -> ``"2"``, ``2.5`` -> ``"2.5"``, ``0.00001`` -> ``"0.00001"`` (never an exponent)."""
     text = format(Decimal(repr(float(value))), "f")
     return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+# --------------------------------------------------------------------------------------------------
+# Where ``--gpubench-gpu``/``--gpubench-provider``/``--gpubench-model`` select cells.
+#
+# One function decides, :func:`split_by_filters`, for matrix files (before their
+# items are built, so a filter that keeps 10% of a big matrix builds 10% of its
+# items) and for Python tests parametrized by the ``gpubench`` marker (at
+# ``pytest_collection_modifyitems``). The run's filters are a :class:`CellFilters` on
+# ``config.stash[CELL_FILTERS_KEY]``; what they keep out is deselected, so pytest's
+# counts read as with ``-k``. When they keep nothing, ``plugin.matrix_scan.filter_hint_lines``
+# says which values exist.
+
+
+@dataclass(frozen=True)
+class CellFilters:
+    """The run's filters: within one, any value may match; an empty one keeps everything."""
+
+    gpus: tuple[str, ...] = ()
+    providers: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, settings: Any) -> CellFilters:
+        """The filters ``settings`` hold (``--gpubench-gpu`` etc.)."""
+        return cls(tuple(settings.gpu), tuple(settings.provider), tuple(settings.model))
+
+    @property
+    def active(self) -> bool:
+        return bool(self.gpus or self.providers or self.models)
+
+
+def split_by_filters(cells: Iterable[Any], filters: CellFilters) -> tuple[list[Any], list[Any]]:
+    """``(kept, dropped)``: the cells the filters select, in order, and the others
+    (:func:`cell_selected` has the matching rules)."""
+    cells = list(cells)
+    if not filters.active:
+        return cells, []
+    kept: list[Any] = []
+    dropped: list[Any] = []
+    for cell in cells:
+        (kept if cell_selected(cell, filters.gpus, filters.providers, filters.models) else dropped).append(cell)
+    return kept, dropped

@@ -9,7 +9,7 @@ Three pieces, each plain logic over text the machine printed, so each is tested 
   source cannot give is not compared ("where present"); :func:`missing_figures` says which a
   source left out, so a check can insist on the essentials.
 * :func:`peak_shares`: stored microbenchmark figures as a share of the datasheet peak
-  (``measure/gpu_peaks.py``), and :func:`outside_bounds` for the ones outside honest bounds.
+  (``measure/microbench.py``), and :func:`outside_bounds` for the ones outside honest bounds.
 * :class:`HostSnapshot` and :func:`host_differences`: what a run may not change, read only (GPU
   settings, memory in use, compute processes, the run's own processes, files outside its
   folders), before and after. Nothing here sets anything on the GPU: every command is a query.
@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from ..gpuinfo import parse_gpu_query_csv
-from .gpu_peaks import GpuPeaks
+from .microbench import GpuPeaks
 from ..remote.sysinfo import GpuDevice, GpuFacts
 
 __all__ = [

@@ -334,15 +334,16 @@ def detailed_metrics(
     *,
     slo: Slo | None = None,
     loadgen: Mapping[str, Any] | BaseModel | None = None,
-    configured_concurrency: int | None = None,
+    concurrency: int | None = None,
 ) -> DetailedMetrics:
     """Compute :class:`DetailedMetrics` from a run's records (warm-ups are dropped here).
 
     ``duration_seconds`` is the measured window the throughputs divide by (the
     load generator's ``finish`` duration). ``loadgen`` is that ``finish`` event
     (or its :class:`LoadgenSummary`): its ``itl_ms`` summary is preferred for ITL,
-    and it supplies CPU time and delivered concurrency. ``configured_concurrency``
-    (else the event's own ``configured_concurrency``) enables the delivered-
+    and it supplies CPU time and delivered concurrency. ``concurrency``, the cell's (else the
+    event's own ``configured_concurrency``, the name the stored metrics keep beside
+    ``delivered_concurrency``) enables the delivered-
     concurrency check of :attr:`DetailedMetrics.client_saturated`. When the
     event says nothing of delivered concurrency, it is computed from the records
     by Little's law: the sum of request latencies over the duration.
@@ -380,7 +381,7 @@ def detailed_metrics(
     delivered = summary.delivered_concurrency
     if delivered is None and measured and duration_seconds > 0:
         delivered = sum(r.latency_ms for r in measured) / 1000 / duration_seconds
-    configured = configured_concurrency if configured_concurrency is not None else summary.configured_concurrency
+    configured = concurrency if concurrency is not None else summary.configured_concurrency
 
     reasoning = _reasoning(ok)
     lag = _send_lag(measured, summary.send_lag_ms)

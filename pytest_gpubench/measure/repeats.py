@@ -21,10 +21,9 @@ from ..figures import output_tokens_per_second
 from ..matrix.cells import Cell
 from .metrics import detailed_metrics
 from ..remote.ssh import Connection
-from .results import summarize
+from .results import RunStatistics, summarize, until_cv_reached
 from ..remote.readings import RequestRecord
 from ..runtimes.base import Runtime
-from .stats import RunStatistics, until_cv_reached
 from ..remote.telemetry import GpuSample, sample_gpus
 from .validity import judge
 from ..cloud.watch import SessionWatch
@@ -107,8 +106,8 @@ async def measure_once(runtime: Runtime, plan: BenchmarkPlan, *, timeout: float,
         plan = replace(plan, worker_command=list(endpoint.worker_command))
     sampler = asyncio.ensure_future(sample_gpus(runtime.conn, telemetry_interval, stop))
     try:
-        outcome = await run_benchmark(runtime.conn, plan, remote_ollama_url=endpoint.remote_url,
-                                      local_ollama_url=endpoint.local_url, timeout=timeout, on_event=on_event,
+        outcome = await run_benchmark(runtime.conn, plan, remote_server_url=endpoint.remote_url,
+                                      local_server_url=endpoint.local_url, timeout=timeout, on_event=on_event,
                                       watch=watch, reconnect=reconnect)
     except BenchmarkInterrupted as exc:
         stop.set()
@@ -131,7 +130,7 @@ def details_of(cell: Cell, measurement: Measurement, runtime: Runtime, *,
     single = measurement.outcomes[0].finish if len(measurement.outcomes) == 1 else None
     metrics = detailed_metrics(measurement.records, measurement.duration_seconds or cell.workload.duration,
                                slo=slo if slo.is_set else None, loadgen=single or None,
-                               configured_concurrency=None if cell.rate is not None or cell.sweep is not None
+                               concurrency=None if cell.rate is not None or cell.sweep is not None
                                else cell.concurrency)
     stats = measurement.statistics()
     prompts = [p if isinstance(p, str) else p.get("prompt", "") for p in cell.workload.prompt_payload()]
@@ -153,7 +152,7 @@ def details_of(cell: Cell, measurement: Measurement, runtime: Runtime, *,
         "runtime": {"name": runtime.name, "version": runtime.version, "num_parallel": runtime.num_parallel,
                     "started_here": runtime.started_here,
                     **({"launch_args": list(cell.runtime_args)} if cell.runtime_args else {}),
-                    # The GPUs the server spanned: count, tensor-parallel size, CUDA_VISIBLE_DEVICES (runtimes/gpus.py).
+                    # The GPUs the server spanned: count, tensor-parallel size, CUDA_VISIBLE_DEVICES (runtimes/base.py).
                     **({"gpus": runtime.placement.describe(runtime.tensor_parallel)}
                        if runtime.placement.count > 1 or runtime.placement.indices else {}),
                     # How GPU Shopper launched the instance: mode, image, the image's API port.

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ..matrix.sweep import DEFAULT_SPAN, SweepSpec
+from ..matrix.workload import DEFAULT_SPAN, SweepSpec
 from .metrics import detailed_metrics
 from ..figures import cost_per_million_tokens
 from ..remote.readings import RequestRecord

@@ -2,9 +2,10 @@
 
 ``gpubench_cell`` -> ``gpubench_recorder`` -> ``gpu_offer`` (inventory) ->
 ``gpu_session`` (provision, ssh_wait) -> ``gpu_ssh`` (ssh_connect, nvidia-smi)
--> ``gpu_runtime`` (ollama_install, model_pull) -> ``gpubench`` (benchmark,
+-> ``gpu_runtime`` (runtime_setup, model_pull) -> ``gpubench`` (benchmark,
 results). Each acquires one thing and releases it in teardown, whatever
-happened; ``pytest --fixtures`` documents them.
+happened; ``pytest --fixtures`` documents them. After them: the calls of the user
+hooks the fixtures make, and a cell's outcome read from its phase reports.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timezone
+from typing import Any
 
 import pytest
 
@@ -20,27 +22,28 @@ from ..aio import run as run_async
 from ..cloud.budget import exhausted, spend_of
 from ..run.cell_benchmark import BRIDGE_SLACK, Bench, GpuSession, connect, upload_now, watched
 from ..run.cell_microbench import Microbench
-from ..errors import BudgetRefused, NoEligibleOffer, Stage, StageError
+from ..errors import (BenchmarkInterrupted, BudgetRefused, ErrorBudgetExceeded, GpubenchError, MatrixError,
+                      NoEligibleOffer, Stage, StageError)
+from ..matrix.adjust import with_workload
 from ..matrix.cells import Cell
-from ..matrix.machines import KEPT_MACHINES
+from ..matrix.fields import KEPT_MACHINES
 from ..run.hints import host_key_pinned
-from ..runtimes.shared_machine import has_model, keep_apart, leave_as_found
-from ..cloud.provider import Constraints, OfferChoice
+from ..cloud.offers import put_first
 from ..cloud.offer_recheck import EVICTION_SECONDS, MIN_RECHECK_WAIT, choose_offer_rechecking
-from .outcome import outcome_of
+from ..cloud.provider import Constraints, OfferChoice
 from ..run.provisioning import Provisioning
-from .claim_hooks import claim_keeping
-from ..run.record import CellRecorder
+from .claims import claim_keeping
+from ..run.record import CellOutcome, CellRecorder
 from ..remote.ssh import KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL, Connection, KeyFile
-from ..remote.system import detect_system, hardware_of
+from ..remote.sysinfo import detect_system, hardware_of
 from ..remote.readings import HardwareInfo
-from . import user_hooks
+from ..measure.finished import FinishedCell, figures_of
 from ..run.run_context import RunContext
-from ..runtimes.base import Runtime
-from ..runtimes.entrypoint import adopt_image_server
+from ..runtimes.base import Runtime, vram_shortfall
+from ..runtimes.openai_server import adopt_image_server
 from ..cloud.ssh_wait import stage_timeout
-from ..runtimes.registry import runtime_for
-from ..run.reuse import make_room, note_model, take_over_server
+from ..runtimes.registry import has_model, keep_apart, leave_as_found, runtime_for
+from ..run.session_pool import make_room, note_model, take_over_server
 from ..store.sandbox_label import junit_property, progress_labels
 from ..store.record_keys import matrix_key
 from ..run.session_pool import Lease, SessionPool
@@ -50,10 +53,10 @@ from .stash import (
     NEXT_GROUP_KEY,
     RECORD_KEY,
     RECORDER_KEY,
+    REPORTS_KEY,
     REUSE_GROUPS_KEY,
     run_context,
 )
-from ..runtimes.vram import vram_shortfall
 
 
 @pytest.fixture(scope="session")
@@ -85,7 +88,7 @@ def gpubench_cell(request: pytest.FixtureRequest, gpubench_run: RunContext) -> C
     cell = request.node.stash.get(CELL_KEY, None) or getattr(request, "param", None)
     if not isinstance(cell, Cell):
         pytest.fail("gpubench_cell needs a matrix file item or @pytest.mark.gpubench(MATRIX_FILE)", pytrace=False)
-    return user_hooks.adjust_workload(request.config, gpubench_run.effective_cell(cell))
+    return adjust_workload(request.config, gpubench_run.effective_cell(cell))
 
 
 @pytest.fixture
@@ -110,7 +113,7 @@ def gpubench_recorder(
     for name, value in properties.items():
         request.node.user_properties.append((name, value))
     request.node.user_properties.append(junit_property(gpubench_run.settings))
-    user_hooks.cell_finished(request.config, recorder, outcome.status, outcome.failure_stage, outcome.error_message,
+    cell_finished(request.config, recorder, outcome.status, outcome.failure_stage, outcome.error_message,
                              properties)
     if recorder.claim_lost is not None and outcome.status != "failed":
         pytest.fail(recorder.claim_lost, pytrace=False)  # taken over: whatever it measured is not this run's
@@ -160,7 +163,7 @@ def gpu_offer(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench
         recorder.skip_reason = exc.message
         pytest.skip(f"[inventory] {exc.message}")
     gpubench_run.offers_seen.saw(cell.reuse_group)
-    choice = user_hooks.select_offer(request.config, cell, choice)
+    choice = select_offer(request.config, cell, choice)
     recorder.progress.status("INVENTORY_QUERY", offers_found=choice.offers_found,
                              selected_offer_id=choice.offer.id, price=choice.offer.price_per_hour)
     return choice
@@ -282,7 +285,7 @@ def gpu_ssh(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_c
 @pytest.fixture
 def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench_cell: Cell,
                 gpubench_recorder: CellRecorder, gpu_session: GpuSession, gpu_ssh: Connection) -> Runtime:
-    """Stages ``ollama_install`` and ``model_pull``: the cell's runtime serving its model, warm.
+    """Stages ``runtime_setup`` and ``model_pull``: the cell's runtime serving its model, warm.
 
     The runtime is the one the cell's ``runtime:`` names (default ``ollama``), built
     by :func:`~pytest_gpubench.runtimes.registry.runtime_for`.
@@ -294,12 +297,12 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
 
     On a machine the run does not own (``cloud: hosts``, ``local``), teardown leaves it as
     found: a server started here is stopped, a pulled model removed when the inventory says
-    ``keep_models: false`` (``runtimes/shared_machine.py``).
+    ``keep_models: false`` (``runtimes/registry.py``).
     """
     settings, recorder, cell = gpubench_run.settings, gpubench_recorder, gpubench_cell
     if cell.microbench is not None:
-        recorder.enter(Stage.OLLAMA_INSTALL)
-        raise StageError(Stage.OLLAMA_INSTALL, f"{cell.cell_id} is a microbenchmark cell: it has no model to "
+        recorder.enter(Stage.RUNTIME_SETUP)
+        raise StageError(Stage.RUNTIME_SETUP, f"{cell.cell_id} is a microbenchmark cell: it has no model to "
                                                "serve; use the gpubench_microbench fixture (docs/hardware.md)")
     # Keepalives on the run's clock: a link that went silent is noticed in seconds in the sandbox too.
     gpu_ssh.set_keepalive(settings.scaled(KEEPALIVE_INTERVAL, MIN_KEEPALIVE_INTERVAL))
@@ -310,14 +313,14 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
             raise StageError(Stage.MODEL_PULL, shortfall)
         recorder.skip_reason = shortfall
         pytest.skip(f"[model_pull] {shortfall}")
-    recorder.enter(Stage.OLLAMA_INSTALL)
+    recorder.enter(Stage.RUNTIME_SETUP)
     runtime = runtime_for(cell, gpu_ssh, gpu_indices=gpu_session.ssh.gpu_indices)
     if hasattr(runtime, "on_status"):  # a server it starts: a stale pid file of one is reported here
         runtime.on_status = recorder.progress.status
     lease: Lease | None = request.node.stash.get(LEASE_KEY, None)
     known = take_over_server(lease, runtime)  # an earlier cell of the group started it
     known = adopt_image_server(runtime, cell.launch) or known  # the session's image serves the model
-    timeout = stage_timeout(settings, Stage.OLLAMA_INSTALL, gpu_session.image)  # longer for a heavy image
+    timeout = stage_timeout(settings, Stage.RUNTIME_SETUP, gpu_session.image)  # longer for a heavy image
     kept_machine, pulled_here = cell.cloud in KEPT_MACHINES, {"model": False}
 
     def leave_machine() -> None:
@@ -336,9 +339,10 @@ def gpu_runtime(request: pytest.FixtureRequest, gpubench_run: RunContext, gpuben
 
     # Watched like the pull: an instance killed mid-install is named as the cause,
     # not the broken SSH channel it leaves behind.
-    installed, version = run_async(watched(gpubench_run, gpu_session, Stage.OLLAMA_INSTALL,
+    installed, version = run_async(watched(gpubench_run, gpu_session, Stage.RUNTIME_SETUP,
                                             lambda _: install_and_serve()), 3 * timeout + BRIDGE_SLACK)
-    recorder.progress.status("OLLAMA_INSTALLED", version=version, installed_now=installed)
+    # The seed-000 label (seed tooling reads it) for every runtime; runtime= says which one started.
+    recorder.progress.status("OLLAMA_INSTALLED", version=version, installed_now=installed, runtime=runtime.name)
 
     recorder.enter(Stage.MODEL_PULL)
     timeout = settings.stage_timeout(Stage.MODEL_PULL)
@@ -421,6 +425,114 @@ def gpubench_microbench(gpubench_run: RunContext, gpubench_cell: Cell, gpubench_
     """A microbenchmark cell (``microbench:``) on its checked SSH connection: call ``.run()``.
 
     No runtime and no model: ``run()`` makes torch importable on the instance (stage
-    ``ollama_install``) and measures the GPU (stage ``benchmark``), docs/hardware.md.
+    ``runtime_setup``) and measures the GPU (stage ``benchmark``), docs/hardware.md.
     """
     return Microbench(gpubench_run, gpubench_cell, gpubench_recorder, gpu_session, gpu_ssh)
+
+
+# --------------------------------------------------------------------------------------------------
+# Calls of the user hooks (:mod:`.hookspec`) where the fixtures need them: one function each.
+#
+# Thin on purpose: the answers are checked and applied by plain modules.
+
+
+def select_offer(config: pytest.Config, cell: Cell, choice: OfferChoice) -> OfferChoice:
+    """``choice`` with the offer a ``pytest_gpubench_select_offer`` picked first, if one did."""
+    chosen = config.hook.pytest_gpubench_select_offer(cell=cell, eligible=list(choice.eligible),
+                                                      chosen=choice.offer, config=config)
+    if chosen is None:
+        return choice
+    eligible = put_first(choice.eligible, chosen, "pytest_gpubench_select_offer")
+    return replace(choice, offer=eligible[0], eligible=eligible)
+
+
+def adjust_workload(config: pytest.Config, cell: Cell) -> Cell:
+    """``cell`` with the workload a ``pytest_gpubench_adjust_workload`` returned, if one did."""
+    returned = config.hook.pytest_gpubench_adjust_workload(cell=cell, workload=cell.workload, config=config)
+    try:
+        return with_workload(cell, returned, "pytest_gpubench_adjust_workload")
+    except MatrixError as exc:
+        problem = str(exc)
+    pytest.fail(problem, pytrace=False)  # outside the except: the report shows one message, not two
+
+
+def cell_finished(config: pytest.Config, recorder: Any, status: str, failure_stage: str | None,
+                  error_message: str | None, properties: dict[str, Any]) -> None:
+    """Tell every ``pytest_gpubench_cell_finished`` how the cell ``recorder`` recorded ended."""
+    if not config.pluginmanager.hook.pytest_gpubench_cell_finished.get_hookimpls():
+        return  # nobody listens: build nothing
+    finished = FinishedCell(run_id=recorder.run_id, cell_key=recorder.record_key, cell=recorder.cell,
+                            status=status, failure_stage=failure_stage, error_message=error_message,
+                            result=recorder.result, figures=figures_of(properties),
+                            progress_file=str(recorder.progress.path))
+    config.hook.pytest_gpubench_cell_finished(finished=finished, config=config)
+
+
+# --------------------------------------------------------------------------------------------------
+# A cell's outcome from its pytest phase reports: success, partial, failed, skipped.
+
+
+#: How a run ended, by pytest's exit status, as the manifest's ``runs.status`` says it.
+RUN_STATUS = {pytest.ExitCode.OK: "passed", pytest.ExitCode.TESTS_FAILED: "failed",
+              pytest.ExitCode.INTERRUPTED: "interrupted"}
+
+
+def run_status(exitstatus: int) -> str:
+    """``passed``, ``failed``, ``interrupted``, or ``exit N`` for pytest's other statuses."""
+    return RUN_STATUS.get(int(exitstatus), f"exit {int(exitstatus)}")
+
+
+def outcome_of(item: pytest.Item, current_stage: Stage) -> CellOutcome:
+    """Classify the cell from its setup and call reports (teardown is not yet known).
+
+    ``current_stage`` is where the cell was when it stopped: the stage blamed for
+    an error that does not carry its own (an assertion, an interrupt).
+    """
+    reports = item.stash.get(REPORTS_KEY, {})
+    for when in ("setup", "call"):
+        report, error = reports.get(when, (None, None))
+        if report is None:
+            continue
+        if report.skipped:
+            # The stage says where the cell stopped: inventory (no offer), model_pull (too large)...
+            return CellOutcome("skipped", failure_stage=str(current_stage), failure_reason="skipped",
+                           error_message=_skip_reason(report))
+        if report.failed:
+            return _failure(error, current_stage)
+    if "call" in reports:
+        return CellOutcome("success")
+    return CellOutcome("failed", failure_stage=str(current_stage), failure_reason="interrupted",
+                   error_message="the run stopped before this cell finished")
+
+
+def write_error_now(item: pytest.Item) -> None:
+    """A cell's setup or call just failed: its ``ERROR:`` line goes to its progress file
+    now, before pytest reports the failure (the terminal then shows it before the ``F``)."""
+    recorder = item.stash.get(RECORDER_KEY, None)
+    if recorder is not None:
+        recorder.failed_now(outcome_of(item, recorder.stage))
+
+
+def _failure(error: BaseException | None, stage: Stage) -> CellOutcome:
+    if isinstance(error, BenchmarkInterrupted):
+        return CellOutcome("partial", failure_stage=str(error.stage), failure_reason="interrupted",
+                       error_message=str(error))
+    if isinstance(error, ErrorBudgetExceeded):  # measured and kept, but mostly errors: seed 001's partial
+        return CellOutcome("partial", failure_stage=str(error.stage), failure_reason="ErrorBudgetExceeded",
+                           error_message=str(error))
+    if isinstance(error, StageError):
+        return CellOutcome("failed", failure_stage=str(error.stage), failure_reason=type(error).__name__,
+                       error_message=str(error))
+    if isinstance(error, GpubenchError):
+        return CellOutcome("failed", failure_stage=str(stage), failure_reason=type(error).__name__,
+                       error_message=str(error))
+    message = f"{type(error).__name__}: {error}" if error is not None else "failed"
+    return CellOutcome("failed", failure_stage=str(stage), failure_reason=type(error).__name__ if error else "failed",
+                   error_message=message.strip())
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr or "skipped")

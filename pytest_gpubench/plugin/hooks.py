@@ -248,7 +248,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
         error = call.excinfo.value if call.excinfo is not None else None
         item.stash.setdefault(REPORTS_KEY, {})[call.when] = (report, error)
         if report.failed and call.when != "teardown":
-            from .outcome import write_error_now  # the ERROR line before pytest writes the cell's letter
+            from .fixtures import write_error_now  # the ERROR line before pytest writes the cell's letter
 
             write_error_now(item)
         if call.when == "setup" and error is not None:

@@ -2,7 +2,7 @@
 
 Registered by ``pytest_addhooks`` (``plugin/hooks.py``) in every run, so this module
 stays light: pytest and annotations only. Each hook is called from
-:mod:`.user_hooks`, which turns its answer into the plugin's own values; the work
+:mod:`.fixtures`, which turns its answer into the plugin's own values; the work
 itself is in plain modules (``cloud/offers.py``, ``matrix/adjust.py``,
 ``measure/finished.py``).
 """

@@ -28,9 +28,9 @@ from ..run.live import own_line
 from ..store.opening import open_store, store_exists
 from ..store.redaction import redact
 from .matrix_scan import runs_matrix_files
-from .outcome import run_status
+from .fixtures import run_status
 from ..cloud.processes import ProcessIdentity, xdist_worker_pids
-from ..run.run_end import others_running, shared_run_status
+from ..run.cleanup import others_running, shared_run_status
 from ..run.shutdown import GracefulTermination
 from .stash import CELL_KEY, RESUME_KEY, SETTINGS_KEY, run_context
 

@@ -2,7 +2,8 @@
 
 :func:`start` is called by ``plugin.Gate`` once the run turns out to have cells
 (or uses a ``--gpubench-*`` option); :func:`arrange_items` and :func:`record_pending`
-are the heavy halves of the plugin's collection hooks.
+are the heavy halves of the plugin's collection hooks; :func:`arrange_reuse_groups` (run
+order and xdist groups for session reuse) is the half of :func:`arrange_items` that orders cells.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from typing import Any
 import pytest
 
 from ..errors import UsageProblem
-from ..matrix.filters import CellFilters, split_by_filters
-from ..matrix.cells import Cell
+from ..matrix.selection import CellFilters, split_by_filters
+from ..matrix.cells import Cell, apply_overrides
+from ..cloud.reuse_estimates import order_for_reuse
+from ..cloud.reuse_split import SplitPolicy, split_groups
 from .matrix_scan import real_run
-from .reuse_order import arrange_reuse_groups
 from ..settings import OPTIONS, GpubenchDeprecationWarning, Settings, resolve
 from ..store.record_keys import distinct_keys, marked_test_key
-from .stash import CELL_FILTERS_KEY, CELL_KEY, RECORD_KEY, RESUME_KEY, SANDBOX_KEY, SETTINGS_KEY, run_context
+from .stash import (CELL_FILTERS_KEY, CELL_KEY, GROUP_KEY, RECORD_KEY, RESUME_KEY, REUSE_GROUPS_KEY, SANDBOX_KEY,
+                    SETTINGS_KEY, run_context)
 
 # The fixtures, the lifecycle, the terminal and xdist hooks and resume import what a
 # real run needs (SSH, HTTP, the manifest); they are imported where used, so that
@@ -84,7 +87,7 @@ def start(config: pytest.Config, gate: Any) -> None:
         return
     # Before the terminal hooks: theirs run first, so the API is checked before start-up cleanup.
     config.pluginmanager.register(RunLifecycle(config), "gpubench-lifecycle")
-    from .claim_hooks import ClaimHooks
+    from .claims import ClaimHooks
 
     config.pluginmanager.register(ClaimHooks(config), "gpubench-claims")
     if workerinput is None:
@@ -231,3 +234,60 @@ def _cell_of(item: pytest.Item) -> Cell | None:
         item.stash[RECORD_KEY] = marked_test_key(cell.cell_id, getattr(item, "originalname", item.name))
         return cell
     return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Collection-time side of session reuse: run order and xdist groups.
+#
+# Kept out of ``hooks.py`` so the hooks stay thin; the rules themselves (which cells
+# share, which group is longest) are in :mod:`pytest_gpubench.run.session_pool`.
+
+
+def arrange_reuse_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put each reuse group's cells together, longest group first, and mark them.
+
+    Under ``pytest -n N`` with idle workers, a group may first be split over more
+    sessions (:mod:`.reuse_split`): each sub-group is a group here.
+
+    Only the positions matrix cells hold are reordered (other tests stay where
+    they are). Each grouped cell gets ``xdist_group(<group>)`` so that
+    ``--dist loadgroup`` keeps its group on one worker, and the groups' members go
+    to ``config.stash`` for the session pool, which sizes a session for them.
+    """
+    settings = config.stash[SETTINGS_KEY]
+    slots = [i for i, item in enumerate(items) if CELL_KEY in item.stash]
+    cells = [apply_overrides(items[i].stash[CELL_KEY], settings) for i in slots]
+    # Under -n, a group may be split over more sessions so that idle workers share it
+    # (reuse_split.py); the controller's scheduler decides the same from the same cells.
+    split, _ = split_groups(cells, SplitPolicy.from_settings(settings, loadgroup_workers(config)))
+    for i, (before, after) in enumerate(zip(cells, split, strict=True)):
+        if after is not None and after.session_part != before.session_part:
+            stash = items[slots[i]].stash
+            stash[CELL_KEY] = stash[CELL_KEY].model_copy(update={"session_part": after.session_part})
+            cells[i] = after
+    order = order_for_reuse(cells, settings.runs)
+    arranged = [items[slots[i]] for i in order]
+    members: dict[str, list] = {}
+    for slot, item, cell in zip(slots, arranged, [cells[i] for i in order], strict=True):
+        items[slot] = item
+        group = cell.session_group
+        item.stash[GROUP_KEY] = group
+        if group is not None:
+            members.setdefault(group, []).append((item.stash[RECORD_KEY], cell))
+    marks: dict[str, pytest.MarkDecorator] = {}  # one per group: 10,000 cells need not build 10,000 marks
+    for item in arranged:
+        group = item.stash[GROUP_KEY]
+        if group is not None and len(members[group]) > 1:
+            if group not in marks:
+                marks[group] = pytest.mark.xdist_group(group)
+            item.add_marker(marks[group])
+    config.stash[REUSE_GROUPS_KEY] = members
+
+
+def loadgroup_workers(config: pytest.Config) -> int:
+    """The xdist workers sharing this run's groups: ``-n N`` on a worker under
+    ``--dist loadgroup``, else 1 (no xdist, or another mode that does not keep groups)."""
+    workerinput = getattr(config, "workerinput", None)
+    if not workerinput or not workerinput.get("gpubench_loadgroup"):
+        return 1
+    return int(workerinput.get("workercount") or 1)

@@ -13,7 +13,7 @@ import pytest
 if TYPE_CHECKING:  # the key types, named in strings: nothing heavy is imported at load
     from ..run.session_pool import Lease  # noqa: F401
     from ..matrix.cells import Cell  # noqa: F401
-    from ..matrix.filters import CellFilters  # noqa: F401
+    from ..matrix.selection import CellFilters  # noqa: F401
     from ..settings import Settings  # noqa: F401
     from ..store.resume import ResumePlan  # noqa: F401
     from ..run.record import CellRecorder  # noqa: F401

@@ -12,7 +12,7 @@ chunk costs a few substring tests, not a JSON parse: only the final chunk is
 parsed, and a token's text only when its prompt carries an expectation.
 
 Config (one JSON object, after the script on stdin or as the one argument):
-``ollama_url`` (the server's base URL, whatever the protocol), ``protocol``
+``server_url`` (the server's base URL, whatever the protocol), ``protocol``
 (below), ``model``, ``prompts`` (strings, or objects ``{"prompt": str, "expect":
 [str, ...], "max_tokens": n, "ignore_eos": true}``: any one expected substring
 matching, case-insensitive; ``max_tokens`` there overrides the run's; ``ignore_eos``
@@ -1502,9 +1502,9 @@ class LoadGenerator(WorkerPool):
             raise ValueError("unknown protocol %r (one of %s)" % (self.protocol, ", ".join(PROTOCOLS)))
         if self.protocol == "worker":
             return self.prepare_workers()
-        host, port, prefix = server_address(self.config["ollama_url"], self.protocol)
+        host, port, prefix = server_address(self.config["server_url"], self.protocol)
         self.host = host
-        self.tls = tls_context(self.config["ollama_url"], self.config.get("ca_file"))
+        self.tls = tls_context(self.config["server_url"], self.config.get("ca_file"))
         addresses = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
         self.family, self.sockaddr = addresses[0][0], addresses[0][4]
         # "localhost" may name ::1 first while the server listens on 127.0.0.1 only:
@@ -1741,7 +1741,7 @@ class LoadGenerator(WorkerPool):
     def run(self):
         config, output = self.config, self.output
         self.prepare()
-        output.emit("connection", status="connected", url=config["ollama_url"])
+        output.emit("connection", status="connected", url=config["server_url"])
         self.checkpoint.write("started", None)
         warmups = int(config.get("warmup_requests", 0))
         if warmups:

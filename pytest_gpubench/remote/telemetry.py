@@ -30,7 +30,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict
 
 from ..gpuinfo import parse_gpu_query_csv
-from ..plaintext import one_line
+from ..errors import one_line
 from .readings import GPUStats
 
 __all__ = [

@@ -3,7 +3,7 @@
 :func:`build_report` reads runs, cells, results and provisioning attempts of the
 manifest and gathers what ``gpubench report`` shows (docs/report.md): the results
 to rank, the leaderboards, a table per model, provider head-to-heads, failures by
-stage and the money spent, as a :class:`~.model.Report`; :func:`.write.write_reports`
+stage and the money spent, as a :class:`~.model.Report`; :func:`write_reports`
 renders it as ``BENCHMARK_REPORT.md`` (:mod:`.markdown`) and ``index.html``
 (:mod:`.html`).
 
@@ -23,21 +23,25 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from ..errors import Stage
+from ..cloud.budget import spend_of
 from ..figures import FigureSource, figure_values
 from ..figures import cost_per_million_tokens
+from ..matrix import cells as microbench_spec
 from ..matrix.fields import DEFAULT_RUNTIME
 from ..matrix.selection import gpus_label
+from ..measure.microbench import peaks_for, percent_of_peak
 from ..store.base import Store
-from ..store.records import CellRecord, ResultRecord
-from .microbench import microbench_rows
-from .model import BestValue, FailureGroup, Matchup, ModelTable, ProviderWins, Report, ResultRow
-from .hardware import machines
-from .spend import run_spend
+from ..store.records import CellRecord, ResultRecord, RunRecord
+from .html import render_html
+from .markdown import render_markdown
+from .model import (BestValue, FailureGroup, MachineRow, Matchup, MicrobenchRow, ModelTable, ProviderWins, Report,
+                    ResultRow, RunSpend)
 
-__all__ = ["build_report"]
+__all__ = ["build_report", "write_reports"]
 
 #: Cell statuses whose result is ranked; ``partial`` ones are shown marked.
 RANKED_STATUSES = ("success", "partial")
@@ -136,7 +140,7 @@ def _result_row(cell: CellRecord, benchmarks: dict[str, ResultRecord]) -> Result
 
 
 def _gpus(details: dict[str, Any]) -> int:
-    """GPUs the cell's server spanned (``details.runtime.gpus``, runtimes/gpus.py); 1 when not recorded."""
+    """GPUs the cell's server spanned (``details.runtime.gpus``, runtimes/base.py); 1 when not recorded."""
     count = ((details.get("runtime") or {}).get("gpus") or {}).get("count")
     return count if isinstance(count, int) and count > 1 else 1
 
@@ -229,3 +233,113 @@ def _grouped(cells: Iterable[CellRecord]) -> list[FailureGroup]:
                                                        -len(item[1]), item[0]))
     return [FailureGroup(stage=stage, message=message, count=len(names), cells=sorted(set(names)))
             for (stage, message), names in ordered]
+
+
+# ------------------------------------------------------------------- hardware
+
+
+def machines(store: Store, run_ids: Sequence[str]) -> list[MachineRow]:
+    """The machines of ``run_ids``, by GPU type and provider; the latest session's figures for each.
+
+    System detection records each session's machine once (the store's ``systems``);
+    here they become one row per machine: sessions of the same GPU type, provider and
+    machine (the offer's machine id, a host's name) whose GPUs, driver, CPU and OS agree fold into one row
+    (``sessions`` counts them, the disk figures are the latest session's), and a different machine under the
+    same GPU type and provider gets a row of its own (docs/report.md, its Hardware section).
+    """
+    records = sorted((record for run_id in run_ids for record in store.systems(run_id)),
+                     key=lambda record: record.recorded_at or "")
+    found: dict[tuple[object, ...], MachineRow] = {}
+    for record in records:
+        row = MachineRow.of(record)
+        earlier = found.get(row.identity)
+        found[row.identity] = row if earlier is None else row.model_copy(update={"sessions": earlier.sessions + 1})
+    return sorted(found.values(), key=lambda row: (row.gpu_type, row.provider, row.machine, row.gpu_count,
+                                                   row.gpu_name))
+
+
+# -------------------------------------------------------- GPU microbenchmarks
+
+
+def microbench_rows(store: Store, run_ids: Sequence[str], results: list[ResultRow]) -> list[MicrobenchRow]:
+    """The latest figure (``run_ids`` most recent first) of each GPU, provider and figure, with its
+    datasheet peak (:mod:`..measure.microbench`) and the GPU's best output tok/s among ``results``
+    (docs/hardware.md, "GPU microbenchmarks")."""
+    best: dict[str, ResultRow] = {}
+    for row in results:
+        held = best.get(row.gpu)
+        if row.output_tokens_per_second is not None and (
+                held is None or row.output_tokens_per_second > (held.output_tokens_per_second or 0.0)):
+            best[row.gpu] = row
+    chosen: dict[tuple[str, str, str], MicrobenchRow] = {}
+    for run_id in run_ids:
+        for record in store.microbench(run_id):
+            key = (record.gpu_type or "", record.provider or "", record.label)
+            if key in chosen:
+                continue  # a more recent run measured it
+            peaks = peaks_for(record.gpu_type or "")
+            peak = peaks.peak(record.kind, record.precision) if peaks else None
+            top = best.get(record.gpu_type or "")
+            chosen[key] = MicrobenchRow(
+                run_id=run_id, gpu=record.gpu_type or "", provider=record.provider or "", label=record.label,
+                unit=record.unit or "", value=record.value, ci_low=record.ci_low, ci_high=record.ci_high,
+                runs=record.n, skipped=record.skipped or "", peak=peak,
+                percent_of_peak=percent_of_peak(record.value, peak),
+                best_llm_tokens_per_second=top.output_tokens_per_second if top else None,
+                best_llm=f"{top.model} on {top.provider}" if top else "")
+    return sorted(chosen.values(), key=lambda r: (r.gpu, r.provider, _order(r.label)))
+
+
+def _order(label: str) -> int:
+    """Memory first, then the matmul precisions in :data:`~pytest_gpubench.matrix.cells.PRECISIONS`' order."""
+    order = ("memory_bandwidth", *(f"matmul_{precision}" for precision in microbench_spec.PRECISIONS))
+    return order.index(label) if label in order else len(order)
+
+
+# ---------------------------------------------------------------------- spend
+
+
+def run_spend(store: Store, run_id: str, now: datetime) -> RunSpend:
+    """Run ``run_id``'s cells and spend; an unfinished run's open sessions count up to ``now``.
+
+    Money is read from the manifest's ``attempts`` table: every rented session is one
+    row there (the renting attempt of a shared session carries its whole bill), so the
+    sum counts each session once, as the spend cap (``cloud/budget.py``) does. The cells'
+    own ``cost_usd`` (each one's share of its session) is kept beside it; a
+    run without attempt rows (imported, or older) has only that.
+    """
+    run = store.run(run_id) or RunRecord(run_id=run_id)
+    cells = store.cells(run_id)
+    attempts = store.attempts(run_id)
+    finished = run.finished_at or ""
+    as_of = datetime.fromisoformat(finished) if finished else now
+    cells_cost = sum(cell.cost_usd or 0.0 for cell in cells)
+    if attempts:
+        spent, source = spend_of(attempts, as_of).spent, "attempts"
+        sessions = {a.session_id for a in attempts if a.session_id}
+        still_open = sum(1 for a in attempts if a.session_id and not a.ended_at)
+    else:  # a run from before attempts were kept, or an imported one: the cells' own figures
+        spent, source = cells_cost, "cells"
+        sessions = {cell.session_id for cell in cells if cell.session_id}
+        still_open = 0
+    return RunSpend(
+        run_id=run_id, started_at=run.started_at or min((c.created_at or "" for c in cells), default=""),
+        finished_at=finished, status=run.status or "",
+        cells=len(cells), statuses=dict(sorted(Counter(cell.status for cell in cells).items())),
+        sessions=len(sessions), spent_usd=spent, cells_cost_usd=cells_cost, spent_from=source,
+        open_sessions=still_open, as_of=as_of.isoformat(timespec="seconds"),
+    )
+
+
+# ------------------------------------------------------- the report's files
+
+MARKDOWN_NAME, HTML_NAME = "BENCHMARK_REPORT.md", "index.html"
+
+
+def write_reports(report: Report, directory: Path) -> tuple[Path, Path]:
+    """Write ``BENCHMARK_REPORT.md`` and ``index.html`` into ``directory`` (made if missing)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    markdown, html = directory / MARKDOWN_NAME, directory / HTML_NAME
+    markdown.write_text(render_markdown(report), encoding="utf-8")
+    html.write_text(render_html(report), encoding="utf-8")
+    return markdown, html

@@ -11,12 +11,11 @@ from __future__ import annotations
 from html import escape
 
 from . import tables as fmt
-from .hardware_table import HARDWARE_INTRO, NO_HARDWARE, hardware_table
+from .tables import HARDWARE_INTRO, MICROBENCH_INTRO, NO_HARDWARE, hardware_table, microbench_table, peak_sources
 from .model import Report, ResultRow
 from .charts import Bar, Point, bar_chart, line_chart, provider_color, scatter_chart
-from .microbench import MICROBENCH_INTRO, microbench_table, peak_sources
-from .saturation import SATURATION_INTRO, saturated, saturation_table, step_points, steps_table
-from .sweep import percentile_table, sweep_table, sweeps
+from .sweep import (SATURATION_INTRO, percentile_table, saturated, saturation_table, step_points, steps_table,
+                    sweep_table, sweeps)
 
 __all__ = ["render_html"]
 

@@ -11,11 +11,9 @@ from __future__ import annotations
 import re
 
 from . import tables as fmt
-from .hardware_table import HARDWARE_INTRO, NO_HARDWARE, hardware_table
-from .microbench import MICROBENCH_INTRO, microbench_table, peak_sources
 from .model import Report
-from .saturation import SATURATION_INTRO, saturated, saturation_table, steps_table
-from .sweep import percentile_table, sweep_table, sweeps
+from .sweep import SATURATION_INTRO, percentile_table, saturated, saturation_table, steps_table, sweep_table, sweeps
+from .tables import HARDWARE_INTRO, MICROBENCH_INTRO, NO_HARDWARE, hardware_table, microbench_table, peak_sources
 
 __all__ = ["cell", "render_markdown"]
 

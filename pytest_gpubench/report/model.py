@@ -11,11 +11,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from ..matrix.fields import DEFAULT_RUNTIME
+from ..remote.sysinfo import SystemInfo
+from ..store.records import SystemRecord
 from ..store.sandbox_label import report_note, report_title
-from .hardware import MachineRow
-from .spend import RunSpend
 
-__all__ = ["BestValue", "FailureGroup", "Matchup", "MicrobenchRow", "ModelTable", "ProviderWins", "Report", "ResultRow",
+__all__ = ["BestValue", "FailureGroup", "MachineRow", "Matchup", "MicrobenchRow", "ModelTable", "ProviderWins", "Report", "ResultRow",
            "RunSpend"]
 
 
@@ -140,7 +140,7 @@ class FailureGroup(_Frozen):
 
 
 class MicrobenchRow(_Frozen):
-    """One GPU microbenchmark figure of a GPU and provider (report/microbench.py gathers them)."""
+    """One GPU microbenchmark figure of a GPU and provider (``gather.microbench_rows`` gathers them)."""
 
     run_id: str
     gpu: str
@@ -153,12 +153,97 @@ class MicrobenchRow(_Frozen):
     ci_high: float | None = None
     runs: int = 0
     skipped: str = ""
-    #: The datasheet peak (measure/gpu_peaks.py) and the figure as a % of it; None when unknown.
+    #: The datasheet peak (measure/microbench.py) and the figure as a % of it; None when unknown.
     peak: float | None = None
     percent_of_peak: float | None = None
     #: The best output tok/s of the same GPU in this report, and the model and provider that reached it.
     best_llm_tokens_per_second: float | None = None
     best_llm: str = ""
+
+
+class MachineRow(BaseModel):
+    """One machine: its GPUs (the first one's figures: the cell's GPUs are alike) and its host."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu_type: str
+    provider: str
+    #: Which of the provider's machines (the offer's machine id; a host's name); "": unknown.
+    machine: str = ""
+    gpu_name: str
+    gpu_count: int
+    memory_mib: int | None
+    compute_capability: str
+    sm_clock_max_mhz: int | None
+    mem_clock_max_mhz: int | None
+    power_limit_w: float | None
+    driver_version: str
+    cuda_version: str
+    cpu_model: str
+    cpu_cores: int
+    ram_mib: int | None
+    os: str
+    kernel: str
+    disk_total_bytes: int | None
+    disk_free_bytes: int | None
+    #: Which source answered: ``nvml``, ``nvidia-smi-xml`` or ``nvidia-smi-csv``.
+    source: str
+    #: Sessions detected on such a machine.
+    sessions: int = 1
+
+    @classmethod
+    def of(cls, record: SystemRecord, sessions: int = 1) -> MachineRow:
+        system: SystemInfo = record.system
+        gpu, host = system.first, system.host
+        return cls(
+            gpu_type=record.gpu_type, provider=record.provider, machine=record.machine,
+            gpu_name=gpu.name if gpu else "",
+            gpu_count=len(system.gpus), memory_mib=gpu.memory_total_mib if gpu else None,
+            compute_capability=gpu.compute_capability if gpu else "",
+            sm_clock_max_mhz=gpu.sm_clock_max_mhz if gpu else None,
+            mem_clock_max_mhz=gpu.mem_clock_max_mhz if gpu else None,
+            power_limit_w=gpu.power_limit_w if gpu else None, driver_version=system.driver_version,
+            cuda_version=system.cuda_version, cpu_model=host.cpu_model, cpu_cores=host.cpu_cores,
+            ram_mib=host.ram_mib, os=host.os, kernel=host.kernel, disk_total_bytes=host.disk_total_bytes,
+            disk_free_bytes=host.disk_free_bytes, source=system.source, sessions=sessions,
+        )
+
+    @property
+    def provider_label(self) -> str:
+        """The provider and, when known and not its own name, the machine: ``hosts (lab1)``."""
+        return f"{self.provider} ({self.machine})" if self.machine and self.machine != self.provider \
+            else self.provider
+
+    @property
+    def identity(self) -> tuple[object, ...]:
+        """What makes two sessions the same machine (the disk's free space does not)."""
+        return (self.gpu_type, self.provider, self.machine, self.gpu_name, self.gpu_count, self.memory_mib,
+                self.compute_capability, self.sm_clock_max_mhz, self.mem_clock_max_mhz, self.power_limit_w,
+                self.driver_version, self.cuda_version, self.cpu_model, self.cpu_cores, self.ram_mib, self.os,
+                self.kernel, self.source)
+
+
+class RunSpend(BaseModel):
+    """One run's cells and money."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    started_at: str
+    finished_at: str
+    status: str
+    cells: int
+    statuses: dict[str, int]
+    sessions: int
+    #: Billed session time (price x lifetime), each session once; see :func:`.gather.run_spend`.
+    spent_usd: float
+    #: The cells' ``cost_usd`` summed: their shares of the sessions they ran on.
+    cells_cost_usd: float
+    #: ``attempts`` or ``cells`` (a run without attempt rows, such as an imported one).
+    spent_from: str
+    #: Sessions with no recorded end: their cost is counted up to ``as_of``.
+    open_sessions: int
+    as_of: str
 
 
 class Report(_Frozen):
@@ -183,7 +268,7 @@ class Report(_Frozen):
     data_until: str
     #: Runs that measured the sandbox (``runs.sandbox``): their figures are labelled so.
     sandbox_runs: list[str] = []
-    #: The machines the runs measured on, as system detection found them (:mod:`.hardware`).
+    #: The machines the runs measured on, as system detection found them (:func:`.gather.machines`).
     machines: list[MachineRow] = []
     #: GPU microbenchmark figures, latest per GPU, provider and figure (docs/hardware.md).
     microbench: list[MicrobenchRow] = []

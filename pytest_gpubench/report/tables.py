@@ -8,12 +8,14 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from ..cloud.budget import usd
-from .model import FailureGroup, ModelTable, Report, ResultRow
+from ..measure.microbench import peaks_for
+from .model import FailureGroup, MachineRow, ModelTable, Report, ResultRow
 
 __all__ = [
-    "FIGURES", "MARKS", "Figure", "Table", "cost_leaderboard", "facts", "failure_table", "gpu_label", "has_loads",
-    "head_to_head_table", "headlines", "invalid_notes", "model_table", "money", "ms", "per_million", "picks",
-    "price", "spend_notes", "spend_table", "tokens_leaderboard", "tps", "tps_marked", "when", "where",
+    "FIGURES", "HARDWARE_INTRO", "MARKS", "MICROBENCH_INTRO", "NO_HARDWARE", "Figure", "Table", "cost_leaderboard",
+    "facts", "failure_table", "gpu_label", "hardware_table", "has_loads", "head_to_head_table", "headlines",
+    "invalid_notes", "microbench_table", "model_table", "money", "ms", "peak_sources", "per_million", "picks", "price",
+    "spend_notes", "spend_table", "tokens_leaderboard", "tps", "tps_marked", "when", "where",
 ]
 
 #: What each column is (docs/report.md, docs/metrics.md): shown under the tables.
@@ -292,3 +294,90 @@ FAILURES_INTRO = "Failed and partial cells, grouped by stage and message (Count:
 NO_FAILURES = "No cell failed."
 SPEND_INTRO = ("Billed session time (price x lifetime, each session once). \"Cells' cost\" sums the cells' own "
                "cost_usd: each cell's share of its session (the time it held it).")
+
+
+# ------------------------------------------------------------------- hardware
+
+HARDWARE_INTRO = ("The machines measured on, as system detection found them (docs/hardware.md): one row per "
+                  "machine, its first GPU's figures; Source says what answered (nvml, nvidia-smi-xml, "
+                  "nvidia-smi-csv).")
+NO_HARDWARE = "No system was detected in these runs (older runs, imports and endpoints have none)."
+GIB = 1024 ** 3
+
+
+def _number(value: float | None, text: str) -> Figure:
+    return Figure(text if value is not None else "-", value)
+
+
+def _gib(mib: int | None) -> Figure:
+    return _number(mib, f"{mib / 1024:.0f}" if mib is not None else "")
+
+
+def _disk(row: MachineRow) -> str:
+    if row.disk_total_bytes is None:
+        return "-"
+    free = f"{row.disk_free_bytes / GIB:.0f}" if row.disk_free_bytes is not None else "?"
+    return f"{free} / {row.disk_total_bytes / GIB:.0f}"
+
+
+def _gpus(row: MachineRow) -> str:
+    return f"{row.gpu_count} x {row.gpu_name}" if row.gpu_count != 1 else row.gpu_name or "-"
+
+
+def hardware_table(rows: list[MachineRow]) -> Table:
+    """GPU and provider, the GPUs with their memory, compute capability, max clocks and power limit,
+    driver and CUDA, the host (CPU, RAM, OS, kernel, free / total disk), the source and sessions."""
+    body: list[tuple[Value, ...]] = [
+        (row.gpu_type, row.provider_label, _gpus(row), _gib(row.memory_mib), row.compute_capability or "-",
+         _number(row.sm_clock_max_mhz, str(row.sm_clock_max_mhz)),
+         _number(row.mem_clock_max_mhz, str(row.mem_clock_max_mhz)),
+         _number(row.power_limit_w, f"{row.power_limit_w:.0f}" if row.power_limit_w is not None else ""),
+         row.driver_version or "-", row.cuda_version or "-",
+         f"{row.cpu_model or '?'} ({row.cpu_cores} cores)" if row.cpu_cores else (row.cpu_model or "-"),
+         _gib(row.ram_mib), row.os or "-", row.kernel or "-", _disk(row), row.source,
+         Figure(str(row.sessions), row.sessions))
+        for row in rows
+    ]
+    return Table(("GPU", "Provider", "GPUs", "GPU memory (GiB)", "Compute cap.", "Max SM MHz", "Max memory MHz",
+                  "Power limit (W)", "Driver", "CUDA", "CPU", "RAM (GiB)", "OS", "Kernel", "Disk free / total (GiB)",
+                  "Source", "Sessions"), body)
+
+
+# -------------------------------------------------------- GPU microbenchmarks
+
+MICROBENCH_INTRO = ("What each GPU itself measured with torch (microbench cells): device-to-device copy bandwidth "
+                    "and dense matmul throughput per precision, the mean of the timed runs with its 95% confidence "
+                    "interval, as a % of the datasheet peak (sources below), beside the best output tok/s the same "
+                    "GPU reached in this report (docs/metrics.md).")
+
+
+def _with_unit(value: float | None, unit: str) -> str:
+    return "-" if value is None else f"{value:,.1f} {unit}"
+
+
+def microbench_table(report: Report) -> Table:
+    """One row per figure: measured (± CI), peak, % of peak, runs, and the GPU's best LLM figure."""
+    body = []
+    for row in report.microbench:
+        if row.value is None:
+            measured = Figure(f"skipped: {row.skipped}", None)
+        else:
+            half = (row.ci_high - row.ci_low) / 2 if row.ci_high is not None and row.ci_low is not None else None
+            spread = f" ± {half:,.1f}" if half else ""
+            measured = Figure(f"{row.value:,.1f}{spread} {row.unit}", row.value)
+        percent = Figure("-" if row.percent_of_peak is None else f"{row.percent_of_peak:.0f}%", row.percent_of_peak)
+        llm = Figure(tps(row.best_llm_tokens_per_second) + (f" ({row.best_llm})" if row.best_llm else ""),
+                     row.best_llm_tokens_per_second)
+        body.append((row.gpu, row.provider, row.label, measured, Figure(_with_unit(row.peak, row.unit), row.peak),
+                     percent, Figure(str(row.runs), float(row.runs)), llm))
+    return Table(header=("GPU", "Provider", "Figure", "Measured (95% CI)", "Datasheet peak", "% of peak", "Runs",
+                         "Best output tok/s on this GPU"), rows=body)
+
+
+def peak_sources(report: Report) -> list[tuple[str, str]]:
+    """``(GPU, source and note)`` of every peak the table used."""
+    sources = []
+    for gpu in sorted({row.gpu for row in report.microbench}):
+        peaks = peaks_for(gpu)
+        sources.append((gpu, f"{peaks.source} ({peaks.note})" if peaks else "no datasheet peak known"))
+    return sources

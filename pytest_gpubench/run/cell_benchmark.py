@@ -24,15 +24,15 @@ from ..figures import parse_compare_fail
 from ..measure.compare import compare, figures_of
 from ..errors import BenchmarkInterrupted, ErrorBudgetExceeded, ResultsInvalid, Stage, StageError, ThresholdMissed
 from ..store.export import upload_result
-from ..measure.fingerprint import Fingerprint, fingerprint, incomparable
+from ..measure.compare import Fingerprint, fingerprint, incomparable
 from ..matrix.cells import DEFAULT_CLOUD, Cell
 from ..measure.repeats import Measurement, details_of, enough_runs, measure_once
 from ..cloud.provider import OfferChoice, Session, SshDetails
 from .record import CellRecorder, progress_path
-from ..remote.known_hosts import connect_checked
+from ..remote.ssh import connect_checked
 from ..remote.local import LocalShell
 from ..remote.ssh import Connection, KeyFile
-from ..measure.sanity import commonest_error, keep_raw, result_problems
+from ..measure.validity import commonest_error, keep_raw, result_problems
 from ..measure.results import BenchmarkResult, ModelInfo, TestConfig, summarize
 from ..remote.readings import HardwareInfo
 from ..measure.saturation import RateSearch, SweepOutcome, SweepStep, step_figures, sweep_identity
@@ -218,10 +218,10 @@ class Bench:
         """Seed 001's health check before each run: a server that stopped answering is
         restarted once (and the model loaded again) before the cell fails. Whether it was restarted."""
         settings, recorder, runtime = self._run.settings, self.recorder, self.runtime
-        timeout = settings.stage_timeout(Stage.OLLAMA_INSTALL)
+        timeout = settings.stage_timeout(Stage.RUNTIME_SETUP)
 
         def restarting(reason: str) -> None:
-            recorder.progress.status("OLLAMA_RESTART", reason=reason)
+            recorder.progress.status("RUNTIME_RESTART", reason=reason)
 
         # A restart is a start command, then a wait for /api/version, then maybe the serve log.
         # Watched: a server that stopped answering because its instance died is the instance's
@@ -233,7 +233,7 @@ class Bench:
             load = run_async(watched(self._run, self.session, Stage.BENCHMARK,
                                      lambda _: runtime.warm_up(self.cell.model, load_timeout, cold_start=False)),
                              load_timeout + BRIDGE_SLACK)
-            recorder.progress.status("OLLAMA_RESTARTED", version=runtime.version, load_s=round(load, 2))
+            recorder.progress.status("RUNTIME_RESTARTED", version=runtime.version, load_s=round(load, 2))
             return True
         return False
 

@@ -1,8 +1,8 @@
-"""A microbenchmark cell on its connected session: stages ``ollama_install`` (torch) and ``benchmark``.
+"""A microbenchmark cell on its connected session: stages ``runtime_setup`` (torch) and ``benchmark``.
 
 The cell went offer -> session -> ``gpu_ssh`` like any other; :class:`Microbench` then
-makes torch importable there (``remote/microbench.ensure_torch``: the instance's, or a
-venv it installs), runs the microbenchmark script (``remote/microbench.run_microbench``)
+makes torch importable there (``measure/microbench.ensure_torch``: the instance's, or a
+venv it installs), runs the microbenchmark script (``measure/microbench.run_microbench``)
 with ``nvidia-smi`` sampled beside it (``remote/telemetry.sample_gpus``, the cell's
 ``telemetry_interval``), and hands its figures (``measure/microbench.py``) and the samples
 of its GPU to the cell's recorder, which stores them with the cell's outcome. No pytest
@@ -19,10 +19,10 @@ from ..cloud.ssh_wait import stage_timeout
 from ..errors import Stage, StageError
 from ..matrix.cells import Cell
 from ..measure.microbench import MicrobenchRun, figures_from_events
-from ..remote.microbench import ensure_torch, run_microbench
+from ..measure.microbench import ensure_torch, run_microbench
 from ..remote.ssh import Connection
 from ..remote.telemetry import GpuSample, sample_gpus
-from ..runtimes.gpus import GpuPlacement
+from ..runtimes.base import GpuPlacement
 from .cell_benchmark import BRIDGE_SLACK, GpuSession, watched
 from .record import CellRecorder
 from .run_context import RunContext
@@ -50,9 +50,9 @@ class Microbench:
     def run(self) -> MicrobenchRun:
         """Torch, then the figures; a cell where no figure could be measured fails at ``benchmark``."""
         settings, recorder = self._run.settings, self.recorder
-        recorder.enter(Stage.OLLAMA_INSTALL)
-        timeout = stage_timeout(settings, Stage.OLLAMA_INSTALL, self.session.image)
-        torch = run_async(watched(self._run, self.session, Stage.OLLAMA_INSTALL,
+        recorder.enter(Stage.RUNTIME_SETUP)
+        timeout = stage_timeout(settings, Stage.RUNTIME_SETUP, self.session.image)
+        torch = run_async(watched(self._run, self.session, Stage.RUNTIME_SETUP,
                                   lambda _: ensure_torch(self.conn, timeout)), timeout + BRIDGE_SLACK)
         recorder.progress.status("TORCH_READY", python=torch.python, installed_now=torch.installed)
 

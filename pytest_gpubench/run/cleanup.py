@@ -49,6 +49,9 @@ another API are left alone with a line saying how to clean them), a session id t
 (:mod:`pytest_gpubench.ids`) is never sent to an API, and progress lines are written (and read)
 only in the cell's file under the configured progress folder (``progress_dir``), found from the
 cell's ids, never at the path a row's ``progress_file`` names.
+
+**The run's end.** Of the controllers sharing a run, the last records its end
+(:func:`others_running`, :func:`shared_run_status`, at the end of this module).
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..errors import ApiError, Stage, StageError
 from ..ids import is_id, shown_id
-from ..redaction import redact
+from ..errors import redact
 from ..cloud.hosts_provider import on_leased_machine
 from ..cloud.owned import OwnedSession
 from ..cloud.processes import ProcessIdentity, held_by, holder_alive
@@ -87,7 +90,7 @@ _STAGE_AFTER = {
     "INVENTORY_QUERY": Stage.PROVISION,
     "PROVISIONING": Stage.SSH_WAIT,
     "SSH_READY": Stage.SSH_CONNECT,
-    "SYSTEM_INFO": Stage.OLLAMA_INSTALL,
+    "SYSTEM_INFO": Stage.RUNTIME_SETUP,
     "OLLAMA_INSTALLED": Stage.MODEL_PULL,
     "MODEL_READY": Stage.BENCHMARK,
     "RUN_COMPLETE": Stage.BENCHMARK,
@@ -693,3 +696,39 @@ async def clean_each(
         else:
             report.merge(one)
     return report if report is not None else CleanupReport(dry_run=bool(scope.get("dry_run")))
+
+
+# --------------------------------------------------------------------------------------------------
+# Who records the end of a run several controllers share, and with which status.
+#
+# Each controller (``pytest`` process) of a shared run ends on its own. The run's end is
+# recorded by the last of them: one that sees no cell of the run running under another
+# controller with a live lease. Its status is the worst of its own exit status and the
+# cells' outcomes, so a run whose earlier controller failed a cell does not read
+# ``passed`` because the last one passed; a status an earlier controller recorded as
+# ``failed`` is not overwritten (a run finished once may be started again: resume).
+
+
+def others_running(store: Store, run_id: str, me: str) -> str | None:
+    """A holder other than ``me`` (or its xdist workers) running a cell of ``run_id`` under a
+    live lease (and not known dead), or None when this controller is the run's last."""
+    now = time.time()
+    for cell in store.cells(run_id):
+        if (cell.status == "running" and cell.worker and not held_by(cell.worker, me)
+                and cell.lease_expires_at is not None and cell.lease_expires_at > now
+                and holder_alive(cell.worker) is not False):
+            return cell.worker
+    return None
+
+
+def shared_run_status(store: Store, run_id: str, mine: str) -> str:
+    """The run's end status when this controller is its last: ``mine`` (its own
+    ``plugin.fixtures.run_status``), unless it is ``passed`` and either a cell of the run ended
+    failed under any controller, or an earlier controller already recorded a worse end."""
+    if mine != "passed":
+        return mine
+    if any(cell.status == "failed" for cell in store.cells(run_id)):
+        return "failed"
+    run = store.run(run_id)
+    earlier = run.status if run is not None and run.finished_at else None
+    return earlier if earlier not in (None, "running", "passed") else mine

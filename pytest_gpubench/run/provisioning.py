@@ -216,7 +216,7 @@ class Provisioning:
         if heavy_stage_seconds(wait.image) and len(self.attempts) == 1:
             recorder.progress.status("HEAVY_IMAGE", image=wait.image, provision_s=round(timeout, 1),
                                      ssh_wait_s=round(ssh_timeout, 1),
-                                     ollama_install_s=round(stage_timeout(settings, Stage.OLLAMA_INSTALL,
+                                     runtime_setup_s=round(stage_timeout(settings, Stage.RUNTIME_SETUP,
                                                                           wait.image), 1))
         hours = reservation_hours(settings, reservation_seconds(self.planned, settings.runs))
         created = self._bridge(provider.create(offer, attempt.consumer_id, hours, template=self.cell.offer.template,

@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass, field
 
 from ..aio import run as run_async
-from ..matrix.overrides import apply_overrides
+from ..matrix.cells import apply_overrides
 from ..errors import ApiUnreachable
 from ..store.base import Store
 from ..store.opening import open_store

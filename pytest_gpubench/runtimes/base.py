@@ -2,27 +2,34 @@
 
 A cell's fixtures drive a runtime through one instance over SSH, in this order::
 
-    ensure_installed -> locate -> ensure_serving        stage ollama_install
+    ensure_installed -> locate -> ensure_serving        stage runtime_setup
     pull -> model_info -> warm_up                       stage model_pull
     ensure_healthy, endpoint (the load generator's)     stage benchmark
     residency, loaded_models, unload, remove, stop      results, and the next cell on a reused session
 
 Everything above this folder (fixtures, the cell's benchmark, repeats, session
 reuse) speaks :class:`Runtime`, never an implementation; :mod:`.registry` builds
-the one a cell's ``runtime:`` names. ``tests/e2e/test_runtime_contract.py`` runs the
-same suite against every registered implementation over real SSH to the sandbox.
+the one a cell's ``runtime:`` names. The contract's checks (``run/runtime_contract.py``)
+hold an implementation to it over real SSH; ``tests/e2e/test_runtime_contract.py`` runs
+them on every built-in one against the sandbox.
+
+Below the protocol, what every implementation shares: the GPUs a server runs on
+(:class:`GpuPlacement`), the one restart a server gets (:func:`restart_once`) and the
+VRAM check before a pull (:func:`vram_shortfall`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import shlex
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar, Protocol
 
-from ..errors import Stage
+from ..cloud.offers import VRAM_ROUNDING_GB
+from ..errors import Stage, StageError
+from ..remote.readings import HardwareInfo
 from ..remote.ssh import Connection
-from .gpus import GpuPlacement
 
 
 class ServingApi(str, Enum):
@@ -92,13 +99,13 @@ class Runtime(Protocol):
     #: The first (cold) warm-up's model load time and first-token time; None before it.
     warmup_load_seconds: float | None
     cold_first_token_ms: float | None
-    #: The GPUs a server started here spans and sees (``runtimes/gpus.py``).
+    #: The GPUs a server started here spans and sees (:class:`GpuPlacement`, below).
     placement: GpuPlacement
     #: The tensor-parallel size a server started here gets; None when it spreads layers instead.
     tensor_parallel: int | None
 
     async def ensure_installed(self, timeout: float) -> bool:
-        """Install the server unless it is there already (stage ``ollama_install``); True if it installed."""
+        """Install the server unless it is there already (stage ``runtime_setup``); True if it installed."""
         ...
 
     async def locate(self, timeout: float) -> None:
@@ -154,7 +161,139 @@ class Runtime(Protocol):
         """Delete the prepared ``model`` from the instance's disk."""
         ...
 
-    async def stop(self, timeout: float, stage: Stage = Stage.OLLAMA_INSTALL) -> None:
+    async def stop(self, timeout: float, stage: Stage = Stage.RUNTIME_SETUP) -> None:
         """End the server this runtime (or an earlier cell's on the session) started; one found
         running is left alone."""
         ...
+
+
+# --------------------------------------------------------------------- GPUs
+#
+# Which GPUs a cell's server runs on: how many (the matrix's ``gpus:``) and which (a provider's lease).
+#
+# A provider that rents a whole machine leaves ``SshDetails.gpu_indices`` empty (the
+# machine has exactly the cell's GPUs: offers are chosen by count); one that shares a
+# machine (``hosts``, ``local``) fills it with the GPUs it leased to the cell. Every
+# server a runtime starts gets ``CUDA_VISIBLE_DEVICES`` set to those indices when there
+# are any (with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: the indices are nvidia-smi's, in PCI bus
+# order), so it never touches another cell's GPUs, and spans ``count`` GPUs its own
+# way: a tensor-parallel flag (vLLM, SGLang, TGI), Ollama's ``OLLAMA_SCHED_SPREAD``, the
+# layers llama.cpp splits over the GPUs it sees, Docker's ``--gpus "device=0,1"``.
+
+
+@dataclass(frozen=True)
+class GpuPlacement:
+    """The GPUs of one machine a cell's server runs on."""
+
+    #: GPUs the server spans (the cell's ``gpus``).
+    count: int = 1
+    #: The machine's GPUs (nvidia-smi indices) the cell's server runs on; empty: all of them.
+    indices: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, count: int = 1, indices: Iterable[int] = ()) -> GpuPlacement:
+        """A checked placement: whole, distinct, non-negative indices, at least ``count`` of them when given.
+
+        The server gets the first ``count`` of them: a runtime with one server per machine (Ollama, a
+        worker) leases the whole machine so no other cell shares its server, but spans only the cell's GPUs."""
+        given = tuple(indices)
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in given) or len(set(given)) < len(given):
+            raise StageError(Stage.RUNTIME_SETUP, f"GPU indices {list(given)} are not distinct whole numbers >= 0")
+        if given and len(given) < count:
+            raise StageError(Stage.RUNTIME_SETUP, f"the cell spans {count} GPUs but was given {len(given)}: "
+                                                   f"{list(given)}")
+        count = max(1, int(count))
+        return cls(count=count, indices=given[:count])
+
+    @property
+    def visible_devices(self) -> str:
+        """``CUDA_VISIBLE_DEVICES``'s value: ``"0,1"``; ``""`` when the cell may use every GPU."""
+        return ",".join(map(str, self.indices))
+
+    def owns(self, gpu: int) -> bool:
+        """Whether nvidia-smi's GPU ``gpu`` is the cell's: any GPU without indices, else one of them."""
+        return not self.indices or gpu in self.indices
+
+    def environment(self) -> dict[str, str]:
+        """The variables a server started for the cell gets: ``CUDA_VISIBLE_DEVICES`` with the indices,
+        and ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` so CUDA numbers the GPUs as nvidia-smi (and the lease) does;
+        by default CUDA puts the fastest first, and on a machine with mixed GPUs ``1`` would be another card."""
+        if not self.indices:
+            return {}
+        return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": self.visible_devices}
+
+    def shell_prefix(self) -> str:
+        """``CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=0,1 `` before a command (quoted), or ``""``."""
+        return "".join(f"{name}={shlex.quote(value)} " for name, value in self.environment().items())
+
+    @property
+    def docker_devices(self) -> str:
+        """Docker's ``--gpus`` value: ``device=0`` or ``"device=0,1"`` (quoted: Docker reads the option as
+        CSV, where a bare comma would split it); the given GPUs, else the first ``count``."""
+        devices = ",".join(map(str, self.indices or range(self.count)))
+        return f'"device={devices}"' if "," in devices else f"device={devices}"
+
+    def describe(self, tensor_parallel: int | None) -> dict[str, Any]:
+        """What the result records: the GPUs spanned, the tensor-parallel size (None: the server
+        spreads layers instead), and the visible devices ("": all of the machine's)."""
+        return {"count": self.count, "tensor_parallel": tensor_parallel, "visible_devices": self.visible_devices}
+
+
+# --------------------------------------------------------------------- the one restart
+#
+# The one restart a runtime allows a server that stopped answering, shared by every implementation.
+
+
+async def restart_once(runtime: Any, *, where: str, probe: str, log: str, stage: Stage, timeout: float,
+                       on_restart: Callable[[str], None] | None, serve: Callable[[], Awaitable[None]]) -> None:
+    """Start the server of ``runtime`` again after ``probe`` went unanswered: once per runtime.
+
+    ``on_restart`` is told why first; a server this runtime started is stopped first, since
+    a hung one (alive, not answering) would keep the port; one it found running it cannot
+    tell from another process, and leaves alone. Raises at ``stage`` on a second failure or
+    when ``serve`` does not bring the server back. ``runtime`` counts its ``restarts``.
+    """
+    if runtime.restarts:
+        raise StageError(stage, f"{where} stopped answering again after its one restart",
+                         hint=f"its log is {log} on the instance")
+    runtime.restarts += 1
+    reason = f"{where} did not answer {probe}"
+    if on_restart is not None:
+        on_restart(reason)
+    if runtime.started_here:
+        await runtime.stop(timeout, stage)
+    try:
+        await serve()
+    except StageError as exc:
+        raise StageError(stage, f"{reason} and did not come back after one restart: {exc.message}") from None
+
+
+# --------------------------------------------------------------------- VRAM
+#
+# Does the model fit the GPU the instance really has? Checked before pulling it.
+#
+# The offer's ``vram_gb`` chose the machine, but a listing can be wrong, and a
+# model too large for the card only fails when Ollama loads it, after minutes of
+# download (seed 001: "OOM during model load | Check VRAM before loading"). The
+# memory ``nvidia-smi`` reports on the instance is the truth to compare with.
+
+
+def vram_shortfall(model: str, need_gb: float, hardware: HardwareInfo | None, gpus: int | None = None) -> str | None:
+    """Why ``model`` (needing ``need_gb`` GB) cannot fit the cell's GPUs, or None.
+
+    Memory is summed over the GPUs the cell spans (``gpus``, at most those nvidia-smi
+    lists; None: all it lists): every runtime spreads a model over them. It is counted
+    as the offers count it (MiB / 1024, within ``VRAM_ROUNDING_GB``), so a card
+    that was good enough to rent is good enough here. Unknown memory is no reason
+    to skip.
+    """
+    if hardware is None or hardware.gpu_memory_mib <= 0:
+        return None
+    count = max(1, hardware.gpu_count if gpus is None else min(gpus, hardware.gpu_count or gpus))
+    total_gb = hardware.gpu_memory_mib * count / 1024
+    if total_gb + VRAM_ROUNDING_GB >= need_gb:
+        return None
+    cards = f"{count} x " if count > 1 else ""
+    return (f"{model} needs {need_gb:g} GB of VRAM, but nvidia-smi on the instance reports "
+            f"{cards}{hardware.gpu_memory_mib} MiB ({hardware.gpu_name or 'unknown GPU'}, {total_gb:.1f} GB "
+            "in all): not pulled")

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .openai_server import LaunchSpec, OpenAIServerRuntime
+from ..runtime_facts import SandboxImitation
+from .openai_server import LaunchSpec, OpenAIServerRuntime, declare
 
 LLAMACPP = LaunchSpec(
     name="llamacpp",
@@ -37,3 +38,7 @@ class LlamacppRuntime(OpenAIServerRuntime):
 
     name: ClassVar[str] = "llamacpp"
     spec: ClassVar[LaunchSpec] = LLAMACPP
+
+
+#: The sandbox's ``llama-server`` launcher stand-in imitates it.
+RUNTIME = declare(LlamacppRuntime, sandbox=SandboxImitation(program="llama-server", stand_in="llama-server"))

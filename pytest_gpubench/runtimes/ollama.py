@@ -25,13 +25,10 @@ from ..aio import http_client
 from ..errors import RemoteCommandError, Stage, StageError
 from ..matrix.cells import Cell
 from ..remote.ssh import Connection
+from ..runtime_facts import RuntimeFacts, SandboxImitation
 from ..settings import DEFAULT_OLLAMA_INSTALL
-from .base import Endpoint, PulledModel, ServingApi
-from .gpus import GpuPlacement
-from .openai_server import LOOPBACK, reach_address
-from .restart import restart_once
-from .server_pid import identify, record, stale_in
-from .server_pid import stop as stop_script
+from .base import Endpoint, GpuPlacement, PulledModel, ServingApi, restart_once
+from .openai_server import LOOPBACK, identify, reach_address, record, stale_in, stop_script
 
 #: Ollama model references: name[:tag], optionally namespaced. Nothing a shell
 #: or a URL would treat specially.
@@ -42,7 +39,7 @@ DOWNLOADERS = ("curl", "wget")
 SERVE_LOG = "$HOME/.gpubench/ollama-serve.log"
 #: The pid of the ``ollama serve`` this runtime started, so that a hung one can be ended.
 SERVE_PID = "$HOME/.gpubench/ollama-serve.pid"
-#: What the command line of an ``ollama serve`` matches (``server_pid.py``): a word naming ollama, then
+#: What the command line of an ``ollama serve`` matches (``openai_server.py``, "pid files"): a word naming ollama, then
 #: ``serve`` (the sandbox's stand-in runs as ``python -m ...ollama_standin serve``).
 SERVE_PATTERN = '*ollama*" serve "*'
 
@@ -136,7 +133,7 @@ class OllamaRuntime:
 
     async def installed_version(self, timeout: float) -> str | None:
         result = await self.conn.run(
-            "ollama --version", stage=Stage.OLLAMA_INSTALL, what="ollama --version",
+            "ollama --version", stage=Stage.RUNTIME_SETUP, what="ollama --version",
             timeout=timeout, check=False,
         )
         if not result.ok:
@@ -156,7 +153,7 @@ class OllamaRuntime:
             return False
         try:
             await self.conn.run(
-                install_command, stage=Stage.OLLAMA_INSTALL, what="the Ollama install command",
+                install_command, stage=Stage.RUNTIME_SETUP, what="the Ollama install command",
                 timeout=max(1.0, deadline - time.monotonic()),
             )
         except RemoteCommandError:
@@ -166,7 +163,7 @@ class OllamaRuntime:
             # `curl ... | sh` without curl "succeeds": sh reads an empty script.
             await self._explain_missing_downloader(install_command)
             raise StageError(
-                Stage.OLLAMA_INSTALL,
+                Stage.RUNTIME_SETUP,
                 "the install command succeeded but `ollama --version` still fails",
                 hint="check the command given by runtime.ollama_install or --gpubench-ollama-install",
             )
@@ -177,12 +174,12 @@ class OllamaRuntime:
         for tool in DOWNLOADERS:
             if not re.search(rf"(?:^|[\s|;&(]){tool}(?:\s|$)", install_command):
                 continue
-            found = await self.conn.run(f"command -v {tool}", stage=Stage.OLLAMA_INSTALL,
+            found = await self.conn.run(f"command -v {tool}", stage=Stage.RUNTIME_SETUP,
                                         what=f"looking for {tool}", timeout=30, check=False)
             if not found.ok:
                 then = DEFAULT_OLLAMA_INSTALL if tool == "curl" else "<your install command>"
                 raise StageError(
-                    Stage.OLLAMA_INSTALL,
+                    Stage.RUNTIME_SETUP,
                     f"{tool} is not installed on the instance, and the Ollama install command uses it "
                     "to download the installer",
                     hint=f"use an image with {tool} or with Ollama preinstalled, or set runtime.ollama_install "
@@ -194,7 +191,7 @@ class OllamaRuntime:
         """Read the port of the instance's OLLAMA_HOST and forward a local port to it, on the address
         a server started here listens on (:attr:`bind_host`; the instance's loopback by default)."""
         result = await self.conn.run(
-            'printf "%s" "${OLLAMA_HOST:-}"', stage=Stage.OLLAMA_INSTALL,
+            'printf "%s" "${OLLAMA_HOST:-}"', stage=Stage.RUNTIME_SETUP,
             what="reading OLLAMA_HOST", timeout=timeout,
         )
         _, self.remote_port = parse_ollama_host(result.stdout.strip())
@@ -213,23 +210,23 @@ class OllamaRuntime:
             # Started by gpubench and known to no cell now: a run that died before its teardown left it
             # (on a shared machine the lease says nobody else holds it). Ours to end, not to adopt and
             # leave running: restarted with this cell's settings, and stopped at the end like any we start.
-            await self.stop(timeout, Stage.OLLAMA_INSTALL)
+            await self.stop(timeout, Stage.RUNTIME_SETUP)
             version = None
         if version is not None and self.started_here and self.num_parallel not in (None, self.wanted_parallel):
             # A server an earlier cell started on this session (session reuse) with another
             # OLLAMA_NUM_PARALLEL: this cell's concurrency needs its own setting.
-            await self.stop(timeout, Stage.OLLAMA_INSTALL)
+            await self.stop(timeout, Stage.RUNTIME_SETUP)
             version = None
         if version is None:
-            version = await self._serve(self.wanted_parallel, timeout, Stage.OLLAMA_INSTALL)
+            version = await self._serve(self.wanted_parallel, timeout, Stage.RUNTIME_SETUP)
         self.version = version
         return version
 
-    async def stop(self, timeout: float, stage: Stage = Stage.OLLAMA_INSTALL) -> None:
+    async def stop(self, timeout: float, stage: Stage = Stage.RUNTIME_SETUP) -> None:
         """Kill the ``ollama serve`` this runtime (or an earlier one on the session) started.
 
         One found running (no pid file of ours) is left alone: it cannot be told from another process;
-        so is a process a stale pid file names (``server_pid.py``), whose file is dropped and reported.
+        so is a process a stale pid file names (``openai_server.py``, "pid files"), whose file is dropped and reported.
         """
         result = await self.conn.run(stop_script(SERVE_PID, SERVE_PATTERN, grace_steps=0), stage=stage,
                                      what="ending the ollama serve started earlier", timeout=timeout)
@@ -247,7 +244,7 @@ class OllamaRuntime:
         """Whether the process in gpubench's pid file is the ``ollama serve`` gpubench started there
         (its start time and command line: a pid the system gave to another process since is not taken
         for it, and its file is dropped)."""
-        result = await self.conn.run(identify(SERVE_PID, SERVE_PATTERN), stage=Stage.OLLAMA_INSTALL,
+        result = await self.conn.run(identify(SERVE_PID, SERVE_PATTERN), stage=Stage.RUNTIME_SETUP,
                                      what="looking for an ollama serve gpubench left", timeout=30, check=False)
         self._report_stale(result.stdout)
         return result.ok and result.stdout.startswith("ours ")
@@ -315,7 +312,7 @@ class OllamaRuntime:
             return None
         return None
 
-    async def _wait_version(self, timeout: float, stage: Stage = Stage.OLLAMA_INSTALL) -> str:
+    async def _wait_version(self, timeout: float, stage: Stage = Stage.RUNTIME_SETUP) -> str:
         deadline = time.monotonic() + timeout
         delay = 0.05
         while time.monotonic() < deadline:
@@ -475,3 +472,11 @@ def _error_text(response: httpx.Response) -> str:
         body = None
     return _one_line(body.get("error", response.text) if isinstance(body, dict) else response.text, 500)
 
+
+
+#: One ``ollama serve`` per machine, on its ``OLLAMA_HOST`` (a cell on a machine the run does not own
+#: leases every GPU of it); it spreads a model over the GPUs it sees with ``OLLAMA_SCHED_SPREAD``, no
+#: tensor-parallel flag; the sandbox has an Ollama stand-in of its own (``sandbox/ollama_standin.py``).
+RUNTIME = RuntimeFacts(name="ollama", runtime=OllamaRuntime, server_per_cell=False, launch=("ollama", "serve"),
+                       health_path="/api/version", version_command="ollama --version",
+                       sandbox=SandboxImitation(program="ollama", stand_in="ollama_standin", kind="own"))

@@ -1,7 +1,7 @@
 """A running OpenAI-compatible server (``runtime: openai``): checked and measured, never started.
 
 :class:`OpenAIEndpointRuntime` implements :class:`~.base.Runtime` for a server that is
-already up at the cell's ``endpoint:`` URL (``matrix/endpoint.py``). Nothing is
+already up at the cell's ``endpoint:`` URL (``matrix/fields.py``). Nothing is
 installed, started, pulled, unloaded or stopped: it is not ours. "Serving" is its
 readiness (``/v1/models``, else ``/health``), with the bearer token from the
 environment variable the matrix names; its version is vLLM's ``/version`` when the
@@ -26,10 +26,10 @@ import httpx
 from ..aio import tls_context
 from ..errors import Stage, StageError
 from ..matrix.cells import Cell
-from ..matrix.endpoint import ENDPOINT_RUNTIME, EndpointSpec
+from ..matrix.fields import ENDPOINT_RUNTIME, EndpointSpec
 from ..remote.ssh import Connection
-from .base import Endpoint, PulledModel, ServingApi
-from .gpus import GpuPlacement
+from ..runtime_facts import RuntimeFacts
+from .base import Endpoint, GpuPlacement, PulledModel, ServingApi
 
 #: However long the stage may take, a server that is supposed to be up gets this long to answer.
 READY_SECONDS = 30.0
@@ -56,7 +56,7 @@ class OpenAIEndpointRuntime:
     @classmethod
     def for_cell(cls, conn: Connection, cell: Cell, placement: GpuPlacement = GpuPlacement()) -> OpenAIEndpointRuntime:
         if cell.endpoint is None:  # the matrix cannot say `openai` without an endpoint; a hand-made Cell can
-            raise StageError(Stage.OLLAMA_INSTALL, "runtime openai needs the cell's `endpoint: URL`")
+            raise StageError(Stage.RUNTIME_SETUP, "runtime openai needs the cell's `endpoint: URL`")
         return cls(conn, cell.endpoint)
 
     # -- talking to it --------------------------------------------------------------
@@ -139,14 +139,14 @@ class OpenAIEndpointRuntime:
 
     async def ensure_serving(self, timeout: float, num_parallel: int = 1) -> str:
         """The server must answer (with the token); returns its version, ``unknown`` if it does not say."""
-        await self._ready(Stage.OLLAMA_INSTALL, time.monotonic() + min(timeout, READY_SECONDS))
+        await self._ready(Stage.RUNTIME_SETUP, time.monotonic() + min(timeout, READY_SECONDS))
         if not self.version:
             self.version = await self._version()
         return self.version
 
     async def _version(self) -> str:
         try:
-            async with self._client(Stage.OLLAMA_INSTALL, 10) as http:
+            async with self._client(Stage.RUNTIME_SETUP, 10) as http:
                 response = await http.get("/version")  # vLLM's; SGLang and TGI answer elsewhere or not at all
             version = response.json().get("version") if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError, AttributeError):
@@ -225,7 +225,7 @@ class OpenAIEndpointRuntime:
     async def remove(self, model: str) -> None:
         """Not ours: left as it is."""
 
-    async def stop(self, timeout: float, stage: Stage = Stage.OLLAMA_INSTALL) -> None:
+    async def stop(self, timeout: float, stage: Stage = Stage.RUNTIME_SETUP) -> None:
         """Not ours: left running."""
 
 
@@ -245,3 +245,8 @@ def _error_text(response: httpx.Response) -> str:
 def _http_reason(exc: httpx.HTTPError) -> str:
     reason = str(exc) or type(exc).__name__
     return reason if type(exc).__name__ in reason else f"{type(exc).__name__}: {reason}"
+
+
+#: A server already running elsewhere: nothing launched, rented or imitated on an instance (its tests run a
+#: stand-in endpoint of their own); its version is vLLM's ``/version`` when the server has one.
+RUNTIME = RuntimeFacts(name=ENDPOINT_RUNTIME, runtime=OpenAIEndpointRuntime, health_path="/v1/models")

@@ -18,6 +18,10 @@ running ("found running"), else one is started on P. Without, the server is
 started on a free port picked on the instance (random in 20000-32767, checked
 unused from the instance's shell, another one tried when the server exits with
 "address already in use"), and a server found there is never adopted.
+
+Below the runtime: the pid files every server the plugin starts is known by (Ollama's too),
+and GPU Shopper's entrypoint mode, where the session's image started the server
+(:func:`adopt_image_server`).
 """
 
 from __future__ import annotations
@@ -36,13 +40,11 @@ import httpx
 
 from ..aio import http_client
 from ..errors import Stage, StageError
+from ..matrix import launch as image_launch
 from ..matrix.cells import Cell
+from ..runtime_facts import ImageServer, RuntimeFacts, SandboxImitation, facts_of
 from ..remote.ssh import Connection
-from .base import Endpoint, PulledModel, ServingApi
-from .gpus import GpuPlacement
-from .restart import restart_once
-from .server_pid import record, stale_in, word_pattern
-from .server_pid import stop as stop_script
+from .base import Endpoint, GpuPlacement, PulledModel, Runtime, ServingApi, restart_once
 
 #: Hugging Face repo ids (``org/name``), local paths, or catalog names with a tag; nothing a shell expands.
 MODEL_NAME = re.compile(r"^[A-Za-z0-9./_][A-Za-z0-9._/:-]*$")
@@ -76,7 +78,7 @@ def check_arguments(args: Sequence[str], program: str = "server") -> tuple[str, 
     """The launch arguments, each a printable single line (they are quoted for the shell)."""
     for arg in args:
         if not isinstance(arg, str) or not ARGUMENT.fullmatch(arg):
-            raise StageError(Stage.OLLAMA_INSTALL, f"refusing {program} argument {arg!r}: not one printable line")
+            raise StageError(Stage.RUNTIME_SETUP, f"refusing {program} argument {arg!r}: not one printable line")
     return tuple(args)
 
 
@@ -102,10 +104,10 @@ class LaunchSpec:
     tensor_parallel_flag: str | None = None
     health_path: str = "/health"
     api: ServingApi = ServingApi.OPENAI_CHAT
-    #: Set per cell on a shared machine (``runtimes/shared_machine.py``): its own log, pid and port files.
+    #: Set per cell on a shared machine (``runtimes/registry.py``): its own log, pid and port files.
     file_tag: str = ""
     #: A word the server process's command line holds (default: the launch command's first word): a pid
-    #: file naming a process without it is stale and never signalled (``server_pid.py``).
+    #: file naming a process without it is stale and never signalled (``openai_server.py``).
     process_word: str = ""
 
     def command(self, model: str, port: int, parallel: int, args: Sequence[str], gpus: int = 1,
@@ -134,7 +136,7 @@ class LaunchSpec:
 
     @property
     def process_pattern(self) -> str:
-        """The ``case`` pattern the server process's command line matches (``server_pid.py``)."""
+        """The ``case`` pattern the server process's command line matches (``openai_server.py``)."""
         return word_pattern(self.process_word or self.argv[0])
 
 
@@ -172,7 +174,7 @@ class OpenAIServerRuntime:
     num_parallel: int | None = None
     started_here: bool = False
     #: The session's image started the server (GPU Shopper's entrypoint mode): it is measured as
-    #: found and never replaced by one of the plugin's (``runtimes/entrypoint.py`` sets it).
+    #: found and never replaced by one of the plugin's (``runtimes/openai_server.py`` sets it).
     image_served: bool = False
     wanted_parallel: int = 1
     restarts: int = 0
@@ -226,7 +228,7 @@ class OpenAIServerRuntime:
 
     async def installed_version(self, timeout: float) -> str | None:
         """The version the launcher reports; None when it is not there."""
-        result = await self.conn.run(self.spec.version_command, stage=Stage.OLLAMA_INSTALL,
+        result = await self.conn.run(self.spec.version_command, stage=Stage.RUNTIME_SETUP,
                                      what=self.spec.version_command, timeout=timeout, check=False)
         if not result.ok:
             return None
@@ -237,7 +239,7 @@ class OpenAIServerRuntime:
         """The server is not installed by the plugin: a missing one is a clear error; its version is kept."""
         version = await self.installed_version(timeout)
         if version is None:
-            raise StageError(Stage.OLLAMA_INSTALL, f"{self.name} is not installed on the instance "
+            raise StageError(Stage.RUNTIME_SETUP, f"{self.name} is not installed on the instance "
                                                    f"(`{self.spec.version_command}` failed)",
                              hint=self.spec.install_hint)
         self.version = version
@@ -256,7 +258,7 @@ class OpenAIServerRuntime:
         self.local_port = await self.conn.forward(reach_address(self.host), self.remote_port)
 
     async def _recorded_port(self) -> int:
-        result = await self.conn.run(f'cat "{self.spec.files("port")}" 2>/dev/null', stage=Stage.OLLAMA_INSTALL,
+        result = await self.conn.run(f'cat "{self.spec.files("port")}" 2>/dev/null', stage=Stage.RUNTIME_SETUP,
                                      what=f"reading the {self.name} server's port", timeout=30, check=False)
         text = result.stdout.strip()
         return int(text) if text.isdigit() else 0
@@ -267,7 +269,7 @@ class OpenAIServerRuntime:
         candidates = random.sample(PICKED_PORTS, 8)
         script = (f"for p in {' '.join(map(str, candidates))}; do "
                   '(exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; exit 0; }; done; exit 1')
-        result = await self.conn.run(f"bash -c {shlex.quote(script)}", stage=Stage.OLLAMA_INSTALL,
+        result = await self.conn.run(f"bash -c {shlex.quote(script)}", stage=Stage.RUNTIME_SETUP,
                                      what="finding a free port", timeout=min(30.0, max(timeout, 5.0)), check=False)
         text = result.stdout.strip()
         return int(text) if result.ok and text.isdigit() else candidates[0]
@@ -287,16 +289,16 @@ class OpenAIServerRuntime:
                 await self._move_port(timeout)
                 healthy = False
             elif self.model and self.model not in (served := await self.loaded_models()):
-                raise StageError(Stage.OLLAMA_INSTALL, f"a server found running on port {self.remote_port} "
+                raise StageError(Stage.RUNTIME_SETUP, f"a server found running on port {self.remote_port} "
                                                        f"serves {', '.join(served) or 'no model'}, not {self.model}",
                                  hint="stop it, or give runtime.port another port")
         if healthy and self.started_here and self.num_parallel not in (None, self.wanted_parallel):
-            await self.stop(timeout, Stage.OLLAMA_INSTALL)
+            await self.stop(timeout, Stage.RUNTIME_SETUP)
             healthy = False
         if not healthy:
             if not self.started_here:  # an earlier gpubench server would share the GPU: ended first
-                await self.stop(timeout, Stage.OLLAMA_INSTALL)
-            await self._serve(self.model, self.wanted_parallel, timeout, Stage.OLLAMA_INSTALL)
+                await self.stop(timeout, Stage.RUNTIME_SETUP)
+            await self._serve(self.model, self.wanted_parallel, timeout, Stage.RUNTIME_SETUP)
         if not self.version:
             self.version = await self.installed_version(timeout) or "unknown"
         return self.version
@@ -384,7 +386,7 @@ class OpenAIServerRuntime:
             serve=lambda: self._serve(self.model, self.num_parallel or self.wanted_parallel, timeout, stage))
         return True
 
-    async def stop(self, timeout: float, stage: Stage = Stage.OLLAMA_INSTALL) -> None:
+    async def stop(self, timeout: float, stage: Stage = Stage.RUNTIME_SETUP) -> None:
         """SIGTERM the server this runtime (or an earlier one on the session) started, SIGKILL
         after :data:`TERM_GRACE_SECONDS`; one found running (no pid file of ours) is left alone, and
         so is a process a stale pid file names (not the server started: its start time or command
@@ -495,3 +497,142 @@ class OpenAIServerRuntime:
         """Forget ``model``: its weights stay in the instance's cache."""
         await self.unload(model)
         self.prepared.pop(model, None)
+
+
+def declare(runtime: type[OpenAIServerRuntime], *, image: ImageServer | None = None,
+            sandbox: SandboxImitation | None = None) -> RuntimeFacts:
+    """The declaration (``RUNTIME``) of an OpenAI-API server runtime: its launch facts are its
+    :class:`LaunchSpec`'s, and it starts a server of its own per cell (a free port, files of its own)."""
+    spec = runtime.spec
+    return RuntimeFacts(name=runtime.name, runtime=runtime, server_per_cell=True, launch=spec.argv,
+                        health_path=spec.health_path, version_command=spec.version_command,
+                        tensor_parallel_flag=spec.tensor_parallel_flag, image=image, sandbox=sandbox)
+
+
+# --------------------------------------------------------------------- pid files
+#
+# The pid files of the servers gpubench starts on an instance, and the check before one is signalled.
+#
+# A pid file (``$HOME/.gpubench/<runtime>-serve.pid``) outlives its server: a run killed
+# before its teardown, or a reboot, leaves it behind, and the pid in it may since have
+# been given to another process. Before a signal goes to it, the process must still be
+# the server gpubench started (issue 21 item 5): its start time (``/proc/PID/stat``'s
+# 22nd field, kept beside the pid when the server starts, in ``<runtime>-serve.start``)
+# is the same, and its command line names the server's program. A process that is not
+# is left alone and the file dropped ("stale"); the caller says so in the progress file.
+# A pid file written before start times were kept is checked on its command line alone.
+#
+# Everything here is shell run on the instance; only constants and quoted paths reach it.
+
+
+#: The start time of ``$pid`` in clock ticks since boot (field 22 of ``/proc/PID/stat``; the
+#: command name before it may hold spaces, hence everything up to ``) `` is cut first).
+_START_OF_PID = 'sed "s/.*) //" "/proc/$pid/stat" 2>/dev/null | cut -d" " -f20'
+
+
+def start_file(pid_file: str) -> str:
+    """Where the start time of the process in ``pid_file`` is kept."""
+    return pid_file[: -len(".pid")] + ".start" if pid_file.endswith(".pid") else pid_file + ".start"
+
+
+def record(pid_file: str) -> str:
+    """Shell run right after ``nohup SERVER ... &``: keeps ``$!`` and its start time."""
+    return (f'echo $! > "{pid_file}"; pid=$!; {_START_OF_PID} > "{start_file(pid_file)}"')
+
+
+def identify(pid_file: str, pattern: str) -> str:
+    """Shell that prints what the pid file names, on one line: ``none`` (no file), ``gone`` (its
+    process has ended; the file is removed), ``stale pid=N comm=NAME REASON`` (another process: the
+    file is removed, the process left alone), or ``ours N`` (``$pid`` is then set). ``pattern`` is a
+    shell ``case`` pattern the server's command line (its words joined by spaces, a space at each
+    end) matches, such as ``*vllm*``."""
+    pid_file_q, start_q = f'"{pid_file}"', f'"{start_file(pid_file)}"'
+    return (
+        f'pid=$(cat {pid_file_q} 2>/dev/null); '
+        f'if [ -z "$pid" ]; then rm -f {start_q}; echo none; '
+        f'else case "$pid" in *[!0-9]*) rm -f {pid_file_q} {start_q}; echo "stale pid=? comm=? not a pid"; '
+        f'pid="";; esac; fi; '
+        f'if [ -n "$pid" ]; then '
+        f'if [ ! -r "/proc/$pid/stat" ]; then rm -f {pid_file_q} {start_q}; echo gone; pid=""; '
+        f'else cmd=" $(tr "\\0" " " < "/proc/$pid/cmdline" 2>/dev/null) "; now=$({_START_OF_PID}); '
+        f'was=$(cat {start_q} 2>/dev/null); comm=$(cat "/proc/$pid/comm" 2>/dev/null); why=""; '
+        f'if [ -n "$was" ] && [ "$was" != "$now" ]; then why="started at another time than the server"; '
+        f'else case "$cmd" in {pattern}) ;; *) why="its command line is not the server'"'"'s";; esac; fi; '
+        f'if [ -n "$why" ]; then rm -f {pid_file_q} {start_q}; echo "stale pid=$pid comm=$comm $why"; pid=""; '
+        f'else echo "ours $pid"; fi; fi; fi'
+    )
+
+
+def stop_script(pid_file: str, pattern: str, *, grace_steps: int) -> str:
+    """Shell that signals the process in ``pid_file`` only when :func:`identify` says it is ours:
+    SIGTERM, up to ``grace_steps`` tenths of a second to exit, SIGKILL; then prints ``stopped``
+    (0 steps: SIGKILL at once). Prints :func:`identify`'s line first."""
+    term = (f'kill -TERM "$pid" 2>/dev/null; i=0; while kill -0 "$pid" 2>/dev/null && [ $i -lt {int(grace_steps)} ]; '
+            f'do sleep 0.1; i=$((i+1)); done; ') if grace_steps > 0 else ""
+    return (f'{identify(pid_file, pattern)}; if [ -n "$pid" ]; then {term}kill -KILL "$pid" 2>/dev/null; '
+            f'rm -f "{pid_file}" "{start_file(pid_file)}"; echo stopped; fi')
+
+
+def word_pattern(word: str) -> str:
+    """A ``case`` pattern for a command line that holds ``word`` (quoted: matched literally)."""
+    return f"*{shlex.quote(word)}*"
+
+
+@dataclass(frozen=True)
+class Stale:
+    """A pid file that named another process: what the progress file says about it."""
+
+    pid: str
+    #: ``/proc/PID/comm`` of the process it names now (instance output: only a name's characters kept).
+    comm: str
+    reason: str
+
+    def fields(self, pid_file: str) -> dict[str, str]:
+        """The progress line's fields (``STATUS: STALE_PID_FILE file=... pid=... now=... reason=...``)."""
+        return {"file": pid_file, "pid": self.pid, "now": self.comm or "?", "reason": self.reason}
+
+
+_STALE = re.compile(r"^stale pid=(\S*) comm=(.*?) (not a pid|started at another time than the server|"
+                    r"its command line is not the server's)$", re.M)
+
+
+def stale_in(output: str) -> Stale | None:
+    """The :class:`Stale` finding :func:`identify` printed in ``output``, if any."""
+    match = _STALE.search(output)
+    if match is None:
+        return None
+    pid = match.group(1) if match.group(1).isdigit() else "?"
+    comm = re.sub(r"[^A-Za-z0-9._:+-]", "", match.group(2))[:32]
+    return Stale(pid=pid, comm=comm, reason=match.group(3))
+
+
+# --------------------------------------------------------------------- a server the image started
+#
+# A runtime on a session whose image serves the model (GPU Shopper's entrypoint mode).
+#
+# In entrypoint mode (``runtime.launch.mode: entrypoint``, matrix/launch.py) the
+# instance's image started the server (``vllm serve`` in ``vllm/vllm-openai``, TGI's
+# launcher) for the cell's model, and the GPU Shopper server reported the session
+# ``running`` only once its ``/health`` answered. The cell's runtime then uses that
+# server: it is found running on the API port, not started, and never stopped by the
+# plugin (its ``stop`` and ``unload`` leave a server without a pid file of theirs alone).
+# The load generator still runs on the instance over SSH and targets the port there.
+
+
+def adopt_image_server(runtime: Runtime, launch: image_launch.LaunchSpec | None) -> bool:
+    """Point ``runtime`` at the image's server; True when it did (an entrypoint launch).
+
+    The port is the one the image listens on inside the instance (``api_port``, sent
+    first in ``exposed_ports``). The session's ``api_port``/``api_endpoint`` are the
+    address outside, which on Vast.ai is a mapped port: the load generator runs
+    inside, so it uses the image's own port.
+    """
+    if launch is None or not launch.entrypoint:
+        return False
+    if facts_of(runtime.name).image is None or launch.api_port is None:
+        raise StageError(Stage.RUNTIME_SETUP, f"runtime {runtime.name!r} cannot use a server its image started",
+                         hint="use runtime vllm or tgi with `launch: {mode: entrypoint}`, or `mode: ssh`")
+    runtime.remote_port = launch.api_port  # type: ignore[attr-defined]  # the image runtimes' server port
+    runtime.image_served = True  # type: ignore[attr-defined]  # never replaced by a server of ours
+    runtime.started_here = False
+    return True

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .openai_server import LaunchSpec, OpenAIServerRuntime
+from ..runtime_facts import SandboxImitation
+from .openai_server import LaunchSpec, OpenAIServerRuntime, declare
 
 SGLANG = LaunchSpec(
     name="sglang",
@@ -37,3 +38,8 @@ class SglangRuntime(OpenAIServerRuntime):
 
     name: ClassVar[str] = "sglang"
     spec: ClassVar[LaunchSpec] = SGLANG
+
+
+#: The sandbox imitates it with an ``sglang`` package on the instance's ``PYTHONPATH`` whose
+#: ``launch_server`` runs its ``sglang`` launcher stand-in.
+RUNTIME = declare(SglangRuntime, sandbox=SandboxImitation(program="sglang", stand_in="sglang", kind="python-package"))

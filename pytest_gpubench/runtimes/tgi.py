@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .openai_server import LaunchSpec, OpenAIServerRuntime
+from ..runtime_facts import ImageServer, SandboxImitation
+from .openai_server import LaunchSpec, OpenAIServerRuntime, declare
 
 TGI = LaunchSpec(
     name="tgi",
@@ -36,3 +37,9 @@ class TgiRuntime(OpenAIServerRuntime):
 
     name: ClassVar[str] = "tgi"
     spec: ClassVar[LaunchSpec] = TGI
+
+
+#: GPU Shopper starts it from an image as workload ``llm_tgi`` (``ImageTGI``, ``DefaultTGIPort``);
+#: the sandbox's ``text-generation-launcher`` stand-in imitates it.
+RUNTIME = declare(TgiRuntime, image=ImageServer("llm_tgi", "ghcr.io/huggingface/text-generation-inference:latest", 80),
+                  sandbox=SandboxImitation(program="text-generation-launcher", stand_in="text-generation-launcher"))

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from .openai_server import LaunchSpec, OpenAIServerRuntime
+from ..runtime_facts import ImageServer, SandboxImitation
+from .openai_server import LaunchSpec, OpenAIServerRuntime, declare
 
 VLLM = LaunchSpec(
     name="vllm",
@@ -34,3 +35,9 @@ class VllmRuntime(OpenAIServerRuntime):
 
     name: ClassVar[str] = "vllm"
     spec: ClassVar[LaunchSpec] = VLLM
+
+
+#: GPU Shopper starts it from an image as workload ``llm_vllm`` (``ImageVLLM``, ``DefaultVLLMPort``);
+#: the sandbox's ``vllm`` launcher stand-in imitates it.
+RUNTIME = declare(VllmRuntime, image=ImageServer("llm_vllm", "vllm/vllm-openai:latest", 8000),
+                  sandbox=SandboxImitation(program="vllm", stand_in="vllm"))

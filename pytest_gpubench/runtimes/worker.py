@@ -24,7 +24,7 @@ in the send lag, not in TTFT). Nothing else reaches the instance's shell but
 validated, ``shlex``-quoted words.
 
 Docker is not installed by the plugin (``docker --version`` missing is a stage
-``ollama_install`` error), and the load generator must run on the instance (python3
+``runtime_setup`` error), and the load generator must run on the instance (python3
 there), since it drives the containers. ``pull`` is ``docker pull IMAGE`` unless
 ``docker image inspect`` finds it; the warm-up is one request to one container.
 """
@@ -45,9 +45,8 @@ from ..matrix.cells import Cell
 from ..matrix.worker_presets import WorkerPreset, load_presets
 from ..remote.loadgen import parse_worker_line
 from ..remote.ssh import Connection
-from .base import Endpoint, PulledModel, ServingApi
-from .gpus import GpuPlacement
-from .restart import restart_once
+from ..runtime_facts import RuntimeFacts, SandboxImitation
+from .base import Endpoint, GpuPlacement, PulledModel, ServingApi, restart_once
 from .openai_server import check_arguments
 
 #: Every container gpubench starts carries it, so :meth:`WorkerRuntime.stop` finds what a run left.
@@ -92,11 +91,11 @@ class WorkerRuntime:
     def for_cell(cls, conn: Connection, cell: Cell, placement: GpuPlacement = GpuPlacement()) -> WorkerRuntime:
         """The worker of ``cell``'s model in its presets file."""
         if not cell.runtime_presets:
-            raise StageError(Stage.OLLAMA_INSTALL, "runtime worker needs `presets: model_presets.yaml`")
+            raise StageError(Stage.RUNTIME_SETUP, "runtime worker needs `presets: model_presets.yaml`")
         try:
             presets = load_presets(cell.runtime_presets)
         except MatrixError as exc:
-            raise StageError(Stage.OLLAMA_INSTALL, str(exc)) from None
+            raise StageError(Stage.RUNTIME_SETUP, str(exc)) from None
         return cls(conn, presets=presets, model=cell.model, args=check_arguments(cell.runtime_args, "docker run"),
                    placement=placement)
 
@@ -149,15 +148,15 @@ class WorkerRuntime:
 
     async def ensure_installed(self, timeout: float) -> bool:
         """Docker and python3 must be there (the plugin installs neither)."""
-        version = await self._docker_version(timeout, Stage.OLLAMA_INSTALL)
+        version = await self._docker_version(timeout, Stage.RUNTIME_SETUP)
         if version is None:
-            raise StageError(Stage.OLLAMA_INSTALL, "docker is not installed on the instance (`docker --version` "
+            raise StageError(Stage.RUNTIME_SETUP, "docker is not installed on the instance (`docker --version` "
                                                    "failed)", hint="rent an offer whose image has Docker with the "
                                                                    "NVIDIA container toolkit")
-        python = await self.conn.run("command -v python3", stage=Stage.OLLAMA_INSTALL, what="looking for python3",
+        python = await self.conn.run("command -v python3", stage=Stage.RUNTIME_SETUP, what="looking for python3",
                                      timeout=timeout, check=False)
         if not python.ok:
-            raise StageError(Stage.OLLAMA_INSTALL, "runtime worker needs python3 on the instance: the load "
+            raise StageError(Stage.RUNTIME_SETUP, "runtime worker needs python3 on the instance: the load "
                                                    "generator runs there, next to the containers it starts")
         self.version = version
         return False
@@ -168,7 +167,7 @@ class WorkerRuntime:
     async def ensure_serving(self, timeout: float, num_parallel: int = 1) -> str:
         """Nothing to start before the benchmark; one container per parallel request then."""
         if not self.version:
-            self.version = await self._docker_version(timeout, Stage.OLLAMA_INSTALL) or "unknown"
+            self.version = await self._docker_version(timeout, Stage.RUNTIME_SETUP) or "unknown"
         self.num_parallel, self.started_here, self.stopped = max(1, int(num_parallel)), True, False
         return self.version
 
@@ -184,7 +183,7 @@ class WorkerRuntime:
                            stage=stage, timeout=timeout, on_restart=on_restart, serve=serve)
         return True
 
-    async def stop(self, timeout: float, stage: Stage = Stage.OLLAMA_INSTALL) -> None:
+    async def stop(self, timeout: float, stage: Stage = Stage.RUNTIME_SETUP) -> None:
         """Remove any container of ours still running (the load generator ends its own; this is the net)."""
         await self.conn.run(f"docker ps -q --filter label={LABEL} | xargs -r docker rm -f >/dev/null 2>&1; true",
                             stage=stage, what="removing leftover worker containers", timeout=timeout, check=False)
@@ -308,3 +307,9 @@ def check_finished(events: list[tuple[float, dict[str, Any]]], exit_status: int 
         raise StageError(Stage.MODEL_PULL, f"the worker finished with status {finish.get('status')}: "
                                            f"{finish.get('message') or 'no message'}")
     return events
+
+
+#: One container per request slot, started by the load generator (no server, no health path); a cell on a
+#: machine the run does not own leases every GPU of it; the sandbox's ``docker`` stand-in runs its workers.
+RUNTIME = RuntimeFacts(name="worker", runtime=WorkerRuntime, server_per_cell=False, version_command="docker --version",
+                       sandbox=SandboxImitation(program="docker", stand_in="docker_standin", kind="own"))

@@ -23,22 +23,23 @@ import shlex
 
 import httpx
 
+from ..runtime_facts import all_facts
+
 #: What each known image runs: a pattern in its name -> the launcher's argv before the model and port.
 IMAGE_SERVERS: dict[str, tuple[str, ...]] = {
     "vllm": ("vllm", "serve"),
     "text-generation-inference": ("text-generation-launcher", "--model-id"),
     "tgi": ("text-generation-launcher", "--model-id"),
 }
-#: The server's image for a workload type without ``docker_image`` (``GetImageForWorkload``).
-DEFAULT_IMAGES = {"llm_vllm": "vllm/vllm-openai:latest",
-                  "llm_tgi": "ghcr.io/huggingface/text-generation-inference:latest"}
 FALLBACK_IMAGE = "nvidia/cuda:12.6.3-runtime-ubuntu22.04"  # ImageSSHBase
 FAILED_MESSAGE = "API verification timeout"
 
 
 def image_of(docker_image: str, workload_type: str) -> str:
-    """The image an entrypoint session runs (the server's defaults when none was asked for)."""
-    return docker_image or DEFAULT_IMAGES.get(workload_type, FALLBACK_IMAGE)
+    """The image an entrypoint session runs: without ``docker_image``, the server's default for the
+    workload type (``GetImageForWorkload``: the image its runtime's declaration names, ``ImageServer``)."""
+    defaults = {facts.image.workload_type: facts.image.image for facts in all_facts() if facts.image is not None}
+    return docker_image or defaults.get(workload_type, FALLBACK_IMAGE)
 
 
 def server_script(image: str, model_id: str, port: int, pull_seconds: float) -> str:

@@ -270,10 +270,13 @@ class Instance:
         if self.ollama_preinstalled:
             shims.write_executable(bin_dir / "ollama", shims.ollama_wrapper(bin_dir))
         # Always there: no flow runs them unless asked, so instances that never do are unchanged.
-        for program in (p for p in shims.LAUNCHERS if p not in missing):
-            shims.write_executable(bin_dir / program, shims.launcher_wrapper(program))
-        if shims.SGLANG_PACKAGE not in missing:
-            shims.write_sglang_package(self.python_dir)
+        # Every runtime's launcher or package, as its declaration says the sandbox imitates it.
+        for imitation in (i for i in shims.imitations() if i.program not in missing):
+            if imitation.kind == "launcher":
+                shims.write_executable(bin_dir / imitation.program,
+                                       shims.launcher_wrapper(imitation.program, imitation.stand_in))
+            elif imitation.kind == "python-package" and imitation.stand_in == shims.SGLANG_PACKAGE:
+                shims.write_sglang_package(self.python_dir, imitation.program)
         # Always there: it imports only when the instance's driver has NVML (gpu_tools.nvml),
         # and keeps a real NVML of the machine the sandbox runs on out of reach.
         self.python_dir.mkdir(parents=True, exist_ok=True)

@@ -271,8 +271,12 @@ async def serve(spec: InstanceSpec, launch: Launch) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``openai_launchers PROGRAM ARGS``; returns the exit status."""
+    """``openai_launchers [--as NAME] PROGRAM ARGS``; returns the exit status. ``--as NAME``: a runtime
+    imitated by ``PROGRAM``'s stand-in under its own name (``RuntimeFacts.sandbox``): only its
+    process's command line says NAME."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--as"]:
+        args = args[2:]
     if not args or args[0] not in PROGRAMS:
         print(f"usage: python -m {__name__} {{{','.join(PROGRAMS)}}} ARGS...", file=sys.stderr)
         return 2

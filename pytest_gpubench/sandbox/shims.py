@@ -26,6 +26,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from ..runtime_facts import SandboxImitation, all_facts
 from .standin_answer import Answer
 
 INSTALL_URL = "https://ollama.com/install.sh"
@@ -53,10 +54,15 @@ SHIMS_MODULE = "pytest_gpubench.sandbox.shims"
 LAUNCHERS_MODULE = "pytest_gpubench.sandbox.openai_launchers"
 #: ``docker``: images, pulls and seed-004 worker containers (:mod:`.docker_standin`).
 DOCKER_MODULE = "pytest_gpubench.sandbox.docker_standin"
-#: The OpenAI-compatible servers' launchers every instance has (:mod:`.openai_launchers`).
-LAUNCHERS = ("vllm", "llama-server", "text-generation-launcher")
 #: SGLang is started as ``python3 -m sglang.launch_server``: a package, not a program in ``bin/``.
 SGLANG_PACKAGE = "sglang"
+
+
+def imitations() -> list[SandboxImitation]:
+    """How the sandbox imitates each runtime on an instance: each runtime's declaration says it
+    (``RuntimeFacts.sandbox``), built-in and registered alike; an instance gets every launcher
+    (:mod:`.openai_launchers`) and package these name."""
+    return [facts.sandbox for facts in all_facts() if facts.sandbox is not None]
 
 
 def socket_path_for(bin_dir: Path) -> Path:
@@ -151,17 +157,22 @@ def df_wrapper(bin_dir: Path | None = None) -> str:
     return service_wrapper("df", DF_MODULE, bin_dir=bin_dir)
 
 
-def launcher_wrapper(program: str) -> str:
+def launcher_wrapper(program: str, stand_in: str | None = None) -> str:
     """``vllm`` or ``llama-server``: always the Python module (each call starts a
-    server or answers ``--version``, nothing the answering service would save)."""
-    return module_wrapper(LAUNCHERS_MODULE, program)
+    server or answers ``--version``, nothing the answering service would save). A runtime
+    imitated by another program's stand-in (``stand_in``) runs it ``--as`` its own name, so
+    its server's command line names ``program`` as a real one's would (pid files are checked
+    against it, ``runtimes/openai_server.py``)."""
+    if stand_in is None or stand_in == program:
+        return module_wrapper(LAUNCHERS_MODULE, program)
+    return module_wrapper(LAUNCHERS_MODULE, "--as", program, stand_in)
 
 
-def write_sglang_package(python_dir: Path) -> None:
-    """An importable ``sglang`` package in ``python_dir`` (on the instance's ``PYTHONPATH``):
+def write_sglang_package(python_dir: Path, name: str = SGLANG_PACKAGE) -> None:
+    """An importable ``sglang`` package (named ``name``) in ``python_dir`` (on the instance's ``PYTHONPATH``):
     ``sglang.__version__``, and ``python3 -m sglang.launch_server ARGS`` running the stand-in
     (exec'd, so the pid ``nohup`` reported is the server's)."""
-    package = python_dir / SGLANG_PACKAGE
+    package = python_dir / name
     package.mkdir(parents=True, exist_ok=True)
     from .launcher_programs import SGLANG_VERSION
 

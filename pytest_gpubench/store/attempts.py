@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from ..errors import Stage
+from ..errors import Stage, current_stage_name
 from .schema import ATTEMPT_COLUMNS, ATTEMPT_STATUSES
 from .sqlite import ManifestStore, plain, refuse_secrets, utc_now
 
@@ -105,7 +105,7 @@ class AttemptsMixin(ManifestStore):
         if "status" in row and row["status"] not in ATTEMPT_STATUSES:
             raise ValueError(f"attempt status must be one of {', '.join(ATTEMPT_STATUSES)}, got {row['status']!r}")
         if row.get("stage") is not None:
-            row["stage"] = Stage(row["stage"]).value
+            row["stage"] = Stage(current_stage_name(row["stage"])).value  # an older name: today's
         if row.get("machine_id") is not None:
             row["machine_id"] = str(row["machine_id"])
         refuse_secrets(row)

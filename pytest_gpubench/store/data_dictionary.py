@@ -34,7 +34,7 @@ class TableDoc(BaseModel):
 
 
 _STATUS = "pending, running, success, partial (results, but a later stage failed), failed or skipped"
-_STAGES = "inventory, provision, ssh_wait, ssh_connect, ollama_install, model_pull, benchmark, results or cleanup"
+_STAGES = "inventory, provision, ssh_wait, ssh_connect, runtime_setup, model_pull, benchmark, results or cleanup"
 
 RUNS = TableDoc(
     title="Runs",

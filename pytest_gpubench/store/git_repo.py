@@ -25,7 +25,7 @@ from typing import NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from ..errors import StoreProblem, UsageProblem
-from ..plaintext import one_line
+from ..errors import one_line
 from .redaction import redact, split_userinfo
 
 __all__ = ["AUTHOR", "Clone", "Remote", "ensure_bare_repository", "git_url", "local_path", "run_git"]

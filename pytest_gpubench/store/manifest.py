@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from ..errors import Stage
+from ..errors import Stage, current_stage_name
 from . import record_keys
 from .attempts import AttemptsMixin
 from .gpu_leases import GpuLeasesMixin
@@ -77,7 +77,7 @@ class Manifest(ResultsMixin, AttemptsMixin, MicrobenchMixin, SystemsMixin, GpuLe
                 f"manifest status must be one of {', '.join(CELL_STATUSES)}, got {row['status']!r}"
             )
         if row.get("failure_stage") is not None:
-            row["failure_stage"] = Stage(row["failure_stage"]).value
+            row["failure_stage"] = Stage(current_stage_name(row["failure_stage"])).value  # an older name: today's
         refuse_secrets(row)
         return row
 

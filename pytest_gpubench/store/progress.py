@@ -7,6 +7,13 @@
     [2026-02-07T10:09:30Z] ERROR: stage=model_pull message="pull failed: no space left"
     [2026-02-07T10:13:06Z] RESULTS: {"model":"llama3:70b","avg_tokens_per_second":41.6}
 
+Seed 000 defines this format, and seed tooling may parse it, so the progress file keeps the seed's
+tokens where the seed names them, for every runtime: the stage that installs and starts the runtime
+is ``runtime_setup`` everywhere else but ``ERROR: stage=ollama_install`` here (errors.SEED_STAGE_NAMES),
+and its end is ``STATUS: OLLAMA_INSTALLED ... runtime=NAME``. Lines the seed does not define
+(``SYSTEM_INFO``, ``HEAVY_IMAGE``, ``RUNTIME_RESTART``, ...) use today's names. The reader maps the
+seed's stage names back (:attr:`ProgressLine.stage`).
+
 Formatting rules (the reader, :func:`read_progress`, undoes them):
 
 * Timestamps are UTC, to the second, with a ``Z``: the seed shows no offset, which
@@ -48,9 +55,9 @@ from typing import IO, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ..errors import Stage
+from ..errors import Stage, current_stage_name, seed_stage_name
 from ..ids import InvalidId, path_under
-from ..plaintext import one_line as _one_line
+from ..errors import one_line as _one_line
 from .record_keys import file_name
 
 __all__ = ["ProgressLine", "ProgressWriter", "REDACTED", "cell_progress_path", "existing_progress_file",
@@ -198,12 +205,13 @@ class ProgressWriter:
         return self._write("PROGRESS", _format_fields(fields))
 
     def error(self, stage: Stage | str, message: str) -> str:
-        """``ERROR: stage=STAGE message="..."``; ``stage`` must be a seed stage name."""
-        stage = Stage(stage)
+        """``ERROR: stage=STAGE message="..."``; ``stage`` must be a stage, written as seed 000 names it
+        (``Stage.RUNTIME_SETUP`` as ``ollama_install``: see the module docstring)."""
+        name = seed_stage_name(stage)
         text = _one_line(str(message))
         if _is_secret(text):
             text = REDACTED
-        return self._write("ERROR", f"stage={stage.value} message={_quote(text)}")
+        return self._write("ERROR", f"stage={name} message={_quote(text)}")
 
     def results(self, obj: BaseModel | Mapping[str, Any]) -> str:
         """``RESULTS: {json}``, compact and on one line, from a pydantic model or a dict."""
@@ -262,8 +270,9 @@ class ProgressLine(BaseModel):
 
     @property
     def stage(self) -> str | None:
-        """The stage of an ERROR line."""
-        return self.fields.get("stage")
+        """The stage of an ERROR line, by today's name (the seed's ``ollama_install`` is ``runtime_setup``)."""
+        name = self.fields.get("stage")
+        return current_stage_name(name) if name else name
 
 
 def _parse_fields(text: str) -> dict[str, str | None]:

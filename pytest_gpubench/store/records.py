@@ -16,9 +16,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..cloud.owned import OwnedSession
+from ..errors import current_stage_name
 from ..cloud.processes import ProcessIdentity
 from ..measure.results import PerformanceResults
-from ..redaction import redact
+from ..errors import redact
 from ..remote.sysinfo import SystemInfo
 
 __all__ = [
@@ -208,6 +209,17 @@ class CellRecord(_Record):
     ttft_p50_ms: float | None = None
     cost_per_million_tokens: float | None = None
 
+    @field_validator("failure_stage")
+    @classmethod
+    def _stage_today(cls, value: str | None) -> str | None:
+        """A row written before a stage was renamed reads by today's name (errors.SEED_STAGE_NAMES)."""
+        return current_stage_name(value) if value else value
+
+    @field_validator("stage_seconds")
+    @classmethod
+    def _stage_keys_today(cls, value: dict[str, float]) -> dict[str, float]:
+        return {current_stage_name(stage): seconds for stage, seconds in value.items()}
+
 
 class AttemptRecord(_Record):
     """One offer a cell tried (failover): its session, where it failed, and its cost."""
@@ -240,6 +252,12 @@ class AttemptRecord(_Record):
     api_cost_usd: float | None = None
     session_status: str | None = None
     worker: str | None = None
+
+    @field_validator("stage")
+    @classmethod
+    def _stage_today(cls, value: str | None) -> str | None:
+        """An attempt stored before a stage was renamed reads by today's name."""
+        return current_stage_name(value) if value else value
 
 
 class ResultRecord(_Record):
@@ -289,7 +307,7 @@ class Baseline(_Record):
 
     def figures(self) -> dict[str, Any]:
         """The cell's figures as :func:`~pytest_gpubench.measure.compare.compare` and
-        :func:`~pytest_gpubench.measure.fingerprint.incomparable` read them: the cell's
+        :func:`~pytest_gpubench.measure.compare.incomparable` read them: the cell's
         columns, its result's under ``benchmark``."""
         found = self.cell.model_dump()
         found["benchmark"] = None

@@ -1,8 +1,8 @@
-"""A store's location fit to print: :func:`pytest_gpubench.redaction.redact`, named here for the
+"""A store's location fit to print: :func:`pytest_gpubench.errors.redact`, named here for the
 stores (which name themselves by it) and :mod:`.opening` (which opens them)."""
 
 from __future__ import annotations
 
-from ..redaction import redact, split_userinfo
+from ..errors import redact, split_userinfo
 
 __all__ = ["redact", "split_userinfo"]

@@ -28,7 +28,7 @@ from aiohttp import ClientSession, web
 
 from pytest_gpubench.errors import ApiError, MatrixError, Stage, StageError, UsageProblem
 from pytest_gpubench.matrix.cells import load_matrix
-from pytest_gpubench.matrix.fields import RUNTIME_NAMES
+from pytest_gpubench.runtime_facts import runtime_names
 from pytest_gpubench.cloud.provider import Constraints
 from pytest_gpubench.cloud.shopper_provider import ShopperProvider
 from e2e_helpers import SANDBOX_AUTH, pytest_env
@@ -41,7 +41,7 @@ from pytest_gpubench.cloud.shopper_client import SessionRequest, ShopperClient
 
 REPO = Path(__file__).resolve().parents[2]
 ROW = "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}\n"
-KNOWN_RUNTIMES = ", ".join(RUNTIME_NAMES)
+KNOWN_RUNTIMES = ", ".join(runtime_names())
 
 # ------------------------------------------------------------------ matrix files
 
@@ -470,7 +470,7 @@ def test_every_kind_of_bad_answer_fails_its_cell_clearly_and_loses_nothing(tmp_p
     expected = {
         "RTX_4090-vastai-qwen2:1.5b": ("success", None, ""),
         "RTX_4090-vastai-qwen2:7b": ("failed", "ssh_wait", "answered 200 with invalid JSON"),
-        "RTX_3090-vastai-qwen2:7b": ("failed", "ollama_install", "curl is not installed on the instance"),
+        "RTX_3090-vastai-qwen2:7b": ("failed", "runtime_setup", "curl is not installed on the instance"),
         "A100_80GB-vastai-qwen2:7b": ("failed", "provision", "API answered 500 to POST /api/v1/sessions"),
         "RTX_3090-tensordock-qwen2:7b": ("failed", "inventory", "unexpected offers entry: 0.id"),
     }

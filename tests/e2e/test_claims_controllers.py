@@ -1,4 +1,4 @@
-"""Controllers sharing one run id on one store (plugin/claims.py, plugin/claim_hooks.py):
+"""Controllers sharing one run id on one store (plugin/claims.py):
 a cell another controller ran is reported ``claimed`` (exit 0, nothing written), runs again
 only with ``--gpubench-rerun``; a cell another live controller holds is put aside, the other
 cells run first, and it is taken over once its lease runs out, each item reported once."""

@@ -129,26 +129,26 @@ def test_a_model_the_server_does_not_serve_fails_at_model_pull(server, token_env
     run(runtime.conn.close())
 
 
-def test_a_wrong_or_missing_token_fails_at_ollama_install_naming_the_variable_never_the_value(server, monkeypatch):
+def test_a_wrong_or_missing_token_fails_at_runtime_setup_naming_the_variable_never_the_value(server, monkeypatch):
     runtime = runtime_for(endpoint_cell(server), LocalShell.open())
     monkeypatch.setenv(USER_ENV, "not-the-token")
     with pytest.raises(StageError) as wrong:
         run(runtime.ensure_serving(30))
-    assert wrong.value.stage is Stage.OLLAMA_INSTALL
+    assert wrong.value.stage is Stage.RUNTIME_SETUP
     assert f"{server}/v1 refused the token from ${USER_ENV}: HTTP 401 Unauthorized" == wrong.value.message
     monkeypatch.delenv(USER_ENV)
     with pytest.raises(StageError) as unset:
         run(runtime.ensure_serving(30))
-    assert unset.value.stage is Stage.OLLAMA_INSTALL and f"${USER_ENV}, which is not set" in unset.value.message
+    assert unset.value.stage is Stage.RUNTIME_SETUP and f"${USER_ENV}, which is not set" in unset.value.message
     run(runtime.conn.close())
 
 
-def test_an_unreachable_endpoint_fails_at_ollama_install_with_its_url(token_env):
+def test_an_unreachable_endpoint_fails_at_runtime_setup_with_its_url(token_env):
     url = f"http://127.0.0.1:{free_port()}"
     runtime = runtime_for(endpoint_cell(url), LocalShell.open())
     with pytest.raises(StageError) as info:
         run(runtime.ensure_serving(1.5))
-    assert info.value.stage is Stage.OLLAMA_INSTALL
+    assert info.value.stage is Stage.RUNTIME_SETUP
     assert info.value.message.startswith(f"no OpenAI-compatible server answers at {url}/v1: ")
     assert TOKEN not in str(info.value)
     run(runtime.conn.close())
@@ -187,9 +187,9 @@ matrix:
     assert json.loads(result["details_json"])["hardware_declared"] is True
     progress = Path(good["progress_file"]).read_text()
     assert "SYSTEM_INFO" in progress and "declared=true" in progress and "COMPLETED" in progress
-    assert (refused["status"], refused["failure_stage"]) == ("failed", "ollama_install")
+    assert (refused["status"], refused["failure_stage"]) == ("failed", "runtime_setup")
     assert f"{server} refused the token from $ENDPOINT_TEST_WRONG_TOKEN" in refused["error_message"]
-    assert (absent["status"], absent["failure_stage"]) == ("failed", "ollama_install")
+    assert (absent["status"], absent["failure_stage"]) == ("failed", "runtime_setup")
     assert f"no OpenAI-compatible server answers at {nowhere}" in absent["error_message"]
     # The token, right or wrong, is in no file the run wrote, nor in what it printed.
     written = [p for p in (tmp_path / "reports").rglob("*") if p.is_file()] + [junit]

@@ -37,10 +37,10 @@ def _progress(tmp_path) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("runtime", "image", "budgets"), [
-    # A heavy image: longer provision, ssh_wait and ollama_install budgets (the server's table, time-scaled:
+    # A heavy image: longer provision, ssh_wait and runtime_setup budgets (the server's table, time-scaled:
     # vLLM 15 min, TGI 12 min; the floor of a scaled timeout is 15 s).
-    ("vllm", "vllm/vllm-openai:v0.10.1", "provision_s=18.0 ssh_wait_s=20.4 ollama_install_s=18.0"),
-    ("tgi", "ghcr.io/huggingface/text-generation-inference:3.3.4", "provision_s=15.0 ssh_wait_s=16.8 ollama_install_s=15.0"),
+    ("vllm", "vllm/vllm-openai:v0.10.1", "provision_s=18.0 ssh_wait_s=20.4 runtime_setup_s=18.0"),
+    ("tgi", "ghcr.io/huggingface/text-generation-inference:3.3.4", "provision_s=15.0 ssh_wait_s=16.8 runtime_setup_s=15.0"),
 ])
 def test_an_entrypoint_cell_benchmarks_the_images_server_and_records_the_launch(tmp_path, standalone_sandbox,
                                                                                 runtime, image, budgets):

@@ -32,14 +32,14 @@ from pytest_gpubench.measure.benchmark import LOADGEN_SOURCE, BenchmarkPlan, run
 from pytest_gpubench.errors import BenchmarkInterrupted, Stage, StageError
 from pytest_gpubench.matrix.cells import SEED_PROMPTS
 from pytest_gpubench.remote.ssh import Connection
-from pytest_gpubench.measure.sanity import result_problems
+from pytest_gpubench.measure.validity import result_problems
 from pytest_gpubench.measure.results import BenchmarkResult, summarize
 from pytest_gpubench.remote.readings import GPUStats, HardwareInfo, RequestRecord
 from pytest_gpubench.runtimes.ollama import SERVE_PID, OllamaRuntime
 from pytest_gpubench.sandbox.standin_state import StateStore, StreamFault
 from pytest_gpubench.settings import Settings
 from pytest_gpubench.cloud.shopper_client import ShopperClient
-from pytest_gpubench.runtimes.vram import vram_shortfall
+from pytest_gpubench.runtimes.base import vram_shortfall
 from pytest_gpubench.cloud.watch import SessionWatch
 from pytest_gpubench.errors import InstanceLost
 
@@ -243,11 +243,11 @@ def test_a_failure_is_blamed_on_a_lost_instance_the_api_reports_a_moment_later()
     async def scenario() -> StageError:
         watch = SessionWatch(LateApi(), "some-session", interval=0.01)
         with pytest.raises(StageError) as lost:
-            await watch.guard(broken_link(), Stage.OLLAMA_INSTALL)
+            await watch.guard(broken_link(), Stage.RUNTIME_SETUP)
         return lost.value
 
     error = asyncio.run(scenario())
-    assert error.stage is Stage.OLLAMA_INSTALL and "reports session some-session stopped" in str(error)
+    assert error.stage is Stage.RUNTIME_SETUP and "reports session some-session stopped" in str(error)
 
 
 def test_session_watch_rides_out_an_api_that_does_not_answer():
@@ -334,7 +334,7 @@ def test_a_lost_connection_keeps_every_record_through_the_checkpoint(sandbox, ap
         dropper = asyncio.ensure_future(drop_when_measuring())
         try:
             with pytest.raises(BenchmarkInterrupted) as interrupted:
-                await run_benchmark(conn, plan, remote_ollama_url=runtime.remote_url, local_ollama_url=runtime.url,
+                await run_benchmark(conn, plan, remote_server_url=runtime.remote_url, local_server_url=runtime.url,
                                     timeout=120, on_event=on_event, reconnect=lambda: connect(session, key))
             await dropper
         finally:
@@ -530,8 +530,8 @@ def test_ollama_restarted_once_and_invalid_results_kept_raw(tmp_path, standalone
     restarted = rows["test_ollama_crashed_before_the_run"]
     assert restarted["status"] == "success" and restarted["total_requests"] > 0
     progress = Path(restarted["progress_file"]).read_text()
-    assert "STATUS: OLLAMA_RESTART reason=" in progress and "did not answer /api/version" in progress
-    assert "STATUS: OLLAMA_RESTARTED version=" in progress
+    assert "STATUS: RUNTIME_RESTART reason=" in progress and "did not answer /api/version" in progress
+    assert "STATUS: RUNTIME_RESTARTED version=" in progress
 
     invalid = rows["test_answers_without_tokens"]
     assert (invalid["status"], invalid["failure_stage"]) == ("failed", "results")
@@ -569,8 +569,8 @@ def test_instance_killed_during_the_install_is_named_as_the_cause(tmp_path, stan
         if run.poll() is None:
             run.kill()
     assert run.returncode == 1, output[-3000:]
-    assert f"[ollama_install] the instance is gone: the API reports session {session['id']} stopped" in output, \
+    assert f"[runtime_setup] the instance is gone: the API reports session {session['id']} stopped" in output, \
         output[-3000:]
     (row,) = manifest_rows(tmp_path)
-    assert (row["status"], row["failure_stage"]) == ("failed", "ollama_install")
+    assert (row["status"], row["failure_stage"]) == ("failed", "runtime_setup")
     assert GHOST_ERROR in row["error_message"]

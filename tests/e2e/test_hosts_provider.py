@@ -16,7 +16,7 @@ from e2e_helpers import manifest_rows, run_pytest
 
 from pytest_gpubench.aio import run as run_async
 from pytest_gpubench.errors import HostKeyChanged
-from pytest_gpubench.remote.known_hosts import connect_checked, host_pattern
+from pytest_gpubench.remote.ssh import connect_checked, host_pattern
 from pytest_gpubench.remote.ssh import Stage
 from pytest_gpubench.sandbox.hosts import HostPlan, SandboxHostsThread, local_machine
 

@@ -146,6 +146,6 @@ def test_an_https_endpoint_cell_is_checked_and_measured_with_its_ca_file(server,
     unverified = runtime("")
     with pytest.raises(StageError) as info:
         asyncio.run(unverified.ensure_serving(1.5))
-    assert info.value.stage is Stage.OLLAMA_INSTALL and server in info.value.message
+    assert info.value.stage is Stage.RUNTIME_SETUP and server in info.value.message
     assert "CERTIFICATE_VERIFY_FAILED" in info.value.message and TOKEN not in info.value.message
     asyncio.run(unverified.conn.close())

@@ -87,7 +87,7 @@ def test_an_instance_without_torch_gets_it_in_a_venv_within_the_install_stage(
         tmp_path: Path, standalone_sandbox: str) -> None:
     url = standalone_sandbox
     # The cheapest RTX 4090 offer boots without torch: python3 -m venv and pip install torch (offline, the
-    # sandbox's local wheel of the stand-in) run at stage ollama_install.
+    # sandbox's local wheel of the stand-in) run at stage runtime_setup.
     httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH,
                json={"fault": "missing_tools", "offer_id": "vastai-18430205",
                                               "tools": ["torch"]}).raise_for_status()
@@ -160,6 +160,6 @@ def test_a_microbench_cell_asking_for_a_runtime_fails_at_its_stage_naming_the_fi
                       "0.02", "--rootdir", str(tmp_path))
     assert done.returncode == 1, done.stdout[-4000:]
     (row,) = manifest_rows(tmp_path)
-    assert (row["status"], row["failure_stage"]) == ("failed", "ollama_install")
+    assert (row["status"], row["failure_stage"]) == ("failed", "runtime_setup")
     assert "microbenchmark cell" in row["error_message"] and "gpubench_microbench" in row["error_message"]
     assert_every_session_released(standalone_sandbox)

@@ -82,7 +82,7 @@ def test_a_vllm_serve_that_exits_fails_at_once_with_its_log_tail_and_stop_ends_a
             return failure, serving, await good._healthy()
 
         failure, serving, after_stop = loop.run(scenario(), 300)
-        assert failure.stage is Stage.OLLAMA_INSTALL
+        assert failure.stage is Stage.RUNTIME_SETUP
         assert "vllm serve exited before /health answered" in str(failure)
         assert "is not a valid model identifier" in str(failure)  # the server's own words, from its log
         assert (serving, after_stop) == (True, False)

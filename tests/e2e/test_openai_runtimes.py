@@ -99,7 +99,7 @@ def test_a_server_that_fails_at_load_fails_the_stage_at_once_with_its_own_words(
     started.append(runtime)
     with pytest.raises(StageError) as info:
         serve(run, runtime)
-    assert info.value.stage is Stage.OLLAMA_INSTALL
+    assert info.value.stage is Stage.RUNTIME_SETUP
     assert f"{runtime.spec.program} exited before /health answered" in str(info.value)
     assert words[name] in str(info.value)  # the log's tail, in the server's words
 

@@ -84,7 +84,7 @@ def test_quick_matrix_offers_prices_and_arithmetic(sandbox, api, tmp_path):
     bench = bench_seconds(6, 1, 1, 64, DEFAULT_TOKENS_PER_SECOND)
     first = by_cell["RTX_4090-vastai-qwen2:7b"]
     assert first.setup_seconds == pytest.approx(SETUP)
-    assert [s.stage for s in first.stages] == ["provision", "ssh_wait", "ssh_connect", "ollama_install",
+    assert [s.stage for s in first.stages] == ["provision", "ssh_wait", "ssh_connect", "runtime_setup",
                                                "model_pull", "benchmark"]
     assert first.pull_seconds == pytest.approx(8 * DEFAULT_PULL_SECONDS_PER_GB)
     assert first.benchmark_seconds == pytest.approx(bench)
@@ -277,7 +277,7 @@ def test_stage_times_of_one_progress_file(tmp_path):
     path = tmp_path / "a.log"
     write_progress(path, rented(60, 30))
     assert stage_seconds(read_progress(path)) == {Stage.PROVISION: 2, Stage.SSH_WAIT: 60, Stage.SSH_CONNECT: 4,
-                                                  Stage.OLLAMA_INSTALL: 20, Stage.MODEL_PULL: 30}
+                                                  Stage.RUNTIME_SETUP: 20, Stage.MODEL_PULL: 30}
     write_progress(tmp_path / "b.log", [("STARTING", 0), ("SESSION_REUSED", 1), ("SYSTEM_INFO", 2),
                                         ("OLLAMA_INSTALLED", 3), ("MODEL_READY", 13)])
     # A cell on a reused session tells only its pull.
@@ -303,7 +303,7 @@ def test_stage_estimates_are_medians_of_earlier_real_runs(sandbox, api, tmp_path
     first = by_cell["RTX_4090-vastai-qwen2:7b"]
     assert first["ssh_wait"].seconds == 80  # median of 60 and 100; the unfinished cell is left out
     assert first["ssh_wait"].source == "history: median of 2 cell(s), RTX 4090 on vastai"
-    assert (first["provision"].seconds, first["ssh_connect"].seconds, first["ollama_install"].seconds) == (2, 4, 20)
+    assert (first["provision"].seconds, first["ssh_connect"].seconds, first["runtime_setup"].seconds) == (2, 4, 20)
     assert first["model_pull"].seconds == 40
     # Warm-up at the median tokens/s those runs measured for this GPU and model (200).
     assert first["benchmark"].seconds == pytest.approx(bench_seconds(6, 1, 1, 64, 200.0))

@@ -306,7 +306,7 @@ def rentless(request: pytest.FixtureRequest) -> Iterator[Provider]:
 
 
 def test_a_provider_that_rents_nothing_offers_the_declared_endpoint_and_lets_go(rentless):
-    from pytest_gpubench.matrix.endpoint import EndpointSpec
+    from pytest_gpubench.matrix.fields import EndpointSpec
 
     assert isinstance(rentless, Provider) and rentless.where
     spec = EndpointSpec(url="https://llm.example.com:8443/v1", price_per_hour=1.25)

@@ -20,7 +20,7 @@ from pytest_gpubench.store.sqlite_store import SqliteStore
 from pytest_gpubench.commands.cli import main
 from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.report.gather import build_report
-from pytest_gpubench.report.write import write_reports
+from pytest_gpubench.report.gather import write_reports
 from pytest_gpubench.report.charts import Bar, Point, bar_chart, nice_ticks, scatter_chart
 from pytest_gpubench.report.html import render_html
 from pytest_gpubench.report.markdown import render_markdown

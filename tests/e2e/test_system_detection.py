@@ -19,7 +19,7 @@ from pytest_gpubench.aio import LoopThread
 from pytest_gpubench.errors import Stage, StageError
 from pytest_gpubench.remote.ssh import Connection
 from pytest_gpubench.remote.sysinfo import SystemInfo
-from pytest_gpubench.remote.system import detect_system, hardware_of
+from pytest_gpubench.remote.sysinfo import detect_system, hardware_of
 
 TIME_SCALE = 0.01
 

@@ -27,10 +27,10 @@ from pytest_gpubench.measure.gpucheck import (
     outside_bounds,
     peak_shares,
 )
-from pytest_gpubench.measure.gpu_peaks import peaks_for, peaks_for_product
+from pytest_gpubench.measure.microbench import peaks_for, peaks_for_product
 from pytest_gpubench.remote.local import LocalShell
 from pytest_gpubench.remote.sysinfo import GpuFacts
-from pytest_gpubench.remote.system import facts_by_source
+from pytest_gpubench.remote.sysinfo import facts_by_source
 from pytest_gpubench.store.sqlite_store import SqliteStore
 
 
@@ -51,7 +51,7 @@ def test_a_local_microbench_cell_runs_end_to_end_on_this_gpu(local_run: LocalRun
     assert local_run.returncode == 0, local_run.output[-6000:]
     cell = only_cell(store)
     assert (cell.status, cell.provider, cell.model) == ("success", "local", "microbench"), cell.error_message
-    assert {"ssh_connect", "ollama_install", "benchmark"} <= set(cell.stage_seconds)
+    assert {"ssh_connect", "runtime_setup", "benchmark"} <= set(cell.stage_seconds)
     print("stages (s):", {stage: round(seconds, 2) for stage, seconds in cell.stage_seconds.items()})
 
 
@@ -98,7 +98,7 @@ def test_the_microbenchmarks_are_a_plausible_share_of_the_datasheet(local_run: L
     assert all(figures[label].value for label in ("memory_bandwidth", "matmul_fp16", "matmul_bf16")), figures
     peaks = peaks_for_product(local_run.product)
     if peaks is None:
-        pytest.skip(f"no datasheet figures for {local_run.product!r} in measure/gpu_peaks.py: measured only")
+        pytest.skip(f"no datasheet figures for {local_run.product!r} in measure/microbench.py: measured only")
     shares = peak_shares(figures.values(), peaks)
     for share in shares:
         print(share.line())

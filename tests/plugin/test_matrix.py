@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from pytest_gpubench.matrix.fields import RUNTIME_NAMES
+from pytest_gpubench.runtime_facts import BUILT_IN
 from pytest_gpubench.errors import MatrixError
 from pytest_gpubench.matrix.cells import (
     KNOWN_PROVIDERS,
@@ -89,7 +89,7 @@ def test_every_shipped_matrix_loads_and_the_runtimes_example_has_a_cell_per_runt
     for path in sorted(MATRIX_DIR.glob("gpubench_*.yaml")):
         assert expand(load_matrix(path)), path
     cells = expand(load_matrix(MATRIX_DIR / "gpubench_runtimes.yaml"))
-    started_here = sorted(name for name in RUNTIME_NAMES if name != "openai")  # openai needs the user's endpoint
+    started_here = sorted(name for name in BUILT_IN if name != "openai")  # openai needs the user's endpoint
     assert sorted({c.runtime for c in cells}) == started_here
     assert [c.cell_id for c in cells if c.launch is not None and c.launch.entrypoint] == [
         "RTX_4090-vastai-qwen2:1.5b-c4-runtime_vllm-entrypoint"]
@@ -1267,15 +1267,7 @@ def test_another_cloud_is_another_reuse_group_and_id(tmp_path):
         assert (cell.cell_id, cell.reuse_group) == (validated.cell_id, validated.reuse_group)
 
 
-@pytest.fixture
-def two_runtimes(monkeypatch):
-    """A second registered runtime name, as a new runtime adds it to ``RUNTIME_NAMES``."""
-    from pytest_gpubench.matrix import fields
-
-    monkeypatch.setattr(fields, "RUNTIME_NAMES", (*fields.RUNTIME_NAMES, "vllm"))
-
-
-def test_rows_differing_only_by_runtime_are_two_cells_in_two_groups(tmp_path, two_runtimes):
+def test_rows_differing_only_by_runtime_are_two_cells_in_two_groups(tmp_path):
     cells = cells_of(tmp_path, """\
         cloud: moon
         matrix:

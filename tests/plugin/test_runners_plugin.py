@@ -107,7 +107,7 @@ def test_an_unknown_host_without_a_default_runner_is_a_usage_error(project):
 
 def test_gpubench_plan_prices_this_runners_share_with_its_reruns_on_one_session(project, monkeypatch):
     """``gpubench plan`` collects as pytest does: GPUBENCH_RUNNERS gives it the runner's share."""
-    from pytest_gpubench.plugin.plan_collect import collect_cells
+    from pytest_gpubench.plugin.collect import collect_cells
 
     monkeypatch.setenv("GPUBENCH_RUNNERS", str(project.path / "runners.yaml"))
     monkeypatch.setenv("GPUBENCH_RUNNER", "box-a")

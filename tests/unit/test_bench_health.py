@@ -97,7 +97,7 @@ def test_a_run_spoiled_by_a_server_crash_is_measured_again_after_the_restart():
     bench._judge = lambda result: None
     bench.run()
     assert outcomes == [] and bench.measurement.runs == [{"decode_tokens_per_second": 50.0}]
-    assert statuses[:3] == ["OLLAMA_RESTART", "OLLAMA_RESTARTED", "RUN_REPEATED"]
+    assert statuses[:3] == ["RUNTIME_RESTART", "RUNTIME_RESTARTED", "RUN_REPEATED"]
 
 
 def test_a_run_whose_requests_failed_on_a_server_that_answers_is_not_repeated():

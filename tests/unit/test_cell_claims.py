@@ -462,7 +462,7 @@ def test_only_the_last_controller_of_a_shared_run_records_its_end_with_every_con
     not its to record. The last one records it, failed if any controller's cell failed."""
     import time
 
-    from pytest_gpubench.run.run_end import others_running, shared_run_status
+    from pytest_gpubench.run.cleanup import others_running, shared_run_status
 
     add(store)
     other = store.add_cell("r1", "other-cell", gpu_type="g", provider="p", model="m", matrix_file="f")

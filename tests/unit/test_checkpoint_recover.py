@@ -1,4 +1,4 @@
-"""Recovering a run's records from the instance's checkpoint (remote/checkpoint.py), through a real shell."""
+"""Recovering a run's records from the instance's checkpoint (measure/benchmark.py), through a real shell."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import time
 
 from pytest_gpubench.aio import run as run_async
-from pytest_gpubench.remote.checkpoint import recover
+from pytest_gpubench.measure.benchmark import recover
 from pytest_gpubench.remote.local import LocalShell
 
 RECORD = {"index": 0, "prompt_index": 0, "started_at": 0.0, "ttft_ms": 10.0, "latency_ms": 50.0, "output_tokens": 5}

@@ -16,8 +16,8 @@ from pytest_gpubench.cloud.shopper_provider import ShopperProvider
 from pytest_gpubench.cloud.ssh_wait import entrypoint_wait, heavy_stage_seconds, stage_timeout
 from pytest_gpubench.errors import MatrixError, Stage, StageError
 from pytest_gpubench.matrix.cells import expand, parse_matrix
-from pytest_gpubench.matrix.overrides import apply_overrides
-from pytest_gpubench.runtimes.entrypoint import adopt_image_server
+from pytest_gpubench.matrix.cells import apply_overrides
+from pytest_gpubench.runtimes.openai_server import adopt_image_server
 from pytest_gpubench.runtimes.ollama import OllamaRuntime
 from pytest_gpubench.runtimes.vllm import VllmRuntime
 from pytest_gpubench.settings import resolve
@@ -120,9 +120,9 @@ def test_a_session_carries_its_launch_mode_and_api_endpoint():
 
 
 def test_heavy_images_get_the_tables_minutes_for_provision_ssh_wait_and_install():
-    assert heavy_stage_seconds("vllm/vllm-openai:v0.10.1") == {Stage.PROVISION: 900.0, Stage.OLLAMA_INSTALL: 900.0}
+    assert heavy_stage_seconds("vllm/vllm-openai:v0.10.1") == {Stage.PROVISION: 900.0, Stage.RUNTIME_SETUP: 900.0}
     assert heavy_stage_seconds("ghcr.io/huggingface/text-generation-inference:3") == {
-        Stage.PROVISION: 720.0, Stage.OLLAMA_INSTALL: 720.0}
+        Stage.PROVISION: 720.0, Stage.RUNTIME_SETUP: 720.0}
     assert heavy_stage_seconds("nvidia/cuda:12.6.3-runtime-ubuntu22.04") == {}
     # Entrypoint: the server checks /health 10 min for any image; the plugin waits out the longer of that
     # and the table, plus the margin for the server's verdict.
@@ -130,10 +130,10 @@ def test_heavy_images_get_the_tables_minutes_for_provision_ssh_wait_and_install(
     assert entrypoint_wait("example/light:1").seconds == 10 * 60 + 120
     assert entrypoint_wait("vllm/vllm-openai:x").server_minutes is None
     # On the run's clock; a light image keeps the seed's budget.
-    assert stage_timeout(SETTINGS, Stage.OLLAMA_INSTALL, "vllm/vllm-openai:x") == 15.0  # 900 s x 0.01, floor 15
+    assert stage_timeout(SETTINGS, Stage.RUNTIME_SETUP, "vllm/vllm-openai:x") == 15.0  # 900 s x 0.01, floor 15
     full = resolve({}, {}, lambda name: None)
-    assert stage_timeout(full, Stage.OLLAMA_INSTALL, "vllm/vllm-openai:x") == 900.0
-    assert stage_timeout(full, Stage.OLLAMA_INSTALL, None) == 300.0
+    assert stage_timeout(full, Stage.RUNTIME_SETUP, "vllm/vllm-openai:x") == 900.0
+    assert stage_timeout(full, Stage.RUNTIME_SETUP, None) == 300.0
 
 
 def test_a_runtime_adopts_the_images_server_only_in_entrypoint_mode():

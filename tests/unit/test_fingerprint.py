@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from pytest_gpubench.measure.fingerprint import fingerprint, incomparable, stored_fingerprint
+from pytest_gpubench.measure.compare import fingerprint, incomparable, stored_fingerprint
 from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.measure.results import BenchmarkResult, PerformanceResults
 

@@ -1,4 +1,4 @@
-"""The ``gpu`` tier's logic without a GPU (``pytest_gpubench.measure.gpucheck``, ``measure/gpu_peaks.py``):
+"""The ``gpu`` tier's logic without a GPU (``pytest_gpubench.measure.gpucheck``, ``measure/microbench.py``):
 NVML, ``nvidia-smi -q -x`` and the CSV query compared (the sandbox's nvidia-smi and NVML stand-ins
 render the real formats), the datasheet shares and their bounds, the H100/H200 datasheet lines
 and the names ``nvidia-smi`` gives those cards, the host snapshot's difference, and why a machine
@@ -31,7 +31,7 @@ from pytest_gpubench.measure.gpucheck import (
     query_gpu_states,
 )
 from pytest_gpubench.gpuinfo import gpu_type_of, parse_gpu_query_csv
-from pytest_gpubench.measure.gpu_peaks import peaks_for, peaks_for_product
+from pytest_gpubench.measure.microbench import peaks_for, peaks_for_product
 from pytest_gpubench.remote import nvml_probe
 from pytest_gpubench.remote.sysinfo import CSV_FIELDS, gpu_facts_from_csv, gpu_facts_from_nvml, gpu_facts_from_xml
 from pytest_gpubench.sandbox.instance_spec import load_instance_spec

@@ -1,5 +1,5 @@
 """gpubench's pin file: a host key pinned once however many processes meet the host first, and a
-second key for a pinned host refused (``remote/known_hosts.py``)."""
+second key for a pinned host refused (``remote/ssh.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncssh
 import pytest
 
 from pytest_gpubench.errors import HostKeyChanged
-from pytest_gpubench.remote.known_hosts import known_keys, pin
+from pytest_gpubench.remote.ssh import known_keys, pin
 
 
 def test_a_host_is_pinned_once_and_another_key_for_it_is_refused(tmp_path):

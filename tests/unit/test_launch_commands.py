@@ -8,7 +8,7 @@ import pytest
 
 from pytest_gpubench.errors import MatrixError, Stage, StageError
 from pytest_gpubench.matrix.cells import expand, parse_matrix
-from pytest_gpubench.measure.fingerprint import fingerprint, incomparable
+from pytest_gpubench.measure.compare import fingerprint, incomparable
 from pytest_gpubench.runtimes.llamacpp import LlamacppRuntime
 from pytest_gpubench.runtimes.ollama import OllamaRuntime
 from pytest_gpubench.runtimes.sglang import SglangRuntime
@@ -49,7 +49,7 @@ def test_a_model_name_a_shell_or_vllm_would_read_otherwise_is_refused(model):
 def test_an_argument_that_is_not_one_printable_line_is_refused(arg):
     with pytest.raises(StageError) as info:
         VllmRuntime(conn=None, args=(arg,)).serve_command("qwen2:1.5b", 1)
-    assert info.value.stage is Stage.OLLAMA_INSTALL
+    assert info.value.stage is Stage.RUNTIME_SETUP
 
 
 ROWS = "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:1.5b'}\n" \

@@ -99,7 +99,7 @@ def test_a_5_mb_dataset_reaches_the_instance_through_stdin(server):
     async def scenario():
         shell = LocalShell.open(hide_gpu=True)  # commands run through `bash -c`, as sshd runs them
         try:
-            return await run_benchmark(shell, plan(prompts), remote_ollama_url=url, local_ollama_url=url,
+            return await run_benchmark(shell, plan(prompts), remote_server_url=url, local_server_url=url,
                                        timeout=60)
         finally:
             await shell.close()

@@ -65,8 +65,8 @@ def test_python3_is_the_plugins_virtualenv_with_its_packages(tmp_path, monkeypat
 
 def test_failures_and_timeouts_are_stage_errors(shell):
     with pytest.raises(RemoteCommandError) as failed:
-        run(shell.run("echo oops >&2; exit 3", stage=Stage.OLLAMA_INSTALL, what="a failing step", timeout=30))
-    assert failed.value.stage is Stage.OLLAMA_INSTALL and "oops" in str(failed.value)
+        run(shell.run("echo oops >&2; exit 3", stage=Stage.RUNTIME_SETUP, what="a failing step", timeout=30))
+    assert failed.value.stage is Stage.RUNTIME_SETUP and "oops" in str(failed.value)
     unchecked = run(shell.run("exit 4", stage=Stage.BENCHMARK, what="x", timeout=30, check=False))
     assert unchecked.exit_status == 4 and not unchecked.ok
     with pytest.raises(StageError) as slow:

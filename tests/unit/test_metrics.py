@@ -313,9 +313,9 @@ def test_client_saturated_by_send_lag():
 
 
 def test_client_saturated_by_delivered_concurrency():
-    m = detailed_metrics([record()], 10.0, loadgen={"delivered_concurrency": 7.6}, configured_concurrency=8)
+    m = detailed_metrics([record()], 10.0, loadgen={"delivered_concurrency": 7.6}, concurrency=8)
     assert m.client_saturated is False  # 7.6 is exactly 95% of 8
-    m = detailed_metrics([record()], 10.0, loadgen={"delivered_concurrency": 7.59}, configured_concurrency=8)
+    m = detailed_metrics([record()], 10.0, loadgen={"delivered_concurrency": 7.59}, concurrency=8)
     assert m.client_saturated is True and "delivered concurrency" in m.saturation_reasons[0]
     from_event = detailed_metrics([record()], 10.0,
                                   loadgen={"delivered_concurrency": 3.0, "configured_concurrency": 8})
@@ -325,10 +325,10 @@ def test_client_saturated_by_delivered_concurrency():
 def test_delivered_concurrency_by_littles_law_when_the_event_says_nothing():
     # four requests of 5 s each in a 10 s window: two in flight on average
     records = [record(i, latency_ms=5000.0) for i in range(4)]
-    m = detailed_metrics(records, 10.0, configured_concurrency=2)
+    m = detailed_metrics(records, 10.0, concurrency=2)
     assert m.delivered_concurrency == pytest.approx(2.0)
     assert m.client_saturated is False
-    assert detailed_metrics(records, 10.0, configured_concurrency=4).client_saturated is True
+    assert detailed_metrics(records, 10.0, concurrency=4).client_saturated is True
 
 
 def test_saturation_unknown_without_evidence():

@@ -1,4 +1,4 @@
-"""``microbench:`` in a matrix (matrix/microbench.py): its cells, their settings, and the errors
+"""``microbench:`` in a matrix (matrix/cells.py): its cells, their settings, and the errors
 that name the file, the field and what is allowed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from pytest_gpubench.errors import MatrixError
 from pytest_gpubench.matrix.cells import load_cells
-from pytest_gpubench.matrix.microbench import KINDS, PRECISIONS
+from pytest_gpubench.matrix.cells import KINDS, PRECISIONS
 
 
 def cells(tmp_path: Path, rows: str, head: str = ""):

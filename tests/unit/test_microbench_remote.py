@@ -1,4 +1,4 @@
-"""Torch on the instance and the script run there (remote/microbench.py), through a real shell
+"""Torch on the instance and the script run there (measure/microbench.py), through a real shell
 (``LocalShell``, the Connection interface on this machine, whose python3 has no torch): a failed
 pip install names the stage and pip's error, the venv install from a wheel is found again without
 installing twice, the script's events come back, and an error event fails the benchmark stage."""
@@ -13,7 +13,7 @@ import pytest
 
 from pytest_gpubench.errors import RemoteCommandError, Stage, StageError
 from pytest_gpubench.remote.local import LocalShell
-from pytest_gpubench.remote.microbench import TORCH_VENV, ensure_torch, run_microbench
+from pytest_gpubench.measure.microbench import TORCH_VENV, ensure_torch, run_microbench
 from pytest_gpubench.sandbox.torch_wheel import build_torch_wheel
 
 PLAN = {"kinds": ["memory_bandwidth"], "runs": 2, "warmup": 0, "memory_mib": 16, "matmul_size": 256,
@@ -41,7 +41,7 @@ def test_a_failing_pip_install_is_an_install_stage_error_with_pips_words(tmp_pat
             run(ensure_torch(shell, timeout=120))
     finally:
         run(shell.close())
-    assert caught.value.stage is Stage.OLLAMA_INSTALL and caught.value.exit_status == 6
+    assert caught.value.stage is Stage.RUNTIME_SETUP and caught.value.exit_status == 6
     assert "pip install torch" in str(caught.value) and "torch" in caught.value.stderr_tail
 
 

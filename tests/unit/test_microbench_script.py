@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpubench.measure import gpu_peaks
+from pytest_gpubench.measure import microbench as gpu_peaks
 from pytest_gpubench.measure.microbench import figures_from_events
 from pytest_gpubench.remote import microbench_script as script
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pytest_gpubench.plugin.outcome import run_status
+from pytest_gpubench.plugin.fixtures import run_status
 
 
 @pytest.mark.parametrize(("exitstatus", "status"), [

@@ -12,7 +12,7 @@ import pytest
 from pytest_gpubench.cloud import registry
 from pytest_gpubench.cloud.processes import ProcessIdentity
 from pytest_gpubench.matrix.cells import DEFAULT_CLOUD, expand, parse_matrix
-from pytest_gpubench.matrix.endpoint import ENDPOINT_CLOUD
+from pytest_gpubench.matrix.fields import ENDPOINT_CLOUD
 from pytest_gpubench.matrix.fields import MARKETPLACE_CLOUDS
 from pytest_gpubench.run.cleanup import Through, renting_clouds, survey
 from pytest_gpubench.settings import Settings

@@ -1,5 +1,5 @@
 """The report names a multi-GPU cell's GPUs ``2x RTX 4090`` (report/gather.py): from the GPUs its
-server spanned, as the result's details record them (runtimes/gpus.py); one-GPU rows keep the bare name."""
+server spanned, as the result's details record them (runtimes/base.py); one-GPU rows keep the bare name."""
 
 from __future__ import annotations
 

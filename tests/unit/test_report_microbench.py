@@ -1,4 +1,4 @@
-"""The report's GPU microbenchmarks (report/microbench.py): each figure as a % of its GPU's
+"""The report's GPU microbenchmarks (report/gather.py's microbench_rows, report/tables.py's microbench_table): each figure as a % of its GPU's
 datasheet peak, the latest run's figure per GPU, provider and figure, the GPU's best LLM
 figure beside it, skipped figures with their reason, and the peaks' sources; none without
 microbench cells. Also: the sandbox catalog's achievable figures sit below every peak."""
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpubench.measure.gpu_peaks import peaks_for
+from pytest_gpubench.measure.microbench import peaks_for
 from pytest_gpubench.measure.microbench import figures_from_events
 from pytest_gpubench.measure.results import BenchmarkResult, PerformanceResults, TestConfig
 from pytest_gpubench.report.gather import build_report
 from pytest_gpubench.report.html import render_html
 from pytest_gpubench.report.markdown import render_markdown
-from pytest_gpubench.report.microbench import microbench_table
+from pytest_gpubench.report.tables import microbench_table
 from pytest_gpubench.sandbox.catalog import load_catalog
 from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.store.sqlite_store import SqliteStore
@@ -98,7 +98,7 @@ def test_every_sandbox_gpu_has_peaks_and_achieves_less_than_them() -> None:
 
 
 def test_figures_follow_the_matrix_precisions_order_a_new_precision_included(store, monkeypatch) -> None:
-    from pytest_gpubench.matrix import microbench as spec
+    from pytest_gpubench.matrix import cells as spec
 
     # int8 before fp16, and a precision the report never heard of: the order is the matrix's, not a copy.
     monkeypatch.setattr(spec, "PRECISIONS", ("fp4", "int8", "fp16"))

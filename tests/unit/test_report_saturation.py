@@ -1,4 +1,4 @@
-"""The report's saturation sweeps (report/saturation.py): the Saturation table ranks cells by
+"""The report's saturation sweeps (report/sweep.py): the Saturation table ranks cells by
 max_rate_meeting_slo, shows the output throughput and $/M tokens at that rate, and each sweep's
 steps; a report without a sweep has no such section."""
 
@@ -13,7 +13,7 @@ from pytest_gpubench.measure.results import BenchmarkResult, PerformanceResults,
 from pytest_gpubench.report.gather import build_report
 from pytest_gpubench.report.html import render_html
 from pytest_gpubench.report.markdown import render_markdown
-from pytest_gpubench.report.saturation import saturated, saturation_table, step_points, steps_table
+from pytest_gpubench.report.sweep import saturated, saturation_table, step_points, steps_table
 from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.store.sqlite_store import SqliteStore
 

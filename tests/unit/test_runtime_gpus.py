@@ -1,6 +1,6 @@
 """A multi-GPU cell's server: the tensor-parallel flag each runtime's launcher takes, CUDA_VISIBLE_DEVICES
 for the GPUs a provider leased, Ollama's spread, Docker's devices, and what the result records
-(runtimes/gpus.py)."""
+(runtimes/base.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ import pytest
 
 from pytest_gpubench.errors import Stage, StageError
 from pytest_gpubench.matrix.cells import expand, parse_matrix
-from pytest_gpubench.measure.fingerprint import fingerprint
+from pytest_gpubench.measure.compare import fingerprint
 from pytest_gpubench.remote.readings import HardwareInfo
-from pytest_gpubench.runtimes.gpus import GpuPlacement
+from pytest_gpubench.runtimes.base import GpuPlacement, vram_shortfall
 from pytest_gpubench.runtimes.ollama import OllamaRuntime
 from pytest_gpubench.runtimes.registry import runtime_for
-from pytest_gpubench.runtimes.vram import vram_shortfall
 
 
 def cell_on(runtime: str, gpus: int):
@@ -99,7 +98,7 @@ def test_docker_gets_the_devices_as_one_quoted_csv_field() -> None:
 def test_a_placement_that_cannot_hold_the_cell_is_refused(count: int, indices: tuple[int, ...], problem: str) -> None:
     with pytest.raises(StageError) as info:
         GpuPlacement.of(count, indices)
-    assert info.value.stage is Stage.OLLAMA_INSTALL and problem in str(info.value)
+    assert info.value.stage is Stage.RUNTIME_SETUP and problem in str(info.value)
 
 
 def test_the_result_records_the_gpus_and_the_fingerprint_stands_alone() -> None:

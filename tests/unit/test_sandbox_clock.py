@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pytest_gpubench.store.sqlite_store import SqliteStore
-from pytest_gpubench.matrix.overrides import apply_overrides
+from pytest_gpubench.matrix.cells import apply_overrides
 from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.matrix.cells import expand, load_matrix
 from pytest_gpubench.store.progress import read_progress

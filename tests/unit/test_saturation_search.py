@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from pytest_gpubench.matrix.sweep import SweepSpec
+from pytest_gpubench.matrix.workload import SweepSpec
 from pytest_gpubench.measure.saturation import RateSearch, SweepOutcome, SweepStep
 from pytest_gpubench.matrix.thresholds import Slo
 

@@ -1,6 +1,6 @@
 """Issue 21 item 5: a stale pid file never gets an unrelated process signalled.
 
-The shell of ``runtimes/server_pid.py`` run by the real ``bash`` on real processes (a
+The shell of ``runtimes/openai_server.py`` run by the real ``bash`` on real processes (a
 ``sleep`` started here): only the server gpubench started, told by its start time and its
 command line, is signalled; any other process a pid file names is left alive and the file
 dropped, with a line saying why.
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpubench.runtimes.server_pid import identify, record, stale_in, start_file, stop, word_pattern
+from pytest_gpubench.runtimes.openai_server import identify, record, stale_in, start_file, word_pattern
+from pytest_gpubench.runtimes.openai_server import stop_script as stop
 
 PATTERN = word_pattern("vllm")
 

@@ -65,14 +65,14 @@ def test_run_output_exit_status_and_stderr(ssh_server):
         conn = await Connection.open("127.0.0.1", port, "root", key, timeout=10)
         ok = await conn.run("echo hello", stage="ssh_connect", what="echo", timeout=10)
         with pytest.raises(RemoteCommandError) as info:
-            await conn.run("echo broken >&2; exit 3", stage="ollama_install", what="install", timeout=10)
+            await conn.run("echo broken >&2; exit 3", stage="runtime_setup", what="install", timeout=10)
         await conn.close()
         return ok, info.value
 
     ok, error = loop.run_until_complete(go())
     assert ok.stdout == "hello\n" and ok.exit_status == 0
     assert error.exit_status == 3
-    assert str(error.stage) == "ollama_install"
+    assert str(error.stage) == "runtime_setup"
     assert "install exited 3: broken" in str(error)
 
 

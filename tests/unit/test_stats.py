@@ -1,4 +1,4 @@
-"""Tests of pytest_gpubench.measure.stats: repeated-run statistics on hand-checked samples."""
+"""Tests of pytest_gpubench.measure.results: repeated-run statistics on hand-checked samples."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from pytest_gpubench.measure.stats import (
+from pytest_gpubench.measure.results import (
     RunStatistics,
     bootstrap_mean_ci,
     format_mean_std,

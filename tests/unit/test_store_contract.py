@@ -611,7 +611,7 @@ def test_sqlite_every_column_reaches_a_record():
 
 def test_a_baseline_s_figures_compare_and_carry_its_fingerprint(store):
     from pytest_gpubench.measure.compare import compare, figures_of
-    from pytest_gpubench.measure.fingerprint import fingerprint, incomparable, stored_fingerprint
+    from pytest_gpubench.measure.compare import fingerprint, incomparable, stored_fingerprint
 
     row_id = _finished(store, "old", "success", 60.0)
     result_id = store.cell(row_id).benchmark_id

@@ -1,4 +1,4 @@
-"""``rate: sweep`` in a matrix (matrix/sweep.py): its cell, its settings, and the errors that
+"""``rate: sweep`` in a matrix (matrix/workload.py): its cell, its settings, and the errors that
 name the file, the field and what is allowed."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from pytest_gpubench.errors import MatrixError
 from pytest_gpubench.matrix.cells import load_cells
-from pytest_gpubench.matrix.overrides import apply_overrides
+from pytest_gpubench.matrix.cells import apply_overrides
 from pytest_gpubench.settings import Settings
 
 ROW = """

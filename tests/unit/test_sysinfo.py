@@ -24,7 +24,7 @@ from pytest_gpubench.remote.sysinfo import (
     parse_df,
     parse_host_probe,
 )
-from pytest_gpubench.remote.system import NVML_PROBE_SOURCE, hardware_of
+from pytest_gpubench.remote.sysinfo import NVML_PROBE_SOURCE, hardware_of
 
 GIB = 1024 ** 3
 
@@ -239,7 +239,7 @@ def test_one_disk_probe_serves_detection_and_the_free_space_check(tmp_path):
 
     from pytest_gpubench.remote.local import LocalShell
     from pytest_gpubench.remote.sysinfo import DISK_PROBE, HOST_PROBE
-    from pytest_gpubench.remote.system import free_disk_bytes
+    from pytest_gpubench.remote.sysinfo import free_disk_bytes
 
     assert HOST_PROBE.endswith(DISK_PROBE)
     env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
@@ -274,7 +274,7 @@ def _detect_on_a_mixed_machine(tmp_path, monkeypatch, gpu: str, indices: tuple[i
     import asyncio
 
     from pytest_gpubench.remote.local import LocalShell
-    from pytest_gpubench.remote.system import detect_system
+    from pytest_gpubench.remote.sysinfo import detect_system
 
     (tmp_path / "pynvml.py").write_text(MIXED_PYNVML)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))

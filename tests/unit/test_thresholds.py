@@ -201,7 +201,7 @@ def test_the_matrix_s_own_error_bound_replaces_the_default_and_null_removes_it(t
 
 def test_missing_only_the_default_budget_makes_the_cell_partial_not_failed():
     from pytest_gpubench.errors import ErrorBudgetExceeded, ThresholdMissed
-    from pytest_gpubench.plugin.outcome import _failure
+    from pytest_gpubench.plugin.fixtures import _failure
 
     budget = _failure(ErrorBudgetExceeded("max_error_rate: 99% of the measured requests failed"), Stage.BENCHMARK)
     assert (budget.status, budget.failure_stage, budget.failure_reason) == ("partial", "results",

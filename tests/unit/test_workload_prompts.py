@@ -13,7 +13,7 @@ from pytest_gpubench.matrix.adjust import with_workload
 from pytest_gpubench.matrix.cells import load_cells, load_matrix
 from pytest_gpubench.matrix.synthetic import count_tokens, distribution, synthetic_spec, text_of_length
 from pytest_gpubench.matrix.workload import Prompt, Workload
-from pytest_gpubench.measure.fingerprint import fingerprint, incomparable
+from pytest_gpubench.measure.compare import fingerprint, incomparable
 from pytest_gpubench.sandbox.ollama_text import count_prompt_tokens
 
 ROW = "matrix:\n  - {gpu: RTX 4090, provider: vastai, model: qwen2:7b}\n"
