@@ -21,9 +21,7 @@ from datetime import datetime, timezone
 from ..errors import ApiError, NoEligibleOffer, Stage
 from ..matrix.fields import ENDPOINT_PROVIDER
 from ..matrix.launch import LaunchSpec
-from .offers import Constraints
-from .provider import HOLDING_STATUSES, OfferChoice, Released, SshDetails
-from .shopper_client import CreatedSession, Offer, Session
+from .provider import HOLDING_STATUSES, Constraints, CreatedSession, Offer, OfferChoice, Released, Session, SshDetails
 
 
 class EndpointProvider:

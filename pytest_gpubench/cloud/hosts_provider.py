@@ -45,9 +45,7 @@ from ..settings import Settings
 from .gpu_lease import GpuLeaseBook
 from .gpu_leasing import WAIT_POLL_SECONDS, GpuLeaseKeeper
 from .hosts_inventory import Host, HostsInventory, load_inventory
-from .offers import Constraints
-from .provider import HOLDING_STATUSES, OfferChoice, Released, SshDetails
-from .shopper_client import CreatedSession, Offer, Session
+from .provider import HOLDING_STATUSES, Constraints, CreatedSession, Offer, OfferChoice, Released, Session, SshDetails
 
 
 

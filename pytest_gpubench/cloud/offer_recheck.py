@@ -23,8 +23,7 @@ import threading
 from collections.abc import Callable
 
 from ..errors import NoEligibleOffer
-from .offers import Constraints
-from .provider import OfferChoice, Provider
+from .provider import Constraints, OfferChoice, Provider
 
 #: The longest cache TTL of GPU Shopper's providers: an offer evicted after a failed create is listed again then.
 EVICTION_SECONDS = 60.0

@@ -9,44 +9,14 @@ under the price cap, then the cheapest (ties: more confident). An offer's
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from ..errors import NoEligibleOffer, Stage, StageError
-from ..matrix.cells import Cell, gpu_matches, gpus_label
-from ..matrix.fields import EndpointSpec
-from .shopper_client import Offer
+from ..matrix.cells import gpu_matches, gpus_label
+from .provider import Constraints, Offer
 
 #: Vast.ai reports vram_gb as MiB / 1024 rounded down (an RTX 4090 shows 23),
 #: so a card is accepted when it is within one GB of the need.
 VRAM_ROUNDING_GB = 1.0
-
-
-@dataclass(frozen=True)
-class Constraints:
-    """What an offer must satisfy for one cell."""
-
-    gpu: str
-    provider: str
-    vram_gb: float
-    min_confidence: float = 0.5
-    max_price: float | None = None
-    #: A running endpoint the cell declares (``runtime: openai``): its offer is this server, not a rental.
-    endpoint: EndpointSpec | None = None
-    #: GPUs the offer (or host) must give the cell on one machine.
-    gpu_count: int = 1
-    #: The hosts inventory the cell's matrix names (``cloud: hosts``/``local``); None: none.
-    hosts_file: str | None = None
-    #: The cell's runtime (``microbench`` for a microbenchmark cell, ``Cell.lease_runtime``): on a shared
-    #: machine, one serving from one server per machine leases all its GPUs.
-    runtime: str = ""
-
-    @classmethod
-    def for_cell(cls, cell: Cell) -> Constraints:
-        """What ``cell``'s matrix entry asks of an offer."""
-        return cls(gpu=cell.gpu, provider=cell.provider, vram_gb=cell.vram_gb,
-                   min_confidence=cell.offer.min_availability_confidence, max_price=cell.offer.max_price,
-                   endpoint=cell.endpoint, gpu_count=cell.gpus, hosts_file=cell.hosts_file,
-                   runtime=cell.lease_runtime)
 
 
 def select_offer(offers: Iterable[Offer], wanted: Constraints) -> tuple[Offer, list[Offer]]:

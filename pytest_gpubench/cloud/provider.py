@@ -6,25 +6,28 @@ the session watch and the session pool (a session's state), and cleanup (the
 sessions a run owns, release). :class:`~pytest_gpubench.cloud.shopper_provider.ShopperProvider`
 (GPU Shopper) implements it; :mod:`.registry` maps a matrix's ``cloud:`` name to
 an implementation, and ``tests/e2e/test_provider_contract.py`` is the suite every
-implementation passes.
+implementation passes (its checks for any provider are :mod:`pytest_gpubench.run.provider_contract`).
 
-The vocabulary (``Offer``, ``Session``, ``CreatedSession``) is GPU Shopper's,
-which is what the manifest and the results record; another provider translates
-into it.
+The vocabulary a provider speaks (``Offer``, ``Session``, ``CreatedSession``,
+``Constraints``, ``OfferChoice``, ``SshDetails``, ``Released``) lives here, in the
+seam: it is what the manifest and the results record. Each implementation
+translates its own API into it (``shopper_client.py`` reads GPU Shopper's JSON,
+whose fields these types were first drawn from, into it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import Stage
+from ..matrix.cells import Cell
+from ..matrix.fields import EndpointSpec
 from ..matrix.launch import LaunchSpec
-from .offers import Constraints
-from .shopper_client import CreatedSession, Offer, Session
 
 #: Every consumer id a run of this plugin makes starts so (see :func:`consumer_id`).
 CONSUMER_PREFIX = "gpubench-"
@@ -41,6 +44,105 @@ def consumer_id(run_id: str, cell_id: str, attempt: int = 1) -> str:
     """
     safe_cell = "".join(ch if ch.isalnum() or ch in "-_.:" else "_" for ch in cell_id)
     return f"{CONSUMER_PREFIX}{run_id}-{safe_cell}-a{attempt}"
+
+
+class Offer(BaseModel):
+    """One GPU offer from the inventory."""
+
+    # No NaN or infinity (Python's JSON reader takes both): a NaN price compares false with
+    # everything, so it slipped past any price cap and the spend check.
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
+
+    id: str
+    provider: str
+    provider_id: str = ""
+    gpu_type: str
+    gpu_count: int = 1
+    vram_gb: float = 0
+    price_per_hour: float
+    location: str = ""
+    reliability: float | None = None
+    available: bool = True
+    # Absent means the server did not compute one: treat as certain (seed 000).
+    availability_confidence: float = 1.0
+    cuda_version: str | float | None = None
+    machine_id: str | int | None = None
+    interruptible: bool = False
+    fetched_at: datetime | None = None
+
+    @property
+    def machine(self) -> str:
+        """The machine the offer is on: its ``machine_id`` (a host's name for ``cloud: hosts``), else
+        ``provider_id``; "" when the inventory says neither."""
+        return str(self.machine_id) if self.machine_id not in (None, "") else self.provider_id
+
+
+class Session(BaseModel):
+    """A GPU session as the API reports it."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)  # a price must be a number (Offer)
+
+    id: str
+    consumer_id: str = ""
+    provider: str = ""
+    gpu_type: str = ""
+    gpu_count: int = 1
+    status: str
+    error: str = ""
+    ssh_host: str = ""
+    ssh_port: int = 0
+    ssh_user: str = "root"
+    price_per_hour: float = 0.0
+    reservation_hours: int = 0
+    created_at: datetime | None = None
+    expires_at: datetime | None = None
+    offer_id: str = ""
+    #: ``entrypoint`` when the image's own server was launched (``pkg/models/session.go``); "" is ``ssh``.
+    launch_mode: str = ""
+    #: ``http://host:api_port``, set by the server once the image's ``/health`` answered (entrypoint mode).
+    api_endpoint: str = ""
+    api_port: int = 0
+
+
+class CreatedSession(BaseModel):
+    """The answer to a session create: the private key is returned once only."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    session: Session
+    ssh_private_key: str = Field(repr=False)
+    retries_attempted: int = 0
+    #: The offer the provider placed the session on when not the one asked for (a leased machine
+    #: taken since it was offered, another of the same shape idle); ``None``: the one asked for.
+    placed: Offer | None = Field(default=None, exclude=True)
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What an offer must satisfy for one cell."""
+
+    gpu: str
+    provider: str
+    vram_gb: float
+    min_confidence: float = 0.5
+    max_price: float | None = None
+    #: A running endpoint the cell declares (``runtime: openai``): its offer is this server, not a rental.
+    endpoint: EndpointSpec | None = None
+    #: GPUs the offer (or host) must give the cell on one machine.
+    gpu_count: int = 1
+    #: The hosts inventory the cell's matrix names (``cloud: hosts``/``local``); None: none.
+    hosts_file: str | None = None
+    #: The cell's runtime (``microbench`` for a microbenchmark cell, ``Cell.lease_runtime``): on a shared
+    #: machine, one serving from one server per machine leases all its GPUs.
+    runtime: str = ""
+
+    @classmethod
+    def for_cell(cls, cell: Cell) -> Constraints:
+        """What ``cell``'s matrix entry asks of an offer."""
+        return cls(gpu=cell.gpu, provider=cell.provider, vram_gb=cell.vram_gb,
+                   min_confidence=cell.offer.min_availability_confidence, max_price=cell.offer.max_price,
+                   endpoint=cell.endpoint, gpu_count=cell.gpus, hosts_file=cell.hosts_file,
+                   runtime=cell.lease_runtime)
 
 
 @dataclass

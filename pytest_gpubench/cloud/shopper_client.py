@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -28,77 +27,7 @@ from ..aio import tls_context
 from ..errors import ApiError, ApiUnreachable, Stage, StageError
 from ..ids import InvalidId, check_id
 from ..errors import redact
-
-
-class Offer(BaseModel):
-    """One GPU offer from the inventory."""
-
-    # No NaN or infinity (Python's JSON reader takes both): a NaN price compares false with
-    # everything, so it slipped past any price cap and the spend check.
-    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
-
-    id: str
-    provider: str
-    provider_id: str = ""
-    gpu_type: str
-    gpu_count: int = 1
-    vram_gb: float = 0
-    price_per_hour: float
-    location: str = ""
-    reliability: float | None = None
-    available: bool = True
-    # Absent means the server did not compute one: treat as certain (seed 000).
-    availability_confidence: float = 1.0
-    cuda_version: str | float | None = None
-    machine_id: str | int | None = None
-    interruptible: bool = False
-    fetched_at: datetime | None = None
-
-    @property
-    def machine(self) -> str:
-        """The machine the offer is on: its ``machine_id`` (a host's name for ``cloud: hosts``), else
-        ``provider_id``; "" when the inventory says neither."""
-        return str(self.machine_id) if self.machine_id not in (None, "") else self.provider_id
-
-
-class Session(BaseModel):
-    """A GPU session as the API reports it."""
-
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)  # a price must be a number (Offer)
-
-    id: str
-    consumer_id: str = ""
-    provider: str = ""
-    gpu_type: str = ""
-    gpu_count: int = 1
-    status: str
-    error: str = ""
-    ssh_host: str = ""
-    ssh_port: int = 0
-    ssh_user: str = "root"
-    price_per_hour: float = 0.0
-    reservation_hours: int = 0
-    created_at: datetime | None = None
-    expires_at: datetime | None = None
-    offer_id: str = ""
-    #: ``entrypoint`` when the image's own server was launched (``pkg/models/session.go``); "" is ``ssh``.
-    launch_mode: str = ""
-    #: ``http://host:api_port``, set by the server once the image's ``/health`` answered (entrypoint mode).
-    api_endpoint: str = ""
-    api_port: int = 0
-
-
-class CreatedSession(BaseModel):
-    """The answer to a session create: the private key is returned once only."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    session: Session
-    ssh_private_key: str = Field(repr=False)
-    retries_attempted: int = 0
-    #: The offer the provider placed the session on when not the one asked for (a leased machine
-    #: taken since it was offered, another of the same shape idle); ``None``: the one asked for.
-    placed: Offer | None = Field(default=None, exclude=True)
+from .provider import CreatedSession, Offer, Session
 
 
 class SessionRequest(BaseModel):

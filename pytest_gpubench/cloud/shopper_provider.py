@@ -9,10 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ApiError, Stage, StageError
-from .offers import Constraints, select_offer
-from .provider import CONSUMER_PREFIX, HOLDING_STATUSES, OfferChoice, Released, SshDetails
-from ..settings import SEED_TOTAL_TIMEOUT, Settings
-from .shopper_client import CreatedSession, Offer, Session, SessionRequest, ShopperClient
+from .offers import select_offer
+from .provider import (CONSUMER_PREFIX, HOLDING_STATUSES, Constraints, CreatedSession, Offer, OfferChoice,
+                       Released, Session, SshDetails)
+from ..settings import Settings
+from .shopper_client import SessionRequest, ShopperClient
 from ..matrix.launch import LaunchSpec, exposed_ports
 from ..runtime_facts import facts_of
 
@@ -21,16 +22,6 @@ from ..runtime_facts import facts_of
 SETTLE_SECONDS = 30.0
 #: What a release records when the API answered but could not say what the session was doing.
 UNKNOWN_STATUS = "unknown"
-
-
-def reservation_hours(settings: Settings, duration: float) -> int:
-    """Hours to reserve: the seed's total budget plus the benchmark, rounded up.
-
-    The server ends the session on its own once this passes, even if the
-    machine running pytest dies.
-    """
-    seconds = settings.scaled(SEED_TOTAL_TIMEOUT) + duration
-    return min(12, max(1, math.ceil(seconds / 3600)))
 
 
 def launch_fields(launch: LaunchSpec | None, runtime: str, model: str) -> dict[str, Any]:

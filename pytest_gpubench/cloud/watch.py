@@ -22,7 +22,7 @@ from typing import Protocol, TypeVar
 
 from ..errors import ApiError, InstanceLost, Stage, StageError
 from ..settings import Settings
-from .shopper_client import Session
+from .provider import Session
 
 log = logging.getLogger("pytest_gpubench.cloud.watch")
 T = TypeVar("T")

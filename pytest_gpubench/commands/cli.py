@@ -212,27 +212,38 @@ def _upload(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
-async def _cleanup_async(store, api: str, token: str | None, dry_run: bool, progress_dir: Path):
-    from ..run.cleanup import CleanupReport, clean
-    from ..cloud.registry import build_provider
+async def _cleanup_async(store, settings, dry_run: bool):
+    from ..run.cleanup import clean_each, clouds_to_clean
+    from ..cloud.registry import build_provider, recorded_settings
     from ..errors import ApiUnreachable
     from ..matrix.cells import DEFAULT_CLOUD
     from ..settings import Settings
 
-    report = CleanupReport(dry_run=dry_run)
-    # Runs record their API, not their cloud: every one so far rented through GPU Shopper.
-    provider = build_provider(DEFAULT_CLOUD, Settings(api=api, api_token=token))
+    # One pass per cloud the store's runs rented through (installed here), each provider built from
+    # the registry and the user's own configuration; a run's record only says which to use.
+    providers, notes = {}, []
     try:
-        try:
-            await provider.ready(attempts=5)
-            reachable = provider
-        except ApiUnreachable as exc:
-            reachable = None
-            report.notes.append(f"cannot reach the API: {exc.message}")
-        report.merge(await clean(store, reachable, api=api, released_by="gpubench cleanup",
-                                 reason="its run's process went away", dry_run=dry_run, progress_dir=progress_dir))
+        for cloud in clouds_to_clean(store):
+            # GPU Shopper's from the API and token alone, as before clouds were recorded.
+            own = Settings(api=settings.api, api_token=settings.api_token) if cloud == DEFAULT_CLOUD else settings
+            provider = build_provider(cloud, own)
+            try:
+                await provider.ready(attempts=5)
+                providers[cloud] = provider
+            except ApiUnreachable as exc:
+                await provider.aclose()
+                providers[cloud] = None
+                notes.append(f"cannot reach the API: {exc.message}" if cloud == DEFAULT_CLOUD
+                             else f"cannot reach the {cloud} cloud: {exc.message}")
+        report = await clean_each(store, providers, settings_of={c: recorded_settings(c, settings) for c in providers},
+                                  api=settings.api, released_by="gpubench cleanup",
+                                  reason="its run's process went away", dry_run=dry_run,
+                                  progress_dir=settings.progress_dir)
     finally:
-        await provider.aclose()
+        for provider in providers.values():
+            if provider is not None:
+                await provider.aclose()
+    report.notes[:0] = notes
     return report
 
 
@@ -242,8 +253,7 @@ def _cleanup(args: argparse.Namespace) -> int:
     # store row names (a shared store's rows are anyone's to write): runs recorded against another
     # API are listed, left alone.
     with _open_store(_location(settings.store_location)) as store:
-        report = asyncio.run(_cleanup_async(store, settings.api, settings.api_token, args.dry_run,
-                                            settings.progress_dir))
+        report = asyncio.run(_cleanup_async(store, settings, args.dry_run))
     for line in report.lines():
         print(line)
     print(f"gpubench cleanup: {report.summary()}")
@@ -375,7 +385,7 @@ def _offers(args: argparse.Namespace) -> int:
     settings = command_settings(args)
     # The sandbox of GPUBENCH_SANDBOX or the ini, unless --api names another API.
     sandbox = settings.sandbox and not args.api
-    print(list_offers(settings, sandbox=sandbox, as_json_text=args.json))
+    print(list_offers(settings, sandbox=sandbox, as_json_text=args.json, cloud=args.cloud))
     return EXIT_OK
 
 
@@ -512,6 +522,9 @@ def _parser() -> argparse.ArgumentParser:
                 notes={"gpu": "here: list only its offers", "provider": "here: list only its offers",
                        "sandbox": "here: list its offers (started for the listing, stopped after)"})
     offers.add_argument("--json", action="store_true", help="print the offers as JSON")
+    offers.add_argument("--cloud", default="shopper", metavar="NAME",
+                        help="the cloud whose offers to list, as a matrix's `cloud:` names it (default: shopper, "
+                             "GPU Shopper at --api; a third-party cloud: its entry point's name)")
     offers.set_defaults(handler=_offers)
 
     from .status import add_parser as add_status_parser

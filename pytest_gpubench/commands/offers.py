@@ -19,8 +19,8 @@ from pydantic import TypeAdapter
 from ..errors import CommandProblem
 from ..run.hints import close_names
 from ..matrix.selection import filter_values, gpu_matches, normalize_provider, provider_matches
-from ..cloud.registry import build_provider
-from ..cloud.shopper_client import Offer
+from ..cloud.registry import build_provider, is_known, known_clouds
+from ..cloud.provider import Offer
 from ..matrix.cells import DEFAULT_CLOUD
 from ..settings import Settings
 
@@ -29,9 +29,13 @@ DEFAULT_BAR = 0.5
 COLUMNS = ("GPU", "provider", "$/hour", "VRAM GB", "GPUs", "confidence", "location", "offer id")
 
 
-async def fetch_offers(url: str, token: str | None = None) -> list[Offer]:
-    """Every offer the API lists now (it lists available ones only)."""
-    provider = build_provider(DEFAULT_CLOUD, Settings(api=url, api_token=token))
+async def fetch_offers(url: str, token: str | None = None, *, cloud: str = DEFAULT_CLOUD,
+                       settings: Settings | None = None) -> list[Offer]:
+    """Every offer the cloud lists now (GPU Shopper's API lists available ones only): the
+    provider the registry builds for ``cloud``, GPU Shopper's at ``url`` with ``token``, another
+    from ``settings`` (the user's configuration)."""
+    own = Settings(api=url, api_token=token) if cloud == DEFAULT_CLOUD or settings is None else settings
+    provider = build_provider(cloud, own)
     try:
         await provider.ready(attempts=3)
         return await provider.offers()
@@ -91,14 +95,22 @@ def as_json(offers: Sequence[Offer]) -> str:
     return json.dumps(TypeAdapter(list[Offer]).dump_python(list(offers), mode="json"), indent=2)
 
 
-def list_offers(settings: Settings, *, sandbox: bool = False, as_json_text: bool = False) -> str:
+def list_offers(settings: Settings, *, sandbox: bool = False, as_json_text: bool = False,
+                cloud: str = DEFAULT_CLOUD) -> str:
     """The command's output: the offers at ``settings.api`` (with ``settings.api_token``), or of a
-    sandbox started for the listing (``sandbox``, its catalog ``settings.sandbox_catalog``), that
-    ``settings.gpu`` and ``settings.provider`` select. Raises :class:`CommandProblem`."""
+    sandbox started for the listing (``sandbox``, its catalog ``settings.sandbox_catalog``), or of
+    another ``cloud`` the registry builds, that ``settings.gpu`` and ``settings.provider`` select.
+    Raises :class:`CommandProblem`."""
     from ..errors import ApiUnreachable, StageError
 
     gpus, providers = settings.gpu, settings.provider
     url, token = settings.api, settings.api_token
+    if cloud != DEFAULT_CLOUD:
+        if sandbox:
+            raise CommandProblem(f"--sandbox lists GPU Shopper's offers; --cloud {cloud} lists its own", 2)
+        if not is_known(cloud):
+            raise CommandProblem(f"unknown cloud {cloud!r}; known clouds: {', '.join(known_clouds())}", 2)
+        url = f"the {cloud} cloud"
     with ExitStack() as stack:
         if sandbox:
             from ..sandbox import SandboxThread
@@ -110,7 +122,7 @@ def list_offers(settings: Settings, *, sandbox: bool = False, as_json_text: bool
                 raise CommandProblem(f"the sandbox did not start: {exc}", 2) from None
             url, token = started.url, started.token  # its API needs its own token
         try:
-            offers = asyncio.run(fetch_offers(url, token))
+            offers = asyncio.run(fetch_offers(url, token, cloud=cloud, settings=settings))
         except ApiUnreachable as exc:
             raise CommandProblem(f"{exc.message}: start the server, point --api or GPUBENCH_API_BASE at it, or "
                                 "list the sandbox's offers with --sandbox", 1) from None

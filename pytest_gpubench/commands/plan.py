@@ -34,15 +34,14 @@ from pydantic import BaseModel, ConfigDict
 from ..errors import CommandProblem, NoEligibleOffer, Stage, StageError
 from ..errors import redact
 from ..matrix.cells import Cell
-from ..cloud.offers import Constraints, unfit
+from ..cloud.offers import unfit
+from ..cloud.provider import Constraints, Offer, OfferChoice, Provider
 from ..plugin.collect import collect_cells
 from .plan_estimates import SETUP_STAGES, StageHistory
-from ..cloud.provider import OfferChoice, Provider
 from ..cloud.registry import build_provider
 from ..cloud.reuse_estimates import order_for_reuse, planned_benchmark_seconds
 from ..cloud.reuse_split import SplitPolicy, split_groups
 from ..settings import Settings
-from ..cloud.shopper_client import Offer
 
 Choice = OfferChoice | NoEligibleOffer
 

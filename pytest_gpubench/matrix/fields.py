@@ -163,13 +163,28 @@ def _gpu(value: Any) -> str:
     return name
 
 
+#: The built-in clouds whose ``provider:`` is one of GPU Shopper's marketplaces (:data:`KNOWN_PROVIDERS`):
+#: ``matrix.cells.DEFAULT_CLOUD`` and ``matrix.fields.ENDPOINT_CLOUD`` (a test holds them equal).
+#: Under ``hosts``/``local`` it names machines; under a third-party cloud, whatever that cloud calls
+#: a provider.
+MARKETPLACE_CLOUDS = frozenset({"shopper", "endpoint"})
+
+
 def _provider(value: Any, info: ValidationInfo) -> str:
     raw = text_field("a provider name", "'vastai'")(value)
-    if (info.context or {}).get("cloud") in KEPT_MACHINES:
+    cloud = (info.context or {}).get("cloud")
+    if cloud in KEPT_MACHINES:
         # Machines, not a marketplace: `hosts` (any host), a host's name or a tag pins it.
         if not NAME_RE.fullmatch(raw.strip()):
             raise invalid(f"must be `hosts` (any host), a host's name or a tag of the inventory; got {raw!r}")
         return raw.strip()
+    if isinstance(cloud, str) and cloud not in MARKETPLACE_CLOUDS:
+        # A third-party cloud (an entry point; collection checks it is installed): its providers are
+        # its own, a plain name here, which its offers match or not.
+        if not NAME_RE.fullmatch(raw.strip()):
+            raise invalid(f"must name a provider of the {cloud!r} cloud (letters, digits, '.', '_', '-'); "
+                          f"got {raw!r}")
+        return normalize_provider(raw)
     name = normalize_provider(raw)
     if name not in KNOWN_PROVIDERS:
         raise invalid(

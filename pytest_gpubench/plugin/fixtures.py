@@ -28,9 +28,9 @@ from ..matrix.adjust import with_workload
 from ..matrix.cells import Cell
 from ..matrix.fields import KEPT_MACHINES
 from ..run.hints import host_key_pinned
-from ..cloud.offers import Constraints, put_first
+from ..cloud.offers import put_first
 from ..cloud.offer_recheck import EVICTION_SECONDS, MIN_RECHECK_WAIT, choose_offer_rechecking
-from ..cloud.provider import OfferChoice
+from ..cloud.provider import Constraints, OfferChoice
 from ..run.provisioning import Provisioning
 from .claims import claim_keeping
 from ..run.record import CellOutcome, CellRecorder

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
-    from ..cloud.shopper_client import Offer
+    from ..cloud.provider import Offer
     from ..matrix.cells import Cell
     from ..matrix.workload import Workload
     from ..measure.finished import FinishedCell

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from ..aio import run as run_async
-from ..run.cleanup import CleanupReport, ReleaseOutcome, clean
+from ..cloud.provider import Provider
+from ..run.cleanup import CleanupReport, ReleaseOutcome, clean_each
 from ..errors import ApiUnreachable, Stage
 from ..run.live import own_line
 from ..store.opening import open_store, store_exists
@@ -135,16 +136,20 @@ class RunLifecycle:
         settings = self.config.stash[SETTINGS_KEY]
         if not store_exists(settings.store_location):
             return None  # never create a manifest just to look into it
-        try:
-            provider = run_context(self.config).provider_for()
-        except ApiUnreachable:
-            provider = None
+        context = run_context(self.config)
+        providers: dict[str, Provider | None] = {}
+        for cloud in context.cleanup_clouds():  # the clouds this run rents through, GPU Shopper last
+            try:
+                providers[cloud] = context.provider_for(cloud, record=False)
+            except ApiUnreachable:
+                providers[cloud] = None
         timeout = 3 * max(120.0, settings.stage_timeout(Stage.CLEANUP))
         try:
             with open_store(settings.store_location) as store:
                 # The token goes only to the configured API; progress lines only under the configured folder.
-                report = run_async(clean(store, provider, api=settings.api, released_by=released_by,
-                                         progress_dir=settings.progress_dir, **scope), timeout)
+                report = run_async(clean_each(store, providers, settings_of=context.recorded_clouds(),
+                                              api=settings.api, released_by=released_by,
+                                              progress_dir=settings.progress_dir, **scope), timeout)
         except Exception as exc:  # noqa: BLE001 - cleanup reports; it never breaks the run
             self._write(f"gpubench: cleanup by {released_by} failed: {type(exc).__name__}: {exc}", red=True)
             return None

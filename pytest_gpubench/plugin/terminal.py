@@ -124,7 +124,7 @@ def _clouds_of_run(config: pytest.Config) -> list[str]:
     """The registered clouds the run's matrix files rent through, to check before any cell runs:
     a run of running endpoints only (``runtime: openai``) needs no GPU Shopper API. A file that
     cannot be read counts as the default cloud (collection reports what is wrong with it)."""
-    from ..cloud.registry import PROVIDERS
+    from ..cloud.registry import is_known
     from ..matrix.cells import DEFAULT_CLOUD, load_cells
 
     clouds: set[str] = set()
@@ -133,4 +133,4 @@ def _clouds_of_run(config: pytest.Config) -> list[str]:
             clouds.update(cell.cloud for cell in load_cells(path))
         except Exception:  # noqa: BLE001 - a broken file is collection's to report
             clouds.add(DEFAULT_CLOUD)
-    return sorted(cloud for cloud in clouds if cloud in PROVIDERS)
+    return sorted(cloud for cloud in clouds if is_known(cloud))

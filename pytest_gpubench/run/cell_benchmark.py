@@ -27,7 +27,7 @@ from ..store.export import upload_result
 from ..measure.compare import Fingerprint, fingerprint, incomparable
 from ..matrix.cells import DEFAULT_CLOUD, Cell
 from ..measure.repeats import Measurement, details_of, enough_runs, measure_once
-from ..cloud.provider import OfferChoice, SshDetails
+from ..cloud.provider import OfferChoice, Session, SshDetails
 from .record import CellRecorder, progress_path
 from ..remote.ssh import connect_checked
 from ..remote.local import LocalShell
@@ -38,7 +38,6 @@ from ..remote.readings import HardwareInfo
 from ..measure.saturation import RateSearch, SweepOutcome, SweepStep, step_figures, sweep_identity
 from .run_context import RunContext
 from ..runtimes.base import Runtime
-from ..cloud.shopper_client import Session
 from ..remote.telemetry import GpuSample, summarize_gpu
 from ..settings import Settings
 from ..measure.thresholds import check_thresholds, describe_violations

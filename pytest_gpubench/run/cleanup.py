@@ -17,7 +17,7 @@ going on), whichever store is behind it.
 
 **Ownership.** Only sessions this manifest owns are touched: a session id recorded
 in it, or a session whose ``consumer_id`` was made by
-:func:`~pytest_gpubench.cloud.shopper_provider.consumer_id` for one of its runs
+:func:`~pytest_gpubench.cloud.provider.consumer_id` for one of its runs
 (``gpubench-<run id>-...``). Anything else on the API is someone else's.
 
 **Liveness.** A run still going on in another process keeps its sessions: a run
@@ -61,6 +61,7 @@ import re
 import time
 import urllib.parse
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,8 +77,9 @@ from ..cloud.processes import ProcessIdentity, held_by, holder_alive
 from ..store.base import ABANDONED
 from ..store.progress import ProgressWriter, existing_progress_file, read_progress
 from ..store.records import RunInfo
-from ..cloud.provider import CONSUMER_PREFIX, Provider, Released, consumer_id
-from ..cloud.shopper_client import Session
+from ..cloud.provider import CONSUMER_PREFIX, Provider, Released, Session, consumer_id
+from ..cloud.registry import LEASING_MACHINES, RENTING_NOTHING, is_known, same_cloud
+from ..matrix.cells import DEFAULT_CLOUD
 
 if TYPE_CHECKING:
     from ..store.base import Store
@@ -273,6 +275,8 @@ class Survey(BaseModel):
     left_alone: list[Action] = []
     #: Every run the manifest knows, for telling owned consumer ids.
     known_runs: dict[str, RunInfo] = {}
+    #: The cloud the survey was made for (:class:`Through`).
+    through: str = DEFAULT_CLOUD
 
 
 class LiveHolders:
@@ -314,18 +318,40 @@ def controller_of(holder: str) -> str:
     return holder.split("/", 1)[0]
 
 
+@dataclass(frozen=True)
+class Through:
+    """The cloud a cleanup pass releases through, as the user configured it: its ``cloud:`` name
+    and what a run records of it (``registry.recorded_settings``). A run rented through another
+    cloud is left alone by this pass (:meth:`CleanupReport.merge` drops that line when another
+    pass, through that cloud, acted on its session)."""
+
+    cloud: str = DEFAULT_CLOUD
+    settings: Mapping[str, str] = field(default_factory=dict)
+
+
+def renting_clouds(run: RunInfo) -> list[str]:
+    """The clouds ``run`` rented sessions through: those it recorded, less the ones that rent
+    nothing or lease machines (whose sessions no API holds); none recorded: GPU Shopper, what every
+    run rented through before clouds were recorded."""
+    renting = [cloud for cloud in run.clouds if cloud not in RENTING_NOTHING | LEASING_MACHINES]
+    return renting or [DEFAULT_CLOUD]
+
+
 def survey(
     store: Store, *, api: str | None, run_id: str | None = None, worker: str | None = None,
     check_liveness: bool = True, me: ProcessIdentity | None = None, live: LiveHolders | None = None,
+    through: Through | None = None,
 ) -> Survey:
     """Sort the store's unreleased sessions: to release through ``api``, ended, left alone.
 
     ``run_id`` and ``worker`` narrow the scope (a run's own end, a crashed worker; ``worker`` is a claim
     holder, ``host:pid``, which also covers its xdist workers ``host:pid/gwN``);
-    ``check_liveness=False`` is for the process that owns the run.
+    ``check_liveness=False`` is for the process that owns the run. ``through``: the cloud this pass
+    releases through (default: GPU Shopper at ``api``).
     """
+    through = through or Through()
     runs = _all_runs(store)
-    result = Survey(known_runs=runs)
+    result = Survey(known_runs=runs, through=through.cloud)
     live = live or LiveHolders(store)
     for found in store.unreleased_sessions(run_id):
         leftover = Leftover.model_validate(found, from_attributes=True)
@@ -344,7 +370,7 @@ def survey(
             else:
                 result.leased_machines.append(leftover)
             continue
-        reason = _releasable(run, api, check_liveness, me)
+        reason = _releasable(run, api, check_liveness, me, through)
         if reason is None and check_liveness:
             reason = live.why_kept(leftover)
         if reason is None:
@@ -356,13 +382,30 @@ def survey(
     return result
 
 
-def _releasable(run: RunInfo, api: str | None, check_liveness: bool, me: ProcessIdentity | None) -> str | None:
-    """None when ``run``'s sessions may be released through ``api``; else why not ("sandbox": they ended)."""
+def _releasable(run: RunInfo, api: str | None, check_liveness: bool, me: ProcessIdentity | None,
+                through: Through) -> str | None:
+    """None when ``run``'s sessions may be released through ``api`` (``through``'s cloud); else why
+    not ("sandbox": they ended)."""
     if check_liveness:
         running = run.still_running(me)
         if running:
             return running
-    if not same_api(run.api, api):
+    renting = renting_clouds(run)
+    name = _printable(run.run_id)
+    if len(renting) > 1:  # a session does not record its cloud: never sent to the wrong one
+        return (f"run {name} rented through several clouds ({', '.join(map(shown_url, renting))}): "
+                "end its sessions on each cloud's console")
+    if renting[0] != through.cloud:
+        installed = "" if is_known(renting[0]) else " (not installed here)"
+        return f"run {name} rented through the {shown_url(renting[0])} cloud{installed}: gpubench cleanup ends its sessions"
+    if through.cloud != DEFAULT_CLOUD:
+        recorded = run.clouds.get(through.cloud, {})
+        if not same_cloud(recorded, through.settings):
+            # Its settings are data: compared, never used; the provider is the user's configuration.
+            shown = ", ".join(f"{key} {shown_url(value)}" for key, value in sorted(recorded.items()))
+            return f"run {name} used the {through.cloud} cloud with {shown or 'other settings'}: configure it so"
+        return None
+    if not same_api(run.clouds.get(DEFAULT_CLOUD, {}).get("api") or run.api, api):
         if run.sandbox:
             return "sandbox"  # its own sandbox stopped every session when the run's process went away
         # The token goes to the configured API only: the user decides whether the run's is theirs.
@@ -401,6 +444,8 @@ async def find_on_api(
         owner = owning_run(session.consumer_id, found.known_runs)
         if owner is None or (run_id is not None and owner != run_id):
             continue  # not ours (or not this pass's run): never touched
+        if found.through not in renting_clouds(found.known_runs[owner]):
+            continue  # its run rented through another cloud: not this provider's to end
         leftover = Leftover(session_id=session.id, run_id=owner, consumer_id=session.consumer_id, found_by="api",
                             **_cell_of_consumer(store, owner, session.consumer_id))
         running = None
@@ -558,13 +603,15 @@ async def clean(
     store: Store, provider: Provider | None, *, api: str | None, released_by: str,
     reason: str, run_id: str | None = None, worker: str | None = None, check_liveness: bool = True,
     search_api: bool = True, close_running: bool = False, dry_run: bool = False,
-    me: ProcessIdentity | None = None, progress_dir: Path | None = None,
+    me: ProcessIdentity | None = None, progress_dir: Path | None = None, through: Through | None = None,
 ) -> CleanupReport:
     """One cleanup pass through ``api`` (``provider``; None when it cannot be reached).
 
     ``api`` is the API the user configured, the one ``provider`` talks to: only runs recorded
     against it are released (their sessions through ``provider``); the others are left alone.
     ``progress_dir`` is the configured progress folder (None: no progress line is written).
+    ``through``: the cloud ``provider`` is (default: GPU Shopper at ``api``), as configured; runs
+    recorded against another cloud, or the same one set up otherwise, are left alone.
 
     ``released_by`` is recorded with every release; ``reason`` says why the cells
     whose sessions are released stopped (e.g. ``worker gw1 crashed``).
@@ -573,7 +620,8 @@ async def clean(
     """
     report = CleanupReport(dry_run=dry_run)
     live = LiveHolders(store)
-    found = survey(store, api=api, run_id=run_id, worker=worker, check_liveness=check_liveness, me=me, live=live)
+    found = survey(store, api=api, run_id=run_id, worker=worker, check_liveness=check_liveness, me=me, live=live,
+                   through=through)
     report.actions += found.left_alone
     leftovers = list(found.to_release)
     if provider is not None and search_api:
@@ -618,6 +666,36 @@ async def clean(
         report.closed_cells = await asyncio.to_thread(close_cells, store, touched, reason, released_by,
                                                       progress_dir, abandoned=check_liveness)
     return report
+
+
+def clouds_to_clean(store: Store, run_id: str | None = None) -> list[str]:
+    """The clouds a cleanup of ``store`` (or of its run ``run_id``) releases through, one pass
+    each: those its runs rented through that are installed here, GPU Shopper last and always
+    (it also finds sessions only its API knows, as before runs recorded their cloud)."""
+    runs = _all_runs(store)
+    wanted = [runs[run_id]] if run_id is not None and run_id in runs else list(runs.values())
+    found = {cloud for run in wanted for cloud in renting_clouds(run) if cloud != DEFAULT_CLOUD and is_known(cloud)}
+    return [*sorted(found), DEFAULT_CLOUD]
+
+
+async def clean_each(
+    store: Store, providers: Mapping[str, Provider | None], *, settings_of: Mapping[str, Mapping[str, str]],
+    api: str | None, close_running: bool = False, **scope: Any,
+) -> CleanupReport:
+    """One :func:`clean` pass per cloud of ``providers`` (``cloud:`` name -> its provider as the user
+    configured it, None when it cannot be reached; ``settings_of``: what a run records of each),
+    merged into one report. Each run's sessions go only to the cloud it recorded, configured as
+    it recorded it; ``close_running`` is applied by the last pass, once every session is released."""
+    report: CleanupReport | None = None
+    clouds = list(providers)
+    for index, cloud in enumerate(clouds):
+        one = await clean(store, providers[cloud], api=api, through=Through(cloud, settings_of.get(cloud, {})),
+                          close_running=close_running and index == len(clouds) - 1, **scope)
+        if report is None:
+            report = one
+        else:
+            report.merge(one)
+    return report if report is not None else CleanupReport(dry_run=bool(scope.get("dry_run")))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ expected cost reserved, in one manifest transaction (:mod:`.budget`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -26,15 +27,14 @@ from ..aio import run as run_async
 from ..cloud.budget import admission, expected_session_seconds
 from ..errors import ApiError, AttemptsFailed, BudgetRefused, ClaimLost, NoEligibleOffer, Stage, StageError
 from ..matrix.cells import Cell
-from ..cloud.offers import Constraints, next_offer
+from ..cloud.offers import next_offer
 from ..store.progress import ProgressWriter
-from ..cloud.provider import OfferChoice, Provider, SshDetails, consumer_id
-from ..cloud.shopper_provider import reservation_hours
+from ..cloud.provider import (Constraints, CreatedSession, Offer, OfferChoice, Provider, Session, SshDetails,
+                              consumer_id)
 from .record import CellRecorder
 from ..cloud.reuse_estimates import disk_gb_for, estimated_cell_seconds, planned_benchmark_seconds, reservation_seconds
 from .run_context import RunContext
-from ..settings import MIN_SCALED_TIMEOUT
-from ..cloud.shopper_client import CreatedSession, Offer, Session
+from ..settings import MIN_SCALED_TIMEOUT, SEED_TOTAL_TIMEOUT, Settings
 from ..cloud.ssh_wait import SshWait, entrypoint_wait, heavy_stage_seconds, ssh_wait_for, stage_timeout
 
 T = TypeVar("T")
@@ -44,6 +44,16 @@ BRIDGE_SLACK = 10.0
 #: another offer may well work. Other 4xx answers (a bad request, too little
 #: disk for the model) would fail the same way on every offer.
 _RETRYABLE_STATUSES = frozenset({404, 408, 409, 429})
+
+
+def reservation_hours(settings: Settings, duration: float) -> int:
+    """Hours to reserve: the seed's total budget plus the benchmark, rounded up.
+
+    The server ends the session on its own once this passes, even if the
+    machine running pytest dies.
+    """
+    seconds = settings.scaled(SEED_TOTAL_TIMEOUT) + duration
+    return min(12, max(1, math.ceil(seconds / 3600)))
 
 
 def can_fail_over(error: StageError) -> bool:

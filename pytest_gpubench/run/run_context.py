@@ -18,7 +18,7 @@ from ..matrix.cells import DEFAULT_CLOUD, Cell
 from ..cloud.offer_recheck import OfferMemory
 from ..cloud.processes import ProcessIdentity
 from ..cloud.provider import Provider
-from ..cloud.registry import build_provider
+from ..cloud.registry import LEASING_MACHINES, RENTING_NOTHING, build_provider, recorded_settings
 from ..cloud.shopper_provider import ShopperProvider
 from ..remote.ssh import HostKeyPins
 from ..settings import Settings
@@ -40,6 +40,8 @@ class RunContext:
     #: The providers this process rents through, by ``cloud:`` name, and those that did not answer.
     _providers: dict[str, Provider] = field(default_factory=dict, repr=False)
     _unreachable: dict[str, ApiUnreachable] = field(default_factory=dict, repr=False)
+    #: The clouds this process rents through, with what the run records of each (``runs.clouds``).
+    _clouds_used: dict[str, dict[str, str]] = field(default_factory=dict, repr=False)
     _api_client: ShopperClient | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: Reuse groups that had an eligible offer earlier in this run: worth a second look when none is listed.
@@ -56,11 +58,16 @@ class RunContext:
             if self._store is None:
                 self._store = open_store(self.settings.store_location)
                 self._store.start_run(self.run_id, argv=self.argv, matrix_files=[], owner=self.owner,
-                                      api=self.settings.api, sandbox=self.settings.sandbox)
+                                      api=self.settings.api, sandbox=self.settings.sandbox,
+                                      clouds=self._clouds_used)
             return self._store
 
-    def provider_for(self, cloud: str = DEFAULT_CLOUD) -> Provider:
-        """The provider a matrix's ``cloud:`` names, checked to answer once per process."""
+    def provider_for(self, cloud: str = DEFAULT_CLOUD, *, record: bool = True) -> Provider:
+        """The provider a matrix's ``cloud:`` names, checked to answer once per process.
+
+        ``record``: the run rents through it (a cell, the run's start), so the run's store records
+        the cloud (its kind and settings, no secret) for cleanup, when the store is opened (never
+        just for this); False for a cleanup pass or an upload, which only use it."""
         with self._lock:
             if cloud in self._unreachable:
                 raise self._unreachable[cloud]
@@ -73,12 +80,35 @@ class RunContext:
                     run_async(provider.aclose(), timeout=5)
                     raise
                 self._providers[cloud] = provider
-            return self._providers[cloud]
+            provider = self._providers[cloud]
+            new = record and cloud not in self._clouds_used
+            if new:
+                self._clouds_used[cloud] = recorded_settings(cloud, self.settings)
+            store = self._store
+        if new and store is not None:  # else the store records it when it is opened
+            store.start_run(self.run_id, argv=self.argv, matrix_files=[], owner=self.owner,
+                            api=self.settings.api, sandbox=self.settings.sandbox,
+                            clouds={cloud: self._clouds_used[cloud]})
+        return provider
+
+    def recorded_clouds(self) -> dict[str, dict[str, str]]:
+        """The clouds this process rents through, each with what the run records of it; GPU
+        Shopper's too (what a run without a recorded cloud rented through)."""
+        with self._lock:
+            used = dict(self._clouds_used)
+        return {DEFAULT_CLOUD: recorded_settings(DEFAULT_CLOUD, self.settings), **used}
+
+    def cleanup_clouds(self) -> list[str]:
+        """The clouds a cleanup pass of this run releases through: those it rents sessions
+        through (not a running endpoint, not a leased machine), then GPU Shopper, always."""
+        renting = [cloud for cloud in self.recorded_clouds()
+                   if cloud != DEFAULT_CLOUD and cloud not in RENTING_NOTHING | LEASING_MACHINES]
+        return [*renting, DEFAULT_CLOUD]
 
     @property
     def api_client(self) -> ShopperClient:
         """The GPU Shopper API results are uploaded to (the ``shopper`` provider's client when it is one)."""
-        provider = self.provider_for(DEFAULT_CLOUD)
+        provider = self.provider_for(DEFAULT_CLOUD, record=False)
         if isinstance(provider, ShopperProvider):
             return provider.client
         with self._lock:

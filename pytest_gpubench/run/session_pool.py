@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING
 from ..aio import run as run_async
 from ..errors import Stage
 from ..matrix.cells import Cell
-from ..cloud.offers import Constraints, unfit
+from ..cloud.offers import unfit
+from ..cloud.provider import Constraints
 from .record import CellOutcome, CellRecorder
 from ..remote.sysinfo import free_disk_bytes
 from ..runtimes.base import Runtime

@@ -169,8 +169,11 @@ class Store(GpuLeaseBook, Protocol):
 
     def start_run(self, run_id: str, argv: list[str], matrix_files: list[str], *,
                   owner: ProcessIdentity | None = None, api: str | None = None,
-                  sandbox: bool | None = None) -> None:
-        """Record that ``run_id`` started, owned by ``owner``; idempotent for the same owner."""
+                  sandbox: bool | None = None, clouds: Mapping[str, Mapping[str, str]] | None = None) -> None:
+        """Record that ``run_id`` started, owned by ``owner``; idempotent for the same owner.
+
+        ``clouds``: clouds the run rents through (``cloud:`` name -> its settings, no secret),
+        added to those the run recorded before, whoever calls."""
 
     def run_ids(self) -> list[str]:
         """Every run the store knows (from runs or from their cells), most recent first."""

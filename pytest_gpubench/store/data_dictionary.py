@@ -52,6 +52,8 @@ RUNS = TableDoc(
         "pid": "Process id of the run's controller; cleanup leaves the sessions of a live process alone.",
         "pid_start": "Start token of that process, so a reused pid is not mistaken for the run.",
         "api": "Base URL of the GPU Shopper API the run rented from.",
+        "clouds": "The clouds the run rented through, as JSON: each `cloud:` name with its settings that are "
+                  "not secret (GPU Shopper's API, the hosts inventory); empty in older rows (GPU Shopper at `api`).",
         "sandbox": "1 when the run used its own sandbox cloud (whose sessions end with it), else 0 or empty.",
         "resumed_at": "The last time another process took the run over (--gpubench-resume).",
     },

@@ -328,8 +328,8 @@ class GitStore(Store):
 
     def start_run(self, run_id: str, argv: list[str], matrix_files: list[str], *,
                   owner: ProcessIdentity | None = None, api: str | None = None,
-                  sandbox: bool | None = None) -> None:
-        self.local.start_run(run_id, argv, matrix_files, owner=owner, api=api, sandbox=sandbox)
+                  sandbox: bool | None = None, clouds: Mapping[str, Mapping[str, str]] | None = None) -> None:
+        self.local.start_run(run_id, argv, matrix_files, owner=owner, api=api, sandbox=sandbox, clouds=clouds)
 
     def change_cell(self, row_id: str, change: CellChange[T], *, now: float | None = None) -> T:
         return self.local.change_cell(row_id, change, now=now)

@@ -747,7 +747,7 @@ class Manifest(ManifestStore):
 
     def start_run(
         self, run_id: str, argv: list[str], matrix_files: list[str], *, owner: ProcessIdentity | None = None,
-        api: str | None = None, sandbox: bool | None = None,
+        api: str | None = None, sandbox: bool | None = None, clouds: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         """Record that run ``run_id`` started; a second call (an xdist worker's) changes nothing.
 
@@ -757,7 +757,7 @@ class Manifest(ManifestStore):
         owned the run before (``--gpubench-resume``, or a run id given again), the
         new owner takes it over: the run is ``running`` again, ``resumed_at`` stamped.
         """
-        row = run_row(run_id, argv, matrix_files, owner=owner, api=api, sandbox=sandbox)
+        row = run_row(run_id, argv, matrix_files, owner=owner, api=api, sandbox=sandbox, clouds=clouds)
 
         def start() -> None:
             table = self.db.table("runs")
@@ -765,9 +765,7 @@ class Manifest(ManifestStore):
             if not found:
                 table.insert(row)
                 return
-            if owner is None:
-                return
-            update = taken_over(found[0], row, owner)
+            update = (taken_over(found[0], row, owner) if owner is not None else {}) | more_clouds(found[0], clouds)
             if update:
                 table.update(run_id, update)
 
@@ -1030,7 +1028,8 @@ def check_cell_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_row(run_id: str, argv: list[str], matrix_files: list[str], *, owner: ProcessIdentity | None,
-            api: str | None, sandbox: bool | None) -> dict[str, Any]:
+            api: str | None, sandbox: bool | None,
+            clouds: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Any]:
     """The ``runs`` row a run starts with (see :meth:`Manifest.start_run`)."""
     row: dict[str, Any] = {
         "run_id": run_id,
@@ -1047,8 +1046,29 @@ def run_row(run_id: str, argv: list[str], matrix_files: list[str], *, owner: Pro
         row["api"] = redact(api)  # shown by gpubench browse and cleanup: never its password
     if sandbox is not None:
         row["sandbox"] = int(sandbox)
+    if clouds:
+        row["clouds"] = clouds_text(clouds)
     refuse_secrets(row)
     return row
+
+
+def clouds_text(clouds: Mapping[str, Mapping[str, str]]) -> str:
+    """``runs.clouds`` as stored: JSON, each setting redacted (a URL never keeps its password)."""
+    return json.dumps({str(cloud): {str(key): redact(str(value)) for key, value in settings.items()}
+                       for cloud, settings in sorted(clouds.items())}, sort_keys=True)
+
+
+def more_clouds(current: Mapping[str, Any], clouds: Mapping[str, Mapping[str, str]] | None) -> dict[str, Any]:
+    """The ``runs`` update that adds ``clouds`` to those the stored run ``current`` recorded
+    (a cloud recorded again takes its new settings); {}: nothing new."""
+    if not clouds:
+        return {}
+    try:
+        known = json.loads(current.get("clouds") or "{}")
+    except ValueError:
+        known = {}
+    merged = clouds_text({**(known if isinstance(known, dict) else {}), **clouds})
+    return {} if merged == current.get("clouds") else {"clouds": merged}
 
 
 def taken_over(current: Mapping[str, Any], row: Mapping[str, Any], owner: ProcessIdentity) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from .manifest import (
     cell_row,
     check_attempt_fields,
     ended,
+    more_clouds,
     lease_rows,
     run_row,
     taken_over,
@@ -248,14 +249,15 @@ class PostgresStore(Store):
 
     def start_run(self, run_id: str, argv: list[str], matrix_files: list[str], *,
                   owner: ProcessIdentity | None = None, api: str | None = None,
-                  sandbox: bool | None = None) -> None:
-        row = run_row(run_id, argv, matrix_files, owner=owner, api=api, sandbox=sandbox)
+                  sandbox: bool | None = None, clouds: Mapping[str, Mapping[str, str]] | None = None) -> None:
+        row = run_row(run_id, argv, matrix_files, owner=owner, api=api, sandbox=sandbox, clouds=clouds)
         with self._transaction() as cursor:
             self._insert(cursor, "runs", [row], "ON CONFLICT (run_id) DO NOTHING")
-            if cursor.rowcount or owner is None:
+            if cursor.rowcount or (owner is None and not clouds):
                 return
             cursor.execute("SELECT * FROM runs WHERE run_id = %s FOR UPDATE", [run_id])
-            update = taken_over(cursor.fetchone(), row, owner)
+            current = cursor.fetchone()
+            update = (taken_over(current, row, owner) if owner is not None else {}) | more_clouds(current, clouds)
             if update:
                 self._update(cursor, "runs", {"run_id": run_id}, update)
 
@@ -531,6 +533,10 @@ def _version_1(cursor: Any) -> None:
             cursor.execute(statement)
 
 
+def _version_2(cursor: Any) -> None:
+    cursor.execute(f"ALTER TABLE runs ADD COLUMN IF NOT EXISTS {quote('clouds')} TEXT")
+
+
 class Migration(NamedTuple):
     """One step of the schema: its version, what it does, and the function that does it (given a cursor)."""
 
@@ -543,6 +549,7 @@ class Migration(NamedTuple):
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "the SQLite manifest's schema version 1: runs, cells, attempts, results, requests, "
                  "repeats, GPU samples, systems, microbenchmark figures, GPU leases", _version_1),
+    Migration(2, "runs.clouds: the clouds a run rented through and their settings (not secret)", _version_2),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

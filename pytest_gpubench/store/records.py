@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..cloud.owned import OwnedSession
 from ..errors import current_stage_name
@@ -58,11 +58,45 @@ class RunRecord(_Record):
     sandbox: bool = False
     #: The last time another process took the run over (``--gpubench-resume``).
     resumed_at: str | None = None
+    #: The clouds the run rented through, each ``cloud:`` name with its settings that are not secret
+    #: (``runs.clouds``); a row from before they were recorded: GPU Shopper at ``api``
+    #: (:func:`run_clouds`).
+    clouds: dict[str, dict[str, str]] = Field(default_factory=dict)
 
     @field_validator("api")
     @classmethod
     def _redacted(cls, value: str | None) -> str | None:
         return redact(value) if value else value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _clouds(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            api = data.get("api")
+            data = {**data, "clouds": run_clouds(data.get("clouds"), api if isinstance(api, str) else None)}
+        return data
+
+
+#: The cloud every run rented through before runs recorded theirs (``matrix.cells.DEFAULT_CLOUD``).
+OLD_RUN_CLOUD = "shopper"
+
+
+def run_clouds(value: Any, api: str | None) -> dict[str, dict[str, str]]:
+    """``runs.clouds`` read (JSON text or a mapping), as data: whatever is not a mapping of names
+    to mappings of text is dropped. Nothing recorded and an ``api``: GPU Shopper at that API,
+    what every run rented through before clouds were recorded."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value else {}
+        except ValueError:
+            value = {}
+    clouds = {str(name): {str(key): redact(str(setting)) for key, setting in settings.items()
+                          if isinstance(setting, str | int | float)}
+              for name, settings in (value.items() if isinstance(value, dict) else ())
+              if isinstance(settings, dict)}
+    if not clouds and api:
+        clouds = {OLD_RUN_CLOUD: {"api": redact(api)}}
+    return clouds
 
 
 #: The API's longest reservation: a run with no recorded owner that started longer
@@ -82,6 +116,8 @@ class RunInfo(BaseModel):
     owner: ProcessIdentity | None = None
     api: str | None = None
     sandbox: bool = False
+    #: ``RunRecord.clouds``: the clouds it rented through; empty: nothing recorded.
+    clouds: dict[str, dict[str, str]] = Field(default_factory=dict)
 
     @classmethod
     def of(cls, run: RunRecord) -> RunInfo:

@@ -41,6 +41,10 @@ RUN_COLUMNS: dict[str, type] = {
     "pid": int,
     "pid_start": str,
     "api": str,
+    # The clouds the run rented through: JSON {cloud name: {setting: value}}, the settings that
+    # are not secret (GPU Shopper's API, redacted); empty in a row from before it was recorded,
+    # which reads as GPU Shopper at ``api`` (records.RunRecord.clouds).
+    "clouds": str,
     "sandbox": int,  # 1: the run's own sandbox, whose sessions end when it exits
     "resumed_at": str,  # the last time another process took the run over (resume)
 }

@@ -89,8 +89,8 @@ class SqliteStore(Store):
 
     def start_run(self, run_id: str, argv: list[str], matrix_files: list[str], *,
                   owner: ProcessIdentity | None = None, api: str | None = None,
-                  sandbox: bool | None = None) -> None:
-        self.manifest.start_run(run_id, argv, matrix_files, owner=owner, api=api, sandbox=sandbox)
+                  sandbox: bool | None = None, clouds: Mapping[str, Mapping[str, str]] | None = None) -> None:
+        self.manifest.start_run(run_id, argv, matrix_files, owner=owner, api=api, sandbox=sandbox, clouds=clouds)
 
     def run_ids(self) -> list[str]:
         return self.manifest.run_ids()

@@ -29,7 +29,7 @@ from aiohttp import ClientSession, web
 from pytest_gpubench.errors import ApiError, MatrixError, Stage, StageError, UsageProblem
 from pytest_gpubench.matrix.cells import load_matrix
 from pytest_gpubench.runtime_facts import runtime_names
-from pytest_gpubench.cloud.offers import Constraints
+from pytest_gpubench.cloud.provider import Constraints
 from pytest_gpubench.cloud.shopper_provider import ShopperProvider
 from e2e_helpers import SANDBOX_AUTH, pytest_env
 from pytest_gpubench.sandbox import SandboxThread

@@ -35,14 +35,15 @@ from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.store.records import AttemptRecord
 from pytest_gpubench.store.sqlite_store import SqliteStore
 from pytest_gpubench.matrix.cells import expand, parse_matrix
-from pytest_gpubench.cloud.offers import Constraints, next_offer
+from pytest_gpubench.cloud.offers import next_offer
+from pytest_gpubench.cloud.provider import Constraints, Offer
 from pytest_gpubench.store.progress import read_progress
 from pytest_gpubench.cloud.shopper_provider import ShopperProvider
 from pytest_gpubench.run.provisioning import Provisioning, can_fail_over
 from pytest_gpubench.run.record import CellRecorder
 from pytest_gpubench.run.run_context import RunContext
 from pytest_gpubench.settings import resolve
-from pytest_gpubench.cloud.shopper_client import Offer, ShopperClient
+from pytest_gpubench.cloud.shopper_client import ShopperClient
 from pytest_gpubench.cloud.ssh_wait import ssh_wait_for
 
 TIME_SCALE = 0.01  # the in-process sandbox of tests/e2e/conftest.py

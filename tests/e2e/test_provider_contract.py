@@ -1,5 +1,7 @@
 """The ``Provider`` contract (cloud/provider.py): every implementation in the registry
-passes it against the sandbox, so the next provider gets the suite for free.
+passes it against the sandbox, so the next provider gets the suite for free. The checks any
+provider passes are the package's own (``run/provider_contract.py``, what a third party runs on
+theirs: tests/e2e/test_toy_provider.py); the sandbox's faults add the states only it can make.
 
 Each operation is exercised on the real sandbox API: offers, a cell's choice,
 create, wait running, SSH details (a real SSH login), watch, the sessions a run
@@ -10,7 +12,6 @@ teardown and cleanup, record the same outcome for the same state.
 
 from __future__ import annotations
 
-import inspect
 import threading
 from collections.abc import Iterator
 
@@ -21,15 +22,15 @@ from e2e_helpers import SANDBOX_TOKEN
 
 from pytest_gpubench.aio import run as run_async
 from pytest_gpubench.run.cleanup import Leftover, ReleaseOutcome, record, release
-from pytest_gpubench.cloud.offers import Constraints
-from pytest_gpubench.cloud.provider import OfferChoice, Provider, consumer_id
+from pytest_gpubench.cloud.provider import Constraints, OfferChoice, Provider, consumer_id
 from pytest_gpubench.run.provisioning import Attempt, Provisioning
+from pytest_gpubench.run.provider_contract import (ProviderUnderTest, check_offers, check_protocol, check_session,
+                                                   check_unknown_session)
 from pytest_gpubench.cloud.registry import LEASING_MACHINES, PROVIDERS, RENTING_NOTHING, build_provider, check_clouds
 from pytest_gpubench.errors import ApiError, MatrixError, NoEligibleOffer, Stage, StageError
 from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.run.record import CellRecorder
 from pytest_gpubench.run.run_context import RunContext
-from pytest_gpubench.remote.ssh import HostKeyPins
 from pytest_gpubench.sandbox.catalog import load_catalog
 from pytest_gpubench.settings import Settings, resolve
 
@@ -89,12 +90,16 @@ def test_every_providers_methods_take_the_protocols_parameters(cloud):
     """isinstance only checks that the methods exist: a keyword the protocol gained (``create``'s
     ``launch``) and one implementation lacks would fail only when a cell calls it."""
     built = build_provider(cloud, resolve({}, {}, lambda name: None))
-    for name in ("create", "choose_offer", "wait_running", "get_session", "owned_sessions", "release"):
-        wanted = list(inspect.signature(getattr(Provider, name)).parameters)[1:]
-        assert list(inspect.signature(getattr(built, name)).parameters) == wanted, (cloud, name)
+    call(check_protocol(ProviderUnderTest(built, Constraints("RTX4090", "vastai", vram_gb=8))))
+
+
+def subject(provider: Provider) -> ProviderUnderTest:
+    """The package's contract checks on ``provider``, asking for the sandbox's RTX 4090 on Vast.ai."""
+    return ProviderUnderTest(provider, Constraints("RTX4090", "vastai", vram_gb=8), timeout=CALL)
 
 
 def test_offers_and_the_choice_for_a_cell(provider):
+    call(check_offers(subject(provider)))
     offers = call(provider.offers())
     assert offers and OFFER in {o.id for o in offers}
     choice = call(provider.choose_offer(Constraints("RTX4090", "vastai", vram_gb=8)))
@@ -106,34 +111,12 @@ def test_offers_and_the_choice_for_a_cell(provider):
 
 
 def test_a_session_from_create_to_release(provider, api):
-    created, session = running(provider, "lifecycle")
-    session_id = created.session.id
-    assert session.status == "running"
-    ssh = provider.ssh_details(created, session)
-    assert ssh.host and ssh.port and ssh.user and "PRIVATE KEY" in ssh.private_key
-    assert "PRIVATE KEY" not in repr(ssh)
-
-    async def login() -> str:  # the details are enough to log in
-        conn = await HostKeyPins().connect(session_id, ssh.host, ssh.port, ssh.user, ssh.private_key, timeout=20)
-        try:
-            return (await conn.run("echo contract-ok", stage=Stage.SSH_CONNECT, what="a login", timeout=20)).stdout
-        finally:
-            await conn.close()
-
-    assert "contract-ok" in call(login())
-    assert call(provider.get_session(session_id, Stage.BENCHMARK)).status == "running"  # what the watch asks
-    consumer = consumer_id("contract", "lifecycle")
-    assert [s.id for s in call(provider.owned_sessions(consumer))] == [session_id]
-    assert session_id in {s.id for s in call(provider.owned_sessions())}
-
-    released = call(provider.release(session_id))
-    assert (released.before, released.after, released.still_holding) == ("running", "stopped", False)
-    assert status(api, session_id) == "stopped"
-    assert session_id not in {s.id for s in call(provider.owned_sessions())}
-    cost = call(provider.session_cost(session_id))
-    assert cost is None or cost >= 0
-    again = call(provider.release(session_id))  # safe to repeat
-    assert again.already_ended and again.final_status == "stopped"
+    """The package's check (create, wait, an SSH login with the details, watch, owned sessions,
+    release twice, cost), and on the sandbox's side the session has stopped."""
+    call(check_session(subject(provider)))
+    (ended,) = [s for s in api.get("/api/v1/sessions").json()["sessions"]
+                if s["consumer_id"] == consumer_id("contract", "session")]
+    assert ended["status"] == "stopped"
 
 
 def test_owned_sessions_leave_foreign_consumers_out(provider, api):
@@ -156,6 +139,7 @@ def test_the_watch_sees_an_instance_the_provider_lost(provider, api):
 
 
 def test_release_of_an_unknown_session_finds_nothing(provider):
+    call(check_unknown_session(subject(provider)))
     released = call(provider.release(UNKNOWN))
     assert not released.found and released.final_status == "not_found"
     assert call(provider.session_cost(UNKNOWN)) is None
@@ -343,11 +327,8 @@ def test_a_provider_that_rents_nothing_offers_the_declared_endpoint_and_lets_go(
     assert (released.before, released.final_status, released.still_holding) == ("running", "stopped", False)
     assert call(rentless.release(created.session.id)).already_ended
     assert call(rentless.owned_sessions(consumer)) == []
-    assert not call(rentless.release(UNKNOWN)).found
     assert call(rentless.session_cost(created.session.id)) is None
-    with pytest.raises(ApiError) as info:
-        call(rentless.get_session(UNKNOWN))
-    assert info.value.status == 404
+    call(check_unknown_session(ProviderUnderTest(rentless, Constraints("RTX 4090", "endpoint", vram_gb=0))))
 
 
 # ------------------------------------- providers leasing GPUs of machines the run does not own
@@ -422,11 +403,8 @@ def test_a_machine_provider_offers_its_machines_and_leases_their_gpus(machines, 
     released = call(provider.release(third.session.id))
     assert (released.before, released.final_status, released.still_holding) == ("running", "stopped", False)
     assert call(provider.owned_sessions()) == []
-    assert not call(provider.release(UNKNOWN)).found
     assert call(provider.session_cost(third.session.id)) is None
-    with pytest.raises(ApiError) as info:
-        call(provider.get_session(UNKNOWN))
-    assert info.value.status == 404
+    call(check_unknown_session(ProviderUnderTest(provider, Constraints("RTX4090", row, vram_gb=8))))
     leases = store.gpu_leases()
     assert len(leases) == 3 and all(lease.released_at is not None for lease in leases)
 

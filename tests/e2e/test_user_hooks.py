@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pytest_gpubench.cloud.offers import put_first
-from pytest_gpubench.cloud.shopper_client import Offer
+from pytest_gpubench.cloud.provider import Offer
 from pytest_gpubench.errors import MatrixError, StageError
 from pytest_gpubench.matrix.adjust import with_workload
 from pytest_gpubench.matrix.cells import expand, parse_matrix

@@ -17,7 +17,8 @@ import httpx
 from hypothesis import example, given, strategies as st
 
 from parser_properties import PARSER_SETTINGS, assert_one_line, within
-from pytest_gpubench.cloud.offers import Constraints, select_offer
+from pytest_gpubench.cloud.offers import select_offer
+from pytest_gpubench.cloud.provider import Constraints
 from pytest_gpubench.cloud.shopper_client import SessionRequest, ShopperClient
 from pytest_gpubench.errors import NoEligibleOffer, StageError
 

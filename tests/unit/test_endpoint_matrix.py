@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_gpubench.cloud.offers import Constraints
+from pytest_gpubench.cloud.provider import Constraints
 from pytest_gpubench.errors import MatrixError
 from pytest_gpubench.matrix.cells import expand, parse_matrix
 

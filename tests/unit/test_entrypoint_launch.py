@@ -9,7 +9,9 @@ import json
 import httpx
 import pytest
 
-from pytest_gpubench.cloud.shopper_client import Offer, ShopperClient
+from pytest_gpubench.cloud.shopper_client import ShopperClient
+
+from pytest_gpubench.cloud.provider import Offer
 from pytest_gpubench.cloud.shopper_provider import ShopperProvider
 from pytest_gpubench.cloud.ssh_wait import entrypoint_wait, heavy_stage_seconds, stage_timeout
 from pytest_gpubench.errors import MatrixError, Stage, StageError

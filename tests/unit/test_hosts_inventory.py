@@ -109,7 +109,7 @@ def test_a_missing_inventory_says_so(tmp_path):
 
 
 def test_a_hosts_matrix_names_its_inventory_relative_to_itself_and_pins_hosts_by_provider(tmp_path):
-    from pytest_gpubench.cloud.offers import Constraints
+    from pytest_gpubench.cloud.provider import Constraints
     from pytest_gpubench.matrix.cells import load_cells
 
     (tmp_path / "lab").mkdir()

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from pytest_gpubench.cloud.hosts_provider import HostsProvider, LocalProvider, on_leased_machine
-from pytest_gpubench.cloud.offers import Constraints
+from pytest_gpubench.cloud.provider import Constraints
 from pytest_gpubench.errors import NoEligibleOffer, Stage, StageError
 from pytest_gpubench.settings import Settings
 

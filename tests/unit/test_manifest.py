@@ -79,7 +79,7 @@ def test_schema(manifest, tmp_path):
                                               "requests"}
     assert {c.name for c in manifest.db["runs"].columns} == {
         "run_id", "started_at", "finished_at", "argv", "matrix_files", "host", "status",
-        "pid", "pid_start", "api", "sandbox", "resumed_at"}
+        "pid", "pid_start", "api", "clouds", "sandbox", "resumed_at"}
     benchmark_columns = {c.name for c in manifest.db["benchmarks"].columns}
     assert {"id", "manifest_id", "run_id", "gpu_name", "gpu_type", "decode_tokens_per_second",
             "output_tokens_per_second",

@@ -80,7 +80,7 @@ def test_two_rows_measuring_one_gpu_and_provider_are_duplicates(tmp_path: Path) 
 
 def test_a_microbench_cell_on_hosts_has_the_rows_inventory_and_leases_one_gpu(tmp_path: Path) -> None:
     from pytest_gpubench.cloud.hosts_provider import Machine, leased
-    from pytest_gpubench.cloud.offers import Constraints
+    from pytest_gpubench.cloud.provider import Constraints
 
     found = cells(tmp_path, "  - {gpu: RTX 4090, provider: lab1, gpus: 2, models: ['qwen2:7b'], microbench: [matmul]}\n",
                   head="cloud: hosts\nhosts: hosts.yaml\n")

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from pytest_gpubench.cloud.offer_recheck import OfferMemory, choose_offer_rechecking
-from pytest_gpubench.cloud.offers import Constraints
+from pytest_gpubench.cloud.provider import Constraints
 from pytest_gpubench.errors import NoEligibleOffer
 
 

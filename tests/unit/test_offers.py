@@ -1,8 +1,8 @@
 import pytest
 
 from pytest_gpubench.errors import NoEligibleOffer
-from pytest_gpubench.cloud.offers import Constraints, select_offer
-from pytest_gpubench.cloud.shopper_client import Offer
+from pytest_gpubench.cloud.offers import select_offer
+from pytest_gpubench.cloud.provider import Constraints, Offer
 
 
 def offer(id, gpu="RTX 4090", provider="vastai", price=0.5, vram=23, conf=0.9, **kw):

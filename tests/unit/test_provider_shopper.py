@@ -4,9 +4,9 @@ import httpx
 import pytest
 
 from pytest_gpubench.errors import NoEligibleOffer, StageError
-from pytest_gpubench.cloud.offers import Constraints
-from pytest_gpubench.cloud.provider import consumer_id
-from pytest_gpubench.cloud.shopper_provider import ShopperProvider, reservation_hours
+from pytest_gpubench.cloud.provider import Constraints, consumer_id
+from pytest_gpubench.cloud.shopper_provider import ShopperProvider
+from pytest_gpubench.run.provisioning import reservation_hours
 from pytest_gpubench.settings import resolve
 from pytest_gpubench.cloud.shopper_client import ShopperClient
 
