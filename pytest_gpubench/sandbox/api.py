@@ -18,7 +18,7 @@ Sandbox-only routes (not part of the real API):
     ``bearer_sha256``: how many API requests came with each bearer token, by the
     token's SHA-256 hex digest (``""`` for none; the tokens themselves are not kept);
     ``served_requests``: the streamed generations the instances' stand-ins delivered
-    whole (what a load generator sends), in all and per session (:mod:`.served`), to
+    whole (what a load generator sends), in all and per session (:mod:`.standin_state`), to
     check a store's request rows against; ``served_whole_answers``: the non-streamed
     ones (warm-ups, probes).
 ``POST /sandbox/faults`` / ``GET`` / ``DELETE``

@@ -73,8 +73,7 @@ from .faults import DRIVER_TOOLS, PULL_ERROR_MESSAGE, WORKER_FAULTS, FaultBook, 
 from .instance_spec import InstanceSpec
 from .instances import SSH_SERVERS, Instance, UnsupportedFault, free_port, instance_document
 from .schemas import RETRY_SCOPES, WORKLOAD_TYPES
-from .served import served_fields
-from .standin_state import PullFault, StreamFault
+from .standin_state import PullFault, StreamFault, served_fields
 
 # ------------------------------------------------------------ costs
 

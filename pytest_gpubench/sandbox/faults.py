@@ -25,7 +25,7 @@ fires ``times`` times (default: until cleared with ``DELETE /sandbox/faults``):
     ``llama-server``, ``text-generation-launcher`` and ``sglang`` (the Python
     package): their runtime has nothing to serve with; ``torch`` (the Python package
     the microbenchmarks need: ``pip install torch`` then installs the stand-in from the
-    instance's local wheel, :mod:`.torch_wheel`). Neither the stand-in nor the host's own
+    instance's local wheel, :mod:`.instances`). Neither the stand-in nor the host's own
     copy is on the instance's ``PATH``.
 ``gpu_memory`` (``offer_id``, ``memory_mib``)
     the instance's GPU has ``memory_mib`` MiB, whatever the offer listed (a

@@ -7,7 +7,7 @@ Layout of an instance (``<sandbox workdir>/instances/<session id>/``)::
                     docker and, when preinstalled, ollama
     python/         on PYTHONPATH: the ``sglang`` package (``python3 -m sglang.launch_server``),
                     ``pynvml`` (NVML, importable only with the ``gpu_driver`` fault's ``nvml``) and the
-                    stand-in ``torch`` (:mod:`.torch_wheel`)
+                    stand-in ``torch`` (:mod:`.instances`)
     wheels/         only without torch: its wheel, for an offline ``pip install torch``
     sysbin/         only with missing tools: links to the host's programs, minus those
     home/           $HOME and the working directory of every command
@@ -17,7 +17,7 @@ Layout of an instance (``<sandbox workdir>/instances/<session id>/``)::
     sshd/           with ``ssh_server="openssh"`` only: sshd's config, keys and log
 
 The SSH server is asyncssh in this process (:mod:`.sshd`, the default) or OpenSSH's
-``sshd`` as a child process (:mod:`.openssh`); commands see the same machine either way.
+``sshd`` as a child process (:mod:`.sshd`); commands see the same machine either way.
 
 Every command runs with ``PATH=<bin>:<system PATH>``, ``PYTHONPATH=<python>``, ``HOME``, ``TMPDIR``,
 ``OLLAMA_HOST=127.0.0.1:<port of this instance>``,
@@ -38,6 +38,8 @@ not its environment).
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 import logging
 import os
@@ -46,17 +48,16 @@ import shutil
 import signal
 import socket
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any, Protocol
 
 import asyncssh
 
-from . import lifeline, openssh, pynvml_standin, shims, sshd, worker_standin
+from . import lifeline, pynvml_standin, shims, sshd, worker_standin
 from .catalog import Catalog, OfferSpec
 from .standin_service import StandinService
-from .torch_wheel import build_torch_wheel, write_torch_package
-from .served import count_served
-from .standin_state import PullFault, StateStore, StreamFault
+from .standin_state import PullFault, StateStore, StreamFault, count_served
 
 log = logging.getLogger("pytest_gpubench.sandbox")
 INSTANCE_ENV = shims.INSTANCE_ENV
@@ -236,7 +237,7 @@ class Instance:
 
     def _endpoint(self, ssh_server: str, authorized_key: asyncssh.SSHKey) -> SshEndpoint:
         if ssh_server == "openssh":
-            return openssh.OpenSshEndpoint(
+            return sshd.OpenSshEndpoint(
                 self.root / "sshd",
                 authorized_key=authorized_key,
                 environment=self.environment,
@@ -313,7 +314,7 @@ class Instance:
             "LANG": os.environ.get("LANG", "C.UTF-8"),
             "OLLAMA_HOST": f"127.0.0.1:{self.ollama_port}",
             "PYTHONPATH": str(self.python_dir),
-            # pip installs offline, from the sandbox's own wheels (the stand-in torch: torch_wheel.py).
+            # pip installs offline, from the sandbox's own wheels (the stand-in torch: build_torch_wheel below).
             "PIP_NO_INDEX": "1",
             "PIP_FIND_LINKS": str(self.wheels_dir),
             INSTANCE_ENV: str(self.spec_path),
@@ -381,7 +382,7 @@ class Instance:
 
     @property
     def served_requests(self) -> dict[str, int]:
-        """Requests its stand-ins delivered whole, by kind (:mod:`.served`): so far, or in all once stopped."""
+        """Requests its stand-ins delivered whole, by kind (:mod:`.standin_state`): so far, or in all once stopped."""
         if self._served_at_stop is not None:
             return self._served_at_stop
         return count_served(self.state_dir)
@@ -527,3 +528,52 @@ def _marked_processes(marker: bytes) -> dict[int, int]:
         except (IndexError, ValueError):
             found[pid] = pid
     return found
+
+
+# ----------------------------------------------------------------------
+#
+# The stand-in ``torch`` on a sandbox instance: importable at once, or installable with pip.
+#
+# An instance has the stand-in (:mod:`.torch_standin`) as the package ``torch`` in its
+# ``python/`` directory, which is on its ``PYTHONPATH``, so ``python3 -c 'import torch'``
+# works as on an image with torch. An instance booted without it (the ``missing_tools``
+# fault with ``torch``) has instead a wheel of it in ``wheels/``, and its environment says
+# ``PIP_NO_INDEX=1`` and ``PIP_FIND_LINKS=<wheels>``: the plugin's ``python3 -m venv`` and
+# ``pip install torch`` then install the stand-in into the venv, offline, as they would
+# install the real torch from PyPI.
+
+
+#: The version pip sees (the package's ``__version__`` adds the sandbox's local label).
+WHEEL_VERSION = "2.5.1"
+STANDIN = Path(__file__).with_name("torch_standin.py")
+
+
+def write_torch_package(python_dir: Path) -> None:
+    """``python_dir/torch/__init__.py``: the stand-in, importable as ``torch``."""
+    package = python_dir / "torch"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text(STANDIN.read_text(encoding="utf-8"), encoding="utf-8")
+
+
+def build_torch_wheel(directory: Path) -> Path:
+    """A pure-Python wheel of the stand-in in ``directory`` (for ``pip install torch``); its path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    dist_info = f"torch-{WHEEL_VERSION}.dist-info"
+    files = {
+        "torch/__init__.py": STANDIN.read_bytes(),
+        f"{dist_info}/METADATA": (f"Metadata-Version: 2.1\nName: torch\nVersion: {WHEEL_VERSION}\n"
+                                  "Summary: gpubench sandbox stand-in for torch\n").encode(),
+        f"{dist_info}/WHEEL": (b"Wheel-Version: 1.0\nGenerator: pytest-gpubench sandbox\n"
+                               b"Root-Is-Purelib: true\nTag: py3-none-any\n"),
+    }
+    record = "".join(f"{name},sha256={_digest(data)},{len(data)}\n" for name, data in files.items())
+    files[f"{dist_info}/RECORD"] = (record + f"{dist_info}/RECORD,,\n").encode()
+    path = directory / f"torch-{WHEEL_VERSION}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as wheel:
+        for name, data in files.items():
+            wheel.writestr(name, data)
+    return path
+
+
+def _digest(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()

@@ -1,21 +1,33 @@
-"""``ollama serve`` of the stand-in: Ollama's native HTTP API on aiohttp.
+"""``ollama serve`` of the stand-in: Ollama's native HTTP API and its OpenAI-compatible
+endpoints on aiohttp (the only part of the Ollama stand-in that loads aiohttp).
 
-Endpoints, shapes, status codes and error wordings follow Ollama's ``docs/api.md``
-and its server's visible behaviour (0.5.x): see ``ollama_standin`` for the list.
+First the HTTP plumbing both kinds of endpoint share, then the OpenAI-compatible
+endpoints (``/v1/...``, also served by the OpenAI launchers' stand-ins), then the
+server itself.
+
+HTTP plumbing shared by the stand-in's native and OpenAI-compatible endpoints.
+
+``serve_generation`` turns one engine generation into a response: a stream of
+chunks written on the engine's schedule, or one object at the end. The wire format
+(NDJSON for ``/api/*``, SSE for ``/v1/*``) is a ``ResponseFormat`` supplied by the
+caller. Errors found before the first byte become plain HTTP errors, as Ollama's
+are; after that they can only be reported in the stream.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import random
 import selectors
 import signal
 import sys
 import time
 from collections.abc import Coroutine
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -31,19 +43,346 @@ from .ollama_common import (
     rfc3339,
 )
 from .ollama_engine import Engine, EngineError, EngineSettings, Generation, Job, PullError, log, pull_progress
-from .ollama_http import (
-    ENGINE,
-    BadRequest,
-    dumps,
-    error_response,
-    json_response,
-    option_int,
-    read_json,
-    resolve_think,
-    serve_generation,
-)
-from .ollama_openai import add_openai_routes
-from .standin_state import RuntimeState, StateStore
+from .standin_state import RuntimeState, StateStore, record_served
+
+ENGINE = web.AppKey("engine", Engine)
+
+
+class BadRequest(EngineError):
+    status = 400
+
+
+def dumps(data: Any) -> str:
+    """Compact JSON, as Go's encoder writes it."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def json_response(data: Any, status: int = 200) -> web.Response:
+    return web.Response(text=dumps(data), status=status, content_type="application/json", charset="utf-8")
+
+
+def error_response(message: str, status: int) -> web.Response:
+    """Ollama's native error shape: ``{"error": "..."}``."""
+    return json_response({"error": message}, status)
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object, or ``BadRequest`` with Ollama-like wording."""
+    raw = await request.read()
+    if not raw.strip():
+        raise BadRequest("missing request body")
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise BadRequest(f"invalid character in request body: {exc.msg}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("json: cannot unmarshal non-object into request")
+    return body
+
+
+def option_int(options: Any, name: str) -> int | None:
+    """An integer model option such as ``num_predict``, or None when absent."""
+    if not isinstance(options, dict) or options.get(name) is None:
+        return None
+    value = options[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise BadRequest(f"option {name!r} must be a number")
+    return int(value)
+
+
+THINK_LEVELS = ("high", "medium", "low", "max")
+
+
+def resolve_think(engine: Engine, model: str, think: Any) -> bool:
+    """Whether ``model`` reasons on this request, as Ollama (0.12.4 and later) decides.
+
+    ``think`` is the request's value: absent (``None``) means the model's default,
+    which is to think for a thinking-capable model; ``false`` turns it off; ``true``
+    or a level (``"low"`` ...) asks for it, and a model without the capability
+    answers 400 ``"<model>" does not support thinking``. A model that is not pulled
+    is left to the engine's 404.
+    """
+    if think is not None and not isinstance(think, bool):
+        if not isinstance(think, str):
+            raise BadRequest('think must be a boolean or string ("high", "medium", "low", "max", true, or false)')
+        if think not in THINK_LEVELS:
+            raise BadRequest(f'invalid think value: {dumps(think)} '
+                             '(must be "high", "medium", "low", "max", true, or false)')
+    found = engine.find_pulled(model)
+    if found is None:
+        return False
+    if found[1].thinking:
+        return think is not False
+    if think is not None and think is not False:
+        raise BadRequest(f"{dumps(model)} does not support thinking")
+    return False
+
+
+def split_thinking(tokens: list[str]) -> tuple[str, str]:
+    """``(thinking, answer)`` texts of a whole (non-streamed) generation."""
+    thinking = "".join(t for t in tokens if isinstance(t, Thought))
+    return thinking, "".join(t for t in tokens if not isinstance(t, Thought))
+
+
+class ResponseFormat(Protocol):
+    """How one API family writes a generation."""
+
+    content_type: str
+
+    def token(self, text: str) -> bytes:
+        """One streamed chunk carrying ``text`` (reasoning when it is a ``Thought``)."""
+
+    def done(self, gen: Generation, now: float) -> bytes:
+        """The closing bytes of a stream (final chunk, terminator)."""
+
+    def whole(self, text: str, gen: Generation, now: float, thinking: str = "") -> Any:
+        """The single object of a non-streamed answer (``thinking``: its reasoning, if any)."""
+
+    def stream_error(self, message: str) -> bytes:
+        """An error reported inside an already started stream."""
+
+    def error(self, message: str, status: int) -> web.Response:
+        """An error answered before anything was streamed."""
+
+
+async def serve_generation(request: web.Request, job: Job, fmt: ResponseFormat, *, stream: bool) -> web.StreamResponse:
+    """Run ``job`` on the engine and write it to the client in ``fmt``."""
+    engine = request.app[ENGINE]
+    loop = asyncio.get_running_loop()
+    response: web.StreamResponse | None = None
+    try:
+        async with engine.generation(job) as gen:
+            def client_gone() -> bool:
+                transport = request.transport
+                return transport is None or transport.is_closing()
+
+            if not stream:
+                thinking, text = split_thinking([token async for token in gen.tokens(client_gone)])
+                if not client_gone():
+                    record_served(engine.store.state_dir, "whole", job.model)
+                return json_response(fmt.whole(text, gen, loop.time(), thinking))
+            response = web.StreamResponse(headers={"Content-Type": fmt.content_type})
+            await response.prepare(request)
+            async for token in gen.tokens(client_gone):
+                await response.write(fmt.token(token))
+            await response.write(fmt.done(gen, loop.time()))
+            await response.write_eof()
+            if not client_gone():  # a stream the client gave up on (a stall) was not served
+                record_served(engine.store.state_dir, "stream", job.model)
+            return response
+    except EngineError as exc:
+        if response is None:
+            return fmt.error(str(exc), exc.status)
+        await _write_quietly(response, fmt.stream_error(str(exc)))
+        return response
+    except ConnectionResetError:
+        # The client went away: the engine has released the slot on the way out.
+        if response is None:
+            raise
+        return response
+
+
+async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:
+    try:
+        await response.write(data)
+        await response.write_eof()
+    except ConnectionResetError:
+        pass
+
+
+# ----------------------------------------------------------------------
+#
+# The OpenAI-compatible endpoints of the Ollama stand-in (``/v1/...``).
+#
+# As in Ollama: ``POST /v1/chat/completions`` and ``POST /v1/completions`` with
+# ``stream: true`` answer Server-Sent Events (``data: {chunk}`` per token, a final
+# chunk with ``finish_reason``, an optional usage chunk when
+# ``stream_options.include_usage`` is set, then ``data: [DONE]``); without it one
+# ``chat.completion`` / ``text_completion`` object with ``usage``. Errors use
+# OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
+#
+# A thinking model's reasoning streams as Ollama's ``openai`` package writes it:
+# ``delta.reasoning`` (``message.reasoning`` when not streamed) on the chat
+# endpoint, with an empty ``content``; the text completion endpoint has no field
+# for it and streams empty ``text`` while the model thinks. ``reasoning_effort``
+# (or ``reasoning.effort``) sets ``think``: ``"none"`` turns it off, a level turns
+# it on, absent leaves the model's default.
+
+
+SSE = "text/event-stream"
+
+
+def openai_error(message: str, status: int) -> web.Response:
+    """Ollama's mapping of status codes to OpenAI error types."""
+    kind = {400: "invalid_request_error", 404: "not_found_error"}.get(status, "api_error")
+    return json_response({"error": {"message": message, "type": kind, "param": None, "code": None}}, status)
+
+
+class OpenAIFormat:
+    """SSE chunks and whole answers of the chat or text completion endpoints."""
+
+    content_type = SSE
+
+    def __init__(self, model: str, chat: bool, include_usage: bool) -> None:
+        self.model = model
+        self.chat = chat
+        self.include_usage = include_usage
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{random.randint(0, 999)}"
+        self.object = "chat.completion.chunk" if chat else "text_completion"
+        self.created = int(time.time())
+
+    def _chunk(self, text: str, finish: str | None) -> dict[str, Any]:
+        thought = isinstance(text, Thought)
+        if self.chat:
+            delta = {"role": "assistant", "content": "", "reasoning": text} if thought else {
+                "role": "assistant", "content": text}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        else:
+            choice = {"text": "" if thought else text, "index": 0, "finish_reason": finish}
+        return {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "fp_ollama",
+            "choices": [choice],
+        }
+
+    @staticmethod
+    def _event(data: Any) -> bytes:
+        return f"data: {dumps(data)}\n\n".encode()
+
+    @staticmethod
+    def _usage(gen: Generation) -> dict[str, int]:
+        prompt, completion = gen.job.prompt_eval_count, gen.emitted
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def token(self, text: str) -> bytes:
+        return self._event(self._chunk(text, None))
+
+    def done(self, gen: Generation, now: float) -> bytes:
+        out = self._event(self._chunk("", gen.done_reason))
+        if self.include_usage:
+            usage = {**self._chunk("", None), "choices": [], "usage": self._usage(gen)}
+            out += self._event(usage)
+        return out + b"data: [DONE]\n\n"
+
+    def whole(self, text: str, gen: Generation, now: float, thinking: str = "") -> dict[str, Any]:
+        if self.chat:
+            message = {"role": "assistant", "content": text}
+            if thinking:
+                message["reasoning"] = thinking
+            choice = {"index": 0, "message": message, "finish_reason": gen.done_reason}
+            kind = "chat.completion"
+        else:
+            choice = {"text": text, "index": 0, "finish_reason": gen.done_reason}
+            kind = "text_completion"
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": "fp_ollama",
+            "choices": [choice],
+            "usage": self._usage(gen),
+        }
+
+    def stream_error(self, message: str) -> bytes:
+        return self._event({"error": {"message": message, "type": "api_error", "param": None, "code": None}})
+
+    def error(self, message: str, status: int) -> web.Response:
+        return openai_error(message, status)
+
+
+def _think(body: dict[str, Any]) -> bool | str | None:
+    """``think`` from ``reasoning.effort`` or ``reasoning_effort``, as Ollama maps them."""
+    reasoning = body.get("reasoning")
+    effort = reasoning.get("effort") if isinstance(reasoning, dict) else body.get("reasoning_effort")
+    if effort is None or effort == "":
+        return None
+    mapped = {"none": False, "minimal": "low", "low": "low", "medium": "medium", "high": "high", "max": "max",
+              "xhigh": "max", "ultra": "max"}
+    if not isinstance(effort, str) or effort not in mapped:
+        raise BadRequest(f'invalid reasoning value: {dumps(effort)} (must be "minimal", "low", "medium", '
+                         '"high", "xhigh", "ultra", "max", or "none")')
+    return mapped[effort]
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    value = body.get("max_completion_tokens", body.get("max_tokens"))
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest("max_tokens must be an integer")
+    return value
+
+
+async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
+    arrived = asyncio.get_running_loop().time()
+    engine = request.app[ENGINE]
+    try:
+        body = await read_json(request)
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise BadRequest("model is required")
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise BadRequest("[] is too short - 'messages'")
+            contents = [str(m.get("content") or "") if isinstance(m, dict) else "" for m in messages]
+            prompt = "\n".join(contents)
+        else:
+            prompt = body.get("prompt")
+            if not isinstance(prompt, str):
+                raise BadRequest("invalid type for 'prompt' field: only string is supported")
+        options = body.get("stream_options") or {}
+        fmt = OpenAIFormat(model, chat, include_usage=bool(isinstance(options, dict) and options.get("include_usage")))
+        job = Job(
+            model=model,
+            prompt=prompt,
+            prompt_eval_count=count_prompt_tokens(prompt),
+            num_predict=_max_tokens(body),
+            keep_alive=engine.settings.default_keep_alive,
+            arrived=arrived,
+            # /v1/completions has no reasoning field: the model's default applies there.
+            think=resolve_think(engine, model, _think(body) if chat else None),
+        )
+    except EngineError as exc:
+        return openai_error(str(exc), exc.status)
+    return await serve_generation(request, job, fmt, stream=body.get("stream") is True)
+
+
+async def handle_chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _completion(request, chat=True)
+
+
+async def handle_completions(request: web.Request) -> web.StreamResponse:
+    return await _completion(request, chat=False)
+
+
+async def handle_models(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE]
+    data = [
+        {"id": m.name, "object": "model", "created": int(m.modified_at.timestamp()), "owned_by": "library"}
+        for m in engine.pulled.values()
+    ]
+    return json_response({"object": "list", "data": data})
+
+
+def add_openai_routes(app: web.Application) -> None:
+    """Register the ``/v1`` endpoints on the stand-in's application."""
+    app.router.add_post("/v1/chat/completions", handle_chat_completions)
+    app.router.add_post("/v1/completions", handle_completions)
+    app.router.add_get("/v1/models", handle_models)
+
+
+# ----------------------------------------------------------------------
+#
+# ``ollama serve`` of the stand-in: Ollama's native HTTP API on aiohttp.
+#
+# Endpoints, shapes, status codes and error wordings follow Ollama's ``docs/api.md``
+# and its server's visible behaviour (0.5.x): see ``ollama_standin`` for the list.
+
 
 NDJSON = "application/x-ndjson"
 

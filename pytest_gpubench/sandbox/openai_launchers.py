@@ -5,7 +5,7 @@ Run as ``python -m pytest_gpubench.sandbox.openai_launchers PROGRAM ARGS`` (the
 instance's wrappers in ``bin/``, and the ``sglang`` package on its ``PYTHONPATH``, do
 that). Each start is one long-running server, built on the Ollama stand-in's engine
 (:mod:`.ollama_engine`: the catalog model's load time, TTFT, decode rate, batching
-model and stream faults) and its OpenAI endpoints (:mod:`.ollama_openai`); only the
+model and stream faults) and its OpenAI endpoints (:mod:`.ollama_server`); only the
 launcher's flags, logs, readiness, ``/v1/models`` and failure wording are its own
 (:mod:`.launcher_programs`):
 
@@ -163,8 +163,8 @@ def create_app(engine: LauncherEngine, ready: asyncio.Event) -> Any:
     """The aiohttp application: the stand-in's OpenAI handlers behind the launcher's checks."""
     from aiohttp import web
 
-    from .ollama_http import ENGINE, json_response, read_json
-    from .ollama_openai import handle_chat_completions, handle_completions
+    from .ollama_server import ENGINE, json_response, read_json
+    from .ollama_server import handle_chat_completions, handle_completions
 
     launch = engine.launch
     in_flight = [0]

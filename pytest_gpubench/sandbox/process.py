@@ -22,8 +22,8 @@ from pathlib import Path
 import httpx
 
 from ..errors import UsageProblem
-from .auth import TOKEN_ENV, bearer, new_token
 from ..settings import Settings
+from .auth import TOKEN_ENV, bearer, new_token
 
 URL_PREFIX = "GPUBENCH_SANDBOX_URL="
 START_TIMEOUT = 60.0

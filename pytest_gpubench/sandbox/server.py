@@ -48,7 +48,7 @@ import asyncssh
 import yaml
 from aiohttp import web
 
-from . import openssh
+from . import sshd
 from .api import make_app
 from .auth import TOKEN_ENV, TOKEN_LINE_PREFIX, new_token
 from .catalog import Catalog, CatalogError, OfferSpec, load_catalog
@@ -82,7 +82,7 @@ class Sandbox:
     install, pull, model load) and never token rates or TTFT. ``ssh_server`` is
     what answers on each instance's SSH port: ``"asyncssh"`` in this process, or
     ``"openssh"``, a real ``sshd`` per instance (needs openssh-server and root;
-    :meth:`start` raises :class:`~.openssh.SshServerUnavailable` otherwise). ``token`` is
+    :meth:`start` raises :class:`~.sshd.SshServerUnavailable` otherwise). ``token`` is
     the bearer token every API request must carry (None: ``GPUBENCH_SANDBOX_TOKEN`` from the
     environment, else a new random one); :attr:`token` holds it.
     """
@@ -119,7 +119,7 @@ class Sandbox:
     async def start(self) -> str:
         """Start serving; returns the base URL once the API answers."""
         if self.ssh_server == "openssh":
-            openssh.require_sshd()  # before anything is bound or created
+            sshd.require_sshd()  # before anything is bound or created
         if self._workdir is None:
             self._workdir = Path(tempfile.mkdtemp(prefix="gpubench-sandbox-"))
         self.cloud = EmulatedCloud(
@@ -317,8 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.ssh_server == "openssh":
         try:
-            openssh.require_sshd()
-        except openssh.SshServerUnavailable as exc:
+            sshd.require_sshd()
+        except sshd.SshServerUnavailable as exc:
             print(f"gpubench sandbox: {exc}", file=sys.stderr)
             return 2
     logging.basicConfig(

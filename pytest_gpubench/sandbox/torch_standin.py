@@ -1,7 +1,7 @@
 """The sandbox's ``torch``: just enough of torch for the GPU microbenchmarks, at catalog speed.
 
 On a sandbox instance this file is the package ``torch`` (``python/torch/__init__.py``, or
-installed from the sandbox's local wheel into a venv: :mod:`.torch_wheel`). It is
+installed from the sandbox's local wheel into a venv: :mod:`.instances`). It is
 self-contained (standard library only) because the venv's Python does not see this
 package. It reads the instance file (``GPUBENCH_SANDBOX_INSTANCE``): the GPU's name and
 compute capability, and its achievable figures, ``gpu.microbench`` (the catalog's

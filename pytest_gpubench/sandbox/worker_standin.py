@@ -41,7 +41,7 @@ from typing import Any
 
 from .instance_spec import load_instance_spec
 from .ollama_common import plan_output
-from .served import record_served
+from .standin_state import record_served
 
 FAULTS_FILE = "worker_faults.json"
 WORKER_FAULTS = ("worker_crash", "worker_malformed", "worker_failed")

@@ -148,7 +148,7 @@ def test_the_local_provider_benchmarks_this_machine(tmp_path):
 def one_host(request, tmp_path) -> SandboxHostsThread:
     """One sandbox host behind each SSH server the sandbox has (OpenSSH's sshd when installed)."""
     if request.param == "openssh":
-        from pytest_gpubench.sandbox.openssh import find_sshd
+        from pytest_gpubench.sandbox.sshd import find_sshd
 
         if find_sshd() is None:
             pytest.skip("OpenSSH's sshd is not installed")

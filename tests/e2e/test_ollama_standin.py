@@ -430,11 +430,10 @@ def test_cli_pull_list_run_ps_rm(server: Server) -> None:
 
 
 def test_served_requests_count_what_was_delivered_whole(tmp_path: Path) -> None:
-    """The count a soak checks the store against (sandbox/served.py): a streamed answer
+    """The count a soak checks the store against (sandbox/standin_state.py): a streamed answer
     delivered whole counts as served, a non-streamed one (a warm-up) apart, and a stream
     that stalled until the client gave up not at all."""
-    from pytest_gpubench.sandbox.served import count_served
-    from pytest_gpubench.sandbox.standin_state import StateStore, StreamFault
+    from pytest_gpubench.sandbox.standin_state import StateStore, StreamFault, count_served
 
     instance = write_instance(tmp_path)
     state = tmp_path / "state"

@@ -214,11 +214,11 @@ def test_session_on_real_sshd(sandbox):
 
 
 def test_openssh_without_sshd_is_a_one_line_error(monkeypatch, capsys):
-    from pytest_gpubench.sandbox import openssh, server
+    from pytest_gpubench.sandbox import server, sshd
 
-    monkeypatch.setattr(openssh, "find_sshd", lambda: None)
+    monkeypatch.setattr(sshd, "find_sshd", lambda: None)
     assert server.main(["--ssh-server", "openssh"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "install openssh-server" in err
-    with pytest.raises(openssh.SshServerUnavailable, match="install openssh-server"):
+    with pytest.raises(sshd.SshServerUnavailable, match="install openssh-server"):
         SandboxThread(ssh_server="openssh").start()

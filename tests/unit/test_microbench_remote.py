@@ -14,7 +14,7 @@ import pytest
 from pytest_gpubench.errors import RemoteCommandError, Stage, StageError
 from pytest_gpubench.remote.local import LocalShell
 from pytest_gpubench.measure.microbench import TORCH_VENV, ensure_torch, run_microbench
-from pytest_gpubench.sandbox.torch_wheel import build_torch_wheel
+from pytest_gpubench.sandbox.instances import build_torch_wheel
 
 PLAN = {"kinds": ["memory_bandwidth"], "runs": 2, "warmup": 0, "memory_mib": 16, "matmul_size": 256,
         "precisions": []}
