@@ -55,7 +55,7 @@ class SandboxImitation:
     """How the sandbox (``sandbox/``) imitates the runtime on an instance.
 
     ``launcher``: ``bin/PROGRAM`` runs the sandbox's stand-in launcher ``stand_in`` (one of
-    ``sandbox/launcher_programs.PROGRAMS``: its flags, logs and words), so a runtime whose server
+    ``sandbox/openai_launchers.PROGRAMS``: its flags, logs and words), so a runtime whose server
     speaks like one of them needs nothing else of the sandbox; ``python-package``: an importable
     package named ``program`` on the instance's ``PYTHONPATH`` starts ``stand_in`` (SGLang's
     ``python3 -m sglang.launch_server``); ``own``: a stand-in of its own that ``stand_in`` names

@@ -19,7 +19,6 @@ would use, so a cell records what was actually asked for.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 from pydantic import field_validator, model_validator

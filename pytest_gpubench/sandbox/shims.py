@@ -174,7 +174,7 @@ def write_sglang_package(python_dir: Path, name: str = SGLANG_PACKAGE) -> None:
     (exec'd, so the pid ``nohup`` reported is the server's)."""
     package = python_dir / name
     package.mkdir(parents=True, exist_ok=True)
-    from .launcher_programs import SGLANG_VERSION
+    from .openai_launchers import SGLANG_VERSION
 
     (package / "__init__.py").write_text(
         f'"""gpubench sandbox stand-in for SGLang (pytest_gpubench.sandbox)."""\n__version__ = {SGLANG_VERSION!r}\n',

@@ -21,7 +21,7 @@ from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.runtimes.registry import runtime_for
 from pytest_gpubench.sandbox.instance_spec import GpuSpec, load_instance_spec, visible_gpus
 from pytest_gpubench.sandbox.instances import free_port
-from pytest_gpubench.sandbox.launcher_programs import parse
+from pytest_gpubench.sandbox.openai_launchers import parse
 from pytest_gpubench.sandbox.openai_launchers import LauncherEngine, tensor_parallel_speedup
 
 MODEL = "qwen2:7b"

@@ -107,7 +107,7 @@ def test_no_module_but_the_registry_lists_runtime_names():
         "remote/loadgen.py": "the load generator's API protocols",
         "sandbox/entrypoint.py": "image patterns and the stand-in launcher each image runs",
         "sandbox/faults.py": "the instance's programs a fault may omit",
-        "sandbox/launcher_programs.py": "the stand-in launchers' own programs",
+        "sandbox/openai_launchers.py": "the stand-in launchers' own programs",
     }
     listing = set()
     for path in sorted(PACKAGE.rglob("*.py")):

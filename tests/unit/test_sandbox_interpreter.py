@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from pytest_gpubench.sandbox import shims
-from pytest_gpubench.sandbox.launcher_programs import SGLANG_VERSION
+from pytest_gpubench.sandbox.openai_launchers import SGLANG_VERSION
 
 
 def test_sglang_launch_server_execs_the_sandbox_interpreter_not_the_one_that_started_it(tmp_path: Path) -> None:
