@@ -5,7 +5,7 @@ through the store (:meth:`~pytest_gpubench.store.base.Store.claim_gpus`), so two
 or two xdist workers never benchmark on the same GPU at once. A lease expires unless
 renewed (a heartbeat while the cell runs), so a dead run's GPUs come free by themselves.
 Defined here, not in ``store/``, so ``cloud/`` reads it without importing the store
-(as :class:`~.owned.OwnedSession`), and so is :class:`GpuLeaseBook`, the part of the
+(as :class:`~.provider.OwnedSession`), and so is :class:`GpuLeaseBook`, the part of the
 ``Store`` protocol a provider leases through (``Store`` extends it). ``Lease`` is the
 session pool's: these are ``GpuLease``.
 """

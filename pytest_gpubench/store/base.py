@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ..cloud.gpu_lease import GpuLease, GpuLeaseBook
-from ..cloud.owned import OwnedSession
+from ..cloud.provider import OwnedSession
 from ..cloud.processes import ProcessIdentity
 from ..errors import Stage
 from ..measure.microbench import MicrobenchRun
