@@ -39,8 +39,7 @@ from ..cloud.provider import Constraints, Offer, OfferChoice, Provider
 from ..plugin.collect import collect_cells
 from .plan_estimates import SETUP_STAGES, StageHistory
 from ..cloud.registry import build_provider
-from ..cloud.reuse_estimates import order_for_reuse, planned_benchmark_seconds
-from ..cloud.reuse_split import SplitPolicy, split_groups
+from ..cloud.reuse_split import SplitPolicy, order_for_reuse, planned_benchmark_seconds, split_groups
 from ..settings import Settings
 
 Choice = OfferChoice | NoEligibleOffer

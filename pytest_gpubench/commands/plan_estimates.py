@@ -42,7 +42,7 @@ from typing import Any
 from ..errors import Stage
 from ..matrix.cells import Cell, model_ref, normalize_gpu, normalize_provider
 from ..store.progress import ProgressLine, read_progress
-from ..cloud.reuse_estimates import DEFAULT_STAGE_SECONDS, PULL_SECONDS_PER_GB
+from ..cloud.reuse_split import DEFAULT_STAGE_SECONDS, PULL_SECONDS_PER_GB
 
 #: The pull (and warm-up load) of a model takes ``PULL_SECONDS_PER_GB`` per GB of the
 #: model's VRAM need: the figure session reuse orders groups by

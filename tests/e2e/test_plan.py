@@ -19,7 +19,7 @@ from pytest_gpubench.errors import Stage
 from pytest_gpubench.store.manifest import Manifest
 from pytest_gpubench.commands.plan import make_plan, makespan
 from pytest_gpubench.errors import CommandProblem
-from pytest_gpubench.cloud.reuse_estimates import DEFAULT_STAGE_SECONDS
+from pytest_gpubench.cloud.reuse_split import DEFAULT_STAGE_SECONDS
 from pytest_gpubench.commands.plan_estimates import (
     DEFAULT_PULL_SECONDS_PER_GB,
     DEFAULT_TOKENS_PER_SECOND,
