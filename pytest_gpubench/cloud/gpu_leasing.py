@@ -6,16 +6,67 @@ atomic across processes), waits with progress while every matching GPU is busy, 
 held lease on a heartbeat (a third of its time to live) so that only a dead run's lease
 runs out, and releases it. Store calls are short SQLite transactions, run in a thread so
 the event loop never waits on another process's write lock.
+
+The record, :class:`GpuLease`, is some GPUs of one machine held by one holder: what the
+store hands a provider of shared machines. A lease expires unless renewed, so a dead
+run's GPUs come free by themselves. It is defined here, not in ``store/``, so ``cloud/``
+reads it without importing the store (as :class:`~.provider.OwnedSession`), and so is
+:class:`GpuLeaseBook`, the part of the ``Store`` protocol a provider leases through
+(``Store`` extends it). ``Lease`` is the session pool's: these are ``GpuLease``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
-from .gpu_lease import GpuLease, GpuLeaseBook
+from pydantic import BaseModel, ConfigDict
+
+
+class GpuLease(BaseModel):
+    """Some GPUs of one machine, held by one holder until released or expired."""
+
+    model_config = ConfigDict(frozen=True)
+
+    lease_id: str
+    #: The machine (a host's inventory name, ``local`` for this machine).
+    machine: str
+    #: nvidia-smi indices, ascending.
+    gpu_indices: tuple[int, ...]
+    #: Who holds it, for people: the run, the worker and the cell.
+    holder: str
+    run_id: str | None = None
+    #: Seconds since the epoch.
+    acquired_at: float
+    expires_at: float
+    released_at: float | None = None
+
+    def active(self, now: float) -> bool:
+        """Held at ``now``: not released and not expired."""
+        return self.released_at is None and self.expires_at > now
+
+
+@runtime_checkable
+class GpuLeaseBook(Protocol):
+    """Where GPU leases are kept: every :class:`~pytest_gpubench.store.base.Store` (which
+    extends this protocol), handed to the ``hosts`` and ``local`` providers as an opener."""
+
+    def claim_gpus(self, machine: str, gpus: Sequence[int], count: int, *, holder: str, ttl: float,
+                   run_id: str | None = None, now: float | None = None) -> GpuLease | None:
+        """Lease ``count`` of ``gpus`` (nvidia-smi indices) of ``machine`` for ``ttl`` seconds,
+        the lowest free ones; None when fewer are free. ``now``: seconds since the epoch (tests)."""
+
+    def renew_gpu_lease(self, lease_id: str, ttl: float, *, now: float | None = None) -> bool:
+        """Hold the lease ``ttl`` seconds from now; False when it was released or had expired."""
+
+    def release_gpu_lease(self, lease_id: str, *, now: float | None = None) -> None:
+        """End the lease (idempotent); an expired one keeps its expiry as its end."""
+
+    def gpu_leases(self, machine: str | None = None, *, active_at: float | None = None) -> list[GpuLease]:
+        """Leases (of ``machine``, or all) oldest first; with ``active_at``, those held then."""
 
 
 #: How often a waiting cell asks again for free GPUs (seconds, real time; at most this).

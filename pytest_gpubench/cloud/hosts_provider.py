@@ -42,8 +42,7 @@ from ..matrix.selection import gpu_matches
 from ..gpuinfo import gpu_type_of, parse_gpu_query_csv
 from ..runtime_facts import server_per_cell
 from ..settings import Settings
-from .gpu_lease import GpuLeaseBook
-from .gpu_leasing import WAIT_POLL_SECONDS, GpuLeaseKeeper
+from .gpu_leasing import WAIT_POLL_SECONDS, GpuLeaseBook, GpuLeaseKeeper
 from .hosts_inventory import Host, HostsInventory, load_inventory
 from .provider import HOLDING_STATUSES, Constraints, CreatedSession, Offer, OfferChoice, Released, Session, SshDetails
 

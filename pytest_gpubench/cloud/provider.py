@@ -13,6 +13,11 @@ The vocabulary a provider speaks (``Offer``, ``Session``, ``CreatedSession``,
 seam: it is what the manifest and the results record. Each implementation
 translates its own API into it (``shopper_client.py`` reads GPU Shopper's JSON,
 whose fields these types were first drawn from, into it).
+
+:class:`OwnedSession` is a session a run owns and whose release was never recorded:
+what the store reports (:meth:`~pytest_gpubench.store.base.Store.unreleased_sessions`)
+and cleanup releases. It lives in the seam so ``store/`` and cleanup's ``Leftover``
+share it without ``cloud/`` importing the store.
 """
 
 from __future__ import annotations
@@ -291,3 +296,22 @@ class Provider(Protocol):
     async def aclose(self) -> None:
         """Close connections; the provider is not used after."""
         ...
+
+
+class OwnedSession(BaseModel):
+    """A session the store knows a run rented, with the cell that rented it."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    session_id: str
+    run_id: str
+    consumer_id: str | None = None
+    row_id: str | None = None
+    cell_id: str | None = None
+    cell_status: str | None = None
+    worker: str | None = None
+    progress_file: str | None = None
+    #: The last status the API reported, if any.
+    session_status: str | None = None
+    #: The attempt that rented it, or None when only the cell knows the session.
+    attempt: int | None = None

@@ -32,7 +32,7 @@ from ..errors import redact
 from ..settings import Settings
 
 if TYPE_CHECKING:
-    from .gpu_lease import GpuLeaseBook
+    from .gpu_leasing import GpuLeaseBook
     from .provider import Provider
 
     #: Opens (or returns) the run's store (a ``Store``, which is a ``GpuLeaseBook``), when a

@@ -360,8 +360,7 @@ def _migrate(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     """The plan's options go to pytest's collection as the plugin's own flags (``--split-cost`` as
     ``--gpubench-split-cost``): the plugin resolves them, with the environment and the ini file."""
-    from .plan import make_plan
-    from .plan_render import render
+    from .plan import make_plan, render
 
     warn_deprecated(args)
     plan = make_plan(args.paths, keyword=args.keyword, workers=args.workers, options=pytest_flags(args))

@@ -10,7 +10,7 @@ the session pool would (:mod:`.session_pool`): a cell whose reuse group already
 holds a session that fits it runs on that session; otherwise it rents one. A
 session pays its setup (provision, SSH wait, connect, Ollama) once; each cell on
 it pays its model's pull (none when the model is already there) and its
-benchmark. Times come from :mod:`.plan_estimates`; cost is the offer's price x
+benchmark. Times come from the stage estimates below; cost is the offer's price x
 the session's hours, the renting cell carrying the setup (as the manifest
 splits it). Wall time: everything back to back on one worker, and under
 ``-n N`` the reuse groups (one xdist group each) dealt longest first to the
@@ -20,28 +20,226 @@ are first split over more sessions as the run would split them
 
 Nothing is provisioned: the only API calls are ``GET /health`` and one
 ``GET /api/v1/inventory`` per provider.
+
+**How long each stage of a cell is expected to take** (:class:`StageHistory`).
+
+Two sources, the first that has something to say wins:
+
+* **History**: the manifest's finished cells (``success``, ``partial``, ``failed``)
+  of earlier runs on the same kind of cloud (sandbox runs for a sandbox plan, real
+  ones otherwise). Their progress files (the manifest's ``progress_file`` column)
+  time every stage to the second, from one ``STATUS`` line to the next:
+
+  ============== =========================================
+  stage          from -> to
+  ============== =========================================
+  provision      ``INVENTORY_QUERY`` -> first ``PROVISIONING`` (the create call)
+  ssh_wait       first ``PROVISIONING`` -> ``SSH_READY`` (boot; failed attempts included)
+  ssh_connect    ``SSH_READY`` -> ``SYSTEM_INFO``
+  runtime_setup  ``SYSTEM_INFO`` -> ``OLLAMA_INSTALLED`` (cells that rented their session)
+  model_pull     ``OLLAMA_INSTALLED`` -> ``MODEL_READY`` (pull and warm-up load)
+  ============== =========================================
+
+  A stage's estimate is the median of its samples, from the most specific cells
+  that have any: for setup stages the same provider and GPU, then the same
+  provider; for the pull the same model on the same provider, then the same model.
+  The manifest's other times do not split a cell into stages (``attempts`` only
+  knows the create and the release, ``benchmark_manifest`` the cell's start and end).
+* **Defaults** (:data:`DEFAULT_STAGE_SECONDS`, on a real cloud; a sandbox plan
+  multiplies them by its time scale, as the sandbox does its delays): seed 000's
+  example run where it times a stage, and the model's size for the pull.
+
+The benchmark itself is the workload's duration times its runs plus the warm-up
+requests (``max_tokens`` at the tokens/s earlier runs measured for that GPU and
+model, or seed 000's figure); it is never time-scaled, in the sandbox neither.
+
+**For people** (:func:`render`): aligned tables (like the run's summary), then the totals.
 """
 
 from __future__ import annotations
 
 import asyncio
 import heapq
-from collections.abc import Mapping, Sequence
+import re
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from ..errors import CommandProblem, NoEligibleOffer, Stage, StageError
-from ..errors import redact
-from ..matrix.cells import Cell
+from ..errors import CommandProblem, NoEligibleOffer, Stage, StageError, redact
+from ..matrix.cells import Cell, model_ref, normalize_gpu, normalize_provider
 from ..cloud.offers import unfit
 from ..cloud.provider import Constraints, Offer, OfferChoice, Provider
 from ..plugin.collect import collect_cells
-from .plan_estimates import SETUP_STAGES, StageHistory
 from ..cloud.registry import build_provider
-from ..cloud.reuse_estimates import order_for_reuse, planned_benchmark_seconds
-from ..cloud.reuse_split import SplitPolicy, split_groups
+from ..cloud.budget import usd
+from ..cloud.reuse_split import (DEFAULT_STAGE_SECONDS, PULL_SECONDS_PER_GB, SplitPolicy, order_for_reuse, percent,
+                                 planned_benchmark_seconds, split_groups)
 from ..settings import Settings
+from ..store.progress import ProgressLine, read_progress
+
+#: The pull (and warm-up load) of a model takes ``PULL_SECONDS_PER_GB`` per GB of the
+#: model's VRAM need: the figure session reuse orders groups by
+#: (:mod:`pytest_gpubench.run.session_pool`); seed 000 pulled and loaded llama3:70b
+#: (48 GB) in 4 minutes (``OLLAMA_INSTALLED`` 10:03 -> ``MODEL_READY`` 10:07), 5 s/GB.
+DEFAULT_PULL_SECONDS_PER_GB = PULL_SECONDS_PER_GB
+#: Tokens/s assumed for warm-up requests without history: seed 000's llama3:70b
+#: figure (41.6), slow on purpose, so small models' warm-ups are not underestimated.
+DEFAULT_TOKENS_PER_SECOND = 41.6
+#: The stages a session pays once, in order; the pull is per cell.
+SETUP_STAGES: tuple[Stage, ...] = (Stage.PROVISION, Stage.SSH_WAIT, Stage.SSH_CONNECT, Stage.RUNTIME_SETUP)
+#: Progress-file labels that bound each stage (from, to).
+STAGE_BOUNDS: Mapping[Stage, tuple[str, str]] = {
+    Stage.PROVISION: ("INVENTORY_QUERY", "PROVISIONING"),
+    Stage.SSH_WAIT: ("PROVISIONING", "SSH_READY"),
+    Stage.SSH_CONNECT: ("SSH_READY", "SYSTEM_INFO"),
+    Stage.RUNTIME_SETUP: ("SYSTEM_INFO", "OLLAMA_INSTALLED"),
+    Stage.MODEL_PULL: ("OLLAMA_INSTALLED", "MODEL_READY"),
+}
+_FINISHED = ("success", "partial", "failed")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Seconds, and where the figure comes from (``history: ...`` or ``default``)."""
+
+    seconds: float
+    source: str
+
+
+def stage_seconds(lines: Iterable[ProgressLine]) -> dict[Stage, float]:
+    """Each stage's seconds in one cell's progress file (only stages it passed).
+
+    A cell that ran on a session an earlier cell rented (``SESSION_REUSED``) only
+    tells the pull: its connect and Ollama check are not a session's setup.
+    """
+    first: dict[str, float] = {}
+    for line in lines:
+        if line.kind == "STATUS" and line.label and line.label not in first:
+            first[line.label] = line.timestamp.timestamp()
+    reused = "SESSION_REUSED" in first
+    found: dict[Stage, float] = {}
+    for stage, (start, end) in STAGE_BOUNDS.items():
+        if reused and stage is not Stage.MODEL_PULL:
+            continue
+        if start in first and end in first and first[end] >= first[start]:
+            found[stage] = first[end] - first[start]
+    return found
+
+
+@dataclass
+class _Sample:
+    provider: str
+    gpu: str
+    model: str
+    stages: dict[Stage, float]
+    tokens_per_second: float | None
+
+
+@dataclass
+class StageHistory:
+    """Stage times of earlier cells, and the estimates drawn from them (or the defaults)."""
+
+    samples: list[_Sample] = field(default_factory=list)
+    #: Multiplies the defaults: the sandbox's time scale for a sandbox plan, else 1.
+    time_scale: float = 1.0
+    #: What the history was read from, for the plan's footnote.
+    description: str = "no manifest history"
+
+    @classmethod
+    def from_manifest(cls, path: Path | str, *, sandbox: bool, time_scale: float = 1.0) -> StageHistory:
+        """Read the finished cells of ``path`` (left alone, and not created, when missing)."""
+        history = cls(time_scale=time_scale)
+        from ..errors import ManifestTooNew, MigrationNeeded, NotAManifest
+        from ..store.opening import open_store, redact, store_exists
+
+        if not store_exists(path):
+            history.description = f"no manifest at {redact(path)}"
+            return history
+        try:
+            # A plan only reads: a file that is no manifest, or an older one, is left as it is.
+            store = open_store(path, busy_timeout=5, retry_seconds=10, read_only=True)
+        except (NotAManifest, MigrationNeeded, ManifestTooNew) as exc:
+            history.description = f"no manifest history: {exc}"
+            return history
+        with store:
+            runs = [store.run(run_id) for run_id in store.run_ids()]
+            sandboxed = {run.run_id for run in runs if run is not None and run.sandbox}
+            cells = [cell for cell in store.cells() if cell.status in _FINISHED
+                     and (cell.run_id in sandboxed) == sandbox]
+        for cell in cells:
+            progress = _progress_file(cell.progress_file, path)
+            if progress is None:
+                continue
+            try:
+                stages = stage_seconds(read_progress(progress))
+            except OSError:
+                continue
+            if stages or cell.decode_tokens_per_second:
+                history.samples.append(_Sample(normalize_provider(cell.provider), normalize_gpu(cell.gpu_type),
+                                               model_ref(cell.model).lower(), stages,
+                                               cell.decode_tokens_per_second or None))
+        kind = "sandbox" if sandbox else "real-cloud"
+        history.description = f"{len(history.samples)} finished {kind} cell(s) in {path}"
+        return history
+
+    # ------------------------------------------------------------------ estimates
+
+    def setup(self, stage: Stage, cell: Cell) -> Estimate:
+        """A setup stage (paid once per session) of ``cell``'s session."""
+        provider, gpu = normalize_provider(cell.provider), normalize_gpu(cell.gpu)
+        found = self._median(stage, [
+            (f"{cell.gpu} on {cell.provider}", lambda s: s.provider == provider and s.gpu == gpu),
+            (f"{cell.provider}", lambda s: s.provider == provider),
+        ])
+        return found or Estimate(DEFAULT_STAGE_SECONDS[stage] * self.time_scale, "default")
+
+    def pull(self, cell: Cell) -> Estimate:
+        """Pulling and loading ``cell``'s model on a session that does not have it yet."""
+        provider, model = normalize_provider(cell.provider), cell.model_ref.lower()
+        found = self._median(Stage.MODEL_PULL, [
+            (f"{cell.model} on {cell.provider}", lambda s: s.model == model and s.provider == provider),
+            (f"{cell.model}", lambda s: s.model == model),
+        ])
+        seconds = DEFAULT_PULL_SECONDS_PER_GB * cell.vram_gb * self.time_scale
+        return found or Estimate(seconds, f"default ({cell.vram_gb} GB x {DEFAULT_PULL_SECONDS_PER_GB:g} s/GB)")
+
+    def tokens_per_second(self, cell: Cell) -> Estimate:
+        """Tokens/s of one request of ``cell``'s model on its GPU (``seconds`` holds the rate)."""
+        gpu, model = normalize_gpu(cell.gpu), cell.model_ref.lower()
+        rates = [s.tokens_per_second for s in self.samples
+                 if s.gpu == gpu and s.model == model and s.tokens_per_second]
+        if rates:
+            return Estimate(statistics.median(rates), f"history: {len(rates)} result(s) of {cell.model} on {cell.gpu}")
+        return Estimate(DEFAULT_TOKENS_PER_SECOND, "default (seed 000)")
+
+    def _median(self, stage: Stage, scopes: list[tuple[str, Any]]) -> Estimate | None:
+        for label, wanted in scopes:
+            values = [s.stages[stage] for s in self.samples if stage in s.stages and wanted(s)]
+            if values:
+                return Estimate(statistics.median(values), f"history: median of {len(values)} cell(s), {label}")
+        return None
+
+
+def _progress_file(recorded: str | None, manifest: Path | str) -> Path | None:
+    """The progress file a row names: as recorded (absolute, or relative to here), or
+    relative to the directory above the manifest's (``reports/manifest.db`` and
+    ``reports/progress/...`` are both relative to where pytest ran)."""
+    if not recorded:
+        return None
+    from ..store.opening import store_kind
+
+    path = Path(recorded)
+    # A server store (postgresql://) is in no directory: only the path as recorded.
+    beside = [Path(manifest).resolve().parent.parent / path] if store_kind(manifest) == "sqlite" else []
+    for candidate in (path, *beside):
+        if candidate.is_file():
+            return candidate
+    return None
+
 
 Choice = OfferChoice | NoEligibleOffer
 
@@ -411,3 +609,132 @@ async def _read_inventory(url: str, settings: Settings, cells: list[Cell]) -> li
     finally:
         for provider in providers.values():
             await provider.aclose()
+
+
+CELL_COLUMNS = ("cell", "offer", "$/h", "setup", "pull", "bench", "time", "cost $", "session")
+SESSION_COLUMNS = ("session", "group", "offer", "$/h", "cells", "setup", "time", "cost $")
+SPLIT_COLUMNS = ("group", "cells", "sessions", "extra", "why not more")
+
+
+#: Widest an offer id or a group name is shown in a column: longer ones wrap after a
+#: ``-`` (TensorDock's ids run to 70 characters and would push the table off the screen).
+WRAP_AT = 26
+
+
+def render(plan: Plan) -> list[str]:
+    """The plan as terminal lines; a ``GPUs`` column (each offer's count, priced whole) when any cell spans several."""
+    rows = [_cell_row(c) for c in plan.cells]
+    columns: tuple[str, ...] = CELL_COLUMNS
+    if any(c.gpus > 1 for c in plan.cells):
+        columns, rows = (*columns, "GPUs"), [(*row, str(c.gpus)) for row, c in zip(rows, plan.cells)]
+    lines = _table(columns, rows, left=(0, 1, 8), wrap={1: WRAP_AT})
+    flagged = [c for c in plan.cells if c.no_offer_reason]
+    if flagged:
+        lines += ["", "no eligible offer (a run skips these cells; --gpubench-fail-on-skip fails them):"]
+        lines += [f"  {c.cell}: {c.no_offer_reason}" for c in flagged]
+    if plan.sessions:
+        lines += ["", "sessions to create:"]
+        lines += ["  " + line for line in _table(SESSION_COLUMNS, [
+            (f"#{s.session}", s.reuse_group or "-", s.offer_id, f"{s.price_per_hour:.3f}", str(len(s.cells)),
+             duration(s.setup_seconds), duration(s.seconds), f"{s.cost_usd:.4f}")
+            for s in plan.sessions], left=(0, 1, 2), wrap={1: WRAP_AT, 2: WRAP_AT})]
+    if plan.split is not None and plan.split.groups:
+        lines += ["", *_split_lines(plan.split)]
+    totals = plan.totals
+    without = f" ({totals.cells_without_offer} without an offer)" if totals.cells_without_offer else ""
+    lines += ["", f"total: {totals.cells} cell(s){without}, {totals.sessions} session(s), "
+                  f"{totals.gpu_hours:.2f} GPU-hours, {usd(totals.cost_usd)}"]
+    wall = f"wall time: {duration(totals.wall_seconds)} with 1 worker"
+    if totals.workers and totals.wall_seconds_workers is not None:
+        longest = max(plan.groups, key=lambda g: g.seconds, default=None)
+        wall += f"; about {duration(totals.wall_seconds_workers)} with -n {totals.workers}"
+        if longest is not None:
+            wall += f" (longest group {longest.name}: {duration(longest.seconds)})"
+    lines.append(wall)
+    if plan.split is not None and plan.split.groups:
+        lines += _split_choice(plan)
+    where = "the sandbox" if plan.sandbox else plan.api
+    scale = f", default setup times x {plan.time_scale:g} (its clock)" if plan.sandbox else ""
+    lines.append(f"offers: live inventory of {where}{scale}; stage times: {plan.history}, defaults otherwise "
+                 "(gpubench plan --json shows each figure's source)")
+    return lines
+
+
+def _cell_row(cell) -> tuple[str, ...]:
+    if cell.no_offer_reason:
+        return (cell.cell, "-", "-", "-", "-", "-", "-", "-", "NO OFFER")
+    where = f"#{cell.session} {'rents' if cell.rents_session else 'reuses'}"
+    return (cell.cell, cell.offer_id or "-", f"{cell.price_per_hour:.3f}",
+            duration(cell.setup_seconds) if cell.rents_session else "-", duration(cell.pull_seconds),
+            duration(cell.benchmark_seconds), duration(cell.seconds), f"{cell.cost_usd:.4f}", where)
+
+
+def _split_lines(split: SplitPlan) -> list[str]:
+    """Each reuse group's sessions under ``-n N`` and why not more."""
+    limit = "auto" if split.sessions_per_group is None else str(split.sessions_per_group)
+    head = (f"reuse groups with -n {split.workers} (--gpubench-sessions-per-group {limit}, "
+            f"--gpubench-split-cost {percent(split.split_cost)}):")
+    rows = [(g.group, str(g.cells), str(g.sessions), f"+{percent(g.extra_share)}", g.why) for g in split.groups]
+    return [head, *["  " + line for line in _table(SPLIT_COLUMNS, rows, left=(0, 4), wrap={0: WRAP_AT})]]
+
+
+def _split_choice(plan: Plan) -> list[str]:
+    """The choice made, against one session per group: sessions, cost and wall time of each."""
+    split, totals = plan.split, plan.totals
+    assert split is not None and totals.wall_seconds_workers is not None
+    workers = f"with -n {split.workers}"
+    if totals.sessions == split.unsplit_sessions:
+        return [f"split: none, one session per reuse group ({workers}, see why above)"]
+    extra = totals.cost_usd - split.unsplit_cost_usd
+    longer = split.unsplit_wall_seconds_workers - totals.wall_seconds_workers
+    return [f"split over {totals.sessions} sessions: {usd(totals.cost_usd)}, about "
+            f"{duration(totals.wall_seconds_workers)} {workers}",
+            f"one session per group: {split.unsplit_sessions} session(s), {usd(split.unsplit_cost_usd)} "
+            f"({usd(extra)} less), about {duration(split.unsplit_wall_seconds_workers)} {workers} "
+            f"({duration(longer)} longer)"]
+
+
+def _table(columns: Sequence[str], rows: Sequence[Sequence[str]], left: Sequence[int],
+           wrap: Mapping[int, int] | None = None) -> list[str]:
+    """Aligned columns; a column in ``wrap`` is at most that wide, its longer texts wrapped
+    over more lines (the row's other columns blank on those)."""
+    wrap = wrap or {}
+    lines: list[tuple[str, ...]] = []
+    for row in [tuple(columns), *rows]:
+        pieces = [wrap_text(text, wrap[i]) if i in wrap else [text] for i, text in enumerate(row)]
+        for n in range(max(len(p) for p in pieces)):
+            lines.append(tuple(p[n] if n < len(p) else "" for p in pieces))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(columns))]
+    return ["  ".join(text.ljust(widths[i]) if i in left else text.rjust(widths[i])
+                      for i, text in enumerate(line)).rstrip() for line in lines]
+
+
+def wrap_text(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, broken after a ``-`` where it can
+    be (an id stays readable and copyable piece by piece), else cut."""
+    if len(text) <= width:
+        return [text]
+    parts = re.findall(r"[^-]*-|[^-]+$", text)
+    lines = [""]
+    for part in parts:
+        while len(part) > width:  # a piece longer than a line: cut it
+            if lines[-1]:
+                lines.append("")
+            lines[-1], part = part[:width], part[width:]
+            lines.append("")
+        if len(lines[-1]) + len(part) > width:
+            lines.append("")
+        lines[-1] += part
+    return [line for line in lines if line]
+
+
+def duration(seconds: float) -> str:
+    """``2.4s``, ``45s``, ``8m53s``, ``1h02m``."""
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"

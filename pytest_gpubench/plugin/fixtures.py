@@ -28,8 +28,7 @@ from ..matrix.adjust import with_workload
 from ..matrix.cells import Cell
 from ..matrix.fields import KEPT_MACHINES
 from ..run.hints import host_key_pinned
-from ..cloud.offers import put_first
-from ..cloud.offer_recheck import EVICTION_SECONDS, MIN_RECHECK_WAIT, choose_offer_rechecking
+from ..cloud.offers import EVICTION_SECONDS, MIN_RECHECK_WAIT, choose_offer_rechecking, put_first
 from ..cloud.provider import Constraints, OfferChoice
 from ..run.provisioning import Provisioning
 from .claims import claim_keeping
@@ -147,7 +146,7 @@ def gpu_offer(request: pytest.FixtureRequest, gpubench_run: RunContext, gpubench
             pytest.skip(f"[inventory] {used_up}")
     wanted = Constraints.for_cell(cell)
     provider = gpubench_run.provider_for(cell.cloud)
-    # An offer of this group listed earlier may be away for a provider's cache TTL (cloud/offer_recheck.py).
+    # An offer of this group listed earlier may be away for a provider's cache TTL (cloud/offers.py).
     wait = gpubench_run.settings.scaled(EVICTION_SECONDS, MIN_RECHECK_WAIT)
 
     def waiting(reason: str, seconds: float) -> None:

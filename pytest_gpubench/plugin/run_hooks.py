@@ -17,8 +17,7 @@ import pytest
 from ..errors import UsageProblem
 from ..matrix.selection import CellFilters, split_by_filters
 from ..matrix.cells import Cell, apply_overrides
-from ..cloud.reuse_estimates import order_for_reuse
-from ..cloud.reuse_split import SplitPolicy, split_groups
+from ..cloud.reuse_split import SplitPolicy, order_for_reuse, split_groups
 from .matrix_scan import real_run
 from ..settings import OPTIONS, GpubenchDeprecationWarning, Settings, resolve
 from ..store.records import distinct_keys, marked_test_key

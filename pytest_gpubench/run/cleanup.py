@@ -72,12 +72,11 @@ from ..errors import ApiError, Stage, StageError
 from ..ids import is_id, shown_id
 from ..errors import redact
 from ..cloud.hosts_provider import on_leased_machine
-from ..cloud.owned import OwnedSession
 from ..cloud.processes import ProcessIdentity, held_by, holder_alive
 from ..store.base import ABANDONED
 from ..store.progress import ProgressWriter, existing_progress_file, read_progress
 from ..store.records import RunInfo
-from ..cloud.provider import CONSUMER_PREFIX, Provider, Released, Session, consumer_id
+from ..cloud.provider import CONSUMER_PREFIX, OwnedSession, Provider, Released, Session, consumer_id
 from ..cloud.registry import LEASING_MACHINES, RENTING_NOTHING, is_known, same_cloud
 from ..matrix.cells import DEFAULT_CLOUD
 

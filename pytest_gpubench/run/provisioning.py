@@ -32,7 +32,7 @@ from ..store.progress import ProgressWriter
 from ..cloud.provider import (Constraints, CreatedSession, Offer, OfferChoice, Provider, Session, SshDetails,
                               consumer_id)
 from .record import CellRecorder
-from ..cloud.reuse_estimates import disk_gb_for, estimated_cell_seconds, planned_benchmark_seconds, reservation_seconds
+from ..cloud.reuse_split import disk_gb_for, estimated_cell_seconds, planned_benchmark_seconds, reservation_seconds
 from .run_context import RunContext
 from ..settings import MIN_SCALED_TIMEOUT, SEED_TOTAL_TIMEOUT, Settings
 from ..cloud.ssh_wait import SshWait, entrypoint_wait, heavy_stage_seconds, ssh_wait_for, stage_timeout

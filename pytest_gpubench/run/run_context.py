@@ -15,7 +15,7 @@ from ..errors import ApiUnreachable
 from ..store.base import Store
 from ..store.opening import open_store
 from ..matrix.cells import DEFAULT_CLOUD, Cell
-from ..cloud.offer_recheck import OfferMemory
+from ..cloud.offers import OfferMemory
 from ..cloud.processes import ProcessIdentity
 from ..cloud.provider import Provider
 from ..cloud.registry import LEASING_MACHINES, RENTING_NOTHING, build_provider, recorded_settings

@@ -15,7 +15,7 @@ the ``attempts`` table) carries the whole bill, so a run's spend is unchanged;
 each cell's ``cost_usd`` is its share, the time it held the session (the first
 cell's share includes the setup).
 
-Order matters too: :func:`.reuse_estimates.order_for_reuse` puts a group's cells next to each other,
+Order matters too: :func:`~pytest_gpubench.cloud.reuse_split.order_for_reuse` puts a group's cells next to each other,
 longest group first, so that under ``pytest-xdist --dist loadgroup`` (each group
 an ``xdist_group``) the longest groups start first and the run ends sooner. When
 workers would idle, :mod:`.reuse_split` splits a group over more sessions first:

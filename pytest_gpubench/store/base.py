@@ -48,8 +48,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from ..cloud.gpu_lease import GpuLease, GpuLeaseBook
-from ..cloud.owned import OwnedSession
+from ..cloud.gpu_leasing import GpuLease, GpuLeaseBook
+from ..cloud.provider import OwnedSession
 from ..cloud.processes import ProcessIdentity
 from ..errors import Stage
 from ..measure.microbench import MicrobenchRun
@@ -458,7 +458,7 @@ class Store(GpuLeaseBook, Protocol):
 
     # ---------------------------------------------------------------- GPU leases
     # claim_gpus, renew_gpu_lease, release_gpu_lease: :class:`GpuLeaseBook`'s, which Store
-    # extends (cloud/gpu_lease.py: the hosts and local providers lease through them).
+    # extends (cloud/gpu_leasing.py: the hosts and local providers lease through them).
 
     def gpu_leases(self, machine: str | None = None, *, active_at: float | None = None) -> list[GpuLease]:
         """The leases (of one machine, or all), oldest first; with ``active_at`` only those holding then."""

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..cloud.gpu_lease import GpuLease
+from ..cloud.gpu_leasing import GpuLease
 from ..cloud.processes import ProcessIdentity
 from ..errors import Stage, StoreProblem
 from ..measure.results import BenchmarkResult

@@ -41,7 +41,7 @@ from typing import Any
 
 from sqlite_utils.db import NotFoundError
 
-from ..cloud.gpu_lease import GpuLease
+from ..cloud.gpu_leasing import GpuLease
 from ..cloud.processes import ProcessIdentity
 from ..errors import Stage, current_stage_name, redact
 from ..figures import output_tokens_per_second

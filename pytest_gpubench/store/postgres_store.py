@@ -30,7 +30,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..cloud.gpu_lease import GpuLease
+from ..cloud.gpu_leasing import GpuLease
 from ..cloud.processes import ProcessIdentity
 from ..errors import ManifestTooNew, StoreUnreachable, UsageProblem
 from ..measure.results import BenchmarkResult

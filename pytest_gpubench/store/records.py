@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..cloud.owned import OwnedSession
+from ..cloud.provider import OwnedSession
 from ..errors import current_stage_name
 from ..cloud.processes import ProcessIdentity
 from ..measure.results import PerformanceResults

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..cloud.gpu_lease import GpuLease
+from ..cloud.gpu_leasing import GpuLease
 from ..cloud.processes import ProcessIdentity
 from ..measure.results import BenchmarkResult
 from ..remote.readings import RequestRecord

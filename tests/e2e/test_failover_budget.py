@@ -499,7 +499,7 @@ def test_budget_lets_the_cheap_cells_start_and_skips_the_one_it_cannot_afford(tm
 def test_a_group_whose_offers_went_stale_waits_for_them_instead_of_skipping(tmp_path, standalone_sandbox):  # noqa: F811
     """Every RTX 5060 Ti offer is stale once: the group's first cell fails at provision, and the
     API evicts the offers for the provider's cache TTL. Its next cell, which found offers earlier
-    in the run, looks again until they are listed (cloud/offer_recheck.py) instead of skipping."""
+    in the run, looks again until they are listed (cloud/offers.py) instead of skipping."""
     url = standalone_sandbox
     for offer_id in RTX_5060_TI:
         arm(url, "stale_inventory", offer_id, times=1)

@@ -9,8 +9,7 @@ import pytest
 from e2e_helpers import SANDBOX_TOKEN
 
 from pytest_gpubench.cloud.provider import Constraints
-from pytest_gpubench.commands.plan import make_plan
-from pytest_gpubench.commands.plan_render import render
+from pytest_gpubench.commands.plan import make_plan, render
 from pytest_gpubench.cloud.shopper_provider import ShopperProvider
 from pytest_gpubench.errors import NoEligibleOffer
 from pytest_gpubench.settings import resolve

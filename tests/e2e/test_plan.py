@@ -17,12 +17,13 @@ from e2e_helpers import SANDBOX_TOKEN, pytest_env
 
 from pytest_gpubench.errors import Stage
 from pytest_gpubench.store.manifest import Manifest
-from pytest_gpubench.commands.plan import make_plan, makespan
 from pytest_gpubench.errors import CommandProblem
-from pytest_gpubench.cloud.reuse_estimates import DEFAULT_STAGE_SECONDS
-from pytest_gpubench.commands.plan_estimates import (
+from pytest_gpubench.cloud.reuse_split import DEFAULT_STAGE_SECONDS
+from pytest_gpubench.commands.plan import (
     DEFAULT_PULL_SECONDS_PER_GB,
     DEFAULT_TOKENS_PER_SECOND,
+    make_plan,
+    makespan,
     stage_seconds,
 )
 from pytest_gpubench.store.progress import ProgressWriter, read_progress

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 from e2e_helpers import SANDBOX_TOKEN, pytest_env
 
-from pytest_gpubench.commands.plan import make_plan
-from pytest_gpubench.cloud.reuse_estimates import DEFAULT_STAGE_SECONDS
-from pytest_gpubench.commands.plan_render import WRAP_AT, render, wrap_text
+from pytest_gpubench.commands.plan import WRAP_AT, make_plan, render, wrap_text
+from pytest_gpubench.cloud.reuse_split import DEFAULT_STAGE_SECONDS
 from pytest_gpubench.settings import OPTIONS
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from pytest_gpubench.errors import MatrixError
 from pytest_gpubench.matrix.cells import expand, parse_matrix
 from pytest_gpubench.store.progress import read_progress
 from pytest_gpubench.remote.sysinfo import parse_df
-from pytest_gpubench.cloud.reuse_estimates import disk_gb_for, estimated_cell_seconds, order_for_reuse
+from pytest_gpubench.cloud.reuse_split import disk_gb_for, estimated_cell_seconds, order_for_reuse
 
 ORDER_MATRIX = """
 workload: {duration: 60}

@@ -20,7 +20,7 @@ from hypothesis import example, given, strategies as st
 from parser_properties import PARSER_SETTINGS, assert_one_line, within
 from pytest_gpubench.run.cleanup import stage_reached
 from pytest_gpubench.cloud.hosts_inventory import load_inventory
-from pytest_gpubench.commands.plan_estimates import stage_seconds
+from pytest_gpubench.commands.plan import stage_seconds
 from pytest_gpubench.errors import InventoryError, MatrixError, RunnersError
 from pytest_gpubench.matrix.cells import load_matrix
 from pytest_gpubench.matrix.datasets import load_dataset

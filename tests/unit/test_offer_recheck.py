@@ -1,5 +1,5 @@
 """A reuse group's offer evicted for a provider's cache TTL: looked for again before its cells skip
-(cloud/offer_recheck.py). Issue 21's 1,000-cell soak: a whole H200 NVL group drained into skips within
+(cloud/offers.py). Issue 21's 1,000-cell soak: a whole H200 NVL group drained into skips within
 three seconds of a stale offer. The provider is a fake: a cloud is mocked here, the rule is the plugin's."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from pytest_gpubench.cloud.offer_recheck import OfferMemory, choose_offer_rechecking
+from pytest_gpubench.cloud.offers import OfferMemory, choose_offer_rechecking
 from pytest_gpubench.cloud.provider import Constraints
 from pytest_gpubench.errors import NoEligibleOffer
 

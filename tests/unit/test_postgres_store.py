@@ -377,7 +377,7 @@ def test_browse_refuses_a_postgresql_store_in_one_line(capsys):
 
 
 def test_plan_estimates_read_a_postgresql_store(postgres_url, tmp_path):
-    from pytest_gpubench.commands.plan_estimates import StageHistory
+    from pytest_gpubench.commands.plan import StageHistory
 
     progress = tmp_path / "progress.jsonl"
     progress.write_text("")

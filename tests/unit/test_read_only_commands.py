@@ -93,7 +93,7 @@ def test_a_reader_reads_a_current_manifest_without_touching_it(tmp_path, capsys,
 
 
 def test_plan_estimates_leave_an_old_manifest_as_it_is_and_say_why(tmp_path):
-    from pytest_gpubench.commands.plan_estimates import StageHistory
+    from pytest_gpubench.commands.plan import StageHistory
 
     path = _file(tmp_path, "old")
     before = _state(path)

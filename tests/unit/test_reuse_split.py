@@ -9,9 +9,8 @@ import pytest
 
 from pytest_gpubench.plugin.xdist import GROUPS_INPUT, GroupsChannel, WorkerGroups
 from pytest_gpubench.matrix.cells import expand, parse_matrix
-from pytest_gpubench.cloud.reuse_estimates import reservation_seconds
 from pytest_gpubench.plugin.run_hooks import arrange_reuse_groups
-from pytest_gpubench.cloud.reuse_split import SplitPolicy, split_groups
+from pytest_gpubench.cloud.reuse_split import SplitPolicy, reservation_seconds, split_groups
 from pytest_gpubench.run.session_pool import SessionPool
 from pytest_gpubench.settings import DEFAULT_SPLIT_COST, Settings, resolve
 from pytest_gpubench.plugin.stash import CELL_KEY, GROUP_KEY, RECORD_KEY, REUSE_GROUPS_KEY, SETTINGS_KEY

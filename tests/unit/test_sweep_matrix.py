@@ -104,7 +104,7 @@ def test_the_sandbox_clock_scales_each_steps_duration(tmp_path: Path) -> None:
 
 
 def test_a_sweep_is_planned_and_reserved_for_all_its_steps(tmp_path: Path) -> None:
-    from pytest_gpubench.cloud.reuse_estimates import planned_benchmark_seconds, reservation_seconds
+    from pytest_gpubench.cloud.reuse_split import planned_benchmark_seconds, reservation_seconds
 
     probed, bounded = cells(tmp_path, "workload: {duration: 60s, rate: sweep}\nslo: {ttft_ms: 500}\n", """
 matrix:
