@@ -204,7 +204,7 @@ async def stop_then_the_health_check_restarts_the_server_once(subject: RuntimeUn
 
 
 async def the_next_cell_on_a_session_takes_over_the_server_an_earlier_one_started(subject: RuntimeUnderTest) -> None:
-    """Session reuse (run/reuse.py): the lease remembers a server a cell's runtime started,
+    """Session reuse (run/session_pool.py): the lease remembers a server a cell's runtime started,
     and the next cell's runtime takes it over: no install, and it can still restart it."""
     first = subject.make()
     await serve(first)
