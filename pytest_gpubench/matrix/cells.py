@@ -538,7 +538,6 @@ class Cell(BaseModel):
     matrix_name: str
     source: str
     row: int
-    rate: float | None = None
     slo: Slo = Slo()
     thresholds: Thresholds = Thresholds()
     reuse: Reuse = "group"
@@ -560,6 +559,14 @@ class Cell(BaseModel):
         return cell_id(self.gpu, self.provider, self.model, self.concurrency, self.rate,
                        self.sweep is not None, self.gpus) + seam_suffix(
             self.runtime, self.cloud, entrypoint=self.launch is not None and self.launch.entrypoint)
+
+    @property
+    def rate(self) -> float | None:
+        """The cell's request rate (requests/s; None for a concurrency cell and for a ``rate: sweep``
+        cell, whose rates its steps choose): stored once, in ``workload.rate`` (``(2.5,)`` for a
+        ``-r2.5`` cell). A user's hook cannot change it (matrix/adjust.py)."""
+        rate = self.workload.rate
+        return rate[0] if isinstance(rate, tuple) else None
 
     @property
     def concurrency(self) -> int:
@@ -807,7 +814,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
             row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu), microbench=None,
             gpus=gpus,
         )
-        row_cells = Prototype(Cell, row_shared, varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb", "rate",
+        row_cells = Prototype(Cell, row_shared, varying=("provider", "model", "model_ref", "workload", "offer", "vram_gb",
                     "cell_id", "keywords", "reuse_group"))
         for _, provider in row.provider_entries() or [("provider", ENDPOINT_PROVIDER)]:
             offer = OfferConstraints(
@@ -837,7 +844,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 for concurrency, rate, suffix, point_workload in point_parts:
                     cell = row_cells.new(
                         provider=provider, model=model, model_ref=ref, workload=point_workload, offer=offer,
-                        vram_gb=vram, rate=rate, cell_id=base_id + suffix + seams,
+                        vram_gb=vram, cell_id=base_id + suffix + seams,
                         keywords=keywords, reuse_group=group)
                     key = (gpu_key, gpus, provider, ref_key, concurrency, SWEEP if sweeping else rate, runtime, seams)
                     id_key = cell.cell_id.lower()
