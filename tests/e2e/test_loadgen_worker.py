@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from e2e_helpers import processes_marked
+from polling import wait_for
 
 from pytest_gpubench.measure.benchmark import LOADGEN_SOURCE, BenchmarkPlan
 from pytest_gpubench.remote.readings import RequestRecord
@@ -157,7 +158,8 @@ def test_leftovers_are_the_tests_own_processes_found_while_they_live(tmp_path):
     mine = subprocess.Popen(["sleep", "60"], env={**os.environ, RUN_MARKER: str(tmp_path)})
     theirs = subprocess.Popen(["sleep", "60"], env={**os.environ, RUN_MARKER: str(tmp_path / "other")})
     try:
-        assert leftovers(tmp_path, "sleep") == ["sleep 60"]
+        # Between fork and exec a child still carries this process's environment and command line.
+        assert wait_for(lambda: leftovers(tmp_path, "sleep"), 30, "sleep's exec") == ["sleep 60"]
     finally:
         for process in (mine, theirs):
             process.kill()

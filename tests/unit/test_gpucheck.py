@@ -14,6 +14,7 @@ import types
 from pathlib import Path
 
 import pytest
+from polling import wait_for
 
 from pytest_gpubench.measure.gpucheck import (
     SETTINGS_FIELDS,
@@ -205,7 +206,8 @@ def test_the_runs_processes_are_found_by_the_mark_in_their_environment(tmp_path:
     child = subprocess.Popen(["sleep", "60"], env={**os.environ, "GPUBENCH_TEST_MARK": mark},
                              start_new_session=True)
     try:
-        assert processes_with_marker("GPUBENCH_TEST_MARK", mark) == {child.pid}
+        # Between fork and exec the child still carries this process's environment, without the mark.
+        assert wait_for(lambda: processes_with_marker("GPUBENCH_TEST_MARK", mark), 30, "sleep's exec") == {child.pid}
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.wait(30)
