@@ -158,6 +158,15 @@ def _match_rate(source: FigureSource) -> float | None:
     return _number(source.results.get("match_rate"))
 
 
+def _energy(key: str) -> Callable[[FigureSource], Any]:
+    """A figure of the cell's GPU energy (``details["energy"]``, measure/metrics.py ``Energy``)."""
+
+    def read(source: FigureSource) -> Any:
+        return _number((source.details.get("energy") or {}).get(key))
+
+    return read
+
+
 def _run_statistic(key: str) -> Callable[[FigureSource], Any]:
     def read(source: FigureSource) -> Any:
         stats = source.details.get("run_statistics") or {}
@@ -183,6 +192,19 @@ FIGURES: dict[str, Figure] = {f.name: f for f in (
            "sample standard deviation of decode_tokens_per_second over repeated runs (runs > 1)",
            _run_statistic("std")),
     Figure("runs", "runs", "runs", "repeated runs summarised (runs > 1)", _run_statistic("n"), pattern="{}"),
+    Figure("joules_per_output_token", "J/token", "J/token",
+           "GPU energy per output token: the cell's GPUs' mean power together (sampled while measured "
+           "requests ran) / output_tokens_per_second; empty where a GPU reports no power",
+           _energy("joules_per_output_token"), pattern="{:.3f}", digits=4),
+    Figure("output_tokens_per_second_per_watt", "tok/s/W", "tokens/s/W",
+           "output_tokens_per_second / the cell's GPUs' mean power together (tokens per joule)",
+           _energy("output_tokens_per_second_per_watt"), pattern="{:.2f}"),
+    Figure("mean_power_w", "power W", "W",
+           "the cell's GPUs' power together while measured requests ran: the sum of each GPU's mean reading",
+           _energy("mean_power_w"), pattern="{:.0f}"),
+    Figure("energy_uncertainty_pct", "energy ±%", "%",
+           "standard error of mean_power_w as a percentage of it (it carries over to the energy figures)",
+           _energy("uncertainty_pct"), pattern="{:.1f}"),
     Figure("request_throughput_rps", "req/s", "requests/s",
            "successful measured requests / measured duration", _metric("request_throughput_rps"),
            pattern="{:.2f}"),

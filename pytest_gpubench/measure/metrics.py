@@ -15,6 +15,9 @@ must be able to tell "no TTFT" from "a TTFT of 0 ms".
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
@@ -23,6 +26,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .results import percentile
 from ..remote.readings import RequestRecord
+from ..remote.telemetry import GpuSample
 from ..matrix.thresholds import Slo
 
 __all__ = [
@@ -425,3 +429,85 @@ def detailed_metrics(
         saturation_reasons=reasons,
         **reasoning,
     )
+
+
+# --------------------------------------------------------------------- energy
+
+
+class Energy(BaseModel):
+    """The cell's GPUs' energy while it was measured, from the power readings telemetry took
+    (nvidia-smi's ``power.draw`` of each of the cell's GPUs, every sample interval): see
+    docs/metrics.md, "Energy". Where no GPU reported its power the figures are ``None`` and
+    ``missing`` says why: never a zero."""
+
+    model_config = ConfigDict(frozen=True)
+
+    #: The cell's GPUs that reported their power, and their readings taken while a measured
+    #: request was in flight (warm-ups and gaps between repeated runs left out).
+    gpus: int = 0
+    samples: int = 0
+    #: The median time between two readings of one GPU.
+    sample_interval_s: float | None = None
+    #: The GPUs' power together: the sum over the GPUs of each one's mean reading.
+    mean_power_w: float | None = None
+    #: ``mean_power_w`` x the measured duration.
+    energy_j: float | None = None
+    #: ``mean_power_w / output_tokens_per_second``: energy per output token.
+    joules_per_output_token: float | None = None
+    #: ``output_tokens_per_second / mean_power_w`` (tokens per joule).
+    output_tokens_per_second_per_watt: float | None = None
+    #: The standard error of ``mean_power_w`` (each GPU's sample standard deviation / sqrt(readings),
+    #: added in quadrature), as a percentage of it; it carries over to the other figures. Readings
+    #: a sample interval apart miss what happens between them: a spike shorter than the interval
+    #: is not in it. None with fewer than two readings of a GPU.
+    uncertainty_pct: float | None = None
+    missing: str | None = None
+
+
+def energy_of(samples: Sequence[GpuSample], records: Iterable[RequestRecord], duration_seconds: float,
+              output_tokens_per_second: float | None) -> Energy:
+    """:class:`Energy` of a cell from its GPUs' ``samples`` and its ``records`` (the measured ones
+    say when the load ran), the measured duration and the output throughput."""
+    spans = _merged(sorted((r.started_at, r.started_at + r.latency_ms / 1000.0) for r in records if not r.warmup))
+    if not samples:
+        return Energy(missing="no GPU readings were taken")
+    starts = [start for start, _ in spans]
+    by_gpu: dict[int, list[GpuSample]] = {}
+    for sample in samples:
+        if sample.power_draw_w is None or not math.isfinite(sample.power_draw_w):
+            continue
+        at = bisect.bisect_right(starts, sample.t) - 1
+        if at >= 0 and sample.t <= spans[at][1]:
+            by_gpu.setdefault(sample.gpu, []).append(sample)
+    if not by_gpu:
+        reported = any(s.power_draw_w is not None for s in samples)
+        return Energy(missing="no power reading was taken while measured requests ran" if reported
+                      else "the GPU reports no power draw (nvidia-smi: [N/A])")
+    readings = {gpu: [s.power_draw_w for s in found if s.power_draw_w is not None] for gpu, found in by_gpu.items()}
+    power = sum(statistics.fmean(watts) for watts in readings.values())
+    gaps = [b - a for found in by_gpu.values() for a, b in itertools.pairwise(sorted(s.t for s in found)) if b > a]
+    base = Energy(gpus=len(by_gpu), samples=sum(len(w) for w in readings.values()),
+                  sample_interval_s=statistics.median(gaps) if gaps else None)
+    if power <= 0:
+        return base.model_copy(update={"missing": "the GPUs reported 0 W while measured"})
+    spread = (math.sqrt(sum(statistics.variance(w) / len(w) for w in readings.values())) / power * 100.0
+              if all(len(w) > 1 for w in readings.values()) else None)
+    rate = output_tokens_per_second if output_tokens_per_second and output_tokens_per_second > 0 else None
+    return base.model_copy(update={
+        "mean_power_w": power,
+        "energy_j": power * duration_seconds if duration_seconds > 0 else None,
+        "joules_per_output_token": power / rate if rate else None,
+        "output_tokens_per_second_per_watt": rate / power if rate else None,
+        "uncertainty_pct": spread,
+    })
+
+
+def _merged(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted ``(start, end)`` spans with the overlapping ones joined."""
+    joined: list[tuple[float, float]] = []
+    for start, end in spans:
+        if joined and start <= joined[-1][1]:
+            joined[-1] = (joined[-1][0], max(joined[-1][1], end))
+        else:
+            joined.append((start, end))
+    return joined

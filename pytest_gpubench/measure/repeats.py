@@ -19,7 +19,7 @@ from .benchmark import LoadgenPass, BenchmarkPlan, run_benchmark
 from ..errors import BenchmarkInterrupted
 from ..figures import output_tokens_per_second
 from ..matrix.cells import Cell
-from .metrics import detailed_metrics
+from .metrics import detailed_metrics, energy_of
 from ..remote.ssh import Connection
 from .results import RunStatistics, summarize, until_cv_reached
 from ..remote.readings import RequestRecord
@@ -128,7 +128,8 @@ def details_of(cell: Cell, measurement: Measurement, runtime: Runtime, *,
     """The figures beyond the BenchmarkResult shape, as plain JSON."""
     slo = cell.slo
     single = measurement.outcomes[0].finish if len(measurement.outcomes) == 1 else None
-    metrics = detailed_metrics(measurement.records, measurement.duration_seconds or cell.workload.duration,
+    duration = measurement.duration_seconds or cell.workload.duration
+    metrics = detailed_metrics(measurement.records, duration,
                                slo=slo if slo.is_set else None, loadgen=single or None,
                                concurrency=None if cell.rate is not None or cell.sweep is not None
                                else cell.concurrency)
@@ -138,6 +139,9 @@ def details_of(cell: Cell, measurement: Measurement, runtime: Runtime, *,
     first_sample = measurement.samples[0].memory_used_mib if measurement.samples else None
     return {
         "metrics": metrics.model_dump(mode="json"),
+        "energy": energy_of(measurement.samples, measurement.records, duration,
+                            output_tokens_per_second(summarize(measurement.records, duration).model_dump()),
+                            ).model_dump(mode="json"),
         "validity": validity.model_dump(mode="json"),
         "cold_start": {
             "load_seconds": runtime.warmup_load_seconds,

@@ -130,6 +130,10 @@ class SweepStep(BaseModel):
     ttft_p95_ms: float | None = None
     tpot_p50_ms: float | None = None
     tpot_p95_ms: float | None = None
+    #: The step's GPU energy (:func:`~pytest_gpubench.measure.metrics.energy_of`): None where no power
+    #: reading fell in the step.
+    joules_per_output_token: float | None = None
+    output_tokens_per_second_per_watt: float | None = None
     #: Whether goodput_share met the goal (None for the probe, which is not judged).
     met: bool | None = None
 

@@ -30,6 +30,8 @@ FIGURES = (
     ("TTFT p50", "median time to first token, in ms, of the successful measured requests"),
     ("TTFT, TPOT, ITL, e2e p50/p95/p99", "the latency percentiles of each cell, in ms: time to first token, "
                                          "time per output token, inter-token latency, end-to-end request latency"),
+    ("J/token", "joules_per_output_token: the cell's GPUs' mean power while measured requests ran / output "
+                "tok/s (docs/metrics.md, Energy); - where the GPU reported no power"),
     ("requests, errors", "measured requests (warm-up excluded) and the failed ones among them"),
     ("spend", "price x session lifetime of every session rented, each once (the attempts table); "
               "with session reuse a session is billed once however many cells ran on it"),
@@ -144,16 +146,25 @@ def cost_leaderboard(report: Report) -> Table:
 
 def model_table(table: ModelTable) -> Table:
     loads, runtimes = has_loads(table.rows), has_runtimes(table.rows)
+    # Energy where any GPU of the table reported its power; "-" for a cell whose GPU did not (never 0).
+    energy = any(r.figures.get("joules_per_output_token") is not None for r in table.rows)
     return Table(
         ("GPU", "Provider", *(["Runtime"] if runtimes else []), *(["Load"] if loads else []), "output tok/s",
-         "decode tok/s", "TTFT p50 ms", "$/h", "$/M tokens", "Requests", "Errors"),
+         "decode tok/s", "TTFT p50 ms", "$/h", "$/M tokens", *(["J/token"] if energy else []), "Requests", "Errors"),
         [(gpu_label(r), r.provider, *([r.runtime] if runtimes else []), *([r.load] if loads else []),
           _fig(tps_marked(r), r.output_tokens_per_second),
           _fig(tps(r.decode_tokens_per_second), r.decode_tokens_per_second),
           _fig(ms(r.ttft_p50_ms), r.ttft_p50_ms), _fig(price(r.price_per_hour), r.price_per_hour),
           _fig(per_million(r.cost_per_million_tokens), r.cost_per_million_tokens),
+          *([_fig(joules(r.figures.get("joules_per_output_token")), r.figures.get("joules_per_output_token"))]
+            if energy else []),
           _fig(str(r.requests), r.requests), _fig(str(r.errors), r.errors))
          for r in table.rows])
+
+
+def joules(value: float | None) -> str:
+    """Energy per output token; "-": the GPU reported no power (docs/metrics.md, "Energy")."""
+    return f"{value:.3f}" if value is not None else "-"
 
 
 def head_to_head_table(report: Report) -> Table:

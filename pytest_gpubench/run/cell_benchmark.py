@@ -27,6 +27,7 @@ from ..store.export import upload_result
 from ..measure.compare import Fingerprint, fingerprint, incomparable
 from ..matrix.cells import DEFAULT_CLOUD, Cell
 from ..measure.repeats import Measurement, details_of, enough_runs, measure_once
+from ..measure.metrics import energy_of
 from ..cloud.provider import OfferChoice, Session, SshDetails
 from .record import CellRecorder, progress_path
 from ..remote.ssh import connect_checked
@@ -445,10 +446,14 @@ class SweepRun:
 
     def _record(self, kind: str, outcome: LoadgenPass, index: int, *, concurrency: int | None = None,
                 rate: float | None = None, search: RateSearch | None = None) -> SweepStep:
-        figures = step_figures(outcome.records, outcome.duration_seconds or self.duration, self.bench.cell.slo)
+        duration = outcome.duration_seconds or self.duration
+        figures = step_figures(outcome.records, duration, self.bench.cell.slo)
         met = search.record(rate, figures["goodput_share"]) if search is not None and rate is not None else None
+        energy = energy_of(self.samples_of.get(index, []), outcome.records, duration,
+                           figures["output_tokens_per_second"])
         step = SweepStep(step=len(self.steps), kind=kind, rate=rate, concurrency=concurrency, run_index=index,
-                         met=met, **figures)
+                         met=met, joules_per_output_token=energy.joules_per_output_token,
+                         output_tokens_per_second_per_watt=energy.output_tokens_per_second_per_watt, **figures)
         self.steps.append(step)
         shown = dict(stage="sweep", step=step.step, kind=kind, rate=rate, concurrency=concurrency,
                      request_throughput_rps=_rounded(step.request_throughput_rps),

@@ -57,6 +57,7 @@ def test_axes_runs_telemetry_thresholds_and_upload(tmp_path, standalone_sandbox)
     catalog = load_catalog()
     truth, _, _ = catalog.rate("RTX 4090", "vastai", "qwen2:1.5b")
     factor = catalog.batch_ceiling("RTX 4090", "vastai", "qwen2:1.5b") / truth
+    joules = {}
     for key, concurrency in (("RTX_4090-vastai-qwen2:1.5b", 1), ("RTX_4090-vastai-qwen2:1.5b-c4", 4)):
         bench = benchmarks[key]
         details = json.loads(bench["details_json"])
@@ -73,6 +74,15 @@ def test_axes_runs_telemetry_thresholds_and_upload(tmp_path, standalone_sandbox)
         assert result["gpu_stats"]["max_utilization_pct"] > 0 and result["gpu_stats"]["max_memory_used_mib"] > 0
         assert result["results"]["prompts_with_expected"] > 0 and result["results"]["match_rate"] >= 0
         assert bench["upload_status"] == "uploaded" and bench["remote_id"]
+        # Energy from the stand-in nvidia-smi's power readings while measured requests ran.
+        energy = details["energy"]
+        output_tps = result["results"]["total_tokens"] / result["results"]["duration_seconds"]
+        assert energy["missing"] is None and energy["samples"] >= 2 and energy["sample_interval_s"] == 1.0
+        assert 100 < energy["mean_power_w"] < 450  # an RTX 4090 under load (limit 450 W)
+        assert energy["joules_per_output_token"] == pytest.approx(energy["mean_power_w"] / output_tps)
+        assert 0 <= energy["uncertainty_pct"] < 10
+        joules[concurrency] = energy["joules_per_output_token"]
+    assert joules[4] < joules[1]  # four streams share about the same power: less energy per token
     c4 = json.loads(benchmarks["RTX_4090-vastai-qwen2:1.5b-c4"]["details_json"])
     # Served in parallel (prefill in steps shared with the others), not queued behind one another.
     assert c4["metrics"]["ttft_p50_ms"] < 150

@@ -17,7 +17,7 @@ from pytest_gpubench.commands.cli import main
 
 SWEEP_MATRIX = """
 name: sweep
-workload: {duration: 3s, max_tokens: 32, rate: sweep,
+workload: {duration: 3s, max_tokens: 32, rate: sweep, telemetry_interval: 1s,
            sweep: {min_rate: 2, steps: 5, precision: 25%, duration: 3s, probe_concurrency: 16}}
 slo: {tpot_ms: 15}
 matrix:
@@ -60,6 +60,10 @@ def test_a_sweep_finds_the_highest_rate_meeting_the_slo_and_the_report_shows_it(
     progress = (tmp_path / "reports" / "progress").rglob("*.log")
     text = "".join(path.read_text() for path in progress)
     assert text.count("PROGRESS: stage=sweep") == len(sweep["steps"])
+    # Each point has its energy, from the power readings taken during that step.
+    for step in sweep["steps"]:
+        assert step["joules_per_output_token"] > 0, step
+        assert step["output_tokens_per_second_per_watt"] == pytest.approx(1 / step["joules_per_output_token"])
     assert "STATUS: SWEEP_COMPLETE max_rate_meeting_slo=" in text
 
     assert main(["report", "--store", str(tmp_path / "reports" / "manifest.db"),
