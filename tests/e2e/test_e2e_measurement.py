@@ -77,7 +77,8 @@ def test_axes_runs_telemetry_thresholds_and_upload(tmp_path, standalone_sandbox)
         # Energy from the stand-in nvidia-smi's power readings while measured requests ran.
         energy = details["energy"]
         output_tps = result["results"]["total_tokens"] / result["results"]["duration_seconds"]
-        assert energy["missing"] is None and energy["samples"] >= 2 and energy["sample_interval_s"] == 1.0
+        assert energy["missing"] is None and energy["samples"] >= 2
+        assert energy["sample_interval_s"] == pytest.approx(1.0, rel=0.2)  # telemetry_interval, on the GPU clock
         assert 100 < energy["mean_power_w"] < 450  # an RTX 4090 under load (limit 450 W)
         assert energy["joules_per_output_token"] == pytest.approx(energy["mean_power_w"] / output_tps)
         assert 0 <= energy["uncertainty_pct"] < 10
