@@ -19,57 +19,16 @@ Prints, from the source alone (nothing is imported or run):
 
 from __future__ import annotations
 
-import ast
-import re
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests")]  # the import graph's one implementation, shared with its test
+sys.path[:0] = [str(REPO / "tests")]  # the shape's one implementation, shared with the tests
 
-from import_graph import PACKAGE, against_the_flow, cycles, folder_graph_text, graph, module_name  # noqa: E402
+from import_graph import (PACKAGE, against_the_flow, cycles, folder_graph_text, graph, module_name,  # noqa: E402
+                          recipes, store_methods)
 
 SMALL = 40
-
-
-def store_methods() -> list[str]:
-    """The public methods and properties of every ``Protocol`` class named ``Store`` in store/, with
-    those of the package's protocols it extends (``GpuLeaseBook``), that have no body of their own
-    (only a docstring or ``...``): what a new store implements. One defined again lower down (a
-    default ``Store`` gives a method of ``GpuLeaseBook``) counts as that definition says."""
-    classes = {node.name: node for path in sorted(PACKAGE.rglob("*.py"))
-               for node in ast.parse(path.read_text()).body if isinstance(node, ast.ClassDef)}
-
-    def abstract(item: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-        body = [stmt for stmt in item.body
-                if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant))]
-        return all(isinstance(stmt, ast.Pass) for stmt in body)
-
-    def methods(node: ast.ClassDef) -> dict[str, bool]:
-        found: dict[str, bool] = {}
-        for base in node.bases:
-            if isinstance(base, ast.Name) and base.id in classes:
-                found.update(methods(classes[base.id]))
-        found.update({item.name: abstract(item) for item in node.body
-                      if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and not item.name.startswith("_")})
-        return found
-
-    names = []
-    for path in sorted((PACKAGE / "store").glob("*.py")):
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.ClassDef) and node.name == "Store":
-                names += [name for name, implemented_by_store in methods(node).items() if implemented_by_store]
-    return names
-
-
-def recipes() -> dict[str, list[str]]:
-    """The files each "Add a ..." section of docs/architecture.md names (backticked paths in its list)."""
-    text = (REPO / "docs" / "architecture.md").read_text()
-    found: dict[str, list[str]] = {}
-    for match in re.finditer(r"^#+ (Add an? [^\n]+)\n(.*?)(?=^#+ |\Z)", text, re.M | re.S):
-        files = re.findall(r"^\s*(?:[-*]|\d+\.)\s.*?`([\w./-]+\.(?:py|toml|md|yaml|cfg))`", match.group(2), re.M)
-        found[match.group(1).strip()] = sorted(set(files))
-    return found
 
 
 def main() -> int:

@@ -1,8 +1,9 @@
-"""The package's import graph, read from the source alone (nothing is imported or run).
+"""The package's import graph and shape, read from the source alone (nothing is imported or run).
 
-One implementation for the two that need it: ``tests/unit/test_import_graph.py`` checks
-the layout with it, ``bench/architecture.py`` prints the figures and the folder graph
-that docs/architecture.md shows.
+One implementation for the two that need it: the tests check the layout, the store protocol's
+size and the "Add a ..." recipes with it (``tests/unit/test_import_graph.py``,
+``test_store_contract.py``, ``test_provider_registry.py``, ``test_runtime_facts.py``);
+``bench/architecture.py`` prints the figures and the folder graph that docs/architecture.md shows.
 
 Every import counts, wherever its statement is: at module level, inside a function (a
 lazy import still ties the two modules together) and under ``if TYPE_CHECKING:`` (a
@@ -12,6 +13,7 @@ type a lower layer names belongs to that layer, or below it).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pytest_gpubench"
@@ -156,3 +158,43 @@ def folder_graph_text(edges: dict[str, set[str]]) -> str:
     lines = [f"{shown(name):<{width}}  -> {', '.join(shown(t) for t in graph_[name]) or '(nothing)'}"
              for name in FLOW]
     return "\n".join(line.rstrip() for line in lines)
+
+
+def store_methods() -> list[str]:
+    """The public methods and properties of every ``Protocol`` class named ``Store`` in store/, with
+    those of the package's protocols it extends (``GpuLeaseBook``), that have no body of their own
+    (only a docstring or ``...``): what a new store implements. One defined again lower down (a
+    default ``Store`` gives a method of ``GpuLeaseBook``) counts as that definition says."""
+    classes = {node.name: node for path in sorted(PACKAGE.rglob("*.py"))
+               for node in ast.parse(path.read_text()).body if isinstance(node, ast.ClassDef)}
+
+    def abstract(item: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+        body = [stmt for stmt in item.body
+                if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant))]
+        return all(isinstance(stmt, ast.Pass) for stmt in body)
+
+    def methods(node: ast.ClassDef) -> dict[str, bool]:
+        found: dict[str, bool] = {}
+        for base in node.bases:
+            if isinstance(base, ast.Name) and base.id in classes:
+                found.update(methods(classes[base.id]))
+        found.update({item.name: abstract(item) for item in node.body
+                      if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and not item.name.startswith("_")})
+        return found
+
+    names = []
+    for path in sorted((PACKAGE / "store").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and node.name == "Store":
+                names += [name for name, implemented_by_store in methods(node).items() if implemented_by_store]
+    return names
+
+
+def recipes() -> dict[str, list[str]]:
+    """The files each "Add a ..." section of docs/architecture.md names (backticked paths in its list)."""
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    found: dict[str, list[str]] = {}
+    for match in re.finditer(r"^#+ (Add an? [^\n]+)\n(.*?)(?=^#+ |\Z)", text, re.M | re.S):
+        files = re.findall(r"^\s*(?:[-*]|\d+\.)\s.*?`([\w./-]+\.(?:py|toml|md|yaml|cfg))`", match.group(2), re.M)
+        found[match.group(1).strip()] = sorted(set(files))
+    return found

@@ -112,14 +112,12 @@ def test_the_add_a_provider_recipe_names_a_module_and_its_registration():
     """docs/architecture.md's "Add a provider" (bench/architecture.py counts it): the provider's module,
     its line in the registry and its docs row; the toy provider outside the package is one module and
     its entry point, and the package names it nowhere."""
-    import importlib.util
     from pathlib import Path
 
+    from import_graph import recipes
+
     repo = Path(__file__).parents[2]
-    spec = importlib.util.spec_from_file_location("architecture_figures", repo / "bench" / "architecture.py")
-    figures = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(figures)
-    files = figures.recipes()["Add a provider"]
+    files = recipes()["Add a provider"]
     assert files == ["docs/providers.md", "pytest_gpubench/cloud/registry.py", "pytest_gpubench/cloud/runpod_provider.py"]
     assert all((repo / name).exists() for name in files if "runpod" not in name)
     toy = repo / "tests" / "data" / "toy_provider"

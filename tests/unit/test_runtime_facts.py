@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
-import importlib.util
 from pathlib import Path
 
 import pytest
+from import_graph import recipes
 
 from pytest_gpubench import runtime_facts
 from pytest_gpubench.errors import MatrixError
@@ -126,10 +126,7 @@ def test_no_module_but_the_registry_lists_runtime_names():
 def test_the_add_a_runtime_recipe_names_the_files_a_built_in_runtime_touches():
     """docs/architecture.md's "Add a runtime" (bench/architecture.py counts it): the runtime's module, its
     line in the registry and its docs; the toy runtime outside the package touches none of the package's."""
-    spec = importlib.util.spec_from_file_location("architecture_figures", REPO / "bench" / "architecture.py")
-    figures = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(figures)
-    files = figures.recipes()["Add a runtime"]
+    files = recipes()["Add a runtime"]
     assert files == ["docs/runtimes.md", "pytest_gpubench/runtime_facts.py", "pytest_gpubench/runtimes/trtllm.py"]
     assert all((REPO / name).exists() for name in files if "trtllm" not in name)
     # Each built-in runtime is exactly such a module and such a line.
