@@ -201,10 +201,10 @@ class MachineProvider:
             # Taken since it was offered (another worker chose it at the same moment): an idle machine
             # of the same shape and no dearer serves the cell now, rather than it queueing on this one.
             for other in self._interchangeable(machine, offer):
-                moved = self._pending_on(other, self._offer(other, offer.gpu_count, offer.provider),
-                                         consumer, hours, runtime)
+                instead = self._offer(other, offer.gpu_count, offer.provider)
+                moved = self._pending_on(other, instead, consumer, hours, runtime)
                 if await self._claim(moved):
-                    pending, placed = moved, self._offer(other, offer.gpu_count, offer.provider)
+                    pending, placed = moved, instead
                     break
         self._sessions[pending.session.id] = pending
         return CreatedSession(session=pending.session, ssh_private_key="", placed=placed)

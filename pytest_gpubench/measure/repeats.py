@@ -140,8 +140,7 @@ def details_of(cell: Cell, measurement: Measurement, runtime: Runtime, *,
     return {
         "metrics": metrics.model_dump(mode="json"),
         "energy": energy_of(measurement.samples, measurement.records, duration,
-                            output_tokens_per_second(summarize(measurement.records, duration).model_dump()),
-                            ).model_dump(mode="json"),
+                            metrics.output_throughput_tps).model_dump(mode="json"),
         "validity": validity.model_dump(mode="json"),
         "cold_start": {
             "load_seconds": runtime.warmup_load_seconds,
