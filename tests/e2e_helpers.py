@@ -152,13 +152,10 @@ class PytestRun:
         return row
 
 
-def processes_marked(marker: str) -> list[str]:
-    """Command lines of live processes whose environment holds ``marker``: something only one test's
-    processes carry (a sandbox session id, in its instance's path; ``NAME=tmp_path``, a whole entry),
-    so that processes of tests running beside it in other workers never count as its leftovers."""
-    # A NAME=value marker is a whole entry (another test's tmp_path may start with this one's);
-    # anything else is found inside an entry.
-    needle, whole = marker.encode(), "=" in marker
+def session_processes(session_id: str) -> list[str]:
+    """Command lines of the live processes of one sandbox session: those whose environment names its
+    instance (``GPUBENCH_SANDBOX_INSTANCE``, a path holding the session id), so that processes of
+    tests running beside it in other workers never count as its leftovers."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -167,7 +164,8 @@ def processes_marked(marker: str) -> list[str]:
             environ, cmdline = (entry / "environ").read_bytes(), (entry / "cmdline").read_bytes()
         except OSError:
             continue  # gone meanwhile, or not ours to read
-        if (b"\0" + needle + b"\0" in b"\0" + environ) if whole else (needle in environ):
+        if any(item.startswith(b"GPUBENCH_SANDBOX_INSTANCE=") and session_id.encode() in item
+               for item in environ.split(b"\0")):
             found.append(cmdline.replace(b"\0", b" ").decode(errors="replace").strip())
     return found
 

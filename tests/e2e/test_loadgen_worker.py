@@ -15,11 +15,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from e2e_helpers import processes_marked
+from e2e_helpers import session_processes
 from polling import wait_for
 
 from pytest_gpubench.measure.benchmark import LOADGEN_SOURCE, BenchmarkPlan
+from pytest_gpubench.measure.gpucheck import processes_with_marker
 from pytest_gpubench.remote.readings import RequestRecord
+from pytest_gpubench.sandbox.instances import process_cmdline
 
 TTFT_MS, TPS = 40.0, 200.0
 #: Set to the test's tmp_path in the load generator's environment, which its workers inherit.
@@ -87,7 +89,9 @@ def measured(events: list[dict]) -> list[RequestRecord]:
 
 def leftovers(tmp_path: Path, program: str) -> list[str]:
     """``program``'s processes that this test's load generator started, still alive."""
-    return [line for line in processes_marked(f"{RUN_MARKER}={tmp_path}") if program in line]
+    lines = (process_cmdline(pid).replace(b"\0", b" ").decode(errors="replace").strip()
+             for pid in processes_with_marker(RUN_MARKER, str(tmp_path)))
+    return [line for line in lines if program in line]
 
 
 def test_session_workers_give_the_models_ttft_and_decode_rate_and_end_with_the_run(tmp_path):
@@ -165,3 +169,21 @@ def test_leftovers_are_the_tests_own_processes_found_while_they_live(tmp_path):
             process.kill()
             process.wait()
     assert leftovers(tmp_path, "sleep") == []
+
+
+def test_a_sandbox_sessions_processes_are_found_by_its_instance_in_their_environment(tmp_path):
+    """What test_worker_runtime's leftover check relies on: a process of session ``s-1`` (its
+    instance path in ``GPUBENCH_SANDBOX_INSTANCE``) is found, one of session ``s-2`` is not."""
+    def instance(session: str) -> dict[str, str]:
+        return {**os.environ, "GPUBENCH_SANDBOX_INSTANCE": f"{tmp_path}/instances/{session}/i.json"}
+
+    mine = subprocess.Popen(["sleep", "61"], env=instance("s-1"))
+    theirs = subprocess.Popen(["sleep", "62"], env=instance("s-2"))
+    try:
+        # Between fork and exec a child still carries this process's environment and command line.
+        assert wait_for(lambda: session_processes("s-1"), 30, "sleep's exec") == ["sleep 61"]
+    finally:
+        for process in (mine, theirs):
+            process.kill()
+            process.wait()
+    assert session_processes("s-1") == []

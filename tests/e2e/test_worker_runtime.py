@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 from e2e_helpers import (assert_every_session_released, assert_fails_at_install_without, manifest_rows,
-                         processes_marked, run_pytest)
+                         run_pytest, session_processes)
 from sandbox_session import connect, new_session
 
 from pytest_gpubench.aio import LoopThread
@@ -71,7 +71,7 @@ def test_failed(gpubench):
 def worker_processes(rows: list[dict]) -> list[str]:
     """The ``docker`` stand-in's processes still alive on the sessions of ``rows`` (other tests' are not)."""
     assert rows and all(row["session_id"] for row in rows), rows
-    alive = [line for row in rows if row["session_id"] for line in processes_marked(row["session_id"])]
+    alive = [line for row in rows if row["session_id"] for line in session_processes(row["session_id"])]
     return [line for line in alive if "sandbox.worker_standin" in line or "sandbox.docker_standin" in line]
 
 
