@@ -834,7 +834,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 if vram is None:
                     raise MatrixError(matrix.source, f"matrix[{r}].{field}", (
                         f"cannot tell how much VRAM {model!r} needs: it is not in the seed table "
-                        f"and its tag names no size such as '7b'; add "
+                        f"and its name states no size such as '7b'; add "
                         f"`models: {{{model}: {{vram_gb: N}}}}` to the file{where}"))
                 ref = model_ref(model)
                 keywords = keywords_of.get((row.gpu, ref))
