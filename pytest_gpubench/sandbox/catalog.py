@@ -21,10 +21,10 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import UsageProblem
 from . import DEFAULT_CATALOG  # noqa: F401 - re-exported
@@ -68,15 +68,48 @@ class DefaultRate(_Entry):
     ttft_ms_per_gb: float = Field(ge=0)
 
 
+#: The runtimes the sandbox imitates, by their matrix names (``runtime:``), and the stand-in
+#: program of each (``sandbox/openai_launchers.py``; Ollama's is ``ollama serve``).
+SANDBOX_RUNTIMES = ("ollama", "vllm", "sglang", "tgi", "llamacpp")
+#: Each runtime's batch ceiling factor where the catalog names none (docs/sandbox.md, "Batching
+#: and power law"): continuous batching (vLLM, SGLang, TGI) reaches far more than llama.cpp's
+#: slots, and Ollama (llama.cpp inside, few slots) least.
+DEFAULT_RUNTIME_CEILINGS = {"ollama": 2.0, "llamacpp": 4.0, "tgi": 10.0, "vllm": 12.0, "sglang": 12.0}
+
+
+def _check_runtime_keys(value: object) -> object:
+    """A per-runtime mapping names only runtimes the sandbox imitates (a misspelt one fails loudly)."""
+    if isinstance(value, dict):
+        unknown = sorted(str(key) for key in value if key not in SANDBOX_RUNTIMES)
+        if unknown:
+            raise ValueError(f"unknown runtime {unknown[0]!r}; allowed: {', '.join(SANDBOX_RUNTIMES)}")
+    return value
+
+
+#: A number for every runtime, or ``{runtime: number}`` for some (the others fall through).
+PerRuntime = Annotated[float | dict[str, Annotated[float, Field(gt=0)]], AfterValidator(_check_runtime_keys)]
+
+
+def for_runtime(value: float | dict[str, float] | None, runtime: str) -> float | None:
+    """``value`` for ``runtime``: the number itself, the mapping's entry, or None."""
+    if isinstance(value, dict):
+        return value.get(runtime)
+    return value
+
+
 class Batching(_Entry):
-    """How parallel requests share a GPU (the Ollama stand-in's batching model).
+    """How parallel requests share a GPU (the stand-ins' batching law).
 
     A decode step for ``b`` sequences takes ``t_w + b * t_s``, so each stream runs
     at ``r1 / (1 + (b - 1) / F)`` and all of them together approach ``F * r1``:
     ``F`` is the ceiling factor, the aggregate ceiling over the single-stream rate.
+    ``ceiling_factor`` is Ollama's (and any runtime's ``runtimes`` leaves out);
+    ``runtimes`` gives the others theirs.
     """
 
     ceiling_factor: float = Field(default=2.0, gt=0)
+    runtimes: Annotated[dict[str, Annotated[float, Field(gt=0)]], AfterValidator(_check_runtime_keys)] = Field(
+        default_factory=lambda: {k: v for k, v in DEFAULT_RUNTIME_CEILINGS.items() if k != "ollama"})
 
 
 class GpuClocks(_Entry):
@@ -115,8 +148,9 @@ class GpuSpec(_Entry):
     default_rate: DefaultRate
     #: The GPU microbenchmarks' figures on this card; None: the stand-in torch sees no CUDA device.
     microbench: MicrobenchRates | None = None
-    #: This card's batching ceiling factor, when it differs from the catalog's.
-    batch_ceiling_factor: float | None = Field(default=None, gt=0)
+    #: This card's batching ceiling factor, when it differs from the catalog's: one for every
+    #: runtime, or ``{runtime: F}`` for some.
+    batch_ceiling_factor: PerRuntime | None = None
 
 
 class ModelSpec(_Entry):
@@ -141,8 +175,9 @@ class RateSpec(_Entry):
     provider: str | None = None
     tokens_per_second: float = Field(gt=0)
     ttft_ms: float = Field(ge=0)
-    #: Aggregate tokens/s of many parallel requests (the batching ceiling), when measured.
-    batch_ceiling_tokens_per_second: float | None = Field(default=None, gt=0)
+    #: Aggregate tokens/s of many parallel requests (the batching ceiling), when measured: one
+    #: for every runtime, or ``{runtime: tokens/s}`` for some.
+    batch_ceiling_tokens_per_second: PerRuntime | None = None
     source: str = ""
 
 
@@ -284,25 +319,33 @@ class Catalog(_Entry):
             ttft /= self.offload_penalty
         return round(tps, 1), round(ttft, 1), "derived"
 
-    def batch_ceiling(self, gpu_type: str, provider: str, model: str) -> float:
-        """Aggregate tokens/s that parallel requests for ``model`` approach on one card.
+    def batch_ceiling(self, gpu_type: str, provider: str, model: str, runtime: str = "ollama") -> float:
+        """Aggregate tokens/s that parallel requests for ``model`` approach on one card under ``runtime``.
 
-        A rate row's measured ``batch_ceiling_tokens_per_second`` (the provider's
-        row first, as in :meth:`rate`); else the single-stream rate times the card's
-        ``batch_ceiling_factor``, else times the catalog's ``batching.ceiling_factor``.
+        The first that is set for ``runtime`` wins: a rate row's measured
+        ``batch_ceiling_tokens_per_second`` (the provider's row first, as in :meth:`rate`);
+        else the single-stream rate times the card's ``batch_ceiling_factor``, else times
+        the catalog's ``batching`` factor for the runtime.
         """
         generic = None
         for row in self.rates:
-            if row.gpu == gpu_type and row.model == model and row.batch_ceiling_tokens_per_second:
+            ceiling = for_runtime(row.batch_ceiling_tokens_per_second, runtime)
+            if row.gpu == gpu_type and row.model == model and ceiling:
                 if row.provider == provider:
-                    return row.batch_ceiling_tokens_per_second
+                    return ceiling
                 if row.provider is None:
-                    generic = row.batch_ceiling_tokens_per_second
+                    generic = ceiling
         if generic is not None:
             return generic
         tps = self.rate(gpu_type, provider, model)[0]
-        factor = self.gpus[gpu_type].batch_ceiling_factor or self.batching.ceiling_factor
-        return round(tps * factor, 1)
+        return round(tps * self.ceiling_factor(gpu_type, runtime), 1)
+
+    def ceiling_factor(self, gpu_type: str, runtime: str = "ollama") -> float:
+        """``F`` of ``runtime`` on this card when no rate row measures it: the card's, else the catalog's."""
+        factor = for_runtime(self.gpus[gpu_type].batch_ceiling_factor, runtime)
+        if factor is None:
+            factor = self.batching.runtimes.get(runtime)
+        return factor or self.batching.ceiling_factor
 
     def provisioning_seconds(self, offer: OfferSpec) -> float:
         """Emulated seconds from create to a booted instance."""

@@ -55,7 +55,7 @@ from typing import Any, Protocol
 import asyncssh
 
 from . import lifeline, pynvml_standin, shims, sshd, worker_standin
-from .catalog import Catalog, OfferSpec
+from .catalog import SANDBOX_RUNTIMES, Catalog, OfferSpec
 from .standin_service import StandinService
 from .standin_state import PullFault, StateStore, StreamFault, count_served
 
@@ -109,6 +109,8 @@ def instance_document(
             "load_seconds": float(spec.load_seconds),
             "thinking": spec.thinking,
             "batch_ceiling_factor": catalog.batch_ceiling(offer.gpu_type, offer.provider, name) / tps,
+            "batch_ceiling_factors": {runtime: catalog.batch_ceiling(offer.gpu_type, offer.provider, name, runtime)
+                                      / tps for runtime in SANDBOX_RUNTIMES},
         }
     return {
         "session_id": session_id,

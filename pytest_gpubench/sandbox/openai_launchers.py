@@ -47,6 +47,8 @@ PROGRAMS = ("vllm", "llama-server", "sglang", "text-generation-launcher")
 LOAD_THEN_LISTEN = frozenset({"vllm", "sglang", "text-generation-launcher"})
 #: Servers that check a request's ``model`` against the names they serve (404 otherwise).
 CHECKS_MODEL_NAME = frozenset({"vllm"})
+#: The runtime (the catalog's and the matrix's name) each program is: whose batching law it follows.
+RUNTIME_OF = {"vllm": "vllm", "sglang": "sglang", "text-generation-launcher": "tgi", "llama-server": "llamacpp"}
 
 
 class LaunchError(Exception):
@@ -365,6 +367,7 @@ class LauncherEngine(Engine):
         )
         super().__init__(spec, StateStore(spec.state_dir), settings)
         self.launch = launch
+        self.runtime = RUNTIME_OF[launch.program]
         if launch.tensor_parallel > 1:  # the catalog's rate is one GPU's
             model = model.model_copy(update={
                 "tokens_per_second": model.tokens_per_second * tensor_parallel_speedup(launch.tensor_parallel)})
