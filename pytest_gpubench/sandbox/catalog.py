@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
 
 from ..errors import UsageProblem
 from . import DEFAULT_CATALOG  # noqa: F401 - re-exported
@@ -77,17 +77,30 @@ SANDBOX_RUNTIMES = ("ollama", "vllm", "sglang", "tgi", "llamacpp")
 DEFAULT_RUNTIME_CEILINGS = {"ollama": 2.0, "llamacpp": 4.0, "tgi": 10.0, "vllm": 12.0, "sglang": 12.0}
 
 
-def _check_runtime_keys(value: object) -> object:
+def _check_runtime_keys(value: dict[str, float]) -> dict[str, float]:
     """A per-runtime mapping names only runtimes the sandbox imitates (a misspelt one fails loudly)."""
-    if isinstance(value, dict):
-        unknown = sorted(str(key) for key in value if key not in SANDBOX_RUNTIMES)
-        if unknown:
-            raise ValueError(f"unknown runtime {unknown[0]!r}; allowed: {', '.join(SANDBOX_RUNTIMES)}")
+    unknown = sorted(str(key) for key in value if key not in SANDBOX_RUNTIMES)
+    if unknown:
+        raise ValueError(f"unknown runtime {unknown[0]!r}; allowed: {', '.join(SANDBOX_RUNTIMES)}")
     return value
 
 
+def _per_runtime(value: object) -> float | dict[str, float]:
+    """A positive number, or ``{runtime: positive number}``; anything else in one clear sentence."""
+    def positive(number: object, where: str) -> float:
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not number > 0:
+            raise ValueError(f"{where}must be a number above 0, not {number!r}")
+        return float(number)
+
+    if isinstance(value, dict):
+        return _check_runtime_keys({key: positive(number, f"{key}: ") for key, number in value.items()})
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return positive(value, "")
+    raise ValueError(f"expected a number or a mapping {{runtime: number}}, not {value!r}")
+
+
 #: A number for every runtime, or ``{runtime: number}`` for some (the others fall through).
-PerRuntime = Annotated[float | dict[str, Annotated[float, Field(gt=0)]], AfterValidator(_check_runtime_keys)]
+PerRuntime = Annotated[float | dict[str, float], PlainValidator(_per_runtime)]
 
 
 def for_runtime(value: float | dict[str, float] | None, runtime: str) -> float | None:
@@ -459,7 +472,7 @@ def _catalog_error(source: Path, exc: ValidationError) -> CatalogError:
     if isinstance(inner, _FieldError):
         return CatalogError(source, inner.field, inner.message)
     field = ".".join(str(part) for part in first["loc"])
-    message = first["msg"]
+    message = first["msg"].removeprefix("Value error, ")  # our validators' own sentences
     if first["type"] == "extra_forbidden":
         message = "unknown field"
     return CatalogError(source, field, message)
