@@ -138,3 +138,14 @@ def test_nvidia_smi_power_and_utilisation_follow_the_batch(tmp_path):
     assert readings[32].power_draw_w == pytest.approx(expected_power_w(limit, 32), abs=2.5)
     assert 0.5 * limit < readings[1].power_draw_w < 0.6 * limit < 0.95 * limit < readings[32].power_draw_w <= limit
     assert readings[1].utilization_gpu == pytest.approx(utilization_pct(1), abs=1.5)
+
+
+def test_the_documented_factors_are_the_catalogs():
+    from pathlib import Path
+
+    catalog = load_catalog()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "sandbox.md").read_text(encoding="utf-8")
+    section = text.split("## Batching and power law", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|") for line in section.splitlines() if line.startswith("| `")]
+    documented = {name.strip(" `"): float(row[3]) for row in rows for name in row[1].split(",")}
+    assert documented == {runtime: catalog.ceiling_factor("RTX 4090", runtime) for runtime in SANDBOX_RUNTIMES}
