@@ -27,6 +27,8 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
 
 from ..errors import UsageProblem
+from ..runtime_facts import is_runtime
+from ..runtime_facts import unknown as unknown_runtime
 from . import DEFAULT_CATALOG  # noqa: F401 - re-exported
 
 TENSORDOCK_CONFIDENCE = 0.3
@@ -68,20 +70,11 @@ class DefaultRate(_Entry):
     ttft_ms_per_gb: float = Field(ge=0)
 
 
-#: The runtimes the sandbox imitates, by their matrix names (``runtime:``), and the stand-in
-#: program of each (``sandbox/openai_launchers.py``; Ollama's is ``ollama serve``).
-SANDBOX_RUNTIMES = ("ollama", "vllm", "sglang", "tgi", "llamacpp")
-#: Each runtime's batch ceiling factor where the catalog names none (docs/sandbox.md, "Batching
-#: and power law"): continuous batching (vLLM, SGLang, TGI) reaches far more than llama.cpp's
-#: slots, and Ollama (llama.cpp inside, few slots) least.
-DEFAULT_RUNTIME_CEILINGS = {"ollama": 2.0, "llamacpp": 4.0, "tgi": 10.0, "vllm": 12.0, "sglang": 12.0}
-
-
 def _check_runtime_keys(value: dict[str, float]) -> dict[str, float]:
     """A per-runtime mapping names only runtimes the sandbox imitates (a misspelt one fails loudly)."""
-    unknown = sorted(str(key) for key in value if key not in SANDBOX_RUNTIMES)
-    if unknown:
-        raise ValueError(f"unknown runtime {unknown[0]!r}; allowed: {', '.join(SANDBOX_RUNTIMES)}")
+    wrong = sorted(str(key) for key in value if not is_runtime(str(key)))
+    if wrong:
+        raise ValueError(unknown_runtime(wrong[0]))
     return value
 
 
@@ -122,7 +115,7 @@ class Batching(_Entry):
 
     ceiling_factor: float = Field(default=2.0, gt=0)
     runtimes: Annotated[dict[str, Annotated[float, Field(gt=0)]], AfterValidator(_check_runtime_keys)] = Field(
-        default_factory=lambda: {k: v for k, v in DEFAULT_RUNTIME_CEILINGS.items() if k != "ollama"})
+        default_factory=dict)
 
 
 class GpuClocks(_Entry):

@@ -361,8 +361,8 @@ class Runner:
 class Engine:
     """Models, memory and scheduling of one emulated Ollama server."""
 
-    #: Whose batching law this server follows (the catalog's runtime names).
-    runtime = "ollama"
+    #: The program this server is: whose batching law it follows (``ModelSpec.ceiling_factor``).
+    program = "ollama"
 
     def __init__(self, spec: InstanceSpec, store: StateStore, settings: EngineSettings) -> None:
         self.spec = spec
@@ -585,7 +585,7 @@ class Engine:
                 ttft, intervals = self._timing(job, runner, len(plan.tokens))
                 factor = self.settings.batch_ceiling_factor
                 if factor is None:
-                    factor = runner.spec.ceiling_factor(self.runtime)
+                    factor = runner.spec.ceiling_factor(self.program)
                 # The TTFT clock runs from the moment the request could start, not
                 # from here: the handler's own work (parsing, planning) is inside
                 # the TTFT a client sees from a real server too.

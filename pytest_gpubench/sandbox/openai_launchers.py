@@ -47,8 +47,6 @@ PROGRAMS = ("vllm", "llama-server", "sglang", "text-generation-launcher")
 LOAD_THEN_LISTEN = frozenset({"vllm", "sglang", "text-generation-launcher"})
 #: Servers that check a request's ``model`` against the names they serve (404 otherwise).
 CHECKS_MODEL_NAME = frozenset({"vllm"})
-#: The runtime (the catalog's and the matrix's name) each program is: whose batching law it follows.
-RUNTIME_OF = {"vllm": "vllm", "sglang": "sglang", "text-generation-launcher": "tgi", "llama-server": "llamacpp"}
 
 
 class LaunchError(Exception):
@@ -72,6 +70,8 @@ class Launch:
     model_arg: str = ""  # as given (a repo id or path, llama.cpp's file)
     #: ``--api-key``: requests to ``/v1/*`` need ``Authorization: Bearer KEY`` (401 otherwise), as the servers do.
     api_key: str | None = None
+    #: ``--as NAME``: the program of the runtime this stand-in imitates ("": its own).
+    imitates: str = ""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -367,7 +367,8 @@ class LauncherEngine(Engine):
         )
         super().__init__(spec, StateStore(spec.state_dir), settings)
         self.launch = launch
-        self.runtime = RUNTIME_OF[launch.program]
+        #: Whose batching law it follows: the imitated runtime's program (``--as``), else its own.
+        self.program = launch.imitates or launch.program
         if launch.tensor_parallel > 1:  # the catalog's rate is one GPU's
             model = model.model_copy(update={
                 "tokens_per_second": model.tokens_per_second * tensor_parallel_speedup(launch.tensor_parallel)})
@@ -558,8 +559,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     imitated by ``PROGRAM``'s stand-in under its own name (``RuntimeFacts.sandbox``): only its
     process's command line says NAME."""
     args = list(sys.argv[1:] if argv is None else argv)
+    imitates = ""
     if args[:1] == ["--as"]:
-        args = args[2:]
+        imitates, args = (args[1:2] or [""])[0], args[2:]
     if not args or args[0] not in PROGRAMS:
         print(f"usage: python -m {__name__} {{{','.join(PROGRAMS)}}} ARGS...", file=sys.stderr)
         return 2
@@ -570,7 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(err)
         return 0
     try:
-        launch = parse(program, rest)
+        launch = dataclasses.replace(parse(program, rest), imitates=imitates)
         spec = load_instance_spec()
         return asyncio.run(serve(spec, launch))
     except (LaunchError, RuntimeError) as exc:

@@ -8,16 +8,17 @@ import time
 import pytest
 import yaml
 
-from pytest_gpubench.runtime_facts import BUILT_IN
-from pytest_gpubench.sandbox.catalog import DEFAULT_CATALOG, SANDBOX_RUNTIMES, CatalogError, load_catalog
+from pytest_gpubench.runtime_facts import all_facts
+from pytest_gpubench.sandbox.catalog import DEFAULT_CATALOG, CatalogError, load_catalog
 from pytest_gpubench.sandbox.instance_spec import InstanceSpec
 from pytest_gpubench.sandbox.instances import instance_document
 from pytest_gpubench.sandbox.law import LawPoint, batched_point, expected_point, expected_power_w
 from pytest_gpubench.sandbox.nvidia_smi_standin import read_gpus, utilization_pct
-from pytest_gpubench.sandbox.openai_launchers import PROGRAMS, RUNTIME_OF
 from pytest_gpubench.sandbox.standin_state import LoadedModel, RuntimeState, StateStore
 
 CONCURRENCIES = (1, 2, 4, 8, 16, 32, 64, 128)
+#: The runtimes the sandbox serves with the batching engine (the worker's containers run one stream each).
+SANDBOX_RUNTIMES = ("ollama", "vllm", "sglang", "tgi", "llamacpp")
 
 
 def test_one_stream_is_the_catalog_rate_and_a_batch_shares_each_step():
@@ -48,8 +49,6 @@ def test_output_tokens_count_the_prefill_and_a_queue_waits():
 
 def test_each_runtime_batches_by_its_own_factor():
     catalog = load_catalog()
-    assert set(SANDBOX_RUNTIMES) <= set(BUILT_IN)  # the matrix's runtime names
-    assert set(RUNTIME_OF) == set(PROGRAMS) and set(RUNTIME_OF.values()) <= set(SANDBOX_RUNTIMES)
     r1 = catalog.rate("RTX 4090", "vastai", "qwen2:7b")[0]
     factors = {runtime: catalog.batch_ceiling("RTX 4090", "vastai", "qwen2:7b", runtime) / r1
                for runtime in SANDBOX_RUNTIMES}
@@ -82,14 +81,16 @@ def test_per_gpu_and_per_model_overrides_name_runtimes(tmp_path):
     # The instance carries every runtime's factor; a file without them falls back to the one factor.
     doc = instance_document(catalog, catalog.offer("vastai-18430201"), "s-1", 0.01, tmp_path)
     model = InstanceSpec.model_validate(doc).models["qwen2:7b"]
-    assert model.ceiling_factor("sglang") == pytest.approx(4000.0 / 195.3)
-    assert model.ceiling_factor("ollama") == pytest.approx(2.0)
+    programs = {facts.name: facts.sandbox.program for facts in all_facts() if facts.sandbox}
+    assert model.ceiling_factor(programs["sglang"]) == pytest.approx(4000.0 / 195.3)
+    assert model.ceiling_factor(programs["llamacpp"]) == model.ceiling_factor("llama-server") == pytest.approx(4.0)
+    assert model.ceiling_factor(programs["ollama"]) == pytest.approx(2.0)
     old = model.model_copy(update={"batch_ceiling_factors": {}})
     assert old.ceiling_factor("vllm") == old.batch_ceiling_factor
 
 
 @pytest.mark.parametrize(("where", "value", "message"), [
-    (("batching", "runtimes"), {"vLLM": 3.0}, "batching.runtimes: unknown runtime 'vLLM'; allowed: ollama, vllm"),
+    (("batching", "runtimes"), {"vLLM": 3.0}, "batching.runtimes: unknown runtime 'vLLM'; known runtimes: ollama, vllm"),
     (("gpus", "RTX 4090", "batch_ceiling_factor"), {"vllm": -3},
      "gpus.RTX 4090.batch_ceiling_factor: vllm: must be a number above 0"),
     (("gpus", "RTX 4090", "batch_ceiling_factor"), "fast", "expected a number or a mapping {runtime: number}"),
