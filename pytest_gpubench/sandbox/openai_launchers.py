@@ -75,6 +75,8 @@ class Launch:
     #: llama.cpp's ``-hf REPO[:QUANT]``: the GGUF is downloaded from this Hugging Face repo
     #: (the stand-in's "hub" is its catalog: :func:`hub_names`).
     hf_repo: str | None = None
+    #: ``--as NAME``: the program of the runtime this stand-in imitates ("": its own).
+    imitates: str = ""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -376,6 +378,8 @@ class LauncherEngine(Engine):
         )
         super().__init__(spec, StateStore(spec.state_dir), settings)
         self.launch = launch
+        #: Whose batching law it follows: the imitated runtime's program (``--as``), else its own.
+        self.program = launch.imitates or launch.program
         if launch.tensor_parallel > 1:  # the catalog's rate is one GPU's
             model = model.model_copy(update={
                 "tokens_per_second": model.tokens_per_second * tensor_parallel_speedup(launch.tensor_parallel)})
@@ -601,8 +605,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     imitated by ``PROGRAM``'s stand-in under its own name (``RuntimeFacts.sandbox``): only its
     process's command line says NAME."""
     args = list(sys.argv[1:] if argv is None else argv)
+    imitates = ""
     if args[:1] == ["--as"]:
-        args = args[2:]
+        imitates, args = (args[1:2] or [""])[0], args[2:]
     if not args or args[0] not in PROGRAMS:
         print(f"usage: python -m {__name__} {{{','.join(PROGRAMS)}}} ARGS...", file=sys.stderr)
         return 2
@@ -613,7 +618,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(err)
         return 0
     try:
-        launch = parse(program, rest)
+        launch = dataclasses.replace(parse(program, rest), imitates=imitates)
         spec = load_instance_spec()
         return asyncio.run(serve(spec, launch))
     except (LaunchError, RuntimeError) as exc:
