@@ -145,3 +145,24 @@ def test_the_schedule_sends_what_is_due_in_order_up_to_the_cap():
     assert schedule.unsent() == 1
     schedule.launch(run, 100.6)
     assert run.sent[-1] == (pytest.approx(100.5), 3) and schedule.exhausted(100.6) and schedule.unsent() == 0
+
+
+def test_the_docs_example_collects_with_the_sample_trace(tmp_path):
+    """docs/workloads.md "Trace replay": its matrix collects (beside the repository's sample trace),
+    and its two example records read."""
+    repo = Path(__file__).resolve().parents[2]
+    text = (repo / "docs" / "workloads.md").read_text()
+    section = text[text.index("## Trace replay"):]
+    example = section[section.index("```yaml\n") + 8:section.index("```", section.index("```yaml\n") + 8)]
+    records = section[section.index("```json\n") + 8:section.index("```", section.index("```json\n") + 8)]
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "sample_trace.jsonl").write_bytes(
+        (repo / "matrix" / "traces" / "sample_trace.jsonl").read_bytes())
+    (tmp_path / "m.yaml").write_text(example)
+    cell, = expand(load_matrix(tmp_path / "m.yaml"))
+    assert cell.cell_id == "RTX_4090-vastai-qwen2:7b" and cell.workload.trace.speedup == 2
+    assert len(cell.workload.trace.requests) == 12
+    (tmp_path / "r.jsonl").write_text(records)
+    first, second = load_trace("r.jsonl", tmp_path).requests
+    assert (first.input_tokens, first.max_tokens, second.messages[0]["content"]) == (655, 52, "Be brief.")
+    assert second.offset == pytest.approx(30.120 - 27.482)
