@@ -473,6 +473,8 @@ class Workload(StrictModel):
     @model_validator(mode="after")
     def _one_load_axis(self) -> Workload:
         conflict = load_conflict(self.concurrency, self.rate) or trace_conflict(self.trace, self.concurrency, self.rate)
+        if self.trace is not None and "prompts" in self.model_fields_set:
+            conflict = "`prompts:` and `trace:` cannot be combined: a trace's records are its prompts"
         if conflict:
             raise invalid(conflict)
         return self
@@ -489,8 +491,8 @@ class Workload(StrictModel):
 
     @property
     def prompt_set(self) -> str | None:
-        """``"seed"`` or ``"quality"`` when the prompts are that built-in set, else None."""
-        return prompt_set_name(self.prompts)
+        """``"seed"`` or ``"quality"`` when the prompts are that built-in set, else None (a trace sends its own)."""
+        return None if self.trace is not None else prompt_set_name(self.prompts)
 
     @property
     def prompt_source(self) -> PromptSource | None:
@@ -503,14 +505,12 @@ class Workload(StrictModel):
     def prompts_label(self) -> str:
         """The prompts as reports name them: ``seed``, ``quality``, ``custom``, or the dataset's, spec's or trace's label."""
         source = self.prompt_source
-        if self.trace is not None:
-            return source.label
         return self.prompt_set or (source.label if source else "custom")
 
     @property
     def has_expectations(self) -> bool:
-        """True if any prompt has ``expect`` answers (so a match rate can be measured)."""
-        return any(p.expect for p in self.prompts)
+        """True if any prompt has ``expect`` answers (so a match rate can be measured); a trace's have none."""
+        return self.trace is None and any(p.expect for p in self.prompts)
 
     def prompt_payload(self) -> list[str | dict[str, Any]]:
         """The prompts as the load generator takes them: strings, and ``{"prompt", "expect",

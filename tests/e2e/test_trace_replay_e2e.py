@@ -52,7 +52,10 @@ def test_a_trace_arrives_on_schedule_with_its_lengths_and_vllm_reports_its_accep
         assert details["load"]["trace"] == {"label": "trace trace.jsonl (5 requests, speedup 2)", "requests": 5,
                                             "speedup": 2.0, "window_s": offsets[-1]}
         metrics = details["metrics"]
-        assert metrics["requests"] == 5 and metrics["errors"] == 0 and metrics["send_lag_max_ms"] < 10
+        assert metrics["requests"] == 5 and metrics["errors"] == 0
+        # The client's side first: a late send here is this machine's scheduler (a select() of this
+        # one-thread loop wakes within ~1 ms when the CPU is free), not the schedule.
+        assert metrics["send_lag_max_ms"] < 10, metrics
 
         logged = httpx.get(f"{standalone_sandbox}/sandbox/sessions/{row['session_id']}/requests",
                            headers=SANDBOX_AUTH, timeout=30).json()["requests"][-len(TRACE):]

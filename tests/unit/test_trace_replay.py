@@ -111,6 +111,7 @@ def test_the_workload_reads_the_trace_relative_to_the_matrix_at_collection(tmp_p
     ("  trace: {file: trace.jsonl}", ", workload: {rate: 2}", "`trace:` and `rate: 2` cannot be combined"),
     ("  trace: {file: missing.jsonl}", "", "missing.jsonl: cannot read it"),
     ("  trace: {file: trace.jsonl, speedup: -1}", "", "`speedup` must be a number above 0"),
+    ("  trace: {file: trace.jsonl}\n  prompts: quality", "", "`prompts:` and `trace:` cannot be combined"),
 ])
 def test_a_bad_trace_workload_is_a_matrix_error(tmp_path, workload, row, message):
     with pytest.raises(MatrixError) as caught:
