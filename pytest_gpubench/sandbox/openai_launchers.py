@@ -8,7 +8,8 @@ model, one that does not fit), its start-up lines. The server that serves them f
 ``vllm serve MODEL`` (``--port`` 8000, ``--host`` 0.0.0.0, ``--served-model-name``,
 ``--max-num-seqs`` 256, ``--tensor-parallel-size``/``-tp``, ``--gpu-memory-utilization``
 0.9, ``--max-model-len``); ``llama-server -m FILE`` (``--port`` 8080, ``--host``
-127.0.0.1, ``-c``, ``-np`` (-1: 4), ``-a/--alias``); ``python3 -m sglang.launch_server
+127.0.0.1, ``-c``, ``-np`` (-1: 4), ``-a/--alias``, ``-hf/--hf-repo REPO[:QUANT]``,
+``-hff/--hf-file``); ``python3 -m sglang.launch_server
 --model-path M`` (``--port`` 30000, ``--host`` 127.0.0.1, ``--served-model-name``,
 ``--max-running-requests`` (256), ``--tp-size``/``--tp``, ``--mem-fraction-static``
 0.88, ``--context-length``); ``text-generation-launcher --model-id M`` (``--port``
@@ -23,6 +24,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -73,6 +75,9 @@ class Launch:
     api_key: str | None = None
     #: vLLM's ``--speculative-config``'s ``num_speculative_tokens``: tokens drafted per step (0: none).
     speculative_tokens: int = 0
+    #: llama.cpp's ``-hf REPO[:QUANT]``: the GGUF is downloaded from this Hugging Face repo
+    #: (the stand-in's "hub" is its catalog: :func:`hub_names`).
+    hf_repo: str | None = None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -159,14 +164,20 @@ def parse_llama_server(argv: Sequence[str]) -> Launch:
     parser.add_argument("-np", "--parallel", type=int, default=-1)
     parser.add_argument("-a", "--alias")
     parser.add_argument("--api-key")
+    parser.add_argument("-hf", "-hfr", "--hf-repo")
+    parser.add_argument("-hff", "--hf-file")
     args, _ = parser.parse_known_args(list(argv))
-    if not args.model:
+    # With -hf, llama.cpp reads -m as the file to fetch from the repo (its --hf-file) and saves
+    # it there; without -m it picks the file by the repo's :QUANT and names the model by the repo.
+    file = args.model or args.hf_file
+    if not file and not args.hf_repo:
         raise LaunchError("error: no model given: use -m FILE or --model FILE")
-    name = Path(args.model).name
+    name = Path(file).name if file else args.hf_repo
     name = name[: -len(".gguf")] if name.endswith(".gguf") else name
-    return Launch(program="llama-server", model=name, served_names=(args.alias or args.model,), host=args.host,
+    given = args.model or args.hf_repo
+    return Launch(program="llama-server", model=name, served_names=(args.alias or given,), host=args.host,
                   port=args.port, parallel=4 if args.parallel < 1 else args.parallel, max_model_len=args.ctx_size,
-                  memory_fraction=None, model_arg=args.model, api_key=args.api_key)
+                  memory_fraction=None, model_arg=given, api_key=args.api_key, hf_repo=args.hf_repo)
 
 
 def parse_sglang(argv: Sequence[str]) -> Launch:
@@ -475,12 +486,47 @@ class LauncherEngine(Engine):
         await self.load_only(self.key, FOREVER)
 
 
-def find_catalog_model(spec: InstanceSpec, launch: Launch) -> ModelSpec:
-    """The catalog entry the launcher's model argument names, or the server's own error."""
+#: A size in billions as a word of its own in a file or repo name (``Qwen2-7B-Instruct-GGUF``).
+_HUB_SIZE = re.compile(r"(?<![a-z0-9.])(\d+(?:\.\d+)?)b(?![a-z0-9])")
+
+
+def hub_names(name: str) -> list[str]:
+    """The catalog names a Hugging Face file or repo name may stand for, most specific first.
+
+    The sandbox has no network: ``llama-server -hf REPO`` "downloads" the catalog model the
+    names say, read as family and size: ``Qwen/Qwen2-7B-Instruct-GGUF:Q4_K_M`` and
+    ``qwen2-7b-instruct-q4_k_m.gguf`` are ``qwen2:7b``; the family may lose trailing words
+    (``DeepSeek-R1-Distill-Qwen-14B`` tries ``deepseek-r1-distill-qwen:14b``, ...,
+    ``deepseek-r1:14b``). A name that is already a catalog name (``qwen2:7b.gguf``) is itself.
+    """
+    last = name.strip().lower().rsplit("/", 1)[-1]
+    last = last[: -len(".gguf")] if last.endswith(".gguf") else last
+    names = [last]
+    stem = last.partition(":")[0]  # a repo's :QUANT
+    found = _HUB_SIZE.search(stem)
+    if found:
+        words = stem[: found.start()].strip("-_. ").split("-")
+        names += [f"{'-'.join(words[:n])}:{found.group(1)}b" for n in range(len(words), 0, -1)]
+    return names
+
+
+def find_catalog_model(spec: InstanceSpec, launch: Launch) -> tuple[Launch, ModelSpec]:
+    """The catalog entry the launcher's model argument names (the launch naming it), or the
+    server's own error. llama.cpp's ``-hf REPO`` stands for the catalog model its file or repo
+    names (:func:`hub_names`); none is a download that fails, as an unknown repo's does."""
     found = spec.find_model(launch.model)
+    if found is None and launch.hf_repo:
+        for name in [*hub_names(launch.model), *hub_names(launch.hf_repo)]:
+            if (found := spec.find_model(name)) is not None:
+                launch = dataclasses.replace(launch, model=name)
+                break
+        else:
+            repo, _, _ = launch.hf_repo.partition(":")
+            file = f"/resolve/main/{launch.model_arg}" if launch.model_arg != launch.hf_repo else ""
+            raise LaunchError(f"error: failed to download model from https://huggingface.co/{repo}{file}")
     if found is None:
         raise LaunchError(unknown_model(launch))
-    return found[1]
+    return launch, found[1]
 
 
 def _log(launch: Launch, message: str) -> None:
@@ -566,7 +612,7 @@ async def serve(spec: InstanceSpec, launch: Launch) -> int:
     """Load and serve until SIGTERM/SIGINT; the exit status."""
     from aiohttp import web
 
-    model = find_catalog_model(spec, launch)
+    launch, model = find_catalog_model(spec, launch)
     engine = LauncherEngine(spec, launch, model)
     engine.check_fits()
     ready = asyncio.Event()
