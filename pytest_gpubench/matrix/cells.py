@@ -68,6 +68,7 @@ from .workload import (  # noqa: F401 - re-exported
     Prompts,
     Workload,
     WorkloadOverride,
+    trace_conflict,
     load_conflict,
     prompt_set_name,
 )
@@ -904,6 +905,9 @@ def _row_workload(matrix: Matrix, r: int, row: RowSpec) -> Workload:
             f"{conflict}; here `concurrency` comes from {origin['concurrency']} and `rate` from "
             f"{origin['rate']}: in the row, set `concurrency: 1`, or `rate: null` to drop the "
             f"file's rate{at_line(_row_line(matrix, r))}"))
+    conflict = trace_conflict(workload.trace, workload.concurrency, workload.rate)
+    if conflict:
+        raise MatrixError(matrix.source, f"matrix[{r}].workload", conflict + at_line(_row_line(matrix, r)))
     return workload
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -72,6 +73,8 @@ class Launch:
     model_arg: str = ""  # as given (a repo id or path, llama.cpp's file)
     #: ``--api-key``: requests to ``/v1/*`` need ``Authorization: Bearer KEY`` (401 otherwise), as the servers do.
     api_key: str | None = None
+    #: vLLM's ``--speculative-config``'s ``num_speculative_tokens``: tokens drafted per step (0: none).
+    speculative_tokens: int = 0
     #: llama.cpp's ``-hf REPO[:QUANT]``: the GGUF is downloaded from this Hugging Face repo
     #: (the stand-in's "hub" is its catalog: :func:`hub_names`).
     hf_repo: str | None = None
@@ -99,14 +102,58 @@ def parse_vllm(argv: Sequence[str]) -> Launch:
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--api-key")
+    parser.add_argument("--speculative-config")
     args, _ = parser.parse_known_args(list(argv[1:]))
     model = args.model_tag or args.model
     if not model:
         raise LaunchError("vllm serve: error: the following arguments are required: model_tag")
+    speculative = speculative_tokens(args.speculative_config) if args.speculative_config is not None else 0
     return Launch(program="vllm", model=model, served_names=tuple(args.served_model_name or [model]),
                   host=args.host, port=args.port, parallel=max(1, args.max_num_seqs),
                   tensor_parallel=max(1, args.tensor_parallel_size), max_model_len=args.max_model_len,
-                  memory_fraction=args.gpu_memory_utilization, model_arg=model, api_key=args.api_key)
+                  memory_fraction=args.gpu_memory_utilization, model_arg=model, api_key=args.api_key,
+                  speculative_tokens=speculative)
+
+
+#: The stand-in's speculative decoding: each drafted token is accepted with this probability
+#: given the one before it was (a draft of k tokens is accepted up to its first miss). 0.7 is in
+#: the range vLLM reports for EAGLE-style drafters on chat prompts; an emulation, not a model.
+SPEC_ACCEPTANCE = 0.7
+
+
+def speculative_tokens(text: str) -> int:
+    """``--speculative-config``'s JSON -> its ``num_speculative_tokens``, or vLLM's kind of refusal."""
+    try:
+        config = json.loads(text)
+    except ValueError:
+        raise LaunchError(f"vllm serve: error: argument --speculative-config: invalid loads value: {text!r}") from None
+    tokens = config.get("num_speculative_tokens") if isinstance(config, dict) else None
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise LaunchError("ValueError: speculative config needs num_speculative_tokens, a whole number of at "
+                          f"least 1; got {text}")
+    return tokens
+
+
+def expected_accepted(draft: int) -> float:
+    """Tokens accepted per verification step on average: ``a + a^2 + ... + a^k`` for a draft of ``k``."""
+    return sum(SPEC_ACCEPTANCE ** i for i in range(1, draft + 1))
+
+
+def metrics_text(launch: Launch, tokens: int) -> str:
+    """vLLM's ``/metrics`` after ``tokens`` generated tokens: with a speculative config, the V1
+    spec-decode counters those tokens imply (each step emits its accepted tokens and one more, so
+    ``drafts = round(tokens / (1 + expected_accepted(k)))``, ``accepted = tokens - drafts``,
+    ``draft_tokens = drafts x k``)."""
+    label = f'{{engine="0",model_name="{launch.served_names[0]}"}}'
+    lines = ["# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+             "# TYPE vllm:generation_tokens_total counter", f"vllm:generation_tokens_total{label} {float(tokens)}"]
+    k = launch.speculative_tokens
+    if k:
+        drafts = round(tokens / (1 + expected_accepted(k)))
+        for name, value in (("drafts", drafts), ("draft_tokens", drafts * k), ("accepted_tokens", tokens - drafts)):
+            lines += [f"# TYPE vllm:spec_decode_num_{name} counter", f"vllm:spec_decode_num_{name}_total{label} "
+                      f"{float(value)}", f"vllm:spec_decode_num_{name}_created{label} {time.time():.3f}"]
+    return "\n".join(lines) + "\n"
 
 
 def parse_llama_server(argv: Sequence[str]) -> Launch:
@@ -383,6 +430,9 @@ class LauncherEngine(Engine):
         if launch.tensor_parallel > 1:  # the catalog's rate is one GPU's
             model = model.model_copy(update={
                 "tokens_per_second": model.tokens_per_second * tensor_parallel_speedup(launch.tensor_parallel)})
+        if launch.speculative_tokens:  # each step emits its accepted draft tokens and one of its own
+            model = model.model_copy(update={
+                "tokens_per_second": model.tokens_per_second * (1 + expected_accepted(launch.speculative_tokens))})
         self.model_spec = model
         self.key = normalize_model_name(launch.model)
         pulled = PulledModel(name=self.key, size=model.size_bytes, digest=model.digest_hex,
@@ -548,8 +598,13 @@ def create_app(engine: LauncherEngine, ready: asyncio.Event) -> Any:
 
     app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[authorized])
     app[ENGINE] = engine
+    async def metrics(_: web.Request) -> web.Response:
+        # Every token the engine streamed (its lag statistics count each one).
+        return web.Response(text=metrics_text(launch, engine.lag.tokens), content_type="text/plain")
+
     if launch.program == "vllm":
         app.router.add_get("/version", version)
+        app.router.add_get("/metrics", metrics)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", guarded(handle_chat_completions))

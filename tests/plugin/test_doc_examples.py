@@ -83,6 +83,7 @@ def named_files(folder: Path) -> dict[str, bytes]:
     return {
         "runtimes/certs/internal-ca.pem": make_loopback_certs(folder).ca.read_bytes(),
         "workloads/data/sharegpt.json": json.dumps([conversation] * 3).encode(),
+        "workloads/traces/sample_trace.jsonl": (ROOT / "matrix" / "traces" / "sample_trace.jsonl").read_bytes(),
     }
 
 
