@@ -44,6 +44,7 @@ from .fields import (
     number_text,
     whole,
 )
+from .accuracy import AccuracySpec
 from .datasets import PromptSource, load_dataset
 from .synthetic import MAX_LENGTH, synthetic_spec
 from .yaml_errors import describe
@@ -466,6 +467,8 @@ class Workload(StrictModel):
     think: Think = None
     #: Ask the server to ignore end-of-sequence, so each answer runs to its ``max_tokens``.
     ignore_eos: IgnoreEos = False
+    #: Problems with exact answers asked after the load (``accuracy.py``); None: no accuracy pass.
+    accuracy: AccuracySpec | None = None
 
     @model_validator(mode="after")
     def _one_load_axis(self) -> Workload:
@@ -532,13 +535,14 @@ class WorkloadOverride(StrictModel):
     stall_timeout: Seconds | None = None
     think: Think = None
     ignore_eos: IgnoreEos | None = None
+    accuracy: AccuracySpec | None = None
 
     @field_validator("*", mode="before")
     @classmethod
     def _no_null(cls, value: Any, info: ValidationInfo) -> Any:
         # `rate: null` drops the file's rate, `sweep: null` its sweep settings, `think: null` its
-        # think (the runtime's default again).
-        if value is None and info.field_name not in ("rate", "sweep", "think"):
+        # think (the runtime's default again), `accuracy: null` its accuracy pass.
+        if value is None and info.field_name not in ("rate", "sweep", "think", "accuracy"):
             raise invalid("must not be null; leave the key out to use the file's value")
         return value
 

@@ -80,6 +80,9 @@ class BenchmarkPlan:
     ca_file: str | None = None
     #: ``protocol: worker``: the argv of one container (``docker run ... IMAGE``), run on the instance.
     worker_command: list[str] | None = None
+    #: At a fixed concurrency, send at most this many requests (the prompts in order), then end:
+    #: the accuracy pass asks each problem once (None: requests until the duration ends).
+    requests: int | None = None
 
     def config(self, server_url: str) -> dict[str, Any]:
         return {
@@ -102,6 +105,7 @@ class BenchmarkPlan:
             "api_key_env": self.api_key_env,
             "ca_file": self.ca_file,
             **({"worker_command": self.worker_command} if self.worker_command else {}),
+            **({"requests": self.requests} if self.requests is not None else {}),
         }
 
 

@@ -122,6 +122,8 @@ class ModelSpec(_Value):
     #: (the catalog's batching model); None: parallel requests cost nothing (an
     #: instance file written by hand, or before the model existed).
     batch_ceiling_factor: float | None = Field(default=None, gt=0)
+    #: The share of the built-in accuracy problems it answers right (the catalog's ``accuracy``).
+    accuracy: float = Field(default=1.0, ge=0, le=1)
 
     @property
     def digest_hex(self) -> str:

@@ -108,6 +108,7 @@ def instance_document(
             "ttft_ms": float(ttft),
             "load_seconds": float(spec.load_seconds),
             "thinking": spec.thinking,
+            "accuracy": spec.accuracy,
             "batch_ceiling_factor": catalog.batch_ceiling(offer.gpu_type, offer.provider, name) / tps,
         }
     return {
