@@ -867,7 +867,10 @@ class Exchange:
         matched = None
         if self.expect and error is None and not incomplete:
             text = "".join(self.kept_text(t) for t in self.texts).lower()
-            matched = self.expect.matches(text) if isinstance(self.expect, Exact) else any(e in text for e in self.expect)
+            if isinstance(self.expect, Exact):
+                matched = self.expect.matches(text)
+            else:
+                matched = any(e in text for e in self.expect)
         return {
             "index": self.index,
             "warmup": self.warmup,

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -179,7 +180,7 @@ def test_the_sandbox_model_answers_its_share_right_and_keeps_its_token_counts():
     problems = builtin_problems(200)
     for share in (0.0, 0.6, 1.0):
         replies = ["".join(plan_output(p.text, 48, model="qwen2:7b", accuracy=share).tokens) for p in problems]
-        right = [final_answer(r) == str(p.answer) for p, r in zip(problems, replies)]
+        right = [final_answer(r) == str(p.answer) for p, r in zip(problems, replies, strict=True)]
         # Exactly the deterministic rule, and every wrong reply still gives a (wrong) number.
         assert right == [answers_right(p.text, "qwen2:7b", share) for p in problems]
         assert all(final_answer(r) is not None for r in replies)
@@ -268,3 +269,12 @@ def test_the_report_shows_accuracy_beside_speed_where_a_cell_asked_its_problems(
     assert [str(r[column]) for r in table.rows] == ["80.0%", "-"]
     alone = model_table(ModelTable(model="m", rows=[not_asked], fastest=not_asked, cheapest=not_asked))
     assert "Accuracy" not in alone.header  # no cell asked: no column of dashes
+
+
+def test_the_docs_example_collects_with_the_problems_it_says(tmp_path):
+    docs = (Path(__file__).parents[2] / "docs" / "workloads.md").read_text(encoding="utf-8")
+    section = docs.split("## Accuracy", 1)[1]
+    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "gpubench_docs.yaml").write_text(example)
+    cells = load_cells(tmp_path / "gpubench_docs.yaml")
+    assert [len(c.workload.accuracy.problems) if c.workload.accuracy else None for c in cells] == [50, 20, None]
