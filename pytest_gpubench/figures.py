@@ -255,6 +255,10 @@ FIGURES: dict[str, Figure] = {f.name: f for f in (
     Figure("match_rate", "match", "fraction 0-1",
            "quality check: matching / checked answers (only when a prompt expects an answer)", _match_rate,
            pattern="{:.1%}", digits=4),
+    Figure("accuracy", "accuracy", "fraction 0-1",
+           "problems with exact answers asked after the load (workload `accuracy:`): correct / problems; "
+           "an unanswered or failed problem counts as wrong",
+           lambda s: _number((s.details.get("accuracy") or {}).get("accuracy")), pattern="{:.1%}", digits=4),
     Figure("requests", "requests", "requests", "measured requests: successful, failed or incomplete",
            lambda s: s.results.get("total_requests"), pattern="{}"),
     Figure("incomplete_requests", "incomplete", "requests",

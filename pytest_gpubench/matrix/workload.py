@@ -44,6 +44,7 @@ from .fields import (
     number_text,
     whole,
 )
+from .accuracy import AccuracySpec
 from .datasets import PromptSource, load_dataset
 from .synthetic import MAX_LENGTH, synthetic_spec
 from .trace import Trace
@@ -469,6 +470,8 @@ class Workload(StrictModel):
     ignore_eos: IgnoreEos = False
     #: Trace replay (``matrix/trace.py``): the trace's requests at its own times; None: no trace.
     trace: Trace | None = None
+    #: Problems with exact answers asked after the load (``accuracy.py``); None: no accuracy pass.
+    accuracy: AccuracySpec | None = None
 
     @model_validator(mode="after")
     def _one_load_axis(self) -> Workload:
@@ -543,13 +546,14 @@ class WorkloadOverride(StrictModel):
     think: Think = None
     ignore_eos: IgnoreEos | None = None
     trace: Trace | None = None
+    accuracy: AccuracySpec | None = None
 
     @field_validator("*", mode="before")
     @classmethod
     def _no_null(cls, value: Any, info: ValidationInfo) -> Any:
         # `rate: null` drops the file's rate, `sweep: null` its sweep settings, `think: null` its
-        # think (the runtime's default again), `trace: null` its trace.
-        if value is None and info.field_name not in ("rate", "sweep", "think", "trace"):
+        # think (the runtime's default again), `trace: null` its trace, `accuracy: null` its accuracy pass.
+        if value is None and info.field_name not in ("rate", "sweep", "think", "trace", "accuracy"):
             raise invalid("must not be null; leave the key out to use the file's value")
         return value
 

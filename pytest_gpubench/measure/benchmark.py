@@ -82,6 +82,9 @@ class BenchmarkPlan:
     worker_command: list[str] | None = None
     #: Trace replay: when measured request *i* (prompt *i*) is sent, seconds into the run; None: no trace.
     schedule: list[float] | None = None
+    #: At a fixed concurrency, send at most this many requests (the prompts in order), then end:
+    #: the accuracy pass asks each problem once (None: requests until the duration ends).
+    requests: int | None = None
 
     def config(self, server_url: str) -> dict[str, Any]:
         return {
@@ -105,6 +108,7 @@ class BenchmarkPlan:
             "ca_file": self.ca_file,
             **({"worker_command": self.worker_command} if self.worker_command else {}),
             **({"schedule": self.schedule} if self.schedule is not None else {}),
+            **({"requests": self.requests} if self.requests is not None else {}),
         }
 
 

@@ -16,7 +16,11 @@ Config (one JSON object, after the script on stdin or as the one argument):
 (below), ``model``, ``prompts`` (strings, or objects ``{"prompt": str, "expect":
 [str, ...], "max_tokens": n, "ignore_eos": true}``: any one expected substring
 matching, case-insensitive; ``max_tokens`` there overrides the run's; ``ignore_eos``
-is sent on the OpenAI protocols only), ``max_tokens``, ``think`` (Ollama only: sent
+is sent on the OpenAI protocols only; ``"answer": "N"`` instead of ``expect`` scores
+exactly: the reply's :func:`final_answer` must equal N, and ``matched`` is None when
+the reply has no number), ``requests`` (at a fixed concurrency, the measured phase
+sends at most this many requests, the prompts in order, and ends once they are
+answered), ``max_tokens``, ``think`` (Ollama only: sent
 as the request's ``think`` only when set: absent or null leaves the model's
 default), ``extra_body`` (fields
 merged into every request body last, e.g. ``ignore_eos`` or
@@ -146,6 +150,7 @@ import errno
 import json
 import os
 import random
+import re
 import selectors
 import signal
 import socket
@@ -280,10 +285,54 @@ def parse_prompt(entry):
         if isinstance(expect, str):
             expect = [expect]
         expect = [str(e).lower() for e in expect or []] or None
+        if entry.get("answer") is not None:
+            expect = Exact(entry["answer"])
         max_tokens = entry.get("max_tokens")
         return (str(entry["prompt"]), expect, None if max_tokens is None else int(max_tokens),
                 entry.get("ignore_eos") is True)
     return str(entry), None, None, False
+
+
+# A reply's final answer: the number after its last "Answer:" / "answer is" / "####" marker
+# (markdown bold and a dollar sign allowed between), else its last number. A number is
+# whole or decimal, "1,234" with thousands commas.
+_NUMBER = r"-?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?"
+_MARKED = re.compile(r"(?:\banswer\b(?:\s+is)?|####)\s*[:=]?[\s*]*\$?\s*(" + _NUMBER + ")", re.IGNORECASE)
+_ANY_NUMBER = re.compile(r"(?<![0-9.,])" + _NUMBER)
+
+
+def canonical_number(text):
+    """``"1,234"`` -> ``"1234"``, ``"12.50"`` -> ``"12.5"``, ``"12.0"`` -> ``"12"``, ``"-0"`` -> ``"0"``."""
+    text = text.replace(",", "")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    negative = text.startswith("-")
+    digits = text.lstrip("-").lstrip("0")
+    if not digits or digits.startswith("."):
+        digits = "0" + digits
+    return "-" + digits if negative and digits != "0" else digits
+
+
+def final_answer(text):
+    """The reply's final answer as :func:`canonical_number` writes it, or None without a number:
+    the number after the last answer marker, else the last number in the reply."""
+    marked = _MARKED.findall(text)
+    if marked:
+        return canonical_number(marked[-1])
+    numbers = _ANY_NUMBER.findall(text)
+    return canonical_number(numbers[-1]) if numbers else None
+
+
+class Exact(object):
+    """A prompt's exact answer (``"answer"``): the reply's final answer must equal it."""
+
+    def __init__(self, answer):
+        self.answer = canonical_number(str(answer).strip())
+
+    def matches(self, text):
+        """True or False; None when the reply has no number at all (unanswered)."""
+        found = final_answer(text)
+        return None if found is None else found == self.answer
 
 
 class Output:
@@ -826,7 +875,10 @@ class Exchange:
         matched = None
         if self.expect and error is None and not incomplete:
             text = "".join(self.kept_text(t) for t in self.texts).lower()
-            matched = any(e in text for e in self.expect)
+            if isinstance(self.expect, Exact):
+                matched = self.expect.matches(text)
+            else:
+                matched = any(e in text for e in self.expect)
         return {
             "index": self.index,
             "warmup": self.warmup,
@@ -1381,25 +1433,29 @@ class Warmup:
 
 
 class FixedConcurrency:
-    """N requests in flight until the deadline; each is due when a slot frees."""
+    """N requests in flight until the deadline (or until ``limit`` requests were sent);
+    each is due when a slot frees."""
 
-    def __init__(self, concurrency, start, deadline):
+    def __init__(self, concurrency, start, deadline, limit=None):
         self.due = deque([start] * concurrency)
         self.deadline = deadline
+        self.left = limit
 
     def launch(self, run, now):
         if now < self.deadline:
             # Only the slots free now: one that fails at once is refilled next turn.
             for _ in range(len(self.due)):
-                if run.held(now):
+                if run.held(now) or self.left == 0:
                     return  # backing off: the slot waits, and its send lag shows it
+                if self.left is not None:
+                    self.left -= 1
                 run.launch(False, self.due.popleft())
 
     def exhausted(self, now):
-        return now >= self.deadline
+        return now >= self.deadline or self.left == 0
 
     def wake(self, run):
-        if perf() >= self.deadline:
+        if perf() >= self.deadline or self.left == 0:
             return None
         return 0.0 if self.due else self.deadline
 
@@ -1805,7 +1861,9 @@ class LoadGenerator(WorkerPool):
                 pattern = PoissonArrivals(float(config["rate"]), config.get("seed", 0),
                                           int(config.get("max_in_flight", 1024)), self.start, self.deadline)
             else:
-                pattern = FixedConcurrency(max(1, int(config.get("concurrency", 1))), self.start, self.deadline)
+                limit = config.get("requests")
+                pattern = FixedConcurrency(max(1, int(config.get("concurrency", 1))), self.start, self.deadline,
+                                           None if limit is None else int(limit))
             self.drive(pattern, measuring=True)
         end = perf()
         self.account(end)

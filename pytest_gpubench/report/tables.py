@@ -32,6 +32,8 @@ FIGURES = (
                                          "time per output token, inter-token latency, end-to-end request latency"),
     ("J/token", "joules_per_output_token: the cell's GPUs' mean power while measured requests ran / output "
                 "tok/s (docs/metrics.md, Energy); - where the GPU reported no power"),
+    ("Accuracy", "accuracy: the share of the workload's problems with exact answers the model answered right, "
+                 "asked after the load (docs/metrics.md, Accuracy); - where the workload asked none"),
     ("requests, errors", "measured requests (warm-up excluded) and the failed ones among them"),
     ("spend", "price x session lifetime of every session rented, each once (the attempts table); "
               "with session reuse a session is billed once however many cells ran on it"),
@@ -148,9 +150,12 @@ def model_table(table: ModelTable) -> Table:
     loads, runtimes = has_loads(table.rows), has_runtimes(table.rows)
     # Energy where any GPU of the table reported its power; "-" for a cell whose GPU did not (never 0).
     energy = any(r.figures.get("joules_per_output_token") is not None for r in table.rows)
+    # Accuracy where any cell of the table asked its problems (workload `accuracy:`).
+    accuracy = any(r.figures.get("accuracy") is not None for r in table.rows)
     return Table(
         ("GPU", "Provider", *(["Runtime"] if runtimes else []), *(["Load"] if loads else []), "output tok/s",
-         "decode tok/s", "TTFT p50 ms", "$/h", "$/M tokens", *(["J/token"] if energy else []), "Requests", "Errors"),
+         "decode tok/s", "TTFT p50 ms", "$/h", "$/M tokens", *(["J/token"] if energy else []),
+         *(["Accuracy"] if accuracy else []), "Requests", "Errors"),
         [(gpu_label(r), r.provider, *([r.runtime] if runtimes else []), *([r.load] if loads else []),
           _fig(tps_marked(r), r.output_tokens_per_second),
           _fig(tps(r.decode_tokens_per_second), r.decode_tokens_per_second),
@@ -158,8 +163,14 @@ def model_table(table: ModelTable) -> Table:
           _fig(per_million(r.cost_per_million_tokens), r.cost_per_million_tokens),
           *([_fig(joules(r.figures.get("joules_per_output_token")), r.figures.get("joules_per_output_token"))]
             if energy else []),
+          *([_fig(share(r.figures.get("accuracy")), r.figures.get("accuracy"))] if accuracy else []),
           _fig(str(r.requests), r.requests), _fig(str(r.errors), r.errors))
          for r in table.rows])
+
+
+def share(value: float | None) -> str:
+    """A fraction 0-1 as a percentage (``80.0%``); "-" where it was not measured."""
+    return f"{value:.1%}" if value is not None else "-"
 
 
 def joules(value: float | None) -> str:

@@ -25,6 +25,7 @@ from ..measure.compare import compare, figures_of
 from ..errors import BenchmarkInterrupted, ErrorBudgetExceeded, ResultsInvalid, Stage, StageError, ThresholdMissed
 from ..store.export import upload_result
 from ..measure.compare import Fingerprint, fingerprint, incomparable
+from ..matrix.accuracy import score
 from ..matrix.cells import DEFAULT_CLOUD, Cell
 from ..measure.repeats import Measurement, details_of, enough_runs, measure_once
 from ..measure.metrics import energy_of
@@ -48,6 +49,12 @@ from ..cloud.watch import SessionWatch, watch_interval
 BRIDGE_SLACK = 10.0
 #: Seconds the benchmark may take beyond its timeout to read the instance's checkpoint.
 CHECKPOINT_SLACK = 90.0
+#: The accuracy pass's problems in flight at once: a small load, so each answer is the
+#: model's at an ordinary batch (docs/metrics.md, "Accuracy").
+ACCURACY_CONCURRENCY = 4
+#: Seconds the accuracy pass may go on sending problems: a bound, not a duration (it ends
+#: once every problem is answered; one not sent by then counts as failed).
+ACCURACY_DEADLINE_S = 1800.0
 T = TypeVar("T")
 
 
@@ -113,6 +120,8 @@ class Bench:
         self.measurement = Measurement()
         self.details: dict = {}
         self.comparison_line = ""
+        #: The accuracy pass's figures (``details["accuracy"]``), once it ran.
+        self.accuracy: dict | None = None
 
     def plan(self, run_index: int = 0) -> BenchmarkPlan:
         workload = self.cell.workload
@@ -195,6 +204,7 @@ class Bench:
             recorder.progress.status("RUN_COMPLETE", run=run_index,
                                      output_tokens_per_second=last["output_tokens_per_second"],
                                      decode_tokens_per_second=last["decode_tokens_per_second"])
+        self.accuracy_pass()
         recorder.enter(Stage.RESULTS)
         result = self._keep()
         recorder.progress.status("BENCHMARK_COMPLETE", output_tokens_per_second=result.output_tokens_per_second,
@@ -205,6 +215,39 @@ class Bench:
         recorder.progress.results(result)
         self._judge(result)
         return result
+
+    def accuracy_pass(self) -> None:
+        """The workload's ``accuracy:`` problems, each once, on the runtime just measured, after
+        the measured runs: their requests join no measurement (no throughput, latency or
+        energy counts them; no request record is kept), only :attr:`accuracy` (scored exactly,
+        ``matrix/accuracy.py``). A pass cut short keeps what it scored and says why."""
+        spec = self.cell.workload.accuracy
+        if spec is None:
+            return
+        checkpoint = Path(self.plan(0).checkpoint_path)
+        plan = replace(self.plan(0), prompts=spec.payload(), warmup_requests=0, duration=ACCURACY_DEADLINE_S,
+                       concurrency=min(ACCURACY_CONCURRENCY, len(spec.problems)), rate=None,
+                       requests=len(spec.problems), cut_at_deadline=False,
+                       checkpoint_path=str(checkpoint.with_name(checkpoint.name.replace(".run0.", ".accuracy."))))
+        timeout = self.settings.stage_timeout(Stage.BENCHMARK, ACCURACY_DEADLINE_S)
+        self.recorder.progress.status("ACCURACY_STARTED", problems=len(spec.problems), source=spec.source)
+        error = None
+        try:
+            self._ensure_healthy()
+            outcome, _ = run_async(
+                watched(self._run, self.session, Stage.BENCHMARK, lambda watch:
+                        measure_once(self.runtime, plan, timeout=timeout, telemetry_interval=ACCURACY_DEADLINE_S,
+                                     on_event=lambda event: None, watch=watch, reconnect=self._reconnect),
+                        guard=False),
+                timeout + CHECKPOINT_SLACK + BRIDGE_SLACK)
+            records = outcome.records
+        except StageError as exc:  # the throughput measured stands; the pass says what it scored
+            partial = getattr(exc, "partial", None)
+            records, error = (partial.records if partial is not None else []), exc.message
+        self.accuracy = {**score(spec, records), "max_tokens": self.cell.workload.max_tokens,
+                         "concurrency": plan.concurrency, **({"error": error} if error else {})}
+        shown = {key: self.accuracy[key] for key in ("accuracy", "correct", "problems", "unanswered", "failed")}
+        self.recorder.progress.status("ACCURACY", **shown)
 
     def _spoiled_by_a_crash(self, outcome: LoadgenPass, run_index: int) -> bool:
         """A run whose every request failed because the server crashed during it measured the
@@ -292,6 +335,8 @@ class Bench:
         }
         # What a baseline must share to be compared with this result (fingerprint.py).
         self.details["fingerprint"] = self.fingerprint().model_dump(mode="json")
+        if self.accuracy is not None:
+            self.details["accuracy"] = self.accuracy
         if self.session.ssh.local:  # nothing to probe: the hardware is what the matrix says
             self.details["hardware_declared"] = True
         recorder.result, recorder.records, recorder.samples = result, list(measurement.records), measurement.samples
@@ -491,6 +536,7 @@ class SweepRun:
                 rate = _significant(rate)
                 outcome, _, index = self._step(1, rate)
                 self._record("rate", outcome, index, rate=rate, search=search)
+            bench.accuracy_pass()
         except StageError as exc:
             # An interrupted step's records were kept by Bench.measure_run. A step that measured
             # nothing (the instance lost as it began) is no reason to lose the steps before it.

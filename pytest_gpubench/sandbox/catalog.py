@@ -171,6 +171,8 @@ class ModelSpec(_Entry):
     load_seconds: float = Field(ge=0)
     #: Thinking-capable (Ollama's ``thinking`` capability): reasons first unless ``think: false``.
     thinking: bool = False
+    #: The share of the built-in accuracy problems the emulated model answers right (docs/sandbox.md).
+    accuracy: float = Field(default=1.0, ge=0, le=1)
 
 
 class RateSpec(_Entry):

@@ -126,6 +126,8 @@ class ModelSpec(_Value):
     #: ``llama-server``, ...); one left out gets ``batch_ceiling_factor`` (an instance file
     #: written before runtimes had their own).
     batch_ceiling_factors: dict[str, float] = Field(default_factory=dict)
+    #: The share of the built-in accuracy problems it answers right (the catalog's ``accuracy``).
+    accuracy: float = Field(default=1.0, ge=0, le=1)
 
     def ceiling_factor(self, program: str) -> float | None:
         """``F`` under ``program`` (docs/sandbox.md, "Batching and power law"); None: batching is free."""

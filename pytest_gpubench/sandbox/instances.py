@@ -109,6 +109,7 @@ def instance_document(
             "ttft_ms": float(ttft),
             "load_seconds": float(spec.load_seconds),
             "thinking": spec.thinking,
+            "accuracy": spec.accuracy,
             "batch_ceiling_factor": catalog.batch_ceiling(offer.gpu_type, offer.provider, name) / tps,
             # By the program that serves each runtime (the stand-in knows its program, not the runtime).
             "batch_ceiling_factors": {facts.sandbox.program: catalog.batch_ceiling(

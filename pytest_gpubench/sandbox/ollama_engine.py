@@ -581,7 +581,8 @@ class Engine:
                 self.waiting -= 1
             try:
                 self._set_active(+1)
-                plan = plan_output(job.prompt, job.num_predict, model=runner.name, think=job.think)
+                plan = plan_output(job.prompt, job.num_predict, model=runner.name, think=job.think,
+                                   accuracy=runner.spec.accuracy)
                 ttft, intervals = self._timing(job, runner, len(plan.tokens))
                 factor = self.settings.batch_ceiling_factor
                 if factor is None:
