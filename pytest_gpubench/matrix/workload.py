@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BeforeValidator, ValidationInfo, field_validator, model_validator
 from pydantic_core import core_schema
@@ -29,6 +29,7 @@ from .fields import (
     MAX_CONCURRENCY,
     MAX_RATE,
     CheckpointEvery,
+    Concurrency,
     MaxTokens,
     Rate,
     Runs,
@@ -526,18 +527,6 @@ IgnoreEos = Annotated[bool, BeforeValidator(ignore_eos_value)]
 # -------------------------------------------------------------------------- workload
 
 
-def _sweepable_concurrency(value: Any) -> tuple[int, ...] | str:
-    if value == SWEEP:  # `concurrency: sweep`: one cell, its levels on one session (SweepSpec)
-        return value
-    return _axis(value, f"must be a whole number of requests in flight from 1 to {MAX_CONCURRENCY}, a non-empty "
-                        "list of them such as [1, 8, 32] (a cell each), or `sweep` for a concurrency sweep on "
-                        "one session", _level)
-
-
-#: ``workload.concurrency``: a level, a list of levels (a cell each), or ``sweep`` (one cell, many levels).
-SweepableConcurrency = Annotated[tuple[int, ...] | Literal["sweep"], BeforeValidator(_sweepable_concurrency)]
-
-
 class Workload(StrictModel):
     """What one cell's benchmark does; the defaults are seed 000's.
 
@@ -552,7 +541,7 @@ class Workload(StrictModel):
     progress_interval: Seconds = 60.0
     checkpoint_every: CheckpointEvery = 10
     prompts: Prompts = PromptList(PROMPT_SETS["seed"])
-    concurrency: SweepableConcurrency = (1,)
+    concurrency: Concurrency = (1,)
     rate: Rate = None
     #: ``rate: sweep``'s and ``concurrency: sweep``'s settings (above); None with a sweep: the defaults.
     sweep: SweepSpec | None = None
@@ -627,7 +616,7 @@ class WorkloadOverride(StrictModel):
     progress_interval: Seconds | None = None
     checkpoint_every: CheckpointEvery | None = None
     prompts: Prompts | None = None
-    concurrency: SweepableConcurrency | None = None
+    concurrency: Concurrency | None = None
     rate: Rate = None
     sweep: SweepSpec | None = None
     runs: RunsField | None = None

@@ -279,7 +279,7 @@ def sweep_identity(spec: SweepSpec, slo: Slo, kind: str = "rate") -> str:
         slo_text = " ".join(f"{key}<={value:g}" for key, value in slo.model_dump().items() if value is not None)
         levels = (",".join(map(str, spec.concurrency)) if spec.concurrency is not None
                   else f"1-{spec.top_concurrency} growth {spec.min_growth:g}")
-        return f"concurrency sweep {spec.goal_text} {slo_text} levels {levels}"
+        return " ".join(part for part in ("concurrency sweep", spec.goal_text, slo_text, "levels", levels) if part)
     bounds = (f"{spec.min_rate:g}" if spec.min_rate is not None else "top/10") + "-" + \
         (f"{spec.max_rate:g}" if spec.max_rate is not None else f"probe c{spec.probe_concurrency}")
     slo_text = " ".join(f"{key}<={value:g}" for key, value in slo.model_dump().items() if value is not None)
