@@ -75,7 +75,10 @@ DEFAULT_PROBE_CONCURRENCY = 32
 #: Without ``min_rate``, the search starts this many times below the top rate.
 DEFAULT_SPAN = 10.0
 #: ``concurrency: sweep``: the doubling stops at this concurrency unless ``max_concurrency`` says otherwise.
-DEFAULT_MAX_CONCURRENCY = 256
+#: Also the server's default batch limit then, so not higher: Ollama reserves a KV cache per parallel
+#: slot at load (a 7B model's 256 slots need about 56 GiB beside its weights), and 64 is where
+#: single-GPU frontiers (InferenceX's usual range) end; vLLM or SGLang on a large GPU may go higher.
+DEFAULT_MAX_CONCURRENCY = 64
 #: ``concurrency: sweep``: saturated once doubling the concurrency raises output throughput by less than this.
 DEFAULT_MIN_GROWTH = 0.05
 #: The ``sweep:`` keys each kind of sweep reads (``goal`` and ``duration`` are both's).
@@ -161,7 +164,7 @@ class SweepSpec(StrictModel):
 
     Concurrency sweep: the concurrency doubles from 1 until a doubling raises output
     throughput by less than ``min_growth`` (saturated), goodput_share under the ``slo:``
-    falls below ``goal``, or ``max_concurrency`` (None: 256) has run; ``concurrency``
+    falls below ``goal``, or ``max_concurrency`` (None: 64) has run; ``concurrency``
     (a list of levels) runs exactly those levels instead. Keys of the other kind of sweep
     are refused (:func:`sweep_problem`). ``duration`` None: each step runs the workload's
     ``duration``.

@@ -274,7 +274,7 @@ class SweepOutcome(BaseModel):
 def sweep_identity(spec: SweepSpec, slo: Slo, kind: str = "rate") -> str:
     """What makes two sweeps' answers comparable, for the workload fingerprint: the goal, the SLO
     and the search's bounds (``sweep goodput_share >= 0.95 ttft_ms<=500 rates 0.5-probe``;
-    a concurrency sweep: ``concurrency sweep ... levels 1-256 growth 0.05`` or its list)."""
+    a concurrency sweep: ``concurrency sweep ... levels 1-64 growth 0.05`` or its list)."""
     if kind == "concurrency":
         slo_text = " ".join(f"{key}<={value:g}" for key, value in slo.model_dump().items() if value is not None)
         levels = (",".join(map(str, spec.concurrency)) if spec.concurrency is not None

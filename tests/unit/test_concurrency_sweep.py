@@ -99,9 +99,9 @@ def test_a_concurrency_sweep_is_one_cell_with_its_own_id_and_defaults(tmp_path: 
     (cell,) = cells(tmp_path, "workload: {concurrency: sweep}\n")
     assert cell.cell_id == "RTX_4090-vastai-qwen2:7b-csweep" and cell.sweep_kind == "concurrency"
     assert (cell.concurrency, cell.rate) == (1, None)
-    assert (cell.sweep.top_concurrency, cell.sweep.min_growth, cell.sweep.concurrency) == (256, 0.05, None)
+    assert (cell.sweep.top_concurrency, cell.sweep.min_growth, cell.sweep.concurrency) == (64, 0.05, None)
     # The server batches as many as the sweep's top level, unless the matrix says otherwise.
-    assert cell.batch_limit == server_parallelism(cell) == 256
+    assert cell.batch_limit == server_parallelism(cell) == 64
 
 
 def test_a_list_of_levels_on_one_session_and_a_list_axis_that_still_makes_cells(tmp_path: Path) -> None:
@@ -142,13 +142,13 @@ matrix:
 """)
     # A row's `batch_limit: null` drops the file's: the load's default (a rate cell's RATE_BATCH_LIMIT,
     # a rate sweep's probe concurrency when higher, a concurrency sweep's top level).
-    assert [server_parallelism(c) for c in found] == [8, 32, RATE_BATCH_LIMIT, 100, 256]
+    assert [server_parallelism(c) for c in found] == [8, 32, RATE_BATCH_LIMIT, 100, 64]
 
 
 def test_sweep_identity_tells_the_kinds_and_levels_apart() -> None:
     slo = Slo(ttft_ms=500)
     assert sweep_identity(SweepSpec(), slo, "concurrency") == \
-        "concurrency sweep goodput_share >= 0.95 ttft_ms<=500 levels 1-256 growth 0.05"
+        "concurrency sweep goodput_share >= 0.95 ttft_ms<=500 levels 1-64 growth 0.05"
     assert sweep_identity(SweepSpec(concurrency=[1, 8]), slo, "concurrency").endswith("levels 1,8")
     assert sweep_identity(SweepSpec(), slo).startswith("sweep goodput_share")
 
@@ -203,5 +203,5 @@ def test_the_example_of_docs_workloads_md_collects_as_documented(tmp_path: Path)
     path.write_text(example)
     doubling, listed = load_cells(path)
     assert doubling.cell_id == "RTX_4090-vastai-qwen2:7b-csweep"  # as its comment says
-    assert (doubling.sweep.top_concurrency, doubling.sweep.min_growth, doubling.batch_limit) == (256, 0.05, 256)
+    assert (doubling.sweep.top_concurrency, doubling.sweep.min_growth, doubling.batch_limit) == (64, 0.05, 64)
     assert listed.sweep.concurrency == (1, 4, 16, 64) and listed.batch_limit == 32
