@@ -176,11 +176,10 @@ class Bench:
 
     def run(self) -> BenchmarkResult:
         """Stages ``benchmark`` then ``results``: measure (every run), summarise, judge, record.
-        A ``rate: sweep`` cell runs its saturation sweep instead (:class:`SweepRun`, below)."""
-        if self.cell.sweep_kind == "concurrency":
-            return ConcurrencySweepRun(self).run()
+        A ``rate: sweep`` cell runs its saturation sweep instead (:class:`SweepRun`, below), a
+        ``concurrency: sweep`` cell its steps (:class:`ConcurrencySweepRun`)."""
         if self.cell.sweep is not None:
-            return SweepRun(self).run()
+            return (ConcurrencySweepRun if self.cell.sweep_kind == "concurrency" else SweepRun)(self).run()
         recorder, settings, cell = self.recorder, self._run.settings, self.cell
         recorder.enter(Stage.BENCHMARK)
         run_index = 0
