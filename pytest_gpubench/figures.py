@@ -117,6 +117,13 @@ def output_tokens_per_second(results: Mapping[str, Any]) -> float | None:
     return tokens / duration
 
 
+def _tpot_interactivity(source: FigureSource) -> float | None:
+    # The headline's figure: the same formula as its frontier point's (measure/frontier.py), read from
+    # the headline metrics, so a result stored before frontiers existed has it too.
+    tpot = _positive(source.metrics.get("tpot_p50_ms"))
+    return 1000.0 / tpot if tpot is not None else None
+
+
 def _metric(name: str, fallback: str | None = None) -> Callable[[FigureSource], Any]:
     """A DetailedMetrics figure, else (an imported result, an older manifest) the Go field."""
 
@@ -230,6 +237,9 @@ FIGURES: dict[str, Figure] = {f.name: f for f in (
     Figure("tpot_p50_ms", "TPOT p50 ms", "ms", "median time per output token", _metric("tpot_p50_ms")),
     Figure("tpot_p95_ms", "TPOT p95 ms", "ms", "95th percentile time per output token", _metric("tpot_p95_ms")),
     Figure("tpot_p99_ms", "TPOT p99 ms", "ms", "99th percentile time per output token", _metric("tpot_p99_ms")),
+    Figure("tpot_interactivity", "interactivity tok/s/user", "tokens/s per user",
+           "1000 / tpot_p50_ms: the median request's decode speed after its first token (the frontier's primary "
+           "interactivity, docs/metrics.md \"Frontiers\")", _tpot_interactivity, pattern="{:.1f}", digits=4),
     Figure("itl_p50_ms", "ITL p50 ms", "ms", "median inter-token latency (gap between tokens)",
            _metric("itl_p50_ms")),
     Figure("itl_p95_ms", "ITL p95 ms", "ms", "95th percentile inter-token latency", _metric("itl_p95_ms")),

@@ -182,12 +182,13 @@ def id_part(text: str) -> str:
 
 
 def cell_id(gpu: str, provider: str, model: str, concurrency: int = 1, rate: float | None = None,
-            sweep: bool = False, gpus: int = 1) -> str:
+            sweep: bool | str = False, gpus: int = 1) -> str:
     """The test id of a cell: ``{GPU with _ for spaces}-{provider}-{model}``, its GPU count, then its load.
 
     ``RTX_4090-vastai-qwen2:7b`` at concurrency 1 without a rate (so ids from
     before load axes existed stay the same), ``...-c8`` at concurrency 8,
-    ``...-r2.5`` at 2.5 requests/s, ``...-sweep`` for a saturation sweep (``rate: sweep``);
+    ``...-r2.5`` at 2.5 requests/s, ``...-sweep`` for a saturation sweep (``rate: sweep``),
+    ``...-csweep`` for a concurrency sweep (``sweep="concurrency"``);
     ``...-x2-c8`` for the same on two GPUs (:func:`gpus_suffix`).
     """
     return cell_id_base(gpu, provider, model, gpus) + axes_suffix(concurrency, rate, sweep)
@@ -226,8 +227,11 @@ def cell_keywords(gpu: str, ref: str) -> frozenset[str]:
     return frozenset({compact_gpu(gpu), ref, split_tag(ref)[0]})
 
 
-def axes_suffix(concurrency: int = 1, rate: float | None = None, sweep: bool = False) -> str:
-    """``""``, ``"-c8"``, ``"-r2.5"`` or ``"-sweep"``: the load part of a cell id."""
+def axes_suffix(concurrency: int = 1, rate: float | None = None, sweep: bool | str = False) -> str:
+    """``""``, ``"-c8"``, ``"-r2.5"``, ``"-sweep"`` (``rate: sweep``; ``sweep`` True or ``"rate"``) or
+    ``"-csweep"`` (``concurrency: sweep``; ``sweep="concurrency"``): the load part of a cell id."""
+    if sweep == "concurrency":
+        return "-csweep"
     if sweep:
         return "-sweep"
     if rate is not None:

@@ -860,7 +860,8 @@ def test_error_load_axes_conflict_across_file_and_row(tmp_path, file, row, origi
 def test_error_bad_concurrency(tmp_path, value, shown):
     msg = error_of(tmp_path, f"workload: {{concurrency: {value}}}\n" + ONE_ROW)
     assert_all_in(msg, "workload.concurrency: must be a whole number of requests in flight from 1 "
-                  "to 1024, or a non-empty list of them such as [1, 8, 32]", shown, "line 1")
+                  "to 1024, a non-empty list of them such as [1, 8, 32] (a cell each), or `sweep` for a "
+                  "concurrency sweep on one session", shown, "line 1")
 
 
 @pytest.mark.parametrize("value,shown", [
