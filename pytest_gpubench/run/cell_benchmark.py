@@ -657,6 +657,7 @@ class ConcurrencySweepRun(SweepRun):
             while (concurrency := search.next_concurrency()) is not None:
                 outcome, samples, index = self._step(concurrency, None)
                 met_by_index[index] = self._point(outcome, samples, index, concurrency, search)
+            bench.accuracy_pass()
         except StageError as exc:
             interrupted = isinstance(exc, BenchmarkInterrupted)
             kept = interrupted
