@@ -17,8 +17,10 @@ store's rows into another store, SQLite <-> PostgreSQL (see ``store/export.py``)
 ``gpubench upload [--run RUN|last] [--store PATH|URL] [--api URL]``
 POSTs results to GPU Shopper's ``/api/v1/benchmarks``.
 
-``gpubench report [--run RUN|last ...] [--store PATH|URL] [--reports DIR]`` writes
-``BENCHMARK_REPORT.md`` and ``index.html`` from the manifest (see ``report.py``).
+``gpubench report [--run RUN|last ...] [--store PATH|URL] [--reports DIR] [--target-interactivity TOKS]``
+writes ``BENCHMARK_REPORT.md`` and ``index.html`` from the manifest (see ``report/gather.py``), and
+one PNG per frontier chart when matplotlib is installed; ``gpubench export --points`` writes the
+frontier points.
 
 ``gpubench browse [--store PATH] [--port N] [--host H] [--no-open] [-- DATASETTE_ARGS]``
 serves the manifest read-only in Datasette (the ``[browse]`` extra; see ``browse.py``).
@@ -62,6 +64,7 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
+from typing import IO
 
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandProblem, UnknownRun
 from .cli_options import add_options, command_settings, pytest_flags, warn_deprecated
@@ -135,20 +138,32 @@ def _export(args: argparse.Namespace) -> int:
         return _export_to(args)
     with _open_store(_store_of(args), read_only=True) as store:
         run_id = _resolve_run(store, args.run)
+        if args.points:  # every frontier point of the report's curves (report/frontier_view.py)
+            from ..report.frontier_view import write_points
+            from ..report.gather import build_report
+
+            report = build_report(store, [run_id] if run_id else None)
+
+            def write(out: IO[str]) -> int:
+                return write_points(report, args.format, out)
+        else:
+            def write(out: IO[str]) -> int:
+                return export_results(store, run_id, args.format, out)
         if args.output in (None, "-"):
-            count = export_results(store, run_id, args.format, sys.stdout)
+            count = write(sys.stdout)
             target = "stdout"
         else:
             target_path = Path(args.output)
             try:
                 target_path.parent.mkdir(parents=True, exist_ok=True)
                 with open(target_path, "w", encoding="utf-8", newline="") as out:
-                    count = export_results(store, run_id, args.format, out)
+                    count = write(out)
             except OSError as exc:
                 raise CommandProblem(f"cannot write {target_path}: {exc.strerror or exc}", EXIT_FAILED) from None
             target = str(target_path)
     scope = f"run {run_id}" if run_id else "all runs"
-    print(f"exported {count} result{'s' * (count != 1)} of {scope} to {target} ({args.format})", file=sys.stderr)
+    what = "frontier point" if args.points else "result"
+    print(f"exported {count} {what}{'s' * (count != 1)} of {scope} to {target} ({args.format})", file=sys.stderr)
     return EXIT_OK
 
 
@@ -304,6 +319,7 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from ..report.frontier_view import NO_PNG, write_pngs
     from ..report.gather import build_report
     from ..report.gather import write_reports
 
@@ -317,12 +333,18 @@ def _report(args: argparse.Namespace) -> int:
         if not store.run_ids():
             raise CommandProblem(f"the manifest {store.location} has no runs yet: nothing to report")
         runs = list(dict.fromkeys(_resolve_run(store, run) for run in args.run or []))
-        report = build_report(store, runs or None)
+        report = build_report(store, runs or None, targets=settings.target_interactivity)
     try:
         markdown, html = write_reports(report, directory)
+        pngs = write_pngs(report, directory)
     except OSError as exc:
         raise CommandProblem(f"cannot write the report to {directory}: {exc.strerror or exc}", EXIT_FAILED) from None
     print(f"gpubench report: {report.describe()}; wrote {markdown} and {html}")
+    if pngs is None:
+        if report.frontiers:
+            print(f"gpubench report: {NO_PNG}")
+    elif pngs:
+        print(f"gpubench report: wrote {len(pngs)} frontier PNG{'s' * (len(pngs) != 1)} in {directory}")
     return EXIT_OK
 
 
@@ -407,6 +429,9 @@ def _parser() -> argparse.ArgumentParser:
                                  description="Write stored results: JSON (a list of GPU Shopper BenchmarkResult "
                                              "objects) or CSV (one flattened row per result).")
     export.add_argument("--format", choices=("json", "csv"), default="json", help="output format (default json)")
+    export.add_argument("--points", action="store_true",
+                        help="write every frontier point instead (one row per load of each GPU / provider / runtime "
+                             "of each model and workload, the figures of docs/report.md's Frontiers)")
     export.add_argument("--run", metavar="RUN|last", help="only this run (default: every run)")
     add_options(export, "store")
     export.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
@@ -447,7 +472,8 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--run", action="append", metavar="RUN|last",
                         help="only this run; repeat for several (default: every run)")
     add_options(report, "store")
-    add_options(report, "reports", notes={"reports": "the two files are written there"})
+    add_options(report, "reports", notes={"reports": "the two files (and the frontier PNGs) are written there"})
+    add_options(report, "target_interactivity")
     report.add_argument("--output-dir", metavar="DIR", help="deprecated: the older name of --reports")
     report.set_defaults(handler=_report)
 
