@@ -191,10 +191,9 @@ def write_pngs(report: Report, directory: Path) -> list[Path] | None:
     """One PNG per frontier chart in ``directory`` (matplotlib, Agg backend); None when matplotlib is
     not installed. Only files named ``frontier-*.png`` in ``directory`` are written."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")  # no display, no window: files only
-        from matplotlib import pyplot
+        # The object API on the Agg canvas: no pyplot, no global backend switch, no window, files only.
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure as PlotFigure
     except ImportError:
         return None
     written = []
@@ -203,25 +202,24 @@ def write_pngs(report: Report, directory: Path) -> list[Path] | None:
             lines, faint, colors = curve_points(group, kind)
             if not lines:
                 continue
-            figure, axes = pyplot.subplots(figsize=(8, 5), dpi=120)
-            try:
-                for series, points in lines.items():
-                    axes.plot([p.x for p in points], [p.y for p in points], marker="o", color=colors[series],
-                              label=series)
-                for point in faint:
-                    axes.scatter([point.x], [point.y], color=colors[point.series], alpha=0.3)
-                axes.set_xlabel(INTERACTIVITY_LABEL)
-                axes.set_ylabel(label)
-                axes.set_title(f"{group.name}: {label}")
-                axes.set_xlim(left=0)
-                if kind == "throughput":
-                    axes.set_ylim(bottom=0)
-                axes.grid(True, alpha=0.3)
-                axes.legend(fontsize="small")
-                figure.tight_layout()
-                path = directory / _file_name(group, kind, index)
-                figure.savefig(path, format="png")
-                written.append(path)
-            finally:
-                pyplot.close(figure)
+            figure = PlotFigure(figsize=(8, 5), dpi=120)
+            FigureCanvasAgg(figure)
+            axes = figure.subplots()
+            for series, points in lines.items():
+                axes.plot([p.x for p in points], [p.y for p in points], marker="o", color=colors[series],
+                          label=series)
+            for point in faint:
+                axes.scatter([point.x], [point.y], color=colors[point.series], alpha=0.3)
+            axes.set_xlabel(INTERACTIVITY_LABEL)
+            axes.set_ylabel(label)
+            axes.set_title(f"{group.name}: {label}")
+            axes.set_xlim(left=0)
+            if kind == "throughput":
+                axes.set_ylim(bottom=0)
+            axes.grid(True, alpha=0.3)
+            axes.legend(fontsize="small")
+            figure.tight_layout()
+            path = directory / _file_name(group, kind, index)
+            figure.savefig(path, format="png")
+            written.append(path)
     return written

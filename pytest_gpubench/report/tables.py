@@ -33,6 +33,9 @@ FIGURES = (
     ("J/token", "joules_per_output_token: the cell's GPUs' mean power while measured requests ran / output "
                 "tok/s (docs/metrics.md, Energy); - where the GPU reported no power"),
     ("requests, errors", "measured requests (warm-up excluded) and the failed ones among them"),
+    ("tok/s/user", "interactivity, tpot_interactivity: 1000 / TPOT p50, the tokens/s one user sees (the frontiers' "
+                   "x axis and the cost-at-target targets)"),
+    ("output tok/s per GPU", "output_tokens_per_second_per_gpu: output throughput / the GPUs the server spanned"),
     ("spend", "price x session lifetime of every session rented, each once (the attempts table); "
               "with session reuse a session is billed once however many cells ran on it"),
 )

@@ -19,6 +19,7 @@ from pytest_gpubench.errors import UsageProblem
 from pytest_gpubench.measure.frontier import FrontierPoint
 from pytest_gpubench.measure.results import BenchmarkResult, PerformanceResults, TestConfig
 from pytest_gpubench.options import parse_targets
+from pytest_gpubench.report import frontier_view
 from pytest_gpubench.report.frontier import Curve, answer, non_dominated, stored_points, value_at
 from pytest_gpubench.report.frontier_view import (POINT_COLUMNS, point_rows, target_lines, target_table,
                                                   write_pngs, write_points)
@@ -285,11 +286,14 @@ def test_pngs_are_written_beside_the_report_only(manifest: Path, tmp_path: Path)
     pytest.importorskip("matplotlib", reason="matplotlib is not installed: pip install 'pytest-gpubench[charts]'")
     with Manifest(manifest) as m:
         report = build_report(SqliteStore(m))
+    report = report.model_copy(update={"frontiers": report.frontiers[1:]})  # two groups: enough, and quicker
     site = tmp_path / "site"
     site.mkdir()
     before = set(tmp_path.rglob("*"))
     written = write_pngs(report, site)
-    assert written is not None and len(written) == 6  # three groups, two charts each
+    assert written is not None and [p.name for p in written] == [
+        "frontier-01-qwen2-7b-throughput.png", "frontier-01-qwen2-7b-cost.png",
+        "frontier-02-qwen2-7b-throughput.png", "frontier-02-qwen2-7b-cost.png"]
     assert {p.parent for p in written} == {site}
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000 for p in written)
     assert set(tmp_path.rglob("*")) - before == set(written)
@@ -340,3 +344,45 @@ def test_the_page_has_no_horizontal_scroll_at_1300_px(tmp_path, manifest, browse
     for chart in found["frontiers"]:
         assert chart["width"] > 400  # drawn, readable
         assert "interactivity (tokens/s per user, 1000 / TPOT p50)" in chart["titles"]
+
+
+# ------------------------------------------------------------------ commands
+
+
+def test_report_command_takes_the_targets_and_writes_the_pngs(manifest, tmp_path, capsys, monkeypatch) -> None:
+    from pytest_gpubench.commands.cli import main
+
+    monkeypatch.chdir(tmp_path)  # no ini file of this project's
+    site = tmp_path / "site"
+    drawn = []  # the drawing itself is test_pngs_are_written_beside_the_report_only's (matplotlib is slow to load)
+    monkeypatch.setattr(frontier_view, "write_pngs", lambda report, where: drawn.append(where) or [where / "a.png"])
+    assert main(["report", "--store", str(manifest), "--reports", str(site), "--target-interactivity", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "cheapest RTX 4090 / vastai" in (site / "BENCHMARK_REPORT.md").read_text()
+    assert drawn == [site] and f"wrote 1 frontier PNG in {site}" in out
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    # Without matplotlib: the report is written all the same, and says how to get the PNGs.
+    modules = __import__("sys").modules
+    for name in [name for name in modules if name == "matplotlib" or name.startswith("matplotlib.")]:
+        monkeypatch.setitem(modules, name, None)  # as if it were not installed, whatever loaded it before
+    monkeypatch.setitem(modules, "matplotlib", None)
+    bare = tmp_path / "bare"
+    assert main(["report", "--store", str(manifest), "--reports", str(bare)]) == 0
+    out = capsys.readouterr().out
+    assert "matplotlib is not installed; pip install 'pytest-gpubench[charts]'" in out
+    assert sorted(p.name for p in bare.iterdir()) == ["BENCHMARK_REPORT.md", "index.html"]
+    # A bad target: one line naming the option and what is allowed, exit 2.
+    assert main(["report", "--store", str(manifest), "--reports", str(bare), "--target-interactivity", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--target-interactivity: '0' must be a comma-separated list" in err[0]
+
+
+def test_export_points_command(manifest, tmp_path, capsys) -> None:
+    from pytest_gpubench.commands.cli import main
+
+    target = tmp_path / "points.csv"
+    assert main(["export", "--points", "--format", "csv", "--store", str(manifest), "-o", str(target)]) == 0
+    assert "exported 13 frontier points of all runs" in capsys.readouterr().err
+    rows = list(csv.DictReader(target.open()))
+    assert len(rows) == 13 and {row["source"] for row in rows} == {"frontier", "metrics"}
