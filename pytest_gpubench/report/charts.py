@@ -8,7 +8,8 @@ so the page works offline and looks the same in every browser.
   one on an H200), so the y axis turns logarithmic when the largest value is more
   than :data:`LOG_SPREAD` times the smallest;
 * :func:`line_chart`: a latency-against-throughput curve per series over a load sweep
-  (:mod:`.report_sweep`).
+  (:mod:`.sweep`), and the frontiers (:mod:`.frontier_view`): each curve's non-dominated
+  points joined, its dominated points drawn light and joined to nothing (``faint``).
 
 A provider has the same colour in every chart of every report
 (:func:`provider_color`). Axis titles sit outside the tick labels, however wide they
