@@ -138,8 +138,8 @@ def _cost_per_million(source: FigureSource) -> float | None:
 
 def _concurrency(source: FigureSource) -> int | None:
     load = source.details.get("load") or {}
-    if load.get("rate") is not None or load.get("sweep"):
-        return None  # an open-loop (rate) cell, or a sweep of rates, has no fixed concurrency
+    if load.get("rate") is not None or load.get("sweep") or load.get("trace"):
+        return None  # an open-loop (rate, trace) cell, or a sweep of rates, has no fixed concurrency
     value = load.get("concurrency") or (source.result.get("test_config") or {}).get("concurrent_reqs")
     return int(value) if value else None
 
@@ -163,6 +163,15 @@ def _energy(key: str) -> Callable[[FigureSource], Any]:
 
     def read(source: FigureSource) -> Any:
         return _number((source.details.get("energy") or {}).get(key))
+
+    return read
+
+
+def _spec_decode(key: str) -> Callable[[FigureSource], Any]:
+    """A speculative-decoding figure (``details["spec_decode"]``, measure/spec_decode.py)."""
+
+    def read(source: FigureSource) -> Any:
+        return _number((source.details.get("spec_decode") or {}).get(key))
 
     return read
 
@@ -259,6 +268,17 @@ FIGURES: dict[str, Figure] = {f.name: f for f in (
            pattern="{}"),
     Figure("rate", "rate/s", "requests/s", "configured request rate of an open-loop cell",
            lambda s: _number((s.details.get("load") or {}).get("rate")), pattern="{:g}"),
+    _ms("send_lag_p50_ms", "lag p50 ms", "send lag: how late requests left the client against their schedule "
+        "(open-loop rate and trace cells), median"),
+    _ms("send_lag_p99_ms", "lag p99 ms", "send lag, 99th percentile"),
+    _ms("send_lag_max_ms", "lag max ms", "send lag, the largest"),
+    Figure("spec_decode_acceptance_rate", "spec accept", "fraction 0-1",
+           "speculative decoding: draft tokens the target model accepted / draft tokens proposed, over the "
+           "measured run (vLLM's /metrics counters); empty without speculative decoding",
+           _spec_decode("acceptance_rate"), pattern="{:.1%}", digits=4),
+    Figure("spec_decode_mean_acceptance_length", "spec len", "tokens/step",
+           "speculative decoding: tokens emitted per verification step, 1 + accepted / drafts (vLLM V1 counters)",
+           _spec_decode("mean_acceptance_length"), pattern="{:.2f}", digits=4),
     Figure("max_rate_meeting_slo", "max rate/s", "requests/s",
            "saturation sweep (rate: sweep): the highest offered request rate whose goodput_share met the goal",
            lambda s: _number((s.details.get("sweep") or {}).get("max_rate_meeting_slo")), pattern="{:g}", digits=4),

@@ -86,6 +86,8 @@ def planned_benchmark_seconds(cell: Cell, runs: int | None = None) -> float:
     sweep = cell.sweep
     if sweep is not None:
         return (sweep.duration or cell.workload.duration) * (sweep.steps + (sweep.max_rate is None))
+    if cell.workload.trace is not None:  # a trace runs for its own span, on any clock
+        return cell.workload.trace.window * planned_runs(cell, runs)
     return cell.workload.duration * planned_runs(cell, runs)
 
 

@@ -68,6 +68,7 @@ from .workload import (  # noqa: F401 - re-exported
     Prompts,
     Workload,
     WorkloadOverride,
+    trace_conflict,
     load_conflict,
     prompt_set_name,
 )
@@ -829,12 +830,12 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 if model not in vram_of:
                     vram_of[model] = model_vram_gb(model, matrix.vram_overrides)
                 vram = vram_of[model]
-                if vram is None and endpoint is not None:
-                    vram = 0  # nothing is rented for a running endpoint: no VRAM to look for
+                if endpoint is not None:
+                    vram = 0  # nothing is rented for a running endpoint: no VRAM to look for, whatever its name says
                 if vram is None:
                     raise MatrixError(matrix.source, f"matrix[{r}].{field}", (
                         f"cannot tell how much VRAM {model!r} needs: it is not in the seed table "
-                        f"and its tag names no size such as '7b'; add "
+                        f"and its name states no size such as '7b'; add "
                         f"`models: {{{model}: {{vram_gb: N}}}}` to the file{where}"))
                 ref = model_ref(model)
                 keywords = keywords_of.get((row.gpu, ref))
@@ -904,6 +905,9 @@ def _row_workload(matrix: Matrix, r: int, row: RowSpec) -> Workload:
             f"{conflict}; here `concurrency` comes from {origin['concurrency']} and `rate` from "
             f"{origin['rate']}: in the row, set `concurrency: 1`, or `rate: null` to drop the "
             f"file's rate{at_line(_row_line(matrix, r))}"))
+    conflict = trace_conflict(workload.trace, workload.concurrency, workload.rate)
+    if conflict:
+        raise MatrixError(matrix.source, f"matrix[{r}].workload", conflict + at_line(_row_line(matrix, r)))
     return workload
 
 

@@ -46,6 +46,7 @@ from .fields import (
 )
 from .datasets import PromptSource, load_dataset
 from .synthetic import MAX_LENGTH, synthetic_spec
+from .trace import Trace
 from .yaml_errors import describe
 
 
@@ -466,10 +467,14 @@ class Workload(StrictModel):
     think: Think = None
     #: Ask the server to ignore end-of-sequence, so each answer runs to its ``max_tokens``.
     ignore_eos: IgnoreEos = False
+    #: Trace replay (``matrix/trace.py``): the trace's requests at its own times; None: no trace.
+    trace: Trace | None = None
 
     @model_validator(mode="after")
     def _one_load_axis(self) -> Workload:
-        conflict = load_conflict(self.concurrency, self.rate)
+        conflict = load_conflict(self.concurrency, self.rate) or trace_conflict(self.trace, self.concurrency, self.rate)
+        if self.trace is not None and "prompts" in self.model_fields_set:
+            conflict = "`prompts:` and `trace:` cannot be combined: a trace's records are its prompts"
         if conflict:
             raise invalid(conflict)
         return self
@@ -486,28 +491,33 @@ class Workload(StrictModel):
 
     @property
     def prompt_set(self) -> str | None:
-        """``"seed"`` or ``"quality"`` when the prompts are that built-in set, else None."""
-        return prompt_set_name(self.prompts)
+        """``"seed"`` or ``"quality"`` when the prompts are that built-in set, else None (a trace sends its own)."""
+        return None if self.trace is not None else prompt_set_name(self.prompts)
 
     @property
     def prompt_source(self) -> PromptSource | None:
-        """Where a dataset's or synthetic spec's prompts came from; None for written and built-in ones."""
+        """Where a dataset's, synthetic spec's or trace's prompts came from; None for written and built-in ones."""
+        if self.trace is not None:
+            return self.trace.source
         return getattr(self.prompts, "source", None)
 
     @property
     def prompts_label(self) -> str:
-        """The prompts as reports name them: ``seed``, ``quality``, ``custom``, or the dataset's or spec's label."""
+        """The prompts as reports name them: ``seed``, ``quality``, ``custom``, or the dataset's, spec's or trace's label."""
         source = self.prompt_source
         return self.prompt_set or (source.label if source else "custom")
 
     @property
     def has_expectations(self) -> bool:
-        """True if any prompt has ``expect`` answers (so a match rate can be measured)."""
-        return any(p.expect for p in self.prompts)
+        """True if any prompt has ``expect`` answers (so a match rate can be measured); a trace's have none."""
+        return self.trace is None and any(p.expect for p in self.prompts)
 
     def prompt_payload(self) -> list[str | dict[str, Any]]:
         """The prompts as the load generator takes them: strings, and ``{"prompt", "expect",
-        "max_tokens", "ignore_eos"}`` mappings with only the keys that are set."""
+        "max_tokens", "ignore_eos"}`` mappings with only the keys that are set; a trace's requests in
+        its order (``{"prompt", "max_tokens", "messages"}``), request *i* sent at its schedule's *i*-th time."""
+        if self.trace is not None:
+            return [r.payload(self.ignore_eos) for r in self.trace.requests]
         if not self.ignore_eos:
             return [p.payload() for p in self.prompts]
         entries = [p.payload() for p in self.prompts]
@@ -532,19 +542,21 @@ class WorkloadOverride(StrictModel):
     stall_timeout: Seconds | None = None
     think: Think = None
     ignore_eos: IgnoreEos | None = None
+    trace: Trace | None = None
 
     @field_validator("*", mode="before")
     @classmethod
     def _no_null(cls, value: Any, info: ValidationInfo) -> Any:
         # `rate: null` drops the file's rate, `sweep: null` its sweep settings, `think: null` its
-        # think (the runtime's default again).
-        if value is None and info.field_name not in ("rate", "sweep", "think"):
+        # think (the runtime's default again), `trace: null` its trace.
+        if value is None and info.field_name not in ("rate", "sweep", "think", "trace"):
             raise invalid("must not be null; leave the key out to use the file's value")
         return value
 
     @model_validator(mode="after")
     def _one_load_axis(self) -> WorkloadOverride:
-        conflict = self.concurrency and load_conflict(self.concurrency, self.rate)
+        conflict = (self.concurrency and load_conflict(self.concurrency, self.rate)) or \
+            trace_conflict(self.trace, self.concurrency or (1,), self.rate)
         if conflict:
             raise invalid(conflict)
         return self
@@ -557,3 +569,12 @@ def load_conflict(concurrency: tuple[int, ...], rate: tuple[float, ...] | None) 
     return (f"`concurrency: {axis_text(concurrency)}` and `rate: {axis_text(rate)}` cannot be "
             "combined: a rate cell sends requests as Poisson arrivals at that rate, however many "
             "are in flight; give one of them (only `concurrency: 1` may go with a rate)")
+
+
+def trace_conflict(trace: Trace | None, concurrency: tuple[int, ...], rate: Any) -> str | None:
+    """Why a trace cannot go with these load axes, or None: a trace's times are its load."""
+    if trace is None or (rate is None and concurrency == (1,)):
+        return None
+    axis = f"concurrency: {axis_text(concurrency)}" if rate is None else f"rate: {axis_text(rate)}"
+    return (f"`trace:` and `{axis}` cannot be combined: a trace replays its requests at its own times "
+            "(open loop), which is its load; drop the load axis, or use the trace's `speedup:`")

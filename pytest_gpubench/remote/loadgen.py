@@ -38,7 +38,15 @@ duration finish and count; true: they are cut there, see below), and the load:
 * ``rate`` R (requests/s, wins over ``concurrency``): Poisson arrivals drawn from
   ``random.Random(seed)``, sent on schedule whatever is in flight, up to
   ``max_in_flight`` (default 1024); arrivals still waiting at the end are
-  ``unsent``.
+  ``unsent``;
+* ``schedule`` [t_0, t_1, ...] (seconds into the run, not decreasing; wins over both):
+  trace replay, measured request *i* is prompt *i*, sent at ``t_i`` whatever is in
+  flight, up to ``max_in_flight``; one the cap holds back goes late (its
+  ``send_lag_ms`` shows it). ``duration`` should be the last time: the run ends when
+  every scheduled request was sent and has finished.
+
+A prompt object may carry ``messages`` (a trace's conversation): the chat protocol
+sends them as given; the others send ``prompt`` (the contents joined).
 
 Protocols (``protocol``, default ``ollama``):
 
@@ -1439,6 +1447,38 @@ class PoissonArrivals:
         return count
 
 
+class TraceSchedule:
+    """Trace replay: request ``i`` (prompt ``i``) sent at ``start + offsets[i]``, open loop, up to
+    ``cap`` in flight; a late one keeps its time, so its lag shows. Every request is sent: the
+    schedule is the workload, so the cap delays requests rather than dropping them."""
+
+    def __init__(self, offsets, cap, start):
+        self.times = [start + float(t) for t in offsets]
+        self.cap = cap
+        self.sent = 0
+
+    def launch(self, run, now):
+        times = self.times
+        while self.sent < len(times) and times[self.sent] <= now and run.in_flight < self.cap and not run.held(now):
+            run.launch(False, times[self.sent], self.sent)
+            self.sent += 1
+
+    def exhausted(self, now):
+        return self.sent >= len(self.times)
+
+    def wake(self, run):
+        if self.sent >= len(self.times) or run.in_flight >= self.cap:
+            return None  # at the cap only a completion can help, and that wakes the loop anyway
+        return self.times[self.sent]
+
+    def freed(self, now):
+        pass
+
+    def unsent(self):
+        """Scheduled requests never sent (a signal ended the run first)."""
+        return len(self.times) - self.sent
+
+
 class Wakeup:
     """Makes a signal interrupt the selector's wait at once."""
 
@@ -1534,9 +1574,12 @@ class LoadGenerator(WorkerPool):
         head += "Accept: %s\r\n" % ("application/x-ndjson" if self.protocol == "ollama" else "text/event-stream")
         head += self.authorization()
         self.requests = []
-        for text, _, max_tokens, ignore_eos in self.prompts:
-            body = json.dumps(self.request_body(text, self.config["max_tokens"] if max_tokens is None else max_tokens,
-                                                ignore_eos))
+        for entry, (text, _, max_tokens, ignore_eos) in zip(self.config["prompts"], self.prompts):
+            request = self.request_body(text, self.config["max_tokens"] if max_tokens is None else max_tokens,
+                                        ignore_eos)
+            if self.chat and isinstance(entry, dict) and entry.get("messages"):
+                request["messages"] = entry["messages"]  # a trace's conversation, sent as recorded
+            body = json.dumps(request)
             self.requests.append((head + "Content-Length: %d\r\n\r\n" % len(body.encode())).encode("latin-1")
                                  + body.encode())
 
@@ -1587,10 +1630,13 @@ class LoadGenerator(WorkerPool):
             sock.close()
         return None
 
-    def launch(self, warmup, scheduled):
+    def launch(self, warmup, scheduled, prompt=None):
+        """Send the next request, scheduled at ``scheduled``: prompt ``prompt`` (a trace's own),
+        else the prompts in turn."""
         index = self.next_index
         self.next_index += 1
-        exchange = self.exchange(self, index, warmup, index % len(self.prompts), scheduled)
+        chosen = index % len(self.prompts) if prompt is None else prompt % len(self.prompts)
+        exchange = self.exchange(self, index, warmup, chosen, scheduled)
         self.open.add(exchange)
         now = perf()
         self.account(now)
@@ -1753,7 +1799,9 @@ class LoadGenerator(WorkerPool):
         self.deadline = self.start + float(config["duration"])
         pattern = None
         if not self.stopping:
-            if config.get("rate"):
+            if config.get("schedule") is not None:
+                pattern = TraceSchedule(config["schedule"], int(config.get("max_in_flight", 1024)), self.start)
+            elif config.get("rate"):
                 pattern = PoissonArrivals(float(config["rate"]), config.get("seed", 0),
                                           int(config.get("max_in_flight", 1024)), self.start, self.deadline)
             else:

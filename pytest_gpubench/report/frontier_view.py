@@ -19,15 +19,15 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..measure.frontier import FrontierPoint
+from . import tables as fmt
 from .charts import PALETTE, Point
 from .frontier import Curve, FrontierGroup, TargetAnswer
 from .model import Report
-from . import tables as fmt
 from .tables import Figure, Table, per_million, tps
 
 __all__ = ["COST_LABEL", "FRONTIER_INTRO", "INTERACTIVITY_LABEL", "NO_PNG", "NO_TARGETS", "POINT_COLUMNS",
-           "TARGETS_INTRO", "THROUGHPUT_LABEL", "curve_points", "headlines", "point_rows", "setup_notes", "target_lines",
-           "target_table", "write_pngs", "write_points"]
+           "TARGETS_INTRO", "THROUGHPUT_LABEL", "curve_points", "headlines", "point_rows", "setup_notes",
+           "target_lines", "target_table", "write_pngs", "write_points"]
 
 INTERACTIVITY_LABEL = "interactivity (tokens/s per user, 1000 / TPOT p50)"
 THROUGHPUT_LABEL = "output tokens/s per GPU"

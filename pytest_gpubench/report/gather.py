@@ -36,6 +36,7 @@ from ..matrix.selection import gpus_label
 from ..measure.microbench import peaks_for, percent_of_peak
 from ..store.base import Store
 from ..store.records import CellRecord, ResultRecord, RunRecord
+from .comparison import RunComparison
 from .frontier import Curve, FrontierGroup, answer, setup_seconds, slo_targets, stored_points
 from .html import render_html
 from .markdown import render_markdown
@@ -394,13 +395,17 @@ def run_spend(store: Store, run_id: str, now: datetime) -> RunSpend:
 
 # ------------------------------------------------------- the report's files
 
-MARKDOWN_NAME, HTML_NAME = "BENCHMARK_REPORT.md", "index.html"
+MARKDOWN_NAME, HTML_NAME, COMPARISON_NAME = "BENCHMARK_REPORT.md", "index.html", "comparison.json"
 
 
-def write_reports(report: Report, directory: Path) -> tuple[Path, Path]:
-    """Write ``BENCHMARK_REPORT.md`` and ``index.html`` into ``directory`` (made if missing)."""
+def write_reports(report: Report, directory: Path, comparison: RunComparison | None = None) -> tuple[Path, Path]:
+    """Write ``BENCHMARK_REPORT.md`` and ``index.html`` into ``directory`` (made if missing); with
+    ``comparison`` (``gpubench report --compare``), both open with its section and
+    ``comparison.json`` (:data:`COMPARISON_NAME`) holds it."""
     directory.mkdir(parents=True, exist_ok=True)
     markdown, html = directory / MARKDOWN_NAME, directory / HTML_NAME
-    markdown.write_text(render_markdown(report), encoding="utf-8")
-    html.write_text(render_html(report), encoding="utf-8")
+    markdown.write_text(render_markdown(report, comparison), encoding="utf-8")
+    html.write_text(render_html(report, comparison), encoding="utf-8")
+    if comparison is not None:
+        (directory / COMPARISON_NAME).write_text(comparison.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return markdown, html

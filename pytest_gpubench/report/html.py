@@ -11,6 +11,7 @@ from __future__ import annotations
 from html import escape
 
 from . import tables as fmt
+from .comparison import RunComparison, comparison_intro, comparison_table, one_sided_lines
 from .tables import HARDWARE_INTRO, MICROBENCH_INTRO, NO_HARDWARE, hardware_table, microbench_table, peak_sources
 from .model import Report, ResultRow
 from .charts import Bar, Point, bar_chart, line_chart, provider_color, scatter_chart
@@ -237,8 +238,18 @@ def _percentiles(report: Report) -> list[str]:
     return parts
 
 
-def render_html(report: Report) -> str:
-    """The whole ``index.html``."""
+def _comparison(comparison: RunComparison) -> list[str]:
+    parts = ['<h2 id="comparison">Comparison</h2>', f'<p class="note">{_e(comparison_intro(comparison))}</p>']
+    if comparison.cells:
+        parts.append(_table(comparison_table(comparison), "comparison"))
+    lines = one_sided_lines(comparison)
+    if lines:
+        parts.append('<ul class="notes">' + "".join(f"<li>{_e(line)}</li>" for line in lines) + "</ul>")
+    return parts
+
+
+def render_html(report: Report, comparison: RunComparison | None = None) -> str:
+    """The whole ``index.html``; with ``comparison``, its section comes first."""
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f'<meta http-equiv="Content-Security-Policy" content="{_e(_CSP)}">',
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -248,7 +259,10 @@ def render_html(report: Report) -> str:
         parts.append(f'<p class="sandbox-note"><strong>{_e(report.sandbox_note)}</strong></p>')
     parts.append('<dl class="facts">')
     parts += [f"<dt>{_e(label)}</dt><dd>{_e(text)}</dd>" for label, text in fmt.facts(report)]
-    parts += ["</dl>", "<h2>Headline findings</h2>", f"<ul>{_pairs(headlines(report))}</ul>"]
+    parts.append("</dl>")
+    if comparison is not None:
+        parts += _comparison(comparison)
+    parts += ["<h2>Headline findings</h2>", f"<ul>{_pairs(headlines(report))}</ul>"]
     parts += _charts(report)
     parts += _frontiers(report)
     parts += ["<h2>Tokens/s leaderboard</h2>", f"<p>{_e(fmt.TOKENS_INTRO)}</p>"]

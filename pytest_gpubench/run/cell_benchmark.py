@@ -119,16 +119,20 @@ class Bench:
         # Relative to the SSH login directory on the instance.
         checkpoint = progress_path(Path(".gpubench"), self._run.run_id, self.recorder.record_key)
         checkpoint = checkpoint.with_name(f"{checkpoint.stem}.run{run_index}.checkpoint.json")
+        trace = workload.trace
         return BenchmarkPlan(
-            model=self.cell.model, duration=workload.duration, max_tokens=workload.max_tokens,
+            # A trace runs for its own span (over its speedup): the sandbox's clock does not shorten its times.
+            model=self.cell.model, duration=trace.window if trace else workload.duration, max_tokens=workload.max_tokens,
             prompts=workload.prompt_payload(), warmup_requests=workload.warmup_requests if run_index == 0 else 0,
             progress_interval=workload.progress_interval, checkpoint_every=workload.checkpoint_every,
             checkpoint_path=str(checkpoint), concurrency=self.cell.concurrency, rate=self.cell.rate,
             seed=run_index, request_timeout=self._run.settings.stall_seconds(
                 workload.stall_timeout, first_token_ms=self._first_token_ms(), concurrency=self._streams()),
-            think=workload.think, cut_at_deadline=self._run.settings.cut_at_deadline,
+            # A trace's requests all finish: its last one is sent at the deadline.
+            think=workload.think, cut_at_deadline=self._run.settings.cut_at_deadline and trace is None,
             protocol=str(self.runtime.endpoint.api),  # the API the runtime serves, which the load generator speaks
             api_key_env=self.runtime.endpoint.api_key_env, ca_file=self.runtime.endpoint.ca_file,
+            schedule=trace.offsets if trace else None,
         )
 
     @property

@@ -21,6 +21,10 @@ Sandbox-only routes (not part of the real API):
     whole (what a load generator sends), in all and per session (:mod:`.standin_state`), to
     check a store's request rows against; ``served_whole_answers``: the non-streamed
     ones (warm-ups, probes).
+``GET /sandbox/sessions/{id}/requests``
+    the session's request log (:mod:`.standin_state`, "the request log"): every generation
+    request its stand-in servers received, oldest first, with its arrival time on the host's
+    clock and what was asked; kept after the session stops, until a reset.
 ``POST /sandbox/faults`` / ``GET`` / ``DELETE``
     arm, list, clear faults (see :mod:`.faults`).
 ``POST /sandbox/clock`` ``{"advance_seconds": s}``
@@ -62,6 +66,7 @@ from .schemas import (
     cost_analysis,
     parse_benchmark,
 )
+from .standin_state import read_requests
 
 log = logging.getLogger("pytest_gpubench.sandbox")
 CLOUD = web.AppKey("cloud", EmulatedCloud)
@@ -133,6 +138,7 @@ def make_app(cloud: EmulatedCloud, token: str) -> web.Application:
     app.router.add_get("/api/v1/benchmarks/{id}", get_benchmark)
     app.router.add_get("/api/v1/templates/{hash_id}", get_template)
     app.router.add_get("/sandbox/state", sandbox_state)
+    app.router.add_get("/sandbox/sessions/{id}/requests", session_requests)
     app.router.add_get("/sandbox/faults", list_faults)
     app.router.add_post("/sandbox/faults", add_fault)
     app.router.add_delete("/sandbox/faults", clear_faults)
@@ -407,6 +413,15 @@ async def sandbox_state(request: web.Request) -> web.Response:
             "bearer_sha256": dict(cloud.bearer_digests),
         }
     )
+
+
+async def session_requests(request: web.Request) -> web.Response:
+    session_id = request.match_info["id"]
+    record = request.app[CLOUD].sessions.get(session_id)
+    if record is None:
+        raise ApiFailure(404, f"session not found: {session_id[:128]}")
+    entries = read_requests(record.instance.request_log) if record.instance is not None else []
+    return _json({"session_id": session_id, "requests": entries})
 
 
 async def list_faults(request: web.Request) -> web.Response:

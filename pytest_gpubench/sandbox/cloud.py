@@ -846,6 +846,7 @@ class EmulatedCloud:
             raise ValueError("time_scale must be >= 0")
         left = await self.close()
         shutil.rmtree(self.workdir / "instances", ignore_errors=True)
+        shutil.rmtree(self.workdir / "request-logs", ignore_errors=True)
         self._fresh_state(catalog or self.start_catalog,
                           self.start_time_scale if time_scale is None else time_scale, Clock())
         self.start_lifecycle()

@@ -54,10 +54,11 @@ from typing import Any, Protocol
 
 import asyncssh
 
+from ..runtime_facts import all_facts
 from . import lifeline, pynvml_standin, shims, sshd, worker_standin
 from .catalog import Catalog, OfferSpec
 from .standin_service import StandinService
-from .standin_state import PullFault, StateStore, StreamFault, count_served
+from .standin_state import REQUEST_LOG_FILE, PullFault, StateStore, StreamFault, count_served
 
 log = logging.getLogger("pytest_gpubench.sandbox")
 INSTANCE_ENV = shims.INSTANCE_ENV
@@ -109,6 +110,9 @@ def instance_document(
             "load_seconds": float(spec.load_seconds),
             "thinking": spec.thinking,
             "batch_ceiling_factor": catalog.batch_ceiling(offer.gpu_type, offer.provider, name) / tps,
+            # By the program that serves each runtime (the stand-in knows its program, not the runtime).
+            "batch_ceiling_factors": {facts.sandbox.program: catalog.batch_ceiling(
+                offer.gpu_type, offer.provider, name, facts.name) / tps for facts in all_facts() if facts.sandbox},
         }
     return {
         "session_id": session_id,
@@ -376,9 +380,29 @@ class Instance:
             task.cancel()
         # Its processes are dead: the count is final, and must outlive the directory.
         self._served_at_stop = count_served(self.state_dir)
+        self._keep_request_log()
         if remove:
             shutil.rmtree(self.root, ignore_errors=True)
 
+
+    @property
+    def request_log(self) -> Path:
+        """Where its stand-ins' request log is: in its state directory while it runs, then
+        beside the instances' directory (``request-logs/<session>.jsonl``), kept until the
+        sandbox resets."""
+        return self.state_dir / REQUEST_LOG_FILE if not self.stopped else self._kept_request_log
+
+    @property
+    def _kept_request_log(self) -> Path:
+        return self.root.parent.parent / "request-logs" / f"{self.root.name}.jsonl"
+
+    def _keep_request_log(self) -> None:
+        kept = self._kept_request_log
+        try:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self.state_dir / REQUEST_LOG_FILE, kept)
+        except OSError:
+            pass  # no request served: nothing to keep
 
     @property
     def served_requests(self) -> dict[str, int]:

@@ -43,7 +43,7 @@ from .ollama_common import (
     rfc3339,
 )
 from .ollama_engine import Engine, EngineError, EngineSettings, Generation, Job, PullError, log, pull_progress
-from .standin_state import RuntimeState, StateStore, record_served
+from .standin_state import RuntimeState, StateStore, record_request, record_served
 
 ENGINE = web.AppKey("engine", Engine)
 
@@ -318,7 +318,7 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
 
 
 async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
-    arrived = asyncio.get_running_loop().time()
+    arrived, received_at = asyncio.get_running_loop().time(), time.time()
     engine = request.app[ENGINE]
     try:
         body = await read_json(request)
@@ -347,6 +347,8 @@ async def _completion(request: web.Request, chat: bool) -> web.StreamResponse:
             # /v1/completions has no reasoning field: the model's default applies there.
             think=resolve_think(engine, model, _think(body) if chat else None),
         )
+        record_request(engine.store.state_dir, received_at, request.path, body,
+                       prompt_tokens=job.prompt_eval_count)
     except EngineError as exc:
         return openai_error(str(exc), exc.status)
     return await serve_generation(request, job, fmt, stream=body.get("stream") is True)
@@ -483,7 +485,7 @@ async def _load_or_unload(request: web.Request, name: str, keep_alive: float, ch
 
 
 async def handle_generate(request: web.Request) -> web.StreamResponse:
-    arrived = asyncio.get_running_loop().time()
+    arrived, received_at = asyncio.get_running_loop().time(), time.time()
     engine = request.app[ENGINE]
     body = await read_json(request)
     name = _model_name(body)
@@ -503,11 +505,12 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         arrived=arrived,
         think=resolve_think(engine, name, body.get("think")),
     )
+    record_request(engine.store.state_dir, received_at, request.path, body, prompt_tokens=job.prompt_eval_count)
     return await serve_generation(request, job, NativeFormat(name, chat=False), stream=body.get("stream") is not False)
 
 
 async def handle_chat(request: web.Request) -> web.StreamResponse:
-    arrived = asyncio.get_running_loop().time()
+    arrived, received_at = asyncio.get_running_loop().time(), time.time()
     engine = request.app[ENGINE]
     body = await read_json(request)
     name = _model_name(body)
@@ -527,6 +530,7 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         arrived=arrived,
         think=resolve_think(engine, name, body.get("think")),
     )
+    record_request(engine.store.state_dir, received_at, request.path, body, prompt_tokens=job.prompt_eval_count)
     return await serve_generation(request, job, NativeFormat(name, chat=True), stream=body.get("stream") is not False)
 
 

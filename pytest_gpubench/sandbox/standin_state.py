@@ -18,6 +18,9 @@ never sees half of one:
 ``ollama_pull_faults.json``
     pull faults armed by the sandbox (``pull_error``): the server fails the pulls it
     starts next with their message.
+``requests.jsonl``
+    the request log: one JSON object per generation request a stand-in server received
+    (:func:`record_request`), what tests read to prove what a load generator sent.
 ``ollama_downloads.json``
     bytes on disk of each blob of a pull not finished (in progress, or stopped by a
     full disk): ``df`` counts them, a new pull resumes them, a restarted server
@@ -291,3 +294,63 @@ def served_fields(counts: dict[str, int]) -> dict[str, int]:
     what a load generator sends) and ``served_whole_answers`` (non-streamed: warm-ups, probes)."""
     return {"served_requests": counts.get("stream", 0) + counts.get("worker", 0),
             "served_whole_answers": counts.get("whole", 0)}
+
+
+# ------------------------------------------------------------------ the request log
+# Every generation request a stand-in server receives (Ollama's /api/generate and /api/chat,
+# the OpenAI-compatible /v1/completions and /v1/chat/completions of every launcher) is one
+# line of ``requests.jsonl`` in the instance's state directory: when it arrived (the host's
+# wall clock, ``time.time()``, taken as the handler starts), the route, the model and what
+# was asked (``messages``, or ``prompt`` and ``system``), the prompt tokens the server counted
+# and the output cap. It is the server's side of the story: tests prove with it what the
+# load generator sent (a conversation's history, a shared prefix, a trace's send times).
+# Append-only, one ``write`` per line under ``O_APPEND`` like the served count; the sandbox
+# keeps the file when the instance stops (:data:`REQUEST_LOG_FILE`, ``GET
+# /sandbox/sessions/{id}/requests``).
+
+REQUEST_LOG_FILE = "requests.jsonl"
+
+#: What one request's entry keeps of the request body (the rest of it is not the log's business).
+LOGGED_FIELDS = ("model", "messages", "prompt", "system", "max_tokens", "max_completion_tokens")
+
+
+def record_request(state_dir: Path | str | None, received_at: float, route: str, body: dict[str, Any],
+                   **counted: Any) -> None:
+    """Append one request to the instance's request log; never raises (a log is no reason to
+    fail a request). ``counted``: what the server worked out (``prompt_tokens`` ...)."""
+    if state_dir is None:
+        return
+    entry = {"received_at": round(received_at, 6), "route": route,
+             **{key: body[key] for key in LOGGED_FIELDS if key in body}, **counted}
+    try:
+        line = (json.dumps(entry, ensure_ascii=False, default=str) + "\n").encode()
+        fd = os.open(Path(state_dir) / REQUEST_LOG_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except (OSError, TypeError, ValueError):
+        return
+    try:
+        os.write(fd, line)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def read_requests(path: Path | str) -> list[dict[str, Any]]:
+    """The entries of a request log (a state directory's, or a kept file), oldest first;
+    a torn last line (a server killed mid-write) is skipped; no file: none."""
+    file = Path(path)
+    if file.is_dir():
+        file = file / REQUEST_LOG_FILE
+    entries = []
+    try:
+        with open(file, "rb") as handle:
+            for line in handle:
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(entry, dict):
+                    entries.append(entry)
+    except OSError:
+        pass
+    return entries

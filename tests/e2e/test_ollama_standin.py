@@ -429,6 +429,24 @@ def test_cli_pull_list_run_ps_rm(server: Server) -> None:
     assert again.returncode == 1 and again.stderr.strip() == "Error: model 'llama3:8b' not found"
 
 
+def test_request_log_keeps_what_each_generation_request_asked_in_arrival_order(server: Server) -> None:
+    """The server's side of what a load generator sent (sandbox/standin_state.py, "the request log"):
+    a conversation's messages whole, a prompt with its system text, arrival times in order."""
+    from pytest_gpubench.sandbox.standin_state import read_requests
+
+    before = time.time()
+    history = [{"role": "user", "content": "Name a prime."}, {"role": "assistant", "content": "Seven."},
+               {"role": "user", "content": "And another?"}]
+    server.stream("/api/chat", {"model": "qwen2:7b", "messages": history, "options": {"num_predict": 3}})
+    generate(server, "Why is the sky blue?", num_predict=2, system="Be brief.")
+    entries = read_requests(server.instance.parent / "state")[-2:]
+    assert [(e["route"], e["model"]) for e in entries] == [("/api/chat", "qwen2:7b"), ("/api/generate", "qwen2:7b")]
+    assert entries[0]["messages"] == history
+    assert entries[0]["prompt_tokens"] == count_prompt_tokens(" ".join(m["content"] for m in history))
+    assert (entries[1]["prompt"], entries[1]["system"]) == ("Why is the sky blue?", "Be brief.")
+    assert before <= entries[0]["received_at"] <= entries[1]["received_at"] <= time.time()
+
+
 def test_served_requests_count_what_was_delivered_whole(tmp_path: Path) -> None:
     """The count a soak checks the store against (sandbox/standin_state.py): a streamed answer
     delivered whole counts as served, a non-streamed one (a warm-up) apart, and a stream

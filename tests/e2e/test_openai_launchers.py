@@ -130,12 +130,19 @@ def test_launcher_serves_the_catalog_model_and_stops_on_sigterm(api: httpx.Clien
             served = models["data"][0]["id"]
             assert models["object"] == "list" and models["data"][0]["owned_by"] == OWNER[program]
 
+            sent_after = time.time()
             got = await stream_chat(client, served)
             await client.aclose()
             usage, arrivals = got["usage"], got["arrivals"]
             assert usage["completion_tokens"] == len(arrivals) > 1
             assert usage["prompt_tokens"] == count_prompt_tokens(PROMPT)
             assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+            # The server's own request log says what it was sent, and when (the host's clock).
+            logged = api.get(f"/sandbox/sessions/{session['id']}/requests").json()["requests"]
+            assert [(e["route"], e["model"], e["messages"], e["prompt_tokens"], e["max_tokens"]) for e in logged] == \
+                [("/v1/chat/completions", served, [{"role": "user", "content": PROMPT}], usage["prompt_tokens"],
+                  MAX_TOKENS)]
+            assert sent_after <= logged[0]["received_at"] <= time.time()
             # The catalog's truths: noise only ever adds delay to a token, so lower bounds are
             # tight and upper bounds generous. Tokens leave on an absolute schedule (a late one
             # does not push back the rest), so a first token delayed by a loaded machine shortens
@@ -163,6 +170,17 @@ def test_launcher_serves_the_catalog_model_and_stops_on_sigterm(api: httpx.Clien
             await connection.close()
 
     asyncio.run(scenario())
+    if program == "vllm":  # once is enough: the log outlives the instance's directory
+        logged = api.get(f"/sandbox/sessions/{session['id']}/requests").json()["requests"]
+        assert api.delete(f"/api/v1/sessions/{session['id']}").status_code == 200
+        wait_for(lambda: api.get(f"/api/v1/sessions/{session['id']}").json()["status"] == "stopped", 60,
+                 "the session to stop")
+        assert api.get(f"/sandbox/sessions/{session['id']}/requests").json()["requests"] == logged
+
+
+def test_request_log_of_an_unknown_session_is_404(api: httpx.Client) -> None:
+    answer = api.get("/sandbox/sessions/no-such-session/requests")
+    assert answer.status_code == 404 and answer.json()["error"] == "session not found: no-such-session"
 
 
 @pytest.mark.parametrize(

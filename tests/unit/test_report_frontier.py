@@ -21,8 +21,14 @@ from pytest_gpubench.measure.results import BenchmarkResult, PerformanceResults,
 from pytest_gpubench.options import parse_targets
 from pytest_gpubench.report import frontier_view
 from pytest_gpubench.report.frontier import Curve, answer, non_dominated, stored_points, value_at
-from pytest_gpubench.report.frontier_view import (POINT_COLUMNS, point_rows, target_lines, target_table,
-                                                  write_pngs, write_points)
+from pytest_gpubench.report.frontier_view import (
+    POINT_COLUMNS,
+    point_rows,
+    target_lines,
+    target_table,
+    write_pngs,
+    write_points,
+)
 from pytest_gpubench.report.gather import build_report, write_reports
 from pytest_gpubench.report.html import render_html
 from pytest_gpubench.report.markdown import render_markdown
