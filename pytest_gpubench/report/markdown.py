@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from . import tables as fmt
+from .frontier_view import FRONTIER_INTRO, NO_TARGETS, TARGETS_INTRO, headlines, setup_notes, target_table
 from .comparison import RunComparison, comparison_intro, comparison_table, one_sided_lines
 from .model import Report
 from .sweep import SATURATION_INTRO, percentile_table, saturated, saturation_table, steps_table, sweep_table, sweeps
@@ -68,9 +69,23 @@ def render_markdown(report: Report, comparison: RunComparison | None = None) -> 
     lines += ["  \n".join(f"**{cell(label)}**: {cell(text)}" for label, text in fmt.facts(report)), ""]
     if comparison is not None:
         lines += comparison_markdown(comparison)
-    lines += ["## Headline findings", "", *_bullets(fmt.headlines(report)), ""]
-    lines += ["## Tokens/s leaderboard", "", fmt.TOKENS_INTRO, "", *_table(fmt.tokens_leaderboard(report))]
-    lines += ["## $ per million tokens leaderboard", "", fmt.COST_INTRO, "", *_table(fmt.cost_leaderboard(report))]
+    lines += ["## Headline findings", "", *_bullets(headlines(report)), ""]
+    if report.frontiers:
+        lines += ["## Frontiers", "", FRONTIER_INTRO + " The HTML report draws them.", ""]
+        for group in report.frontiers:
+            lines += [f"### {cell(group.name)}", ""]
+            if group.answers:
+                lines += [TARGETS_INTRO, "", *_table(target_table(group))]
+            else:
+                lines += [NO_TARGETS, ""]
+            notes = setup_notes(group)
+            lines += [f"- {cell(note)}" for note in notes] + ([""] if notes else [])
+    lines += ["## Tokens/s leaderboard", "", fmt.TOKENS_INTRO, ""]
+    for model, _, table in fmt.tokens_leaderboards(report):
+        lines += [f"### {cell(model)}", "", *_table(table)]
+    lines += ["## $ per million tokens leaderboard", "", fmt.COST_INTRO, ""]
+    for model, _, table in fmt.cost_leaderboards(report):
+        lines += [f"### {cell(model)}", "", *_table(table)]
     lines += ["## Results by model", ""]
     for table in report.models:
         lines += [f"### {cell(table.model)}", "", *_table(fmt.model_table(table))]
