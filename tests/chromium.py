@@ -13,6 +13,7 @@ and writes the port it took to ``<profile>/DevToolsActivePort``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import os
@@ -180,6 +181,14 @@ class Page:
         for kind in ("mousePressed", "mouseReleased"):
             await self.send("Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1],
                                                           "button": "left", "clickCount": 1})
+
+    async def screenshot(self, selector_js: str) -> bytes:
+        """A PNG of the page's region that ``selector_js`` (a JavaScript expression giving
+        ``{x, y, width, height}`` in page coordinates) names, beyond the viewport too."""
+        clip = await self.evaluate(selector_js)
+        answer = await self.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True,
+                                                            "clip": {**clip, "scale": 1}})
+        return base64.b64decode(answer["data"])
 
     def _own(self) -> list[dict[str, Any]]:
         return [event for event in self.tools.events if event.get("sessionId") == self.session]

@@ -204,13 +204,23 @@ class _Axes:
         return parts
 
 
-def _legend(series: Sequence[str], colors: dict[str, str], x: float, top: float) -> list[str]:
+#: The longest series name a legend shows whole (``RTX 5060 Ti / tensordock / vllm``); longer ones end in "…".
+LEGEND_CHARS = 34
+
+
+def _legend(series: Sequence[str], colors: dict[str, str], x: float, top: float, limit: int = 22) -> list[str]:
     parts = []
     for index, name in enumerate(series):
         y = top + 10 + index * 20
         parts.append(f'<g class="legend-item"><circle cx="{x + 20}" cy="{y}" r="5.5" fill="{colors[name]}"/>'
-                     f'<text x="{x + 32}" y="{y + 4}">{escape(_short(name, 22))}</text></g>')
+                     f'<text x="{x + 32}" y="{y + 4}">{escape(_short(name, limit))}</text></g>')
     return parts
+
+
+def _legend_width(series: Sequence[str]) -> int:
+    """The right margin a legend of these names needs (at least the charts' usual 170 px)."""
+    longest = max((min(len(name), LEGEND_CHARS) for name in series), default=0)
+    return max(170, int(40 + longest * _CHAR_W))
 
 
 def _place_labels(points: Sequence[tuple[float, float, str]], bounds: tuple[float, float, float, float],
@@ -291,7 +301,7 @@ def line_chart(lines: dict[str, Sequence[Point]], *, name: str, x_label: str, y_
     (``log_y=None``: a log y axis when the values spread more than :data:`LOG_SPREAD`).
 
     ``faint``: points drawn light and joined to nothing (a frontier's dominated points)."""
-    right, height = 170, 360
+    right, height = _legend_width(list(lines)), 360
     everything = [p for points in lines.values() for p in points] + list(faint)
     axes = _Axes([p.x for p in everything], [p.y for p in everything], height=height, right=right, log_y=log_y)
     parts = [f'<svg class="chart line-chart" data-chart="{_attr(name)}" role="img" aria-label="{_attr(name)}" '
@@ -317,6 +327,6 @@ def line_chart(lines: dict[str, Sequence[Point]], *, name: str, x_label: str, y_
                      f'data-series="{_attr(point.series)}"><title>{escape(point.title)}</title></circle>')
     parts += [_label(point, x, y, spot) for (x, y, point), spot in zip(located_all, spots, strict=True)
               if point.label]
-    parts += _legend(list(lines), colors, axes.left + axes.plot_w, axes.top)
+    parts += _legend(list(lines), colors, axes.left + axes.plot_w, axes.top, LEGEND_CHARS)
     parts.append("</svg>")
     return "".join(parts)

@@ -25,7 +25,7 @@ from .frontier import Curve, FrontierGroup, TargetAnswer
 from .model import Report
 from .tables import Figure, Table, per_million, tps
 
-__all__ = ["COST_LABEL", "FRONTIER_INTRO", "INTERACTIVITY_LABEL", "NO_PNG", "NO_TARGETS", "POINT_COLUMNS",
+__all__ = ["COST_LABEL", "FRONTIER_INTRO", "INTERACTIVITY_LABEL", "NO_PNG", "POINT_COLUMNS",
            "TARGETS_INTRO", "THROUGHPUT_LABEL", "curve_points", "headlines", "point_rows", "setup_notes",
            "target_lines", "target_table", "write_pngs", "write_points"]
 
@@ -38,9 +38,8 @@ FRONTIER_INTRO = ("For each model and workload, every GPU / provider / runtime m
                   "is both more interactive and better); light points are dominated. Costs are the billed price of "
                   "the measurement's session only; the setup minutes a session pays once are listed apart.")
 TARGETS_INTRO = ("Cheapest at >= each target interactivity, read off each curve's frontier, linearly between "
-                 "measured points and never beyond the most interactive one.")
-NO_TARGETS = ("No target interactivity: set --target-interactivity 20,50 (or ini gpubench_target_interactivity), "
-              "or an slo with tpot_ms in the matrix.")
+                 "measured points and never beyond the most interactive one. Targets: --target-interactivity, "
+                 "else 1000 / the stored SLO's tpot_ms, else 20 and 50 tokens/s per user (default).")
 NO_PNG = ("PNG charts: matplotlib is not installed; pip install 'pytest-gpubench[charts]' and run gpubench report "
           "again to get one PNG per chart beside index.html")
 

@@ -166,10 +166,17 @@ def _workload(details: dict[str, Any]) -> tuple[str, str]:
 # ----------------------------------------------------------------- frontiers
 
 
+#: The interactivities the cost-at-target table answers when the user names none and no stored SLO
+#: implies one (tokens/s per user): 20, a stream faster than anyone reads it, and 50, a reader who
+#: skims or an agent that reads everything.
+DEFAULT_TARGETS = (20.0, 50.0)
+
+
 def frontier_groups(results: Iterable[ResultRow], targets: Sequence[float] = ()) -> list[FrontierGroup]:
     """One group per model and workload, a curve per GPU x provider x runtime with every point of
     its results (the loads of a sweep, or several cells at one load each), and the answer at each
-    target: ``targets``, else the interactivities the results' stored SLOs imply (1000 / tpot_ms).
+    target: ``targets``, else the interactivities the results' stored SLOs imply (1000 / tpot_ms), else
+    :data:`DEFAULT_TARGETS`.
     Results that are not valid GPU figures take no part."""
     grouped: dict[tuple[str, str], dict[tuple[str, str, str], list[ResultRow]]] = {}
     for row in results:
@@ -195,6 +202,7 @@ def frontier_groups(results: Iterable[ResultRow], targets: Sequence[float] = ())
         else:
             asked = [(target, f"slo tpot_ms {1000.0 / target:g}")
                      for target in sorted({t for row in members for t in row.slo_targets})]
+            asked = asked or [(target, "default") for target in DEFAULT_TARGETS]
         found.append(FrontierGroup(model=model, workload=workload, workload_label=members[0].workload_label,
                                    curves=curves, answers=[answer(curves, target, source)
                                                            for target, source in asked]))

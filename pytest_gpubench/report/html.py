@@ -15,7 +15,7 @@ from .comparison import RunComparison, comparison_intro, comparison_table, one_s
 from .tables import HARDWARE_INTRO, MICROBENCH_INTRO, NO_HARDWARE, hardware_table, microbench_table, peak_sources
 from .model import Report, ResultRow
 from .charts import Bar, Point, bar_chart, line_chart, provider_color, scatter_chart
-from .frontier_view import (COST_LABEL, FRONTIER_INTRO, INTERACTIVITY_LABEL, NO_TARGETS, TARGETS_INTRO,
+from .frontier_view import (COST_LABEL, FRONTIER_INTRO, INTERACTIVITY_LABEL, TARGETS_INTRO,
                             THROUGHPUT_LABEL, curve_points, headlines, setup_notes, target_table)
 from .sweep import (SATURATION_INTRO, percentile_table, saturated, saturation_table, step_points, steps_table,
                     sweep_table, sweeps)
@@ -173,11 +173,7 @@ def _frontiers(report: Report) -> list[str]:
                                         y_label=y_label, colors=colors, faint=faint,
                                         log_y=None if kind == "cost" else False))
         parts.append("<h4>Cost at target interactivity</h4>")
-        if group.answers:
-            parts += [f'<p class="note">{_e(TARGETS_INTRO)}</p>',
-                      _table(target_table(group), f"targets {group.name}")]
-        else:
-            parts.append(f"<p>{_e(NO_TARGETS)}</p>")
+        parts += [f'<p class="note">{_e(TARGETS_INTRO)}</p>', _table(target_table(group), f"targets {group.name}")]
         notes = setup_notes(group)
         if notes:
             parts.append('<ul class="notes">' + "".join(f"<li>{_e(note)}</li>" for note in notes) + "</ul>")

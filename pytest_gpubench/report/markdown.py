@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from . import tables as fmt
-from .frontier_view import FRONTIER_INTRO, NO_TARGETS, TARGETS_INTRO, headlines, setup_notes, target_table
+from .frontier_view import FRONTIER_INTRO, TARGETS_INTRO, headlines, setup_notes, target_table
 from .comparison import RunComparison, comparison_intro, comparison_table, one_sided_lines
 from .model import Report
 from .sweep import SATURATION_INTRO, percentile_table, saturated, saturation_table, steps_table, sweep_table, sweeps
@@ -74,10 +74,7 @@ def render_markdown(report: Report, comparison: RunComparison | None = None) -> 
         lines += ["## Frontiers", "", FRONTIER_INTRO + " The HTML report draws them.", ""]
         for group in report.frontiers:
             lines += [f"### {cell(group.name)}", ""]
-            if group.answers:
-                lines += [TARGETS_INTRO, "", *_table(target_table(group))]
-            else:
-                lines += [NO_TARGETS, ""]
+            lines += [TARGETS_INTRO, "", *_table(target_table(group))]
             notes = setup_notes(group)
             lines += [f"- {cell(note)}" for note in notes] + ([""] if notes else [])
     lines += ["## Tokens/s leaderboard", "", fmt.TOKENS_INTRO, ""]

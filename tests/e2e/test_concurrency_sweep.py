@@ -1,25 +1,47 @@
 """A ``concurrency: sweep`` cell end to end on the sandbox: the Ollama stand-in batches requests, so
 each doubling of the concurrency adds less output throughput until the sweep calls the runtime
 saturated. Every step runs on one session and one model load, is stored as a frontier point with
-its three interactivities, and the server ran at the batch limit the matrix implies (the top level)."""
+its three interactivities, and the server ran at the batch limit the matrix implies (the top level).
+
+The points match the sandbox's batching law (sandbox/law.py, docs/sandbox.md) within 3%, for
+Ollama and for vLLM (a list of levels); `gpubench report` draws both curves and answers the cost at
+the default targets, and headless Chromium's screenshot of the Frontiers section shows the charts,
+labelled (the issue 23 demo, small)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import statistics
 
 import pytest
 import sqlite_utils
+from chromium import ChromiumProcess, DevTools, find_chromium
 from e2e_helpers import assert_every_session_released, run_pytest, sandbox_sessions
+
+from pytest_gpubench.sandbox.law import expected_point
 
 MIN_GROWTH = 0.25
 TOP = 16
+#: Prompts whose stand-in answers run into the 24-token cap (sandbox/ollama_common.py plan_output:
+#: an answer is 60-100% of the cap, decided by the prompt), so every request makes exactly 24 tokens
+#: and the law's throughput is one number.
+PROMPTS = json.dumps([f"Describe step {step} of brewing coffee in detail." for step in (1, 6, 9)])
 MATRIX = f"""
 name: frontier
-workload: {{duration: 3s, max_tokens: 24, concurrency: sweep, telemetry_interval: 1s,
-           sweep: {{max_concurrency: {TOP}, min_growth: {MIN_GROWTH:.0%}, duration: 2s}}}}
+workload: {{duration: 3s, max_tokens: 24, concurrency: sweep, telemetry_interval: 1s, prompts: {PROMPTS},
+           sweep: {{max_concurrency: {TOP}, min_growth: {MIN_GROWTH:.0%}, duration: 3s}}}}
 matrix:
-  - {{gpu: RTX 4090, provider: vastai, model: 'qwen2:7b'}}
+  - {{gpu: RTX 5060 Ti, provider: vastai, model: 'qwen2:7b'}}
+  - {{gpu: RTX 5060 Ti, provider: vastai, model: 'qwen2:7b', runtime: vllm,
+     workload: {{sweep: {{concurrency: [1, 4, 16]}}}}}}
 """
+MAX_TOKENS = 24
+#: A step's throughput is held to the law when it lasted this many request cycles: with fewer, where
+#: the window's end falls in a cycle (prefill or decode) moves the count by a visible share.
+CYCLES = 6
+
 
 
 @pytest.mark.slow
@@ -31,8 +53,9 @@ def test_a_concurrency_sweep_doubles_on_one_session_until_the_runtime_saturates(
                       "--rootdir", str(tmp_path), "-rs")
     assert done.returncode == 0, done.stdout[-3000:]
     db = sqlite_utils.Database(tmp_path / "reports" / "manifest.db")
-    (row,) = list(db["benchmark_manifest"].rows)
-    assert row["cell_id"] == "RTX_4090-vastai-qwen2:7b-csweep" and row["status"] == "success"
+    row, vllm = sorted(db["benchmark_manifest"].rows, key=lambda r: r["cell_id"])
+    assert row["cell_id"] == "RTX_5060_Ti-vastai-qwen2:7b-csweep" and row["status"] == "success"
+    assert vllm["cell_id"] == "RTX_5060_Ti-vastai-qwen2:7b-csweep-runtime_vllm" and vllm["status"] == "success"
     benchmark = next(db.query("select * from benchmarks where id = ?", [row["benchmark_id"]]))
     frontier = json.loads(benchmark["details_json"])["frontier"]
     points = frontier["points"]
@@ -67,11 +90,109 @@ def test_a_concurrency_sweep_doubles_on_one_session_until_the_runtime_saturates(
     stored = db.execute("select count(*) from requests where benchmark_id = ? and warmup = 0",
                         [row["benchmark_id"]]).fetchone()[0]
     assert stored == sum(point["requests"] for point in points)
-    assert len(sandbox_sessions(url)) == 1
+    assert len(sandbox_sessions(url)) == 2  # one per cell: a vLLM cell does not reuse Ollama's session
     text = "".join(path.read_text() for path in (tmp_path / "reports" / "progress").rglob("*.log"))
-    assert text.count("STATUS: MODEL_READY") == 1 and "RUNTIME_RESTART" not in text
-    assert text.count("PROGRESS: stage=sweep") == len(points)
+    assert text.count("STATUS: MODEL_READY") == 2 and "RUNTIME_RESTART" not in text
+    assert text.count("PROGRESS: stage=sweep") == len(points) + 3
     assert "PROGRESS: stage=sweep kind=concurrency concurrency=1 output_tokens_per_second=" in text
     assert "tpot_interactivity=" in text
     assert f"STATUS: SWEEP_COMPLETE kind=concurrency stop=saturated steps={len(points)}" in text
     assert_every_session_released(url)
+
+    # The vLLM cell ran exactly its three levels, whatever the figures.
+    vllm_points = _frontier(db, vllm)["points"]
+    assert [point["concurrency"] for point in vllm_points] == [1, 4, 16]
+    assert _frontier(db, vllm)["stop_reason"] == "every level ran"
+    for cell, runtime, kept in ((row, "ollama", points), (vllm, "vllm", vllm_points)):
+        _matches_the_law(db, cell, runtime, kept)
+    _report_draws_the_frontiers(tmp_path)
+
+
+def _frontier(db: sqlite_utils.Database, cell: dict) -> dict:
+    benchmark = next(db.query("select details_json from benchmarks where id = ?", [cell["benchmark_id"]]))
+    return json.loads(benchmark["details_json"])["frontier"]
+
+
+def _matches_the_law(db: sqlite_utils.Database, cell: dict, runtime: str, points: list[dict]) -> None:
+    """Each point against sandbox/law.py: the interactivity (1000 / TPOT p50) within 3% at every load;
+    the output throughput within 3% where the step held CYCLES request cycles or more."""
+    records = list(db.query("select output_tokens, error, incomplete from requests where benchmark_id = ? "
+                            "and warmup = 0 order by rowid", [cell["benchmark_id"]]))
+    assert all(r["output_tokens"] == MAX_TOKENS for r in records if r["error"] is None and not r["incomplete"])
+    checked = 0
+    for point in points:
+        law = expected_point("RTX 5060 Ti", "qwen2:7b", runtime, point["concurrency"], provider="vastai",
+                             output_tokens=MAX_TOKENS, parallel=point["batch_limit"])
+        # TPOT runs from the first token to the end of the request (vLLM's definition: the finish comes
+        # with the end-of-sequence step), so n tokens span n steps over n - 1 gaps.
+        per_user = law.per_stream_tps * (MAX_TOKENS - 1) / MAX_TOKENS
+        assert point["tpot_interactivity"] == pytest.approx(per_user, rel=0.03), (point, law)
+        cycle = law.ttft_ms / 1000 + MAX_TOKENS / law.per_stream_tps
+        if point["duration_seconds"] >= CYCLES * cycle:
+            assert point["output_tokens_per_second"] == pytest.approx(law.output_tps, rel=0.03), (point, law)
+            checked += 1
+    assert checked >= 1
+
+
+def _report_draws_the_frontiers(tmp_path) -> None:
+    """`gpubench report` on the run: both curves in each frontier chart, axes labelled, the cost at the
+    default targets; Chromium's screenshot of the section is a real picture of it."""
+    from pytest_gpubench.commands.cli import main
+
+    site = tmp_path / "site"
+    assert main(["report", "--store", str(tmp_path / "reports" / "manifest.db"), "--reports", str(site)]) == 0
+    markdown = (site / "BENCHMARK_REPORT.md").read_text().replace("\\", "")
+    assert "| &gt;= 20 | default | RTX 5060 Ti / vastai / vllm |" in markdown
+    executable = find_chromium()
+    if executable is None:
+        if os.environ.get("GPUBENCH_REQUIRE_CHROMIUM") == "1":
+            pytest.fail("GPUBENCH_REQUIRE_CHROMIUM=1 but there is no chromium on this machine")
+        return  # the report's own HTML checks are in tests/unit/test_report_frontier.py
+    browser = ChromiumProcess(executable, tmp_path / "chromium-profile")
+
+    async def scenario() -> tuple[dict, bytes]:
+        async with DevTools(browser.websocket_url()) as tools:
+            page = await tools.new_page()
+            await page.send("Emulation.setDeviceMetricsOverride",
+                            {"width": 1300, "height": 900, "deviceScaleFactor": 1, "mobile": False})
+            await page.navigate((site / "index.html").as_uri())
+            found = await page.evaluate(FRONTIER_CHARTS_JS)
+            picture = await page.screenshot(FRONTIER_SECTION_JS)
+            assert page.errors() == []
+            return found, picture
+
+    try:
+        found, picture = asyncio.run(scenario())
+    finally:
+        browser.stop()
+    assert len(found["charts"]) == 2  # throughput and cost, one model and workload
+    for chart in found["charts"]:
+        assert chart["width"] > 400 and chart["height"] > 200
+        assert "interactivity (tokens/s per user, 1000 / TPOT p50)" in chart["labels"]
+        assert {"RTX 5060 Ti / vastai", "RTX 5060 Ti / vastai / vllm"} <= set(chart["legend"])
+    assert found["targets"] >= 2  # the default targets' rows
+    # A PNG of the section as drawn: as wide as the page, as tall as the charts.
+    assert picture[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(picture[16:20], "big"), int.from_bytes(picture[20:24], "big")
+    assert width >= 1200 and height > 2 * 200
+    assert len(picture) > 20_000  # drawn, not blank
+    (tmp_path / "frontier.png").write_bytes(picture)
+
+
+#: The Frontiers section's charts as the reader sees them: size, axis labels and legend entries.
+FRONTIER_CHARTS_JS = """(() => ({
+  charts: [...document.querySelectorAll('svg.chart[data-chart^="frontier "]')].map(svg => {
+    const box = svg.getBoundingClientRect();
+    return {width: box.width, height: box.height,
+            labels: [...svg.querySelectorAll('.axis-label')].map(t => t.textContent),
+            legend: [...svg.querySelectorAll(".legend-item text")].map(t => t.textContent)}; }),
+  targets: document.querySelectorAll('table[data-table^="targets "] tbody tr').length}))()"""
+
+#: The region from the Frontiers heading to the next section's, in page coordinates.
+FRONTIER_SECTION_JS = """(() => {
+  const heads = [...document.querySelectorAll('h2')];
+  const at = heads.findIndex(h => h.textContent === 'Frontiers');
+  const top = heads[at].getBoundingClientRect().top + window.scrollY;
+  const end = at + 1 < heads.length ? heads[at + 1].getBoundingClientRect().top + window.scrollY
+                                   : document.documentElement.scrollHeight;
+  return {x: 0, y: top, width: document.documentElement.clientWidth, height: end - top}; })()"""

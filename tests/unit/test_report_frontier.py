@@ -392,3 +392,13 @@ def test_export_points_command(manifest, tmp_path, capsys) -> None:
     assert "exported 13 frontier points of all runs" in capsys.readouterr().err
     rows = list(csv.DictReader(target.open()))
     assert len(rows) == 13 and {row["source"] for row in rows} == {"frontier", "metrics"}
+
+
+def test_without_a_target_or_an_slo_the_table_answers_at_the_default_targets(manifest: Path) -> None:
+    with Manifest(manifest) as m:
+        report = build_report(SqliteStore(m))
+    sources = {tuple((a.target, a.source) for a in group.answers) for group in report.frontiers}
+    # A group whose results stored an SLO answers at it; one without, at the defaults.
+    assert ((40.0, "slo tpot_ms 25"),) in sources
+    assert ((20.0, "default"), (50.0, "default")) in sources
+    assert "| >= 20 | default |" in render_markdown(report).replace("\\", "").replace("&gt;", ">")
