@@ -16,7 +16,9 @@ Config (one JSON object, after the script on stdin or as the one argument):
 (below), ``model``, ``prompts`` (strings, or objects ``{"prompt": str, "expect":
 [str, ...], "max_tokens": n, "ignore_eos": true}``: any one expected substring
 matching, case-insensitive; ``max_tokens`` there overrides the run's; ``ignore_eos``
-is sent on the OpenAI protocols only), ``max_tokens``, ``think`` (Ollama only: sent
+is sent on the OpenAI protocols only; ``system``: a system prompt sent before it, and
+``turns``: ``[{"prompt", "max_tokens", "think_s"}, ...]``, the later turns of a
+conversation, see below), ``max_tokens``, ``think`` (Ollama only: sent
 as the request's ``think`` only when set: absent or null leaves the model's
 default), ``extra_body`` (fields
 merged into every request body last, e.g. ``ignore_eos`` or
@@ -38,12 +40,20 @@ duration finish and count; true: they are cut there, see below), and the load:
 * ``rate`` R (requests/s, wins over ``concurrency``): Poisson arrivals drawn from
   ``random.Random(seed)``, sent on schedule whatever is in flight, up to
   ``max_in_flight`` (default 1024); arrivals still waiting at the end are
-  ``unsent``.
+  ``unsent``;
+* conversations (prompts with ``turns``; wins over both): N conversations in flight
+  (:class:`ConversationSlots`), the prompts started in turn. Turn k is sent with the
+  whole history, the model's own answers included as they streamed back (so a turn's
+  text is kept, as for an expectation), ``think_s`` after the previous answer; an error
+  or a cut ends a conversation, and its slot starts the next at once (:class:`Dialogue`).
+  On Ollama the run speaks ``ollama-chat`` (``/api/chat``: ``/api/generate`` has no
+  history).
 
 Protocols (``protocol``, default ``ollama``):
 
 * ``ollama``: ``POST /api/generate`` streamed as NDJSON, ``options.num_predict``
   for ``max_tokens``; the final ``"done": true`` chunk's counters fill the record.
+  ``ollama-chat``: ``POST /api/chat`` with ``messages``, the text in ``message.content``.
 * ``openai-chat`` / ``openai-completions``: ``POST /v1/chat/completions`` (one user
   message) or ``/v1/completions`` (``prompt``) with ``stream: true``,
   ``stream_options: {"include_usage": true}`` and ``max_tokens`` (a base URL
@@ -103,6 +113,11 @@ final chunk not yet received) from the run's start to its deadline;
 output tokens of successful measured requests in ``cpu_seconds_per_1k_tokens``);
 ``unsent`` counts arrivals ``max_in_flight`` (or a backoff) held back past the deadline,
 ``abandoned`` requests still in flight when a signal ended the run.
+
+Prefix reuse: every record says ``sent_prompt_tokens`` and ``cacheable_prompt_tokens``
+(estimates by the 1.3-tokens-per-word rule of what a prefix cache could serve, from what
+was sent before) and ``cached_prompt_tokens`` (the server's count), a conversation's
+turn also ``conversation`` and ``turn``: see ``LoadGenerator.prefix_fields``.
 
 Backoff: a server that fails every request at once (refused, an HTTP error before any
 token) would meet a tight loop, each freed slot re-sent at once. After ``BACKOFF_AFTER``
