@@ -124,7 +124,7 @@ def test_a_shared_system_prompt_is_byte_identical_at_its_share_and_served_from_t
         uniques = [e["messages"][1]["content"] for e in log]
     assert len(log) >= 4 and len(set(systems)) == 1 and systems[0] == prompts[0]["system"]
     assert len(set(uniques)) == len(uniques)  # the rest is each request's own
-    for entry, system in zip(log, systems):
+    for entry, system in zip(log, systems, strict=True):
         assert count_tokens(system) / entry["prompt_tokens"] == pytest.approx(0.5, abs=0.02)
     shared = count_tokens(systems[0])
     for r in records:  # the warm-up sent it first: every measured request could be served it
