@@ -117,6 +117,13 @@ def output_tokens_per_second(results: Mapping[str, Any]) -> float | None:
     return tokens / duration
 
 
+def _tpot_interactivity(source: FigureSource) -> float | None:
+    # The headline's figure: the same formula as its frontier point's (measure/frontier.py), read from
+    # the headline metrics, so a result stored before frontiers existed has it too.
+    tpot = _positive(source.metrics.get("tpot_p50_ms"))
+    return 1000.0 / tpot if tpot is not None else None
+
+
 def _metric(name: str, fallback: str | None = None) -> Callable[[FigureSource], Any]:
     """A DetailedMetrics figure, else (an imported result, an older manifest) the Go field."""
 
@@ -138,8 +145,8 @@ def _cost_per_million(source: FigureSource) -> float | None:
 
 def _concurrency(source: FigureSource) -> int | None:
     load = source.details.get("load") or {}
-    if load.get("rate") is not None or load.get("sweep"):
-        return None  # an open-loop (rate) cell, or a sweep of rates, has no fixed concurrency
+    if load.get("rate") is not None or load.get("sweep") or load.get("trace"):
+        return None  # an open-loop (rate, trace) cell, or a sweep of rates, has no fixed concurrency
     value = load.get("concurrency") or (source.result.get("test_config") or {}).get("concurrent_reqs")
     return int(value) if value else None
 
@@ -163,6 +170,15 @@ def _energy(key: str) -> Callable[[FigureSource], Any]:
 
     def read(source: FigureSource) -> Any:
         return _number((source.details.get("energy") or {}).get(key))
+
+    return read
+
+
+def _spec_decode(key: str) -> Callable[[FigureSource], Any]:
+    """A speculative-decoding figure (``details["spec_decode"]``, measure/spec_decode.py)."""
+
+    def read(source: FigureSource) -> Any:
+        return _number((source.details.get("spec_decode") or {}).get(key))
 
     return read
 
@@ -221,6 +237,9 @@ FIGURES: dict[str, Figure] = {f.name: f for f in (
     Figure("tpot_p50_ms", "TPOT p50 ms", "ms", "median time per output token", _metric("tpot_p50_ms")),
     Figure("tpot_p95_ms", "TPOT p95 ms", "ms", "95th percentile time per output token", _metric("tpot_p95_ms")),
     Figure("tpot_p99_ms", "TPOT p99 ms", "ms", "99th percentile time per output token", _metric("tpot_p99_ms")),
+    Figure("tpot_interactivity", "interactivity tok/s/user", "tokens/s per user",
+           "1000 / tpot_p50_ms: the median request's decode speed after its first token (the frontier's primary "
+           "interactivity, docs/metrics.md \"Frontiers\")", _tpot_interactivity, pattern="{:.1f}", digits=4),
     Figure("itl_p50_ms", "ITL p50 ms", "ms", "median inter-token latency (gap between tokens)",
            _metric("itl_p50_ms")),
     Figure("itl_p95_ms", "ITL p95 ms", "ms", "95th percentile inter-token latency", _metric("itl_p95_ms")),
@@ -252,6 +271,10 @@ FIGURES: dict[str, Figure] = {f.name: f for f in (
     Figure("match_rate", "match", "fraction 0-1",
            "quality check: matching / checked answers (only when a prompt expects an answer)", _match_rate,
            pattern="{:.1%}", digits=4),
+    Figure("accuracy", "accuracy", "fraction 0-1",
+           "problems with exact answers asked after the load (workload `accuracy:`): correct / problems; "
+           "an unanswered or failed problem counts as wrong",
+           lambda s: _number((s.details.get("accuracy") or {}).get("accuracy")), pattern="{:.1%}", digits=4),
     Figure("requests", "requests", "requests", "measured requests: successful, failed or incomplete",
            lambda s: s.results.get("total_requests"), pattern="{}"),
     Figure("incomplete_requests", "incomplete", "requests",
@@ -265,6 +288,17 @@ FIGURES: dict[str, Figure] = {f.name: f for f in (
            pattern="{}"),
     Figure("rate", "rate/s", "requests/s", "configured request rate of an open-loop cell",
            lambda s: _number((s.details.get("load") or {}).get("rate")), pattern="{:g}"),
+    _ms("send_lag_p50_ms", "lag p50 ms", "send lag: how late requests left the client against their schedule "
+        "(open-loop rate and trace cells), median"),
+    _ms("send_lag_p99_ms", "lag p99 ms", "send lag, 99th percentile"),
+    _ms("send_lag_max_ms", "lag max ms", "send lag, the largest"),
+    Figure("spec_decode_acceptance_rate", "spec accept", "fraction 0-1",
+           "speculative decoding: draft tokens the target model accepted / draft tokens proposed, over the "
+           "measured run (vLLM's /metrics counters); empty without speculative decoding",
+           _spec_decode("acceptance_rate"), pattern="{:.1%}", digits=4),
+    Figure("spec_decode_mean_acceptance_length", "spec len", "tokens/step",
+           "speculative decoding: tokens emitted per verification step, 1 + accepted / drafts (vLLM V1 counters)",
+           _spec_decode("mean_acceptance_length"), pattern="{:.2f}", digits=4),
     Figure("max_rate_meeting_slo", "max rate/s", "requests/s",
            "saturation sweep (rate: sweep): the highest offered request rate whose goodput_share met the goal",
            lambda s: _number((s.details.get("sweep") or {}).get("max_rate_meeting_slo")), pattern="{:g}", digits=4),

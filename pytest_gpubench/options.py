@@ -188,6 +188,26 @@ def _compare_rules(text: str) -> str:
     return text
 
 
+#: The highest target interactivity accepted: no person reads 10,000 tokens/s.
+MAX_TARGET_INTERACTIVITY = 10_000.0
+TARGETS_ALLOWED = ("a comma-separated list of interactivities in tokens/s per user, each more than 0 and at most "
+                   f"{MAX_TARGET_INTERACTIVITY:g}, such as 20,50")
+
+
+def parse_targets(text: str) -> tuple[float, ...]:
+    """``20,50`` -> (20.0, 50.0): the targets of the report's cost-at-target table, sorted, once each."""
+    values = []
+    for item in str(text).split(","):
+        try:
+            value = float(item.strip())
+        except ValueError:
+            raise ValueError(f"must be {TARGETS_ALLOWED}") from None
+        if not math.isfinite(value) or not 0 < value <= MAX_TARGET_INTERACTIVITY:
+            raise ValueError(f"must be {TARGETS_ALLOWED}")
+        values.append(value)
+    return tuple(sorted(set(values)))
+
+
 def _bool(text: str | bool) -> bool:
     if isinstance(text, bool):
         return text
@@ -330,6 +350,10 @@ OPTIONS: tuple[Option, ...] = (
            "decode_tokens_per_second, ttft_p50_ms, cost_per_million_tokens, cost_usd; every name is in "
            "docs/metrics.md)",
            type=_summary_columns, env="GPUBENCH_COLUMNS", metavar="NAMES"),
+    Option("target_interactivity", "--gpubench-target-interactivity",
+           "the interactivities (tokens/s per user) gpubench report reads the cheapest GPU, provider and runtime "
+           "at, e.g. 20,50 (default: 1000 / the matrix's slo tpot_ms stored with the results)",
+           type=parse_targets, env="GPUBENCH_TARGET_INTERACTIVITY", metavar="TOKS"),
 )
 OPTIONS_BY_DEST = {opt.dest: opt for opt in OPTIONS}
 #: The deprecated old names of each option, by the dest they feed (``store``: ``manifest``).

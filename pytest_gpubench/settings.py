@@ -143,6 +143,8 @@ class Settings(BaseModel):
     compare_fail: str | None = None
     upload: bool = False
     columns: tuple[str, ...] | None = None  # --gpubench-columns; None: the summary table's default
+    #: --gpubench-target-interactivity: the report's cost-at-target interactivities; (): the stored SLOs'.
+    target_interactivity: tuple[float, ...] = ()
 
     @property
     def gpu_lease_seconds(self) -> float:

@@ -82,10 +82,15 @@ def planned_runs(cell: Cell, runs: int | None = None) -> int:
 
 def planned_benchmark_seconds(cell: Cell, runs: int | None = None) -> float:
     """A cell's benchmark length to plan for: ``duration`` x its runs; for a saturation sweep
-    (``rate: sweep``) its most steps, the throughput probe included, x their duration."""
+    (``rate: sweep``) its most steps, the throughput probe included, x their duration; for a
+    ``concurrency: sweep`` its most steps (its levels, or 1, 2, 4 ... up to the cap) x their duration."""
     sweep = cell.sweep
+    if sweep is not None and cell.sweep_kind == "concurrency":
+        return (sweep.duration or cell.workload.duration) * sweep.max_concurrency_steps
     if sweep is not None:
         return (sweep.duration or cell.workload.duration) * (sweep.steps + (sweep.max_rate is None))
+    if cell.workload.trace is not None:  # a trace runs for its own span, on any clock
+        return cell.workload.trace.window * planned_runs(cell, runs)
     return cell.workload.duration * planned_runs(cell, runs)
 
 

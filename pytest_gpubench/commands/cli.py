@@ -17,8 +17,11 @@ store's rows into another store, SQLite <-> PostgreSQL (see ``store/export.py``)
 ``gpubench upload [--run RUN|last] [--store PATH|URL] [--api URL]``
 POSTs results to GPU Shopper's ``/api/v1/benchmarks``.
 
-``gpubench report [--run RUN|last ...] [--store PATH|URL] [--reports DIR]`` writes
-``BENCHMARK_REPORT.md`` and ``index.html`` from the manifest (see ``report.py``).
+``gpubench report [--run RUN|last ...] [--store PATH|URL] [--reports DIR] [--target-interactivity TOKS]``
+writes ``BENCHMARK_REPORT.md`` and ``index.html`` from the manifest (see ``report/gather.py``), and
+one PNG per frontier chart when matplotlib is installed; ``gpubench export --points`` writes the
+frontier points. ``--compare RUN_A RUN_B`` or ``--compare-stores STORE_A STORE_B`` adds a Comparison
+section, printed too and written as ``comparison.json`` (see ``report/comparison.py``).
 
 ``gpubench browse [--store PATH] [--port N] [--host H] [--no-open] [-- DATASETTE_ARGS]``
 serves the manifest read-only in Datasette (the ``[browse]`` extra; see ``browse.py``).
@@ -62,6 +65,7 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
+from typing import IO
 
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, CommandProblem, UnknownRun
 from .cli_options import add_options, command_settings, pytest_flags, warn_deprecated
@@ -135,20 +139,32 @@ def _export(args: argparse.Namespace) -> int:
         return _export_to(args)
     with _open_store(_store_of(args), read_only=True) as store:
         run_id = _resolve_run(store, args.run)
+        if args.points:  # every frontier point of the report's curves (report/frontier_view.py)
+            from ..report.frontier_view import write_points
+            from ..report.gather import build_report
+
+            report = build_report(store, [run_id] if run_id else None)
+
+            def write(out: IO[str]) -> int:
+                return write_points(report, args.format, out)
+        else:
+            def write(out: IO[str]) -> int:
+                return export_results(store, run_id, args.format, out)
         if args.output in (None, "-"):
-            count = export_results(store, run_id, args.format, sys.stdout)
+            count = write(sys.stdout)
             target = "stdout"
         else:
             target_path = Path(args.output)
             try:
                 target_path.parent.mkdir(parents=True, exist_ok=True)
                 with open(target_path, "w", encoding="utf-8", newline="") as out:
-                    count = export_results(store, run_id, args.format, out)
+                    count = write(out)
             except OSError as exc:
                 raise CommandProblem(f"cannot write {target_path}: {exc.strerror or exc}", EXIT_FAILED) from None
             target = str(target_path)
     scope = f"run {run_id}" if run_id else "all runs"
-    print(f"exported {count} result{'s' * (count != 1)} of {scope} to {target} ({args.format})", file=sys.stderr)
+    what = "frontier point" if args.points else "result"
+    print(f"exported {count} {what}{'s' * (count != 1)} of {scope} to {target} ({args.format})", file=sys.stderr)
     return EXIT_OK
 
 
@@ -303,26 +319,82 @@ def _import(args: argparse.Namespace) -> int:
     return EXIT_FAILED if report.failed else EXIT_OK
 
 
-def _report(args: argparse.Namespace) -> int:
+def _compare(args: argparse.Namespace, store, targets: tuple[float, ...] = ()) -> tuple[object, object]:
+    """``--compare RUN_A RUN_B`` (two runs of ``store``) or ``--compare-stores STORE_A STORE_B`` (every
+    run of each): the report of the compared runs (the one store's two; store B's for two stores)
+    and the :class:`~pytest_gpubench.report.comparison.RunComparison`. Nothing in common is a usage
+    problem that says what each side has."""
+    from ..report.comparison import compare_sides
     from ..report.gather import build_report
-    from ..report.gather import write_reports
 
+    if args.compare_stores:
+        with _open_store(args.compare_stores[0], read_only=True) as store_a, \
+                _open_store(args.compare_stores[1], read_only=True) as store_b:
+            for side in (store_a, store_b):
+                if not side.run_ids():
+                    raise CommandProblem(f"the manifest {side.location} has no runs yet: nothing to compare")
+            report_a, report_b = build_report(store_a), build_report(store_b, targets=targets)
+            comparison = compare_sides(store_a, report_a.results, store_b, report_b.results,
+                                       label_a=f"store {store_a.location}", label_b=f"store {store_b.location}")
+            report = report_b
+    else:
+        run_a, run_b = (_resolve_run(store, run) for run in args.compare)
+        if run_a == run_b:
+            raise CommandProblem(f"--compare names run {run_a} twice: give two different runs (gpubench status "
+                                 "lists them)")
+        report_a, report_b = build_report(store, [run_a]), build_report(store, [run_b])
+        comparison = compare_sides(store, report_a.results, store, report_b.results,
+                                   label_a=f"run {run_a}", label_b=f"run {run_b}")
+        report = build_report(store, [run_b, run_a], targets=targets)
+    if not comparison.cells:
+        raise CommandProblem(comparison.nothing_in_common())
+    return report, comparison
+
+
+def _report(args: argparse.Namespace) -> int:
+    from ..report.frontier_view import NO_PNG, write_pngs
+    from ..report.gather import COMPARISON_NAME, build_report
+    from ..report.gather import write_reports
+    from ..report.comparison import comparison_text
+
+    if args.compare and args.compare_stores:
+        raise CommandProblem("give --compare RUN_A RUN_B or --compare-stores STORE_A STORE_B, not both")
+    if (args.compare or args.compare_stores) and args.run:
+        raise CommandProblem("--run does not go with --compare/--compare-stores: they name what is compared")
     if args.output_dir:  # the older name of --reports: given, it wins, as --reports would
         print("gpubench report: warning: --output-dir is deprecated: give the same value to --reports",
               file=sys.stderr)
         args.reports = args.reports or args.output_dir
     settings = command_settings(args)
     directory = settings.reports
-    with _open_store(_location(settings.store_location), read_only=True) as store:
-        if not store.run_ids():
-            raise CommandProblem(f"the manifest {store.location} has no runs yet: nothing to report")
-        runs = list(dict.fromkeys(_resolve_run(store, run) for run in args.run or []))
-        report = build_report(store, runs or None)
+    comparison = None
+    if args.compare_stores:
+        report, comparison = _compare(args, None, settings.target_interactivity)
+    else:
+        with _open_store(_location(settings.store_location), read_only=True) as store:
+            if not store.run_ids():
+                raise CommandProblem(f"the manifest {store.location} has no runs yet: nothing to report")
+            if args.compare:
+                report, comparison = _compare(args, store, settings.target_interactivity)
+            else:
+                runs = list(dict.fromkeys(_resolve_run(store, run) for run in args.run or []))
+                report = build_report(store, runs or None, targets=settings.target_interactivity)
     try:
-        markdown, html = write_reports(report, directory)
+        markdown, html = write_reports(report, directory, comparison)
+        pngs = write_pngs(report, directory)
     except OSError as exc:
         raise CommandProblem(f"cannot write the report to {directory}: {exc.strerror or exc}", EXIT_FAILED) from None
-    print(f"gpubench report: {report.describe()}; wrote {markdown} and {html}")
+    if comparison is not None:
+        print(comparison_text(comparison))
+        print(f"gpubench report: compared {len(comparison.cells)} cell(s); wrote {markdown}, {html} and "
+              f"{directory / COMPARISON_NAME}")
+    else:
+        print(f"gpubench report: {report.describe()}; wrote {markdown} and {html}")
+    if pngs is None:
+        if report.frontiers:
+            print(f"gpubench report: {NO_PNG}")
+    elif pngs:
+        print(f"gpubench report: wrote {len(pngs)} frontier PNG{'s' * (len(pngs) != 1)} in {directory}")
     return EXIT_OK
 
 
@@ -407,6 +479,9 @@ def _parser() -> argparse.ArgumentParser:
                                  description="Write stored results: JSON (a list of GPU Shopper BenchmarkResult "
                                              "objects) or CSV (one flattened row per result).")
     export.add_argument("--format", choices=("json", "csv"), default="json", help="output format (default json)")
+    export.add_argument("--points", action="store_true",
+                        help="write every frontier point instead (one row per load of each GPU / provider / runtime "
+                             "of each model and workload, the figures of docs/report.md's Frontiers)")
     export.add_argument("--run", metavar="RUN|last", help="only this run (default: every run)")
     add_options(export, "store")
     export.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
@@ -447,7 +522,15 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--run", action="append", metavar="RUN|last",
                         help="only this run; repeat for several (default: every run)")
     add_options(report, "store")
-    add_options(report, "reports", notes={"reports": "the two files are written there"})
+    add_options(report, "reports", notes={"reports": "the two files (and the frontier PNGs) are written there"})
+    add_options(report, "target_interactivity")
+    report.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"),
+                        help="compare two runs of the store (run ids or last): the same cells side by side with "
+                             "deltas B - A and whether each is beyond the runs' own spread; also written to "
+                             "comparison.json and as the reports' Comparison section")
+    report.add_argument("--compare-stores", nargs=2, metavar=("STORE_A", "STORE_B"),
+                        help="the same comparison between two stores (SQLite paths or URLs), each store's latest "
+                             "result of every cell")
     report.add_argument("--output-dir", metavar="DIR", help="deprecated: the older name of --reports")
     report.set_defaults(handler=_report)
 

@@ -404,7 +404,8 @@ def benchmark_time(cell: Cell, history: StageHistory, runs: int) -> StageTime:
     rate = history.tokens_per_second(cell)
     warmup = workload.warmup_requests * workload.max_tokens / rate.seconds
     seconds = planned_benchmark_seconds(cell, runs)
-    what = (f"saturation sweep: at most {seconds:g} s of steps" if cell.sweep is not None
+    what = (f"concurrency sweep: at most {seconds:g} s of steps" if cell.sweep_kind == "concurrency"
+            else f"saturation sweep: at most {seconds:g} s of steps" if cell.sweep is not None
             else f"{workload.duration:g} s x {runs} run(s)")
     return StageTime(stage=Stage.BENCHMARK.value, seconds=seconds + warmup,
                      source=(f"{what} + {workload.warmup_requests} warm-up "

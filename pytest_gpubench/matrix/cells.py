@@ -35,6 +35,7 @@ from ..settings import MIN_SANDBOX_INTERVAL, Settings
 from .fields import (  # noqa: F401 - re-exported
     DEFAULT_RUNTIME,
     KNOWN_PROVIDERS,
+    MAX_CONCURRENCY,
     MAX_DURATION_S,
     NAME_RE,
     CheckpointEvery,
@@ -68,6 +69,7 @@ from .workload import (  # noqa: F401 - re-exported
     Prompts,
     Workload,
     WorkloadOverride,
+    trace_conflict,
     load_conflict,
     prompt_set_name,
 )
@@ -265,6 +267,9 @@ class RuntimeSpec(_Strict):
     #: The address the server the plugin starts listens on (``--host``, TGI's ``--hostname``,
     #: ``OLLAMA_HOST``); None: 127.0.0.1, the instance's loopback only (docs/runtimes.md).
     host: str | None = None
+    #: The server's limit on requests batched at once (``{parallel}``: vLLM ``--max-num-seqs``, Ollama
+    #: ``OLLAMA_NUM_PARALLEL`` ...); None: the default for the cell's load (:func:`batch_limit_of`).
+    batch_limit: Annotated[int, whole(1, MAX_CONCURRENCY)] | None = None
     #: How GPU Shopper launches the instance (``mode: entrypoint``: its image serves the model; see launch.py).
     launch: LaunchSpec | None = None
     # A running endpoint (``name: openai``, matrix/fields.py): nothing is rented or started.
@@ -341,8 +346,9 @@ class RuntimeSpec(_Strict):
         if self.endpoint is None:
             raise invalid(f"`name: {ENDPOINT_RUNTIME}` benchmarks a server that is already up: give its "
                           "`endpoint: URL` beside the name, such as {name: openai, endpoint: 'http://127.0.0.1:8000'}")
-        if self.ollama_install is not None or self.args:
-            raise invalid(f"`name: {ENDPOINT_RUNTIME}` starts nothing: `ollama_install` and `args` do not apply")
+        if self.ollama_install is not None or self.args or self.batch_limit is not None:
+            raise invalid(f"`name: {ENDPOINT_RUNTIME}` starts nothing: `ollama_install`, `args` and `batch_limit` "
+                          "do not apply")
         return self
 
     def endpoint_spec(self) -> EndpointSpec | None:
@@ -488,6 +494,7 @@ class Matrix(BaseModel):
     runtime_args: tuple[str, ...] = ()
     runtime_port: int | None = None
     runtime_host: str | None = None
+    runtime_batch_limit: int | None = None
     launch: LaunchSpec | None = None
     endpoint: EndpointSpec | None = None
     runtime_presets: str | None = None
@@ -500,6 +507,11 @@ class Matrix(BaseModel):
     row_lines: tuple[int | None, ...] = ()
     #: The cells, once expanded: validation expands the matrix, and collection reuses that.
     _cells: tuple[Cell, ...] | None = PrivateAttr(default=None)
+
+
+#: The server's default batch limit for a rate cell (``rate:``, ``rate: sweep``), whose number of
+#: requests in flight is not fixed: enough not to queue at the rates a single GPU sustains.
+RATE_BATCH_LIMIT = 64
 
 
 class Cell(BaseModel):
@@ -529,6 +541,9 @@ class Cell(BaseModel):
     runtime_port: int | None = None
     #: The address a server the plugin starts listens on (``runtime.host``); None: 127.0.0.1.
     runtime_host: str | None = None
+    #: ``runtime.batch_limit``: the server's limit on requests batched at once; None: the load's
+    #: default (:attr:`batch_limit`).
+    runtime_batch_limit: int | None = None
     #: ``runtime.launch`` with the server's defaults filled; None: a plain SSH launch.
     launch: LaunchSpec | None = None
     #: The running server a ``runtime: openai`` cell benchmarks (matrix/fields.py); None otherwise.
@@ -554,10 +569,10 @@ class Cell(BaseModel):
     def cell_id(self) -> str:
         """``RTX_4090-vastai-qwen2:7b``: GPU (spaces as ``_``), provider, model as written;
         then ``-x2`` on more than one GPU (:func:`gpus_suffix`); ``-c8`` for a concurrency other than 1,
-        ``-r2.5`` for a request rate or ``-sweep``; then a runtime and cloud other than the defaults
-        (:func:`seam_suffix`)."""
+        ``-r2.5`` for a request rate, ``-sweep`` for ``rate: sweep`` or ``-csweep`` for ``concurrency:
+        sweep``; then a runtime and cloud other than the defaults (:func:`seam_suffix`)."""
         return cell_id(self.gpu, self.provider, self.model, self.concurrency, self.rate,
-                       self.sweep is not None, self.gpus) + seam_suffix(
+                       self.sweep_kind or False, self.gpus) + seam_suffix(
             self.runtime, self.cloud, entrypoint=self.launch is not None and self.launch.entrypoint)
 
     @property
@@ -570,10 +585,11 @@ class Cell(BaseModel):
 
     @property
     def concurrency(self) -> int:
-        """The cell's concurrency (requests in flight; 1 for a rate cell): its load point, stored once,
-        in ``workload.concurrency`` (``(8,)`` for a ``-c8`` cell). A user's hook cannot change it
-        (matrix/adjust.py)."""
-        return self.workload.concurrency[0]
+        """The cell's concurrency (requests in flight; 1 for a rate cell and for a ``concurrency: sweep``
+        cell, whose levels its steps set): its load point, stored once, in ``workload.concurrency``
+        (``(8,)`` for a ``-c8`` cell). A user's hook cannot change it (matrix/adjust.py)."""
+        concurrency = self.workload.concurrency
+        return concurrency[0] if isinstance(concurrency, tuple) else 1
 
     @property
     def lease_runtime(self) -> str:
@@ -584,8 +600,30 @@ class Cell(BaseModel):
 
     @property
     def sweep(self) -> SweepSpec | None:
-        """A ``rate: sweep`` cell's sweep settings (``matrix/workload.py``); None for a cell at one load."""
+        """A ``rate: sweep`` or ``concurrency: sweep`` cell's sweep settings (``matrix/workload.py``);
+        None for a cell at one load. :attr:`sweep_kind` says which."""
         return self.workload.sweep_spec
+
+    @property
+    def sweep_kind(self) -> str | None:
+        """``"rate"`` (``rate: sweep``), ``"concurrency"`` (``concurrency: sweep``) or None."""
+        return self.workload.sweep_kind
+
+    @property
+    def batch_limit(self) -> int:
+        """The server's limit on requests batched at once (``{parallel}`` in a launch command, Ollama's
+        ``OLLAMA_NUM_PARALLEL``): ``runtime.batch_limit`` when the matrix gives it, else a default for
+        the load (docs/runtimes.md): a concurrency cell's concurrency; a ``concurrency: sweep``'s top
+        level; a rate cell's or a ``rate: sweep``'s :data:`RATE_BATCH_LIMIT` (its throughput probe's
+        concurrency when higher), since an open-loop load has no fixed number in flight."""
+        if self.runtime_batch_limit is not None:
+            return self.runtime_batch_limit
+        sweep = self.sweep
+        if sweep is not None and self.sweep_kind == "concurrency":
+            return sweep.top_concurrency
+        if sweep is not None:
+            return max(sweep.probe_concurrency, RATE_BATCH_LIMIT)
+        return self.concurrency if self.rate is None else max(self.concurrency, RATE_BATCH_LIMIT)
 
     @property
     def runs(self) -> Runs:
@@ -695,6 +733,7 @@ def matrix_from_data(data: Any, source: str, *, root: yaml.Node | None = None) -
         runtime_args=spec.runtime.args,
         runtime_port=spec.runtime.port,
         runtime_host=spec.runtime.host,
+        runtime_batch_limit=spec.runtime.batch_limit,
         launch=spec.runtime.launch,
         endpoint=spec.runtime.endpoint_spec(),
         runtime_presets=spec.runtime.presets,
@@ -748,15 +787,18 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 "thresholds.min_match_rate is set but no prompt of this row has `expect` answers, "
                 "so no match rate can be measured; use `prompts: quality`, give prompts "
                 f"{{prompt: ..., expect: [...]}}, or set `min_match_rate: null` in the row{where}"))
-        problem = sweep_problem(workload.rate, workload.sweep, slo.is_set, workload.runs != Runs())
-        if problem and (workload.rate == SWEEP or "sweep" in (row.workload.model_fields_set if row.workload else ())):
+        problem = sweep_problem(workload.rate, workload.sweep, slo.is_set, workload.runs != Runs(),
+                                workload.concurrency)
+        if problem and (workload.sweep_kind is not None
+                        or "sweep" in (row.workload.model_fields_set if row.workload else ())):
             raise MatrixError(matrix.source, f"matrix[{r}].workload", problem + where)
-        sweeping = workload.rate == SWEEP
+        sweeping = workload.sweep_kind  # "rate", "concurrency" or None
         points = ([(1, None)] if sweeping else [(1, rate) for rate in workload.rate] if workload.rate is not None
                   else [(c, None) for c in workload.concurrency])
         # One workload and id suffix per load point, shared by the row's cells (frozen, so sharing is safe).
-        point_parts = [(concurrency, rate, axes_suffix(concurrency, rate, sweeping), workload.model_copy(update={
-            "concurrency": (concurrency,), "rate": SWEEP if sweeping else None if rate is None else (rate,)}))
+        point_parts = [(concurrency, rate, axes_suffix(concurrency, rate, sweeping or False), workload.model_copy(
+            update={"concurrency": SWEEP if sweeping == "concurrency" else (concurrency,),
+                    "rate": SWEEP if sweeping == "rate" else None if rate is None else (rate,)}))
             for concurrency, rate in points]
         reuse = row.reuse or matrix.reuse
         row_runtime = row.runtime or RuntimeSpec()
@@ -766,6 +808,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
         runtime_args = row_runtime.args if "args" in runtime_set else matrix.runtime_args
         runtime_port = row_runtime.port if "port" in runtime_set else matrix.runtime_port
         runtime_host = row_runtime.host if "host" in runtime_set else matrix.runtime_host
+        batch_limit = row_runtime.batch_limit if "batch_limit" in runtime_set else matrix.runtime_batch_limit
         launch = row_runtime.launch if "launch" in runtime_set else matrix.launch
         # A running endpoint is described beside its name (RuntimeSpec), so it comes with the name.
         endpoint = row_runtime.endpoint_spec() if "name" in runtime_set else matrix.endpoint
@@ -808,7 +851,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
             gpu=row.gpu, runtime=runtime, cloud=cloud, hosts_file=matrix.hosts_file, ollama_install=install,
             matrix_name=matrix.name,
             runtime_args=runtime_args, runtime_port=runtime_port, runtime_host=runtime_host, endpoint=endpoint,
-            runtime_presets=presets,
+            runtime_batch_limit=batch_limit, runtime_presets=presets,
             source=matrix.source,
             launch=cell_launch,
             row=r, slo=slo, thresholds=thresholds, reuse=reuse, gpu_compact=compact_gpu(row.gpu), microbench=None,
@@ -829,12 +872,12 @@ def _expand(matrix: Matrix) -> list[Cell]:
                 if model not in vram_of:
                     vram_of[model] = model_vram_gb(model, matrix.vram_overrides)
                 vram = vram_of[model]
-                if vram is None and endpoint is not None:
-                    vram = 0  # nothing is rented for a running endpoint: no VRAM to look for
+                if endpoint is not None:
+                    vram = 0  # nothing is rented for a running endpoint: no VRAM to look for, whatever its name says
                 if vram is None:
                     raise MatrixError(matrix.source, f"matrix[{r}].{field}", (
                         f"cannot tell how much VRAM {model!r} needs: it is not in the seed table "
-                        f"and its tag names no size such as '7b'; add "
+                        f"and its name states no size such as '7b'; add "
                         f"`models: {{{model}: {{vram_gb: N}}}}` to the file{where}"))
                 ref = model_ref(model)
                 keywords = keywords_of.get((row.gpu, ref))
@@ -846,7 +889,7 @@ def _expand(matrix: Matrix) -> list[Cell]:
                         provider=provider, model=model, model_ref=ref, workload=point_workload, offer=offer,
                         vram_gb=vram, cell_id=base_id + suffix + seams,
                         keywords=keywords, reuse_group=group)
-                    key = (gpu_key, gpus, provider, ref_key, concurrency, SWEEP if sweeping else rate, runtime, seams)
+                    key = (gpu_key, gpus, provider, ref_key, concurrency, sweeping or rate, runtime, seams)
                     id_key = cell.cell_id.lower()
                     first = seen.get(key, ids.get(id_key))
                     if first is not None:
@@ -883,6 +926,7 @@ def _microbench_cell(matrix: Matrix, r: int, row: RowSpec, row_shared: dict[str,
             "microbenchmarks need a rented GPU reached over SSH; a running endpoint has none"
             + at_line(_row_line(matrix, r))))
     no_server = {"runtime": DEFAULT_RUNTIME, "runtime_args": (), "runtime_port": None, "runtime_host": None,
+                 "runtime_batch_limit": None,
                  "launch": None, "runtime_presets": None, "endpoint": None}
     shared = {name: value for name, value in row_shared.items() if name != "gpu_compact"}  # a cached property
     return Cell(**{
@@ -904,12 +948,15 @@ def _row_workload(matrix: Matrix, r: int, row: RowSpec) -> Workload:
             f"{conflict}; here `concurrency` comes from {origin['concurrency']} and `rate` from "
             f"{origin['rate']}: in the row, set `concurrency: 1`, or `rate: null` to drop the "
             f"file's rate{at_line(_row_line(matrix, r))}"))
+    conflict = trace_conflict(workload.trace, workload.concurrency, workload.rate)
+    if conflict:
+        raise MatrixError(matrix.source, f"matrix[{r}].workload", conflict + at_line(_row_line(matrix, r)))
     return workload
 
 
-def _load_text(concurrency: int, rate: float | None, sweep: bool = False) -> str:
+def _load_text(concurrency: int, rate: float | None, sweep: str | None = None) -> str:
     if sweep:
-        return " / rate sweep"
+        return f" / {sweep} sweep"
     if rate is not None:
         return f" / rate {number_text(rate)}/s"
     return f" / concurrency {concurrency}" if concurrency != 1 else ""

@@ -240,9 +240,11 @@ def _axis(value: Any, allowed: str, check: Any) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _concurrency(value: Any) -> tuple[int, ...]:
-    allowed = (f"must be a whole number of requests in flight from 1 to {MAX_CONCURRENCY}, "
-               "or a non-empty list of them such as [1, 8, 32]")
+def _concurrency(value: Any) -> tuple[int, ...] | str:
+    if value == "sweep":  # `concurrency: sweep`: one cell, its levels on one session (matrix/workload.py)
+        return value
+    allowed = (f"must be a whole number of requests in flight from 1 to {MAX_CONCURRENCY}, a non-empty list "
+               "of them such as [1, 8, 32] (a cell each), or `sweep` for a concurrency sweep on one session")
 
     def check(item: Any) -> int | None:
         ok = isinstance(item, int) and not isinstance(item, bool) and 1 <= item <= MAX_CONCURRENCY
@@ -399,7 +401,7 @@ MaxTokens = Annotated[int, whole(1, 131072)]
 Warmup = Annotated[int, whole(0, 1000)]
 CheckpointEvery = Annotated[int, whole(1, 1_000_000)]
 Price = Annotated[float, BeforeValidator(_price)]
-Concurrency = Annotated[tuple[int, ...], BeforeValidator(_concurrency)]
+Concurrency = Annotated[tuple[int, ...] | Literal["sweep"], BeforeValidator(_concurrency)]
 Rate = Annotated[tuple[float, ...] | Literal["sweep"] | None, BeforeValidator(_rate)]
 RunsField = Annotated[Runs, BeforeValidator(_runs)]
 

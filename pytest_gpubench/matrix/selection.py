@@ -28,7 +28,7 @@ MODEL_VRAM_GB: Mapping[str, int] = MappingProxyType({
     "deepseek-r1:32b": 24,
     "deepseek-r1:70b": 48,
 })
-"""Seed 000's VRAM minimums in GB; other models are inferred from their tag."""
+"""Seed 000's VRAM minimums in GB; other models are inferred from the size their name states."""
 
 _PARAMS_RE = re.compile(
     r"(?<![a-z0-9.])(?:(\d+(?:\.\d+)?)x)?(\d+(?:\.\d+)?)([bm])(?![a-z0-9])", re.I
@@ -135,10 +135,17 @@ def select_cells(
 # ---------------------------------------------------------------------------- VRAM
 
 
+def _size_named(model: str) -> re.Match[str] | None:
+    """The size the model's name states: in its tag first (``qwen2:7b``), else in the name
+    itself (``llama-7b``, ``Qwen/Qwen2.5-7B-Instruct``, ``mixtral-8x7b``); the organisation or
+    folder before the last ``/`` is not read (it names who made the model, not its size)."""
+    name, tag = split_tag(model.strip())
+    return _PARAMS_RE.search(tag or "") or _PARAMS_RE.search(name.rpartition("/")[2])
+
+
 def infer_parameters_b(model: str) -> float | None:
-    """Billions of parameters named in the tag (``7b``, ``1.5b``, ``8x7b``, ``135m``)."""
-    tag = split_tag(model.strip())[1]
-    found = _PARAMS_RE.search(tag or "")
+    """Billions of parameters the name states (``7b``, ``1.5b``, ``8x7b``, ``135m``): see :func:`_size_named`."""
+    found = _size_named(model)
     if not found:
         return None
     return float(_parameters(found))
@@ -151,11 +158,11 @@ def _parameters(found: re.Match[str]) -> Fraction:
 
 
 def infer_vram_gb(model: str) -> int | None:
-    """``ceil(params_b * 0.65 / 4) * 4`` GB, at least 4; None without a size in the tag.
+    """``ceil(params_b * 0.65 / 4) * 4`` GB, at least 4; None when the name states no size.
 
     The rule gives every entry of :data:`MODEL_VRAM_GB` whose tag names a size.
     """
-    found = _PARAMS_RE.search(split_tag(model.strip())[1] or "")
+    found = _size_named(model)
     if not found:
         return None
     return max(4, math.ceil(_parameters(found) * Fraction(13, 20) / 4) * 4)
@@ -175,12 +182,13 @@ def id_part(text: str) -> str:
 
 
 def cell_id(gpu: str, provider: str, model: str, concurrency: int = 1, rate: float | None = None,
-            sweep: bool = False, gpus: int = 1) -> str:
+            sweep: bool | str = False, gpus: int = 1) -> str:
     """The test id of a cell: ``{GPU with _ for spaces}-{provider}-{model}``, its GPU count, then its load.
 
     ``RTX_4090-vastai-qwen2:7b`` at concurrency 1 without a rate (so ids from
     before load axes existed stay the same), ``...-c8`` at concurrency 8,
-    ``...-r2.5`` at 2.5 requests/s, ``...-sweep`` for a saturation sweep (``rate: sweep``);
+    ``...-r2.5`` at 2.5 requests/s, ``...-sweep`` for a saturation sweep (``rate: sweep``),
+    ``...-csweep`` for a concurrency sweep (``sweep="concurrency"``);
     ``...-x2-c8`` for the same on two GPUs (:func:`gpus_suffix`).
     """
     return cell_id_base(gpu, provider, model, gpus) + axes_suffix(concurrency, rate, sweep)
@@ -219,8 +227,11 @@ def cell_keywords(gpu: str, ref: str) -> frozenset[str]:
     return frozenset({compact_gpu(gpu), ref, split_tag(ref)[0]})
 
 
-def axes_suffix(concurrency: int = 1, rate: float | None = None, sweep: bool = False) -> str:
-    """``""``, ``"-c8"``, ``"-r2.5"`` or ``"-sweep"``: the load part of a cell id."""
+def axes_suffix(concurrency: int = 1, rate: float | None = None, sweep: bool | str = False) -> str:
+    """``""``, ``"-c8"``, ``"-r2.5"``, ``"-sweep"`` (``rate: sweep``; ``sweep`` True or ``"rate"``) or
+    ``"-csweep"`` (``concurrency: sweep``; ``sweep="concurrency"``): the load part of a cell id."""
+    if sweep == "concurrency":
+        return "-csweep"
     if sweep:
         return "-sweep"
     if rate is not None:

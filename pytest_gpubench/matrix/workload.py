@@ -11,8 +11,8 @@ list of plain strings and ``{prompt, expect, max_tokens}`` mappings, the name of
 built-in set: ``seed`` (seed 000's mix, the default) or ``quality`` (prompts with
 known answers, for the match rate), a dataset file (``{dataset: PATH, ...}``,
 ``datasets.py``) or synthetic prompts (``{synthetic: {...}}``, ``synthetic.py``).
-``rate: sweep`` and its ``sweep:`` settings (:class:`SweepSpec`) come first: the workload's
-fields name them. docs/workloads.md is the users' reference.
+``rate: sweep`` and ``concurrency: sweep`` and their ``sweep:`` settings (:class:`SweepSpec`)
+come first: the workload's fields name them. docs/workloads.md is the users' reference.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from .fields import (
     Seconds,
     StrictModel,
     Warmup,
+    _axis,
     axis_text,
     did_you_mean,
     fraction,
@@ -45,8 +46,10 @@ from .fields import (
     whole,
 )
 from .conversations import Conversation, conversation_spec
+from .accuracy import AccuracySpec
 from .datasets import PromptSource, load_dataset
 from .synthetic import MAX_LENGTH, synthetic_spec
+from .trace import Trace
 from .yaml_errors import describe
 
 
@@ -66,7 +69,7 @@ from .yaml_errors import describe
 #     slo: {ttft_ms: 500, tpot_ms: 50}
 
 
-#: ``rate: sweep``: the value of ``workload.rate`` that asks for a saturation sweep.
+#: ``rate: sweep`` / ``concurrency: sweep``: the value of the load axis that asks for a sweep on one session.
 SWEEP = "sweep"
 DEFAULT_GOAL = 0.95
 DEFAULT_PRECISION = 0.05
@@ -74,6 +77,16 @@ DEFAULT_STEPS = 8
 DEFAULT_PROBE_CONCURRENCY = 32
 #: Without ``min_rate``, the search starts this many times below the top rate.
 DEFAULT_SPAN = 10.0
+#: ``concurrency: sweep``: the doubling stops at this concurrency unless ``max_concurrency`` says otherwise.
+#: Also the server's default batch limit then, so not higher: Ollama reserves a KV cache per parallel
+#: slot at load (a 7B model's 256 slots need about 56 GiB beside its weights), and 64 is where
+#: single-GPU frontiers (InferenceX's usual range) end; vLLM or SGLang on a large GPU may go higher.
+DEFAULT_MAX_CONCURRENCY = 64
+#: ``concurrency: sweep``: saturated once doubling the concurrency raises output throughput by less than this.
+DEFAULT_MIN_GROWTH = 0.05
+#: The ``sweep:`` keys each kind of sweep reads (``goal`` and ``duration`` are both's).
+RATE_SWEEP_KEYS = ("min_rate", "max_rate", "steps", "precision", "probe_concurrency")
+CONCURRENCY_SWEEP_KEYS = ("concurrency", "max_concurrency", "min_growth")
 
 _GOAL_RE = re.compile(r"\s*goodput_share\s*>=\s*(?P<value>\S+)\s*")
 
@@ -111,18 +124,52 @@ def _precision(value: Any) -> float:
     return number
 
 
+def _min_growth(value: Any) -> float:
+    number = fraction(value, "must be the output-throughput growth below which a doubling counts as saturated: "
+                             "a fraction from 0 to below 1, or a percentage such as '5%'")
+    if number >= 1:
+        raise invalid(f"must be below 1 (100%): doubling the concurrency rarely doubles throughput; got "
+                      f"{describe(value)}")
+    return number
+
+
+def _levels(value: Any) -> tuple[int, ...] | None:
+    """``sweep.concurrency``: the levels of a ``concurrency: sweep`` given as a list, run lowest first."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or len(value) < 2:
+        raise invalid(f"must be a list of at least two concurrency levels, such as [1, 4, 16, 64], each a whole "
+                      f"number from 1 to {MAX_CONCURRENCY} (one level is a plain `concurrency: N` cell); "
+                      f"got {describe(value)}")
+    allowed = f"must be a list of concurrency levels such as [1, 4, 16, 64], each from 1 to {MAX_CONCURRENCY}"
+    return tuple(sorted(_axis(value, allowed, _level)))
+
+
+def _level(item: Any) -> int | None:
+    return item if isinstance(item, int) and not isinstance(item, bool) and 1 <= item <= MAX_CONCURRENCY else None
+
+
 RateBound = Annotated[float | None, BeforeValidator(_rate_bound)]
 Goal = Annotated[float, BeforeValidator(_goal)]
 Precision = Annotated[float, BeforeValidator(_precision)]
+MinGrowth = Annotated[float, BeforeValidator(_min_growth)]
+Levels = Annotated[tuple[int, ...] | None, BeforeValidator(_levels)]
 
 
 class SweepSpec(StrictModel):
-    """``workload.sweep``: the bounds, stopping rules and goal of a ``rate: sweep`` cell.
+    """``workload.sweep``: the bounds, stopping rules and goal of a ``rate: sweep`` or a
+    ``concurrency: sweep`` cell.
 
-    ``max_rate`` None: a throughput probe (``probe_concurrency`` requests in flight)
-    bounds the rate from above; ``min_rate`` None: ``max_rate / 10``. The search
+    Rate sweep: ``max_rate`` None: a throughput probe (``probe_concurrency`` requests in
+    flight) bounds the rate from above; ``min_rate`` None: ``max_rate / 10``. The search
     stops after ``steps`` rate steps or once the passing and failing rates are within
-    ``precision`` of each other. ``duration`` None: each step runs the workload's
+    ``precision`` of each other.
+
+    Concurrency sweep: the concurrency doubles from 1 until a doubling raises output
+    throughput by less than ``min_growth`` (saturated), goodput_share under the ``slo:``
+    falls below ``goal``, or ``max_concurrency`` (None: 64) has run; ``concurrency``
+    (a list of levels) runs exactly those levels instead. Keys of the other kind of sweep
+    are refused (:func:`sweep_problem`). ``duration`` None: each step runs the workload's
     ``duration``.
     """
 
@@ -133,13 +180,36 @@ class SweepSpec(StrictModel):
     goal: Goal = DEFAULT_GOAL
     duration: Seconds | None = None
     probe_concurrency: Annotated[int, whole(1, MAX_CONCURRENCY)] = DEFAULT_PROBE_CONCURRENCY
+    #: ``concurrency: sweep``'s own keys (CONCURRENCY_SWEEP_KEYS).
+    concurrency: Levels = None
+    max_concurrency: Annotated[int, whole(2, MAX_CONCURRENCY)] | None = None
+    min_growth: MinGrowth = DEFAULT_MIN_GROWTH
 
     @model_validator(mode="after")
     def _ordered(self) -> SweepSpec:
         if self.min_rate is not None and self.max_rate is not None and self.min_rate >= self.max_rate:
             raise invalid(f"min_rate ({number_text(self.min_rate)}/s) must be below max_rate "
                           f"({number_text(self.max_rate)}/s): the sweep searches between them")
+        if self.concurrency is not None:
+            extra = [key for key in ("max_concurrency", "min_growth") if key in self.model_fields_set]
+            if extra:
+                raise invalid(f"`{extra[0]}` applies to the doubling sweep; with a list of levels "
+                              f"(`concurrency: {axis_text(self.concurrency)}`) every level runs: drop one of them")
         return self
+
+    @property
+    def top_concurrency(self) -> int:
+        """The highest concurrency a ``concurrency: sweep`` may reach: its last level, or its cap."""
+        if self.concurrency is not None:
+            return self.concurrency[-1]
+        return self.max_concurrency or DEFAULT_MAX_CONCURRENCY
+
+    @property
+    def max_concurrency_steps(self) -> int:
+        """The most steps a ``concurrency: sweep`` may take: its levels, or 1, 2, 4 ... up to the cap."""
+        if self.concurrency is not None:
+            return len(self.concurrency)
+        return len(doubling_levels(self.top_concurrency))
 
     @property
     def goal_text(self) -> str:
@@ -147,17 +217,39 @@ class SweepSpec(StrictModel):
         return f"goodput_share >= {self.goal:g}"
 
 
-def sweep_problem(rate: Any, sweep: SweepSpec | None, slo_set: bool, repeated: bool = False) -> str | None:
-    """Why a (merged) workload's ``rate`` and ``sweep`` cannot run with this SLO (and ``runs:``
-    other than one when ``repeated``), or None."""
+def doubling_levels(top: int) -> tuple[int, ...]:
+    """1, 2, 4 ... below ``top``, then ``top`` itself: a doubling ``concurrency: sweep``'s levels."""
+    levels, level = [], 1
+    while level < top:
+        levels.append(level)
+        level *= 2
+    return (*levels, top)
+
+
+def sweep_problem(rate: Any, sweep: SweepSpec | None, slo_set: bool, repeated: bool = False,
+                  concurrency: Any = None) -> str | None:
+    """Why a (merged) workload's ``rate``, ``concurrency`` and ``sweep`` cannot run with this SLO
+    (and ``runs:`` other than one when ``repeated``), or None."""
     if rate == SWEEP and not slo_set:
         return ("`rate: sweep` needs an `slo:` (ttft_ms, tpot_ms or e2e_ms): the sweep finds the highest "
                 "rate whose goodput_share under that SLO meets its goal")
-    if rate == SWEEP and repeated:
-        return ("`runs:` does not apply to `rate: sweep`: each step of the sweep is one run; "
-                "drop `runs:` or use `sweep.steps`")
-    if sweep is not None and rate != SWEEP:
-        return "`sweep:` settings apply only with `rate: sweep`; set `rate: sweep` or drop `sweep:`"
+    kind = "rate" if rate == SWEEP else "concurrency" if concurrency == SWEEP else None
+    if kind is not None and repeated:
+        return (f"`runs:` does not apply to `{kind}: sweep`: each step of the sweep is one run; "
+                "drop `runs:`" + (" or use `sweep.steps`" if kind == "rate" else ""))
+    if sweep is not None and kind is None:
+        return ("`sweep:` settings apply only with `rate: sweep` or `concurrency: sweep`; set one of them "
+                "or drop `sweep:`")
+    if sweep is not None:
+        foreign, own = ((CONCURRENCY_SWEEP_KEYS, RATE_SWEEP_KEYS) if kind == "rate"
+                        else (RATE_SWEEP_KEYS, CONCURRENCY_SWEEP_KEYS))
+        given = [key for key in foreign if key in sweep.model_fields_set]
+        if given:
+            return (f"`sweep.{given[0]}` does not apply to `{kind}: sweep`; its keys are "
+                    f"{', '.join((*own, 'goal', 'duration'))}")
+        if kind == "concurrency" and "goal" in sweep.model_fields_set and not slo_set:
+            return ("`sweep.goal` needs an `slo:` (ttft_ms, tpot_ms or e2e_ms): a concurrency sweep stops "
+                    "when goodput_share under that SLO falls below the goal")
     return None
 
 
@@ -523,7 +615,7 @@ class Workload(StrictModel):
     prompts: Prompts = PromptList(PROMPT_SETS["seed"])
     concurrency: Concurrency = (1,)
     rate: Rate = None
-    #: ``rate: sweep``'s settings (``matrix/workload.py``); None with a sweep: the defaults.
+    #: ``rate: sweep``'s and ``concurrency: sweep``'s settings (above); None with a sweep: the defaults.
     sweep: SweepSpec | None = None
     runs: RunsField = Runs()
     telemetry_interval: Seconds = 5.0
@@ -533,10 +625,16 @@ class Workload(StrictModel):
     think: Think = None
     #: Ask the server to ignore end-of-sequence, so each answer runs to its ``max_tokens``.
     ignore_eos: IgnoreEos = False
+    #: Trace replay (``matrix/trace.py``): the trace's requests at its own times; None: no trace.
+    trace: Trace | None = None
+    #: Problems with exact answers asked after the load (``accuracy.py``); None: no accuracy pass.
+    accuracy: AccuracySpec | None = None
 
     @model_validator(mode="after")
     def _one_load_axis(self) -> Workload:
-        conflict = load_conflict(self.concurrency, self.rate)
+        conflict = load_conflict(self.concurrency, self.rate) or trace_conflict(self.trace, self.concurrency, self.rate)
+        if self.trace is not None and "prompts" in self.model_fields_set:
+            conflict = "`prompts:` and `trace:` cannot be combined: a trace's records are its prompts"
         if conflict:
             raise invalid(conflict)
         if self.rate is not None and any(getattr(p, "turns", ()) for p in self.prompts):
@@ -547,8 +645,13 @@ class Workload(StrictModel):
 
     @property
     def sweep_spec(self) -> SweepSpec | None:
-        """The saturation sweep this workload asks for (``rate: sweep``), or None."""
-        return (self.sweep or SweepSpec()) if self.rate == "sweep" else None
+        """The sweep this workload asks for (``rate: sweep`` or ``concurrency: sweep``), or None."""
+        return (self.sweep or SweepSpec()) if self.sweep_kind is not None else None
+
+    @property
+    def sweep_kind(self) -> str | None:
+        """``"rate"`` for ``rate: sweep``, ``"concurrency"`` for ``concurrency: sweep``, else None."""
+        return "rate" if self.rate == SWEEP else "concurrency" if self.concurrency == SWEEP else None
 
     @property
     def duration_minutes(self) -> float:
@@ -557,28 +660,33 @@ class Workload(StrictModel):
 
     @property
     def prompt_set(self) -> str | None:
-        """``"seed"`` or ``"quality"`` when the prompts are that built-in set, else None."""
-        return prompt_set_name(self.prompts)
+        """``"seed"`` or ``"quality"`` when the prompts are that built-in set, else None (a trace sends its own)."""
+        return None if self.trace is not None else prompt_set_name(self.prompts)
 
     @property
     def prompt_source(self) -> PromptSource | None:
-        """Where a dataset's or synthetic spec's prompts came from; None for written and built-in ones."""
+        """Where a dataset's, synthetic spec's or trace's prompts came from; None for written and built-in ones."""
+        if self.trace is not None:
+            return self.trace.source
         return getattr(self.prompts, "source", None)
 
     @property
     def prompts_label(self) -> str:
-        """The prompts as reports name them: ``seed``, ``quality``, ``custom``, or the dataset's or spec's label."""
+        """The prompts as reports name them: ``seed``, ``quality``, ``custom``, or the dataset's, spec's or trace's label."""
         source = self.prompt_source
         return self.prompt_set or (source.label if source else "custom")
 
     @property
     def has_expectations(self) -> bool:
-        """True if any prompt has ``expect`` answers (so a match rate can be measured)."""
-        return any(p.expect for p in self.prompts)
+        """True if any prompt has ``expect`` answers (so a match rate can be measured); a trace's have none."""
+        return self.trace is None and any(p.expect for p in self.prompts)
 
     def prompt_payload(self) -> list[str | dict[str, Any]]:
         """The prompts as the load generator takes them: strings, and ``{"prompt", "expect",
-        "max_tokens", "ignore_eos"}`` mappings with only the keys that are set."""
+        "max_tokens", "ignore_eos"}`` mappings with only the keys that are set; a trace's requests in
+        its order (``{"prompt", "max_tokens", "messages"}``), request *i* sent at its schedule's *i*-th time."""
+        if self.trace is not None:
+            return [r.payload(self.ignore_eos) for r in self.trace.requests]
         if not self.ignore_eos:
             return [p.payload() for p in self.prompts]
         entries = [p.payload() for p in self.prompts]
@@ -603,28 +711,40 @@ class WorkloadOverride(StrictModel):
     stall_timeout: Seconds | None = None
     think: Think = None
     ignore_eos: IgnoreEos | None = None
+    trace: Trace | None = None
+    accuracy: AccuracySpec | None = None
 
     @field_validator("*", mode="before")
     @classmethod
     def _no_null(cls, value: Any, info: ValidationInfo) -> Any:
         # `rate: null` drops the file's rate, `sweep: null` its sweep settings, `think: null` its
-        # think (the runtime's default again).
-        if value is None and info.field_name not in ("rate", "sweep", "think"):
+        # think (the runtime's default again), `trace: null` its trace, `accuracy: null` its accuracy pass.
+        if value is None and info.field_name not in ("rate", "sweep", "think", "trace", "accuracy"):
             raise invalid("must not be null; leave the key out to use the file's value")
         return value
 
     @model_validator(mode="after")
     def _one_load_axis(self) -> WorkloadOverride:
-        conflict = self.concurrency and load_conflict(self.concurrency, self.rate)
+        conflict = (self.concurrency and load_conflict(self.concurrency, self.rate)) or \
+            trace_conflict(self.trace, self.concurrency or (1,), self.rate)
         if conflict:
             raise invalid(conflict)
         return self
 
 
-def load_conflict(concurrency: tuple[int, ...], rate: tuple[float, ...] | None) -> str | None:
+def load_conflict(concurrency: tuple[int, ...] | str, rate: tuple[float, ...] | str | None) -> str | None:
     """Why these load axes cannot go together, or None: a rate cell has no concurrency axis."""
     if rate is None or concurrency == (1,):
         return None
     return (f"`concurrency: {axis_text(concurrency)}` and `rate: {axis_text(rate)}` cannot be "
             "combined: a rate cell sends requests as Poisson arrivals at that rate, however many "
             "are in flight; give one of them (only `concurrency: 1` may go with a rate)")
+
+
+def trace_conflict(trace: Trace | None, concurrency: tuple[int, ...], rate: Any) -> str | None:
+    """Why a trace cannot go with these load axes, or None: a trace's times are its load."""
+    if trace is None or (rate is None and concurrency == (1,)):
+        return None
+    axis = f"concurrency: {axis_text(concurrency)}" if rate is None else f"rate: {axis_text(rate)}"
+    return (f"`trace:` and `{axis}` cannot be combined: a trace replays its requests at its own times "
+            "(open loop), which is its load; drop the load axis, or use the trace's `speedup:`")

@@ -80,6 +80,11 @@ class BenchmarkPlan:
     ca_file: str | None = None
     #: ``protocol: worker``: the argv of one container (``docker run ... IMAGE``), run on the instance.
     worker_command: list[str] | None = None
+    #: Trace replay: when measured request *i* (prompt *i*) is sent, seconds into the run; None: no trace.
+    schedule: list[float] | None = None
+    #: At a fixed concurrency, send at most this many requests (the prompts in order), then end:
+    #: the accuracy pass asks each problem once (None: requests until the duration ends).
+    requests: int | None = None
 
     def config(self, server_url: str) -> dict[str, Any]:
         return {
@@ -102,6 +107,8 @@ class BenchmarkPlan:
             "api_key_env": self.api_key_env,
             "ca_file": self.ca_file,
             **({"worker_command": self.worker_command} if self.worker_command else {}),
+            **({"schedule": self.schedule} if self.schedule is not None else {}),
+            **({"requests": self.requests} if self.requests is not None else {}),
         }
 
 
@@ -120,6 +127,8 @@ class LoadgenPass:
     elapsed: float = 0.0
     #: Records read from the instance's checkpoint that the stream had not delivered.
     recovered: int = 0
+    #: Speculative decoding over this run (``measure/spec_decode.py``); None: not scraped.
+    spec_decode: dict[str, Any] | None = None
 
     @property
     def measured(self) -> list[RequestRecord]:

@@ -81,19 +81,27 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from ..figures import METRICS, Metric, Rule
-from .results import BenchmarkResult
+from .results import BenchmarkResult, RunStatistics
 
 __all__ = [
+    "COMPARED",
     "FIELDS",
+    "FigureDelta",
+    "SERVER_FIELDS",
+    "Spread",
     "Comparison",
     "Fingerprint",
     "MetricChange",
     "Violation",
     "compare",
+    "figure_delta",
     "figures_of",
     "fingerprint",
     "incomparable",
+    "server_changes",
+    "spread_of",
     "stored_fingerprint",
+    "workload_differs",
 ]
 
 
@@ -362,14 +370,133 @@ def incomparable(current: Fingerprint, baseline: Mapping[str, Any]) -> str | Non
         return f"run {run} stored no workload fingerprint ({origin}), so its workload is unknown"
     if stored.hash == current.hash:
         return None
-    differences = []
-    for field in FIELDS:
-        old, new = stored.fields.get(field), current.fields.get(field)
-        if old == new:
-            continue
-        if field in ("prompts", "model_digest") and old is not None and new is not None:
-            differences.append("prompts differ" if field == "prompts" else "model digest differs")
-        else:
-            differences.append(f"{field} {_shown(field, old)} -> {_shown(field, new)}")
+    differences = _differences(stored, current, FIELDS)
     # A hash that differs with equal fields: a fingerprint of another version.
     return f"run {run} differs: " + (", ".join(differences) or "its fingerprint has other fields")
+
+
+# ------------------------------------------ two runs side by side (``gpubench report --compare``)
+#
+# ``--gpubench-compare`` above judges one result against a baseline with rules; ``gpubench report
+# --compare`` lays two runs' cells side by side and asks of each figure's delta whether it is beyond
+# the runs' own spread. The plain logic is here; report/comparison.py reads the stores and renders it.
+
+#: Fingerprint fields that describe the server rather than the workload: two runs that differ only
+#: in these measured the same thing on another server ("did the new vLLM make us faster"), so they
+#: are compared, the difference shown; any other field differing makes two cells incomparable.
+SERVER_FIELDS = ("runtime", "launch")
+
+#: The headline figures compared, each with the words for a change in its better and worse
+#: direction (names are :data:`~pytest_gpubench.figures.FIGURES` entries; one not registered there,
+#: or not measured on either side, is left out).
+COMPARED: dict[str, tuple[bool, str, str]] = {
+    # name: (higher is better, better, worse)
+    "output_tokens_per_second": (True, "faster", "slower"),
+    "ttft_p50_ms": (False, "faster", "slower"),
+    "ttft_p95_ms": (False, "faster", "slower"),
+    "tpot_p50_ms": (False, "faster", "slower"),
+    "cost_per_million_tokens": (False, "cheaper", "dearer"),
+    "joules_per_output_token": (False, "less energy", "more energy"),
+    "output_tokens_per_second_per_watt": (True, "more efficient", "less efficient"),
+    "match_rate": (True, "more accurate", "less accurate"),
+    "accuracy": (True, "more accurate", "less accurate"),
+}
+
+WITHIN_NOISE = "within noise"
+NO_REPEATS = "no repeats: spread unknown"
+NO_RUN_VALUES = "spread unknown: no per-run values"
+ONE_SIDE = "measured on one side only"
+
+
+class Spread(_Value):
+    """A figure's interval over one result's repeated runs: the 95% bootstrap confidence interval
+    of the mean of its per-run values (:class:`~.results.RunStatistics`, the interval ``runs: N``
+    reports)."""
+
+    n: int
+    low: float
+    high: float
+
+
+def spread_of(values: Sequence[float | None]) -> Spread | None:
+    """The :class:`Spread` of per-run ``values``; None with fewer than two finite values."""
+    finite = [float(v) for v in values if _number(v) is not None]
+    if len(finite) < 2:
+        return None
+    stats = RunStatistics.from_values(finite)
+    return Spread(n=stats.n, low=stats.ci_low, high=stats.ci_high)
+
+
+class FigureDelta(_Value):
+    """One figure of one cell in runs A and B: B - A, absolute and in percent of A, and the verdict.
+
+    ``verdict`` is :data:`WITHIN_NOISE` (the two intervals overlap), ``"<better|worse word>, beyond
+    the spread"`` (they do not), :data:`NO_REPEATS` (a side ran once), :data:`NO_RUN_VALUES` (both
+    repeated, but this figure is not kept per run) or :data:`ONE_SIDE`.
+    """
+
+    figure: str
+    a: float | None
+    b: float | None
+    delta: float | None
+    delta_pct: float | None
+    spread_a: Spread | None = None
+    spread_b: Spread | None = None
+    verdict: str
+    #: True / False: B is better / worse beyond the spread; None: not beyond it, or unknown.
+    better: bool | None = None
+
+
+def figure_delta(figure: str, a: float | None, b: float | None, *, runs_a: int, runs_b: int,
+                 spread_a: Spread | None = None, spread_b: Spread | None = None) -> FigureDelta:
+    """Compare ``figure``'s values ``a`` (before) and ``b`` (after); ``runs_a``/``runs_b`` are the
+    repeats behind each, ``spread_a``/``spread_b`` their intervals when the figure is kept per run."""
+    higher_is_better, better_word, worse_word = COMPARED.get(figure, (True, "higher", "lower"))
+    a, b = _number(a), _number(b)
+    delta = delta_pct = None
+    better = None
+    if a is None or b is None:
+        verdict = ONE_SIDE
+    else:
+        delta = b - a
+        delta_pct = delta / abs(a) * 100 if a != 0 else (0.0 if b == 0 else None)
+        if runs_a < 2 or runs_b < 2:
+            verdict = NO_REPEATS
+        elif spread_a is None or spread_b is None:
+            verdict = NO_RUN_VALUES
+        elif spread_b.low > spread_a.high or spread_b.high < spread_a.low:
+            better = (delta > 0) == higher_is_better
+            verdict = f"{better_word if better else worse_word}, beyond the spread"
+        else:
+            verdict = WITHIN_NOISE
+    return FigureDelta(figure=figure, a=a, b=b, delta=delta, delta_pct=delta_pct, spread_a=spread_a,
+                       spread_b=spread_b, verdict=verdict, better=better)
+
+
+def workload_differs(a: Fingerprint | None, b: Fingerprint | None) -> str | None:
+    """Why results of fingerprints ``a`` and ``b`` did not measure the same workload (``max_tokens
+    64 -> 128, prompts differ``); None when they did. :data:`SERVER_FIELDS` are not the workload."""
+    if a is None or b is None:
+        side = "A" if a is None else "B"
+        return f"run {side}'s result stored no workload fingerprint, so its workload is unknown"
+    return ", ".join(_differences(a, b, [f for f in FIELDS if f not in SERVER_FIELDS])) or None
+
+
+def server_changes(a: Fingerprint | None, b: Fingerprint | None) -> str:
+    """What changed in the server between ``a`` and ``b`` (``runtime vllm 0.6.3 -> vllm 0.7.0``); ""."""
+    if a is None or b is None:
+        return ""
+    return ", ".join(_differences(a, b, SERVER_FIELDS))
+
+
+def _differences(old: Fingerprint, new: Fingerprint, fields: Iterable[str]) -> list[str]:
+    differences = []
+    for field in fields:
+        before, after = old.fields.get(field), new.fields.get(field)
+        if before == after:
+            continue
+        if field in ("prompts", "model_digest") and before is not None and after is not None:
+            differences.append("prompts differ" if field == "prompts" else "model digest differs")
+        else:
+            differences.append(f"{field} {_shown(field, before)} -> {_shown(field, after)}")
+    return differences

@@ -19,6 +19,7 @@ from .benchmark import LoadgenPass, BenchmarkPlan, run_benchmark
 from ..errors import BenchmarkInterrupted
 from ..figures import output_tokens_per_second
 from ..matrix.cells import Cell
+from . import spec_decode
 from .metrics import detailed_metrics, energy_of
 from ..remote.ssh import Connection
 from .results import RunStatistics, summarize, until_cv_reached
@@ -104,6 +105,9 @@ async def measure_once(runtime: Runtime, plan: BenchmarkPlan, *, timeout: float,
     endpoint = runtime.endpoint
     if endpoint.worker_command and not plan.worker_command:  # container workers: what the generator starts
         plan = replace(plan, worker_command=list(endpoint.worker_command))
+    # Speculative decoding's counters before and after (a runtime with Prometheus metrics only).
+    scrape = getattr(runtime, "prometheus_text", None)
+    before = await scrape() if scrape is not None else None
     sampler = asyncio.ensure_future(sample_gpus(runtime.conn, telemetry_interval, stop))
     try:
         outcome = await run_benchmark(runtime.conn, plan, remote_server_url=endpoint.remote_url,
@@ -115,6 +119,8 @@ async def measure_once(runtime: Runtime, plan: BenchmarkPlan, *, timeout: float,
         raise
     finally:
         stop.set()
+    after = await scrape() if scrape is not None else None
+    outcome.spec_decode = spec_decode.acceptance(before, after, runtime=runtime.name)
     return outcome, _own_gpus(await sampler, runtime)
 
 
@@ -132,7 +138,7 @@ def details_of(cell: Cell, measurement: Measurement, runtime: Runtime, *,
     metrics = detailed_metrics(measurement.records, duration,
                                slo=slo if slo.is_set else None, loadgen=single or None,
                                concurrency=None if cell.rate is not None or cell.sweep is not None
-                               else cell.concurrency)
+                               or cell.workload.trace is not None else cell.concurrency)
     stats = measurement.statistics()
     prompts = [p if isinstance(p, str) else p.get("prompt", "") for p in cell.workload.prompt_payload()]
     validity = judge([r for r in measurement.records if not r.warmup], prompts, residency)
@@ -149,7 +155,11 @@ def details_of(cell: Cell, measurement: Measurement, runtime: Runtime, *,
         },
         "runs": measurement.runs,
         "run_statistics": stats.model_dump(mode="json") if stats else None,
-        "load": {"concurrency": cell.concurrency, "rate": cell.rate},
+        # Speculative decoding's acceptance over the measured runs, or None with the reason.
+        "spec_decode": spec_decode.combined(outcome.spec_decode for outcome in measurement.outcomes),
+        "load": {"concurrency": cell.concurrency, "rate": cell.rate,
+                 # Trace replay: the trace's label, requests, speedup and window (matrix/trace.py).
+                 **({"trace": cell.workload.trace.describe()} if cell.workload.trace is not None else {})},
         # "instance" (python3 there) or "local" (here, over the SSH forward): latency includes the tunnel.
         "loadgen_where": sorted({outcome.where for outcome in measurement.outcomes}),
         "runtime": {"name": runtime.name, "version": runtime.version, "num_parallel": runtime.num_parallel,

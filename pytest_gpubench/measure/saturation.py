@@ -19,6 +19,12 @@ what a step shows, with the figures' registered names (docs/metrics.md), and
 :class:`SweepOutcome` the cell's answer: ``max_rate_meeting_slo`` and the step
 measured there, whose output throughput and $/M tokens are the cell's headline.
 No I/O here: ``run/cell_benchmark.py`` (``SweepRun``) runs the steps.
+
+``concurrency: sweep`` is the closed-loop sweep of one cell: :class:`ConcurrencySearch`
+doubles the requests in flight from 1 until the runtime saturates (a doubling raises
+output throughput by less than ``min_growth``), goodput under the ``slo:`` falls below
+the goal, or ``max_concurrency`` has run; a list of levels runs every level. Each step
+is a frontier point (``measure/frontier.py``); ``ConcurrencySweepRun`` runs them.
 """
 
 from __future__ import annotations
@@ -29,13 +35,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ..matrix.workload import DEFAULT_SPAN, SweepSpec
+from ..matrix.workload import DEFAULT_MAX_CONCURRENCY, DEFAULT_SPAN, SweepSpec, doubling_levels
 from .metrics import detailed_metrics
 from ..figures import cost_per_million_tokens
 from ..remote.readings import RequestRecord
 from ..matrix.thresholds import Slo
 
-__all__ = ["RateSearch", "SweepOutcome", "SweepStep", "step_figures", "sweep_identity"]
+__all__ = ["ConcurrencySearch", "RateSearch", "SweepOutcome", "SweepStep", "step_figures", "sweep_identity"]
 
 
 class RateSearch:
@@ -105,6 +111,79 @@ class RateSearch:
             return self.low
         upper = self.failing if self.failing is not None else self.high
         return math.sqrt(self.passing * upper)
+
+
+class ConcurrencySearch:
+    """Chooses the next concurrency of a ``concurrency: sweep`` from the steps run so far.
+
+    Doubling (no ``levels``): 1, 2, 4 ... up to ``max_concurrency`` (itself the last level
+    when it is no power of two). After each step, the sweep stops when
+
+    * output throughput grew by less than ``min_growth`` over the step before: the runtime
+      is saturated, and :attr:`saturated_at` is the step before's concurrency, past which
+      doubling the load buys (almost) nothing (a step with no output counts as 0 tokens/s);
+    * ``slo_set`` and the step's goodput_share is below ``goal`` (no goodput: below it);
+    * the last level has run (``max_concurrency`` reached).
+
+    With ``levels`` every level runs, in order: the points the user asked for. Every step
+    is a point of the frontier either way; ``next_concurrency()`` is None when it is over.
+    """
+
+    SATURATED = "saturated"
+    SLO_MISSED = "slo missed"
+    CAPPED = "max concurrency reached"
+    LEVELS_DONE = "every level ran"
+
+    def __init__(self, levels: Sequence[int] | None = None, *, max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+                 min_growth: float = 0.05, goal: float = 0.95, slo_set: bool = False) -> None:
+        self.listed = levels is not None
+        self.levels = tuple(sorted(levels)) if levels is not None else doubling_levels(max_concurrency)
+        if not self.levels or self.levels[0] < 1:
+            raise ValueError(f"a concurrency sweep needs levels of 1 or more; got {self.levels}")
+        self.min_growth, self.goal, self.slo_set = min_growth, goal, slo_set
+        self.tried: list[tuple[int, float, float | None]] = []  # (concurrency, output tok/s, goodput_share)
+        self.stop_reason = ""
+        self.saturated_at: int | None = None
+
+    @classmethod
+    def of(cls, spec: SweepSpec, slo_set: bool) -> ConcurrencySearch:
+        """The search a ``sweep:`` asks for."""
+        return cls(spec.concurrency, max_concurrency=spec.top_concurrency, min_growth=spec.min_growth,
+                   goal=spec.goal, slo_set=slo_set)
+
+    def met(self, goodput_share: float | None) -> bool | None:
+        """Whether a step met the goal; None without an SLO (nothing to meet)."""
+        if not self.slo_set:
+            return None
+        return goodput_share is not None and goodput_share >= self.goal
+
+    def record(self, concurrency: int, output_tokens_per_second: float | None,
+               goodput_share: float | None) -> bool | None:
+        """Note a step; returns whether it met the goal (None without an SLO)."""
+        output = output_tokens_per_second or 0.0
+        met = self.met(goodput_share)
+        previous = self.tried[-1] if self.tried else None
+        self.tried.append((concurrency, output, goodput_share))
+        if self.listed:
+            if len(self.tried) >= len(self.levels):
+                self.stop_reason = self.LEVELS_DONE
+        elif met is False:
+            self.stop_reason = self.SLO_MISSED
+        elif previous is not None and not self.grew(previous[1], output):
+            self.stop_reason, self.saturated_at = self.SATURATED, previous[0]
+        elif len(self.tried) >= len(self.levels):
+            self.stop_reason = self.CAPPED
+        return met
+
+    def grew(self, before: float, after: float) -> bool:
+        """Whether output throughput grew by ``min_growth`` or more (from nothing: by anything)."""
+        return after > 0 if before <= 0 else after >= before * (1 + self.min_growth)
+
+    def next_concurrency(self) -> int | None:
+        """The concurrency of the next step, or None when the sweep is over."""
+        if self.stop_reason or len(self.tried) >= len(self.levels):
+            return None
+        return self.levels[len(self.tried)]
 
 
 class SweepStep(BaseModel):
@@ -192,9 +271,15 @@ class SweepOutcome(BaseModel):
         return f"saturation sweep: no rate met goodput_share >= {self.goal:g} under the SLO{where}"
 
 
-def sweep_identity(spec: SweepSpec, slo: Slo) -> str:
+def sweep_identity(spec: SweepSpec, slo: Slo, kind: str = "rate") -> str:
     """What makes two sweeps' answers comparable, for the workload fingerprint: the goal, the SLO
-    and the search's bounds (``sweep goodput_share >= 0.95 ttft_ms<=500 rates 0.5-probe``)."""
+    and the search's bounds (``sweep goodput_share >= 0.95 ttft_ms<=500 rates 0.5-probe``;
+    a concurrency sweep: ``concurrency sweep ... levels 1-64 growth 0.05`` or its list)."""
+    if kind == "concurrency":
+        slo_text = " ".join(f"{key}<={value:g}" for key, value in slo.model_dump().items() if value is not None)
+        levels = (",".join(map(str, spec.concurrency)) if spec.concurrency is not None
+                  else f"1-{spec.top_concurrency} growth {spec.min_growth:g}")
+        return " ".join(part for part in ("concurrency sweep", spec.goal_text, slo_text, "levels", levels) if part)
     bounds = (f"{spec.min_rate:g}" if spec.min_rate is not None else "top/10") + "-" + \
         (f"{spec.max_rate:g}" if spec.max_rate is not None else f"probe c{spec.probe_concurrency}")
     slo_text = " ".join(f"{key}<={value:g}" for key, value in slo.model_dump().items() if value is not None)

@@ -377,15 +377,10 @@ def _leave_as_found(run: RunContext, recorder: CellRecorder, runtime: Runtime, m
         recorder.cleanup_error = str(exc)
 
 
-#: Parallel requests (Ollama: OLLAMA_NUM_PARALLEL) for a request-rate cell, whose in-flight count is not fixed.
-RATE_MODE_PARALLEL = 64
-
-
 def server_parallelism(cell: Cell) -> int:
-    """The requests the cell's server must take at once: at least its concurrency (Ollama queues the rest)."""
-    if cell.sweep is not None:  # its probe and its rate steps
-        return max(cell.sweep.probe_concurrency, RATE_MODE_PARALLEL)
-    return cell.concurrency if cell.rate is None else max(cell.concurrency, RATE_MODE_PARALLEL)
+    """The requests the cell's server batches at once: the matrix's ``runtime.batch_limit``, else the
+    default for the cell's load (:attr:`Cell.batch_limit`, docs/runtimes.md)."""
+    return cell.batch_limit
 
 
 def _pull_reporter(recorder: CellRecorder):

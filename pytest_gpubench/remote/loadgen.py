@@ -16,7 +16,11 @@ Config (one JSON object, after the script on stdin or as the one argument):
 (below), ``model``, ``prompts`` (strings, or objects ``{"prompt": str, "expect":
 [str, ...], "max_tokens": n, "ignore_eos": true}``: any one expected substring
 matching, case-insensitive; ``max_tokens`` there overrides the run's; ``ignore_eos``
-is sent on the OpenAI protocols only; ``system``: a system prompt sent before it, and
+is sent on the OpenAI protocols only; ``"answer": "N"`` instead of ``expect`` scores
+exactly: the reply's :func:`final_answer` must equal N, and ``matched`` is None when
+the reply has no number), ``requests`` (at a fixed concurrency, the measured phase
+sends at most this many requests, the prompts in order, and ends once they are
+answered); ``system``: a system prompt sent before it, and
 ``turns``: ``[{"prompt", "max_tokens", "think_s"}, ...]``, the later turns of a
 conversation, see below), ``max_tokens``, ``think`` (Ollama only: sent
 as the request's ``think`` only when set: absent or null leaves the model's
@@ -41,7 +45,15 @@ duration finish and count; true: they are cut there, see below), and the load:
   ``random.Random(seed)``, sent on schedule whatever is in flight, up to
   ``max_in_flight`` (default 1024); arrivals still waiting at the end are
   ``unsent``;
-* conversations (prompts with ``turns``; wins over both): N conversations in flight
+* ``schedule`` [t_0, t_1, ...] (seconds into the run, not decreasing; wins over both):
+  trace replay, measured request *i* is prompt *i*, sent at ``t_i`` whatever is in
+  flight, up to ``max_in_flight``; one the cap holds back goes late (its
+  ``send_lag_ms`` shows it). ``duration`` should be the last time: the run ends when
+  every scheduled request was sent and has finished.
+
+A prompt object may carry ``messages`` (a trace's conversation): the chat protocol
+sends them as given; the others send ``prompt`` (the contents joined).
+* conversations (prompts with ``turns``; wins over ``rate`` and ``concurrency``): N conversations in flight
   (:class:`ConversationSlots`), the prompts started in turn. Turn k is sent with the
   whole history, the model's own answers included as they streamed back (so a turn's
   text is kept, as for an expectation), ``think_s`` after the previous answer; an error
@@ -154,6 +166,7 @@ import heapq
 import json
 import os
 import random
+import re
 import selectors
 import signal
 import socket
@@ -289,6 +302,8 @@ def parse_prompt(entry):
         if isinstance(expect, str):
             expect = [expect]
         expect = [str(e).lower() for e in expect or []] or None
+        if entry.get("answer") is not None:
+            expect = Exact(entry["answer"])
         max_tokens = entry.get("max_tokens")
         return (str(entry["prompt"]), expect, None if max_tokens is None else int(max_tokens),
                 entry.get("ignore_eos") is True)
@@ -364,6 +379,48 @@ class Dialogue:
             pattern.resume(self, now + self.turns[self.turn][2])
         else:
             pattern.resume(None, now)
+
+
+# A reply's final answer: the number after its last "Answer:" / "answer is" / "####" marker
+# (markdown bold and a dollar sign allowed between), else its last number. A number is
+# whole or decimal, "1,234" with thousands commas.
+_NUMBER = r"-?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?"
+_MARKED = re.compile(r"(?:\banswer\b(?:\s+is)?|####)\s*[:=]?[\s*]*\$?\s*(" + _NUMBER + ")", re.IGNORECASE)
+_ANY_NUMBER = re.compile(r"(?<![0-9.,])" + _NUMBER)
+
+
+def canonical_number(text):
+    """``"1,234"`` -> ``"1234"``, ``"12.50"`` -> ``"12.5"``, ``"12.0"`` -> ``"12"``, ``"-0"`` -> ``"0"``."""
+    text = text.replace(",", "")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    negative = text.startswith("-")
+    digits = text.lstrip("-").lstrip("0")
+    if not digits or digits.startswith("."):
+        digits = "0" + digits
+    return "-" + digits if negative and digits != "0" else digits
+
+
+def final_answer(text):
+    """The reply's final answer as :func:`canonical_number` writes it, or None without a number:
+    the number after the last answer marker, else the last number in the reply."""
+    marked = _MARKED.findall(text)
+    if marked:
+        return canonical_number(marked[-1])
+    numbers = _ANY_NUMBER.findall(text)
+    return canonical_number(numbers[-1]) if numbers else None
+
+
+class Exact(object):
+    """A prompt's exact answer (``"answer"``): the reply's final answer must equal it."""
+
+    def __init__(self, answer):
+        self.answer = canonical_number(str(answer).strip())
+
+    def matches(self, text):
+        """True or False; None when the reply has no number at all (unanswered)."""
+        found = final_answer(text)
+        return None if found is None else found == self.answer
 
 
 class Output:
@@ -907,7 +964,10 @@ class Exchange:
         matched = None
         if self.expect and error is None and not incomplete:
             text = "".join(self.kept_text(t) for t in self.texts).lower()
-            matched = any(e in text for e in self.expect)
+            if isinstance(self.expect, Exact):
+                matched = self.expect.matches(text)
+            else:
+                matched = any(e in text for e in self.expect)
         return {
             "index": self.index,
             "warmup": self.warmup,
@@ -1504,25 +1564,29 @@ class Warmup:
 
 
 class FixedConcurrency:
-    """N requests in flight until the deadline; each is due when a slot frees."""
+    """N requests in flight until the deadline (or until ``limit`` requests were sent);
+    each is due when a slot frees."""
 
-    def __init__(self, concurrency, start, deadline):
+    def __init__(self, concurrency, start, deadline, limit=None):
         self.due = deque([start] * concurrency)
         self.deadline = deadline
+        self.left = limit
 
     def launch(self, run, now):
         if now < self.deadline:
             # Only the slots free now: one that fails at once is refilled next turn.
             for _ in range(len(self.due)):
-                if run.held(now):
+                if run.held(now) or self.left == 0:
                     return  # backing off: the slot waits, and its send lag shows it
+                if self.left is not None:
+                    self.left -= 1
                 run.launch(False, self.due.popleft())
 
     def exhausted(self, now):
-        return now >= self.deadline
+        return now >= self.deadline or self.left == 0
 
     def wake(self, run):
-        if perf() >= self.deadline:
+        if perf() >= self.deadline or self.left == 0:
             return None
         return 0.0 if self.due else self.deadline
 
@@ -1549,7 +1613,7 @@ class ConversationSlots:
             if dialogue is None:
                 dialogue = Dialogue(run, run.conversations, run.conversations % len(run.prompts))
                 run.conversations += 1
-            run.launch(False, due, dialogue)
+            run.launch(False, due, dialogue=dialogue)
 
     def resume(self, dialogue, due):
         """``dialogue``'s next turn (None: a new conversation) is due at ``due``."""
@@ -1606,6 +1670,38 @@ class PoissonArrivals:
             count += 1
             self.next += self.rng.expovariate(self.rate)
         return count
+
+
+class TraceSchedule:
+    """Trace replay: request ``i`` (prompt ``i``) sent at ``start + offsets[i]``, open loop, up to
+    ``cap`` in flight; a late one keeps its time, so its lag shows. Every request is sent: the
+    schedule is the workload, so the cap delays requests rather than dropping them."""
+
+    def __init__(self, offsets, cap, start):
+        self.times = [start + float(t) for t in offsets]
+        self.cap = cap
+        self.sent = 0
+
+    def launch(self, run, now):
+        times = self.times
+        while self.sent < len(times) and times[self.sent] <= now and run.in_flight < self.cap and not run.held(now):
+            run.launch(False, times[self.sent], self.sent)
+            self.sent += 1
+
+    def exhausted(self, now):
+        return self.sent >= len(self.times)
+
+    def wake(self, run):
+        if self.sent >= len(self.times) or run.in_flight >= self.cap:
+            return None  # at the cap only a completion can help, and that wakes the loop anyway
+        return self.times[self.sent]
+
+    def freed(self, now):
+        pass
+
+    def unsent(self):
+        """Scheduled requests never sent (a signal ended the run first)."""
+        return len(self.times) - self.sent
 
 
 class Wakeup:
@@ -1713,9 +1809,12 @@ class LoadGenerator(WorkerPool):
         head += self.authorization()
         self.head = head
         self.requests = []
-        for (text, _, max_tokens, ignore_eos), (system, _) in zip(self.prompts, self.chats):
+        for entry, (text, _, max_tokens, ignore_eos), (system, _) in zip(self.config["prompts"], self.prompts,
+                                                                         self.chats):
             messages = None if system is None else [{"role": "system", "content": system},
                                                     {"role": "user", "content": text}]
+            if self.chat and isinstance(entry, dict) and entry.get("messages"):
+                messages = entry["messages"]  # a trace's conversation, sent as recorded
             self.requests.append(self.encoded(self.config["max_tokens"] if max_tokens is None else max_tokens,
                                               ignore_eos, messages, text))
 
@@ -1781,11 +1880,15 @@ class LoadGenerator(WorkerPool):
             sock.close()
         return None
 
-    def launch(self, warmup, scheduled, dialogue=None):
+    def launch(self, warmup, scheduled, prompt=None, dialogue=None):
+        """Send the next request, scheduled at ``scheduled``: a conversation's next turn
+        (``dialogue``), prompt ``prompt`` (a trace's own), else the prompts in turn."""
         index = self.next_index
         self.next_index += 1
-        prompt_index = index % len(self.prompts) if dialogue is None else dialogue.prompt_index
-        exchange = self.exchange(self, index, warmup, prompt_index, scheduled)
+        chosen = index % len(self.prompts) if prompt is None else prompt % len(self.prompts)
+        if dialogue is not None:
+            chosen = dialogue.prompt_index
+        exchange = self.exchange(self, index, warmup, chosen, scheduled)
         if dialogue is not None:
             dialogue.next_request(self)
             exchange.dialogue = dialogue
@@ -1994,13 +2097,17 @@ class LoadGenerator(WorkerPool):
         self.deadline = self.start + float(config["duration"])
         pattern = None
         if not self.stopping:
-            if self.conversing:
+            if config.get("schedule") is not None:
+                pattern = TraceSchedule(config["schedule"], int(config.get("max_in_flight", 1024)), self.start)
+            elif self.conversing:
                 pattern = ConversationSlots(max(1, int(config.get("concurrency", 1))), self.start, self.deadline)
             elif config.get("rate"):
                 pattern = PoissonArrivals(float(config["rate"]), config.get("seed", 0),
                                           int(config.get("max_in_flight", 1024)), self.start, self.deadline)
             else:
-                pattern = FixedConcurrency(max(1, int(config.get("concurrency", 1))), self.start, self.deadline)
+                limit = config.get("requests")
+                pattern = FixedConcurrency(max(1, int(config.get("concurrency", 1))), self.start, self.deadline,
+                                           None if limit is None else int(limit))
             self.drive(pattern, measuring=True)
         end = perf()
         self.account(end)

@@ -8,7 +8,8 @@ so the page works offline and looks the same in every browser.
   one on an H200), so the y axis turns logarithmic when the largest value is more
   than :data:`LOG_SPREAD` times the smallest;
 * :func:`line_chart`: a latency-against-throughput curve per series over a load sweep
-  (:mod:`.report_sweep`).
+  (:mod:`.sweep`), and the frontiers (:mod:`.frontier_view`): each curve's non-dominated
+  points joined, its dominated points drawn light and joined to nothing (``faint``).
 
 A provider has the same colour in every chart of every report
 (:func:`provider_color`). Axis titles sit outside the tick labels, however wide they
@@ -284,16 +285,24 @@ def scatter_chart(points: Sequence[Point], *, name: str, x_label: str, y_label: 
 
 
 def line_chart(lines: dict[str, Sequence[Point]], *, name: str, x_label: str, y_label: str,
-               colors: dict[str, str]) -> str:
+               colors: dict[str, str], faint: Sequence[Point] = (), log_y: bool | None = False) -> str:
     """One polyline per series through its points in the given order (a load sweep: c1, c2,
-    c4 ...), each point labelled (its load), a legend on the right; linear axes from 0."""
+    c4 ...), each point labelled (its load), a legend on the right; linear axes from 0
+    (``log_y=None``: a log y axis when the values spread more than :data:`LOG_SPREAD`).
+
+    ``faint``: points drawn light and joined to nothing (a frontier's dominated points)."""
     right, height = 170, 360
-    everything = [p for points in lines.values() for p in points]
-    axes = _Axes([p.x for p in everything], [p.y for p in everything], height=height, right=right, log_y=False)
+    everything = [p for points in lines.values() for p in points] + list(faint)
+    axes = _Axes([p.x for p in everything], [p.y for p in everything], height=height, right=right, log_y=log_y)
     parts = [f'<svg class="chart line-chart" data-chart="{_attr(name)}" role="img" aria-label="{_attr(name)}" '
              f'viewBox="0 0 {axes.width} {height}" width="{axes.width}" height="{height}" '
              f'xmlns="http://www.w3.org/2000/svg">']
     parts += axes.draw(x_label, y_label)
+    for point in faint:
+        if point.y > 0 or not axes.log:
+            parts.append(f'<circle class="point dominated" cx="{axes.x(point.x):.1f}" cy="{axes.y(point.y):.1f}" '
+                         f'r="3.5" fill="{_attr(point.color or colors[point.series])}" fill-opacity="0.3" '
+                         f'data-series="{_attr(point.series)}"><title>{escape(point.title)}</title></circle>')
     located_all = []
     for series, points in lines.items():
         located = [(axes.x(p.x), axes.y(p.y)) for p in points]

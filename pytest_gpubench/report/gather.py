@@ -36,6 +36,8 @@ from ..matrix.selection import gpus_label
 from ..measure.microbench import peaks_for, percent_of_peak
 from ..store.base import Store
 from ..store.records import CellRecord, ResultRecord, RunRecord
+from .comparison import RunComparison
+from .frontier import Curve, FrontierGroup, answer, setup_seconds, slo_targets, stored_points
 from .html import render_html
 from .markdown import render_markdown
 from .model import (BestValue, FailureGroup, MachineRow, Matchup, MicrobenchRow, ModelTable, ProviderWins, Report,
@@ -49,11 +51,12 @@ _STAGE_ORDER = {stage.value: index for index, stage in enumerate(Stage)}
 
 
 def build_report(store: Store, run_ids: Sequence[str] | None = None, *,
-                 now: datetime | None = None) -> Report:
+                 now: datetime | None = None, targets: Sequence[float] = ()) -> Report:
     """Gather the report of ``run_ids`` (default: every run, most recent first).
 
     ``now`` (UTC-aware) is when a session still open is counted up to, for runs
-    that never finished; default the current time.
+    that never finished; default the current time. ``targets``: the interactivities
+    (tokens/s per user) the cost-at-target tables answer at; none: the stored SLOs'.
     """
     known = store.run_ids()
     runs = list(run_ids) if run_ids else known
@@ -89,6 +92,8 @@ def build_report(store: Store, run_ids: Sequence[str] | None = None, *,
         sandbox_runs=[run_id for run_id in runs if (run := store.run(run_id)) is not None and run.sandbox],
         machines=machines(store, runs),
         microbench=microbench_rows(store, runs, results),
+        frontiers=frontier_groups(results, targets),
+        targets=tuple(targets),
     )
 
 
@@ -122,6 +127,9 @@ def _result_row(cell: CellRecord, benchmarks: dict[str, ResultRecord]) -> Result
     elif not cost and headline:
         cost = cost_per_million_tokens(price, headline)
     gpus = _gpus(details)
+    points, source, stop_reason = stored_points(details, price_per_hour=price, gpus=gpus,
+                                                output_tokens_per_second=output)
+    workload, workload_label = _workload(details)
     return ResultRow(
         run_id=cell.run_id, cell_id=cell.cell_id or cell.row_id, benchmark_id=bench.id,
         gpu=gpus_label(cell.gpu_type, gpus), gpus=gpus, provider=cell.provider, model=cell.model, runtime=_runtime(result, details),
@@ -136,7 +144,61 @@ def _result_row(cell: CellRecord, benchmarks: dict[str, ResultRecord]) -> Result
         finished_at=cell.completed_at or bench.created_at or "",
         figures=figure_values(FigureSource(result, details, cell.run_id)),
         saturation=details.get("sweep") if isinstance(details.get("sweep"), dict) else None,
+        points=points, points_source=source, stop_reason=stop_reason, workload=workload,
+        workload_label=workload_label, setup_seconds=setup_seconds(cell.stage_seconds),
+        slo_targets=slo_targets(details),
     )
+
+
+def _workload(details: dict[str, Any]) -> tuple[str, str]:
+    """(key, label) of the workload a result ran: its fingerprint's prompts, max_tokens, prompt
+    source and think (not its load, runtime or GPU: those are what a frontier compares)."""
+    fields = (details.get("fingerprint") or {}).get("fields")
+    if not isinstance(fields, dict) or "prompts" not in fields:
+        return "", ""
+    key = "|".join(str(fields.get(name)) for name in ("prompts", "max_tokens", "prompt_source", "think"))
+    label = f"max_tokens {fields.get('max_tokens')}, prompts {str(fields.get('prompts'))[:8]}"
+    if fields.get("prompt_source"):
+        label += f" from {str(fields['prompt_source'])[:40]}"
+    return key, label
+
+
+# ----------------------------------------------------------------- frontiers
+
+
+def frontier_groups(results: Iterable[ResultRow], targets: Sequence[float] = ()) -> list[FrontierGroup]:
+    """One group per model and workload, a curve per GPU x provider x runtime with every point of
+    its results (the loads of a sweep, or several cells at one load each), and the answer at each
+    target: ``targets``, else the interactivities the results' stored SLOs imply (1000 / tpot_ms).
+    Results that are not valid GPU figures take no part."""
+    grouped: dict[tuple[str, str], dict[tuple[str, str, str], list[ResultRow]]] = {}
+    for row in results:
+        if row.points and row.valid is not False:
+            grouped.setdefault((row.model, row.workload), {}).setdefault(
+                (row.gpu, row.provider, row.runtime), []).append(row)
+    found = []
+    for (model, workload), series in sorted(grouped.items()):
+        curves = []
+        for (gpu, provider, runtime), rows in sorted(series.items()):
+            rows = sorted(rows, key=_tie)
+            setups = [row.setup_seconds for row in rows if row.setup_seconds is not None]
+            curves.append(Curve(
+                gpu=gpu, provider=provider, runtime=runtime, label=rows[0].machine,
+                points=[point for row in rows for point in row.points],
+                price_per_hour=next((row.price_per_hour for row in rows if row.price_per_hour), None),
+                setup_seconds=max(setups) if setups else None,
+                stop_reason="; ".join(sorted({row.stop_reason for row in rows if row.stop_reason})),
+                source="metrics" if all(row.points_source == "metrics" for row in rows) else "frontier"))
+        members = [row for rows in series.values() for row in rows]
+        if targets:
+            asked = [(target, "--target-interactivity") for target in targets]
+        else:
+            asked = [(target, f"slo tpot_ms {1000.0 / target:g}")
+                     for target in sorted({t for row in members for t in row.slo_targets})]
+        found.append(FrontierGroup(model=model, workload=workload, workload_label=members[0].workload_label,
+                                   curves=curves, answers=[answer(curves, target, source)
+                                                           for target, source in asked]))
+    return found
 
 
 def _gpus(details: dict[str, Any]) -> int:
@@ -333,13 +395,17 @@ def run_spend(store: Store, run_id: str, now: datetime) -> RunSpend:
 
 # ------------------------------------------------------- the report's files
 
-MARKDOWN_NAME, HTML_NAME = "BENCHMARK_REPORT.md", "index.html"
+MARKDOWN_NAME, HTML_NAME, COMPARISON_NAME = "BENCHMARK_REPORT.md", "index.html", "comparison.json"
 
 
-def write_reports(report: Report, directory: Path) -> tuple[Path, Path]:
-    """Write ``BENCHMARK_REPORT.md`` and ``index.html`` into ``directory`` (made if missing)."""
+def write_reports(report: Report, directory: Path, comparison: RunComparison | None = None) -> tuple[Path, Path]:
+    """Write ``BENCHMARK_REPORT.md`` and ``index.html`` into ``directory`` (made if missing); with
+    ``comparison`` (``gpubench report --compare``), both open with its section and
+    ``comparison.json`` (:data:`COMPARISON_NAME`) holds it."""
     directory.mkdir(parents=True, exist_ok=True)
     markdown, html = directory / MARKDOWN_NAME, directory / HTML_NAME
-    markdown.write_text(render_markdown(report), encoding="utf-8")
-    html.write_text(render_html(report), encoding="utf-8")
+    markdown.write_text(render_markdown(report, comparison), encoding="utf-8")
+    html.write_text(render_html(report, comparison), encoding="utf-8")
+    if comparison is not None:
+        (directory / COMPARISON_NAME).write_text(comparison.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return markdown, html

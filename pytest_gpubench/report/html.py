@@ -11,9 +11,12 @@ from __future__ import annotations
 from html import escape
 
 from . import tables as fmt
+from .comparison import RunComparison, comparison_intro, comparison_table, one_sided_lines
 from .tables import HARDWARE_INTRO, MICROBENCH_INTRO, NO_HARDWARE, hardware_table, microbench_table, peak_sources
 from .model import Report, ResultRow
 from .charts import Bar, Point, bar_chart, line_chart, provider_color, scatter_chart
+from .frontier_view import (COST_LABEL, FRONTIER_INTRO, INTERACTIVITY_LABEL, NO_TARGETS, TARGETS_INTRO,
+                            THROUGHPUT_LABEL, curve_points, headlines, setup_notes, target_table)
 from .sweep import (SATURATION_INTRO, percentile_table, saturated, saturation_table, step_points, steps_table,
                     sweep_table, sweeps)
 
@@ -41,6 +44,7 @@ tr.partial td{color:#6e7781;font-style:italic}
 .chart .point-label{font-size:10px;fill:#424a53}.chart .leader{stroke:#afb8c1;stroke-width:1}
 .chart .bar.muted{opacity:.45}.chart .bar-row:hover .bar,.chart .point:hover{stroke:#1b1f24;stroke-width:1.5}
 .note{color:#57606a}ul.notes{margin:4px 0}
+div.table-wrap{max-width:100%;overflow-x:auto}td{overflow-wrap:anywhere}
 """
 
 # Sorting: numbers by data-sort (missing values last), text by locale order.
@@ -106,8 +110,9 @@ def _table(table: fmt.Table, name: str, *, partial_rows: list[bool] | None = Non
     flags = partial_rows or [False] * len(rows)
     body = "".join(row_html(values, partial) for values, partial in zip(rows, flags, strict=True))
     foot = f"<tfoot>{row_html(footer, False)}</tfoot>" if footer is not None else ""
-    return (f'<table class="sortable" data-table="{_e(name)}"><thead><tr>{head}</tr></thead>'
-            f"<tbody>{body}</tbody>{foot}</table>")
+    # A table wider than the page scrolls inside its own box: the page itself never scrolls sideways.
+    return (f'<div class="table-wrap"><table class="sortable" data-table="{_e(name)}"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody>{foot}</table></div>")
 
 
 def _pairs(pairs: list[tuple[str, str]]) -> str:
@@ -128,12 +133,6 @@ def _bars(rows: list[ResultRow]) -> list[Bar]:
             for row in rows]
 
 
-def _point_label(row: ResultRow) -> str:
-    """``RTX 4090 / vastai / qwen2:7b`` (``/ vllm`` before the model for another runtime), with the
-    load when it is not concurrency 1."""
-    return f"{row.machine} / {row.model}" + ("" if row.load == "c1" else f" ({row.load})")
-
-
 def _charts(report: Report) -> list[str]:
     parts = ["<h2>Charts</h2>", "<h3>Output tokens/s per GPU</h3>",
              '<p class="note">Output throughput per GPU and provider, one chart per model, a colour per '
@@ -142,20 +141,46 @@ def _charts(report: Report) -> list[str]:
     for table in report.models:
         parts.append(f"<h4>{_e(table.model)}</h4>")
         parts.append(bar_chart(_bars(table.rows), name=f"tokens/s {table.model}", unit="output tok/s"))
-    points = [Point(x=row.output_tokens_per_second or 0.0, y=row.cost_per_million_tokens or 0.0,
-                    series=row.provider, label=_point_label(row),
-                    title=f"{row.model} on {fmt.where(row)}: {fmt.tps_marked(row)} output tok/s, "
-                          f"{fmt.per_million(row.cost_per_million_tokens)}/M tokens")
-              for row in report.by_cost]
     parts.append("<h3>$/M tokens against output tokens/s</h3>")
-    parts.append('<p class="note">One point per result, labelled GPU / provider / model, a colour per provider: '
-                 "down and to the right is cheaper and faster.</p>")
-    if points:
-        parts.append(scatter_chart(points, name="cost against tokens/s", x_label="output tokens/s",
-                                   y_label="$ per million output tokens",
-                                   colors={p.series: provider_color(p.series) for p in points}))
-    else:
-        parts.append("<p>No priced results.</p>")
+    parts.append('<p class="note">One chart per model, one point per result, labelled GPU / provider (/ runtime), '
+                 "a colour per provider: down and to the right is cheaper and faster.</p>")
+    for table in report.models:
+        points = [Point(x=row.output_tokens_per_second or 0.0, y=row.cost_per_million_tokens or 0.0,
+                        series=row.provider, label=row.label,
+                        title=f"{row.model} on {fmt.where(row)}: {fmt.tps_marked(row)} output tok/s, "
+                              f"{fmt.per_million(row.cost_per_million_tokens)}/M tokens")
+                  for row in table.rows if row.cost_per_million_tokens is not None]
+        parts.append(f"<h4>{_e(table.model)}</h4>")
+        if points:
+            parts.append(scatter_chart(points, name=f"cost against tokens/s {table.model}",
+                                       x_label="output tokens/s", y_label="$ per million output tokens",
+                                       colors={p.series: provider_color(p.series) for p in points}))
+        else:
+            parts.append("<p>No priced results.</p>")
+    return parts
+
+
+def _frontiers(report: Report) -> list[str]:
+    if not report.frontiers:
+        return []
+    parts = ["<h2>Frontiers</h2>", f'<p class="note">{_e(FRONTIER_INTRO)}</p>']
+    for group in report.frontiers:
+        parts.append(f"<h3>{_e(group.name)}</h3>")
+        for kind, y_label in (("throughput", THROUGHPUT_LABEL), ("cost", COST_LABEL)):
+            lines, faint, colors = curve_points(group, kind)
+            if lines:
+                parts.append(line_chart(lines, name=f"frontier {kind} {group.name}", x_label=INTERACTIVITY_LABEL,
+                                        y_label=y_label, colors=colors, faint=faint,
+                                        log_y=None if kind == "cost" else False))
+        parts.append("<h4>Cost at target interactivity</h4>")
+        if group.answers:
+            parts += [f'<p class="note">{_e(TARGETS_INTRO)}</p>',
+                      _table(target_table(group), f"targets {group.name}")]
+        else:
+            parts.append(f"<p>{_e(NO_TARGETS)}</p>")
+        notes = setup_notes(group)
+        if notes:
+            parts.append('<ul class="notes">' + "".join(f"<li>{_e(note)}</li>" for note in notes) + "</ul>")
     return parts
 
 
@@ -213,8 +238,18 @@ def _percentiles(report: Report) -> list[str]:
     return parts
 
 
-def render_html(report: Report) -> str:
-    """The whole ``index.html``."""
+def _comparison(comparison: RunComparison) -> list[str]:
+    parts = ['<h2 id="comparison">Comparison</h2>', f'<p class="note">{_e(comparison_intro(comparison))}</p>']
+    if comparison.cells:
+        parts.append(_table(comparison_table(comparison), "comparison"))
+    lines = one_sided_lines(comparison)
+    if lines:
+        parts.append('<ul class="notes">' + "".join(f"<li>{_e(line)}</li>" for line in lines) + "</ul>")
+    return parts
+
+
+def render_html(report: Report, comparison: RunComparison | None = None) -> str:
+    """The whole ``index.html``; with ``comparison``, its section comes first."""
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f'<meta http-equiv="Content-Security-Policy" content="{_e(_CSP)}">',
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -224,13 +259,19 @@ def render_html(report: Report) -> str:
         parts.append(f'<p class="sandbox-note"><strong>{_e(report.sandbox_note)}</strong></p>')
     parts.append('<dl class="facts">')
     parts += [f"<dt>{_e(label)}</dt><dd>{_e(text)}</dd>" for label, text in fmt.facts(report)]
-    parts += ["</dl>", "<h2>Headline findings</h2>", f"<ul>{_pairs(fmt.headlines(report))}</ul>"]
+    parts.append("</dl>")
+    if comparison is not None:
+        parts += _comparison(comparison)
+    parts += ["<h2>Headline findings</h2>", f"<ul>{_pairs(headlines(report))}</ul>"]
     parts += _charts(report)
-    parts += ["<h2>Tokens/s leaderboard</h2>", f"<p>{_e(fmt.TOKENS_INTRO)}</p>",
-              _table(fmt.tokens_leaderboard(report), "tokens", partial_rows=_partial(report.by_tokens)),
-              "<h2>$ per million tokens leaderboard</h2>", f"<p>{_e(fmt.COST_INTRO)}</p>",
-              _table(fmt.cost_leaderboard(report), "cost", partial_rows=_partial(report.by_cost)),
-              "<h2>Results by model</h2>"]
+    parts += _frontiers(report)
+    parts += ["<h2>Tokens/s leaderboard</h2>", f"<p>{_e(fmt.TOKENS_INTRO)}</p>"]
+    for model, rows, table in fmt.tokens_leaderboards(report):
+        parts += [f"<h3>{_e(model)}</h3>", _table(table, f"tokens {model}", partial_rows=_partial(rows))]
+    parts += ["<h2>$ per million tokens leaderboard</h2>", f"<p>{_e(fmt.COST_INTRO)}</p>"]
+    for model, rows, table in fmt.cost_leaderboards(report):
+        parts += [f"<h3>{_e(model)}</h3>", _table(table, f"cost {model}", partial_rows=_partial(rows))]
+    parts += ["<h2>Results by model</h2>"]
     for table in report.models:
         parts += [f"<h3>{_e(table.model)}</h3>",
                   _table(fmt.model_table(table), f"model {table.model}", partial_rows=_partial(table.rows)),

@@ -11,11 +11,13 @@ from __future__ import annotations
 import re
 
 from . import tables as fmt
+from .frontier_view import FRONTIER_INTRO, NO_TARGETS, TARGETS_INTRO, headlines, setup_notes, target_table
+from .comparison import RunComparison, comparison_intro, comparison_table, one_sided_lines
 from .model import Report
 from .sweep import SATURATION_INTRO, percentile_table, saturated, saturation_table, steps_table, sweep_table, sweeps
 from .tables import HARDWARE_INTRO, MICROBENCH_INTRO, NO_HARDWARE, hardware_table, microbench_table, peak_sources
 
-__all__ = ["cell", "render_markdown"]
+__all__ = ["cell", "comparison_markdown", "render_markdown"]
 
 SWEEP_INTRO = ("Each GPU and model measured at several loads, per provider, lowest load first: what more load "
                "buys in output throughput and costs in latency (the HTML report draws it).")
@@ -50,15 +52,40 @@ def _bullets(pairs: list[tuple[str, str]]) -> list[str]:
     return [f"- **{cell(lead)}**: {cell(text)}" for lead, text in pairs]
 
 
-def render_markdown(report: Report) -> str:
-    """The whole ``BENCHMARK_REPORT.md``."""
+def comparison_markdown(comparison: RunComparison) -> list[str]:
+    """The "Comparison" section (``gpubench report --compare``), also what the terminal shows."""
+    lines = ["## Comparison", "", cell(comparison_intro(comparison)), ""]
+    if comparison.cells:
+        lines += _table(comparison_table(comparison))
+    lines += [f"- {cell(line)}" for line in one_sided_lines(comparison)]
+    return lines + ([""] if one_sided_lines(comparison) else [])
+
+
+def render_markdown(report: Report, comparison: RunComparison | None = None) -> str:
+    """The whole ``BENCHMARK_REPORT.md``; with ``comparison``, its section comes first."""
     lines = [f"# {report.title}", ""]
     if report.sandbox_note:
         lines += [f"> **{cell(report.sandbox_note)}**", ""]
     lines += ["  \n".join(f"**{cell(label)}**: {cell(text)}" for label, text in fmt.facts(report)), ""]
-    lines += ["## Headline findings", "", *_bullets(fmt.headlines(report)), ""]
-    lines += ["## Tokens/s leaderboard", "", fmt.TOKENS_INTRO, "", *_table(fmt.tokens_leaderboard(report))]
-    lines += ["## $ per million tokens leaderboard", "", fmt.COST_INTRO, "", *_table(fmt.cost_leaderboard(report))]
+    if comparison is not None:
+        lines += comparison_markdown(comparison)
+    lines += ["## Headline findings", "", *_bullets(headlines(report)), ""]
+    if report.frontiers:
+        lines += ["## Frontiers", "", FRONTIER_INTRO + " The HTML report draws them.", ""]
+        for group in report.frontiers:
+            lines += [f"### {cell(group.name)}", ""]
+            if group.answers:
+                lines += [TARGETS_INTRO, "", *_table(target_table(group))]
+            else:
+                lines += [NO_TARGETS, ""]
+            notes = setup_notes(group)
+            lines += [f"- {cell(note)}" for note in notes] + ([""] if notes else [])
+    lines += ["## Tokens/s leaderboard", "", fmt.TOKENS_INTRO, ""]
+    for model, _, table in fmt.tokens_leaderboards(report):
+        lines += [f"### {cell(model)}", "", *_table(table)]
+    lines += ["## $ per million tokens leaderboard", "", fmt.COST_INTRO, ""]
+    for model, _, table in fmt.cost_leaderboards(report):
+        lines += [f"### {cell(model)}", "", *_table(table)]
     lines += ["## Results by model", ""]
     for table in report.models:
         lines += [f"### {cell(table.model)}", "", *_table(fmt.model_table(table))]

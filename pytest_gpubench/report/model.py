@@ -11,9 +11,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from ..matrix.fields import DEFAULT_RUNTIME
+from ..measure.frontier import FrontierPoint
 from ..remote.sysinfo import SystemInfo
 from ..store.records import SystemRecord
 from ..store.records import report_note, report_title
+from .frontier import FrontierGroup
 
 __all__ = ["BestValue", "FailureGroup", "MachineRow", "Matchup", "MicrobenchRow", "ModelTable", "ProviderWins", "Report", "ResultRow",
            "RunSpend"]
@@ -60,6 +62,19 @@ class ResultRow(_Frozen):
     figures: dict[str, Any] = {}
     #: A ``rate: sweep`` cell's sweep (the result's ``details["sweep"]``); None for a cell at one load.
     saturation: dict[str, Any] | None = None
+    #: Its frontier points (report/frontier.py, ``stored_points``) and where they came from
+    #: (``frontier`` or ``metrics``), and why its sweep stopped.
+    points: list[FrontierPoint] = []
+    points_source: str = ""
+    stop_reason: str = ""
+    #: The workload it ran (prompts, max_tokens ... of its fingerprint): results of one model compare
+    #: only within one workload. "": not recorded (older results).
+    workload: str = ""
+    workload_label: str = ""
+    #: Seconds its cell spent in provision, SSH, runtime setup and model pull (paid once per session).
+    setup_seconds: float | None = None
+    #: Target interactivities its stored SLO implies (1000 / tpot_ms).
+    slo_targets: list[float] = []
 
     @property
     def load(self) -> str:
@@ -272,6 +287,10 @@ class Report(_Frozen):
     machines: list[MachineRow] = []
     #: GPU microbenchmark figures, latest per GPU, provider and figure (docs/hardware.md).
     microbench: list[MicrobenchRow] = []
+    #: The frontiers across cells, one per model and workload (docs/report.md, "Frontiers").
+    frontiers: list[FrontierGroup] = []
+    #: The target interactivities the user set (``--target-interactivity``); () : the stored SLOs'.
+    targets: tuple[float, ...] = ()
 
     @property
     def title(self) -> str:

@@ -12,10 +12,10 @@ from ..measure.microbench import peaks_for
 from .model import FailureGroup, MachineRow, ModelTable, Report, ResultRow
 
 __all__ = [
-    "FIGURES", "HARDWARE_INTRO", "MARKS", "MICROBENCH_INTRO", "NO_HARDWARE", "Figure", "Table", "cost_leaderboard",
+    "FIGURES", "HARDWARE_INTRO", "MARKS", "MICROBENCH_INTRO", "NO_HARDWARE", "Figure", "Table", "cost_leaderboards",
     "facts", "failure_table", "gpu_label", "hardware_table", "has_loads", "head_to_head_table", "headlines",
     "invalid_notes", "microbench_table", "model_table", "money", "ms", "peak_sources", "per_million", "picks", "price",
-    "spend_notes", "spend_table", "tokens_leaderboard", "tps", "tps_marked", "when", "where",
+    "spend_notes", "spend_table", "tokens_leaderboards", "tps", "tps_marked", "when", "where",
 ]
 
 #: What each column is (docs/report.md, docs/metrics.md): shown under the tables.
@@ -32,7 +32,12 @@ FIGURES = (
                                          "time per output token, inter-token latency, end-to-end request latency"),
     ("J/token", "joules_per_output_token: the cell's GPUs' mean power while measured requests ran / output "
                 "tok/s (docs/metrics.md, Energy); - where the GPU reported no power"),
+    ("Accuracy", "accuracy: the share of the workload's problems with exact answers the model answered right, "
+                 "asked after the load (docs/metrics.md, Accuracy); - where the workload asked none"),
     ("requests, errors", "measured requests (warm-up excluded) and the failed ones among them"),
+    ("tok/s/user", "interactivity, tpot_interactivity: 1000 / TPOT p50, the tokens/s one user sees (the frontiers' "
+                   "x axis and the cost-at-target targets)"),
+    ("output tok/s per GPU", "output_tokens_per_second_per_gpu: output throughput / the GPUs the server spanned"),
     ("spend", "price x session lifetime of every session rented, each once (the attempts table); "
               "with session reuse a session is billed once however many cells ran on it"),
 )
@@ -119,38 +124,49 @@ def _fig(text: str, value: float | None) -> Figure:
     return Figure(text, value)
 
 
-def tokens_leaderboard(report: Report) -> Table:
+def _by_model(rows: list[ResultRow]) -> list[tuple[str, list[ResultRow]]]:
+    """``rows`` split by model (in order of the models' names), each keeping its order: a ranking
+    compares one model's results only (a 1.5B model is no rival of a 7B one)."""
+    return [(model, [r for r in rows if r.model == model]) for model in sorted({r.model for r in rows})]
+
+
+def tokens_leaderboards(report: Report) -> list[tuple[str, list[ResultRow], Table]]:
+    """(model, its rows, its table) per model: ranked by output throughput within the model."""
     loads, runtimes = has_loads(report.results), has_runtimes(report.results)
-    return Table(
-        ("Rank", "GPU", "Model", "Provider", *(["Runtime"] if runtimes else []), *(["Load"] if loads else []),
+    return [(model, rows, Table(
+        ("Rank", "GPU", "Provider", *(["Runtime"] if runtimes else []), *(["Load"] if loads else []),
          "output tok/s", "$/h", "$/M tokens", "Location"),
-        [(_fig(str(rank), rank), gpu_label(r), r.model, r.provider, *([r.runtime] if runtimes else []),
+        [(_fig(str(rank), rank), gpu_label(r), r.provider, *([r.runtime] if runtimes else []),
           *([r.load] if loads else []),
           _fig(tps_marked(r), r.output_tokens_per_second), _fig(price(r.price_per_hour), r.price_per_hour),
           _fig(per_million(r.cost_per_million_tokens), r.cost_per_million_tokens), r.location or "-")
-         for rank, r in enumerate(report.by_tokens, 1)])
+         for rank, r in enumerate(rows, 1)])) for model, rows in _by_model(report.by_tokens)]
 
 
-def cost_leaderboard(report: Report) -> Table:
+def cost_leaderboards(report: Report) -> list[tuple[str, list[ResultRow], Table]]:
+    """(model, its rows, its table) per model: ranked by $/M tokens within the model, cheapest first."""
     loads, runtimes = has_loads(report.results), has_runtimes(report.results)
-    return Table(
-        ("Rank", "GPU", "Model", "Provider", *(["Runtime"] if runtimes else []), *(["Load"] if loads else []),
+    return [(model, rows, Table(
+        ("Rank", "GPU", "Provider", *(["Runtime"] if runtimes else []), *(["Load"] if loads else []),
          "$/M tokens", "output tok/s", "$/h", "Location"),
-        [(_fig(str(rank), rank), gpu_label(r), r.model, r.provider, *([r.runtime] if runtimes else []),
+        [(_fig(str(rank), rank), gpu_label(r), r.provider, *([r.runtime] if runtimes else []),
           *([r.load] if loads else []),
           _fig(per_million(r.cost_per_million_tokens), r.cost_per_million_tokens),
           _fig(tps_marked(r), r.output_tokens_per_second), _fig(price(r.price_per_hour), r.price_per_hour),
           r.location or "-")
-         for rank, r in enumerate(report.by_cost, 1)])
+         for rank, r in enumerate(rows, 1)])) for model, rows in _by_model(report.by_cost)]
 
 
 def model_table(table: ModelTable) -> Table:
     loads, runtimes = has_loads(table.rows), has_runtimes(table.rows)
     # Energy where any GPU of the table reported its power; "-" for a cell whose GPU did not (never 0).
     energy = any(r.figures.get("joules_per_output_token") is not None for r in table.rows)
+    # Accuracy where any cell of the table asked its problems (workload `accuracy:`).
+    accuracy = any(r.figures.get("accuracy") is not None for r in table.rows)
     return Table(
         ("GPU", "Provider", *(["Runtime"] if runtimes else []), *(["Load"] if loads else []), "output tok/s",
-         "decode tok/s", "TTFT p50 ms", "$/h", "$/M tokens", *(["J/token"] if energy else []), "Requests", "Errors"),
+         "decode tok/s", "TTFT p50 ms", "$/h", "$/M tokens", *(["J/token"] if energy else []),
+         *(["Accuracy"] if accuracy else []), "Requests", "Errors"),
         [(gpu_label(r), r.provider, *([r.runtime] if runtimes else []), *([r.load] if loads else []),
           _fig(tps_marked(r), r.output_tokens_per_second),
           _fig(tps(r.decode_tokens_per_second), r.decode_tokens_per_second),
@@ -158,8 +174,14 @@ def model_table(table: ModelTable) -> Table:
           _fig(per_million(r.cost_per_million_tokens), r.cost_per_million_tokens),
           *([_fig(joules(r.figures.get("joules_per_output_token")), r.figures.get("joules_per_output_token"))]
             if energy else []),
+          *([_fig(share(r.figures.get("accuracy")), r.figures.get("accuracy"))] if accuracy else []),
           _fig(str(r.requests), r.requests), _fig(str(r.errors), r.errors))
          for r in table.rows])
+
+
+def share(value: float | None) -> str:
+    """A fraction 0-1 as a percentage (``80.0%``); "-" where it was not measured."""
+    return f"{value:.1%}" if value is not None else "-"
 
 
 def joules(value: float | None) -> str:
@@ -297,8 +319,10 @@ def spend_notes(report: Report) -> list[str]:
 
 
 #: Section texts both reports show under their headings.
-TOKENS_INTRO = "Ranked by output throughput (output tok/s); ties by GPU, provider, model, runtime."
-COST_INTRO = "Ranked by $/M tokens, cheapest first; results without a price are left out."
+TOKENS_INTRO = ("One ranking per model (a model competes only with itself), by output throughput (output tok/s); "
+                "ties by GPU, provider, runtime.")
+COST_INTRO = ("One ranking per model, by $/M tokens, cheapest first; results without a price are left out. "
+              "At one load each: the Frontiers section compares them at the same interactivity.")
 HEAD_TO_HEAD_INTRO = "The same GPU and model (and load) measured on more than one provider."
 NO_HEAD_TO_HEAD = "No GPU and model was measured on more than one provider."
 FAILURES_INTRO = "Failed and partial cells, grouped by stage and message (Count: cells with that message)."

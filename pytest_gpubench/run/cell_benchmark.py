@@ -4,9 +4,12 @@
 Shopper BenchmarkResult, judges it against thresholds and a baseline, and hands
 everything to the cell's recorder. :class:`GpuSession` is the rented session it
 runs on, and :func:`watched` keeps the API's eye on that session while a stage
-runs. A ``rate: sweep`` cell's benchmark is :class:`SweepRun`'s steps (at the end of
-this module: it is Bench's other way to measure, and uses its insides). No pytest
-here: the ``gpubench`` fixture wires it up.
+runs. A ``rate: sweep`` cell's benchmark is :class:`SweepRun`'s steps and a
+``concurrency: sweep`` cell's :class:`ConcurrencySweepRun`'s (at the end of this
+module: they are Bench's other ways to measure, and use its insides). Every result's
+``details["frontier"]`` holds its frontier points (``measure/frontier.py``): one for a
+cell at one load, one per step for a sweep. No pytest here: the ``gpubench`` fixture
+wires it up.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from ..measure.compare import compare, figures_of
 from ..errors import BenchmarkInterrupted, ErrorBudgetExceeded, ResultsInvalid, Stage, StageError, ThresholdMissed
 from ..store.export import upload_result
 from ..measure.compare import Fingerprint, fingerprint, incomparable
+from ..matrix.accuracy import score
 from ..matrix.cells import DEFAULT_CLOUD, Cell
 from ..measure.repeats import Measurement, details_of, enough_runs, measure_once
-from ..measure.metrics import energy_of
+from ..measure.metrics import DetailedMetrics, Energy, detailed_metrics, energy_of
+from ..measure.frontier import PRIMARY_INTERACTIVITY, FrontierPoint, frontier_point
 from ..cloud.provider import OfferChoice, Session, SshDetails
 from .record import CellRecorder, progress_path
 from ..remote.ssh import connect_checked
@@ -35,8 +40,9 @@ from ..remote.local import LocalShell
 from ..remote.ssh import Connection, KeyFile
 from ..measure.validity import commonest_error, keep_raw, result_problems
 from ..measure.results import BenchmarkResult, ModelInfo, TestConfig, summarize
-from ..remote.readings import HardwareInfo
-from ..measure.saturation import RateSearch, SweepOutcome, SweepStep, step_figures, sweep_identity
+from ..remote.readings import HardwareInfo, RequestRecord
+from ..measure.saturation import (ConcurrencySearch, RateSearch, SweepOutcome, SweepStep, step_figures,
+                                 sweep_identity)
 from .run_context import RunContext
 from ..runtimes.base import Runtime
 from ..remote.telemetry import GpuSample, summarize_gpu
@@ -48,6 +54,12 @@ from ..cloud.watch import SessionWatch, watch_interval
 BRIDGE_SLACK = 10.0
 #: Seconds the benchmark may take beyond its timeout to read the instance's checkpoint.
 CHECKPOINT_SLACK = 90.0
+#: The accuracy pass's problems in flight at once: a small load, so each answer is the
+#: model's at an ordinary batch (docs/metrics.md, "Accuracy").
+ACCURACY_CONCURRENCY = 4
+#: Seconds the accuracy pass may go on sending problems: a bound, not a duration (it ends
+#: once every problem is answered; one not sent by then counts as failed).
+ACCURACY_DEADLINE_S = 1800.0
 T = TypeVar("T")
 
 
@@ -113,22 +125,28 @@ class Bench:
         self.measurement = Measurement()
         self.details: dict = {}
         self.comparison_line = ""
+        #: The accuracy pass's figures (``details["accuracy"]``), once it ran.
+        self.accuracy: dict | None = None
 
     def plan(self, run_index: int = 0) -> BenchmarkPlan:
         workload = self.cell.workload
         # Relative to the SSH login directory on the instance.
         checkpoint = progress_path(Path(".gpubench"), self._run.run_id, self.recorder.record_key)
         checkpoint = checkpoint.with_name(f"{checkpoint.stem}.run{run_index}.checkpoint.json")
+        trace = workload.trace
         return BenchmarkPlan(
-            model=self.cell.model, duration=workload.duration, max_tokens=workload.max_tokens,
+            # A trace runs for its own span (over its speedup): the sandbox's clock does not shorten its times.
+            model=self.cell.model, duration=trace.window if trace else workload.duration, max_tokens=workload.max_tokens,
             prompts=workload.prompt_payload(), warmup_requests=workload.warmup_requests if run_index == 0 else 0,
             progress_interval=workload.progress_interval, checkpoint_every=workload.checkpoint_every,
             checkpoint_path=str(checkpoint), concurrency=self.cell.concurrency, rate=self.cell.rate,
             seed=run_index, request_timeout=self._run.settings.stall_seconds(
                 workload.stall_timeout, first_token_ms=self._first_token_ms(), concurrency=self._streams()),
-            think=workload.think, cut_at_deadline=self._run.settings.cut_at_deadline,
+            # A trace's requests all finish: its last one is sent at the deadline.
+            think=workload.think, cut_at_deadline=self._run.settings.cut_at_deadline and trace is None,
             protocol=str(self.runtime.endpoint.api),  # the API the runtime serves, which the load generator speaks
             api_key_env=self.runtime.endpoint.api_key_env, ca_file=self.runtime.endpoint.ca_file,
+            schedule=trace.offsets if trace else None,
         )
 
     @property
@@ -171,9 +189,10 @@ class Bench:
 
     def run(self) -> BenchmarkResult:
         """Stages ``benchmark`` then ``results``: measure (every run), summarise, judge, record.
-        A ``rate: sweep`` cell runs its saturation sweep instead (:class:`SweepRun`, below)."""
+        A ``rate: sweep`` cell runs its saturation sweep instead (:class:`SweepRun`, below), a
+        ``concurrency: sweep`` cell its steps (:class:`ConcurrencySweepRun`)."""
         if self.cell.sweep is not None:
-            return SweepRun(self).run()
+            return (ConcurrencySweepRun if self.cell.sweep_kind == "concurrency" else SweepRun)(self).run()
         recorder, settings, cell = self.recorder, self._run.settings, self.cell
         recorder.enter(Stage.BENCHMARK)
         run_index = 0
@@ -191,6 +210,7 @@ class Bench:
             recorder.progress.status("RUN_COMPLETE", run=run_index,
                                      output_tokens_per_second=last["output_tokens_per_second"],
                                      decode_tokens_per_second=last["decode_tokens_per_second"])
+        self.accuracy_pass()
         recorder.enter(Stage.RESULTS)
         result = self._keep()
         recorder.progress.status("BENCHMARK_COMPLETE", output_tokens_per_second=result.output_tokens_per_second,
@@ -201,6 +221,39 @@ class Bench:
         recorder.progress.results(result)
         self._judge(result)
         return result
+
+    def accuracy_pass(self) -> None:
+        """The workload's ``accuracy:`` problems, each once, on the runtime just measured, after
+        the measured runs: their requests join no measurement (no throughput, latency or
+        energy counts them; no request record is kept), only :attr:`accuracy` (scored exactly,
+        ``matrix/accuracy.py``). A pass cut short keeps what it scored and says why."""
+        spec = self.cell.workload.accuracy
+        if spec is None:
+            return
+        checkpoint = Path(self.plan(0).checkpoint_path)
+        plan = replace(self.plan(0), prompts=spec.payload(), warmup_requests=0, duration=ACCURACY_DEADLINE_S,
+                       concurrency=min(ACCURACY_CONCURRENCY, len(spec.problems)), rate=None,
+                       requests=len(spec.problems), cut_at_deadline=False,
+                       checkpoint_path=str(checkpoint.with_name(checkpoint.name.replace(".run0.", ".accuracy."))))
+        timeout = self.settings.stage_timeout(Stage.BENCHMARK, ACCURACY_DEADLINE_S)
+        self.recorder.progress.status("ACCURACY_STARTED", problems=len(spec.problems), source=spec.source)
+        error = None
+        try:
+            self._ensure_healthy()
+            outcome, _ = run_async(
+                watched(self._run, self.session, Stage.BENCHMARK, lambda watch:
+                        measure_once(self.runtime, plan, timeout=timeout, telemetry_interval=ACCURACY_DEADLINE_S,
+                                     on_event=lambda event: None, watch=watch, reconnect=self._reconnect),
+                        guard=False),
+                timeout + CHECKPOINT_SLACK + BRIDGE_SLACK)
+            records = outcome.records
+        except StageError as exc:  # the throughput measured stands; the pass says what it scored
+            partial = getattr(exc, "partial", None)
+            records, error = (partial.records if partial is not None else []), exc.message
+        self.accuracy = {**score(spec, records), "max_tokens": self.cell.workload.max_tokens,
+                         "concurrency": plan.concurrency, **({"error": error} if error else {})}
+        shown = {key: self.accuracy[key] for key in ("accuracy", "correct", "problems", "unanswered", "failed")}
+        self.recorder.progress.status("ACCURACY", **shown)
 
     def _spoiled_by_a_crash(self, outcome: LoadgenPass, run_index: int) -> bool:
         """A run whose every request failed because the server crashed during it measured the
@@ -288,11 +341,35 @@ class Bench:
         }
         # What a baseline must share to be compared with this result (fingerprint.py).
         self.details["fingerprint"] = self.fingerprint().model_dump(mode="json")
+        if self.accuracy is not None:
+            self.details["accuracy"] = self.accuracy
         if self.session.ssh.local:  # nothing to probe: the hardware is what the matrix says
             self.details["hardware_declared"] = True
+        if self.cell.sweep is None:  # a cell at one load is a one-point frontier (a sweep writes its steps)
+            point = self.frontier_point(
+                measurement.records, measurement.duration_seconds or self.cell.workload.duration,
+                concurrency=self.cell.concurrency if self.cell.rate is None else None, rate=self.cell.rate,
+                metrics=DetailedMetrics.model_validate(self.details["metrics"]),
+                energy=Energy.model_validate(self.details["energy"]))
+            self.details["frontier"] = frontier_details([point], "one load")
         recorder.result, recorder.records, recorder.samples = result, list(measurement.records), measurement.samples
         recorder.runs, recorder.details, self.result = measurement.runs, self.details, result
         return result
+
+    def frontier_point(self, records: list[RequestRecord], duration: float, *, concurrency: int | None,
+                       rate: float | None, run_index: int = 0, samples: list[GpuSample] | None = None,
+                       metrics: DetailedMetrics | None = None, energy: Energy | None = None) -> FrontierPoint:
+        """A frontier point of these records on this cell's session: its GPUs, billed price, and the
+        batch limit its server ran under (``runtime.num_parallel``: what it was started with)."""
+        if metrics is None:
+            slo = self.cell.slo
+            metrics = detailed_metrics(records, duration, slo=slo if slo.is_set else None, concurrency=concurrency)
+        if energy is None:
+            energy = energy_of(samples or [], records, duration, metrics.output_throughput_tps)
+        return frontier_point(records, duration, concurrency=concurrency, rate=rate, gpus=self.cell.gpus,
+                              price_per_hour=self.session.offer.offer.price_per_hour,
+                              batch_limit=self.runtime.num_parallel, energy=energy, slo=self.cell.slo,
+                              run_index=run_index, metrics=metrics)
 
     def fingerprint(self) -> Fingerprint:
         """This cell's workload and runtime, as a comparable baseline must match them."""
@@ -303,7 +380,8 @@ class Bench:
                            runtime_version=self.runtime.version, model_digest=pulled.digest if pulled else "",
                            prompt_source=workload.prompt_source.identity if workload.prompt_source else None,
                            launch_args=self.cell.runtime_args, port=self.cell.runtime_port, gpus=self.cell.gpus,
-                           sweep=sweep_identity(self.cell.sweep, self.cell.slo) if self.cell.sweep else None)
+                           sweep=sweep_identity(self.cell.sweep, self.cell.slo, self.cell.sweep_kind or "rate")
+                           if self.cell.sweep else None)
 
     def _invalid(self, problems: list[str], result: BenchmarkResult | None) -> ResultsInvalid:
         """Keep an invalid result raw under ``<reports>/invalid/`` and say so; nothing is recorded as measured."""
@@ -426,12 +504,13 @@ class SweepRun:
     def __init__(self, bench: Bench) -> None:
         self.bench = bench
         spec = bench.cell.sweep
-        assert spec is not None, "a sweep runs only for a rate: sweep cell"
+        assert spec is not None, "a sweep runs only for a rate: sweep or concurrency: sweep cell"
         self.spec = spec
         self.duration = spec.duration or bench.cell.workload.duration
         self.everything = Measurement()  # every step, probe included: all requests are kept
         self.samples_of: dict[int, list[GpuSample]] = {}  # GPU telemetry by step (run index)
         self.steps: list[SweepStep] = []
+        self.points: list[FrontierPoint] = []  # a frontier point per step (details["frontier"])
 
     def _step(self, concurrency: int, rate: float | None) -> tuple[LoadgenPass, list[GpuSample], int]:
         """One load-generator run of ``duration`` at this load; its records join the measurement."""
@@ -455,6 +534,9 @@ class SweepRun:
                          met=met, joules_per_output_token=energy.joules_per_output_token,
                          output_tokens_per_second_per_watt=energy.output_tokens_per_second_per_watt, **figures)
         self.steps.append(step)
+        # The probe is a closed-loop point, a rate step an open-loop one: both belong on the frontier.
+        self.points.append(self.bench.frontier_point(outcome.records, duration, concurrency=concurrency, rate=rate,
+                                                     run_index=index, energy=energy))
         shown = dict(stage="sweep", step=step.step, kind=kind, rate=rate, concurrency=concurrency,
                      request_throughput_rps=_rounded(step.request_throughput_rps),
                      goodput_share=_rounded(step.goodput_share),
@@ -487,6 +569,7 @@ class SweepRun:
                 rate = _significant(rate)
                 outcome, _, index = self._step(1, rate)
                 self._record("rate", outcome, index, rate=rate, search=search)
+            bench.accuracy_pass()
         except StageError as exc:
             # An interrupted step's records were kept by Bench.measure_run. A step that measured
             # nothing (the instance lost as it began) is no reason to lose the steps before it.
@@ -505,6 +588,7 @@ class SweepRun:
             if kept and search is not None:
                 bench.details["sweep"] = SweepOutcome.of(search, self.steps, bench.cell.slo, price).model_dump(
                     mode="json")
+                bench.details["frontier"] = frontier_details(self.points, "interrupted")
             raise exc
         outcome = SweepOutcome.of(search, self.steps, bench.cell.slo, price)
         recorder.enter(Stage.RESULTS)
@@ -514,6 +598,7 @@ class SweepRun:
         # The headline is one step; the store keeps every step's requests and runs.
         recorder.records, recorder.runs = list(self.everything.records), self.everything.runs
         bench.details["sweep"] = outcome.model_dump(mode="json")
+        bench.details["frontier"] = frontier_details(self.points, outcome.stop_reason)
         bench.details["runs"] = self.everything.runs
         bench.details["load"] = {**bench.details.get("load", {}), "sweep": True}
         answer = dict(max_rate_meeting_slo=outcome.max_rate_meeting_slo,
@@ -538,3 +623,96 @@ class SweepRun:
 
 def _rounded(value: float | None) -> float | None:
     return round(value, 4) if value is not None else None
+
+
+def frontier_details(points: list[FrontierPoint], stop_reason: str, saturated_at: int | None = None) -> dict:
+    """A result's ``details["frontier"]``: its points (one per load it ran, docs/metrics.md
+    "Frontiers"), why the sweep stopped (``one load`` for a cell at one load), where the runtime
+    saturated (a ``concurrency: sweep``'s; else None) and the interactivity the report reads first."""
+    return {"points": [point.model_dump(mode="json") for point in points], "stop_reason": stop_reason,
+            "saturated_at": saturated_at, "primary": PRIMARY_INTERACTIVITY}
+
+
+# ---------------------------------------------------------------- the concurrency sweep
+# A ``concurrency: sweep`` cell's benchmark: closed-loop steps on one session and one model load,
+# the concurrency doubling from 1 (or the listed levels) until ConcurrencySearch
+# (measure/saturation.py) stops: saturated, the SLO missed, or the cap. Each step is a normal
+# load-generator run with its own records and telemetry, and a frontier point. The headline is
+# the step with the highest output throughput among those that met the SLO (every step, without
+# an SLO; the highest of all when none met it): the most the server gave under the user's bar.
+
+
+class ConcurrencySweepRun(SweepRun):
+    """The steps of one ``concurrency: sweep`` cell, on ``bench``'s session and runtime."""
+
+    def run(self) -> BenchmarkResult:
+        """Step until the search stops, then record the headline step as the cell's result (and every
+        step's requests and points)."""
+        bench = self.bench
+        recorder = bench.recorder
+        recorder.enter(Stage.BENCHMARK)
+        search = ConcurrencySearch.of(self.spec, bench.cell.slo.is_set)
+        met_by_index: dict[int, bool | None] = {}
+        try:
+            while (concurrency := search.next_concurrency()) is not None:
+                outcome, samples, index = self._step(concurrency, None)
+                met_by_index[index] = self._point(outcome, samples, index, concurrency, search)
+            bench.accuracy_pass()
+        except StageError as exc:
+            interrupted = isinstance(exc, BenchmarkInterrupted)
+            kept = interrupted
+            if not interrupted and any(record.ok for record in self.everything.records):
+                bench.measurement = self.everything
+                bench._keep()
+                kept = True
+                if exc.stage is Stage.BENCHMARK:
+                    exc = BenchmarkInterrupted(f"concurrency sweep interrupted after {len(self.points)} step(s): "
+                                               f"{exc.message}")
+            if kept:
+                bench.details["frontier"] = frontier_details(self.points, "interrupted", search.saturated_at)
+            raise exc
+        recorder.enter(Stage.RESULTS)
+        headline = self.headline(met_by_index)
+        bench.measurement = self._only(headline.run_index)
+        result = bench._keep()
+        # The headline figures are one step's, at its concurrency.
+        result = result.model_copy(update={"test_config": result.test_config.model_copy(
+            update={"concurrent_reqs": headline.concurrency})})
+        bench.result = recorder.result = result
+        recorder.records, recorder.runs = list(self.everything.records), self.everything.runs
+        bench.details["frontier"] = frontier_details(self.points, search.stop_reason, search.saturated_at)
+        bench.details["runs"] = self.everything.runs
+        bench.details["load"] = {**bench.details.get("load", {}), "concurrency": headline.concurrency,
+                                 "sweep": "concurrency"}
+        answer = dict(kind="concurrency", stop=search.stop_reason.replace(" ", "_"), steps=len(self.points),
+                      saturated_at=search.saturated_at, headline_concurrency=headline.concurrency,
+                      output_tokens_per_second=_rounded(headline.output_tokens_per_second),
+                      tpot_interactivity=_rounded(headline.tpot_interactivity))
+        recorder.progress.status("SWEEP_COMPLETE", **{key: value for key, value in answer.items() if value is not None})
+        recorder.progress.status("RESULTS_COLLECTED")
+        recorder.progress.results(result)
+        bench._judge(result)
+        return result
+
+    def _point(self, outcome: LoadgenPass, samples: list[GpuSample], index: int, concurrency: int,
+               search: ConcurrencySearch) -> bool | None:
+        duration = outcome.duration_seconds or self.duration
+        point = self.bench.frontier_point(outcome.records, duration, concurrency=concurrency, rate=None,
+                                          run_index=index, samples=samples)
+        self.points.append(point)
+        met = search.record(concurrency, point.output_tokens_per_second, point.goodput_share)
+        shown = dict(stage="sweep", kind="concurrency", concurrency=concurrency,
+                     output_tokens_per_second=_rounded(point.output_tokens_per_second),
+                     tpot_interactivity=_rounded(point.tpot_interactivity),
+                     goodput_share=_rounded(point.goodput_share), met=met, step=len(self.points) - 1)
+        self.bench.recorder.progress.progress(**{key: value for key, value in shown.items() if value is not None})
+        return met
+
+    def headline(self, met_by_index: dict[int, bool | None]) -> FrontierPoint:
+        """The step with the highest output throughput that met the SLO (any step without an SLO),
+        else the highest of all."""
+        def throughput(point: FrontierPoint) -> float:
+            return point.output_tokens_per_second or 0.0
+
+        meeting = [p for p in self.points if met_by_index.get(p.run_index) is not False]
+        return max(meeting or self.points, key=throughput)

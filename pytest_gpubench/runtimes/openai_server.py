@@ -153,6 +153,9 @@ class OpenAIServerRuntime:
 
     name: ClassVar[str]
     spec: ClassVar[LaunchSpec]
+    #: Where the server exposes Prometheus metrics (vLLM's ``/metrics``): read around a measured run
+    #: for speculative decoding (``measure/spec_decode.py``); None: the runtime gives none.
+    metrics_path: ClassVar[str | None] = None
     conn: Connection
     #: The model the server is started with (the cell's).
     model: str = ""
@@ -420,6 +423,18 @@ class OpenAIServerRuntime:
             return [entry for entry in data if isinstance(entry, dict)]
         except (httpx.HTTPError, ValueError, AttributeError):
             return []
+
+    async def prometheus_text(self) -> str | None:
+        """The server's Prometheus exposition (``metrics_path``, over the same forward as the API);
+        None when the runtime has none or the server does not answer it."""
+        if self.metrics_path is None or not self.local_port:
+            return None
+        try:
+            async with http_client(self.url, 30) as http:
+                response = await http.get(self.metrics_path)
+        except httpx.HTTPError:
+            return None
+        return response.text if response.status_code == 200 else None
 
     async def pull(self, model: str, timeout: float,
                    on_progress: Callable[[dict[str, Any]], None] | None = None) -> None:

@@ -7,7 +7,9 @@ the model is the positional ``model_tag`` (a Hugging Face repo id or a local pat
 (``-tp``) spreads the model over GPUs; ``GET /health`` answers 200 once the API server
 listens, which it does only after the model is loaded (nothing answers before);
 ``vllm --version`` prints the bare version (``0.10.1.1``); ``/v1/models`` lists
-``{id, object: "model", owned_by: "vllm", root, max_model_len}`` per served name.
+``{id, object: "model", owned_by: "vllm", root, max_model_len}`` per served name; ``GET /metrics``
+is its Prometheus exposition, read around a measured run for speculative decoding's acceptance
+(``--speculative-config``; ``measure/spec_decode.py``).
 Everything else is :class:`~.openai_server.OpenAIServerRuntime`.
 """
 
@@ -35,6 +37,8 @@ class VllmRuntime(OpenAIServerRuntime):
 
     name: ClassVar[str] = "vllm"
     spec: ClassVar[LaunchSpec] = VLLM
+    #: Prometheus metrics, the speculative-decoding counters among them (``measure/spec_decode.py``).
+    metrics_path: ClassVar[str | None] = "/metrics"
 
 
 #: GPU Shopper starts it from an image as workload ``llm_vllm`` (``ImageVLLM``, ``DefaultVLLMPort``);

@@ -21,12 +21,14 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, ValidationError, model_validator
 
 from ..errors import UsageProblem
+from ..runtime_facts import is_runtime
+from ..runtime_facts import unknown as unknown_runtime
 from . import DEFAULT_CATALOG  # noqa: F401 - re-exported
 
 TENSORDOCK_CONFIDENCE = 0.3
@@ -68,15 +70,52 @@ class DefaultRate(_Entry):
     ttft_ms_per_gb: float = Field(ge=0)
 
 
+def _check_runtime_keys(value: dict[str, float]) -> dict[str, float]:
+    """A per-runtime mapping names only runtimes the sandbox imitates (a misspelt one fails loudly)."""
+    wrong = sorted(str(key) for key in value if not is_runtime(str(key)))
+    if wrong:
+        raise ValueError(unknown_runtime(wrong[0]))
+    return value
+
+
+def _per_runtime(value: object) -> float | dict[str, float]:
+    """A positive number, or ``{runtime: positive number}``; anything else in one clear sentence."""
+    def positive(number: object, where: str) -> float:
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not number > 0:
+            raise ValueError(f"{where}must be a number above 0, not {number!r}")
+        return float(number)
+
+    if isinstance(value, dict):
+        return _check_runtime_keys({key: positive(number, f"{key}: ") for key, number in value.items()})
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return positive(value, "")
+    raise ValueError(f"expected a number or a mapping {{runtime: number}}, not {value!r}")
+
+
+#: A number for every runtime, or ``{runtime: number}`` for some (the others fall through).
+PerRuntime = Annotated[float | dict[str, float], PlainValidator(_per_runtime)]
+
+
+def for_runtime(value: float | dict[str, float] | None, runtime: str) -> float | None:
+    """``value`` for ``runtime``: the number itself, the mapping's entry, or None."""
+    if isinstance(value, dict):
+        return value.get(runtime)
+    return value
+
+
 class Batching(_Entry):
-    """How parallel requests share a GPU (the Ollama stand-in's batching model).
+    """How parallel requests share a GPU (the stand-ins' batching law).
 
     A decode step for ``b`` sequences takes ``t_w + b * t_s``, so each stream runs
     at ``r1 / (1 + (b - 1) / F)`` and all of them together approach ``F * r1``:
     ``F`` is the ceiling factor, the aggregate ceiling over the single-stream rate.
+    ``ceiling_factor`` is Ollama's (and any runtime's ``runtimes`` leaves out);
+    ``runtimes`` gives the others theirs.
     """
 
     ceiling_factor: float = Field(default=2.0, gt=0)
+    runtimes: Annotated[dict[str, Annotated[float, Field(gt=0)]], AfterValidator(_check_runtime_keys)] = Field(
+        default_factory=dict)
 
 
 class GpuClocks(_Entry):
@@ -115,8 +154,9 @@ class GpuSpec(_Entry):
     default_rate: DefaultRate
     #: The GPU microbenchmarks' figures on this card; None: the stand-in torch sees no CUDA device.
     microbench: MicrobenchRates | None = None
-    #: This card's batching ceiling factor, when it differs from the catalog's.
-    batch_ceiling_factor: float | None = Field(default=None, gt=0)
+    #: This card's batching ceiling factor, when it differs from the catalog's: one for every
+    #: runtime, or ``{runtime: F}`` for some.
+    batch_ceiling_factor: PerRuntime | None = None
 
 
 class ModelSpec(_Entry):
@@ -131,6 +171,8 @@ class ModelSpec(_Entry):
     load_seconds: float = Field(ge=0)
     #: Thinking-capable (Ollama's ``thinking`` capability): reasons first unless ``think: false``.
     thinking: bool = False
+    #: The share of the built-in accuracy problems the emulated model answers right (docs/sandbox.md).
+    accuracy: float = Field(default=1.0, ge=0, le=1)
 
 
 class RateSpec(_Entry):
@@ -141,8 +183,9 @@ class RateSpec(_Entry):
     provider: str | None = None
     tokens_per_second: float = Field(gt=0)
     ttft_ms: float = Field(ge=0)
-    #: Aggregate tokens/s of many parallel requests (the batching ceiling), when measured.
-    batch_ceiling_tokens_per_second: float | None = Field(default=None, gt=0)
+    #: Aggregate tokens/s of many parallel requests (the batching ceiling), when measured: one
+    #: for every runtime, or ``{runtime: tokens/s}`` for some.
+    batch_ceiling_tokens_per_second: PerRuntime | None = None
     source: str = ""
 
 
@@ -284,25 +327,33 @@ class Catalog(_Entry):
             ttft /= self.offload_penalty
         return round(tps, 1), round(ttft, 1), "derived"
 
-    def batch_ceiling(self, gpu_type: str, provider: str, model: str) -> float:
-        """Aggregate tokens/s that parallel requests for ``model`` approach on one card.
+    def batch_ceiling(self, gpu_type: str, provider: str, model: str, runtime: str = "ollama") -> float:
+        """Aggregate tokens/s that parallel requests for ``model`` approach on one card under ``runtime``.
 
-        A rate row's measured ``batch_ceiling_tokens_per_second`` (the provider's
-        row first, as in :meth:`rate`); else the single-stream rate times the card's
-        ``batch_ceiling_factor``, else times the catalog's ``batching.ceiling_factor``.
+        The first that is set for ``runtime`` wins: a rate row's measured
+        ``batch_ceiling_tokens_per_second`` (the provider's row first, as in :meth:`rate`);
+        else the single-stream rate times the card's ``batch_ceiling_factor``, else times
+        the catalog's ``batching`` factor for the runtime.
         """
         generic = None
         for row in self.rates:
-            if row.gpu == gpu_type and row.model == model and row.batch_ceiling_tokens_per_second:
+            ceiling = for_runtime(row.batch_ceiling_tokens_per_second, runtime)
+            if row.gpu == gpu_type and row.model == model and ceiling:
                 if row.provider == provider:
-                    return row.batch_ceiling_tokens_per_second
+                    return ceiling
                 if row.provider is None:
-                    generic = row.batch_ceiling_tokens_per_second
+                    generic = ceiling
         if generic is not None:
             return generic
         tps = self.rate(gpu_type, provider, model)[0]
-        factor = self.gpus[gpu_type].batch_ceiling_factor or self.batching.ceiling_factor
-        return round(tps * factor, 1)
+        return round(tps * self.ceiling_factor(gpu_type, runtime), 1)
+
+    def ceiling_factor(self, gpu_type: str, runtime: str = "ollama") -> float:
+        """``F`` of ``runtime`` on this card when no rate row measures it: the card's, else the catalog's."""
+        factor = for_runtime(self.gpus[gpu_type].batch_ceiling_factor, runtime)
+        if factor is None:
+            factor = self.batching.runtimes.get(runtime)
+        return factor or self.batching.ceiling_factor
 
     def provisioning_seconds(self, offer: OfferSpec) -> float:
         """Emulated seconds from create to a booted instance."""
@@ -416,7 +467,7 @@ def _catalog_error(source: Path, exc: ValidationError) -> CatalogError:
     if isinstance(inner, _FieldError):
         return CatalogError(source, inner.field, inner.message)
     field = ".".join(str(part) for part in first["loc"])
-    message = first["msg"]
+    message = first["msg"].removeprefix("Value error, ")  # our validators' own sentences
     if first["type"] == "extra_forbidden":
         message = "unknown field"
     return CatalogError(source, field, message)

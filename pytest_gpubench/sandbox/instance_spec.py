@@ -122,6 +122,16 @@ class ModelSpec(_Value):
     #: (the catalog's batching model); None: parallel requests cost nothing (an
     #: instance file written by hand, or before the model existed).
     batch_ceiling_factor: float | None = Field(default=None, gt=0)
+    #: The same for each runtime, by the program that serves it (``ollama``, ``vllm``,
+    #: ``llama-server``, ...); one left out gets ``batch_ceiling_factor`` (an instance file
+    #: written before runtimes had their own).
+    batch_ceiling_factors: dict[str, float] = Field(default_factory=dict)
+    #: The share of the built-in accuracy problems it answers right (the catalog's ``accuracy``).
+    accuracy: float = Field(default=1.0, ge=0, le=1)
+
+    def ceiling_factor(self, program: str) -> float | None:
+        """``F`` under ``program`` (docs/sandbox.md, "Batching and power law"); None: batching is free."""
+        return self.batch_ceiling_factors.get(program, self.batch_ceiling_factor)
 
     @property
     def digest_hex(self) -> str:

@@ -54,6 +54,7 @@ from typing import Any, Protocol
 
 import asyncssh
 
+from ..runtime_facts import all_facts
 from . import lifeline, pynvml_standin, shims, sshd, worker_standin
 from .catalog import Catalog, OfferSpec
 from .standin_service import StandinService
@@ -108,7 +109,11 @@ def instance_document(
             "ttft_ms": float(ttft),
             "load_seconds": float(spec.load_seconds),
             "thinking": spec.thinking,
+            "accuracy": spec.accuracy,
             "batch_ceiling_factor": catalog.batch_ceiling(offer.gpu_type, offer.provider, name) / tps,
+            # By the program that serves each runtime (the stand-in knows its program, not the runtime).
+            "batch_ceiling_factors": {facts.sandbox.program: catalog.batch_ceiling(
+                offer.gpu_type, offer.provider, name, facts.name) / tps for facts in all_facts() if facts.sandbox},
         }
     return {
         "session_id": session_id,

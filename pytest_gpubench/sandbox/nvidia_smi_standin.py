@@ -30,8 +30,11 @@ broken driver does (exit 9).
 - memory used = a baseline (driver context) + each loaded model's VRAM, split
   evenly over the cards that hold it (the server's ``CUDA_VISIBLE_DEVICES``, a
   tensor-parallel group; every card when the state does not say);
-- utilization, power and clocks are high while a generation runs and drop to idle
-  values when none does;
+- power and utilisation follow the number ``b`` of sequences generating (the serving
+  engine's ``active_requests``): :func:`power_draw_w` rises from the idle draw towards
+  the power limit as the batch grows, :func:`utilization_pct` likewise, so energy per
+  token falls as concurrency rises (docs/sandbox.md, "Batching and power law"); clocks
+  are high while a generation runs and drop to idle values when none does;
 - temperature and fan follow load with a lag (exponential, ``THERMAL_TAU_S``), so a
   sampled benchmark sees warm-up and cool-down rather than a step.
 
@@ -119,6 +122,36 @@ def _heat(state: RuntimeState, now: float) -> float:
     return 0.0
 
 
+#: The idle draw, as a share of the power limit (plus 6 W with a model in memory, and up to
+#: 2% more while the card is still warm): a card with nothing to run sits at a few percent.
+IDLE_POWER_FRACTION = 0.045
+#: The batch at which the draw is halfway from idle to the limit (``k`` in :func:`power_draw_w`):
+#: 0.9 puts one decoding stream at about 55% of the limit, memory-bound decoding of a single
+#: sequence, and 8 at about 90%, where more sequences add compute but little power.
+POWER_HALF_BATCH = 0.9
+#: The batch at which ``utilization.gpu`` (the share of time a kernel runs) is halfway to 100%:
+#: one stream keeps the card busy 80% of the time, a large batch all of it.
+UTILIZATION_HALF_BATCH = 0.25
+
+
+def power_draw_w(limit_w: float, batch: float, idle_w: float) -> float:
+    """The card's draw with ``batch`` sequences generating: ``idle + (limit - idle) * b / (b + k)``.
+
+    ``b = 0`` is the idle draw; each sequence more adds less as the draw nears the limit
+    (``k`` = :data:`POWER_HALF_BATCH`). Energy per token, this over the batching law's
+    aggregate rate, then falls as ``b`` grows for any ceiling factor ``F`` above
+    ``1 + k * (1 - idle / limit)`` (about 1.9; docs/sandbox.md).
+    """
+    batch = max(0.0, batch)
+    return idle_w + (limit_w - idle_w) * batch / (batch + POWER_HALF_BATCH)
+
+
+def utilization_pct(batch: float) -> float:
+    """``utilization.gpu`` with ``batch`` sequences generating: ``99 * b / (b + 0.25)``."""
+    batch = max(0.0, batch)
+    return 99.0 * batch / (batch + UTILIZATION_HALF_BATCH)
+
+
 def _wobble(now: float, index: int, amplitude: float) -> float:
     return amplitude * math.sin(now * 1.7 + index * 2.1)
 
@@ -147,16 +180,19 @@ def read_gpus(spec: InstanceSpec, now: float | None = None) -> list[GpuReading]:
         model_mib = share[index]
         # A card no model is on stays idle while the server works on the others.
         busy = state.active_requests > 0 and (model_mib > 0 or not any(share))
+        idle = limit * (IDLE_POWER_FRACTION + 0.02 * heat) + (6 if model_mib else 0)
         if busy:
-            load = min(1.0, 0.8 + 0.05 * state.active_requests)
-            util = round(min(99.0, 90 * load + _wobble(now, index, 3)))
-            mem_util = round(40 * load + _wobble(now, index, 4))
-            power = limit * (0.55 + 0.2 * load * (0.5 + 0.5 * heat)) + _wobble(now, index, 4)
+            batch = state.active_requests
+            util = round(min(99.0, utilization_pct(batch) + _wobble(now, index, 1)))
+            # Memory bandwidth: one stream already reads every weight each step.
+            mem_util = round(60 * batch / (batch + POWER_HALF_BATCH) + _wobble(now, index, 2))
+            # The draw follows the batch at once; only temperature and fan lag (heat).
+            power = min(limit, power_draw_w(limit, batch, idle) + _wobble(now, index, 2))
             # Under load the card runs near its highest clocks.
             pstate, sm_clock, mem_clock = "P2", gpu.sm_clock_max_mhz or 2520, gpu.mem_clock_max_mhz or 10251
         else:
             util, mem_util = 0, 0
-            power = limit * (0.045 + 0.02 * heat) + (6 if model_mib else 0) + _wobble(now, index, 0.5)
+            power = idle + _wobble(now, index, 0.5)
             pstate, sm_clock, mem_clock = ("P8", 210, 405)
         processes: tuple[GpuProcess, ...] = ()
         if model_mib and state.pid:

@@ -292,17 +292,19 @@ def _seed(prompt: str, salt: str) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
-def plan_output(prompt: str, num_predict: int | None, *, model: str = "", think: bool = False) -> OutputPlan:
+def plan_output(prompt: str, num_predict: int | None, *, model: str = "", think: bool = False,
+                accuracy: float = 1.0) -> OutputPlan:
     """Decide the answer to ``prompt``: same prompt, cap and ``think``, same answer.
 
     Without a positive ``num_predict`` the answer has its natural length. With one,
     it is 60-100% of the cap, and about one prompt in five runs into the cap. A
     prompt asking for a haiku gets a short answer either way. With ``think`` the
     answer (at its natural length) comes after a reasoning of ``THINKING_TOKENS``
-    and the cap counts both.
+    and the cap counts both. A built-in accuracy problem's answer ends with
+    ``Answer: N``, right for the share ``accuracy`` of problems (:func:`answer_line`).
     """
     if think:
-        return _thinking_plan(prompt, num_predict, model)
+        return _thinking_plan(prompt, num_predict, model, accuracy)
     rng = random.Random(_seed(prompt, model))
     haiku = "haiku" in prompt.lower()
     capped = num_predict is not None and num_predict >= 0
@@ -319,13 +321,13 @@ def plan_output(prompt: str, num_predict: int | None, *, model: str = "", think:
         length = min(length, budget)
     reason = "length" if capped and length >= budget else "stop"
     words = _haiku_tokens(rng, length) if haiku else _prose_tokens(rng, length)
-    return OutputPlan(tokens=tuple(words), done_reason=reason)
+    return OutputPlan(tokens=tuple(answer_line(prompt, model, accuracy, words)), done_reason=reason)
 
 
-def _thinking_plan(prompt: str, num_predict: int | None, model: str) -> OutputPlan:
+def _thinking_plan(prompt: str, num_predict: int | None, model: str, accuracy: float) -> OutputPlan:
     rng = random.Random(_seed(prompt, model + "\x00think"))
     reasoning = [Thought(t) for t in _prose_tokens(rng, rng.randint(*THINKING_TOKENS))]
-    answer = plan_output(prompt, None, model=model).tokens
+    answer = plan_output(prompt, None, model=model, accuracy=accuracy).tokens
     tokens = (*reasoning, "", *answer)  # "": the closing tag, streamed as an empty chunk
     if num_predict is not None and 0 <= num_predict < len(tokens):
         return OutputPlan(tokens=tokens[:num_predict], done_reason="length",
@@ -366,3 +368,50 @@ def _haiku_tokens(rng: random.Random, count: int) -> list[str]:
         tokens.append("\n")
         line += 1
     return tokens[:count]
+
+
+# ------------------------------------------------ the built-in accuracy problems
+#
+# ``workload.accuracy: builtin`` asks arithmetic word problems of five shapes
+# (``matrix/accuracy.py``); the emulated model reads them as a model would, works the
+# answer out, and gets it right for a known share of problems: a draw from the prompt
+# and the model's name (uniform in [0, 1)) below the model's ``accuracy`` (the
+# catalog's ``models[].accuracy``, default 1). A wrong answer is off by 1 to 9. The
+# answer replaces the reply's last tokens, so its length (and timing) stays as it was.
+
+_SHAPES = (
+    (re.compile(r"at (\d+) dollars each\. \w+ buys (\d+) \w+\. How many dollars"), lambda a, b: a * b),
+    (re.compile(r"has (\d+) \w+\. \w+ buys (\d+) more and then gives away (\d+)\."), lambda a, b, c: a + b - c),
+    (re.compile(r"travels (\d+) kilometres each hour\. How many kilometres does it travel in (\d+) hours"),
+     lambda a, b: a * b),
+    (re.compile(r"(\d+) students are split into (\d+) teams of equal size"), lambda a, b: a // b),
+    (re.compile(r"holds (\d+) litres of water\. (\d+) litres are used on Monday and (\d+) litres on Tuesday"),
+     lambda a, b, c: a - b - c),
+)
+
+
+def solve_builtin(prompt: str) -> int | None:
+    """The answer to a built-in accuracy problem, worked out from its text; None for any other prompt."""
+    for shape, work in _SHAPES:
+        found = shape.search(prompt)
+        if found:
+            return work(*(int(n) for n in found.groups()))
+    return None
+
+
+def answers_right(prompt: str, model: str, accuracy: float) -> bool:
+    """Whether the emulated ``model`` answers this problem right: the same for the same
+    prompt and model on every machine, and true for about ``accuracy`` of problems."""
+    return _seed(prompt, model + "\x00accuracy") / 2 ** 64 < accuracy
+
+
+def answer_line(prompt: str, model: str, accuracy: float, tokens: list[str]) -> list[str]:
+    """``tokens`` with their last four replaced by ``\\nAnswer: N`` for a built-in problem
+    (fewer tokens: the line's end); any other prompt's tokens as they are."""
+    solved = solve_builtin(prompt)
+    if solved is None or not tokens:
+        return tokens
+    value = solved if answers_right(prompt, model, accuracy) else solved + 1 + _seed(prompt, model) % 9
+    line = ["\n", "Answer", ":", f" {value}"]
+    kept = max(0, len(tokens) - len(line))
+    return tokens[:kept] + line[len(line) - (len(tokens) - kept):]

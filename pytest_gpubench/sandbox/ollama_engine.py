@@ -439,6 +439,9 @@ class Runner:
 class Engine:
     """Models, memory and scheduling of one emulated Ollama server."""
 
+    #: The program this server is: whose batching law it follows (``ModelSpec.ceiling_factor``).
+    program = "ollama"
+
     def __init__(self, spec: InstanceSpec, store: StateStore, settings: EngineSettings) -> None:
         self.spec = spec
         #: The GPUs this server sees (``CUDA_VISIBLE_DEVICES``; all without it).
@@ -665,12 +668,13 @@ class Engine:
                 self.waiting -= 1
             try:
                 self._set_active(+1)
-                plan = plan_output(job.prompt, job.num_predict, model=runner.name, think=job.think)
+                plan = plan_output(job.prompt, job.num_predict, model=runner.name, think=job.think,
+                                   accuracy=runner.spec.accuracy)
                 ttft, intervals = self._timing(job, runner, len(plan.tokens))
                 ttft, job = self.prefix_cache(runner).prefill(job, plan, ttft)
                 factor = self.settings.batch_ceiling_factor
                 if factor is None:
-                    factor = runner.spec.batch_ceiling_factor
+                    factor = runner.spec.ceiling_factor(self.program)
                 # The TTFT clock runs from the moment the request could start, not
                 # from here: the handler's own work (parsing, planning) is inside
                 # the TTFT a client sees from a real server too.

@@ -8,7 +8,8 @@ model, one that does not fit), its start-up lines. The server that serves them f
 ``vllm serve MODEL`` (``--port`` 8000, ``--host`` 0.0.0.0, ``--served-model-name``,
 ``--max-num-seqs`` 256, ``--tensor-parallel-size``/``-tp``, ``--gpu-memory-utilization``
 0.9, ``--max-model-len``); ``llama-server -m FILE`` (``--port`` 8080, ``--host``
-127.0.0.1, ``-c``, ``-np`` (-1: 4), ``-a/--alias``); ``python3 -m sglang.launch_server
+127.0.0.1, ``-c``, ``-np`` (-1: 4), ``-a/--alias``, ``-hf/--hf-repo REPO[:QUANT]``,
+``-hff/--hf-file``); ``python3 -m sglang.launch_server
 --model-path M`` (``--port`` 30000, ``--host`` 127.0.0.1, ``--served-model-name``,
 ``--max-running-requests`` (256), ``--tp-size``/``--tp``, ``--mem-fraction-static``
 0.88, ``--context-length``); ``text-generation-launcher --model-id M`` (``--port``
@@ -21,7 +22,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import os
+import re
 import signal
 import sys
 import time
@@ -70,6 +73,13 @@ class Launch:
     model_arg: str = ""  # as given (a repo id or path, llama.cpp's file)
     #: ``--api-key``: requests to ``/v1/*`` need ``Authorization: Bearer KEY`` (401 otherwise), as the servers do.
     api_key: str | None = None
+    #: vLLM's ``--speculative-config``'s ``num_speculative_tokens``: tokens drafted per step (0: none).
+    speculative_tokens: int = 0
+    #: llama.cpp's ``-hf REPO[:QUANT]``: the GGUF is downloaded from this Hugging Face repo
+    #: (the stand-in's "hub" is its catalog: :func:`hub_names`).
+    hf_repo: str | None = None
+    #: ``--as NAME``: the program of the runtime this stand-in imitates ("": its own).
+    imitates: str = ""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -92,14 +102,58 @@ def parse_vllm(argv: Sequence[str]) -> Launch:
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--api-key")
+    parser.add_argument("--speculative-config")
     args, _ = parser.parse_known_args(list(argv[1:]))
     model = args.model_tag or args.model
     if not model:
         raise LaunchError("vllm serve: error: the following arguments are required: model_tag")
+    speculative = speculative_tokens(args.speculative_config) if args.speculative_config is not None else 0
     return Launch(program="vllm", model=model, served_names=tuple(args.served_model_name or [model]),
                   host=args.host, port=args.port, parallel=max(1, args.max_num_seqs),
                   tensor_parallel=max(1, args.tensor_parallel_size), max_model_len=args.max_model_len,
-                  memory_fraction=args.gpu_memory_utilization, model_arg=model, api_key=args.api_key)
+                  memory_fraction=args.gpu_memory_utilization, model_arg=model, api_key=args.api_key,
+                  speculative_tokens=speculative)
+
+
+#: The stand-in's speculative decoding: each drafted token is accepted with this probability
+#: given the one before it was (a draft of k tokens is accepted up to its first miss). 0.7 is in
+#: the range vLLM reports for EAGLE-style drafters on chat prompts; an emulation, not a model.
+SPEC_ACCEPTANCE = 0.7
+
+
+def speculative_tokens(text: str) -> int:
+    """``--speculative-config``'s JSON -> its ``num_speculative_tokens``, or vLLM's kind of refusal."""
+    try:
+        config = json.loads(text)
+    except ValueError:
+        raise LaunchError(f"vllm serve: error: argument --speculative-config: invalid loads value: {text!r}") from None
+    tokens = config.get("num_speculative_tokens") if isinstance(config, dict) else None
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise LaunchError("ValueError: speculative config needs num_speculative_tokens, a whole number of at "
+                          f"least 1; got {text}")
+    return tokens
+
+
+def expected_accepted(draft: int) -> float:
+    """Tokens accepted per verification step on average: ``a + a^2 + ... + a^k`` for a draft of ``k``."""
+    return sum(SPEC_ACCEPTANCE ** i for i in range(1, draft + 1))
+
+
+def metrics_text(launch: Launch, tokens: int) -> str:
+    """vLLM's ``/metrics`` after ``tokens`` generated tokens: with a speculative config, the V1
+    spec-decode counters those tokens imply (each step emits its accepted tokens and one more, so
+    ``drafts = round(tokens / (1 + expected_accepted(k)))``, ``accepted = tokens - drafts``,
+    ``draft_tokens = drafts x k``)."""
+    label = f'{{engine="0",model_name="{launch.served_names[0]}"}}'
+    lines = ["# HELP vllm:generation_tokens_total Number of generation tokens processed.",
+             "# TYPE vllm:generation_tokens_total counter", f"vllm:generation_tokens_total{label} {float(tokens)}"]
+    k = launch.speculative_tokens
+    if k:
+        drafts = round(tokens / (1 + expected_accepted(k)))
+        for name, value in (("drafts", drafts), ("draft_tokens", drafts * k), ("accepted_tokens", tokens - drafts)):
+            lines += [f"# TYPE vllm:spec_decode_num_{name} counter", f"vllm:spec_decode_num_{name}_total{label} "
+                      f"{float(value)}", f"vllm:spec_decode_num_{name}_created{label} {time.time():.3f}"]
+    return "\n".join(lines) + "\n"
 
 
 def parse_llama_server(argv: Sequence[str]) -> Launch:
@@ -112,14 +166,20 @@ def parse_llama_server(argv: Sequence[str]) -> Launch:
     parser.add_argument("-np", "--parallel", type=int, default=-1)
     parser.add_argument("-a", "--alias")
     parser.add_argument("--api-key")
+    parser.add_argument("-hf", "-hfr", "--hf-repo")
+    parser.add_argument("-hff", "--hf-file")
     args, _ = parser.parse_known_args(list(argv))
-    if not args.model:
+    # With -hf, llama.cpp reads -m as the file to fetch from the repo (its --hf-file) and saves
+    # it there; without -m it picks the file by the repo's :QUANT and names the model by the repo.
+    file = args.model or args.hf_file
+    if not file and not args.hf_repo:
         raise LaunchError("error: no model given: use -m FILE or --model FILE")
-    name = Path(args.model).name
+    name = Path(file).name if file else args.hf_repo
     name = name[: -len(".gguf")] if name.endswith(".gguf") else name
-    return Launch(program="llama-server", model=name, served_names=(args.alias or args.model,), host=args.host,
+    given = args.model or args.hf_repo
+    return Launch(program="llama-server", model=name, served_names=(args.alias or given,), host=args.host,
                   port=args.port, parallel=4 if args.parallel < 1 else args.parallel, max_model_len=args.ctx_size,
-                  memory_fraction=None, model_arg=args.model, api_key=args.api_key)
+                  memory_fraction=None, model_arg=given, api_key=args.api_key, hf_repo=args.hf_repo)
 
 
 def parse_sglang(argv: Sequence[str]) -> Launch:
@@ -365,9 +425,14 @@ class LauncherEngine(Engine):
         )
         super().__init__(spec, StateStore(spec.state_dir), settings)
         self.launch = launch
+        #: Whose batching law it follows: the imitated runtime's program (``--as``), else its own.
+        self.program = launch.imitates or launch.program
         if launch.tensor_parallel > 1:  # the catalog's rate is one GPU's
             model = model.model_copy(update={
                 "tokens_per_second": model.tokens_per_second * tensor_parallel_speedup(launch.tensor_parallel)})
+        if launch.speculative_tokens:  # each step emits its accepted draft tokens and one of its own
+            model = model.model_copy(update={
+                "tokens_per_second": model.tokens_per_second * (1 + expected_accepted(launch.speculative_tokens))})
         self.model_spec = model
         self.key = normalize_model_name(launch.model)
         pulled = PulledModel(name=self.key, size=model.size_bytes, digest=model.digest_hex,
@@ -425,12 +490,47 @@ class LauncherEngine(Engine):
         await self.load_only(self.key, FOREVER)
 
 
-def find_catalog_model(spec: InstanceSpec, launch: Launch) -> ModelSpec:
-    """The catalog entry the launcher's model argument names, or the server's own error."""
+#: A size in billions as a word of its own in a file or repo name (``Qwen2-7B-Instruct-GGUF``).
+_HUB_SIZE = re.compile(r"(?<![a-z0-9.])(\d+(?:\.\d+)?)b(?![a-z0-9])")
+
+
+def hub_names(name: str) -> list[str]:
+    """The catalog names a Hugging Face file or repo name may stand for, most specific first.
+
+    The sandbox has no network: ``llama-server -hf REPO`` "downloads" the catalog model the
+    names say, read as family and size: ``Qwen/Qwen2-7B-Instruct-GGUF:Q4_K_M`` and
+    ``qwen2-7b-instruct-q4_k_m.gguf`` are ``qwen2:7b``; the family may lose trailing words
+    (``DeepSeek-R1-Distill-Qwen-14B`` tries ``deepseek-r1-distill-qwen:14b``, ...,
+    ``deepseek-r1:14b``). A name that is already a catalog name (``qwen2:7b.gguf``) is itself.
+    """
+    last = name.strip().lower().rsplit("/", 1)[-1]
+    last = last[: -len(".gguf")] if last.endswith(".gguf") else last
+    names = [last]
+    stem = last.partition(":")[0]  # a repo's :QUANT
+    found = _HUB_SIZE.search(stem)
+    if found:
+        words = stem[: found.start()].strip("-_. ").split("-")
+        names += [f"{'-'.join(words[:n])}:{found.group(1)}b" for n in range(len(words), 0, -1)]
+    return names
+
+
+def find_catalog_model(spec: InstanceSpec, launch: Launch) -> tuple[Launch, ModelSpec]:
+    """The catalog entry the launcher's model argument names (the launch naming it), or the
+    server's own error. llama.cpp's ``-hf REPO`` stands for the catalog model its file or repo
+    names (:func:`hub_names`); none is a download that fails, as an unknown repo's does."""
     found = spec.find_model(launch.model)
+    if found is None and launch.hf_repo:
+        for name in [*hub_names(launch.model), *hub_names(launch.hf_repo)]:
+            if (found := spec.find_model(name)) is not None:
+                launch = dataclasses.replace(launch, model=name)
+                break
+        else:
+            repo, _, _ = launch.hf_repo.partition(":")
+            file = f"/resolve/main/{launch.model_arg}" if launch.model_arg != launch.hf_repo else ""
+            raise LaunchError(f"error: failed to download model from https://huggingface.co/{repo}{file}")
     if found is None:
         raise LaunchError(unknown_model(launch))
-    return found[1]
+    return launch, found[1]
 
 
 def _log(launch: Launch, message: str) -> None:
@@ -498,8 +598,13 @@ def create_app(engine: LauncherEngine, ready: asyncio.Event) -> Any:
 
     app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[authorized])
     app[ENGINE] = engine
+    async def metrics(_: web.Request) -> web.Response:
+        # Every token the engine streamed (its lag statistics count each one).
+        return web.Response(text=metrics_text(launch, engine.lag.tokens), content_type="text/plain")
+
     if launch.program == "vllm":
         app.router.add_get("/version", version)
+        app.router.add_get("/metrics", metrics)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", guarded(handle_chat_completions))
@@ -511,7 +616,7 @@ async def serve(spec: InstanceSpec, launch: Launch) -> int:
     """Load and serve until SIGTERM/SIGINT; the exit status."""
     from aiohttp import web
 
-    model = find_catalog_model(spec, launch)
+    launch, model = find_catalog_model(spec, launch)
     engine = LauncherEngine(spec, launch, model)
     engine.check_fits()
     ready = asyncio.Event()
@@ -555,8 +660,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     imitated by ``PROGRAM``'s stand-in under its own name (``RuntimeFacts.sandbox``): only its
     process's command line says NAME."""
     args = list(sys.argv[1:] if argv is None else argv)
+    imitates = ""
     if args[:1] == ["--as"]:
-        args = args[2:]
+        imitates, args = (args[1:2] or [""])[0], args[2:]
     if not args or args[0] not in PROGRAMS:
         print(f"usage: python -m {__name__} {{{','.join(PROGRAMS)}}} ARGS...", file=sys.stderr)
         return 2
@@ -567,7 +673,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(err)
         return 0
     try:
-        launch = parse(program, rest)
+        launch = dataclasses.replace(parse(program, rest), imitates=imitates)
         spec = load_instance_spec()
         return asyncio.run(serve(spec, launch))
     except (LaunchError, RuntimeError) as exc:

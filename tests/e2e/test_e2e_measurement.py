@@ -83,6 +83,13 @@ def test_axes_runs_telemetry_thresholds_and_upload(tmp_path, standalone_sandbox)
         assert energy["joules_per_output_token"] == pytest.approx(energy["mean_power_w"] / output_tps)
         assert 0 <= energy["uncertainty_pct"] < 10
         joules[concurrency] = energy["joules_per_output_token"]
+        # A cell at one load is a one-point frontier (issue 23), its figures the cell's own.
+        (point,) = details["frontier"]["points"]
+        assert details["frontier"]["stop_reason"] == "one load" and details["frontier"]["saturated_at"] is None
+        assert point["concurrency"] == concurrency and point["batch_limit"] == details["runtime"]["num_parallel"]
+        assert point["output_tokens_per_second"] == pytest.approx(details["metrics"]["output_throughput_tps"])
+        assert point["joules_per_output_token"] == pytest.approx(energy["joules_per_output_token"])
+        assert point["per_user_throughput"] == pytest.approx(point["output_tokens_per_second"] / concurrency)
     assert joules[4] < joules[1]  # four streams share about the same power: less energy per token
     c4 = json.loads(benchmarks["RTX_4090-vastai-qwen2:1.5b-c4"]["details_json"])
     # Served in parallel (prefill in steps shared with the others), not queued behind one another.

@@ -670,3 +670,55 @@ def test_a_prompt_s_ignore_eos_is_sent_on_the_openai_protocol_only(fake_openai, 
     prompts = [{"prompt": SEED_PROMPTS[0], "ignore_eos": True, "max_tokens": 3}]
     on_ollama = measured(run_loadgen(config(ollama.url, tmp_path, prompts=prompts, duration=0.5)))
     assert on_ollama and all(r.ok and r.eval_count <= 3 for r in on_ollama)
+
+
+# ------------------------------------------------------------ trace replay (issue 23 item 4)
+
+
+def test_a_schedule_sends_request_i_with_prompt_i_at_its_time(ollama, tmp_path):
+    """``schedule``: measured request i is prompt i, sent at t_i (open loop, whatever is in flight);
+    the server's request log agrees on what arrived and when (within 10 ms of the schedule)."""
+    from pytest_gpubench.sandbox.standin_state import read_requests
+
+    offsets = [0.0, 0.05, 0.3, 0.32, 0.6]
+    prompts = [{"prompt": f"trace request number {i} " + "word " * (3 * i), "max_tokens": 2 + i}
+               for i in range(len(offsets))]
+    before = len(read_requests(ollama.instance.parent / "state"))
+    events = run_loadgen(config(ollama.url, tmp_path, prompts=prompts, schedule=offsets, duration=offsets[-1],
+                                warmup_requests=0))
+    records = measured(events)
+    assert [r.scheduled_at for r in records] == pytest.approx(offsets, abs=1e-6)
+    assert all(r.ok and r.send_lag_ms < 10 for r in records), [r.send_lag_ms for r in records]
+    assert all(1 <= r.output_tokens <= 2 + i for i, r in enumerate(records))  # each prompt's own max_tokens
+    finish = events[-1]
+    assert finish["unsent"] == 0 and finish["send_lag_ms"]["max"] == max(r.send_lag_ms for r in records)
+    logged = read_requests(ollama.instance.parent / "state")[before:]
+    assert [e["prompt"] for e in logged] == [p["prompt"] for p in prompts]
+    arrived = [e["received_at"] - logged[0]["received_at"] for e in logged]
+    assert max(abs(a - t) for a, t in zip(arrived, offsets)) < 0.010, arrived
+
+
+def test_a_schedule_held_by_max_in_flight_sends_late_and_shows_the_lag(ollama, tmp_path):
+    """At the cap the schedule waits (nothing is dropped): the late requests' lag is the wait."""
+    offsets = [0.0, 0.01, 0.02]
+    events = run_loadgen(config(ollama.url, tmp_path, prompts=["one two three"] * 3, schedule=offsets,
+                                duration=offsets[-1], warmup_requests=0, max_tokens=8, max_in_flight=1))
+    records = measured(events)
+    assert len(records) == 3 and events[-1]["unsent"] == 0
+    for earlier, later in zip(records, records[1:]):  # each waited for the one before to finish
+        assert later.send_lag_ms / 1000 + later.scheduled_at >= earlier.scheduled_at + \
+            (earlier.send_lag_ms + earlier.latency_ms) / 1000 - 0.002
+
+
+def test_a_trace_conversation_is_sent_as_recorded_on_the_chat_protocol(ollama, tmp_path):
+    from pytest_gpubench.sandbox.standin_state import read_requests
+
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a prime."},
+               {"role": "assistant", "content": "Seven."}, {"role": "user", "content": "Another?"}]
+    entry = {"prompt": "Be brief.\n\nName a prime.\n\nSeven.\n\nAnother?", "messages": history, "max_tokens": 3}
+    before = len(read_requests(ollama.instance.parent / "state"))
+    events = run_loadgen(config(f"{ollama.url}/v1", tmp_path, protocol="openai-chat", prompts=[entry],
+                                schedule=[0.0], duration=0.0, warmup_requests=0))
+    assert measured(events)[0].ok
+    logged = read_requests(ollama.instance.parent / "state")[before:]
+    assert [e["messages"] for e in logged] == [history]

@@ -4,26 +4,36 @@ Parallel requests share the GPU: each stream slows as the batch grows
 (``r1 / (1 + (b - 1) / F)``), so their total saturates below ``b`` times one
 stream; requests beyond ``OLLAMA_NUM_PARALLEL`` wait and their TTFT grows. The
 server's own counters follow the model exactly; what a client measures on this
-busy machine is checked against the model's prediction with loose bounds.
+busy machine is checked against the model's prediction with loose bounds, and, where
+every stream of a launcher decodes together, within 3% of each runtime's law.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import statistics
 import subprocess
 import sys
 import threading
+import time
 
+import httpx
 import pytest
 import yaml
-from standin_helpers import RATE, TTFT_MS, Server, write_instance
+from polling import wait_for
+from standin_helpers import RATE, TTFT_MS, Server, standin_env, write_instance
 
 from pytest_gpubench.matrix.cells import SEED_PROMPTS
 from pytest_gpubench.measure.benchmark import LOADGEN_SOURCE, BenchmarkPlan
 from pytest_gpubench.remote.readings import RequestRecord
 from pytest_gpubench.sandbox.catalog import DEFAULT_CATALOG, load_catalog
-from pytest_gpubench.sandbox.instances import instance_document
+from pytest_gpubench.sandbox.instance_spec import InstanceSpec
+from pytest_gpubench.sandbox.instances import free_port, instance_document
+from pytest_gpubench.sandbox.law import expected_point, expected_power_w
+from pytest_gpubench.sandbox.nvidia_smi_standin import read_gpus
+from pytest_gpubench.sandbox.ollama_common import plan_output
 from pytest_gpubench.sandbox.ollama_engine import batch_slowdown
 
 FACTOR = 2.0
@@ -179,3 +189,108 @@ def test_load_generator_measures_what_the_model_predicts(batched, tmp_path):
     total_four = sum(r.output_tokens for r in four) / four_s
     assert total_four / total_one == pytest.approx(PARALLEL / slowdown, rel=0.25)
     assert total_four < 2.5 * total_one
+
+
+# -- the law per runtime, against a launcher stand-in (sandbox/law.py) ----------------------------
+
+LAW_TOKENS = 400  # every answer runs into this cap: 2-2.6 s of decoding per level
+LAW_OFFER = "vastai-18430201"  # an RTX 4090 on Vast.ai
+
+
+def capped_prompts(count: int, model: str, seed: str) -> list[str]:
+    """Prompts the stand-in answers with exactly ``LAW_TOKENS`` tokens, sharing no prefix (a prefix
+    cache has nothing to shorten)."""
+    prompts = []
+    for index in range(2000):
+        prompt = f"{hashlib.sha256(f'{seed}/{index}'.encode()).hexdigest()[:12]} describe a lighthouse keeper's day"
+        if len(plan_output(prompt, LAW_TOKENS, model=model).tokens) == LAW_TOKENS:
+            prompts.append(prompt)
+            if len(prompts) == count:
+                return prompts
+    raise AssertionError("too few prompts run into the cap")
+
+
+async def stream_together(url: str, prompts: list[str], on_all_started) -> list[tuple[float, list[float]]]:
+    """Each prompt streamed at once over ``/v1/completions``: (send time, each token's arrival time)."""
+    started: set[int] = set()
+
+    async def one(client: httpx.AsyncClient, index: int, prompt: str) -> tuple[float, list[float]]:
+        arrivals: list[float] = []
+        sent = time.perf_counter()
+        body = {"model": "qwen2:7b", "prompt": prompt, "max_tokens": LAW_TOKENS, "stream": True}
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            async for line in response.aiter_lines():
+                choices = json.loads(line[6:])["choices"] if line.startswith("data: {") else []
+                if choices and choices[0].get("finish_reason") is None:  # a token, not the closing chunk
+                    arrivals.append(time.perf_counter())
+                    if index not in started:
+                        started.add(index)
+                        if len(started) == len(prompts):
+                            on_all_started()
+        return sent, arrivals
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        return await asyncio.gather(*(one(client, i, p) for i, p in enumerate(prompts)))
+
+
+def test_a_launcher_measures_its_runtimes_law_and_power_follows_the_batch(tmp_path):
+    """vLLM's stand-in at 1 and 4 streams: per-stream rate and aggregate within 3% of the law for
+    vLLM (not Ollama's), measured while all streams run; nvidia-smi's power rises with the batch."""
+    catalog = load_catalog()
+    offer = catalog.offer(LAW_OFFER)
+    document = instance_document(catalog, offer, "law-1", 0.01, tmp_path / "state")
+    instance = tmp_path / "instance.json"
+    instance.write_text(json.dumps(document))
+    spec = InstanceSpec.model_validate(document)
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "pytest_gpubench.sandbox.openai_launchers", "vllm", "serve",
+                               "qwen2:7b", "--port", str(port), "--max-num-seqs", "4"],
+                              env=standin_env(instance, port), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def ready() -> bool:
+            assert server.poll() is None, server.stderr.read()
+            try:
+                return httpx.get(f"{url}/health", timeout=5).status_code == 200
+            except httpx.TransportError:
+                return False
+        wait_for(ready, 60, "the vLLM stand-in to serve")
+        measured, power = {}, {}
+        for concurrency in (1, 4):
+            readings: list = []
+
+            def sample(readings: list = readings) -> None:  # the state is written 20 ms after a change
+                asyncio.get_running_loop().call_later(0.3, lambda: readings.append(read_gpus(spec)[0]))
+
+            prompts = capped_prompts(concurrency, "qwen2:7b", f"c{concurrency}")
+            streams = asyncio.run(stream_together(url, prompts, sample))
+            assert all(len(arrivals) == LAW_TOKENS for _, arrivals in streams), [len(a) for _, a in streams]
+            # The window in which every stream decodes: after the last first token, before the first
+            # last token. The stand-in's schedule is absolute, so only the window's ends carry lag.
+            start = max(arrivals[0] for _, arrivals in streams)
+            end = min(arrivals[-1] for _, arrivals in streams)
+            assert end - start > 1.5, "the streams did not overlap: this machine delayed a request"
+            inside = [[t for t in arrivals if start <= t <= end] for _, arrivals in streams]
+            per_stream = statistics.mean((len(ts) - 1) / (ts[-1] - ts[0]) for ts in inside)
+            aggregate = sum(len(ts) for ts in inside) / (end - start)
+            ttft_ms = statistics.median((arrivals[0] - sent) * 1000 for sent, arrivals in streams)
+            measured[concurrency] = (aggregate, per_stream, ttft_ms)
+            power[concurrency] = readings[0].power_draw_w
+        for concurrency, (aggregate, per_stream, ttft_ms) in measured.items():
+            law = expected_point(offer.gpu_type, "qwen2:7b", "vllm", concurrency, provider=offer.provider,
+                                 catalog=catalog)
+            assert per_stream == pytest.approx(law.per_stream_tps, rel=0.03), (concurrency, measured)
+            assert aggregate == pytest.approx(law.output_tps, rel=0.03), (concurrency, measured)
+            assert law.ttft_ms * 0.97 < ttft_ms < law.ttft_ms + 250, (concurrency, measured)
+        ollama = expected_point(offer.gpu_type, "qwen2:7b", "ollama", 4, provider=offer.provider, catalog=catalog)
+        assert measured[4][1] > 1.5 * ollama.per_stream_tps  # vLLM's factor, not Ollama's
+        # Power: the draw the law gives for the batch (the card warms within the run: heat 0..1).
+        limit = spec.gpu.power_limit_w
+        for batch in (1, 4):
+            assert expected_power_w(limit, batch, heat=0) - 3 < power[batch] < expected_power_w(limit, batch) + 3
+        assert power[4] > power[1] + 0.15 * limit
+    finally:
+        server.terminate()
+        server.wait(10)

@@ -275,7 +275,7 @@ def test_each_load_is_its_own_cell_and_gets_a_column(tmp_path):
         report = build_report(SqliteStore(m))
     assert [(r.load, r.output_tokens_per_second) for r in report.by_tokens] == [("c8", 800.0), ("c1", 100.0)]
     rows = table_rows(section(render_markdown(report), "Tokens/s leaderboard"))
-    assert [row[4:6] for row in rows] == [["c8", "800.0"], ["c1", "100.0"]]
+    assert [row[3:5] for row in rows] == [["c8", "800.0"], ["c1", "100.0"]]
 
 
 # ----------------------------------------------------------------- Markdown
@@ -312,18 +312,22 @@ def test_markdown_sections_and_figures(manifest_path):
     assert "- **Total spend**: $0.6100 across 7 sessions" in headlines
     assert "- **Runs combined**: 2: the latest successful result of each cell; 2 earlier results" in headlines
 
-    tokens = table_rows(section(markdown, "Tokens/s leaderboard"))
-    assert [row[:6] for row in tokens] == [
-        ["1", "RTX 4090", "qwen2:7b", "vastai", "200.0", "$0.300"],
-        ["2", "RTX 4090", "qwen2:7b", "tensordock", "150.0", "$0.440"],
-        ["3", "RTX 4090 (partial)", "llama3:8b", "vastai", "150.0", "$0.300"],
-        ["4", "RTX 3090", "qwen2:7b", "vastai", "120.0", "$0.080"],
-        ["5", "RTX 3090", "llama3:8b", "vastai", "100.0", "$0.080"],
+    # One ranking per model: llama3:8b's two results never rank against qwen2:7b's three.
+    tokens = section(markdown, "Tokens/s leaderboard")
+    assert [row[:5] for row in table_rows(tokens.split("### qwen2:7b\n")[1])] == [
+        ["1", "RTX 4090", "vastai", "200.0", "$0.300"],
+        ["2", "RTX 4090", "tensordock", "150.0", "$0.440"],
+        ["3", "RTX 3090", "vastai", "120.0", "$0.080"],
     ]
-    cost = table_rows(section(markdown, "$ per million tokens leaderboard"))
-    assert [(row[1], row[2], row[4]) for row in cost] == [
-        ("RTX 3090", "qwen2:7b", "$0.19"), ("RTX 3090", "llama3:8b", "$0.22"), ("RTX 4090", "qwen2:7b", "$0.42"),
-        ("RTX 4090 (partial)", "llama3:8b", "$0.56"), ("RTX 4090", "qwen2:7b", "$0.81")]
+    assert [row[:5] for row in table_rows(tokens.split("### llama3:8b\n")[1].split("###")[0])] == [
+        ["1", "RTX 4090 (partial)", "vastai", "150.0", "$0.300"],
+        ["2", "RTX 3090", "vastai", "100.0", "$0.080"],
+    ]
+    cost = section(markdown, "$ per million tokens leaderboard")
+    assert [(row[0], row[1], row[3]) for row in table_rows(cost.split("### qwen2:7b\n")[1])] == [
+        ("1", "RTX 3090", "$0.19"), ("2", "RTX 4090", "$0.42"), ("3", "RTX 4090", "$0.81")]
+    assert [(row[0], row[1], row[3]) for row in table_rows(cost.split("### llama3:8b\n")[1].split("###")[0])] == [
+        ("1", "RTX 3090", "$0.22"), ("2", "RTX 4090 (partial)", "$0.56")]
 
     llama = section(markdown, "Results by model").split("### llama3:8b\n")[1].split("###")[0]
     assert table_rows(llama) == [
@@ -437,7 +441,8 @@ def test_html_is_self_contained_with_charts_and_sortable_tables(manifest_path):
     assert tags.count("rect") == 5 and sum(1 for t, a in scan.tags if t == "circle" and a.get("class") == "point") == 5
     tables = [attrs["data-table"] for tag, attrs in scan.tags if tag == "table"]
     assert [t for t in tables if not t.startswith("percentiles ")] == [
-        "tokens", "cost", "model llama3:8b", "model qwen2:7b", "head-to-head", "failures", "skipped", "spend"]
+        "tokens llama3:8b", "tokens qwen2:7b", "cost llama3:8b", "cost qwen2:7b", "model llama3:8b", "model qwen2:7b",
+        "head-to-head", "failures", "skipped", "spend"]
     assert sum(t.startswith("percentiles ") for t in tables) == 5  # one per cell
 
 
@@ -472,7 +477,7 @@ def test_command_writes_both_files_and_says_where(tmp_path, manifest_path, capsy
     printed = capsys.readouterr().out.strip()
     assert printed == (f"gpubench report: 5 results from 2 of 3 runs, 5 failed or partial cells; "
                        f"wrote {out / 'BENCHMARK_REPORT.md'} and {out / 'index.html'}")
-    assert "| 1 | RTX 4090 | qwen2:7b | vastai | 200.0 |" in (out / "BENCHMARK_REPORT.md").read_text()
+    assert "| 1 | RTX 4090 | vastai | 200.0 |" in (out / "BENCHMARK_REPORT.md").read_text()
 
     assert main(["report", "--store", str(manifest_path), "--reports", str(out), "--run", "last"]) == 0
     latest = rendered((out / "BENCHMARK_REPORT.md").read_text())
@@ -548,11 +553,12 @@ _CHARTS_JS = """(() => {
   const bars = [...document.querySelectorAll('svg.bar-chart')].map(svg => ({
     name: svg.dataset.chart, box: box(svg),
     widths: [...svg.querySelectorAll('rect.bar')].map(r => r.getBoundingClientRect().width)}));
-  const scatter = document.querySelector('svg.scatter-chart');
-  const inside = [...scatter.querySelectorAll('circle.point')].map(c => {
+  const scatters = [...document.querySelectorAll('svg.scatter-chart')];
+  const inside = scatters.flatMap(scatter => [...scatter.querySelectorAll('circle.point')].map(c => {
     const p = box(c), s = box(scatter);
-    return p.w > 0 && p.x >= s.x && p.y >= s.y && p.x + p.w <= s.x + s.w && p.y + p.h <= s.y + s.h; });
-  return {bars, scatter: box(scatter), points: inside, scripts: document.scripts.length,
+    return p.w > 0 && p.x >= s.x && p.y >= s.y && p.x + p.w <= s.x + s.w && p.y + p.h <= s.y + s.h; }));
+  return {bars, scatters: scatters.map(s => ({name: s.dataset.chart, box: box(s)})), points: inside,
+          scripts: document.scripts.length,
           failures: document.querySelector('table[data-table=failures]').innerText};
 })()"""
 
@@ -588,24 +594,27 @@ def test_index_html_renders_its_charts_in_chromium_without_errors(tmp_path, mani
             # 200 vs 150 tok/s: the bars' lengths are the figures' ratio.
             assert charts["bars"][1]["widths"][0] / charts["bars"][1]["widths"][1] == pytest.approx(200 / 150,
                                                                                                    rel=0.02)
-            assert charts["scatter"]["w"] > 300 and charts["scatter"]["h"] > 200
+            # One scatter per model: a model's results are never drawn against another's.
+            assert [c["name"] for c in charts["scatters"]] == ["cost against tokens/s llama3:8b",
+                                                                "cost against tokens/s qwen2:7b"]
+            assert all(c["box"]["w"] > 300 and c["box"]["h"] > 200 for c in charts["scatters"])
             assert charts["points"] == [True] * 5  # every point drawn, inside its chart
             assert charts["scripts"] == 1 and "<script>throw 1</script>" in charts["failures"]
 
-            tps_column = _column_js("tokens", 4, attribute=True)
+            table = '"tokens qwen2:7b"'
+            tps_column = _column_js(table, 3, attribute=True)
             before = await page.evaluate(tps_column)
-            assert [float(v) for v in before] == [200, 150, 150, 120, 100]
-            await page.click("table[data-table=tokens] thead th:nth-child(5)")
+            assert [float(v) for v in before] == [200, 150, 120]
+            await page.click(f"table[data-table={table}] thead th:nth-child(4)")
             ascending = await page.evaluate(tps_column)
-            assert [float(v) for v in ascending] == [100, 120, 150, 150, 200]
-            await page.click("table[data-table=tokens] thead th:nth-child(5)")
-            assert [float(v) for v in await page.evaluate(tps_column)] == [200, 150, 150, 120, 100]
-            await page.click("table[data-table=tokens] thead th:nth-child(3)")  # Model: text order
-            assert await page.evaluate(_column_js("tokens", 2, attribute=False)) == [
-                "llama3:8b", "llama3:8b", "qwen2:7b", "qwen2:7b", "qwen2:7b"]
+            assert [float(v) for v in ascending] == [120, 150, 200]
+            await page.click(f"table[data-table={table}] thead th:nth-child(4)")
+            assert [float(v) for v in await page.evaluate(tps_column)] == [200, 150, 120]
+            await page.click(f"table[data-table={table}] thead th:nth-child(3)")  # Provider: text order
+            assert await page.evaluate(_column_js(table, 2, attribute=False)) == ["tensordock", "vastai", "vastai"]
             state = await page.evaluate(
-                "[...document.querySelectorAll('table[data-table=tokens] th')].map(th => th.getAttribute('aria-sort'))")
-            assert state == [None, None, "ascending", None, None, None, None, None]
+                f"[...document.querySelectorAll('table[data-table={table}] th')].map(th => th.getAttribute('aria-sort'))")
+            assert state == [None, None, "ascending", None, None, None, None]
 
             assert page.errors() == []
             # Nothing fetched but the page itself (a browser may ask for a favicon next to it).
@@ -649,7 +658,8 @@ def test_report_of_a_real_sandbox_run_matches_its_summary(tmp_path, sandbox, api
     (row,) = report.by_tokens
     assert (row.gpu, row.model, row.output_tokens_per_second) == ("RTX 4090", "qwen2:1.5b", pytest.approx(output_tps))
     assert row.cost_per_million_tokens == pytest.approx(bench["price_per_hour"] / (output_tps * 3600) * 1e6)
-    assert f"| 1 | RTX 4090 | qwen2:1.5b | vastai | {output_tps:.1f} |" in markdown
+    assert f"### qwen2:1.5b\n\n| Rank | GPU | Provider | output tok/s |" in markdown
+    assert f"| 1 | RTX 4090 | vastai | {output_tps:.1f} |" in markdown
     (failure,) = table_rows(section(markdown, "Failures by stage"))
     assert failure[:2] == ["provision", "1"] and "No available public IPs" in failure[2]
     assert failure[3] == "RTX 3090 / vastai / qwen2:7b"

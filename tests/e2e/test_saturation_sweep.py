@@ -71,6 +71,13 @@ def test_a_sweep_finds_the_highest_rate_meeting_the_slo_and_the_report_shows_it(
         assert step["joules_per_output_token"] > 0, step
         assert step["output_tokens_per_second_per_watt"] == pytest.approx(1 / step["joules_per_output_token"])
     assert "STATUS: SWEEP_COMPLETE max_rate_meeting_slo=" in text
+    # Each step is a frontier point (issue 23): the probe a closed-loop one, the rate steps open-loop ones.
+    frontier = details["frontier"]
+    assert frontier["stop_reason"] == sweep["stop_reason"] and frontier["primary"] == "tpot_interactivity"
+    assert [(p["concurrency"], p["rate"]) for p in frontier["points"]] == \
+        [(s["concurrency"], s["rate"]) for s in sweep["steps"]]
+    assert all(p["batch_limit"] == 64 and p["tpot_interactivity"] for p in frontier["points"])
+    assert all(p["per_user_throughput"] is None for p in frontier["points"][1:])  # no concurrency to divide by
 
     assert main(["report", "--store", str(tmp_path / "reports" / "manifest.db"),
                  "--reports", str(tmp_path / "out")]) == 0

@@ -312,8 +312,24 @@ def test_vram_inferred_from_tag(model, params, gb):
     assert infer_vram_gb(model) == gb
 
 
-@pytest.mark.parametrize("model", ["phi4", "llama3:latest", "phi3:mini-4k", "x:q4_0", "x:4bit"])
+@pytest.mark.parametrize("model,params,gb", [
+    ("llama-7b", 7, 8), ("Qwen/Qwen2.5-7B-Instruct", 7, 8), ("deepseek-r1:70b", 70, 48),
+    ("mixtral-8x7b", 56, 40), ("meta-llama/Llama-3.1-70B-Instruct", 70, 48), ("Qwen/Qwen3-30B-A3B", 30, 20),
+    ("qwen2.5-0.5b-instruct-q4_k_m.gguf", 0.5, 4), ("llama-7b:latest", 7, 8),
+    ("hf.co/bartowski/Llama-3.2-3B-Instruct-GGUF:Q4_K_M", 3, 4),
+    # the tag, more specific than the name, wins where both state a size
+    ("llama-70b:8b", 8, 8),
+])
+def test_vram_inferred_from_the_name_when_the_tag_states_no_size(model, params, gb):
+    """Issue 23 item 9: the size is read wherever the name states it, not only after ':'."""
+    assert infer_parameters_b(model) == pytest.approx(params)
+    assert infer_vram_gb(model) == gb
+
+
+@pytest.mark.parametrize("model", ["phi4", "llama3:latest", "phi3:mini-4k", "x:q4_0", "x:4bit", "phi3:mini",
+                                   "Qwen/Qwen2.5-Instruct", "org-7b/model", "gpt2-medium", "model-v1.5b2"])
 def test_no_size_in_tag(model):
+    """A size glued to other letters or digits is none, nor is the organisation before the last '/'."""
     assert infer_vram_gb(model) is None
 
 
@@ -659,7 +675,15 @@ def test_error_unknown_vram(tmp_path):
     msg = error_of(tmp_path, "matrix:\n  - {gpu: RTX 4090, provider: vastai, "
                              "models: [qwen2:7b, phi4]}\n")
     assert_all_in(msg, "matrix[0].models[1]: cannot tell how much VRAM 'phi4' needs",
-                  "`models: {phi4: {vram_gb: N}}`")
+                  "its name states no size such as '7b'", "`models: {phi4: {vram_gb: N}}`")
+
+
+def test_a_size_in_the_name_collects(tmp_path):
+    """docs/runtimes.md's `model: llama-7b` and a Hugging Face repo id need no `models:` entry."""
+    cells = cells_of(tmp_path, "runtime: vllm\nmatrix:\n  - {gpu: H100, provider: vastai, "
+                               "models: [llama-7b, Qwen/Qwen2.5-7B-Instruct, mixtral-8x7b]}\n")
+    assert [(c.model, c.vram_gb) for c in cells] == [
+        ("llama-7b", 8), ("Qwen/Qwen2.5-7B-Instruct", 8), ("mixtral-8x7b", 40)]
 
 
 def test_error_bad_vram_override(tmp_path):
@@ -836,7 +860,8 @@ def test_error_load_axes_conflict_across_file_and_row(tmp_path, file, row, origi
 def test_error_bad_concurrency(tmp_path, value, shown):
     msg = error_of(tmp_path, f"workload: {{concurrency: {value}}}\n" + ONE_ROW)
     assert_all_in(msg, "workload.concurrency: must be a whole number of requests in flight from 1 "
-                  "to 1024, or a non-empty list of them such as [1, 8, 32]", shown, "line 1")
+                  "to 1024, a non-empty list of them such as [1, 8, 32] (a cell each), or `sweep` for a "
+                  "concurrency sweep on one session", shown, "line 1")
 
 
 @pytest.mark.parametrize("value,shown", [

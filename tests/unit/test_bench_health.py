@@ -73,7 +73,8 @@ def crashing_bench(runtime) -> tuple[Bench, list[str]]:
     progress = SimpleNamespace(status=lambda label, **fields: statuses.append(label), results=lambda result: None)
     recorder = SimpleNamespace(progress=progress, enter=lambda stage: None)
     run = SimpleNamespace(settings=Settings(time_scale=0.01), provider_for=lambda cloud: RunningSession())
-    cell = SimpleNamespace(sweep=None, model="qwen2:7b", runs=SimpleNamespace(until_cv=None, count=1, max=1))
+    cell = SimpleNamespace(sweep=None, model="qwen2:7b", runs=SimpleNamespace(until_cv=None, count=1, max=1),
+                           workload=SimpleNamespace(accuracy=None))
     bench = Bench(run, cell, recorder, runtime, SimpleNamespace(session=SimpleNamespace(id="s-1"), cloud="shopper"))
     return bench, statuses
 

@@ -85,7 +85,7 @@ def test_sweeps_are_one_line_per_provider_through_its_loads(sweep_manifest):
     assert {series: [(r.load, r.output_tokens_per_second) for r in rows] for series, rows in sweep.lines.items()} == {
         "tensordock": [("c1", 45.0), ("c8", 190.0)], "vastai": [("c1", 50.0), ("c4", 160.0), ("c8", 220.0)]}
     html = render_html(report)
-    chart = html[html.index('<svg class="chart line-chart"'):]
+    chart = html[html.index('<svg class="chart line-chart" data-chart="latency against throughput'):]
     chart = chart[:chart.index("</svg>")]
     assert 'data-chart="latency against throughput RTX 4090 / qwen2:7b"' in chart
     assert chart.count("<polyline") == 2 and chart.count('class="point"') == 5
@@ -184,5 +184,5 @@ def test_axis_titles_and_point_labels_are_clear_of_each_other_in_chromium(tmp_pa
             assert chart["svg"][0] <= title[0] and title[2] <= chart["svg"][2], (chart["name"], title)
         labels = chart["labels"]
         assert all(not _overlap(a, b) for i, a in enumerate(labels) for b in labels[i + 1:]), chart["name"]
-    scatter = next(chart for chart in charts if chart["name"] == "cost against tokens/s")
+    scatter = next(chart for chart in charts if chart["name"] == "cost against tokens/s qwen2:7b")
     assert len(scatter["labels"]) == 11  # every priced result labelled

@@ -48,8 +48,8 @@ def test_each_runtime_is_its_own_result_and_the_tables_name_it(tmp_path):
         ("vastai", "ollama", 400.0)]
     assert report.replaced == 0
     text = render_markdown(report)
-    assert "| Rank | GPU | Model | Provider | Runtime | output tok/s |" in text
-    assert "| 2 | RTX 4090 | qwen2:7b | vastai | vllm \\(entrypoint\\) | 880.0 |" in text
+    assert "| Rank | GPU | Provider | Runtime | output tok/s |" in text
+    assert "| 2 | RTX 4090 | vastai | vllm \\(entrypoint\\) | 880.0 |" in text
     assert "fastest RTX 4090 on vastai with vllm \\(900.0 output tok/s\\)" in text
 
 
@@ -63,7 +63,7 @@ def test_providers_are_compared_only_on_the_same_runtime(tmp_path):
 def test_a_report_of_ollama_alone_has_no_runtime_column(tmp_path):
     report = _report(_manifest(tmp_path / "manifest.db", [("vastai", "ollama", None, 400.0)]))
     text = render_markdown(report)
-    assert "| Rank | GPU | Model | Provider | output tok/s |" in text and "Runtime" not in text
+    assert "| Rank | GPU | Provider | output tok/s |" in text and "Runtime" not in text
 
 
 def test_a_result_that_names_no_runtime_is_ollamas(tmp_path):
