@@ -252,6 +252,12 @@ FIGURES: dict[str, Figure] = {f.name: f for f in (
     Figure("thinking_token_share", "thinking share", "fraction 0-1",
            "thinking tokens / all output tokens (reasoning models)", _metric("thinking_token_share"),
            pattern="{:.1%}", digits=4),
+    Figure("prefix_cacheable_share", "cacheable", "fraction 0-1",
+           "prompt tokens a prefix cache could serve (already sent: history, shared system prompt) / prompt "
+           "tokens sent", _metric("prefix_cacheable_share"), pattern="{:.1%}", digits=4),
+    Figure("prefix_cached_share", "cached", "fraction 0-1",
+           "prompt tokens the server says its prefix cache served / prompt tokens sent (where it says)",
+           _metric("prefix_cached_share"), pattern="{:.1%}", digits=4),
     Figure("unanswered_requests", "unanswered", "requests",
            "successful requests of a reasoning model that ended before any answer token (reasoning models)",
            lambda s: s.metrics.get("unanswered_requests"), pattern="{}"),

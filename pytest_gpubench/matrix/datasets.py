@@ -13,7 +13,9 @@ Options: ``field``; ``output_tokens`` (``dataset``: each record's answer length,
 ShareGPT's gpt turn or the JSONL ``output_field``, a whole number of tokens or a
 text whose tokens are counted; or a distribution as in ``synthetic:``);
 ``shuffle`` and ``seed`` (a seed alone shuffles too); ``limit`` (the first N after
-shuffling). ShareGPT conversations with no human turn (or, with ``output_tokens:
+shuffling); ``multi_turn: true`` (ShareGPT only: each conversation whole, its human
+turns replayed in order with the model's own answers, ``think_time`` seconds between
+them; ``conversations.py``). ShareGPT conversations with no human turn (or, with ``output_tokens:
 dataset``, no answer) are skipped, as vLLM skips them; every other problem is an
 error naming the file, the line and the field. The workload's identity holds the
 file's SHA-256, not its name: renaming a file compares equal, editing it does not.
@@ -29,9 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .conversations import Conversation, ThinkTime, Turn, think_time
 from .synthetic import MAX_LENGTH, Distribution, count_tokens, distribution
 
-_KEYS = ("dataset", "field", "output_field", "output_tokens", "limit", "shuffle", "seed")
+_KEYS = ("dataset", "field", "output_field", "output_tokens", "limit", "shuffle", "seed", "multi_turn",
+         "think_time")
 _HUMAN, _GPT = ("human", "user"), ("gpt", "assistant", "chatgpt", "bard")
 
 
@@ -49,6 +53,8 @@ class DatasetPrompt:
 
     text: str
     max_tokens: int | None
+    #: ``multi_turn: true``: the whole conversation (its first turn is ``text``).
+    conversation: Conversation | None = None
 
 
 def load_dataset(spec: Mapping[str, Any], base_dir: Path) -> tuple[list[DatasetPrompt], PromptSource]:
@@ -80,6 +86,12 @@ def load_dataset(spec: Mapping[str, Any], base_dir: Path) -> tuple[list[DatasetP
     shuffle = spec.get("shuffle", "seed" in spec)
     if not isinstance(shuffle, bool):
         raise ValueError(f"`shuffle` must be true or false; got {shuffle!r}")
+    multi_turn = spec.get("multi_turn", False)
+    if not isinstance(multi_turn, bool):
+        raise ValueError(f"`multi_turn` must be true or false; got {multi_turn!r}")
+    if "think_time" in spec and not multi_turn:
+        raise ValueError("`think_time` applies only with `multi_turn: true` (the wait between turns)")
+    think = think_time(spec.get("think_time", 0)) if multi_turn else None
 
     path = Path(raw_path).expanduser()
     path = path if path.is_absolute() else base_dir / path
@@ -95,7 +107,11 @@ def load_dataset(spec: Mapping[str, Any], base_dir: Path) -> tuple[list[DatasetP
     prompts: list[DatasetPrompt] = []
     skipped = 0
     for line, record in _records(text, path):
-        found = _prompt_of(record, path, line, field, output_field, from_data=output == "dataset")
+        if think is not None:
+            found = _conversation_of(record, path, line, think, from_data=output == "dataset",
+                                     rng=random.Random(f"gpubench-dataset-think-{seed}-{line}"))
+        else:
+            found = _prompt_of(record, path, line, field, output_field, from_data=output == "dataset")
         if found is None:
             skipped += 1
         else:
@@ -109,13 +125,16 @@ def load_dataset(spec: Mapping[str, Any], base_dir: Path) -> tuple[list[DatasetP
     prompts = prompts[:limit] if limit else prompts
     if drawn is not None:
         rng = random.Random(f"gpubench-dataset-output-{seed}")
-        prompts = [DatasetPrompt(p.text, drawn.draw(rng)) for p in prompts]
+        prompts = [DatasetPrompt(p.text, drawn.draw(rng)) if p.conversation is None
+                   else _redrawn(p.conversation, drawn, rng) for p in prompts]
 
     digest = hashlib.sha256(data).hexdigest()[:16]
     order = f"shuffled seed {seed}" if shuffle else "in file order"
     outputs = ("output dataset" if output == "dataset" else f"output {drawn.describe()}" if drawn else "")
-    label = f"dataset {path.name} ({len(prompts)} of {total} prompts, {order})"
+    what = "conversations" if multi_turn else "prompts"
+    label = f"dataset {path.name} ({len(prompts)} of {total} {what}, {order})"
     identity = " ".join(part for part in (
+        f"multi_turn think {think.describe()}" if think is not None else "",
         f"dataset sha256:{digest}", f"field {field}", f"output_field {output_field}" if output_field else "",
         f"limit {limit}" if limit else "", order, outputs) if part)
     return prompts, PromptSource(label, identity)
@@ -227,6 +246,43 @@ def _sharegpt(turns: Any, where: str, *, from_data: bool) -> DatasetPrompt | Non
     answer = next((t["value"] for t in turns[human + 1:] if t["from"] in _GPT and isinstance(t["value"], str)
                    and t["value"].strip()), None)
     return None if answer is None else DatasetPrompt(turns[human]["value"], min(count_tokens(answer), MAX_LENGTH))
+
+
+def _conversation_of(record: Any, path: Path, line: int, think: ThinkTime, *, from_data: bool,
+                     rng: random.Random) -> DatasetPrompt | None:
+    """A ShareGPT record as a whole conversation (``multi_turn: true``): every non-empty human
+    turn is a user turn, in order; with ``output_tokens: dataset`` each one's cap is the length
+    of the recorded answer after it (a turn without one is dropped, as vLLM drops them). The
+    recorded answers are never sent: the model's own answers make the history."""
+    where = f"dataset {path} line {line}"
+    if not isinstance(record, Mapping) or "conversations" not in record:
+        raise ValueError(f"{where}: `multi_turn: true` reads ShareGPT records, "
+                         "{\"conversations\": [{\"from\": \"human\", \"value\": ...}, ...]}; "
+                         f"got {_shown(record)}")
+    turns = record["conversations"]
+    if _sharegpt(turns, where, from_data=False) is None:  # validates the shape, finds a human turn
+        return None
+    made: list[Turn] = []
+    for index, turn in enumerate(turns):
+        text = turn["value"]
+        if turn["from"] not in _HUMAN or not isinstance(text, str) or not text.strip():
+            continue
+        cap = None
+        if from_data:
+            answer = next((t["value"] for t in turns[index + 1:index + 2] if t["from"] in _GPT
+                           and isinstance(t["value"], str) and t["value"].strip()), None)
+            if answer is None:
+                continue
+            cap = min(count_tokens(answer), MAX_LENGTH)
+        made.append(Turn(text, cap, think.draw(rng) if made else 0.0))
+    if not made:
+        return None
+    return DatasetPrompt(made[0].text, made[0].max_tokens, Conversation(tuple(made)))
+
+
+def _redrawn(conversation: Conversation, drawn: Distribution, rng: random.Random) -> DatasetPrompt:
+    turns = tuple(Turn(t.text, drawn.draw(rng), t.think_s) for t in conversation.turns)
+    return DatasetPrompt(turns[0].text, turns[0].max_tokens, Conversation(turns))
 
 
 def _output_length(value: Any, where: str) -> int:

@@ -19,10 +19,15 @@ within roughly 20% of it (vocabularies differ), and the server's own prompt toke
 count is recorded beside every request. The same seed gives the same prompts,
 lengths and order on every machine (Python's ``random.Random`` is seeded from the
 spec, not the process).
+
+``shared_prefix: SHARE`` (0 to below 1, or ``'50%'``) makes one system prompt common to
+every request, ``SHARE`` of the mean input length, sent as the system message (or
+Ollama's ``system``); each prompt's unique part is the rest of its drawn length.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -144,6 +149,37 @@ def distribution(value: Any, name: str) -> Distribution:
     raise ValueError(f"`{name}` must be {_DIST_ALLOWED}; got the key {kind!r}")
 
 
+# ------------------------------------------------------------------------- shared prefixes
+
+
+def prefix_share(value: Any, what: str) -> float:
+    """A prefix share: a number from 0 to below 1, or a percentage such as ``'50%'``."""
+    number: Any = value
+    if isinstance(value, str) and value.strip().endswith("%"):
+        try:
+            number = float(value.strip()[:-1]) / 100
+        except ValueError:
+            number = None
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number) \
+            or not 0 <= number < 1:
+        raise ValueError(f"`{what}` must be the shared share of each prompt's tokens: a number from 0 to "
+                         f"below 1, or a percentage such as '50%' (0%: nothing shared); got {value!r}")
+    return float(number)
+
+
+def mean_length(dist: Distribution) -> float:
+    """The mean a distribution draws (a clamped normal's mean is taken as written, clamped)."""
+    if dist.kind == "fixed":
+        return float(dist.low)
+    return min(float(dist.high), max(float(dist.low), dist.mean))
+
+
+def shared_system(tokens: int, seed: int) -> str:
+    """The shared system prompt of ``tokens`` tokens for ``seed``: the same on every machine,
+    and drawn from its own generator, so it shares no words by design with the unique parts."""
+    return text_of_length(tokens, random.Random(f"gpubench-shared-prefix-{seed}"))
+
+
 # ------------------------------------------------------------------------- prompts
 
 
@@ -154,6 +190,7 @@ class SyntheticPrompt:
     text: str
     input_tokens: int
     max_tokens: int | None
+    system: str | None = None  # the shared system prompt (``shared_prefix``), part of ``input_tokens``
 
 
 @dataclass(frozen=True)
@@ -164,18 +201,30 @@ class SyntheticSpec:
     output_tokens: Distribution | None
     count: int
     seed: int
+    shared_prefix: float = 0.0
 
     def describe(self) -> str:
         """The spec in one stable line, for reports and the workload fingerprint."""
         output = self.output_tokens.describe() if self.output_tokens else "workload"
-        return f"synthetic input {self.input_tokens.describe()} output {output} count {self.count} seed {self.seed}"
+        prefix = f" shared_prefix {self.shared_prefix:g}" if self.shared_prefix else ""
+        return (f"synthetic input {self.input_tokens.describe()} output {output} count {self.count} "
+                f"seed {self.seed}{prefix}")
+
+    @property
+    def system_tokens(self) -> int:
+        """Tokens of the shared system prompt: ``shared_prefix`` of the mean input length (0: none)."""
+        return round(self.shared_prefix * mean_length(self.input_tokens)) if self.shared_prefix else 0
 
     def prompts(self) -> list[SyntheticPrompt]:
         """The prompts, the same for the same spec on any machine.
 
         Input lengths, output lengths and texts come from three generators derived from
         the seed, so adding ``output_tokens`` leaves the input lengths and texts as they were.
+        With ``shared_prefix``, each prompt is the shared system prompt (:attr:`system_tokens`)
+        and a unique part of the rest of its drawn length (at least one token).
         """
+        shared = self.system_tokens
+        system = shared_system(shared, self.seed) if shared else None
         lengths = random.Random(f"gpubench-synthetic-input-{self.seed}")
         outputs = random.Random(f"gpubench-synthetic-output-{self.seed}")
         words = random.Random(f"gpubench-synthetic-text-{self.seed}")
@@ -183,11 +232,11 @@ class SyntheticSpec:
         for _ in range(self.count):
             tokens = self.input_tokens.draw(lengths)
             max_tokens = self.output_tokens.draw(outputs) if self.output_tokens else None
-            out.append(SyntheticPrompt(text_of_length(tokens, words), tokens, max_tokens))
+            out.append(SyntheticPrompt(text_of_length(max(1, tokens - shared), words), tokens, max_tokens, system))
         return out
 
 
-_SYNTHETIC_KEYS = ("input_tokens", "output_tokens", "count", "seed")
+_SYNTHETIC_KEYS = ("input_tokens", "output_tokens", "count", "seed", "shared_prefix")
 
 
 def synthetic_spec(value: Any) -> SyntheticSpec:
@@ -211,4 +260,5 @@ def synthetic_spec(value: Any) -> SyntheticSpec:
         output_tokens=None if output is None else distribution(output, "synthetic.output_tokens"),
         count=count,
         seed=seed,
+        shared_prefix=prefix_share(value.get("shared_prefix", 0), "synthetic.shared_prefix"),
     )

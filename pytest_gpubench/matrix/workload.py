@@ -45,6 +45,7 @@ from .fields import (
     number_text,
     whole,
 )
+from .conversations import Conversation, conversation_spec
 from .accuracy import AccuracySpec
 from .datasets import PromptSource, load_dataset
 from .synthetic import MAX_LENGTH, synthetic_spec
@@ -340,6 +341,56 @@ class Prompt(str):
         )
 
 
+class ChatPrompt(Prompt):
+    """A prompt with a ``system`` prompt sent before it (a shared prefix) and/or the ``turns`` of
+    a conversation that follow it (``matrix/conversations.py``): text, cap and think time of
+    each later user turn. The load generator sends turn *k* with the whole history.
+
+    Its payload adds ``"system"`` and ``"turns": [{"prompt", "max_tokens"?, "think_s"}, ...]``.
+    """
+
+    system: str | None
+    turns: tuple[tuple[str, int | None, float], ...]
+
+    def __new__(cls, text: str, max_tokens: int | None = None, system: str | None = None,
+                turns: Iterable[tuple[str, int | None, float]] = ()) -> ChatPrompt:
+        self = super().__new__(cls, text, (), max_tokens)
+        self.__dict__["system"] = system
+        self.__dict__["turns"] = tuple(turns)
+        return self
+
+    @classmethod
+    def of(cls, conversation: Conversation) -> ChatPrompt:
+        """The prompt of a whole conversation: its first turn, the rest in ``turns``."""
+        first, *rest = conversation.turns
+        return cls(first.text, first.max_tokens, conversation.system,
+                   tuple((t.text, t.max_tokens, t.think_s) for t in rest))
+
+    def payload(self) -> str | dict[str, Any]:
+        entry = super().payload()
+        entry = {"prompt": entry} if isinstance(entry, str) else entry
+        if self.system is not None:
+            entry["system"] = self.system
+        if self.turns:
+            entry["turns"] = [{"prompt": text, "think_s": think, **({"max_tokens": cap} if cap is not None else {})}
+                              for text, cap, think in self.turns]
+        return entry
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ChatPrompt):
+            return self.payload() == other.payload()
+        return False if isinstance(other, str) else NotImplemented
+
+    def __hash__(self) -> int:
+        return str.__hash__(self)
+
+    def __repr__(self) -> str:
+        return f"ChatPrompt({self.text!r}, system={self.system!r}, turns={len(self.turns)})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return ChatPrompt, (self.text, self.max_tokens, self.system, self.turns)
+
+
 SEED_PROMPTS: tuple[str, ...] = (
     "Write a Python function to implement binary search on a sorted list.",
     "Explain quantum computing in simple terms for a 10-year-old.",
@@ -372,7 +423,8 @@ PROMPT_SETS: Mapping[str, tuple[Prompt, ...]] = {
 
 _ALLOWED = (
     "must be a non-empty list of non-empty strings or {prompt: ..., expect: [...], max_tokens: N} mappings, "
-    f"the name of a built-in set ({', '.join(PROMPT_SETS)}), {{dataset: PATH}} or {{synthetic: {{...}}}}"
+    f"the name of a built-in set ({', '.join(PROMPT_SETS)}), {{dataset: PATH}}, {{synthetic: {{...}}}} "
+    "or {conversations: {...}}"
 )
 
 
@@ -447,11 +499,23 @@ def prompts(value: Any, base_dir: Path = Path(".")) -> PromptList:
 
 
 def generated_prompts(value: Mapping[str, Any], base_dir: Path) -> PromptList:
-    """``{dataset: PATH, ...}`` or ``{synthetic: {...}}`` -> the prompts, with their source."""
+    """``{dataset: PATH, ...}``, ``{synthetic: {...}}`` or ``{conversations: {...}}`` -> the prompts,
+    with their source."""
     try:
         if "dataset" in value:
             found, source = load_dataset(value, base_dir)
-            return PromptList((Prompt(p.text, max_tokens=p.max_tokens) for p in found), source)
+            return PromptList((Prompt(p.text, max_tokens=p.max_tokens) if p.conversation is None
+                               else ChatPrompt.of(p.conversation) for p in found), source)
+        if "conversations" in value:
+            if len(value) != 1:
+                extra = next(str(k) for k in value if k != "conversations")
+                raise ValueError(f"`conversations` goes alone; {extra!r} belongs inside it "
+                                 "(turns, input_tokens, output_tokens, think_time, count, seed)")
+            conversations = conversation_spec(value["conversations"])
+            label = (f"conversations ({conversations.count}, turns {conversations.turns.describe()}, "
+                     f"input {conversations.input_tokens.describe()} tokens per turn)")
+            return PromptList((ChatPrompt.of(c) for c in conversations.conversations()),
+                              PromptSource(label, conversations.describe()))
         if "synthetic" in value:
             if len(value) != 1:
                 extra = next(str(k) for k in value if k != "synthetic")
@@ -459,14 +523,17 @@ def generated_prompts(value: Mapping[str, Any], base_dir: Path) -> PromptList:
                                  "(input_tokens, output_tokens, count, seed)")
             spec = synthetic_spec(value["synthetic"])
             made = spec.prompts()
-            label = f"synthetic ({spec.count} prompts, input {spec.input_tokens.describe()} tokens)"
-            return PromptList((Prompt(p.text, max_tokens=p.max_tokens) for p in made),
+            shared = f", shared prefix {spec.shared_prefix:.0%}" if spec.shared_prefix else ""
+            label = f"synthetic ({spec.count} prompts, input {spec.input_tokens.describe()} tokens{shared})"
+            return PromptList((Prompt(p.text, max_tokens=p.max_tokens) if p.system is None
+                               else ChatPrompt(p.text, p.max_tokens, p.system) for p in made),
                               PromptSource(label, spec.describe()))
     except ValueError as exc:
         raise invalid(str(exc)) from None
     keys = ", ".join(map(str, value)) or "none"
-    raise invalid(f"a prompts mapping needs `dataset: PATH` or `synthetic: {{...}}`; got keys {keys}"
-                  f"{did_you_mean(next(iter(map(str, value)), ''), ('dataset', 'synthetic'))}")
+    raise invalid(f"a prompts mapping needs `dataset: PATH`, `synthetic: {{...}}` or `conversations: {{...}}`; "
+                  f"got keys {keys}"
+                  f"{did_you_mean(next(iter(map(str, value)), ''), ('dataset', 'synthetic', 'conversations'))}")
 
 
 _ENTRY_KEYS = ("prompt", "expect", "max_tokens")
@@ -570,6 +637,10 @@ class Workload(StrictModel):
             conflict = "`prompts:` and `trace:` cannot be combined: a trace's records are its prompts"
         if conflict:
             raise invalid(conflict)
+        if self.rate is not None and any(getattr(p, "turns", ()) for p in self.prompts):
+            raise invalid("`rate:` does not apply to conversations: they run as a closed loop, `concurrency` "
+                          "conversations in flight, each turn due `think_time` after the answer; "
+                          "use `concurrency:` instead")
         return self
 
     @property

@@ -209,6 +209,11 @@ class DetailedMetrics(BaseModel):
     thinking_token_share: float | None = None  # thinking_tokens / all their output tokens (client count), 0-1
     unanswered_requests: int | None = None  # ended (e.g. at max_tokens) before any answer token
 
+    # Prefix reuse (conversations, shared system prompts), successful requests that report it
+    prefix_cacheable_share: float | None = None  # cacheable / sent prompt tokens, 0-1
+    prefix_cached_share: float | None = None  # server-reported cached / sent prompt tokens, 0-1
+    cached_prompt_tokens: int | None = None  # sum of the server's cached prompt tokens
+
 
 # -------------------------------------------------------------- per request
 
@@ -300,6 +305,24 @@ def _reasoning(ok: Sequence[RequestRecord]) -> dict[str, Any]:
                 unanswered_requests=sum(1 for r in told if r.ttfat_ms is None))
 
 
+def _prefix_reuse(ok: Sequence[RequestRecord]) -> dict[str, Any]:
+    """The prefix-reuse shares over the successful requests that report them: what a prefix cache
+    could serve (from what was sent) and what the server says its cache served, both over the
+    prompt tokens sent (the load generator's count), so the two compare directly."""
+    told = [r for r in ok if r.sent_prompt_tokens and r.cacheable_prompt_tokens is not None]
+    sent = sum(r.sent_prompt_tokens or 0 for r in told)
+    if not sent:
+        return {}
+    out: dict[str, Any] = dict(prefix_cacheable_share=sum(r.cacheable_prompt_tokens or 0 for r in told) / sent)
+    counted = [r for r in told if r.cached_prompt_tokens is not None]
+    counted_sent = sum(r.sent_prompt_tokens or 0 for r in counted)
+    if counted and counted_sent:
+        cached = sum(r.cached_prompt_tokens or 0 for r in counted)
+        # A server's tokenizer counts the text otherwise than the rule: never above all of it.
+        out.update(prefix_cached_share=min(1.0, cached / counted_sent), cached_prompt_tokens=cached)
+    return out
+
+
 def _send_lag(measured: Sequence[RequestRecord], summary: StreamSummary | None) -> dict[str, Any]:
     # The records carry every request's own lag, so they beat a summary that may
     # also cover the warm-up.
@@ -388,6 +411,7 @@ def detailed_metrics(
     configured = concurrency if concurrency is not None else summary.configured_concurrency
 
     reasoning = _reasoning(ok)
+    reasoning.update(_prefix_reuse(ok))
     lag = _send_lag(measured, summary.send_lag_ms)
     e2e_avg = _mean(e2e)
     saturated, reasons = _saturation(lag.get("send_lag_p99_ms"), e2e_avg, delivered, configured)

@@ -20,7 +20,9 @@ is sent on the OpenAI protocols only; ``"answer": "N"`` instead of ``expect`` sc
 exactly: the reply's :func:`final_answer` must equal N, and ``matched`` is None when
 the reply has no number), ``requests`` (at a fixed concurrency, the measured phase
 sends at most this many requests, the prompts in order, and ends once they are
-answered), ``max_tokens``, ``think`` (Ollama only: sent
+answered); ``system``: a system prompt sent before it, and
+``turns``: ``[{"prompt", "max_tokens", "think_s"}, ...]``, the later turns of a
+conversation, see below), ``max_tokens``, ``think`` (Ollama only: sent
 as the request's ``think`` only when set: absent or null leaves the model's
 default), ``extra_body`` (fields
 merged into every request body last, e.g. ``ignore_eos`` or
@@ -51,11 +53,19 @@ duration finish and count; true: they are cut there, see below), and the load:
 
 A prompt object may carry ``messages`` (a trace's conversation): the chat protocol
 sends them as given; the others send ``prompt`` (the contents joined).
+* conversations (prompts with ``turns``; wins over ``rate`` and ``concurrency``): N conversations in flight
+  (:class:`ConversationSlots`), the prompts started in turn. Turn k is sent with the
+  whole history, the model's own answers included as they streamed back (so a turn's
+  text is kept, as for an expectation), ``think_s`` after the previous answer; an error
+  or a cut ends a conversation, and its slot starts the next at once (:class:`Dialogue`).
+  On Ollama the run speaks ``ollama-chat`` (``/api/chat``: ``/api/generate`` has no
+  history).
 
 Protocols (``protocol``, default ``ollama``):
 
 * ``ollama``: ``POST /api/generate`` streamed as NDJSON, ``options.num_predict``
   for ``max_tokens``; the final ``"done": true`` chunk's counters fill the record.
+  ``ollama-chat``: ``POST /api/chat`` with ``messages``, the text in ``message.content``.
 * ``openai-chat`` / ``openai-completions``: ``POST /v1/chat/completions`` (one user
   message) or ``/v1/completions`` (``prompt``) with ``stream: true``,
   ``stream_options: {"include_usage": true}`` and ``max_tokens`` (a base URL
@@ -116,6 +126,11 @@ output tokens of successful measured requests in ``cpu_seconds_per_1k_tokens``);
 ``unsent`` counts arrivals ``max_in_flight`` (or a backoff) held back past the deadline,
 ``abandoned`` requests still in flight when a signal ended the run.
 
+Prefix reuse: every record says ``sent_prompt_tokens`` and ``cacheable_prompt_tokens``
+(estimates by the 1.3-tokens-per-word rule of what a prefix cache could serve, from what
+was sent before) and ``cached_prompt_tokens`` (the server's count), a conversation's
+turn also ``conversation`` and ``turn``: see ``LoadGenerator.prefix_fields``.
+
 Backoff: a server that fails every request at once (refused, an HTTP error before any
 token) would meet a tight loop, each freed slot re-sent at once. After ``BACKOFF_AFTER``
 requests in a row failed before any token, the generator pauses (``backoff_pause``:
@@ -147,6 +162,7 @@ blocks the run, which keeps going to the end. SIGTERM and SIGINT end it as
 
 import array
 import errno
+import heapq
 import json
 import os
 import random
@@ -187,9 +203,10 @@ def backoff_pause(streak):
     return min(BACKOFF_CAP, BACKOFF_FIRST * 2.0 ** min(streak - BACKOFF_AFTER, 64))
 
 
-PROTOCOLS = ("ollama", "openai-chat", "openai-completions", "worker")
-ENDPOINTS = {"ollama": "/api/generate", "openai-chat": "/v1/chat/completions",
+PROTOCOLS = ("ollama", "ollama-chat", "openai-chat", "openai-completions", "worker")
+ENDPOINTS = {"ollama": "/api/generate", "ollama-chat": "/api/chat", "openai-chat": "/v1/chat/completions",
              "openai-completions": "/v1/completions"}
+OLLAMA_PROTOCOLS = ("ollama", "ollama-chat")
 
 
 def server_address(url, protocol="ollama"):
@@ -198,9 +215,9 @@ def server_address(url, protocol="ollama"):
     if parsed.scheme not in ("http", "https"):
         raise ValueError("only http:// and https:// URLs are supported, not %r" % parsed.scheme)
     prefix = parsed.path.rstrip("/")
-    if protocol != "ollama" and prefix.endswith("/v1"):
+    if protocol not in OLLAMA_PROTOCOLS and prefix.endswith("/v1"):
         prefix = prefix[:-3]  # a base URL given as OpenAI clients take it, ending in /v1
-    default_port = 443 if parsed.scheme == "https" else 11434 if protocol == "ollama" else 80
+    default_port = 443 if parsed.scheme == "https" else 11434 if protocol in OLLAMA_PROTOCOLS else 80
     return parsed.hostname or "127.0.0.1", parsed.port or default_port, prefix
 
 
@@ -291,6 +308,77 @@ def parse_prompt(entry):
         return (str(entry["prompt"]), expect, None if max_tokens is None else int(max_tokens),
                 entry.get("ignore_eos") is True)
     return str(entry), None, None, False
+
+
+def parse_chat(entry):
+    """(system prompt or None, later turns) of one config prompt: ``system`` is sent before the
+    prompt on every request; ``turns`` (``[{"prompt", "max_tokens", "think_s"}, ...]``) make it a
+    conversation, each turn as (text, max_tokens or None, seconds to wait after the previous answer)."""
+    if not isinstance(entry, dict):
+        return None, ()
+    system = entry.get("system")
+    turns = tuple((str(t["prompt"]), None if t.get("max_tokens") is None else int(t["max_tokens"]),
+                   max(0.0, float(t.get("think_s") or 0.0))) for t in entry.get("turns") or ())
+    return (None if system is None else str(system)), turns
+
+
+def estimated_tokens(words):
+    """Tokens of ``words`` words by the tokenizer-free rule (matrix/synthetic.py: 1.3 per word)."""
+    return int(round(words * TOKENS_PER_WORD))
+
+
+TOKENS_PER_WORD = 1.3
+
+
+def transcript(messages):
+    """A message list as one text, for the protocols that take a prompt, not messages."""
+    lines = ["%s: %s" % (m["role"].capitalize(), m["content"]) for m in messages]
+    return "\n\n".join(lines + ["Assistant:"]) if len(messages) > 1 else messages[0]["content"]
+
+
+class Dialogue:
+    """One conversation in flight (a workload prompt with ``turns``): its history, the model's own
+    answers included as it streamed them, and the next turn.
+
+    It holds a concurrency slot from its first turn to its last: each answer schedules the next
+    turn ``think_s`` later; an error, a cut or the last answer ends it, and the slot starts the
+    next conversation at once."""
+
+    __slots__ = ("number", "prompt_index", "messages", "turn", "turns", "request", "history_words", "sent_words")
+
+    def __init__(self, run, number, prompt_index):
+        self.number, self.prompt_index = number, prompt_index
+        text, _, max_tokens, _ = run.prompts[prompt_index]
+        system, later = run.chats[prompt_index]
+        self.turns = ((text, max_tokens, 0.0),) + later
+        self.messages = [] if system is None else [{"role": "system", "content": system}]
+        self.turn = 0
+        self.history_words = self.sent_words = 0
+        self.request = None
+
+    def next_request(self, run):
+        """The bytes of the next turn: the history and the new user message."""
+        text, max_tokens, _ = self.turns[self.turn]
+        self.turn += 1
+        self.messages.append({"role": "user", "content": text})
+        self.sent_words = self.history_words + len(text.split())
+        ignore_eos = run.prompts[self.prompt_index][3]
+        self.request = run.encoded(run.config["max_tokens"] if max_tokens is None else max_tokens, ignore_eos,
+                                   self.messages)
+        self.history_words = self.sent_words
+        return self.request
+
+    def answered(self, run, record, answer, now):
+        """Its turn ended: the next is due after its think time, or the next conversation starts now."""
+        pattern = run.pattern
+        if not hasattr(pattern, "resume"):
+            return
+        if record["error"] is None and not record["incomplete"] and self.turn < len(self.turns):
+            self.messages.append({"role": "assistant", "content": answer})
+            self.history_words += len(answer.split())
+            pattern.resume(self, now + self.turns[self.turn][2])
+        else:
+            pattern.resume(None, now)
 
 
 # A reply's final answer: the number after its last "Answer:" / "answer is" / "####" marker
@@ -467,7 +555,7 @@ class Exchange:
         "sock", "events", "reused", "retried", "out", "state", "status", "keep_alive", "mode",
         "left", "skip", "trailer", "buffer", "partial", "detail", "received", "active", "final",
         "first", "last", "tokens", "itl_sum", "itl_max", "texts", "gaps", "end", "last_io",
-        "thinking", "first_answer",
+        "thinking", "first_answer", "dialogue",
     )
 
     def __init__(self, run, index, warmup, prompt_index, scheduled):
@@ -487,6 +575,7 @@ class Exchange:
         self.itl_sum = self.itl_max = 0.0
         self.texts = [] if self.expect else None
         self.gaps = None if warmup else run.gaps
+        self.dialogue = None
 
     # -- connection and request -------------------------------------------------
 
@@ -498,7 +587,7 @@ class Exchange:
     def connect(self, sock):
         self.reused = sock is not None
         self.state = SENDING
-        self.out = memoryview(self.run.requests[self.prompt_index])
+        self.out = memoryview(self.run.requests[self.prompt_index] if self.dialogue is None else self.dialogue.request)
         self.status = None
         self.buffer = self.partial = self.detail = b""
         self.received = False
@@ -1017,10 +1106,52 @@ class SSEExchange(Exchange):
         usage, timings = self.usage or {}, self.timings or {}
         final = {"eval_count": usage.get("completion_tokens"), "prompt_eval_count": usage.get("prompt_tokens"),
                  "done_reason": self.finish_reason}
+        details = usage.get("prompt_tokens_details")  # vLLM, SGLang: the prompt tokens its prefix cache served
+        if isinstance(details, dict):
+            final["cached_tokens"] = details.get("cached_tokens")
         final["eval_duration"] = nanoseconds(timings.get("predicted_ms"))
         final["prompt_eval_duration"] = nanoseconds(timings.get("prompt_ms"))
         self.final = final
         Exchange.complete(self, now)
+
+
+class OllamaChatExchange(Exchange):
+    """One streamed ``POST /api/chat`` (Ollama with a message list: conversations): NDJSON as
+    ``/api/generate`` but the text in ``message.content`` (reasoning in ``message.thinking``)."""
+
+    __slots__ = ()
+
+    def line(self, line, now):
+        if b'"done":false' in line and b'"message":{' in line:
+            if b'"content":"' in line and b'"content":""' not in line:
+                self.token(now, ANSWER)
+                if self.texts is not None:
+                    self.texts.append(line)
+            elif b'"thinking":"' in line and b'"thinking":""' not in line:
+                self.token(now, THINKING)
+            return
+        if b'"done":true' not in line and not line.strip():
+            return
+        chunk = json.loads(line)
+        if not isinstance(chunk, dict):
+            raise ValueError("a stream line is not a JSON object")
+        if "error" in chunk:
+            return self.fail(error_message(chunk), now)
+        message = chunk.get("message") if isinstance(chunk.get("message"), dict) else {}
+        if self.answer_text(chunk):
+            self.token(now, ANSWER)
+            if self.texts is not None:
+                self.texts.append(self.answer_text(chunk))
+        elif message.get("thinking"):
+            self.token(now, THINKING)
+        if chunk.get("done"):
+            self.final = chunk
+            self.complete(now)
+
+    def answer_text(self, chunk):
+        message = chunk.get("message") if isinstance(chunk, dict) else None
+        text = message.get("content") if isinstance(message, dict) else None
+        return text if isinstance(text, str) else ""
 
 
 # -- container workers (seed 004) --------------------------------------------------
@@ -1304,7 +1435,7 @@ class WorkerExchange(Exchange):
 
     def write(self, now):
         self.sent = self.last_io = now
-        self.worker.send(self.run.requests[self.prompt_index])
+        self.worker.send(self.run.requests[self.prompt_index] if self.dialogue is None else self.dialogue.request)
 
     def restart(self, now):
         """The worker had exited after its last request: once more on a new container."""
@@ -1466,6 +1597,44 @@ class FixedConcurrency:
         return 0
 
 
+class ConversationSlots:
+    """N conversations in flight until the deadline (a closed loop of conversations): each slot
+    runs one conversation turn by turn, its next turn due ``think_s`` after the answer, and starts
+    the next conversation (the prompts in turn) when one ends. No turn is sent after the deadline."""
+
+    def __init__(self, concurrency, start, deadline):
+        self.due = [(start, n, None) for n in range(concurrency)]  # (due time, tie-break, dialogue or None)
+        self.order = concurrency
+        self.deadline = deadline
+
+    def launch(self, run, now):
+        while self.due and self.due[0][0] <= now < self.deadline and not run.held(now):
+            due, _, dialogue = heapq.heappop(self.due)
+            if dialogue is None:
+                dialogue = Dialogue(run, run.conversations, run.conversations % len(run.prompts))
+                run.conversations += 1
+            run.launch(False, due, dialogue=dialogue)
+
+    def resume(self, dialogue, due):
+        """``dialogue``'s next turn (None: a new conversation) is due at ``due``."""
+        self.order += 1
+        heapq.heappush(self.due, (due, self.order, dialogue))
+
+    def exhausted(self, now):
+        return now >= self.deadline
+
+    def wake(self, run):
+        if perf() >= self.deadline:
+            return None
+        return min(self.due[0][0], self.deadline) if self.due else self.deadline
+
+    def freed(self, now):
+        pass  # the conversation, told by the run, schedules what its slot does next
+
+    def unsent(self):
+        return 0
+
+
 class PoissonArrivals:
     """Arrivals at ``rate`` per second with exponential gaps, sent on schedule up to
     ``cap`` in flight; a late one keeps its schedule, so its lag shows."""
@@ -1562,10 +1731,18 @@ class LoadGenerator(WorkerPool):
         self.config = config
         self.output = output
         self.prompts = [parse_prompt(p) for p in config["prompts"]]
+        self.chats = [parse_chat(p) for p in config["prompts"]]
+        self.conversing = any(turns for _, turns in self.chats)
         self.protocol = config.get("protocol") or "ollama"
+        if self.conversing and self.protocol == "ollama":
+            self.protocol = "ollama-chat"  # /api/generate takes no history: conversations go to /api/chat
         self.host, self.tls = "", None  # the server's host name and TLS context (https://), set by prepare
         self.chat = self.protocol == "openai-chat"
-        self.exchange = {"ollama": Exchange, "worker": WorkerExchange}.get(self.protocol, SSEExchange)
+        self.exchange = {"ollama": Exchange, "ollama-chat": OllamaChatExchange,
+                         "worker": WorkerExchange}.get(self.protocol, SSEExchange)
+        # What a prefix cache could serve (see prefix_fields): prefixes already sent, by key.
+        self.sent_prefixes = set()
+        self.conversations = 0  # conversations started
         self.timeout = float(config.get("request_timeout", 120))
         # How often in-flight requests are checked for a stall: often enough that
         # one is noticed within a quarter of the timeout beyond it, at most each second.
@@ -1627,37 +1804,54 @@ class LoadGenerator(WorkerPool):
         host_header = "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
         head = ("POST %s%s HTTP/1.1\r\nHost: %s\r\nUser-Agent: gpubench-loadgen\r\n"
                 "Content-Type: application/json\r\n" % (prefix, ENDPOINTS[self.protocol], host_header))
-        head += "Accept: %s\r\n" % ("application/x-ndjson" if self.protocol == "ollama" else "text/event-stream")
+        head += "Accept: %s\r\n" % ("application/x-ndjson" if self.protocol in OLLAMA_PROTOCOLS
+                                      else "text/event-stream")
         head += self.authorization()
+        self.head = head
         self.requests = []
-        for entry, (text, _, max_tokens, ignore_eos) in zip(self.config["prompts"], self.prompts):
-            request = self.request_body(text, self.config["max_tokens"] if max_tokens is None else max_tokens,
-                                        ignore_eos)
+        for entry, (text, _, max_tokens, ignore_eos), (system, _) in zip(self.config["prompts"], self.prompts,
+                                                                         self.chats):
+            messages = None if system is None else [{"role": "system", "content": system},
+                                                    {"role": "user", "content": text}]
             if self.chat and isinstance(entry, dict) and entry.get("messages"):
-                request["messages"] = entry["messages"]  # a trace's conversation, sent as recorded
-            body = json.dumps(request)
-            self.requests.append((head + "Content-Length: %d\r\n\r\n" % len(body.encode())).encode("latin-1")
-                                 + body.encode())
+                messages = entry["messages"]  # a trace's conversation, sent as recorded
+            self.requests.append(self.encoded(self.config["max_tokens"] if max_tokens is None else max_tokens,
+                                              ignore_eos, messages, text))
 
-    def request_body(self, text, max_tokens, ignore_eos=False):
+    def encoded(self, max_tokens, ignore_eos, messages, text=None):
+        """One request's bytes, head and body: ``text`` alone, or a message list (a system prompt,
+        a conversation's history)."""
+        if self.protocol == "worker":
+            return worker_request(self.config, transcript(messages) if messages else text, max_tokens, ignore_eos)
+        body = json.dumps(self.request_body(text, max_tokens, ignore_eos, messages)).encode()
+        return (self.head + "Content-Length: %d\r\n\r\n" % len(body)).encode("latin-1") + body
+
+    def request_body(self, text, max_tokens, ignore_eos=False, messages=None):
         """One prompt's request in the configured protocol, ``extra_body`` merged in last.
 
-        ``ignore_eos`` (generate to ``max_tokens`` past end-of-sequence) is sent on the
-        OpenAI protocols only, as vLLM, SGLang and llama.cpp's server take it; Ollama has
-        no such option."""
+        ``messages`` (a system prompt, a conversation's history) go as they are on the chat
+        protocols; Ollama's ``/api/generate`` takes a system prompt as ``system``, and
+        ``/v1/completions`` a transcript of them. ``ignore_eos`` (generate to ``max_tokens``
+        past end-of-sequence) is sent on the OpenAI protocols only, as vLLM, SGLang and
+        llama.cpp's server take it; Ollama has no such option."""
         config = self.config
-        if self.protocol == "ollama":
-            request = {"model": config["model"], "prompt": text, "stream": True,
-                       "options": {"num_predict": max_tokens}}
+        if self.protocol in OLLAMA_PROTOCOLS:
+            request = {"model": config["model"], "stream": True, "options": {"num_predict": max_tokens}}
+            if self.protocol == "ollama-chat":
+                request["messages"] = messages or [{"role": "user", "content": text}]
+            elif messages and messages[0]["role"] == "system" and len(messages) == 2:
+                request["system"], request["prompt"] = messages[0]["content"], messages[1]["content"]
+            else:
+                request["prompt"] = transcript(messages) if messages else text
             if config.get("think") is not None:  # absent: the model's default (a thinking model thinks)
                 request["think"] = config["think"]
         else:
             request = {"model": config["model"], "stream": True, "stream_options": {"include_usage": True},
                        "max_tokens": max_tokens}
             if self.chat:
-                request["messages"] = [{"role": "user", "content": text}]
+                request["messages"] = messages or [{"role": "user", "content": text}]
             else:
-                request["prompt"] = text
+                request["prompt"] = transcript(messages) if messages else text
             if ignore_eos:
                 request["ignore_eos"] = True
         request.update(config.get("extra_body") or {})
@@ -1686,13 +1880,20 @@ class LoadGenerator(WorkerPool):
             sock.close()
         return None
 
-    def launch(self, warmup, scheduled, prompt=None):
-        """Send the next request, scheduled at ``scheduled``: prompt ``prompt`` (a trace's own),
-        else the prompts in turn."""
+    def launch(self, warmup, scheduled, prompt=None, dialogue=None):
+        """Send the next request, scheduled at ``scheduled``: a conversation's next turn
+        (``dialogue``), prompt ``prompt`` (a trace's own), else the prompts in turn."""
         index = self.next_index
         self.next_index += 1
         chosen = index % len(self.prompts) if prompt is None else prompt % len(self.prompts)
+        if dialogue is not None:
+            chosen = dialogue.prompt_index
         exchange = self.exchange(self, index, warmup, chosen, scheduled)
+        if dialogue is not None:
+            dialogue.next_request(self)
+            exchange.dialogue = dialogue
+            if exchange.texts is None:
+                exchange.texts = []  # the answer is the next turn's history
         self.open.add(exchange)
         now = perf()
         self.account(now)
@@ -1711,6 +1912,7 @@ class LoadGenerator(WorkerPool):
         """``exchange`` is no longer in flight: record it, free its slot."""
         self.account(now)
         self.in_flight -= 1
+        self.prefix_fields(exchange, record)
         record_json = json.dumps(record, separators=(",", ":"))
         self.output.write('{"event":"request",' + record_json[1:] + "\n")
         self.checkpoint.add(record_json)
@@ -1728,6 +1930,46 @@ class LoadGenerator(WorkerPool):
                 self.errors += 1
             self.lags.append(record["send_lag_ms"])
         self.pattern.freed(now)
+        if exchange.dialogue is not None and not exchange.warmup:
+            answer = "".join(exchange.kept_text(t) for t in exchange.texts or ())
+            exchange.dialogue.answered(self, record, answer, now)
+
+    def prefix_fields(self, exchange, record):
+        """Add to ``record`` what a prefix cache could serve and what the server says it did.
+
+        ``sent_prompt_tokens`` and ``cacheable_prompt_tokens`` are estimates by the tokenizer-free
+        rule (1.3 tokens per word of the messages' text): cacheable is, for a conversation's turn,
+        its whole history (the previous turn's prompt and answer); for a prompt with a system
+        prompt, that system prompt once it was sent before; for a prompt sent before, all of it.
+        ``cached_prompt_tokens`` is the server's own count: OpenAI usage's
+        ``prompt_tokens_details.cached_tokens``, or for Ollama (which counts in
+        ``prompt_eval_count`` only the tokens it evaluated) the prompt's estimated length less
+        that count; None when the server says nothing. ``conversation`` and ``turn`` (from 1)
+        name a conversation's turn."""
+        dialogue = exchange.dialogue
+        text, system = self.prompts[exchange.prompt_index][0], self.chats[exchange.prompt_index][0]
+        if dialogue is not None:
+            record["conversation"], record["turn"] = dialogue.number, dialogue.turn
+        if dialogue is not None and dialogue.turn > 1:
+            sent, cacheable = dialogue.sent_words, dialogue.sent_words - len(dialogue.messages[-1]["content"].split())
+        else:  # a prompt, or a conversation's first turn: the same text as the prompt's
+            system_words = len(system.split()) if system else 0
+            sent = system_words + len(text.split())
+            if ("p", exchange.prompt_index) in self.sent_prefixes:
+                cacheable = sent
+            else:
+                cacheable = system_words if system and ("s", system) in self.sent_prefixes else 0
+            self.sent_prefixes.add(("p", exchange.prompt_index))
+        if system:
+            self.sent_prefixes.add(("s", system))
+        sent_tokens = max(1, estimated_tokens(sent))
+        record["sent_prompt_tokens"] = sent_tokens
+        record["cacheable_prompt_tokens"] = min(sent_tokens, estimated_tokens(cacheable))
+        final = exchange.final or {}
+        cached = server_count(final.get("cached_tokens"))
+        if cached is None and self.protocol in OLLAMA_PROTOCOLS and record["prompt_tokens"] is not None:
+            cached = max(0, sent_tokens - record["prompt_tokens"])
+        record["cached_prompt_tokens"] = cached
 
     def pace(self, record, now):
         """Back off after ``BACKOFF_AFTER`` requests in a row failed before any token: pause
@@ -1857,6 +2099,8 @@ class LoadGenerator(WorkerPool):
         if not self.stopping:
             if config.get("schedule") is not None:
                 pattern = TraceSchedule(config["schedule"], int(config.get("max_in_flight", 1024)), self.start)
+            elif self.conversing:
+                pattern = ConversationSlots(max(1, int(config.get("concurrency", 1))), self.start, self.deadline)
             elif config.get("rate"):
                 pattern = PoissonArrivals(float(config["rate"]), config.get("seed", 0),
                                           int(config.get("max_in_flight", 1024)), self.start, self.deadline)

@@ -64,6 +64,12 @@ class RequestRecord(ValueModel):
     # Still streaming when the run's time ran out, and cut there (``cut_at_deadline``,
     # the sandbox's clock): neither a success nor an error.
     incomplete: bool = False
+    # Conversations and prefix reuse (issue 23); None when the generator did not say.
+    conversation: int | None = None  # the conversation this request is a turn of (numbered from 0)
+    turn: int | None = None  # its turn in that conversation, from 1
+    sent_prompt_tokens: int | None = None  # the prompt's length by the tokenizer-free rule (1.3 per word)
+    cacheable_prompt_tokens: int | None = None  # of those, a prefix already sent (history, shared system prompt)
+    cached_prompt_tokens: int | None = None  # the server's count of prompt tokens its prefix cache served
 
     @property
     def ok(self) -> bool:

@@ -61,10 +61,11 @@ import os
 import random
 import re
 import time
-from collections import deque
+import weakref
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -78,7 +79,16 @@ from .instance_spec import (
     normalize_model_name,
     visible_gpus,
 )
-from .ollama_common import DEFAULT_KEEP_ALIVE_S, FOREVER, OutputPlan, human_bytes_binary, parse_keep_alive, plan_output
+from .ollama_common import (
+    DEFAULT_KEEP_ALIVE_S,
+    FOREVER,
+    TOKENS_PER_WORD,
+    OutputPlan,
+    Thought,
+    human_bytes_binary,
+    parse_keep_alive,
+    plan_output,
+)
 from .standin_state import LoadedModel, PulledModel, PullFault, RuntimeState, StateStore, StreamFault
 
 # ------------------------------------------------------------ timing primitives
@@ -149,6 +159,8 @@ class Job:
     keep_alive: float
     arrived: float  # loop time when the request reached the handler
     think: bool = False  # the model reasons before it answers (see ollama_common.plan_output)
+    context: str = ""  # what the model reads before ``prompt`` (Ollama's ``system``), for the prefix cache
+    cached_tokens: int = 0  # prompt tokens the prefix cache served (:class:`PrefixCache`), set when it starts
 
 
 @dataclass
@@ -260,11 +272,77 @@ class Generation:
         return {
             "total_duration": int((now - self.job.arrived) * 1e9),
             "load_duration": int(self.load_duration * 1e9),
-            "prompt_eval_count": self.job.prompt_eval_count,
+            # Ollama counts only the tokens it evaluated: a prefix-cache hit is not among them.
+            "prompt_eval_count": self.job.prompt_eval_count - self.job.cached_tokens,
             "prompt_eval_duration": int(self.ttft * 1e9),
             "eval_count": self.emitted,
             "eval_duration": int(eval_duration * 1e9),
         }
+
+
+# ------------------------------------------------------------ the prefix cache
+
+#: Words per cached block: a prompt is cached in whole blocks, as vLLM caches KV blocks of 16 tokens.
+PREFIX_BLOCK_WORDS = 16
+#: Blocks a model's cache keeps (least recently used go first): 65,536 words, about 85,000 tokens.
+PREFIX_CACHE_BLOCKS = 4096
+#: A fully cached prompt still costs this share of the TTFT (the last token's pass, scheduling).
+PREFILL_FLOOR = 0.1
+
+
+class PrefixCache:
+    """The prompts a loaded model processed recently, by word prefix (docs/sandbox.md, "Prefix cache").
+
+    Each prompt, and the answer the model planned for it, is kept as the chained hashes of its
+    whole blocks of ``PREFIX_BLOCK_WORDS`` words (the text the model reads: a system prompt, then
+    the prompt or the messages' contents), at most ``PREFIX_CACHE_BLOCKS`` blocks, least recently
+    used dropped first. A new prompt's cached part is its longest run of leading blocks found,
+    in tokens by the stand-in's rule (1.3 per word) and at most all but one of its tokens; its
+    prefill then takes ``ttft * max(PREFILL_FLOOR, 1 - cached / prompt_tokens)``.
+    """
+
+    def __init__(self, capacity: int = PREFIX_CACHE_BLOCKS) -> None:
+        self.capacity = capacity
+        self.blocks: OrderedDict[bytes, None] = OrderedDict()
+
+    @staticmethod
+    def chain(words: list[str]) -> list[bytes]:
+        """The hash of each whole block together with every block before it."""
+        hashes, digest = [], b""
+        for start in range(0, len(words) - PREFIX_BLOCK_WORDS + 1, PREFIX_BLOCK_WORDS):
+            digest = hashlib.sha256(digest + "\x00".join(words[start:start + PREFIX_BLOCK_WORDS]).encode()).digest()
+            hashes.append(digest)
+        return hashes
+
+    def cached_words(self, words: list[str]) -> int:
+        """How many leading words of ``words`` are cached (whole blocks), touching what it finds."""
+        found = 0
+        for digest in self.chain(words):
+            if digest not in self.blocks:
+                break
+            self.blocks.move_to_end(digest)
+            found += PREFIX_BLOCK_WORDS
+        return found
+
+    def store(self, words: list[str]) -> None:
+        for digest in self.chain(words):
+            self.blocks[digest] = None
+            self.blocks.move_to_end(digest)
+        while len(self.blocks) > self.capacity:
+            self.blocks.popitem(last=False)
+
+    def prefill(self, job: Job, plan: OutputPlan, ttft: float) -> tuple[float, Job]:
+        """The TTFT of ``job`` with its cached prefix, and the job with its ``cached_tokens``; the
+        prompt and its planned answer are cached for the requests that follow (the next turn)."""
+        words = f"{job.context} {job.prompt}".split()
+        cached = min(round(self.cached_words(words) * TOKENS_PER_WORD), job.prompt_eval_count - 1)
+        cached = max(0, cached)
+        answer = "".join(token for token in plan.tokens if not isinstance(token, Thought))
+        self.store(words + answer.split())
+        if not cached:
+            return ttft, job
+        uncached = 1 - cached / job.prompt_eval_count
+        return ttft * max(PREFILL_FLOOR, uncached), replace(job, cached_tokens=cached)
 
 
 # ------------------------------------------------------------ the engine
@@ -385,6 +463,15 @@ class Engine:
         self._fault_stamp: tuple[int, int] | None = None
         self._stream_faults: list[StreamFault] = []
         self._fault_fired: dict[int, int] = {}
+        # One prefix cache per loaded model: it goes with the runner when the model is unloaded.
+        self._prefix_caches: weakref.WeakKeyDictionary[Runner, PrefixCache] = weakref.WeakKeyDictionary()
+
+    def prefix_cache(self, runner: Runner) -> PrefixCache:
+        """The prefix cache of a loaded model (made on its first request)."""
+        cache = self._prefix_caches.get(runner)
+        if cache is None:
+            cache = self._prefix_caches[runner] = PrefixCache()
+        return cache
 
     # -- the model store ------------------------------------------------------
 
@@ -584,6 +671,7 @@ class Engine:
                 plan = plan_output(job.prompt, job.num_predict, model=runner.name, think=job.think,
                                    accuracy=runner.spec.accuracy)
                 ttft, intervals = self._timing(job, runner, len(plan.tokens))
+                ttft, job = self.prefix_cache(runner).prefill(job, plan, ttft)
                 factor = self.settings.batch_ceiling_factor
                 if factor is None:
                     factor = runner.spec.ceiling_factor(self.program)

@@ -255,7 +255,9 @@ class OpenAIFormat:
     @staticmethod
     def _usage(gen: Generation) -> dict[str, int]:
         prompt, completion = gen.job.prompt_eval_count, gen.emitted
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        # vLLM's (and SGLang's) count of the prompt tokens its prefix cache served.
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": gen.job.cached_tokens}}
 
     def token(self, text: str) -> bytes:
         return self._event(self._chunk(text, None))
@@ -504,6 +506,7 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         keep_alive=keep_alive,
         arrived=arrived,
         think=resolve_think(engine, name, body.get("think")),
+        context=system,
     )
     record_request(engine.store.state_dir, received_at, request.path, body, prompt_tokens=job.prompt_eval_count)
     return await serve_generation(request, job, NativeFormat(name, chat=False), stream=body.get("stream") is not False)

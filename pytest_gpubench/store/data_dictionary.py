@@ -261,6 +261,17 @@ REQUESTS = TableDoc(
             "1 when the request was still streaming at the end of the duration and was cut there (the sandbox's "
             "clock): its TTFT and decode rate count, its latency_ms runs to the cut; 0 otherwise."
         ),
+        "conversation": "A conversation workload's conversation this request is a turn of (from 0); empty otherwise.",
+        "turn": "Its turn in that conversation, from 1 (turn k carries turns 1..k-1 and the model's answers).",
+        "sent_prompt_tokens": "The prompt's length as sent, by the tokenizer-free rule (1.3 tokens per word).",
+        "cacheable_prompt_tokens": (
+            "Of those, the tokens a prefix cache could serve: a conversation's history, a shared system prompt "
+            "sent before, a prompt sent before (docs/metrics.md, prefix reuse)."
+        ),
+        "cached_prompt_tokens": (
+            "Prompt tokens the server says its prefix cache served (usage.prompt_tokens_details.cached_tokens; "
+            "Ollama: the sent length less prompt_eval_count); empty when it says nothing."
+        ),
     },
 )
 

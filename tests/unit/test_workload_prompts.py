@@ -104,7 +104,7 @@ def test_limit_shuffle_and_seed_are_deterministic(tmp_path):
     ('{"prompt": "a"}\n', "{dataset: d.jsonl, output_tokens: dataset}", "needs `output_field:`"),
     ('{"prompt": "a"}\n', "{dataset: d.jsonl, limit: 0}", "`limit` must be a whole number of at least 1"),
     ('{"prompt": "a"}\n', "{dataset: d.jsonl, sample: 3}", "unknown option 'sample'"),
-    ('{"prompt": "a"}\n', "{datasets: d.jsonl}", "needs `dataset: PATH` or `synthetic: {...}`"),
+    ('{"prompt": "a"}\n', "{datasets: d.jsonl}", "needs `dataset: PATH`, `synthetic: {...}` or `conversations: {...}`"),
 ])
 def test_dataset_errors_name_the_file_line_and_field(tmp_path, content, spec, expected):
     if content is not None:
