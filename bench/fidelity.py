@@ -374,6 +374,46 @@ def sse_ttft_floor(url: str, count: int = 15) -> float:
     return percentile(read, 50)
 
 
+def stream_wake_floor(url: str, protocol: str, seconds: float = 5.0) -> float:
+    """CPU seconds per 1,000 wake-ups of a do-nothing select+recv loop reading this stand-in's own
+    streams (one request at a time, the load generator's requests on ``protocol``): the least any
+    client can spend to receive them. Only the receiving is timed: each wake-up is a ``select`` and a
+    ``recv`` and nothing else (the end of a stream is the chunked body's last chunk).
+
+    This, not :func:`wake_floor`'s fork writing 100 bytes, is what the load generator's CPU at low
+    concurrency is judged against: the same sender, segments and scheduling, so the ratio is the
+    generator's own work per token."""
+    from urllib.parse import urlsplit
+
+    address = urlsplit(url)
+    path, body_json = reference_request(protocol, SEED_PROMPTS[0])
+    body = json.dumps(body_json).encode()
+    request = (f"POST {path} HTTP/1.1\r\nHost: {address.netloc}\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    wakes, cpu = 0, 0.0
+    selector = selectors.DefaultSelector()
+    with socket.create_connection((address.hostname, address.port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
+        selector.register(sock, selectors.EVENT_READ)
+        deadline = time.monotonic() + seconds
+        first = True
+        while time.monotonic() < deadline or first:
+            sock.sendall(request)
+            before, tail, seen = time.process_time(), b"", 0
+            while not tail.endswith(b"0\r\n\r\n"):
+                for _ in selector.select(30.0):
+                    data = sock.recv(65536)
+                    tail = (tail + data)[-16:]
+                    seen += 1
+            if not first:  # the first request loads the model
+                cpu += time.process_time() - before
+                wakes += seen
+            first = False
+    selector.close()
+    return cpu / (wakes / 1000) if wakes else float("nan")
+
+
 def wake_floor(wakes: int = 600) -> float:
     """CPU seconds per 1,000 wake-ups of a do-nothing selectors loop fed 100 times a second
     over loopback TCP (receiving TCP costs more than a socketpair: ACKs, the loopback path)."""
@@ -517,11 +557,15 @@ def instance_for(concurrency: int, workdir: Path) -> Path:
 
 def measure(client: str, protocol: str, concurrency: int, duration: float, workdir: Path) -> Phase:
     """One client at one concurrency against a fresh stand-in, with the stand-in's health."""
-    wake = wake_floor() if client == "loadgen" else float("nan")  # the reference its CPU is judged against
     server = StandIn(instance_for(concurrency, workdir), parallel=max(64, concurrency),
                      tokens_per_second=truth_tps(concurrency))
+    wake = float("nan")
     try:
         if client == "loadgen":
+            # The reference its CPU is judged against: this stand-in's streams, received by a loop that
+            # does nothing else, just before.
+            # Over as long as the run itself: a few seconds of wake-ups vary by a third from one try to the next.
+            wake = stream_wake_floor(server.url, protocol, seconds=duration)
             phase = run_loadgen(server.url, protocol, concurrency, duration, workdir)
         else:
             phase = run_reference(server.url, protocol, concurrency, duration)

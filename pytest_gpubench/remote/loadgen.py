@@ -1755,6 +1755,7 @@ class LoadGenerator(WorkerPool):
         self.open = set()  # exchanges that still hold a socket
         self.next_index = 0
         self.in_flight = 0
+        self.ended = 0  # requests finished (recorded) so far: the event loop re-plans after one
         self.stopping = self.interrupted = False
         self.start = self.deadline = None
         self.pattern = None
@@ -1912,6 +1913,7 @@ class LoadGenerator(WorkerPool):
         """``exchange`` is no longer in flight: record it, free its slot."""
         self.account(now)
         self.in_flight -= 1
+        self.ended += 1
         self.prefix_fields(exchange, record)
         record_json = json.dumps(record, separators=(",", ":"))
         self.output.write('{"event":"request",' + record_json[1:] + "\n")
@@ -2015,14 +2017,21 @@ class LoadGenerator(WorkerPool):
         self.timer = self.next_scan if self.next_progress is None else min(self.next_scan, self.next_progress)
         select = self.selector.select
         cutting = measuring and self.cut_at_deadline
+        # At low concurrency every token is a wake-up of its own, so the turn that only received
+        # bytes is kept short: the pattern is asked again only once a request was sent or ended
+        # or the time the loop was to wake at came.
+        wake, asked, now = None, None, perf()
         while not self.stopping:
-            pattern.launch(self, perf())
-            now = perf()
-            if cutting and self.in_flight and now >= self.deadline:
+            if asked != (self.in_flight, self.ended) or now >= wake:
+                pattern.launch(self, now)
+                now = perf()
+                if cutting and self.in_flight and now >= self.deadline:
+                    self.cut(now)
+                if not self.in_flight and pattern.exhausted(now):
+                    break
+                wake, asked = pattern.wake(self), (self.in_flight, self.ended)
+            elif cutting and self.in_flight and now >= self.deadline:
                 self.cut(now)
-            if not self.in_flight and pattern.exhausted(now):
-                break
-            wake = pattern.wake(self)
             if wake is not None and self.streak >= BACKOFF_AFTER:
                 # Backing off: the pause's end, or the request in flight's completion (select wakes).
                 wake = None if self.in_flight else max(wake, self.hold_until)

@@ -677,25 +677,39 @@ def test_a_prompt_s_ignore_eos_is_sent_on_the_openai_protocol_only(fake_openai, 
 
 def test_a_schedule_sends_request_i_with_prompt_i_at_its_time(ollama, tmp_path):
     """``schedule``: measured request i is prompt i, sent at t_i (open loop, whatever is in flight);
-    the server's request log agrees on what arrived and when (within 10 ms of the schedule)."""
+    the server's request log agrees on what arrived and when (within 10 ms of the schedule).
+
+    The 10 ms is the schedule's precision on a free CPU: a busy machine only ever makes a send
+    late (and the record says by how much), so one of three tries on time shows the precision."""
     from pytest_gpubench.sandbox.standin_state import read_requests
 
     offsets = [0.0, 0.05, 0.3, 0.32, 0.6]
     prompts = [{"prompt": f"trace request number {i} " + "word " * (3 * i), "max_tokens": 2 + i}
                for i in range(len(offsets))]
-    before = len(read_requests(ollama.instance.parent / "state"))
-    events = run_loadgen(config(ollama.url, tmp_path, prompts=prompts, schedule=offsets, duration=offsets[-1],
-                                warmup_requests=0))
-    records = measured(events)
-    assert [r.scheduled_at for r in records] == pytest.approx(offsets, abs=1e-6)
-    assert all(r.ok and r.send_lag_ms < 10 for r in records), [r.send_lag_ms for r in records]
-    assert all(1 <= r.output_tokens <= 2 + i for i, r in enumerate(records))  # each prompt's own max_tokens
-    finish = events[-1]
-    assert finish["unsent"] == 0 and finish["send_lag_ms"]["max"] == max(r.send_lag_ms for r in records)
-    logged = read_requests(ollama.instance.parent / "state")[before:]
-    assert [e["prompt"] for e in logged] == [p["prompt"] for p in prompts]
-    arrived = [e["received_at"] - logged[0]["received_at"] for e in logged]
-    assert max(abs(a - t) for a, t in zip(arrived, offsets)) < 0.010, arrived
+    late = []
+    for _ in range(3):
+        before = len(read_requests(ollama.instance.parent / "state"))
+        events = run_loadgen(config(ollama.url, tmp_path, prompts=prompts, schedule=offsets, duration=offsets[-1],
+                                    warmup_requests=0))
+        records = measured(events)
+        assert [r.scheduled_at for r in records] == pytest.approx(offsets, abs=1e-6)
+        assert all(r.ok for r in records)
+        assert all(1 <= r.output_tokens <= 2 + i for i, r in enumerate(records))  # each prompt's own max_tokens
+        finish = events[-1]
+        assert finish["unsent"] == 0 and finish["send_lag_ms"]["max"] == max(r.send_lag_ms for r in records)
+        logged = read_requests(ollama.instance.parent / "state")[before:]
+        assert [e["prompt"] for e in logged] == [p["prompt"] for p in prompts]
+        arrived = [e["received_at"] - logged[0]["received_at"] for e in logged]
+        # What the record says was sent is what the server saw arrive (a generous bound: a starved
+        # server stamps its arrivals late too).
+        sent = [r.scheduled_at + r.send_lag_ms / 1000 for r in records]
+        assert max(abs(a - (s - sent[0])) for a, s in zip(arrived, sent, strict=True)) < 0.050, (arrived, sent)
+        worst = max(max(r.send_lag_ms for r in records) / 1000,
+                    max(abs(a - t) for a, t in zip(arrived, offsets, strict=True)))
+        if worst < 0.010:
+            return
+        late.append(round(worst * 1000, 1))
+    pytest.fail(f"three tries, each with a request more than 10 ms off its schedule: {late} ms")
 
 
 def test_a_schedule_held_by_max_in_flight_sends_late_and_shows_the_lag(ollama, tmp_path):
