@@ -1,4 +1,5 @@
-"""A ``concurrency: sweep`` cell end to end on the sandbox: the Ollama stand-in batches requests, so
+"""A ``concurrency: sweep`` cell end to end on the sandbox (and, on the vLLM cell, accuracy beside
+speed): the Ollama stand-in batches requests, so
 each doubling of the concurrency adds less output throughput until the sweep calls the runtime
 saturated. Every step runs on one session and one model load, is stored as a frontier point with
 its three interactivities, and the server ran at the batch limit the matrix implies (the top level).
@@ -20,10 +21,14 @@ import sqlite_utils
 from chromium import ChromiumProcess, DevTools, find_chromium
 from e2e_helpers import assert_every_session_released, run_pytest, sandbox_sessions
 
+from pytest_gpubench.matrix.accuracy import builtin_problems
+from pytest_gpubench.sandbox.catalog import load_catalog
 from pytest_gpubench.sandbox.law import expected_point
+from pytest_gpubench.sandbox.ollama_common import answers_right
 
 MIN_GROWTH = 0.25
 TOP = 16
+PROBLEMS = 10  # the vLLM cell's accuracy pass (issue 23 item 5), after its last step
 #: Prompts whose stand-in answers run into the 24-token cap (sandbox/ollama_common.py plan_output:
 #: an answer is 60-100% of the cap, decided by the prompt), so every request makes exactly 24 tokens
 #: and the law's throughput is one number.
@@ -35,7 +40,7 @@ workload: {{duration: 3s, max_tokens: 24, concurrency: sweep, telemetry_interval
 matrix:
   - {{gpu: RTX 5060 Ti, provider: vastai, model: 'qwen2:7b'}}
   - {{gpu: RTX 5060 Ti, provider: vastai, model: 'qwen2:7b', runtime: vllm,
-     workload: {{sweep: {{concurrency: [1, 4, 16]}}}}}}
+     workload: {{sweep: {{concurrency: [1, 4, 16]}}, accuracy: {{builtin: {PROBLEMS}}}}}}}
 """
 MAX_TOKENS = 24
 #: A step's throughput is held to the law when it lasted this many request cycles: with fewer, where
@@ -105,7 +110,27 @@ def test_a_concurrency_sweep_doubles_on_one_session_until_the_runtime_saturates(
     assert _frontier(db, vllm)["stop_reason"] == "every level ran"
     for cell, runtime, kept in ((row, "ollama", points), (vllm, "vllm", vllm_points)):
         _matches_the_law(db, cell, runtime, kept)
+    _accuracy_is_the_models_known_share_and_no_measured_request(db, vllm, vllm_points)
     _report_draws_the_frontiers(tmp_path)
+
+
+def _accuracy_is_the_models_known_share_and_no_measured_request(db: sqlite_utils.Database, cell: dict,
+                                                                points: list[dict]) -> None:
+    """The accuracy pass ran after the last step, scored exactly against the stand-in's known share of
+    right answers (the catalog's qwen2:7b: 80%, which problems by its rule), and none of its requests
+    is a measured one: the stored requests are the steps' own, none of them a problem."""
+    benchmark = next(db.query("select details_json from benchmarks where id = ?", [cell["benchmark_id"]]))
+    share = load_catalog().models["qwen2:7b"].accuracy
+    right = sum(answers_right(p.text, "qwen2:7b", share) for p in builtin_problems(PROBLEMS))
+    assert 0 < right < PROBLEMS  # some wrong: a scorer that counted every reply right would fail here
+    assert json.loads(benchmark["details_json"])["accuracy"] == {
+        "source": f"builtin ({PROBLEMS} problems)", "problems": PROBLEMS, "correct": right,
+        "wrong": PROBLEMS - right, "unanswered": 0, "failed": 0, "accuracy": round(right / PROBLEMS, 6),
+        "max_tokens": MAX_TOKENS, "concurrency": 4}
+    stored = list(db.query("select matched from requests where benchmark_id = ? and warmup = 0",
+                           [cell["benchmark_id"]]))
+    assert len(stored) == sum(point["requests"] for point in points)
+    assert all(r["matched"] is None for r in stored)
 
 
 def _frontier(db: sqlite_utils.Database, cell: dict) -> dict:
