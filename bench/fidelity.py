@@ -25,7 +25,9 @@ both) is measured on its own: ``ollama`` streams ``/api/generate`` (NDJSON),
 ``stream_options.include_usage``), the load generator and the reference client alike. Two floors are measured
 first, without the generator: the idle stand-in's own TTFT as a one-socket
 blocking client sees it (and as the stand-in stamps it in ``created_at``), and
-the CPU a do-nothing select+recv loop spends per wake-up on this machine. A
+the CPU a do-nothing select+recv loop spends per wake-up on this machine; before each
+load-generator phase the same loop, receiving that stand-in's own streams for as long as the run,
+gives the floor the CPU target is judged against (:func:`stream_wake_floor`). A
 missed target is printed against the truth as it is, with the reason.
 
 Figures: tokens/s is the mean per-request decode rate, (n - 1) / (last token -
