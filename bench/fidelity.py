@@ -174,6 +174,25 @@ def summarize_requests(phase: Phase, records: list[dict[str, Any]]) -> None:
     phase.server_overhead_p50 = percentile(overheads, 50) if overheads else float("nan")
 
 
+#: With two CPUs or more the stand-in runs on the first and every client (the floor's loop, the load
+#: generator, the reference) on the second: where the scheduler puts a client beside its server
+#: changes what a wake-up costs by a third, and pinned, each run measures the same wake-up.
+SERVER_CPU, CLIENT_CPU = 0, 1
+PINNED = hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2 and \
+    {SERVER_CPU, CLIENT_CPU} <= os.sched_getaffinity(0)
+
+
+def pin(pid: int, cpu: int) -> None:
+    """Run ``pid`` (0: this process) on ``cpu`` alone, when the machine has two CPUs to pin to."""
+    if PINNED:
+        os.sched_setaffinity(pid, {cpu})
+
+
+def on_client_cpu() -> None:
+    """A client subprocess's ``preexec_fn``."""
+    pin(0, CLIENT_CPU)
+
+
 def run_loadgen(url: str, protocol: str, concurrency: int, duration: float, workdir: Path) -> Phase:
     config = {
         "server_url": url, "protocol": protocol, "model": MODEL, "duration": duration, "max_tokens": MAX_TOKENS,
@@ -181,7 +200,7 @@ def run_loadgen(url: str, protocol: str, concurrency: int, duration: float, work
         "checkpoint_path": str(workdir / f"checkpoint-{concurrency}.json"), "concurrency": concurrency,
     }
     done = subprocess.run([sys.executable, "-", json.dumps(config)], input=LOADGEN_SOURCE, text=True,
-                          capture_output=True, timeout=duration + 300)
+                          capture_output=True, timeout=duration + 300, preexec_fn=on_client_cpu)
     if done.returncode != 0:
         raise RuntimeError(f"the load generator failed: {done.stderr[-2000:]}")
     events = [json.loads(line) for line in done.stdout.splitlines()]
@@ -198,6 +217,7 @@ def run_loadgen(url: str, protocol: str, concurrency: int, duration: float, work
 def run_reference(url: str, protocol: str, concurrency: int, duration: float) -> Phase:
     config = {"url": url, "protocol": protocol, "concurrency": concurrency, "duration": duration}
     done = subprocess.run([sys.executable, __file__, "--reference", json.dumps(config)], text=True,
+                          preexec_fn=on_client_cpu,
                           capture_output=True, timeout=duration + 300)
     if done.returncode != 0:
         raise RuntimeError(f"the reference client failed: {done.stderr[-2000:]}")
@@ -388,6 +408,16 @@ def stream_wake_floor(url: str, protocol: str, seconds: float = 5.0) -> float:
     from urllib.parse import urlsplit
 
     address = urlsplit(url)
+    everywhere = os.sched_getaffinity(0) if PINNED else None
+    pin(0, CLIENT_CPU)
+    try:
+        return _stream_wake_floor(address, protocol, seconds)
+    finally:
+        if everywhere is not None:
+            os.sched_setaffinity(0, everywhere)
+
+
+def _stream_wake_floor(address: Any, protocol: str, seconds: float) -> float:
     path, body_json = reference_request(protocol, SEED_PROMPTS[0])
     body = json.dumps(body_json).encode()
     request = (f"POST {path} HTTP/1.1\r\nHost: {address.netloc}\r\nContent-Type: application/json\r\n"
@@ -402,14 +432,14 @@ def stream_wake_floor(url: str, protocol: str, seconds: float = 5.0) -> float:
         first = True
         while time.monotonic() < deadline or first:
             sock.sendall(request)
-            before, tail, seen = time.process_time(), b"", 0
+            before, tail, seen = time.thread_time(), b"", 0
             while not tail.endswith(b"0\r\n\r\n"):
                 for _ in selector.select(30.0):
                     data = sock.recv(65536)
                     tail = (tail + data)[-16:]
                     seen += 1
             if not first:  # the first request loads the model
-                cpu += time.process_time() - before
+                cpu += time.thread_time() - before
                 wakes += seen
             first = False
     selector.close()
@@ -561,13 +591,14 @@ def measure(client: str, protocol: str, concurrency: int, duration: float, workd
     """One client at one concurrency against a fresh stand-in, with the stand-in's health."""
     server = StandIn(instance_for(concurrency, workdir), parallel=max(64, concurrency),
                      tokens_per_second=truth_tps(concurrency))
+    pin(server.proc.pid, SERVER_CPU)
     wake = float("nan")
     try:
         if client == "loadgen":
             # The reference its CPU is judged against: this stand-in's streams, received by a loop that
             # does nothing else, just before.
             # Over as long as the run itself: a few seconds of wake-ups vary by a third from one try to the next.
-            wake = stream_wake_floor(server.url, protocol, seconds=duration)
+            wake = stream_wake_floor(server.url, protocol, seconds=duration)  # on the client's CPU
             phase = run_loadgen(server.url, protocol, concurrency, duration, workdir)
         else:
             phase = run_reference(server.url, protocol, concurrency, duration)

@@ -36,7 +36,7 @@ from pydantic_core import core_schema
 
 from .datasets import PromptSource, _shown
 from .fields import invalid
-from .synthetic import MAX_LENGTH, count_tokens, text_of_length
+from .synthetic import MAX_LENGTH, text_of_length
 
 _KEYS = ("file", "speedup", "limit", "duration", "time_unit")
 _TIME = ("timestamp", "time", "arrival_time")

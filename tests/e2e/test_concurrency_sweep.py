@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import statistics
 
 import pytest
 import sqlite_utils

@@ -658,7 +658,7 @@ def test_report_of_a_real_sandbox_run_matches_its_summary(tmp_path, sandbox, api
     (row,) = report.by_tokens
     assert (row.gpu, row.model, row.output_tokens_per_second) == ("RTX 4090", "qwen2:1.5b", pytest.approx(output_tps))
     assert row.cost_per_million_tokens == pytest.approx(bench["price_per_hour"] / (output_tps * 3600) * 1e6)
-    assert f"### qwen2:1.5b\n\n| Rank | GPU | Provider | output tok/s |" in markdown
+    assert "### qwen2:1.5b\n\n| Rank | GPU | Provider | output tok/s |" in markdown
     assert f"| 1 | RTX 4090 | vastai | {output_tps:.1f} |" in markdown
     (failure,) = table_rows(section(markdown, "Failures by stage"))
     assert failure[:2] == ["provision", "1"] and "No available public IPs" in failure[2]

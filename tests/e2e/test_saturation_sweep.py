@@ -99,8 +99,8 @@ def test_a_sweep_cut_short_keeps_the_steps_it_ran_and_their_requests(tmp_path, s
                                            "min_rate: 2, max_rate: 8, steps: 5, precision: 25%, duration: 6s"))
     run = PytestRun(tmp_path, url, "--rootdir", str(tmp_path), target=matrix)
     try:
-        progress = wait_for(lambda: [p for p in run.reports.glob("progress/*/*.log")
-                                     if "PROGRESS: stage=sweep step=0" in p.read_text()], 120, "the first step")
+        wait_for(lambda: [p for p in run.reports.glob("progress/*/*.log")
+                          if "PROGRESS: stage=sweep step=0" in p.read_text()], 120, "the first step")
         (session,) = [s for s in sandbox_sessions(url) if s["status"] == "running"]
         httpx.post(f"{url}/sandbox/faults", headers=SANDBOX_AUTH,
                    json={"fault": "kill_instance", "session_id": session["id"],
