@@ -544,6 +544,24 @@ class SweepRun:
         self.bench.recorder.progress.progress(**{key: value for key, value in shown.items() if value is not None})
         return step
 
+    def keep_interrupted(self, exc: StageError, what: str, steps: int) -> tuple[bool, StageError]:
+        """Whether the steps measured before ``exc`` are kept, and the error the cell fails with.
+
+        An interrupted step's records were kept by Bench.measure_run. A step that measured nothing
+        (the instance lost as it began) is no reason to lose the steps before it: they are kept as
+        the cell's measurement. A benchmark-stage failure after measured steps is then a partial
+        sweep; a failure at another stage (a reconnect at ssh_connect, a restart's warm-up at
+        model_pull) keeps its own stage and hint, with the steps kept beside it."""
+        if isinstance(exc, BenchmarkInterrupted):
+            return True, exc
+        if not any(record.ok for record in self.everything.records):
+            return False, exc
+        self.bench.measurement = self.everything
+        self.bench._keep()
+        if exc.stage is Stage.BENCHMARK:
+            exc = BenchmarkInterrupted(f"{what} interrupted after {steps} step(s): {exc.message}")
+        return True, exc
+
     def top_rate(self) -> float:
         """``max_rate``, else the throughput probe's achieved request rate."""
         if self.spec.max_rate is not None:
@@ -570,21 +588,8 @@ class SweepRun:
                 outcome, _, index = self._step(1, rate)
                 self._record("rate", outcome, index, rate=rate, search=search)
             bench.accuracy_pass()
-        except StageError as exc:
-            # An interrupted step's records were kept by Bench.measure_run. A step that measured
-            # nothing (the instance lost as it began) is no reason to lose the steps before it.
-            interrupted = isinstance(exc, BenchmarkInterrupted)
-            kept = interrupted
-            if not interrupted and any(record.ok for record in self.everything.records):
-                bench.measurement = self.everything
-                bench._keep()
-                kept = True
-                # A benchmark-stage failure after measured steps is a partial sweep; a failure at
-                # another stage (a reconnect at ssh_connect, a restart's warm-up at model_pull)
-                # keeps its own stage and hint, with the steps kept beside it.
-                if exc.stage is Stage.BENCHMARK:
-                    exc = BenchmarkInterrupted(f"saturation sweep interrupted after {len(self.steps)} step(s): "
-                                               f"{exc.message}")
+        except StageError as failure:
+            kept, exc = self.keep_interrupted(failure, "saturation sweep", len(self.steps))
             if kept and search is not None:
                 bench.details["sweep"] = SweepOutcome.of(search, self.steps, bench.cell.slo, price).model_dump(
                     mode="json")
@@ -658,16 +663,8 @@ class ConcurrencySweepRun(SweepRun):
                 outcome, samples, index = self._step(concurrency, None)
                 met_by_index[index] = self._point(outcome, samples, index, concurrency, search)
             bench.accuracy_pass()
-        except StageError as exc:
-            interrupted = isinstance(exc, BenchmarkInterrupted)
-            kept = interrupted
-            if not interrupted and any(record.ok for record in self.everything.records):
-                bench.measurement = self.everything
-                bench._keep()
-                kept = True
-                if exc.stage is Stage.BENCHMARK:
-                    exc = BenchmarkInterrupted(f"concurrency sweep interrupted after {len(self.points)} step(s): "
-                                               f"{exc.message}")
+        except StageError as failure:
+            kept, exc = self.keep_interrupted(failure, "concurrency sweep", len(self.points))
             if kept:
                 bench.details["frontier"] = frontier_details(self.points, "interrupted", search.saturated_at)
             raise exc
