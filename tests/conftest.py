@@ -17,6 +17,7 @@ import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpcore  # noqa: F401 - imported before any in-process pytester run: see below
 import pytest
@@ -144,3 +145,19 @@ def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@pytest.fixture
+def chromium(tmp_path: Path) -> Iterator[Any]:
+    """A headless Chromium of the test's own (``chromium.ChromiumProcess``), ended in teardown. Without
+    one the test skips, or fails where GPUBENCH_REQUIRE_CHROMIUM=1 says it must run (CI installs it)."""
+    from chromium import ChromiumProcess, find_chromium  # aiohttp: only for the tests that drive a browser
+
+    executable = find_chromium()
+    if executable is None:
+        if os.environ.get("GPUBENCH_REQUIRE_CHROMIUM") == "1":
+            pytest.fail("GPUBENCH_REQUIRE_CHROMIUM=1 but there is no chromium on this machine")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    process = ChromiumProcess(executable, tmp_path / "chromium-profile")
+    yield process
+    process.stop()

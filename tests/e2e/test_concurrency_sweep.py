@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 
 import pytest
 import sqlite_utils
-from chromium import ChromiumProcess, DevTools, find_chromium
+from chromium import DevTools
 from e2e_helpers import assert_every_session_released, run_pytest, sandbox_sessions
 
 from pytest_gpubench.matrix.accuracy import builtin_problems
@@ -49,7 +48,8 @@ CYCLES = 6
 
 
 @pytest.mark.slow
-def test_a_concurrency_sweep_doubles_on_one_session_until_the_runtime_saturates(tmp_path, standalone_sandbox):
+def test_a_concurrency_sweep_doubles_on_one_session_until_the_runtime_saturates(tmp_path, standalone_sandbox,
+                                                                               chromium):
     url = standalone_sandbox
     matrix = tmp_path / "gpubench_frontier.yaml"
     matrix.write_text(MATRIX)
@@ -110,7 +110,7 @@ def test_a_concurrency_sweep_doubles_on_one_session_until_the_runtime_saturates(
     for cell, runtime, kept in ((row, "ollama", points), (vllm, "vllm", vllm_points)):
         _matches_the_law(db, cell, runtime, kept)
     _accuracy_is_the_models_known_share_and_no_measured_request(db, vllm, vllm_points)
-    _report_draws_the_frontiers(tmp_path)
+    _report_draws_the_frontiers(tmp_path, chromium)
 
 
 def _accuracy_is_the_models_known_share_and_no_measured_request(db: sqlite_utils.Database, cell: dict,
@@ -158,7 +158,7 @@ def _matches_the_law(db: sqlite_utils.Database, cell: dict, runtime: str, points
     assert checked >= 1
 
 
-def _report_draws_the_frontiers(tmp_path) -> None:
+def _report_draws_the_frontiers(tmp_path, chromium) -> None:
     """`gpubench report` on the run: both curves in each frontier chart, axes labelled, the cost at the
     default targets; Chromium's screenshot of the section is a real picture of it."""
     from pytest_gpubench.commands.cli import main
@@ -167,15 +167,9 @@ def _report_draws_the_frontiers(tmp_path) -> None:
     assert main(["report", "--store", str(tmp_path / "reports" / "manifest.db"), "--reports", str(site)]) == 0
     markdown = (site / "BENCHMARK_REPORT.md").read_text().replace("\\", "")
     assert "| &gt;= 20 | default | RTX 5060 Ti / vastai / vllm |" in markdown
-    executable = find_chromium()
-    if executable is None:
-        if os.environ.get("GPUBENCH_REQUIRE_CHROMIUM") == "1":
-            pytest.fail("GPUBENCH_REQUIRE_CHROMIUM=1 but there is no chromium on this machine")
-        return  # the report's own HTML checks are in tests/unit/test_report_frontier.py
-    browser = ChromiumProcess(executable, tmp_path / "chromium-profile")
 
     async def scenario() -> tuple[dict, bytes]:
-        async with DevTools(browser.websocket_url()) as tools:
+        async with DevTools(chromium.websocket_url()) as tools:
             page = await tools.new_page()
             await page.send("Emulation.setDeviceMetricsOverride",
                             {"width": 1300, "height": 900, "deviceScaleFactor": 1, "mobile": False})
@@ -185,10 +179,7 @@ def _report_draws_the_frontiers(tmp_path) -> None:
             assert page.errors() == []
             return found, picture
 
-    try:
-        found, picture = asyncio.run(scenario())
-    finally:
-        browser.stop()
+    found, picture = asyncio.run(scenario())
     assert len(found["charts"]) == 2  # throughput and cost, one model and workload
     for chart in found["charts"]:
         assert chart["width"] > 400 and chart["height"] > 200

@@ -13,19 +13,18 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from chromium import ChromiumProcess, DevTools, find_chromium
+from chromium import DevTools
 from e2e_helpers import pytest_env
 
-from pytest_gpubench.store.sqlite_store import SqliteStore
 from pytest_gpubench.commands.cli import main
-from pytest_gpubench.store.manifest import Manifest
-from pytest_gpubench.report.gather import build_report
-from pytest_gpubench.report.gather import write_reports
-from pytest_gpubench.report.charts import Bar, Point, bar_chart, nice_ticks, scatter_chart
-from pytest_gpubench.report.html import render_html
-from pytest_gpubench.report.markdown import render_markdown
 from pytest_gpubench.measure.results import BenchmarkResult, ModelInfo, PerformanceResults, TestConfig
 from pytest_gpubench.remote.readings import HardwareInfo
+from pytest_gpubench.report.charts import Bar, Point, bar_chart, nice_ticks, scatter_chart
+from pytest_gpubench.report.gather import build_report, write_reports
+from pytest_gpubench.report.html import render_html
+from pytest_gpubench.report.markdown import render_markdown
+from pytest_gpubench.store.manifest import Manifest
+from pytest_gpubench.store.sqlite_store import SqliteStore
 
 REPO = Path(__file__).resolve().parents[2]
 DURATION = 200.0
@@ -535,17 +534,6 @@ def test_console_command_runs_without_traceback(tmp_path, manifest_path):
 # ------------------------------------------------------------------ Chromium
 
 
-@pytest.fixture
-def chromium(tmp_path):
-    """A headless Chromium of this test's own, ended in teardown."""
-    executable = find_chromium()
-    if executable is None:
-        if os.environ.get("GPUBENCH_REQUIRE_CHROMIUM") == "1":
-            pytest.fail("GPUBENCH_REQUIRE_CHROMIUM=1 but there is no chromium on this machine")
-        pytest.skip("chromium is not installed (apt-get install chromium)")
-    browser = ChromiumProcess(executable, tmp_path / "chromium-profile")
-    yield browser
-    browser.stop()
 
 
 _CHARTS_JS = """(() => {

@@ -9,11 +9,10 @@ import asyncio
 import csv
 import io
 import json
-import os
 from pathlib import Path
 
 import pytest
-from chromium import ChromiumProcess, DevTools, find_chromium
+from chromium import DevTools
 
 from pytest_gpubench.errors import UsageProblem
 from pytest_gpubench.measure.frontier import FrontierPoint
@@ -308,20 +307,10 @@ def test_pngs_are_written_beside_the_report_only(manifest: Path, tmp_path: Path)
 # ----------------------------------------------------------------- Chromium
 
 
-@pytest.fixture
-def browser(tmp_path):
-    executable = find_chromium()
-    if executable is None:
-        if os.environ.get("GPUBENCH_REQUIRE_CHROMIUM") == "1":
-            pytest.fail("GPUBENCH_REQUIRE_CHROMIUM=1 but there is no chromium on this machine")
-        pytest.skip("chromium is not installed (apt-get install chromium)")
-    process = ChromiumProcess(executable, tmp_path / "chromium-profile")
-    yield process
-    process.stop()
 
 
 @pytest.mark.timeout(120)
-def test_the_page_has_no_horizontal_scroll_at_1300_px(tmp_path, manifest, browser):
+def test_the_page_has_no_horizontal_scroll_at_1300_px(tmp_path, manifest, chromium):
     with Manifest(manifest) as m:
         # A failure whose message is one long word, and a wide table (every column of a hardware row), must not
         # widen the page: they wrap, or scroll inside their own box.
@@ -331,7 +320,7 @@ def test_the_page_has_no_horizontal_scroll_at_1300_px(tmp_path, manifest, browse
         _, html = write_reports(build_report(SqliteStore(m), targets=(50.0,)), tmp_path / "site")
 
     async def scenario() -> dict:
-        async with DevTools(browser.websocket_url()) as tools:
+        async with DevTools(chromium.websocket_url()) as tools:
             page = await tools.new_page()
             await page.send("Emulation.setDeviceMetricsOverride",
                             {"width": 1300, "height": 900, "deviceScaleFactor": 1, "mobile": False})

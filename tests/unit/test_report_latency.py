@@ -11,17 +11,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from chromium import ChromiumProcess, DevTools, find_chromium
+from chromium import DevTools
 
-from pytest_gpubench.store.sqlite_store import SqliteStore
-from pytest_gpubench.store.manifest import Manifest
-from pytest_gpubench.report.gather import build_report
-from pytest_gpubench.report.gather import write_reports
+from pytest_gpubench.measure.results import BenchmarkResult, PerformanceResults, TestConfig
 from pytest_gpubench.report.charts import PROVIDER_COLORS, Bar, Point, bar_chart, provider_color, scatter_chart
+from pytest_gpubench.report.gather import build_report, write_reports
 from pytest_gpubench.report.html import render_html
 from pytest_gpubench.report.markdown import render_markdown
 from pytest_gpubench.report.sweep import percentile_table, sweeps
-from pytest_gpubench.measure.results import BenchmarkResult, PerformanceResults, TestConfig
+from pytest_gpubench.store.manifest import Manifest
+from pytest_gpubench.store.sqlite_store import SqliteStore
 
 DURATION = 100.0
 #: (provider, concurrency) -> (output tokens over 100 s, e2e p50 ms): throughput saturates, latency grows.
@@ -120,16 +119,6 @@ def test_scatter_points_carry_their_labels_escaped():
 # ----------------------------------------------------------------- Chromium
 
 
-@pytest.fixture
-def browser(tmp_path):
-    executable = find_chromium()
-    if executable is None:
-        if os.environ.get("GPUBENCH_REQUIRE_CHROMIUM") == "1":
-            pytest.fail("GPUBENCH_REQUIRE_CHROMIUM=1 but there is no chromium on this machine")
-        pytest.skip("chromium is not installed (apt-get install chromium)")
-    process = ChromiumProcess(executable, tmp_path / "chromium-profile")
-    yield process
-    process.stop()
 
 
 #: For every chart: boxes of its axis titles, tick labels and point labels, as the browser laid them out.
@@ -149,7 +138,7 @@ def _overlap(a, b) -> bool:
 
 
 @pytest.mark.timeout(120)
-def test_axis_titles_and_point_labels_are_clear_of_each_other_in_chromium(tmp_path, sweep_manifest, browser):
+def test_axis_titles_and_point_labels_are_clear_of_each_other_in_chromium(tmp_path, sweep_manifest, chromium):
     with Manifest(sweep_manifest) as m:
         # A second sweep at 60% of the first's throughput and a cheaper price crowds the middle of the
         # scatter: labels that only went beside their points overlapped there.
@@ -164,7 +153,7 @@ def test_axis_titles_and_point_labels_are_clear_of_each_other_in_chromium(tmp_pa
         _, html = write_reports(build_report(SqliteStore(m)), tmp_path / "site")
 
     async def scenario() -> list[dict]:
-        async with DevTools(browser.websocket_url()) as tools:
+        async with DevTools(chromium.websocket_url()) as tools:
             page = await tools.new_page()
             await page.send("Emulation.setDeviceMetricsOverride",
                             {"width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": False})
