@@ -283,7 +283,10 @@ def test_a_launcher_measures_its_runtimes_law_and_power_follows_the_batch(tmp_pa
                                  catalog=catalog)
             assert per_stream == pytest.approx(law.per_stream_tps, rel=0.03), (concurrency, measured)
             assert aggregate == pytest.approx(law.output_tps, rel=0.03), (concurrency, measured)
-            assert law.ttft_ms * 0.97 < ttft_ms < law.ttft_ms + 250, (concurrency, measured)
+            # A prefill is stretched by the batch it starts in: the first of the streams to arrive
+            # starts alone, the last with the whole batch, so their median lies between the two.
+            alone = expected_point(offer.gpu_type, "qwen2:7b", "vllm", 1, provider=offer.provider, catalog=catalog)
+            assert alone.ttft_ms * 0.97 < ttft_ms < law.ttft_ms + 250, (concurrency, measured)
         ollama = expected_point(offer.gpu_type, "qwen2:7b", "ollama", 4, provider=offer.provider, catalog=catalog)
         assert measured[4][1] > 1.5 * ollama.per_stream_tps  # vLLM's factor, not Ollama's
         # Power: the draw the law gives for the batch (the card warms within the run: heat 0..1).
