@@ -261,9 +261,15 @@ def record_served(state_dir: Path | str | None, kind: str, model: str) -> None:
     a count is no reason to fail a request."""
     if state_dir is None:
         return
-    line = f"{time.time():.3f} {kind} {' '.join(model.split())[:200] or '-'}\n".encode()
+    _append_line(Path(state_dir) / SERVED_FILE,
+                 f"{time.time():.3f} {kind} {' '.join(model.split())[:200] or '-'}\n".encode())
+
+
+def _append_line(path: Path, line: bytes) -> None:
+    """Append ``line`` with one ``write`` under ``O_APPEND`` (servers in several processes never
+    interleave); a failure is swallowed: the served count and the request log never fail a request."""
     try:
-        fd = os.open(Path(state_dir) / SERVED_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     except OSError:
         return
     try:
@@ -324,15 +330,9 @@ def record_request(state_dir: Path | str | None, received_at: float, route: str,
              **{key: body[key] for key in LOGGED_FIELDS if key in body}, **counted}
     try:
         line = (json.dumps(entry, ensure_ascii=False, default=str) + "\n").encode()
-        fd = os.open(Path(state_dir) / REQUEST_LOG_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    except (OSError, TypeError, ValueError):
+    except (TypeError, ValueError):
         return
-    try:
-        os.write(fd, line)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    _append_line(Path(state_dir) / REQUEST_LOG_FILE, line)
 
 
 def read_requests(path: Path | str) -> list[dict[str, Any]]:
