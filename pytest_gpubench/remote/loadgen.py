@@ -691,10 +691,28 @@ class Exchange:
             self.received = True
             if self.state != BODY:
                 self.head(data, now)
-            elif self.mode == CHUNKED:
+            elif self.mode != CHUNKED:
+                self.body(data, now)
+            elif (self.active and self.status == 200
+                  and not (self.buffer or self.left or self.skip or self.trailer or self.partial)):
+                # At low concurrency every read is one whole chunk holding one whole line (an NDJSON
+                # line, an SSE event) and every token is a wake-up: each step here is paid per token,
+                # from a cold cache, so such a read is framed here and goes straight to the line. Its
+                # size line must give exactly the bytes that came; anything else takes dechunk's path.
+                start = data.find(b"\r\n", 0, 10) + 2
+                try:
+                    size = int(data[:start - 2], 16) if start > 2 else 0
+                except ValueError:
+                    size = 0
+                stop = start + size - 1  # the line's newline
+                if size > 0 and len(data) == stop + 3 and data[stop] == 10:
+                    if stop > start and data[stop - 1] == 10:
+                        stop -= 1  # an SSE event ends with a blank line
+                    if data.find(b"\n", start, stop) < 0:
+                        return self.line(data[start:stop], now)
                 self.dechunk(data, now)
             else:
-                self.body(data, now)
+                self.dechunk(data, now)
         except MALFORMED as exc:  # a malformed response: this request's error, not the run's end
             self.fail("bad response: %s" % (exc if isinstance(exc, ValueError) else "JSON nested too deep"), now)
 
@@ -752,20 +770,7 @@ class Exchange:
             self.content(data, now)
 
     def dechunk(self, data, now):
-        if not (self.buffer or self.left or self.skip or self.trailer):
-            # The usual case, one whole chunk (one NDJSON line) per read.
-            header_end = data.find(b"\r\n")
-            if header_end > 0:
-                start = header_end + 2
-                end = start + chunk_size(data[:header_end])
-                if len(data) == end + 2 and end > start:
-                    if self.status == 200 and self.active and not self.partial and data[end - 1] == 10:
-                        stop = end - 1
-                        if stop > start and data[stop - 1] == 10:
-                            stop -= 1  # an SSE event ends with a blank line
-                        if data.find(b"\n", start, stop) < 0:
-                            return self.line(data[start:stop], now)
-                    return self.content(data[start:end], now)
+        """The chunked body, whatever its reads hold (a read of one whole line is taken in :meth:`read`)."""
         if self.buffer:
             data, self.buffer = self.buffer + data, b""
         pos, size = 0, len(data)
@@ -822,9 +827,7 @@ class Exchange:
         # escaped, so these substrings can only be the keys themselves.
         if b'"done":false' in line and b'"response":"' in line:
             if b'"response":""' not in line:
-                self.token(now, ANSWER)
-                if self.texts is not None:
-                    self.texts.append(line)
+                self.token(now, ANSWER, line)
             elif b'"thinking":"' in line and b'"thinking":""' not in line:
                 self.token(now, THINKING)
             return
@@ -837,9 +840,7 @@ class Exchange:
             return self.fail(error_message(chunk), now)
         text, thinking = chunk.get("response"), chunk.get("thinking")
         if text:
-            self.token(now, ANSWER)
-            if self.texts is not None:
-                self.texts.append(text)
+            self.token(now, ANSWER, text)
         elif thinking:
             self.token(now, THINKING)
         if chunk.get("done"):
@@ -871,10 +872,14 @@ class Exchange:
         except MALFORMED:
             return ""
 
-    def token(self, now, kind):
+    def token(self, now, kind, text=None):
+        """A token arrived at ``now``; an answer's ``text`` (or the raw line it came in, parsed only if
+        needed) is kept for the request's expectation check, when it has one."""
         if kind == ANSWER:
             if self.first_answer is None:
                 self.first_answer = now
+            if self.texts is not None and text is not None:
+                self.texts.append(text)
         elif kind == THINKING:
             self.thinking += 1
         if self.tokens:
@@ -1027,32 +1032,33 @@ class SSEExchange(Exchange):
         self.finish_reason = self.usage = self.timings = None
 
     def line(self, line, now):
-        if line[:5] != b"data:":
+        if not line.startswith(b"data:"):
             if line[:1] == b"{":  # a server that ignored "stream": one JSON answer
                 return self.parsed(line, now, whole=True)
             return  # a blank line between events, a comment or another field
-        payload = line[6:] if line[5:6] == b" " else line[5:]
-        if b'"finish_reason":null' in payload and b'"usage":{' not in payload:
+        # Tested on the whole line, not a copy without "data:", which holds none of these keys: at low
+        # concurrency this runs once per wake-up, and each step here costs more than its size says.
+        if b'"finish_reason":null' in line and b'"usage":{' not in line:
             # A token chunk (compact JSON; a quote inside a string is escaped).
             if self.run.chat:
-                if b'"content":"' in payload and b'"content":""' not in payload:
-                    self.answer(payload, now)
-                elif ((b'"reasoning":"' in payload and b'"reasoning":""' not in payload)
-                      or (b'"reasoning_content":"' in payload and b'"reasoning_content":""' not in payload)):
+                if b'"content":"' in line and b'"content":""' not in line:
+                    self.token(now, ANSWER, line)
+                elif ((b'"reasoning":"' in line and b'"reasoning":""' not in line)
+                      or (b'"reasoning_content":"' in line and b'"reasoning_content":""' not in line)):
                     self.token(now, THINKING)
-            elif b'"text":"' in payload and b'"text":""' not in payload:
-                self.answer(payload, now)
+            elif b'"text":"' in line and b'"text":""' not in line:
+                self.token(now, ANSWER, line)
             return
-        payload = payload.strip()
+        payload = line[5:].strip()
         if payload == b"[DONE]":
             return self.complete(now)
         if payload:
             self.parsed(payload, now)
 
-    def answer(self, payload, now):
-        self.token(now, ANSWER)
-        if self.texts is not None:
-            self.texts.append(payload)
+    def kept_text(self, piece):
+        if isinstance(piece, bytes) and piece.startswith(b"data:"):
+            piece = piece[5:]  # a token's event, kept whole
+        return Exchange.kept_text(self, piece)
 
     def parsed(self, payload, now, whole=False):
         chunk = json.loads(payload)
@@ -1064,9 +1070,7 @@ class SSEExchange(Exchange):
         choice = choices[0] if choices and isinstance(choices[0], dict) else {}
         text = self.answer_text(chunk)
         if text:
-            self.token(now, ANSWER)
-            if self.texts is not None:
-                self.texts.append(text)
+            self.token(now, ANSWER, text)
         elif self.reasoning_text(choice.get("message" if whole else "delta")):
             self.token(now, THINKING)
         if choice.get("finish_reason") is not None:
@@ -1124,9 +1128,7 @@ class OllamaChatExchange(Exchange):
     def line(self, line, now):
         if b'"done":false' in line and b'"message":{' in line:
             if b'"content":"' in line and b'"content":""' not in line:
-                self.token(now, ANSWER)
-                if self.texts is not None:
-                    self.texts.append(line)
+                self.token(now, ANSWER, line)
             elif b'"thinking":"' in line and b'"thinking":""' not in line:
                 self.token(now, THINKING)
             return
@@ -1138,10 +1140,9 @@ class OllamaChatExchange(Exchange):
         if "error" in chunk:
             return self.fail(error_message(chunk), now)
         message = chunk.get("message") if isinstance(chunk.get("message"), dict) else {}
-        if self.answer_text(chunk):
-            self.token(now, ANSWER)
-            if self.texts is not None:
-                self.texts.append(self.answer_text(chunk))
+        text = self.answer_text(chunk)
+        if text:
+            self.token(now, ANSWER, text)
         elif message.get("thinking"):
             self.token(now, THINKING)
         if chunk.get("done"):
@@ -1285,9 +1286,7 @@ class WorkerProcess:
                 exchange.write(now)
         if kind == "text_delta" and exchange is not None:
             if exchange.sent is not None:
-                exchange.token(now, ANSWER)
-                if exchange.texts is not None:
-                    exchange.texts.append(str(event.get("delta") or ""))
+                exchange.token(now, ANSWER, str(event.get("delta") or ""))
         elif kind == "text" and exchange is not None and exchange.texts is not None:
             exchange.whole = str(event.get("content") or "")
         elif kind == "finish" and exchange is not None and exchange.sent is not None:

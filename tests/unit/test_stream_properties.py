@@ -184,6 +184,43 @@ def test_an_sse_stream_split_anywhere_reads_as_a_whole(tokens, framing, sizes, c
     assert record["matched"] is ("zzz" in "".join(tokens).lower())
 
 
+def ollama_chat_stream(tokens: list[str]) -> bytes:
+    lines = [json.dumps({"message": {"role": "assistant", "content": t}, "done": False}, separators=(",", ":"))
+             for t in tokens]
+    lines.append(json.dumps({"message": {"role": "assistant", "content": ""}, "done": True, "eval_count": len(tokens)},
+                            separators=(",", ":")))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def chunk_per_line(body: bytes) -> list[bytes]:
+    """A chunked body as servers stream it at low load: each line (an SSE event with its blank line)
+    its own chunk, and each chunk its own read."""
+    ends = body.replace(b"\n\n", b"\0\0").split(b"\n")  # keep an event's blank line with it
+    lines = [e.replace(b"\0\0", b"\n\n") + (b"" if e.endswith(b"\0\0") else b"\n") for e in ends if e]
+    return [b"%x\r\n" % len(line) + line + b"\r\n" for line in lines] + [b"0\r\n\r\n"]
+
+
+@PARSER_SETTINGS
+@given(tokens=st.lists(token_texts, min_size=1, max_size=20), protocol=st.sampled_from(["ollama", "chat", "openai"]),
+       pick=st.integers(min_value=0))
+def test_a_stream_read_one_whole_chunk_at_a_time_counts_every_token_and_its_text(tokens, protocol, pick):
+    # The read of one whole single-line chunk is framed on its own short path (issue 23 item 8):
+    # it must count the same tokens and keep the same text as the general chunk parser.
+    if protocol == "ollama":
+        kind, body = loadgen.Exchange, ollama_stream(tokens, {"eval_count": len(tokens)})
+    elif protocol == "chat":
+        kind, body = loadgen.OllamaChatExchange, ollama_chat_stream(tokens)
+    else:
+        kind, body = loadgen.SSEExchange, sse_stream(tokens, {"completion_tokens": len(tokens)}, {})
+    wanted = tokens[pick % len(tokens)].lower().strip() or "zzz"
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    exchange, records = exchange_over(kind, [head] + chunk_per_line(body), expect=[wanted])
+    record = assert_one_clean_record(exchange, records)
+    assert record["error"] is None, record["error"]
+    assert record["output_tokens"] == sum(1 for t in tokens if t) and record["eval_count"] == len(tokens)
+    assert record["matched"] is (wanted in "".join(tokens).lower())
+
+
 @PARSER_SETTINGS
 @given(final=st.dictionaries(st.sampled_from(["eval_count", "eval_duration", "prompt_eval_count",
                                               "prompt_eval_duration", "load_duration", "total_duration",
