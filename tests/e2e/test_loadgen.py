@@ -700,16 +700,18 @@ def test_a_schedule_sends_request_i_with_prompt_i_at_its_time(ollama, tmp_path):
         logged = read_requests(ollama.instance.parent / "state")[before:]
         assert [e["prompt"] for e in logged] == [p["prompt"] for p in prompts]
         arrived = [e["received_at"] - logged[0]["received_at"] for e in logged]
-        # What the record says was sent is what the server saw arrive (a generous bound: a starved
-        # server stamps its arrivals late too).
+        # What the record says was sent is what the server saw arrive (a generous bound). A starved
+        # server stamps its arrivals late too (105 ms once, in a full suite), so this is retried with
+        # the rest: a record that misstates its sends would miss in every try.
         sent = [r.scheduled_at + r.send_lag_ms / 1000 for r in records]
-        assert max(abs(a - (s - sent[0])) for a, s in zip(arrived, sent, strict=True)) < 0.050, (arrived, sent)
+        disagreement = max(abs(a - (s - sent[0])) for a, s in zip(arrived, sent, strict=True))
         worst = max(max(r.send_lag_ms for r in records) / 1000,
                     max(abs(a - t) for a, t in zip(arrived, offsets, strict=True)))
-        if worst < 0.010:
+        if worst < 0.010 and disagreement < 0.050:
             return
-        late.append(round(worst * 1000, 1))
-    pytest.fail(f"three tries, each with a request more than 10 ms off its schedule: {late} ms")
+        late.append(f"{worst * 1000:.1f} ms off the schedule, sends and arrivals {disagreement * 1000:.1f} ms apart "
+                    f"(arrived {arrived}, sent {sent})")
+    pytest.fail(f"three tries, each with a request more than 10 ms off its schedule: {late}")
 
 
 def test_a_schedule_held_by_max_in_flight_sends_late_and_shows_the_lag(ollama, tmp_path):
