@@ -20,6 +20,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -64,26 +65,59 @@ def api(sandbox: SandboxThread) -> Iterator[httpx.Client]:
         yield client
 
 
+class StandaloneSandbox:
+    """``gpubench sandbox`` in a process of its own, its log (standard error) kept in a file."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.start()
+
+    def start(self) -> None:
+        with self.log.open("w") as errors:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "pytest_gpubench.commands.cli", "sandbox", "--port", "0", "--time-scale",
+                 str(STANDALONE_TIME_SCALE), "--exit-with-stdin"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True,
+            )
+        line = self.process.stdout.readline()
+        assert line.startswith("GPUBENCH_SANDBOX_URL="), line + self.log_tail()
+        # Its token: the environment's GPUBENCH_SANDBOX_TOKEN, set by e2e_helpers for this process.
+        assert token_from_line(self.process.stdout.readline()) == SANDBOX_TOKEN
+        self.url = line.split("=", 1)[1].strip()
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+    def restart_if_dead(self) -> str | None:
+        """If the sandbox died under an earlier test, start another (the tests after this one go on)
+        and say how the dead one ended: its exit status and the end of its log."""
+        code = self.process.poll()
+        if code is None:
+            return None
+        ended = f"the standalone sandbox exited with {code}; its log ends:\n{self.log_tail()}"
+        self.log = self.log.with_name(f"{self.log.stem}-again.log")
+        self.start()
+        return ended
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(30)
+
+
 @pytest.fixture(scope="session")
-def shared_standalone_sandbox() -> Iterator[str]:
-    """``gpubench sandbox`` as a user starts it, on a free port, for this whole process; its URL."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pytest_gpubench.commands.cli", "sandbox", "--port", "0", "--time-scale",
-         str(STANDALONE_TIME_SCALE), "--exit-with-stdin"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )
-    line = process.stdout.readline()
-    assert line.startswith("GPUBENCH_SANDBOX_URL="), line
-    # Its token: the environment's GPUBENCH_SANDBOX_TOKEN, set by e2e_helpers for this process.
-    assert token_from_line(process.stdout.readline()) == SANDBOX_TOKEN
-    yield line.split("=", 1)[1].strip()
-    process.terminate()
-    process.wait(30)
+def shared_standalone_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneSandbox]:
+    """``gpubench sandbox`` as a user starts it, on a free port, for this whole process."""
+    running = StandaloneSandbox(tmp_path_factory.mktemp("standalone-sandbox") / "sandbox.log")
+    yield running
+    running.stop()
 
 
 @pytest.fixture
-def standalone_sandbox(shared_standalone_sandbox: str) -> str:
+def standalone_sandbox(shared_standalone_sandbox: StandaloneSandbox) -> str:
     """The standalone sandbox (time scale 0.02), fresh for this test; yields its URL."""
-    answer = httpx.post(f"{shared_standalone_sandbox}/sandbox/reset", headers=SANDBOX_AUTH, timeout=120)
+    ended = shared_standalone_sandbox.restart_if_dead()
+    if ended:
+        pytest.fail(ended)  # this test fails, with the reason; a new sandbox serves the next
+    answer = httpx.post(f"{shared_standalone_sandbox.url}/sandbox/reset", headers=SANDBOX_AUTH, timeout=120)
     assert answer.status_code == 200, answer.text
-    return shared_standalone_sandbox
+    return shared_standalone_sandbox.url
