@@ -21,7 +21,6 @@ requests are no measured request (``run/cell_benchmark.py``); docs/workloads.md,
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from collections.abc import Iterable, Mapping
@@ -32,7 +31,7 @@ from typing import Any
 from pydantic import ValidationInfo
 from pydantic_core import core_schema
 
-from .datasets import _records, _shown
+from .datasets import _records, _shown, read_data_file
 from .fields import did_you_mean, invalid
 from .yaml_errors import describe
 
@@ -110,16 +109,7 @@ def load_problems(raw_path: Any, base_dir: Path) -> tuple[tuple[Problem, ...], s
     if not isinstance(raw_path, str) or not raw_path.strip():
         raise ValueError(f"`accuracy.dataset` must be a file path (relative to the matrix file); "
                          f"got {describe(raw_path)}")
-    path = Path(raw_path).expanduser()
-    path = path if path.is_absolute() else base_dir / path
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"accuracy dataset {path}: cannot read it: {exc.strerror or exc}") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"accuracy dataset {path}: not UTF-8 text (byte {exc.start} is invalid)") from None
+    path, text, digest = read_data_file(raw_path, base_dir, "accuracy dataset")
     try:
         records = _records(text, path)
     except ValueError as exc:
@@ -130,7 +120,7 @@ def load_problems(raw_path: Any, base_dir: Path) -> tuple[tuple[Problem, ...], s
     if len(problems) > MAX_PROBLEMS:
         raise ValueError(f"accuracy dataset {path}: {len(problems)} problems; at most {MAX_PROBLEMS} "
                          "are asked after a cell's load")
-    return tuple(problems), hashlib.sha256(data).hexdigest()[:16]
+    return tuple(problems), digest
 
 
 def _record_problem(record: Any, where: str) -> Problem:

@@ -93,16 +93,7 @@ def load_dataset(spec: Mapping[str, Any], base_dir: Path) -> tuple[list[DatasetP
         raise ValueError("`think_time` applies only with `multi_turn: true` (the wait between turns)")
     think = think_time(spec.get("think_time", 0)) if multi_turn else None
 
-    path = Path(raw_path).expanduser()
-    path = path if path.is_absolute() else base_dir / path
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"dataset {path}: cannot read it: {exc.strerror or exc}") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"dataset {path}: not UTF-8 text (byte {exc.start} is invalid)") from None
+    path, text, digest = read_data_file(raw_path, base_dir, "dataset")
 
     prompts: list[DatasetPrompt] = []
     skipped = 0
@@ -128,7 +119,6 @@ def load_dataset(spec: Mapping[str, Any], base_dir: Path) -> tuple[list[DatasetP
         prompts = [DatasetPrompt(p.text, drawn.draw(rng)) if p.conversation is None
                    else _redrawn(p.conversation, drawn, rng) for p in prompts]
 
-    digest = hashlib.sha256(data).hexdigest()[:16]
     order = f"shuffled seed {seed}" if shuffle else "in file order"
     outputs = ("output dataset" if output == "dataset" else f"output {drawn.describe()}" if drawn else "")
     what = "conversations" if multi_turn else "prompts"
@@ -145,6 +135,23 @@ def _name(spec: Mapping[str, Any], key: str, default: str | None) -> str | None:
     if value is not None and (not isinstance(value, str) or not value.strip()):
         raise ValueError(f"`{key}` must be a field name; got {value!r}")
     return value
+
+
+def read_data_file(raw_path: str, base_dir: Path, what: str) -> tuple[Path, str, str]:
+    """A data file a matrix names (a dataset, a trace, an accuracy set): its path (relative
+    to the matrix file's folder unless absolute), its UTF-8 text and the SHA-256 of its bytes
+    (16 hex digits, for the workload's identity). ValueError names ``what`` and the path."""
+    path = Path(raw_path).expanduser()
+    path = path if path.is_absolute() else base_dir / path
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{what} {path}: cannot read it: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{what} {path}: not UTF-8 text (byte {exc.start} is invalid)") from None
+    return path, text, hashlib.sha256(data).hexdigest()[:16]
 
 
 def _records(text: str, path: Path) -> list[tuple[int, Any]]:

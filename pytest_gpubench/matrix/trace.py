@@ -23,7 +23,6 @@ Every problem is a ValueError naming the file, the line and the field, as ``data
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -34,7 +33,7 @@ from typing import Any
 
 from pydantic_core import core_schema
 
-from .datasets import PromptSource, _shown
+from .datasets import PromptSource, _shown, read_data_file
 from .fields import invalid
 from .synthetic import MAX_LENGTH, text_of_length
 
@@ -146,16 +145,7 @@ def load_trace(spec: Any, base_dir: Path) -> Trace:
     if unit not in _UNITS:
         raise ValueError(f"`time_unit` must be ms (Mooncake's) or s; got {_shown(unit)}")
 
-    path = Path(raw_path).expanduser()
-    path = path if path.is_absolute() else base_dir / path
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"trace {path}: cannot read it: {exc.strerror or exc}") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"trace {path}: not UTF-8 text (byte {exc.start} is invalid)") from None
+    path, text, digest = read_data_file(raw_path, base_dir, "trace")
 
     words = random.Random("gpubench-trace-text")
     requests: list[TraceRequest] = []
@@ -189,7 +179,6 @@ def load_trace(spec: Any, base_dir: Path) -> Trace:
     if not requests:
         raise ValueError(f"trace {path}: no records in it")
     window = requests[-1].offset
-    digest = hashlib.sha256(data).hexdigest()[:16]
     label = f"trace {path.name} ({len(requests)} requests, speedup {speedup:g})"
     identity = " ".join(part for part in (f"trace sha256:{digest}", f"speedup {speedup:g}", f"unit {unit}",
                                           f"limit {limit}" if limit else "",
