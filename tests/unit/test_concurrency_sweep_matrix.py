@@ -4,12 +4,13 @@ allowed, the server's batch limit (``runtime.batch_limit``, item 9), and the pla
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from matrix_text import load_matrix, matrix_error
 from pytest_gpubench.cloud.reuse_split import planned_benchmark_seconds, reservation_seconds
-from pytest_gpubench.errors import MatrixError
 from pytest_gpubench.matrix.cells import RATE_BATCH_LIMIT, apply_overrides, load_cells
 from pytest_gpubench.matrix.workload import SweepSpec, doubling_levels
 from pytest_gpubench.measure.saturation import ConcurrencySearch, sweep_identity
@@ -77,22 +78,8 @@ def test_a_list_of_levels_runs_every_level_whatever_the_figures() -> None:
 
 # ------------------------------------------------------------------------------ the matrix
 
-ROW = """
-matrix:
-  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:7b'}
-"""
-
-
-def cells(tmp_path: Path, head: str, rows: str = ROW):
-    path = tmp_path / "gpubench_frontier.yaml"
-    path.write_text("name: frontier\n" + head + rows)
-    return load_cells(path)
-
-
-def error(tmp_path: Path, head: str, rows: str = ROW) -> str:
-    with pytest.raises(MatrixError) as caught:
-        cells(tmp_path, head, rows)
-    return str(caught.value)
+cells = partial(load_matrix, name="frontier")
+error = partial(matrix_error, name="frontier")
 
 
 def test_a_concurrency_sweep_is_one_cell_with_its_own_id_and_defaults(tmp_path: Path) -> None:

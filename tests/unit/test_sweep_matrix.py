@@ -3,31 +3,17 @@ name the file, the field and what is allowed."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
 
-from pytest_gpubench.errors import MatrixError
-from pytest_gpubench.matrix.cells import load_cells
+from matrix_text import load_matrix, matrix_error
 from pytest_gpubench.matrix.cells import apply_overrides
 from pytest_gpubench.settings import Settings
 
-ROW = """
-matrix:
-  - {gpu: RTX 4090, provider: vastai, model: 'qwen2:7b'}
-"""
-
-
-def cells(tmp_path: Path, head: str, rows: str = ROW):
-    path = tmp_path / "gpubench_sweep.yaml"
-    path.write_text("name: sweep\n" + head + rows)
-    return load_cells(path)
-
-
-def error(tmp_path: Path, head: str, rows: str = ROW) -> str:
-    with pytest.raises(MatrixError) as caught:
-        cells(tmp_path, head, rows)
-    return str(caught.value)
+cells = partial(load_matrix, name="sweep")
+error = partial(matrix_error, name="sweep")
 
 
 def test_a_sweep_cell_has_its_own_id_the_default_settings_and_no_fixed_rate(tmp_path: Path) -> None:
